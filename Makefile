@@ -1,0 +1,35 @@
+# xlscale: `make demo` runs the main job, `make test` runs the checks. Both set themselves up.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint format demo demo-smoke clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -e '.[test]'
+	@touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+demo: setup
+	$(BIN)/xlscale demo
+
+demo-smoke: setup
+	$(BIN)/xlscale demo --profile smoke
+
+clean:
+	rm -rf $(VENV) demo_out .pytest_cache

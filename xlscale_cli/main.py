@@ -1,0 +1,58 @@
+"""Entry point of the `xlscale` console script.
+
+Each subcommand lives in its own module that exposes `add_arguments(parser)` and `run(args) -> int`
+(`args.command` holds the subcommand's name, for modules that serve several).
+Modules are imported lazily, so `xlscale sizes` never pays for TensorFlow and a subcommand whose
+dependencies are heavy only loads them when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). A dict registry: adding a command is one line here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "sizes": ("xlscale_cli.sizes", "print the LLaMA2 size table of the CPT paper (Table 4)"),
+    "data": ("xlscale_cli.data", "build the local corpora from Debian packages"),
+    "tokenizer": ("xlscale_cli.tokenizer", "train a SentencePiece vocabulary"),
+    "train": ("xlscale_cli.train", "run trainer.train (gin-configured)"),
+    "eval": ("xlscale_cli.train", "run trainer.eval (gin-configured)"),
+    "infer": ("xlscale_cli.train", "run trainer.infer (gin-configured)"),
+    "fit": ("xlscale_cli.fit", "fit the papers' laws to a directory of runs"),
+    "sweep": ("xlscale_cli.sweep", "plan, run and summarise sweep manifests"),
+    "demo": ("xlscale_cli.demo", "run the main job: a small CPT scaling study end to end"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the top-level parser; subcommand arguments are added only for the chosen command."""
+    parser = argparse.ArgumentParser(prog="xlscale", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=sorted(COMMANDS), help="subcommand")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatches `xlscale <command> ...` to the command's module."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: xlscale <command> [options]\n\ncommands:")
+        for name, (_, help_text) in sorted(COMMANDS.items()):
+            print(f"  {name:<10} {help_text}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"xlscale: unknown command {name!r}; choose one of {', '.join(sorted(COMMANDS))}",
+              file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"xlscale {name}", description=COMMANDS[name][1])
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    args.command = name
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
