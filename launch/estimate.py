@@ -1,0 +1,146 @@
+"""Run-time estimates for sweep plans, from a throughput measured on this machine.
+
+The throughput is FLOPs per second of what a training step computes (`Counts.cost_per_token`:
+the 6·N matmuls, attention and the output projection), measured with one jitted
+forward+backward+update step of the real model at the sweep's smallest size, or derived from a
+step time the user gives. Every run's estimate is its computed FLOPs divided by that rate, which
+is what scaling a measured step time by FLOPs means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from launch.strategies import FAMILIES
+from launch.sweep import Run
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """A training-FLOP rate and where it came from (for the plan's header)."""
+
+    flops_per_s: float
+    source: str
+
+
+def smallest(runs: Sequence[Run]) -> Run | None:
+    """The run with the cheapest step (fewest computed FLOPs per step); None if none counted."""
+    counted = [r for r in runs if r.counts is not None]
+    return min(counted, key=lambda r: r.counts.cost_per_token * r.batch_size, default=None)
+
+
+def from_step_time(run: Run, seconds: float) -> Throughput:
+    """The rate implied by one step of `run` taking `seconds`."""
+    if run.counts is None or seconds <= 0:
+        raise ValueError("a step time needs a counted run and a positive time")
+    flops = run.counts.cost_per_token * run.batch_size * run.seq_len
+    return Throughput(flops / seconds, f"--step-time {seconds:g}s for {run.run_id}")
+
+
+def measure(run: Run, *, seq_len: int = 256, batch_size: int = 1, steps: int = 3) -> Throughput:
+    """Times `steps` jitted training steps of `run`'s model on `batch_size × seq_len` tokens
+    (after one compile step) on the default JAX device. Decoder-only families only.
+
+    Raises:
+      ImportError: the model packages are missing.
+      ValueError: the family has no single-stack model to time here.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    if run.family != "llama2":
+        raise ValueError(f"no step measurement for family {run.family!r}; pass --step-time")
+    from llama_jax.model import Llama
+
+    family = FAMILIES[run.family]
+    base, shape = _base_and_shape(run)
+    config = family.config(base, shape)
+    length = min(seq_len, run.seq_len)
+    model = Llama(config)
+    tokens = np.random.default_rng(1).integers(3, config.vocab_size, (batch_size, length))
+    tokens = jnp.asarray(tokens, jnp.int32)
+    # Parameter values do not change a step's time: fill the shapes on the host instead of
+    # compiling the initialiser (which costs more than the step itself on a CPU).
+    shapes = jax.eval_shape(model.init, jax.random.key(1), tokens)["params"]
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(
+        lambda s: jnp.asarray(0.02 * rng.standard_normal(s.shape), s.dtype), shapes
+    )
+
+    def loss_fn(p, x):
+        logits = model.apply({"params": p}, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], x[:, 1:]).mean()
+
+    @jax.jit
+    def step(p, x):
+        loss, grads = jax.value_and_grad(loss_fn)(p, x)
+        return jax.tree.map(lambda a, g: a - 1e-4 * g, p, grads), loss
+
+    params, loss = step(params, tokens)
+    jnp.asarray(loss).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(steps):
+        params, loss = step(params, tokens)
+    jnp.asarray(loss).block_until_ready()
+    elapsed = time.perf_counter() - start
+    counts = family.counts(base, shape, seq_len=length)
+    flops = counts.cost_per_token * batch_size * length * steps
+    device = jax.devices()[0]
+    return Throughput(
+        flops / elapsed,
+        f"measured {run.size} on {device.platform} ({device.device_kind}): "
+        f"{elapsed / steps:.3g}s per step of {batch_size}×{length} tokens",
+    )
+
+
+def _base_and_shape(run: Run) -> tuple[str, dict]:
+    return run.base_size, dict(run.overrides)
+
+
+def estimate_seconds(run: Run, throughput: Throughput | None) -> float | None:
+    """Estimated wall time of `run` (None without a throughput or counts)."""
+    if throughput is None or run.cost is None:
+        return None
+    return run.cost / throughput.flops_per_s
+
+
+def throughput_for(
+    runs: Sequence[Run], *, step_time: float | None = None, measure_step: bool = True
+) -> tuple[Throughput | None, str]:
+    """The rate for a plan: from `step_time` (seconds per step of the cheapest run), else measured
+    on that run's model, else none. Returns it with a note saying why there is none."""
+    base = smallest(runs)
+    if base is None:
+        return None, "parameter counts are unavailable"
+    if step_time:
+        return from_step_time(base, step_time), ""
+    if not measure_step:
+        return None, "not measured"
+    try:
+        return measure(base), ""
+    except Exception as e:  # noqa: BLE001 -- any failure means "no estimate", said in the note
+        return None, f"{type(e).__name__}: {e}; pass --step-time"
+
+
+def plan_rows(runs: Sequence[Run], throughput: Throughput | None) -> list[dict]:
+    """One dict per run: id, strategy, size, N, tokens, FLOPs (6ND), steps, batch, dependencies
+    and the estimated seconds (None without a throughput)."""
+    return [
+        {
+            "run_id": r.run_id,
+            "strategy": r.strategy,
+            "size": r.size,
+            "params_non_embedding": r.counts.params_non_embedding if r.counts else None,
+            "tokens": r.tokens,
+            "flops": r.flops,
+            "steps": r.steps,
+            "batch_size": r.batch_size,
+            "depends_on": list(r.depends_on),
+            "estimated_s": estimate_seconds(r, throughput),
+        }
+        for r in runs
+    ]

@@ -1,0 +1,264 @@
+"""What a run's MODEL_DIR says about it, and progress lines with an ETA for a running sweep.
+
+A run is done when `MODEL_DIR/COMPLETED` exists (the trainer writes it last). Launchers that
+start processes here also keep `MODEL_DIR/launch.json` (pid, host, attempt, exit code), which
+tells a live run from one that died; `metrics.jsonl` gives the last step and losses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from launch.sweep import Run
+
+LAUNCH_FILE = "launch.json"  # the launcher's own record inside MODEL_DIR
+LOG_FILE = "train.log"
+# trainer.train's exit code for a run stopped early with a checkpoint saved (EX_TEMPFAIL).
+PREEMPTED_EXIT_CODE = 75
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStatus:
+    """What a run's MODEL_DIR says about it.
+
+    `state` is one of: done (COMPLETED exists), running (a live local process, or metrics written
+    within the last `stale_s` seconds), failed (the last attempt exited non-zero), interrupted
+    (progress on disk but no process), pending (nothing yet).
+    """
+
+    run_id: str
+    state: str
+    step: int | None = None
+    loss: float | None = None
+    evals: tuple[tuple[str, float], ...] = ()
+    updated: float | None = None
+    message: str = ""
+
+
+def local_path(path: str) -> Path | None:
+    """`path` as a local Path, or None for a URL (gs://...)."""
+    return None if "://" in path else Path(path)
+
+
+def _any_path(path: str):
+    local = local_path(path)
+    if local is not None:
+        return local
+    from etils import epath  # remote MODEL_DIRs (gs://...); only imported for them
+
+    return epath.Path(path)
+
+
+def is_completed(run: Run) -> bool:
+    """Whether `MODEL_DIR/COMPLETED` exists (unreadable remote storage counts as not done)."""
+    try:
+        return (_any_path(run.model_dir) / "COMPLETED").exists()
+    except Exception:  # noqa: BLE001 -- no filesystem for that scheme here
+        return False
+
+
+def last_metrics(path) -> dict[str, Any] | None:
+    """The last complete JSON object of a metrics.jsonl (reads only the file's tail)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue  # a line being written, or the cut first line of the tail
+    return None
+
+
+def last_step(run: Run) -> int:
+    """The last logged step in a local MODEL_DIR's metrics.jsonl (0 when none)."""
+    directory = local_path(run.model_dir)
+    metrics = last_metrics(directory / "metrics.jsonl") if directory else None
+    return int((metrics or {}).get("step") or 0)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON in `path`, or None when it is missing or not (yet) valid JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_status(run: Run, *, stale_s: float = 900.0, now: float | None = None) -> RunStatus:
+    """Reads the state of one run from its MODEL_DIR (see `RunStatus`)."""
+    now = time.time() if now is None else now
+    directory = local_path(run.model_dir)
+    if directory is None:
+        state = "done" if is_completed(run) else "pending"
+        return RunStatus(run.run_id, state, message="remote MODEL_DIR: only COMPLETED is checked")
+    metrics_path = directory / "metrics.jsonl"
+    last = last_metrics(metrics_path) or {}
+    step = last.get("step")
+    loss = last.get("train/loss")
+    evals = tuple(
+        sorted(
+            (k.split("/")[1], v)
+            for k, v in last.items()
+            if k.startswith("eval/") and k.endswith("/loss")
+        )
+    )
+    updated = metrics_path.stat().st_mtime if metrics_path.exists() else None
+    record = read_json(directory / LAUNCH_FILE) or {}
+    completed = read_json(directory / "COMPLETED")
+    if (directory / "COMPLETED").exists():
+        step = (completed or {}).get("step", step)
+        return RunStatus(run.run_id, "done", step, loss, evals, updated)
+    if record.get("state") == "running":
+        alive = record.get("host") != socket.gethostname() or _pid_alive(int(record.get("pid", -1)))
+        if alive:
+            return RunStatus(run.run_id, "running", step, loss, evals, updated)
+    if updated is not None and now - updated < stale_s and record.get("state") != "failed":
+        return RunStatus(run.run_id, "running", step, loss, evals, updated)
+    if record.get("state") == "failed":
+        message = f"exit code {record.get('returncode')}; log {record.get('log')}"
+        return RunStatus(run.run_id, "failed", step, loss, evals, updated, message)
+    has_progress = step is not None or (directory / "checkpoints").exists()
+    state = "interrupted" if has_progress else "pending"
+    return RunStatus(run.run_id, state, step, loss, evals, updated)
+
+
+STATES = ("done", "running", "interrupted", "failed", "pending")
+
+
+def count_states(statuses: Sequence[RunStatus]) -> dict[str, int]:
+    """How many runs are in each state (every state listed, in `STATES` order)."""
+    return {state: sum(s.state == state for s in statuses) for state in STATES}
+
+
+def format_seconds(seconds: float | None) -> str:
+    """`3h05m`, `4m10s`, `12s`; `?` for unknown."""
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+class Progress:
+    """Counts runs done/total and estimates the time left from the work done so far.
+
+    Work is each run's computed FLOPs when known (its tokens otherwise), so a 10× larger run
+    counts 10×. Before any run finishes, `flops_per_s` (a measured throughput) gives the ETA.
+    """
+
+    def __init__(
+        self,
+        runs: Sequence[Run],
+        *,
+        stream: TextIO | None = None,
+        flops_per_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.total = len(runs)
+        self.done = 0
+        self.failed = 0
+        self.stream = stream if stream is not None else sys.stdout
+        self.flops_per_s = flops_per_s
+        self.clock = clock
+        self.start_time = clock()
+        self.weights = {r.run_id: self._weight(r) for r in runs}
+        self.costs_known = all(r.cost is not None for r in runs)
+        self.remaining = dict(self.weights)
+        self.work_done = 0.0
+        self.work_elapsed = 0.0
+        self._from_step: dict[str, int] = {}
+
+    @staticmethod
+    def _weight(run: Run) -> float:
+        return float(run.cost if run.cost is not None else run.tokens)
+
+    def _share(self, run: Run, steps: int) -> float:
+        return self.weights.get(run.run_id, 0.0) * min(1.0, max(0, steps) / max(1, run.steps))
+
+    def eta(self, current: Run | None = None, step: int | None = None) -> float | None:
+        """Seconds left for the runs still to do, `current` being at `step`."""
+        left = sum(self.remaining.values())
+        if current is not None and step is not None:
+            left -= self._share(current, step - self._from_step.get(current.run_id, 0))
+        if self.work_done > 0 and self.work_elapsed > 0:
+            return left * self.work_elapsed / self.work_done
+        if self.flops_per_s and self.costs_known:
+            return left / self.flops_per_s
+        return None
+
+    def _line(self, text: str, eta: float | None = None) -> None:
+        head = f"[sweep {self.done}/{self.total} done"
+        head += f", {self.failed} failed" if self.failed else ""
+        head += f" | ETA {format_seconds(eta)}]" if eta is not None else "]"
+        print(f"{head} {text}", file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        """Prints a line with the counters."""
+        self._line(text)
+
+    def skip(self, run: Run, reason: str) -> None:
+        """A run that needs no work (already completed) or cannot start (a dependency failed)."""
+        self.remaining.pop(run.run_id, None)
+        if reason == "completed":
+            self.done += 1
+        self._line(f"skip {run.run_id} ({reason})", self.eta())
+
+    def start(self, run: Run, attempt: int = 1, from_step: int = 0) -> float:
+        """Announces a run (resuming at `from_step`); returns its start time for `finish`."""
+        self._from_step[run.run_id] = from_step
+        self.remaining[run.run_id] = self.weights[run.run_id] - self._share(run, from_step)
+        again = f" (attempt {attempt})" if attempt > 1 else ""
+        resume = f", resuming at step {from_step}" if from_step else ""
+        text = f"start {run.run_id}{again}: {run.steps} steps, {run.tokens:,} tokens{resume}"
+        self._line(text, self.eta())
+        return self.clock()
+
+    def update(self, run: Run, step: int | None, loss: float | None) -> None:
+        """Reports a running run's latest logged step and loss."""
+        if step is None:
+            return
+        loss_text = f", loss {loss:.4f}" if isinstance(loss, int | float) else ""
+        self._line(f"  {run.run_id} step {step}/{run.steps}{loss_text}", self.eta(run, step))
+
+    def finish(self, run: Run, ok: bool, started: float, message: str = "") -> None:
+        """Records a finished attempt (`ok` false: it failed)."""
+        elapsed = self.clock() - started
+        if ok:
+            self.done += 1
+            self.work_done += self.remaining.pop(run.run_id, 0.0)
+            self.work_elapsed += elapsed
+            self._line(f"done {run.run_id} in {format_seconds(elapsed)}", self.eta())
+        else:
+            self._line(f"FAILED {run.run_id} after {format_seconds(elapsed)} {message}".rstrip())
+
+    def fail(self, run: Run) -> None:
+        """Gives up on a run after its last attempt."""
+        self.failed += 1
+        self.remaining.pop(run.run_id, None)

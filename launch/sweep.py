@@ -1,0 +1,581 @@
+"""Sweep manifests: a TOML file that names a study's grid, expanded into concrete training runs.
+
+A manifest is a product of axes (sizes, strategies, target languages, replay ratios, mixtures,
+tasks, seeds, ...) plus a token-budget rule and gin overrides. `load_manifest` parses and
+validates it; `expand` turns it into `Run`s, each with a stable id (a hash of its resolved
+configuration), its `MODEL_DIR`, its dependencies (a CPT run needs its size's source checkpoint,
+a finetuning run its pretraining checkpoint) and the exact `python -m trainer.train` argv.
+
+Schema (every table optional unless said):
+
+    [sweep]     name (required), description, family ("llama2" | "t5"), runs_dir, seq_len,
+                gin_files (overlays after each strategy's file), gin_search_paths
+    [vars]      NAME = "default"  -- `${NAME}` in any string below; "" means "must be given"
+    [env]       environment for every launched job
+    [gin]       KEY = value       -- `--gin.KEY=value` for every run
+    [axes]      sizes, strategies, seeds, target_langs, replay_ratios, mixtures, tasks,
+                finetune_tokens, init_steps   -- the grid (or the defaults of each [[grid]])
+    [[grid]]    the same keys as [axes]; the runs are the union of the grids' products
+    [budget]    one of tokens_per_param | tokens | steps; one of batch_tokens | batch_size |
+                batch_tokens_bands ([[max_params, batch_tokens], ...], first band that fits);
+                param_basis for N: "non_embedding" (default) | "total" | "nominal" (paper label)
+    [sizes.X]   a custom shape: base (a table size), then any config fields (d_model, ...)
+    [strategies.X]  gin_file, gin_files, gin, budget  -- per-strategy settings
+    [[override]]    where = {coordinate = value or [values]}, budget, gin, gin_files
+    [[exclude]]     where = {...}
+
+Manifest variables name the environment (data and vocabulary locations): ids hash them by name,
+not by value, so the same study has the same run ids on every machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import itertools
+import json
+import math
+import re
+import sys
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from launch.strategies import AXES, COORD_MACROS, FAMILIES, STRATEGIES, Counts, Strategy
+
+MANIFESTS_DIR = Path(__file__).parent / "manifests"
+TRAIN_MODULE = "trainer.train"
+COMPUTED_MACROS = frozenset(
+    {"MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "INIT_CHECKPOINT", *COORD_MACROS.values()}
+)
+_AMOUNT_KEYS = ("tokens_per_param", "tokens", "steps")
+_BATCH_KEYS = ("batch_tokens", "batch_size", "batch_tokens_bands")
+PARAM_BASES = ("non_embedding", "total", "nominal")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_TOP_KEYS = frozenset(
+    "sweep vars env gin axes grid budget sizes strategies override exclude".split()
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A parsed, validated manifest (see the module docstring for the schema)."""
+
+    name: str
+    path: str
+    description: str
+    family: str
+    runs_dir: str
+    seq_len: int
+    gin_files: tuple[str, ...]
+    gin_search_paths: tuple[str, ...]
+    variables: Mapping[str, str]
+    env: Mapping[str, str]
+    gin: Mapping[str, Any]
+    grids: tuple[Mapping[str, tuple], ...]
+    budget: Mapping[str, Any]
+    sizes: Mapping[str, Mapping[str, Any]]
+    strategies: Mapping[str, Mapping[str, Any]]
+    overrides: tuple[Mapping[str, Any], ...]
+    excludes: tuple[Mapping[str, Any], ...]
+
+    def missing_variables(self) -> list[str]:
+        """Variables that have no value yet (declared as "" and not given)."""
+        return sorted(k for k, v in self.variables.items() if v == "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training job: its identity, budget, gin configuration and dependencies."""
+
+    run_id: str
+    strategy: str
+    family: str
+    size: str
+    base_size: str  # the size-table entry the model starts from
+    overrides: tuple[tuple[str, Any], ...]  # config fields replaced (custom shape, vocab_size)
+    coords: tuple[tuple[str, Any], ...]
+    seq_len: int
+    batch_size: int
+    steps: int
+    counts: Counts | None
+    gin_files: tuple[str, ...]
+    gin_search_paths: tuple[str, ...]
+    bindings: tuple[tuple[str, str], ...]  # (macro, gin literal); variables unsubstituted
+    model_dir: str
+    parent: str | None
+    variables: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str], ...]
+
+    @property
+    def tokens(self) -> int:
+        """Training tokens the run consumes: steps × batch × sequence length."""
+        return self.steps * self.batch_size * self.seq_len
+
+    @property
+    def depends_on(self) -> tuple[str, ...]:
+        """Ids of the runs whose checkpoints this run needs."""
+        return (self.parent,) if self.parent else ()
+
+    @property
+    def flops(self) -> float | None:
+        """C = 6·N·D with N non-embedding (None when the counts are unknown)."""
+        return None if self.counts is None else self.counts.flops_per_token * self.tokens
+
+    @property
+    def cost(self) -> float | None:
+        """FLOPs the run actually computes (attention and output projection included)."""
+        return None if self.counts is None else self.counts.cost_per_token * self.tokens
+
+    def coord(self, name: str, default: Any = None) -> Any:
+        """The run's value on coordinate `name` (size, seed, target_lang, ...)."""
+        return dict(self.coords).get(name, default)
+
+    def environment(self) -> dict[str, str]:
+        """Environment variables for the job, with manifest variables substituted."""
+        return {k: substitute(v, dict(self.variables)) for k, v in self.env}
+
+    def gin_args(self, *, allow_missing: bool = False) -> list[str]:
+        """The trainer's flags: `--gin_search_paths`, `--gin_file`s and `--gin.KEY=VALUE`s."""
+        variables = dict(self.variables)
+        args = [f"--gin_search_paths={','.join(self.gin_search_paths)}"]
+        args = args if self.gin_search_paths else []
+        args += [f"--gin_file={f}" for f in self.gin_files]
+        args += [
+            f"--gin.{key}={substitute(value, variables, allow_missing=allow_missing)}"
+            for key, value in self.bindings
+        ]
+        return args
+
+    def argv(self, python: str | None = None, *, allow_missing: bool = False) -> list[str]:
+        """The exact command line: `python -m trainer.train --gin_file=... --gin.K=V ...`."""
+        python = python or sys.executable
+        return [python, "-m", TRAIN_MODULE, *self.gin_args(allow_missing=allow_missing)]
+
+
+def substitute(text: str, variables: Mapping[str, str], *, allow_missing: bool = False) -> str:
+    """Replaces `${NAME}` with the variable's value; a missing or empty one is an error unless
+    `allow_missing` (then it stays as written, for dry runs)."""
+
+    def one(match: re.Match) -> str:
+        value = variables.get(match.group(1), "")
+        if value == "":
+            if allow_missing:
+                return match.group(0)
+            raise ValueError(
+                f"manifest variable {match.group(1)} has no value; pass --var {match.group(1)}=..."
+            )
+        return value
+
+    return _VAR.sub(one, text)
+
+
+def gin_literal(value: Any) -> str:
+    """A Python/TOML value as a gin literal. Strings starting with `@` or `%` are references and
+    pass through raw; other strings become quoted gin strings."""
+    if isinstance(value, str):
+        return value if value[:1] in ("@", "%") else repr(value)
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(gin_literal(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return (
+            "{" + ", ".join(f"{gin_literal(k)}: {gin_literal(v)}" for k, v in value.items()) + "}"
+        )
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a gin literal")
+
+
+def _require(ok: bool, where: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{where}: {message}")
+
+
+def _check_keys(table: Mapping, allowed: Iterable[str], where: str) -> None:
+    unknown = sorted(set(table) - set(allowed))
+    _require(not unknown, where, f"unknown keys {unknown}; valid: {sorted(allowed)}")
+
+
+def resolve_manifest_path(name_or_path: str | Path) -> Path:
+    """A manifest path, or the name of a shipped manifest (`cpt_paper` → launch/manifests/...)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    shipped = MANIFESTS_DIR / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
+    if shipped.exists():
+        return shipped
+    names = sorted(p.stem for p in MANIFESTS_DIR.glob("*.toml"))
+    raise FileNotFoundError(f"no manifest {name_or_path!r}; shipped manifests: {', '.join(names)}")
+
+
+def load_manifest(
+    name_or_path: str | Path,
+    *,
+    variables: Mapping[str, str] | None = None,
+    runs_dir: str | None = None,
+) -> Manifest:
+    """Reads and validates a manifest; `variables` fill `[vars]`, `runs_dir` replaces the
+    manifest's own. Errors name the manifest and the offending key."""
+    path = resolve_manifest_path(name_or_path)
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    return parse_manifest(data, path=str(path), variables=variables, runs_dir=runs_dir)
+
+
+def parse_manifest(
+    data: Mapping[str, Any],
+    *,
+    path: str = "<manifest>",
+    variables: Mapping[str, str] | None = None,
+    runs_dir: str | None = None,
+) -> Manifest:
+    """Validates an already-parsed TOML mapping (see `load_manifest`)."""
+    _check_keys(data, _TOP_KEYS, path)
+    sweep = data.get("sweep", {})
+    sweep_keys = "name description family runs_dir seq_len gin_files gin_search_paths".split()
+    _check_keys(sweep, sweep_keys, f"{path} [sweep]")
+    _require("name" in sweep, f"{path} [sweep]", "missing 'name'")
+    family = sweep.get("family", "llama2")
+    _require(family in FAMILIES, f"{path} [sweep] family", f"choose one of {sorted(FAMILIES)}")
+    declared = {k: str(v) for k, v in data.get("vars", {}).items()}
+    given = dict(variables or {})
+    unknown_vars = sorted(set(given) - set(declared))
+    _require(not unknown_vars, path, f"variables {unknown_vars} are not declared in [vars]")
+    strategies = data.get("strategies", {})
+    for name, settings in strategies.items():
+        _require(name in STRATEGIES, f"{path} [strategies]", f"unknown strategy {name!r}")
+        _check_keys(
+            settings, ("gin_file", "gin_files", "gin", "budget"), f"{path} [strategies.{name}]"
+        )
+    sizes = data.get("sizes", {})
+    for name, shape in sizes.items():
+        _require(
+            "base" in shape, f"{path} [sizes.{name}]", "a custom size needs 'base' (a table size)"
+        )
+    axes = data.get("axes", {})
+    grids = [{**axes, **grid} for grid in data.get("grid", [])] or [axes]
+    for i, grid in enumerate(grids):
+        where = f"{path} grid {i}"
+        _check_keys(grid, ("strategies", *AXES), where)
+        for key in ("strategies", "sizes"):
+            _require(bool(grid.get(key)), where, f"needs a non-empty '{key}' list")
+        for s in grid["strategies"]:
+            _require(s in STRATEGIES, where, f"unknown strategy {s!r}; valid: {sorted(STRATEGIES)}")
+    for table in data.get("override", []):
+        _check_keys(table, ("where", "budget", "gin", "gin_files"), f"{path} [[override]]")
+    for table in data.get("exclude", []):
+        _check_keys(table, ("where",), f"{path} [[exclude]]")
+    for key in data.get("gin", {}):
+        _require(key not in COMPUTED_MACROS, f"{path} [gin]", f"{key} is set by the sweep itself")
+    manifest = Manifest(
+        name=sweep["name"],
+        path=path,
+        description=sweep.get("description", ""),
+        family=family,
+        runs_dir=runs_dir or sweep.get("runs_dir", f"runs/{sweep['name']}"),
+        seq_len=int(sweep.get("seq_len", 2048 if family == "llama2" else 512)),
+        gin_files=tuple(sweep.get("gin_files", ())),
+        gin_search_paths=tuple(sweep.get("gin_search_paths", ())),
+        variables={**declared, **given},
+        env={k: str(v) for k, v in data.get("env", {}).items()},
+        gin=dict(data.get("gin", {})),
+        grids=tuple({k: tuple(v) for k, v in g.items()} for g in grids),
+        budget=dict(data.get("budget", {})),
+        sizes={k: dict(v) for k, v in sizes.items()},
+        strategies={k: dict(v) for k, v in strategies.items()},
+        overrides=tuple(data.get("override", [])),
+        excludes=tuple(data.get("exclude", [])),
+    )
+    if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
+        _resolve_budget(manifest.budget, where=f"{path} [budget]")
+    return manifest
+
+
+def _merge_budget(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Layers budgets: setting one amount (or batch) key clears the others of its group."""
+    merged = dict(base)
+    for group in (_AMOUNT_KEYS, _BATCH_KEYS):
+        if any(k in update for k in group):
+            for k in group:
+                merged.pop(k, None)
+    merged.update(update)
+    return merged
+
+
+def _resolve_budget(budget: Mapping[str, Any], *, where: str) -> tuple[str, str, str]:
+    """Validates a budget; returns its amount key, batch key and parameter basis."""
+    _check_keys(budget, (*_AMOUNT_KEYS, *_BATCH_KEYS, "param_basis"), where)
+    amounts = [k for k in _AMOUNT_KEYS if k in budget]
+    batches = [k for k in _BATCH_KEYS if k in budget]
+    _require(len(amounts) == 1, where, f"set exactly one of {_AMOUNT_KEYS}, got {amounts}")
+    _require(len(batches) == 1, where, f"set exactly one of {_BATCH_KEYS}, got {batches}")
+    basis = budget.get("param_basis", "non_embedding")
+    _require(basis in PARAM_BASES, where, f"param_basis must be one of {PARAM_BASES}")
+    if batches[0] == "batch_tokens_bands":
+        bands = budget["batch_tokens_bands"]
+        ok = all(isinstance(b, list) and len(b) == 2 for b in bands) and bands
+        _require(bool(ok), where, "batch_tokens_bands is a list of [max_params, batch_tokens]")
+        bounds = [float(b[0]) for b in bands]
+        _require(bounds == sorted(bounds), where, "batch_tokens_bands must be in increasing order")
+    return amounts[0], batches[0], basis
+
+
+def _steps_and_batch(
+    budget: Mapping[str, Any], *, params: float | None, seq_len: int, where: str
+) -> tuple[int, int]:
+    """(train steps, batch size in sequences) for a budget; `params` is N on the budget's basis
+    (None when unknown, which only rules that need N reject)."""
+    amount_key, batch_key, basis = _resolve_budget(budget, where=where)
+    needs_params = amount_key == "tokens_per_param" or batch_key == "batch_tokens_bands"
+    _require(
+        params is not None or not needs_params,
+        where,
+        f"{amount_key}/{batch_key} need the {basis} parameter count, which is unavailable",
+    )
+    if batch_key == "batch_size":
+        batch_size = int(budget["batch_size"])
+    else:
+        tokens = budget.get("batch_tokens")
+        if batch_key == "batch_tokens_bands":
+            fitting = [int(t) for bound, t in budget[batch_key] if params <= float(bound)]
+            _require(bool(fitting), where, f"no batch_tokens_bands entry covers N={params:.4g}")
+            tokens = fitting[0]
+        batch_size = max(1, int(tokens) // seq_len)
+    amount = float(budget[amount_key])
+    if amount_key == "steps":
+        return int(amount), batch_size
+    if amount_key == "tokens_per_param":
+        amount *= params
+    return max(1, math.ceil(amount / (batch_size * seq_len))), batch_size
+
+
+def _matches(coords: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
+    for key, wanted in where.items():
+        values = wanted if isinstance(wanted, list) else [wanted]
+        if key not in coords or coords[key] not in values:
+            return False
+    return True
+
+
+def _short_count(value: float) -> str:
+    for factor, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if value >= factor:
+            return f"{value / factor:g}{suffix}"
+    return f"{value:g}"
+
+
+# Coordinate -> its type, so that `0` and `0.0` (or "0") are the same replay ratio.
+_COORD_TYPES: dict[str, type] = {
+    "seed": int,
+    "replay_ratio": float,
+    "init_step": int,
+    "finetune_tokens": int,
+}
+# Coordinate -> how it reads in a run id (in this order, after strategy and size).
+_SLUG_PARTS: dict[str, Any] = {
+    "target_lang": str,
+    "mixture": str,
+    "init_step": lambda v: f"step{v}",
+    "task": str,
+    "finetune_tokens": lambda v: f"df{_short_count(v)}",
+    "replay_ratio": lambda v: f"replay{round(100 * v, 6):g}",
+}
+
+
+def _slug(strategy: str, coords: Mapping[str, Any]) -> str:
+    """The readable part of a run id: strategy, size, the other coordinates, seed."""
+    parts = [strategy, str(coords["size"])]
+    parts += [fmt(coords[key]) for key, fmt in _SLUG_PARTS.items() if key in coords]
+    parts.append(f"s{coords['seed']}")
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", "_".join(parts))
+
+
+class _Expander:
+    """Builds runs from a manifest, creating parents on demand and caching by coordinates."""
+
+    def __init__(self, manifest: Manifest):
+        self.m = manifest
+        self.family = FAMILIES[manifest.family]
+        self.runs: dict[tuple, Run] = {}
+        self._counts: dict[tuple, Counts | None] = {}
+
+    def counts(self, base: str, overrides: Mapping[str, Any], where: str) -> Counts | None:
+        """Counts of a model shape, computed once per shape."""
+        key = (base, json.dumps(dict(overrides), sort_keys=True, default=str))
+        if key not in self._counts:
+            try:
+                self._counts[key] = self.family.counts(base, overrides, seq_len=self.m.seq_len)
+            except (TypeError, ValueError) as e:  # unknown size or config field
+                raise ValueError(f"{where}: model {base!r} with {dict(overrides)}: {e}") from e
+        return self._counts[key]
+
+    def run(self, strategy_name: str, coords: Mapping[str, Any]) -> Run:
+        """The run of a strategy at some coordinates, built once (parents first)."""
+        key = (strategy_name, tuple(sorted(coords.items())))
+        if key not in self.runs:
+            self.runs[key] = self._build(STRATEGIES[strategy_name], dict(coords))
+        return self.runs[key]
+
+    def _build(self, strategy: Strategy, coords: dict[str, Any]) -> Run:
+        m, where = self.m, f"{self.m.path} run {strategy.name} {coords}"
+        _require(strategy.family == m.family, where, f"strategy is for family {strategy.family!r}")
+        settings = m.strategies.get(strategy.name, {})
+        matching = [
+            o
+            for o in m.overrides
+            if _matches({"strategy": strategy.name, **coords}, o.get("where", {}))
+        ]
+        gin_files = [settings.get("gin_file", strategy.gin_file), *m.gin_files]
+        gin_files += list(settings.get("gin_files", ()))
+        gin = {**dict(strategy.macros), **m.gin, **settings.get("gin", {})}
+        budget = _merge_budget(m.budget, settings.get("budget", {}))
+        for o in matching:
+            gin_files += list(o.get("gin_files", ()))
+            gin.update(o.get("gin", {}))
+            budget = _merge_budget(budget, o.get("budget", {}))
+        clash = sorted(set(gin) & COMPUTED_MACROS)
+        _require(not clash, where, f"gin sets {clash}, which the sweep computes")
+
+        size = coords["size"]
+        shape = dict(m.sizes.get(size, {}))
+        base = shape.pop("base", size)
+        # Custom shape fields join any MODEL_OVERRIDES the gin settings give (e.g. vocab_size).
+        overrides = gin.pop("MODEL_OVERRIDES", {})
+        _require(isinstance(overrides, Mapping), where, "MODEL_OVERRIDES must be a table")
+        overrides = {**overrides, **shape}
+        counts = self.counts(base, overrides, where)
+        basis = budget.get("param_basis", "non_embedding")
+        params = None
+        if basis == "nominal":
+            params = self.family.nominal_params(base)
+        elif counts is not None:
+            params = (
+                counts.params_non_embedding if basis == "non_embedding" else counts.params_total
+            )
+        steps, batch_size = _steps_and_batch(budget, params=params, seq_len=m.seq_len, where=where)
+
+        parent = None
+        if strategy.parent:
+            parent_strategy = STRATEGIES[strategy.parent]
+            shared = ("size", "seed", *parent_strategy.axes)
+            parent = self.run(strategy.parent, {k: coords[k] for k in shared})
+
+        bindings: dict[str, str] = {"MODEL_SIZE": gin_literal(base)}
+        if overrides:
+            bindings["MODEL_OVERRIDES"] = gin_literal(dict(sorted(overrides.items())))
+        for name, value in coords.items():
+            if name in COORD_MACROS and name != "size":
+                bindings[COORD_MACROS[name]] = gin_literal(value)
+        bindings["TRAIN_STEPS"] = str(steps)
+        bindings["BATCH_SIZE"] = str(batch_size)
+        if "TASK_FEATURE_LENGTHS" not in gin:  # a manifest may set its own (e.g. T5 targets 114)
+            lengths = {k: m.seq_len for k in self.family.feature_keys}
+            bindings["TASK_FEATURE_LENGTHS"] = gin_literal(lengths)
+        bindings.update({k: gin_literal(v) for k, v in sorted(gin.items())})
+        identity = {
+            "family": m.family,
+            "strategy": strategy.name,
+            "coords": sorted(coords.items()),
+            "shape": sorted(m.sizes.get(size, {}).items()),
+            "gin_files": gin_files,
+            "bindings": sorted(bindings.items()),
+            "seq_len": m.seq_len,
+            "parent": parent.run_id if parent else None,
+        }
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode())
+        run_id = f"{_slug(strategy.name, coords)}-{digest.hexdigest()[:10]}"
+        model_dir = f"{m.runs_dir.rstrip('/')}/{run_id}"
+        if parent is not None:
+            step = coords.get("init_step")
+            checkpoint = parent.model_dir + (f"@{step}" if step is not None else "")
+            bindings["INIT_CHECKPOINT"] = gin_literal(checkpoint)
+        bindings = {"MODEL_DIR": gin_literal(model_dir), **bindings}
+        return Run(
+            run_id=run_id,
+            strategy=strategy.name,
+            family=m.family,
+            size=size,
+            base_size=base,
+            overrides=tuple(sorted(overrides.items())),
+            coords=tuple(sorted(coords.items())),
+            seq_len=m.seq_len,
+            batch_size=batch_size,
+            steps=steps,
+            counts=counts,
+            gin_files=tuple(gin_files),
+            gin_search_paths=m.gin_search_paths,
+            bindings=tuple(bindings.items()),
+            model_dir=model_dir,
+            parent=parent.run_id if parent else None,
+            variables=tuple(sorted(m.variables.items())),
+            env=tuple(sorted(m.env.items())),
+        )
+
+
+def expand(manifest: Manifest) -> list[Run]:
+    """All runs of a manifest in dependency order (parents first, then manifest order), with
+    missing parents (e.g. the source run of a replay-only study) added. Duplicates collapse."""
+    expander = _Expander(manifest)
+    wanted: list[Run] = []
+    for grid in manifest.grids:
+        for strategy_name in grid["strategies"]:
+            strategy = STRATEGIES[strategy_name]
+            axes = ("size", "seed", *strategy.axes)
+            plural = {v: k for k, v in AXES.items()}
+            values = []
+            for coord in axes:
+                default = (0,) if coord == "seed" else None
+                given = grid.get(plural[coord], default)
+                _require(
+                    given is not None and len(given) > 0,
+                    f"{manifest.path}",
+                    f"strategy {strategy_name!r} needs axis '{plural[coord]}'",
+                )
+                values.append(given)
+            for combo in itertools.product(*values):
+                coords = {k: _COORD_TYPES.get(k, str)(v) for k, v in zip(axes, combo, strict=True)}
+                if any(
+                    _matches({"strategy": strategy_name, **coords}, e["where"])
+                    for e in manifest.excludes
+                ):
+                    continue
+                wanted.append(expander.run(strategy_name, coords))
+    unique = {r.run_id: r for r in [*wanted, *expander.runs.values()]}
+    return topological_order(list(unique.values()))
+
+
+def topological_order(runs: Sequence[Run]) -> list[Run]:
+    """Orders runs so that every run comes after the runs it depends on, otherwise keeping the
+    given order. Raises on a dependency that is not among `runs` or on a cycle."""
+    by_id = {r.run_id: r for r in runs}
+    for r in runs:
+        for dep in r.depends_on:
+            _require(dep in by_id, r.run_id, f"depends on {dep}, which is not in the sweep")
+    done: set[str] = set()
+    ordered: list[Run] = []
+    remaining = list(by_id.values())
+    while remaining:
+        ready = [r for r in remaining if all(d in done for d in r.depends_on)]
+        _require(bool(ready), "sweep", f"dependency cycle among {[r.run_id for r in remaining]}")
+        first = ready[0]
+        ordered.append(first)
+        done.add(first.run_id)
+        remaining.remove(first)
+    return ordered
+
+
+def select(runs: Sequence[Run], patterns: Sequence[str]) -> list[Run]:
+    """The runs whose id matches any glob in `patterns`, plus everything they depend on."""
+    by_id = {r.run_id: r for r in runs}
+    chosen: set[str] = set()
+    stack = [r.run_id for r in runs if any(fnmatch.fnmatch(r.run_id, p) for p in patterns)]
+    while stack:
+        run_id = stack.pop()
+        if run_id not in chosen:
+            chosen.add(run_id)
+            stack.extend(by_id[run_id].depends_on)
+    return [r for r in runs if r.run_id in chosen]

@@ -1,0 +1,92 @@
+"""The TPU-VM launcher: one `gcloud compute tpus tpu-vm ssh NAME --worker=all` per run.
+
+Install the code on the workers first with `launch/tpu_vm_setup.sh NAME ZONE [PROJECT]`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from launch.launchers import SequentialLauncher
+from launch.status import Progress
+from launch.sweep import Run
+
+
+def _remote_cd(directory: str) -> str:
+    if directory == "~" or directory.startswith("~/"):
+        return "cd ~" + (f"/{shlex.quote(directory[2:])}" if len(directory) > 2 else "")
+    return f"cd {shlex.quote(directory)}"
+
+
+class TpuVmLauncher(SequentialLauncher):
+    """Runs each job on every worker of a TPU VM through
+    `gcloud compute tpus tpu-vm ssh NAME --zone Z --worker=all --command '...'`: change to the
+    checkout made by `launch/tpu_vm_setup.sh`, export the environment, run `trainer.train`.
+    MODEL_DIR should be on shared storage (gs://...) that all workers and this machine see."""
+
+    name = "tpu_vm"
+
+    def __init__(
+        self,
+        *,
+        tpu: str,
+        zone: str,
+        project: str | None = None,
+        remote_dir: str = "~/xlscale",
+        python: str = ".venv/bin/python",
+        log_dir: str = "logs/tpu_vm",
+        retries: int = 0,
+        call: Callable[..., int] = subprocess.call,
+    ):
+        super().__init__(retries=retries)
+        self.tpu, self.zone, self.project = tpu, zone, project
+        self.remote_dir, self.python, self.log_dir = remote_dir, python, log_dir
+        self.call = call
+
+    @classmethod
+    def add_arguments(cls, group) -> None:
+        """Command-line options of this launcher."""
+        group.add_argument("--tpu", help="TPU VM name")
+        group.add_argument("--zone", help="TPU VM zone, e.g. us-central2-b")
+        group.add_argument("--project", help="GCP project (default: gcloud's)")
+        group.add_argument("--remote-dir", default="~/xlscale", help="checkout on the workers")
+
+    @classmethod
+    def from_args(cls, args) -> TpuVmLauncher:
+        """Builds the launcher from parsed command-line options."""
+        if not args.tpu or not args.zone:
+            raise ValueError("--launcher tpu_vm needs --tpu NAME and --zone ZONE")
+        return cls(
+            tpu=args.tpu,
+            zone=args.zone,
+            project=args.project,
+            remote_dir=args.remote_dir,
+            retries=args.retries,
+        )
+
+    def remote_command(self, run: Run, *, allow_missing: bool = False) -> str:
+        """The shell command each worker runs."""
+        env = {"PYTHONUNBUFFERED": "1", **run.environment()}
+        exports = "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        train = shlex.join(run.argv(self.python, allow_missing=allow_missing))
+        return f"{_remote_cd(self.remote_dir)} && {exports} && {train}"
+
+    def command(self, run: Run, *, allow_missing: bool = False) -> list[str]:
+        """The local gcloud argv for one run."""
+        argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", self.tpu, "--zone", self.zone]
+        argv += ["--project", self.project] if self.project else []
+        remote = self.remote_command(run, allow_missing=allow_missing)
+        return [*argv, "--worker=all", "--command", remote]
+
+    def describe(self, run: Run) -> str:
+        """The gcloud command line, shell-quoted."""
+        return shlex.join(self.command(run, allow_missing=True))
+
+    def execute(self, run: Run, progress: Progress) -> int:
+        """Runs the gcloud command, logging the workers' output under `log_dir`."""
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(self.log_dir) / f"{run.run_id}.log", "a") as log:
+            return self.call(self.command(run), stdout=log, stderr=subprocess.STDOUT)

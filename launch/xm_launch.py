@@ -1,0 +1,218 @@
+"""The xmanager launcher: one experiment per sweep, one work unit per run.
+
+Runs are added in dependency waves (every run whose parents are done), and each wave is waited
+for before the next, so a CPT work unit starts only once its source checkpoint exists. The
+container runs `python -m trainer.train` with the same gin flags as every other launcher.
+
+xmanager is imported only when launching for real; `--dry-run` works without it or any
+credentials. As a script (e.g. under `xmanager launch`):
+
+    python -m launch.xm_launch cpt_paper --var DATA_DIR=gs://... --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from launch.launchers import LaunchReport
+from launch.status import Progress, is_completed
+from launch.sweep import Run, topological_order
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Executor name -> xmanager.xm_local class name.
+JAX_VERSION = "0.10.2"
+EXECUTORS: dict[str, str] = {"vertex": "Vertex", "local": "Local", "kubernetes": "Kubernetes"}
+
+
+def waves(runs: Sequence[Run]) -> list[list[Run]]:
+    """Groups runs into waves: each run lands in the first wave after all its dependencies
+    (dependencies outside `runs`, e.g. already completed, do not hold it back)."""
+    ids = {r.run_id for r in runs}
+    level: dict[str, int] = {}
+    for run in topological_order(runs):
+        deps = [level[d] for d in run.depends_on if d in ids]
+        level[run.run_id] = 1 + max(deps) if deps else 0
+    grouped: list[list[Run]] = [[] for _ in range(1 + max(level.values(), default=-1))]
+    for run in topological_order(runs):
+        grouped[level[run.run_id]].append(run)
+    return grouped
+
+
+class XManagerLauncher:
+    """Launches a sweep as one xmanager experiment (see the module docstring)."""
+
+    name = "xmanager"
+
+    def __init__(
+        self,
+        *,
+        title: str = "xlscale",
+        executor: str = "vertex",
+        accelerator: str = "TPU_V3",
+        accelerator_count: int = 8,
+        base_image: str = "python:3.11",
+        project_path: str | Path = REPO_ROOT,
+    ):
+        if executor not in EXECUTORS:
+            raise ValueError(f"unknown executor {executor!r}; choose one of {sorted(EXECUTORS)}")
+        self.title, self.executor = title, executor
+        self.accelerator, self.accelerator_count = accelerator, accelerator_count
+        self.base_image, self.project_path = base_image, str(project_path)
+
+    @classmethod
+    def add_arguments(cls, group) -> None:
+        """Command-line options of this launcher."""
+        group.add_argument("--xm-title", help="experiment title (default: the manifest name)")
+        group.add_argument("--xm-executor", default="vertex", choices=sorted(EXECUTORS))
+        group.add_argument("--xm-accelerator", default="TPU_V3", help="e.g. TPU_V3, A100")
+        group.add_argument("--xm-accelerator-count", type=int, default=8)
+        group.add_argument("--xm-base-image", default="python:3.11")
+
+    @classmethod
+    def from_args(cls, args) -> XManagerLauncher:
+        """Builds the launcher from parsed command-line options."""
+        return cls(
+            title=args.xm_title or getattr(args, "manifest_name", "xlscale"),
+            executor=args.xm_executor,
+            accelerator=args.xm_accelerator,
+            accelerator_count=args.xm_accelerator_count,
+            base_image=args.xm_base_image,
+        )
+
+    def docker_instructions(self) -> list[str]:
+        """Image build steps: copy the checkout and install it with the accelerator's JAX."""
+        name = Path(self.project_path).name
+        jax = "jax[tpu]" if self.accelerator.startswith("TPU") else "jax[cuda12]"
+        return [
+            f"COPY {name}/ {name}",
+            f"WORKDIR {name}",
+            f"RUN python -m pip install . '{jax}=={JAX_VERSION}'",
+        ]
+
+    def plan(self, runs: Sequence[Run], *, allow_missing: bool = True) -> list[str]:
+        """Human-readable description of the experiment and its work units, wave by wave."""
+        lines = [
+            f"xmanager experiment {self.title!r}: {len(runs)} work units, executor "
+            f"{EXECUTORS[self.executor]}({self.accelerator}={self.accelerator_count}), "
+            f"container python -m trainer.train from {self.project_path}",
+            *(f"  docker: {line}" for line in self.docker_instructions()),
+        ]
+        for i, wave in enumerate(waves(runs)):
+            lines.append(
+                f"wave {i} ({len(wave)} work units; waits for wave {i - 1})"
+                if i
+                else f"wave 0 ({len(wave)} work units)"
+            )
+            for run in wave:
+                unit = {
+                    "work_unit": run.run_id,
+                    "args": run.gin_args(allow_missing=allow_missing),
+                    "env_vars": run.environment(),
+                }
+                lines.append("  " + json.dumps(unit))
+        return lines
+
+    def launch(
+        self, runs: Sequence[Run], *, dry_run: bool = False, progress: Progress | None = None
+    ) -> LaunchReport:
+        """Adds a work unit per pending run (prints the plan instead when `dry_run`)."""
+        ordered = topological_order(runs)
+        progress = progress or Progress(ordered)
+        report = LaunchReport()
+        pending = []
+        for run in ordered:
+            if is_completed(run):
+                report.skipped.append(run.run_id)
+                progress.skip(run, "completed")
+            else:
+                pending.append(run)
+        if dry_run:
+            report.commands = self.plan(pending)
+            print("\n".join(report.commands), file=progress.stream, flush=True)
+            return report
+        try:
+            from xmanager import xm, xm_local  # noqa: F401 -- checked here, used in _launch
+        except ImportError as e:
+            raise RuntimeError(
+                "the xmanager launcher needs `pip install xmanager` and GCP credentials; "
+                "--dry-run shows what it would launch without either"
+            ) from e
+        asyncio.run(self._launch(pending, progress, report))
+        return report
+
+    async def _launch(self, runs: list[Run], progress: Progress, report: LaunchReport) -> None:
+        from xmanager import xm, xm_local
+
+        executor_cls = getattr(xm_local, EXECUTORS[self.executor])
+        requirements = xm.JobRequirements(**{self.accelerator: self.accelerator_count})
+        async with xm_local.create_experiment(experiment_title=self.title) as experiment:
+            [executable] = experiment.package(
+                [
+                    xm.python_container(
+                        executor_spec=executor_cls.Spec(),
+                        path=self.project_path,
+                        base_image=self.base_image,
+                        entrypoint=xm.ModuleName("trainer.train"),
+                        docker_instructions=self.docker_instructions(),
+                    )
+                ]
+            )
+            failed: set[str] = set()
+            for wave in waves(runs):
+                units = []
+                for run in wave:
+                    if any(dep in failed for dep in run.depends_on):
+                        failed.add(run.run_id)
+                        report.blocked.append(run.run_id)
+                        progress.skip(run, "blocked by a failed dependency")
+                        continue
+                    job = xm.Job(
+                        executable=executable,
+                        executor=executor_cls(requirements=requirements),
+                        args=run.gin_args(),
+                        env_vars=run.environment(),
+                    )
+                    started = progress.start(run)
+                    units.append((run, started, await experiment.add(job)))
+                    report.submitted.append(run.run_id)
+                for run, started, unit in units:
+                    try:
+                        await unit.wait_until_complete()
+                        ok = True
+                    except Exception as e:  # noqa: BLE001 -- xmanager's ExperimentUnitError
+                        progress.note(f"work unit {run.run_id} failed: {e}")
+                        ok = False
+                    progress.finish(run, ok, started)
+                    if ok:
+                        report.completed.append(run.run_id)
+                    else:
+                        progress.fail(run)
+                        failed.add(run.run_id)
+                        report.failed.append(run.run_id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m launch.xm_launch MANIFEST [--var K=V] [--runs-dir D] [--dry-run] [xm options]`."""
+    from launch.sweep import expand, load_manifest
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("manifest")
+    parser.add_argument("--var", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--runs-dir")
+    parser.add_argument("--dry-run", action="store_true")
+    XManagerLauncher.add_arguments(parser)
+    args = parser.parse_args(argv)
+    variables = dict(v.split("=", 1) for v in args.var)
+    manifest = load_manifest(args.manifest, variables=variables, runs_dir=args.runs_dir)
+    args.manifest_name = manifest.name
+    report = XManagerLauncher.from_args(args).launch(expand(manifest), dry_run=args.dry_run)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""LLaMA2 building blocks: RMSNorm, rotary embeddings, attention (MHA/GQA, packed, cached), SwiGLU.
+
+Every parameter is created with `flax.linen.partitioning.param_with_axes` and logical axis names
+from `llama_jax.axes`; activations are constrained with logical names too, so the same module runs
+unsharded, under `jax.jit` with a mesh, and inside T5X. None of the layers has a bias.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
+
+from llama_jax import axes
+from llama_jax.config import LlamaConfig
+
+param_with_axes = nn_partitioning.param_with_axes
+constrain = nn_partitioning.with_sharding_constraint
+
+# Masked attention logits get this value rather than -inf, so a fully masked row stays finite.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def accum_dtype(dtype: jnp.dtype) -> jnp.dtype:
+    """float32, or `dtype` if wider: the dtype of softmax, norms and logits (float64 stays float64
+    so that gradient checks can run the whole model in double precision)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def kernel_init(
+    in_axis: int | tuple[int, ...], out_axis: int | tuple[int, ...]
+) -> nn.initializers.Initializer:
+    """Fan-in scaled truncated-normal init (variance 1/fan_in), as in T5X's dense layers.
+
+    Multi-axis kernels (e.g. `[embed, heads, kv]`) need the fan-in axes spelled out, otherwise
+    the default would treat all but the last axis as inputs.
+    """
+    return nn.initializers.variance_scaling(
+        1.0, "fan_in", "truncated_normal", in_axis=in_axis, out_axis=out_axis
+    )
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, dtype=jnp.float32) -> jax.Array:
+    """Returns `theta ** (-2i / head_dim)` for i in [0, head_dim / 2): one frequency per pair."""
+    return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=dtype) / head_dim))
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, *, theta: float) -> jax.Array:
+    """Rotates query/key vectors by their position (rotary position embedding, Su et al. 2021).
+
+    Uses the "rotate half" pairing: dimension i is paired with i + head_dim/2 (the layout of
+    GPT-NeoX, Hugging Face LLaMA and MaxText; Meta's checkpoints pair adjacent dimensions, which is
+    the same function up to a fixed permutation of the q/k projection columns).
+
+    Args:
+      x: `[batch, length, heads, head_dim]`.
+      positions: `[batch, length]` integer positions (restarting per packed document).
+      theta: RoPE base.
+
+    Returns:
+      The rotated array, in `x`'s dtype (the rotation itself is computed in float32 or wider).
+    """
+    head_dim = x.shape[-1]
+    wide = accum_dtype(x.dtype)
+    inv_freq = rope_inverse_frequencies(head_dim, theta, wide)
+    angles = positions[..., None].astype(wide) * inv_freq
+    sin = jnp.sin(angles)[:, :, None, :]
+    cos = jnp.cos(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(wide), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
+    """Positions that restart at 0 wherever the segment id changes along the row.
+
+    Used when a packed batch brings `segment_ids` but no `positions`.
+    """
+    length = segment_ids.shape[-1]
+    index = jnp.arange(length, dtype=jnp.int32)
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[..., :1], bool), segment_ids[..., 1:] != segment_ids[..., :-1]],
+        axis=-1,
+    )
+    start_index = jax.lax.cummax(jnp.where(starts, index, 0), axis=segment_ids.ndim - 1)
+    return index - start_index
+
+
+def attention_mask(
+    segment_ids: jax.Array | None, *, q_length: int, k_length: int, q_offset: jax.Array | int = 0
+) -> jax.Array:
+    """Boolean mask `[batch or 1, 1, q_length, k_length]`: True where a query may attend a key.
+
+    A query at row index `q_offset + i` sees keys at row index <= its own (causal) and, when
+    `segment_ids` is given, only keys of its own packed document. Causality is by index in the
+    row, not by `positions` (those restart per document).
+    """
+    q_index = q_offset + jnp.arange(q_length, dtype=jnp.int32)
+    k_index = jnp.arange(k_length, dtype=jnp.int32)
+    mask = (k_index[None, :] <= q_index[:, None])[None, None]
+    if segment_ids is not None:
+        same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+        mask = jnp.logical_and(mask, same)
+    return mask
+
+
+def dot_product_attention(
+    query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array
+) -> jax.Array:
+    """Softmax attention with grouped key/value heads; logits and softmax in float32.
+
+    Args:
+      query: `[batch, q_length, heads, head_dim]`, already scaled by `head_dim ** -0.5`.
+      key, value: `[batch, k_length, kv_heads, head_dim]`; `kv_heads` divides `heads` and query
+        head `h` uses key/value head `h // (heads // kv_heads)`.
+      mask: boolean, broadcastable to `[batch, 1, q_length, k_length]`.
+
+    Returns:
+      `[batch, q_length, heads, head_dim]` in `query`'s dtype.
+    """
+    batch, q_length, heads, head_dim = query.shape
+    kv_heads = key.shape[2]
+    group = heads // kv_heads
+    q = query.reshape(batch, q_length, kv_heads, group, head_dim)
+    logits = jnp.einsum(
+        "bqkgd,bskd->bkgqs", q, key, preferred_element_type=accum_dtype(query.dtype)
+    )
+    logits = jnp.where(mask[:, :, None], logits, _MASK_VALUE)
+    weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+    out = jnp.einsum("bkgqs,bskd->bqkgd", weights, value)
+    return out.reshape(batch, q_length, heads, head_dim)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm with a learned scale and no bias (Zhang & Sennrich 2019)."""
+
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalises the last axis in float32 (or wider) and returns the compute dtype."""
+        cfg = self.config
+        scale = param_with_axes(
+            "scale", nn.initializers.ones, (x.shape[-1],), cfg.weight_dtype, axes=(axes.EMBED,)
+        )
+        wide = x.astype(accum_dtype(x.dtype))
+        normed = wide * jax.lax.rsqrt(jnp.mean(wide * wide, axis=-1, keepdims=True) + cfg.norm_eps)
+        return normed.astype(cfg.compute_dtype) * scale.astype(cfg.compute_dtype)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with RoPE on q and k, optional GQA, packing and a decoding cache.
+
+    `decode=False`: full causal attention over the input, masked by `segment_ids`.
+    `decode=True` (T5X contract, see `llama_jax.model`): the first call, when no `cache`
+    variables exist, only allocates a zero cache whose capacity is the input length and returns a
+    plain causal forward; later calls write their `L >= 1` keys/values at the cache index, attend to
+    every cached position up to their own, and advance the index by `L` (prefill and one-token
+    steps are the same code path).
+    """
+
+    config: LlamaConfig
+    decode: bool = False
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array | None
+    ) -> jax.Array:
+        """Maps `[batch, length, embed]` to `[batch, length, embed]`."""
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        batch, length, d_model = x.shape
+        heads, kv_heads, head_dim = cfg.num_heads, cfg.kv_heads, cfg.head_size
+        proj_axes = (axes.EMBED, axes.HEADS, axes.KV)
+
+        def project(name: str, num: int) -> jax.Array:
+            kernel = param_with_axes(
+                name,
+                kernel_init(0, (1, 2)),
+                (d_model, num, head_dim),
+                cfg.weight_dtype,
+                axes=proj_axes,
+            )
+            y = jnp.einsum("bld,dhk->blhk", x, kernel.astype(dtype))
+            return constrain(y, axes.ACT_HEADS)
+
+        query, key, value = (
+            project("query", heads),
+            project("key", kv_heads),
+            project("value", kv_heads),
+        )
+
+        cache_ready = self.decode and self.has_variable("cache", "cached_key")
+        if self.decode:
+            cache_shape = (batch, length, kv_heads, head_dim)
+            cached_key = self.variable("cache", "cached_key", jnp.zeros, cache_shape, dtype)
+            cached_value = self.variable("cache", "cached_value", jnp.zeros, cache_shape, dtype)
+            cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+        offset = cache_index.value if cache_ready else 0
+        if positions is None:
+            positions = jnp.broadcast_to(
+                offset + jnp.arange(length, dtype=jnp.int32), (batch, length)
+            )
+
+        query = apply_rope(query, positions, theta=cfg.rope_theta) * jnp.asarray(
+            head_dim**-0.5, dtype
+        )
+        key = apply_rope(key, positions, theta=cfg.rope_theta)
+
+        if cache_ready:
+            start = (0, offset, 0, 0)
+            cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, start)
+            cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, start)
+            cache_index.value = offset + length
+            key, value = cached_key.value, cached_value.value
+            mask = attention_mask(None, q_length=length, k_length=key.shape[1], q_offset=offset)
+        else:
+            mask = attention_mask(segment_ids, q_length=length, k_length=length)
+
+        out = constrain(dot_product_attention(query, key, value, mask), axes.ACT_HEADS)
+        out_kernel = param_with_axes(
+            "out",
+            kernel_init((0, 1), 2),
+            (heads, head_dim, d_model),
+            cfg.weight_dtype,
+            axes=(axes.HEADS, axes.KV, axes.EMBED),
+        )
+        y = jnp.einsum("blhk,hkd->bld", out, out_kernel.astype(dtype))
+        return constrain(y, axes.ACT_EMBED)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward block: `w2(silu(w1 x) * w3 x)` (Shazeer 2020; LLaMA naming)."""
+
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Maps `[batch, length, embed]` to `[batch, length, embed]`."""
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        d_model, d_ff = x.shape[-1], cfg.d_ff
+
+        def kernel(name: str, shape: tuple[int, int], kernel_axes: tuple[str, str]) -> jax.Array:
+            value = param_with_axes(
+                name, kernel_init(0, 1), shape, cfg.weight_dtype, axes=kernel_axes
+            )
+            return value.astype(dtype)
+
+        w1 = kernel("w1", (d_model, d_ff), (axes.EMBED, axes.MLP))
+        w3 = kernel("w3", (d_model, d_ff), (axes.EMBED, axes.MLP))
+        w2 = kernel("w2", (d_ff, d_model), (axes.MLP, axes.EMBED))
+        gate = constrain(jnp.einsum("bld,df->blf", x, w1), axes.ACT_MLP)
+        up = constrain(jnp.einsum("bld,df->blf", x, w3), axes.ACT_MLP)
+        hidden = nn.silu(gate) * up
+        return constrain(jnp.einsum("blf,fd->bld", hidden, w2), axes.ACT_EMBED)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm LLaMA2 block: `h = x + attn(norm(x))`, `out = h + mlp(norm(h))`.
+
+    Returns `(out, None)` so that the same class works as an `nn.scan` body.
+    """
+
+    config: LlamaConfig
+    decode: bool = False
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array | None
+    ) -> tuple[jax.Array, None]:
+        """Applies the block to `[batch, length, embed]`."""
+        cfg = self.config
+        attn_in = RMSNorm(cfg, name="attention_norm")(x)
+        h = x + Attention(cfg, decode=self.decode, name="attention")(
+            attn_in, segment_ids, positions
+        )
+        out = h + MLP(cfg, name="mlp")(RMSNorm(cfg, name="ffn_norm")(h))
+        return constrain(out, axes.ACT_EMBED), None

@@ -1,0 +1,196 @@
+"""The LLaMA2 decoder-only language model (Touvron et al. 2023) as the CPT paper trains it.
+
+Architecture: token embedding -> `num_layers` pre-norm blocks (RMSNorm, causal self-attention
+with RoPE on q/k and optional grouped-query attention, RMSNorm, SwiGLU MLP) -> final RMSNorm ->
+untied output projection. No biases anywhere. Parameter names and logical axes:
+
+    token_embedder/embedding              [vocab, embed]
+    layers_<i>/attention_norm/scale       [embed]
+    layers_<i>/attention/{query,key,value} [embed, heads, kv]
+    layers_<i>/attention/out              [heads, kv, embed]
+    layers_<i>/ffn_norm/scale             [embed]
+    layers_<i>/mlp/{w1,w3}                [embed, mlp]
+    layers_<i>/mlp/w2                     [mlp, embed]
+    final_norm/scale                      [embed]
+    lm_head/kernel                        [embed, vocab]
+
+With `scan_layers=True` the blocks live under `layers/...` instead, each parameter stacked along a
+new leading `layers` axis (layer i is index i); `stack_layer_params` converts between the layouts.
+Logical axis names of every parameter are sown into the `params_axes` collection at init
+(T5X convention); `flax.linen.partitioning.get_axis_names` turns them into PartitionSpecs.
+
+Packed sequences: `segment_ids [batch, length]` (0 = padding, 1, 2, ... = documents) keep
+attention inside each document; `positions` (RoPE positions) default to restarting at 0 at every
+segment change, or to `0..length-1` without segment ids.
+
+Decoding contract (T5X's `cache` collection):
+
+1. Allocate: `variables = model.init(rng, jnp.zeros((batch, capacity), jnp.int32), decode=True)`
+   (or `model.apply({"params": params}, zeros, decode=True, mutable=["cache"])`). With no cache
+   present, a `decode=True` call creates zero `cached_key`/`cached_value` of length `capacity`
+   (the input length) and `cache_index = 0` in every attention layer, and returns an ordinary
+   causal forward of its input without writing to the cache.
+2. Prefill: `logits, mut = model.apply({"params": params, "cache": cache}, prompt, decode=True,
+   mutable=["cache"])` with `prompt [batch, P]` writes the prompt's keys/values at cache
+   positions `[0, P)`, attends causally, returns logits for all `P` tokens (the last one predicts
+   the first new token) and sets `cache_index = P`.
+3. Step: the same call with one token `[batch, 1]` writes position `cache_index`, attends to
+   cache positions `<= cache_index` and advances it by one. Any chunk length works (prefill and
+   step are one code path); RoPE positions are `cache_index + arange(L)` unless `positions` is
+   given. All rows share one cache index, so prompts in a batch have equal length; `segment_ids`
+   are ignored once the cache exists. Writing beyond `capacity` is the caller's error (JAX
+   clamps dynamic slices, it does not raise).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
+
+from llama_jax import axes
+from llama_jax.config import REMAT_POLICIES, LlamaConfig
+from llama_jax.layers import (
+    DecoderLayer,
+    RMSNorm,
+    accum_dtype,
+    kernel_init,
+    positions_from_segments,
+)
+
+param_with_axes = nn_partitioning.param_with_axes
+constrain = nn_partitioning.with_sharding_constraint
+
+
+class Embed(nn.Module):
+    """Token embedding table `[vocab, embed]`, looked up by index."""
+
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """Maps int tokens `[batch, length]` to `[batch, length, embed]` in the compute dtype."""
+        cfg = self.config
+        table = param_with_axes(
+            "embedding",
+            nn.initializers.normal(stddev=1.0),
+            (cfg.vocab_size, cfg.d_model),
+            cfg.weight_dtype,
+            axes=(axes.VOCAB, axes.EMBED),
+        )
+        x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
+        return constrain(x, axes.ACT_EMBED)
+
+
+class LMHead(nn.Module):
+    """Untied output projection `[embed, vocab]`; returns float32 logits (float64 in float64)."""
+
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Maps `[batch, length, embed]` to float32 logits `[batch, length, vocab]`."""
+        cfg = self.config
+        kernel = param_with_axes(
+            "kernel",
+            kernel_init(0, 1),
+            (cfg.d_model, cfg.vocab_size),
+            cfg.weight_dtype,
+            axes=(axes.EMBED, axes.VOCAB),
+        )
+        logits = jnp.einsum(
+            "bld,dv->blv",
+            x,
+            kernel.astype(cfg.compute_dtype),
+            preferred_element_type=accum_dtype(cfg.compute_dtype),
+        )
+        return constrain(logits, axes.ACT_VOCAB)
+
+
+def _layer_class(config: LlamaConfig, *, decode: bool) -> type[nn.Module]:
+    """The block class, wrapped in `nn.remat` per `config.remat_policy` (never when decoding)."""
+    policy_name = config.remat_policy
+    if decode or policy_name == "none":
+        return DecoderLayer
+    # prevent_cse guards against XLA merging recomputation with the forward pass; scan already
+    # prevents that, and the guard makes scanned loops slower.
+    return nn.remat(
+        DecoderLayer, policy=REMAT_POLICIES[policy_name], prevent_cse=not config.scan_layers
+    )
+
+
+class Llama(nn.Module):
+    """LLaMA2 decoder-only language model; see the module docstring for layouts and decoding."""
+
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        decode: bool = False,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """Returns float32 next-token logits `[batch, length, vocab]` for int `tokens`.
+
+        Args:
+          tokens: `[batch, length]` input token ids.
+          segment_ids: `[batch, length]` packed-document ids (0 = padding); attention never
+            crosses a change of id. None: one document per row.
+          positions: `[batch, length]` RoPE positions; None derives them (see module docstring).
+          decode: use/fill the `cache` collection (which must then be mutable).
+          deterministic: accepted for the T5X module contract; LLaMA2 has no dropout, so it
+            changes nothing.
+        """
+        del deterministic
+        cfg = self.config
+        if not decode and positions is None:
+            if segment_ids is None:
+                positions = jnp.broadcast_to(
+                    jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
+                )
+            else:
+                positions = positions_from_segments(segment_ids)
+
+        x = Embed(cfg, name="token_embedder")(tokens)
+        layer_cls = _layer_class(cfg, decode=decode)
+        if cfg.scan_layers:
+            scanned = nn_partitioning.scan_with_axes(
+                layer_cls,
+                variable_axes={"params": 0, "cache": 0},
+                split_rngs={"params": True},
+                in_axes=(nn.broadcast, nn.broadcast),
+                length=cfg.num_layers,
+                axis_name=axes.LAYERS,
+            )
+            x, _ = scanned(cfg, decode=decode, name="layers")(x, segment_ids, positions)
+        else:
+            for i in range(cfg.num_layers):
+                x, _ = layer_cls(cfg, decode=decode, name=f"layers_{i}")(x, segment_ids, positions)
+        x = RMSNorm(cfg, name="final_norm")(x)
+        return LMHead(cfg, name="lm_head")(x)
+
+
+def stack_layer_params(params: dict, num_layers: int) -> dict:
+    """Converts an unscanned parameter tree (`layers_<i>/...`) to the scanned layout (`layers/...`).
+
+    Lets a checkpoint trained one way run the other way, and lets tests check that both layouts
+    compute the same function.
+    """
+    params = dict(params)
+    per_layer = [params.pop(f"layers_{i}") for i in range(num_layers)]
+    params["layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *per_layer)
+    return params
+
+
+def unstack_layer_params(params: dict, num_layers: int) -> dict:
+    """Inverse of `stack_layer_params`: scanned layout to `layers_<i>/...`."""
+    params = dict(params)
+    stacked = params.pop("layers")
+    for i in range(num_layers):
+        params[f"layers_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], stacked)
+    return params

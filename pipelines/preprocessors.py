@@ -1,0 +1,362 @@
+"""seqio preprocessors of xlscale's tasks: parsing, LM chunking, translation prompts, T5 span
+corruption, packing.
+
+Span corruption follows T5 (Raffel et al. 2020; `t5.data.preprocessors.span_corruption`): the
+tokenised documents are concatenated in groups and split into chunks of `raw_length` tokens, a
+random noise mask (density 0.15, mean span length 3) is drawn per chunk, each noise span is
+replaced in `inputs` by one sentinel, and `targets` holds every noise span preceded by its
+sentinel. Sentinels count down from the top of the vocabulary (`<extra_id_0>` = the largest id of
+a `seqio.SentencePieceVocabulary(extra_ids=...)`). `raw_length` is the largest chunk whose
+corrupted inputs *and* targets (plus EOS) fit the task's sequence lengths.
+
+Packing (`pack_first_fit`) produces seqio's packed format (`<key>`, `<key>_segment_ids`,
+`<key>_positions`, 0 = padding) like `seqio.utils.trim_and_pack_dataset`, but places each example
+in the first of the 16 most recent rows of its window (256 examples) where all its features still
+fit, instead of only in the last row: fewer padding tokens, and a vectorised scatter instead of a per-example
+`tf.while_loop` of concatenations, which makes it several times faster.
+
+Randomness comes only from seqio's stateless seeds (`seqio.map_over_dataset(num_seeds=...)`),
+which seqio derives from the `seed` passed to `get_dataset`: the same seed gives the same masks.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+NOISE_DENSITY = 0.15
+MEAN_NOISE_SPAN_LENGTH = 3.0
+CONCAT_BATCH = 128  # documents concatenated before chunking (T5 uses 128)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def parse_tsv(dataset: tf.data.Dataset, *, field_names: Sequence[str]) -> tf.data.Dataset:
+    """Splits text lines `"a\\tb"` into `{field_names[0]: "a", field_names[1]: "b"}`."""
+    names = tuple(field_names)
+
+    def _parse(line):
+        fields = tf.strings.split(line, "\t", maxsplit=len(names) - 1)
+        fields = tf.concat([fields, tf.fill([len(names)], "")], 0)[: len(names)]
+        return {name: fields[i] for i, name in enumerate(names)}
+
+    return dataset.map(_parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def lines_to_targets(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Maps text lines to `{"targets": line}` (monolingual text for LM and span corruption)."""
+    return dataset.map(lambda line: {"targets": line}, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def translation_prompt(src_name: str, tgt_name: str) -> str:
+    """Returns T5's prefix, e.g. `translate English to German: `."""
+    return f"translate {src_name} to {tgt_name}: "
+
+
+def to_translation(
+    dataset: tf.data.Dataset, *, src: str, tgt: str, src_name: str, tgt_name: str
+) -> tf.data.Dataset:
+    """Maps `{src: ..., tgt: ...}` to `{"inputs": "translate <Src> to <Tgt>: ...", "targets"}`."""
+    prefix = translation_prompt(src_name, tgt_name)
+
+    def _fn(ex):
+        return {"inputs": tf.strings.join([prefix, ex[src]]), "targets": ex[tgt]}
+
+    return dataset.map(_fn, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def drop_empty(dataset: tf.data.Dataset, *, keys: Sequence[str]) -> tf.data.Dataset:
+    """Drops examples where any of `keys` is an empty token sequence."""
+
+    def _keep(ex):
+        return tf.reduce_all([tf.size(ex[k]) > 0 for k in keys])
+
+    return dataset.filter(_keep)
+
+
+# ----------------------------------------------------------------------------- LM
+
+
+def lm_chunks(
+    dataset: tf.data.Dataset,
+    sequence_length: Mapping[str, int] | None = None,
+    output_features: Mapping[str, seqio.Feature] | None = None,
+) -> tf.data.Dataset:
+    """Appends EOS to each tokenised document and splits it into chunks of at most
+    `sequence_length["targets"]` tokens (no token is lost to truncation; the last chunk of a
+    document ends with EOS). Without a sequence length the document is kept whole."""
+    eos = output_features["targets"].vocabulary.eos_id if output_features else 1
+    length = (sequence_length or {}).get("targets")
+
+    def _with_eos(ex):
+        t = ex["targets"]
+        return tf.concat([t, tf.constant([eos], t.dtype)], 0)
+
+    if not length:
+        return dataset.map(lambda ex: {"targets": _with_eos(ex)}, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def _chunks(ex):
+        tokens = _with_eos(ex)
+        n = tf.size(tokens, out_type=tf.int64)
+        splits = tf.concat([tf.range(0, n, length, dtype=tf.int64), [n]], 0)
+        return {"targets": tf.RaggedTensor.from_row_splits(tokens, splits)}
+
+    return dataset.map(_chunks, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+
+
+# ----------------------------------------------------------------------------- span corruption
+
+
+def span_corruption_lengths(
+    raw_length: int,
+    *,
+    noise_density: float = NOISE_DENSITY,
+    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
+) -> tuple[int, int, int]:
+    """Returns `(inputs_length, targets_length, num_spans)` of a corrupted chunk of `raw_length`
+    tokens, EOS included (the same arithmetic as the mask below)."""
+    length = max(raw_length, 2)
+    noise = min(max(round(length * noise_density), 1), length - 1)
+    spans = max(round(noise / mean_noise_span_length), 1)
+    if raw_length < 2:  # the mask is drawn on length 2 and cut back
+        return raw_length + 1, raw_length + 1, 1
+    return raw_length - noise + spans + 1, noise + spans + 1, spans
+
+
+def span_raw_length(
+    inputs_length: int,
+    targets_length: int,
+    *,
+    noise_density: float = NOISE_DENSITY,
+    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
+) -> int:
+    """Returns the largest chunk whose corrupted inputs and targets (with EOS) fit the lengths
+    (T5's `random_spans_helper`, extended to respect the targets length too)."""
+    best = 0
+    for n in range(2, 4 * (inputs_length + targets_length)):
+        li, lt, _ = span_corruption_lengths(
+            n, noise_density=noise_density, mean_noise_span_length=mean_noise_span_length
+        )
+        if li <= inputs_length and lt <= targets_length:
+            best = n
+        elif li > inputs_length:
+            break
+    if best < 2:
+        raise ValueError(
+            f"sequence lengths inputs={inputs_length}, targets={targets_length} are too short "
+            "for span corruption"
+        )
+    return best
+
+
+def random_segmentation(batch: tf.Tensor, num_items: tf.Tensor, num_segments: tf.Tensor, seed):
+    """Partitions `num_items` into `num_segments` random non-empty segments, independently for
+    each of `batch` rows (a stateless shuffle of the segment starts). Returns `[batch,
+    num_segments]` segment lengths."""
+    is_start = tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32)
+    order = tf.argsort(tf.random.stateless_uniform([batch, num_items - 1], seed=seed), axis=1)
+    first_in_segment = tf.pad(tf.gather(is_start, order), [[0, 0], [1, 0]])
+    segment_id = tf.cumsum(first_in_segment, axis=1)
+    offset = tf.range(batch)[:, None] * num_segments
+    lengths = tf.math.unsorted_segment_sum(
+        tf.ones_like(segment_id), segment_id + offset, batch * num_segments
+    )
+    return tf.reshape(lengths, [batch, num_segments])
+
+
+def random_spans_noise_mask(
+    batch: tf.Tensor,
+    length: tf.Tensor,
+    seeds,
+    *,
+    noise_density: float = NOISE_DENSITY,
+    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
+) -> tf.Tensor:
+    """T5's noise mask for `batch` chunks of `length` tokens: `[batch, length]` booleans with
+    `round(density * length)` noise tokens in `round(noise / mean_span)` spans, alternating
+    with non-noise spans and starting with a non-noise one (`t5.data.random_spans_noise_mask`,
+    vectorised over rows; every row gets its own draw)."""
+    orig_length = length
+    length = tf.maximum(length, 2)
+    num_noise = tf.cast(tf.round(tf.cast(length, tf.float32) * noise_density), tf.int32)
+    num_noise = tf.minimum(tf.maximum(num_noise, 1), length - 1)
+    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length), tf.int32)
+    num_spans = tf.maximum(num_spans, 1)
+    noise_lengths = random_segmentation(batch, num_noise, num_spans, seeds[0])
+    nonnoise_lengths = random_segmentation(batch, length - num_noise, num_spans, seeds[1])
+    interleaved = tf.reshape(tf.stack([nonnoise_lengths, noise_lengths], axis=2), [batch, -1])
+    span_starts = tf.cumsum(interleaved, axis=1)[:, :-1]
+    positions = tf.tile(tf.range(length)[None, :], [batch, 1])
+    span_num = tf.searchsorted(span_starts, positions, side="right")
+    is_noise = tf.equal(tf.math.floormod(span_num, 2), 1)
+    return is_noise[:, :orig_length]
+
+
+def spans_to_sentinels(tokens: tf.Tensor, mask: tf.Tensor, first_sentinel: int) -> tf.RaggedTensor:
+    """Replaces each run of `mask` in every row of `tokens` by one sentinel, counting down from
+    `first_sentinel`; returns the shortened rows as a `[batch, None]` RaggedTensor."""
+    prev = tf.pad(mask, [[0, 0], [1, 0]])[:, :-1]
+    first = tf.logical_and(mask, tf.logical_not(prev))
+    subsequent = tf.logical_and(mask, prev)
+    sentinel = first_sentinel + 1 - tf.cumsum(tf.cast(first, tokens.dtype), axis=1)
+    return tf.ragged.boolean_mask(tf.where(first, sentinel, tokens), tf.logical_not(subsequent))
+
+
+def span_corruption(
+    dataset: tf.data.Dataset,
+    sequence_length: Mapping[str, int],
+    output_features: Mapping[str, seqio.Feature],
+    noise_density: float = NOISE_DENSITY,
+    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
+) -> tf.data.Dataset:
+    """T5 span corruption of tokenised `targets` into `inputs`/`targets` (EOS is added after, by
+    `seqio.preprocessors.append_eos_after_trim`).
+
+    Documents are concatenated `CONCAT_BATCH` at a time and cut into chunks of `raw_length`
+    tokens (the last chunk of a group is shorter); all chunks of a group are corrupted in one
+    vectorised step with the group's stateless seeds.
+
+    Raises:
+      ValueError: if the vocabulary has fewer sentinel (extra) ids than a chunk needs.
+    """
+    vocab = output_features["targets"].vocabulary
+    lengths_kw = {
+        "noise_density": noise_density,
+        "mean_noise_span_length": mean_noise_span_length,
+    }
+    raw_length = span_raw_length(sequence_length["inputs"], sequence_length["targets"], **lengths_kw)
+    _, _, spans = span_corruption_lengths(raw_length, **lengths_kw)
+    extra_ids = getattr(vocab, "extra_ids", 0)
+    if extra_ids < spans:
+        raise ValueError(
+            f"span corruption of {raw_length}-token chunks needs {spans} sentinel ids; the "
+            f"vocabulary has extra_ids={extra_ids} "
+            "(use pipelines.vocab.load_vocab(..., extra_ids=100))"
+        )
+    first_sentinel = vocab.vocab_size - 1
+
+    def _corrupt(tokens, seeds):
+        batch, length = tf.shape(tokens)[0], tf.shape(tokens)[1]
+        mask = random_spans_noise_mask(batch, length, seeds, **lengths_kw)
+        return (
+            spans_to_sentinels(tokens, mask, first_sentinel),
+            spans_to_sentinels(tokens, tf.logical_not(mask), first_sentinel),
+        )
+
+    @seqio.map_over_dataset(num_seeds=2)
+    def _corrupt_group(group, seeds):
+        flat = group["targets"].flat_values
+        n_full = tf.size(flat) // raw_length
+        full = tf.reshape(flat[: n_full * raw_length], [n_full, raw_length])
+        tail = flat[n_full * raw_length :][None, :]
+        tail_seeds = [tf.random.experimental.stateless_fold_in(s, 1) for s in seeds]
+        full_in, full_tg = _corrupt(full, seeds)
+        tail_in, tail_tg = _corrupt(tail, tail_seeds)
+        return {
+            "inputs": tf.concat([full_in, tail_in], axis=0),
+            "targets": tf.concat([full_tg, tail_tg], axis=0),
+        }
+
+    groups = dataset.map(lambda ex: {"targets": ex["targets"]}).ragged_batch(CONCAT_BATCH)
+    chunks = _corrupt_group(groups).unbatch()
+    return chunks.filter(lambda ex: tf.size(ex["inputs"]) > 0)
+
+
+# ----------------------------------------------------------------------------- packing
+
+PACK_WINDOW = 256
+MAX_OPEN_ROWS = 16  # first fit among the 16 most recent rows: near-optimal and O(n)
+
+
+def first_fit(lengths: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Places examples (rows of `lengths`, one column per feature) in arrival order into the
+    first of the `MAX_OPEN_ROWS` most recent packed rows where every feature still fits under
+    `limits`, else into a new row.
+
+    Returns:
+      `(rows, offsets)`: each example's row index and its start offset per feature (int32).
+    """
+    room = limits.tolist()
+    used: list[list[int]] = []  # per row, tokens used per feature
+    open_rows: list[int] = []  # rows still considered, oldest first
+    rows, offsets = [], []
+    for ln in lengths.tolist():
+        row = -1
+        for r in open_rows:
+            if all(a + b <= c for a, b, c in zip(used[r], ln, room, strict=True)):
+                row = r
+                break
+        if row < 0:
+            row = len(used)
+            used.append([0] * len(ln))
+            open_rows.append(row)
+            if len(open_rows) > MAX_OPEN_ROWS:
+                open_rows.pop(0)
+        rows.append(row)
+        offsets.append(used[row])
+        used[row] = [a + b for a, b in zip(used[row], ln, strict=True)]
+    k = lengths.shape[1]
+    rows = np.asarray(rows, np.int32)
+    offsets = np.asarray(offsets, np.int32).reshape(-1, k)
+    return rows, offsets
+
+
+def pack_first_fit(
+    dataset: tf.data.Dataset, feature_lengths: Mapping[str, int], *, window: int = PACK_WINDOW
+) -> tf.data.Dataset:
+    """Trims each feature to `feature_lengths` and packs examples into rows (first fit).
+
+    Args:
+      dataset: examples with 1-D int features named in `feature_lengths` (others are dropped).
+      feature_lengths: packed row length per feature.
+      window: examples considered together; each window starts new rows.
+
+    Returns:
+      Rows with `<key>`, `<key>_segment_ids` (1, 2, ... per example, 0 on padding) and
+      `<key>_positions` for every key, each of shape `[feature_lengths[key]]`.
+    """
+    keys = list(feature_lengths)
+    limits = np.array([feature_lengths[k] for k in keys], np.int32)
+    num_keys = len(keys)
+
+    def _trim(ex):
+        return {k: tf.cast(ex[k][: feature_lengths[k]], tf.int32) for k in keys}
+
+    ds = dataset.map(_trim, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.filter(lambda ex: tf.size(ex[keys[0]]) > 0)
+    ds = ds.ragged_batch(window)
+
+    def _pack(batch):
+        lengths = tf.stack([tf.cast(batch[k].row_lengths(), tf.int32) for k in keys], axis=1)
+        rows, offsets = tf.numpy_function(
+            functools.partial(first_fit, limits=limits),
+            [lengths],
+            (tf.int32, tf.int32),
+            stateful=False,
+        )
+        rows.set_shape([None])
+        offsets.set_shape([None, num_keys])
+        num_rows = tf.reduce_max(rows) + 1
+        onehot = tf.one_hot(rows, num_rows, dtype=tf.int32)
+        segment = tf.reduce_sum(tf.cumsum(onehot, axis=0) * onehot, axis=1)
+        out = {}
+        for j, k in enumerate(keys):
+            rt = batch[k]
+            example = tf.cast(rt.value_rowids(), tf.int32)
+            starts = tf.cast(rt.row_starts(), tf.int32)
+            position = tf.range(tf.size(rt.flat_values)) - tf.gather(starts, example)
+            index = tf.stack(
+                [tf.gather(rows, example), tf.gather(offsets[:, j], example) + position], axis=1
+            )
+            shape = tf.stack([num_rows, feature_lengths[k]])
+            out[k] = tf.scatter_nd(index, rt.flat_values, shape)
+            out[f"{k}_segment_ids"] = tf.scatter_nd(index, tf.gather(segment, example), shape)
+            out[f"{k}_positions"] = tf.scatter_nd(index, position, shape)
+        return out
+
+    return ds.map(_pack, num_parallel_calls=tf.data.AUTOTUNE).unbatch()

@@ -1,0 +1,589 @@
+"""Trainer-facing batch streams: packed, per-host, deterministic and resumable.
+
+`decoder_batches`, `encdec_batches` and `eval_batches` implement "Batches for the trainer" of
+docs/interfaces.md: iterators of numpy dicts of int32 `[batch, length]` arrays, where `batch` is
+the per-host batch (`batch_size // num_shards`; `batch_size` is the global batch, as in T5X).
+
+Pipeline, per mixture component `i` (a seqio task):
+  `Task.get_dataset` (seeded shuffle, stateless-seeded preprocessors, host shard via
+  `seqio.ShardInfo(shard_index, num_shards)`, repeated) -> add a per-token feature
+  `component = i + 1`,
+then the components are interleaved, packed by a seqio feature converter that carries the
+component feature (`decoder_task_ids = component - 1`, so padding is -1), batched, and skipped to
+`start_step`.
+
+Token ratios. Mixture rates are fractions of tokens (`pipelines.mixtures`). Each component's mean
+target tokens per example is measured at the stream's sequence length, on a spread-out
+subsample of its split (every k-th document so that about `MEASURE_DOCS` documents are read), and
+the example rate is `fraction / mean_tokens`. Components are then chosen by a deterministic
+smooth weighted round-robin (each step every component earns its rate in credit, the richest
+one is chosen and pays 1), so example counts never deviate from their rates by more than one
+example; what remains is the spread of example lengths, which averages out. Target tokens are
+what the trainer counts per component (`tokens_by_task`), so they are what the ratio fixes.
+
+Determinism and resumption. Every random choice is seeded from `seed`: the shuffle buffers
+(`tf.data` with an op seed), seqio's stateless per-example seeds (span corruption), and nothing
+else is random (the round-robin and the packing are deterministic; tf.data keeps element order).
+So the same arguments give the same stream, bit for bit. `start_step=k` builds that same stream
+and drops its first `k` batches (`Dataset.skip` at the batch level), so a restarted job continues
+exactly as the uninterrupted one would. The trainer only needs to record the step. The cost is
+re-running the input pipeline for `k` batches, which is cheap here because the pipeline runs
+many times faster than the trainer consumes (`benchmarks/pipeline.py`); at TPU scale one would
+checkpoint the tf.data iterator instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from pipelines import preprocessors as prep
+from pipelines import tasks
+from pipelines.mixtures import component_names, token_fractions
+
+MEASURE_DOCS = 2000
+CACHE_MAX_DOCS = 5_000_000  # local splits up to this many lines are cached tokenised
+DOC_SHUFFLE_MAX = 200_000  # documents reshuffled per epoch (cached splits)
+_FeatureSpec = seqio.FeatureConverter.FeatureSpec
+
+
+class DecoderTaskIdsFeatureConverter(seqio.LMFeatureConverter):
+    """`seqio.LMFeatureConverter` (what `DecoderFeatureConverter` uses for targets-only tasks)
+    plus `decoder_task_ids`: the mixture component of every target token, -1 on padding."""
+
+    TASK_FEATURES = {
+        **seqio.LMFeatureConverter.TASK_FEATURES,
+        "component": _FeatureSpec(dtype=tf.int32),
+    }
+    MODEL_FEATURES = {
+        **seqio.LMFeatureConverter.MODEL_FEATURES,
+        "decoder_task_ids": _FeatureSpec(dtype=tf.int32),
+    }
+
+    def _convert_example(self, features):
+        d = dict(super()._convert_example(features))
+        d["decoder_task_ids"] = features["component"] - 1
+        return d
+
+    def _pack_or_pad(self, ds, packed_lengths):
+        if self.pack:
+            return prep.pack_first_fit(ds, packed_lengths)
+        return seqio.utils.trim_and_pad_dataset(ds, packed_lengths)
+
+    def get_model_feature_lengths(self, task_feature_lengths):
+        """Adds `decoder_task_ids` (targets length) to the LM model features."""
+        lengths = dict(super().get_model_feature_lengths(task_feature_lengths))
+        lengths["decoder_task_ids"] = task_feature_lengths["targets"]
+        return lengths
+
+
+class EncDecTaskIdsFeatureConverter(seqio.EncDecFeatureConverter):
+    """`seqio.EncDecFeatureConverter` plus `decoder_task_ids` (component per target token)."""
+
+    TASK_FEATURES = {
+        **seqio.EncDecFeatureConverter.TASK_FEATURES,
+        "component": _FeatureSpec(dtype=tf.int32),
+    }
+    MODEL_FEATURES = {
+        **seqio.EncDecFeatureConverter.MODEL_FEATURES,
+        "decoder_task_ids": _FeatureSpec(dtype=tf.int32),
+    }
+
+    def _convert_example(self, features):
+        d = dict(super()._convert_example(features))
+        d["decoder_task_ids"] = features["component"] - 1
+        return d
+
+    def _pack_or_pad(self, ds, packed_lengths):
+        if self.pack:
+            return prep.pack_first_fit(ds, packed_lengths)
+        return seqio.utils.trim_and_pad_dataset(ds, packed_lengths)
+
+    def get_model_feature_lengths(self, task_feature_lengths):
+        """Adds `decoder_task_ids` (targets length) to the encoder-decoder model features."""
+        lengths = dict(super().get_model_feature_lengths(task_feature_lengths))
+        lengths["decoder_task_ids"] = task_feature_lengths["targets"]
+        return lengths
+
+
+# --------------------------------------------------------------------------- components
+
+
+def _shard(shard_index: int, num_shards: int) -> seqio.ShardInfo | None:
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index {shard_index} not in [0, {num_shards})")
+    return seqio.ShardInfo(index=shard_index, num_shards=num_shards) if num_shards > 1 else None
+
+
+def _task_features(task: seqio.Task) -> tuple[str, ...]:
+    return tuple(k for k in ("inputs", "targets") if k in task.output_features)
+
+
+def _cacheable(task: seqio.Task, split: str) -> bool:
+    """Local text tasks small enough to keep tokenised in memory."""
+    n = task.source.num_input_examples(split) if split in task.source.splits else None
+    return (
+        isinstance(task.source, seqio.TextLineDataSource)
+        and task.supports_caching
+        and n is not None
+        and n <= CACHE_MAX_DOCS
+    )
+
+
+def task_dataset(
+    task: seqio.Task,
+    *,
+    split: str,
+    sequence_length: Mapping[str, int],
+    seed: int | None,
+    shard_info: seqio.ShardInfo | None,
+    shuffle: bool,
+    repeat: bool,
+) -> tf.data.Dataset:
+    """`task.get_dataset(...)`, except that a small local task keeps its tokenised documents in
+    memory and reshuffles them every epoch.
+
+    The cached path is seqio's own: the task's steps before its `CacheDatasetPlaceholder`
+    (deterministic parsing and tokenisation) run once into `Dataset.cache()`, then come the
+    epoch shuffle (seeded), the repeat, the steps after the placeholder with seqio's stateless
+    seeds (`Task.preprocess_postcache`), trimming and seqio's example shuffle buffer.
+    """
+    if not _cacheable(task, split):
+        return task.get_dataset(
+            sequence_length=dict(sequence_length),
+            split=split,
+            shuffle=shuffle,
+            seed=seed,
+            shard_info=shard_info,
+            num_epochs=None if repeat else 1,
+        )
+    ds = task.source.get_dataset(split=split, shuffle=False)
+    if shard_info is not None:
+        ds = ds.shard(shard_info.num_shards, shard_info.index)
+    ds = task.preprocess_precache(ds, seed=seed).cache()
+    if shuffle:
+        docs = task.source.num_input_examples(split)
+        ds = ds.shuffle(max(1, min(docs, DOC_SHUFFLE_MAX)), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    ds = task.preprocess_postcache(ds, sequence_length=dict(sequence_length), seed=seed)
+    ds = seqio.utils.trim_dataset(ds, dict(sequence_length), task.output_features)
+    if shuffle:
+        ds = ds.shuffle(task.shuffle_buffer_size or tasks.SHUFFLE_BUFFER_SIZE, seed=seed)
+    return ds
+
+
+def component_dataset(
+    task_name: str,
+    index: int,
+    *,
+    split: str,
+    sequence_length: Mapping[str, int],
+    seed: int | None,
+    shard_info: seqio.ShardInfo | None,
+    shuffle: bool,
+    repeat: bool,
+) -> tf.data.Dataset:
+    """One task's preprocessed examples (`inputs`/`targets`, trimmed) plus the per-token
+    `component` feature `index + 1` aligned with `targets`."""
+    task = seqio.TaskRegistry.get(task_name)
+    keys = _task_features(task)
+    ds = task_dataset(
+        task,
+        split=split,
+        sequence_length=sequence_length,
+        seed=seed,
+        shard_info=shard_info,
+        shuffle=shuffle,
+        repeat=repeat,
+    )
+
+    def _tag(ex):
+        out = {k: tf.cast(ex[k], tf.int32) for k in keys}
+        out["component"] = tf.fill(tf.shape(out["targets"]), tf.constant(index + 1, tf.int32))
+        return out
+
+    return ds.map(_tag, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+_MEAN_TOKENS: dict[tuple, float] = {}
+
+
+def mean_target_tokens(
+    task_name: str,
+    *,
+    split: str,
+    sequence_length: Mapping[str, int],
+    shard_index: int = 0,
+    num_shards: int = 1,
+) -> float:
+    """Mean target tokens per example of a task at `sequence_length`, measured on every k-th
+    document of the host's shard (about `MEASURE_DOCS` documents). Memoised per process."""
+    task = seqio.TaskRegistry.get(task_name)
+    key = (id(task), task_name, split, tuple(sorted(sequence_length.items())), shard_index, num_shards)
+    if key in _MEAN_TOKENS:
+        return _MEAN_TOKENS[key]
+    n_docs = task.source.num_input_examples(split) or 0
+    stride = max(1, n_docs // (num_shards * MEASURE_DOCS))
+    shard = _shard(shard_index, num_shards * stride) if num_shards * stride > 1 else None
+    ds = task.get_dataset(
+        sequence_length=dict(sequence_length),
+        split=split,
+        shuffle=False,
+        seed=0,
+        shard_info=shard,
+        num_epochs=1,
+    )
+    sizes = ds.map(lambda ex: tf.size(ex["targets"]), num_parallel_calls=tf.data.AUTOTUNE)
+    total = count = 0
+    for batch in sizes.batch(4096).as_numpy_iterator():
+        total += int(batch.sum())
+        count += len(batch)
+    if count == 0:
+        raise ValueError(f"task {task_name!r} has no examples in split {split!r}")
+    _MEAN_TOKENS[key] = total / count
+    return _MEAN_TOKENS[key]
+
+
+def example_weights(fractions: Mapping[str, float], mean_tokens: Mapping[str, float]) -> list[float]:
+    """Turns token fractions into normalised example rates: `fraction / mean tokens`."""
+    raw = [
+        fractions[name] / mean_tokens[name] if fractions[name] > 0 else 0.0
+        for name in fractions
+    ]
+    total = sum(raw)
+    return [r / total for r in raw]
+
+
+def round_robin_choices(weights: list[float]) -> tf.data.Dataset:
+    """An endless, deterministic stream of component indices with the given frequencies
+    (smooth weighted round-robin: per step every component gains its weight in credit, the
+    richest is emitted and pays 1). Counts stay within one of `n * weight` at every step."""
+    w = tf.constant(weights, tf.float64)
+    k = len(weights)
+
+    def _step(credit, _):
+        credit = credit + w
+        choice = tf.argmax(credit, output_type=tf.int64)
+        return credit - tf.one_hot(choice, k, dtype=tf.float64), choice
+
+    return tf.data.Dataset.from_tensors(0).repeat().scan(tf.zeros([k], tf.float64), _step)
+
+
+def mixed_examples(
+    mixture_or_task: str,
+    *,
+    split: str,
+    sequence_length: Mapping[str, int],
+    seed: int | None,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    shuffle: bool = True,
+    repeat: bool = True,
+) -> tf.data.Dataset:
+    """Unpacked examples of a mixture (or task) in the token proportions of its rates, each with
+    the per-token `component` feature (index into `component_names(...)` plus one)."""
+    names = component_names(mixture_or_task)
+    fractions = token_fractions(mixture_or_task)
+    shard_info = _shard(shard_index, num_shards)
+    datasets = [
+        component_dataset(
+            name,
+            i,
+            split=split,
+            sequence_length=sequence_length,
+            seed=seed,
+            shard_info=shard_info,
+            shuffle=shuffle,
+            repeat=repeat,
+        )
+        for i, name in enumerate(names)
+    ]
+    if len(names) == 1:
+        return datasets[0]
+    means = {
+        name: mean_target_tokens(
+            name,
+            split=split,
+            sequence_length=sequence_length,
+            shard_index=shard_index,
+            num_shards=num_shards,
+        )
+        for name in names
+        if fractions[name] > 0
+    }
+    weights = example_weights({n: fractions[n] for n in names}, means)
+    return tf.data.Dataset.choose_from_datasets(
+        datasets, round_robin_choices(weights), stop_on_empty_dataset=True
+    )
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def _per_host(batch_size: int, num_shards: int) -> int:
+    if batch_size % num_shards:
+        raise ValueError(f"global batch_size {batch_size} not divisible by {num_shards} hosts")
+    return batch_size // num_shards
+
+
+def _options(ds: tf.data.Dataset) -> tf.data.Dataset:
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options)
+
+
+def _check_features(mixture_or_task: str, *, encdec: bool) -> None:
+    for name in component_names(mixture_or_task):
+        keys = _task_features(seqio.TaskRegistry.get(name))
+        if encdec and keys != ("inputs", "targets"):
+            raise ValueError(f"{name!r} has no inputs; encoder-decoder streams need inputs/targets")
+        if not encdec and keys != ("targets",):
+            raise ValueError(f"{name!r} has inputs; decoder-only streams take targets-only tasks")
+
+
+def _batched(
+    mixture_or_task: str,
+    *,
+    encdec: bool,
+    split: str,
+    task_lengths: dict[str, int],
+    batch_size: int,
+    seed: int | None,
+    shard_index: int,
+    num_shards: int,
+    start_step: int,
+    shuffle: bool,
+    repeat: bool,
+    pack: bool,
+) -> tf.data.Dataset:
+    _check_features(mixture_or_task, encdec=encdec)
+    per_host = _per_host(batch_size, num_shards)
+    ds = mixed_examples(
+        mixture_or_task,
+        split=split,
+        sequence_length=task_lengths,
+        seed=seed,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        shuffle=shuffle,
+        repeat=repeat,
+    )
+    converter_cls = EncDecTaskIdsFeatureConverter if encdec else DecoderTaskIdsFeatureConverter
+    lengths = {**task_lengths, "component": task_lengths["targets"]}
+    ds = converter_cls(pack=pack)(ds, lengths)
+    ds = ds.batch(per_host, drop_remainder=True)
+    if start_step:
+        ds = ds.skip(start_step)
+    return _options(ds.prefetch(tf.data.AUTOTUNE))
+
+
+def decoder_dataset(
+    *,
+    mixture_or_task: str,
+    split: str,
+    sequence_length: int,
+    batch_size: int,
+    seed: int | None,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    start_step: int = 0,
+    shuffle: bool = True,
+    repeat: bool = True,
+    pack: bool = True,
+) -> tf.data.Dataset:
+    """The `tf.data.Dataset` behind `decoder_batches` (same arguments)."""
+    return _batched(
+        mixture_or_task,
+        encdec=False,
+        split=split,
+        task_lengths={"targets": int(sequence_length)},
+        batch_size=batch_size,
+        seed=seed,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        start_step=start_step,
+        shuffle=shuffle,
+        repeat=repeat,
+        pack=pack,
+    )
+
+
+def encdec_dataset(
+    *,
+    mixture_or_task: str,
+    split: str,
+    sequence_length: Mapping[str, int],
+    batch_size: int,
+    seed: int | None,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    start_step: int = 0,
+    shuffle: bool = True,
+    repeat: bool = True,
+    pack: bool = True,
+) -> tf.data.Dataset:
+    """The `tf.data.Dataset` behind `encdec_batches` (same arguments)."""
+    return _batched(
+        mixture_or_task,
+        encdec=True,
+        split=split,
+        task_lengths={
+            "inputs": int(sequence_length["inputs"]),
+            "targets": int(sequence_length["targets"]),
+        },
+        batch_size=batch_size,
+        seed=seed,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        start_step=start_step,
+        shuffle=shuffle,
+        repeat=repeat,
+        pack=pack,
+    )
+
+
+def decoder_batches(
+    *,
+    mixture_or_task: str,
+    split: str,
+    sequence_length: int,
+    batch_size: int,
+    seed: int | None,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    start_step: int = 0,
+    shuffle: bool = True,
+    repeat: bool = True,
+    pack: bool = True,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Packed decoder-only batches of a targets-only mixture or task.
+
+    Args:
+      mixture_or_task: a registered seqio mixture or task of `lm_*` tasks.
+      split: `"train"`, `"validation"`, ...
+      sequence_length: targets length.
+      batch_size: global batch; each host gets `batch_size // num_shards` rows.
+      seed: seeds every random choice; the same seed gives the same stream.
+      shard_index, num_shards: this host's shard (`seqio.ShardInfo`).
+      start_step: number of batches already consumed; the stream continues from there.
+      shuffle, repeat, pack: as in seqio.
+
+    Returns:
+      An iterator of dicts with int32 `[batch, sequence_length]` arrays `decoder_input_tokens,
+      decoder_target_tokens, decoder_loss_weights, decoder_segment_ids, decoder_positions,
+      decoder_task_ids` (the last is the component index, -1 on padding).
+    """
+    return decoder_dataset(
+        mixture_or_task=mixture_or_task,
+        split=split,
+        sequence_length=sequence_length,
+        batch_size=batch_size,
+        seed=seed,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        start_step=start_step,
+        shuffle=shuffle,
+        repeat=repeat,
+        pack=pack,
+    ).as_numpy_iterator()
+
+
+def encdec_batches(
+    *,
+    mixture_or_task: str,
+    split: str,
+    sequence_length: Mapping[str, int],
+    batch_size: int,
+    seed: int | None,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    start_step: int = 0,
+    shuffle: bool = True,
+    repeat: bool = True,
+    pack: bool = True,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Packed encoder-decoder batches of an inputs/targets mixture or task (`span_*`, `mt_*`).
+
+    Same arguments as `decoder_batches`, with `sequence_length = {"inputs": Li, "targets": Lt}`.
+    The dicts add `encoder_input_tokens, encoder_segment_ids, encoder_positions` (`[batch, Li]`)
+    to the decoder keys (`[batch, Lt]`, `decoder_task_ids` included).
+    """
+    return encdec_dataset(
+        mixture_or_task=mixture_or_task,
+        split=split,
+        sequence_length=sequence_length,
+        batch_size=batch_size,
+        seed=seed,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        start_step=start_step,
+        shuffle=shuffle,
+        repeat=repeat,
+        pack=pack,
+    ).as_numpy_iterator()
+
+
+def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    short = rows - len(next(iter(batch.values())))
+    if short <= 0:
+        return batch
+    out = {}
+    for key, value in batch.items():
+        fill = -1 if key == "decoder_task_ids" else 0
+        pad = np.full((short, *value.shape[1:]), fill, value.dtype)
+        out[key] = np.concatenate([value, pad])
+    return out
+
+
+def eval_batches(
+    *,
+    task: str,
+    split: str = "validation",
+    sequence_length: int | Mapping[str, int],
+    batch_size: int,
+    max_tokens: int | None,
+) -> list[dict[str, np.ndarray]]:
+    """Finite, deterministic, unshuffled packed batches of one task's split, for evaluation.
+
+    A targets-only task gives decoder batches (`sequence_length` an int); an inputs/targets task
+    gives encoder-decoder batches (`sequence_length` a dict). Batches are produced in order until
+    at least `max_tokens` target tokens are covered or the split ends (`None`: the whole split);
+    the last batch is padded to `batch_size` rows (loss weight 0, task id -1). Span corruption
+    uses a fixed seed, so its masks are the same at every evaluation.
+
+    Returns:
+      A list (re-iterable) of dicts as in `decoder_batches` / `encdec_batches`, with
+      `decoder_task_ids` 0 on real tokens.
+    """
+    encdec = "inputs" in seqio.TaskRegistry.get(task).output_features
+    if encdec:
+        lengths = {"inputs": int(sequence_length["inputs"]), "targets": int(sequence_length["targets"])}
+    else:
+        lengths = {"targets": int(sequence_length)}
+    _check_features(task, encdec=encdec)
+    ds = component_dataset(
+        task,
+        0,
+        split=split,
+        sequence_length=lengths,
+        seed=0,
+        shard_info=None,
+        shuffle=False,
+        repeat=False,
+    )
+    converter_cls = EncDecTaskIdsFeatureConverter if encdec else DecoderTaskIdsFeatureConverter
+    ds = converter_cls(pack=True)(ds, {**lengths, "component": lengths["targets"]})
+    ds = _options(ds.batch(batch_size, drop_remainder=False).prefetch(tf.data.AUTOTUNE))
+    batches, tokens = [], 0
+    limit = math.inf if max_tokens is None else max_tokens
+    for batch in ds.as_numpy_iterator():
+        if tokens >= limit:
+            break
+        batches.append(_pad_rows(batch, batch_size))
+        tokens += int(batch["decoder_loss_weights"].sum())
+    return batches

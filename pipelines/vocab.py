@@ -1,0 +1,266 @@
+"""SentencePiece vocabularies with T5 ids, trained on a weighted multilingual sample.
+
+A vocabulary is two files side by side (docs/interfaces.md, "Data on disk"):
+
+- `<prefix>.model`: a SentencePiece model with T5's special ids (pad 0, eos 1, unk 2, no bos),
+  byte fallback (so every string round-trips, including characters never seen in training) and
+  identity normalisation (what you encode is what you decode);
+- `<prefix>.json`: the training settings, the per-language sample that went in, and the measured
+  *tokens per character* of every language on its held-out validation text. The CPT paper notes
+  that LLaMA2's tokenizer over-slices Chinese; this number is how we see the same effect here.
+
+Training is deterministic for given corpora, settings and seed: the sample is drawn by a seeded
+`random.Random`, fed in a fixed order, SentencePiece's own generator is seeded, and the thread
+count is a constant (the unigram EM sums per-thread statistics, so it is part of the result).
+
+Sample weighting. `lang_weights` are fractions of *characters* in the sample (default: equal).
+Each language's lines are shuffled by the seed and language `l` gets
+`n_l ∝ weight_l / mean_chars_per_line_l` lines, scaled so that the whole sample has at most
+`max_sentences` lines; a language with fewer lines than its share contributes all it has (the
+JSON records what each language actually contributed).
+
+This module imports only SentencePiece at load time; `load_vocab` imports seqio (and so
+TensorFlow) when called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+
+from pipelines.corpora import paths
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+MODEL_TYPES = ("unigram", "bpe")
+DEFAULT_MAX_SENTENCES = 300_000
+# Fixed, not os.cpu_count(): the unigram trainer's result depends on how work is split.
+NUM_THREADS = 4
+# SentencePiece skips longer lines by default (4192 bytes); our paragraphs can be long.
+MAX_SENTENCE_BYTES = 1 << 16
+
+
+def default_character_coverage(langs: Sequence[str]) -> float:
+    """Returns 0.9995 when Chinese is among `langs` (thousands of rare Han characters), else 1.0."""
+    return 0.9995 if "zh" in langs else 1.0
+
+
+def _read_lines(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
+def sample_training_lines(
+    *,
+    corpora_dir: str | os.PathLike,
+    langs: Sequence[str],
+    lang_weights: Mapping[str, float] | None = None,
+    seed: int = 0,
+    max_sentences: int = DEFAULT_MAX_SENTENCES,
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Draws the weighted multilingual training sample from `mono/<lang>/train.txt`.
+
+    Args:
+      corpora_dir: the `corpora/` directory of the on-disk layout.
+      langs: languages to include.
+      lang_weights: fraction of characters per language (normalised; default equal).
+      seed: seed of the line shuffle.
+      max_sentences: upper bound on the number of lines in the sample.
+
+    Returns:
+      `(lines, stats)`: the sample (languages interleaved in a seeded order) and, per language,
+      `{"weight", "lines", "chars", "available_lines"}`.
+    """
+    weights = {lang: 1.0 for lang in langs} if lang_weights is None else dict(lang_weights)
+    missing = [lang for lang in langs if lang not in weights]
+    if missing:
+        raise ValueError(f"lang_weights has no weight for {missing}")
+    total_w = sum(weights[lang] for lang in langs)
+    if total_w <= 0:
+        raise ValueError("lang_weights must have a positive sum")
+    rng = random.Random(seed)
+    pools: dict[str, list[str]] = {}
+    for lang in langs:
+        lines = _read_lines(paths.mono_file(corpora_dir, lang, "train"))
+        if not lines:
+            raise FileNotFoundError(
+                f"no training text for {lang!r} in {paths.mono_file(corpora_dir, lang, 'train')}"
+            )
+        rng.shuffle(lines)
+        pools[lang] = lines
+    # Lines per language proportional to weight / mean line length (so that chars ∝ weight).
+    mean_chars = {lang: sum(map(len, pools[lang])) / len(pools[lang]) for lang in langs}
+    raw = {lang: weights[lang] / total_w / mean_chars[lang] for lang in langs}
+    scale = max_sentences / sum(raw.values())
+    stats: dict[str, dict[str, Any]] = {}
+    sample: list[str] = []
+    for lang in langs:
+        n = min(len(pools[lang]), max(1, round(raw[lang] * scale)))
+        taken = pools[lang][:n]
+        sample.extend(taken)
+        stats[lang] = {
+            "weight": weights[lang] / total_w,
+            "lines": n,
+            "chars": sum(map(len, taken)),
+            "available_lines": len(pools[lang]),
+        }
+    rng.shuffle(sample)
+    return sample, stats
+
+
+def tokens_per_char(
+    processor: spm.SentencePieceProcessor, texts: Sequence[str]
+) -> dict[str, float | int]:
+    """Measures how finely `processor` slices `texts`.
+
+    Returns:
+      `{"tokens_per_char", "tokens", "chars", "byte_fallback_fraction"}` where tokens exclude EOS
+      and byte_fallback_fraction is the share of tokens that are raw-byte pieces.
+    """
+    tokens = processor.encode(list(texts))
+    n_tokens = sum(len(t) for t in tokens)
+    n_chars = sum(len(t) for t in texts)
+    n_bytes = sum(1 for ids in tokens for i in ids if processor.is_byte(i))
+    return {
+        "tokens_per_char": n_tokens / max(n_chars, 1),
+        "tokens": n_tokens,
+        "chars": n_chars,
+        "byte_fallback_fraction": n_bytes / max(n_tokens, 1),
+    }
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def train_vocab(
+    *,
+    corpora_dir: str | os.PathLike,
+    langs: Sequence[str],
+    out_prefix: str | os.PathLike,
+    vocab_size: int,
+    model_type: str = "unigram",
+    lang_weights: Mapping[str, float] | None = None,
+    seed: int = 0,
+    character_coverage: float | None = None,
+    max_sentences: int = DEFAULT_MAX_SENTENCES,
+) -> Path:
+    """Trains a SentencePiece vocabulary with T5 ids and writes `<out_prefix>.{model,json}`.
+
+    Args:
+      corpora_dir: the `corpora/` directory (reads `mono/<lang>/{train,validation}.txt`).
+      langs: languages of the sample, e.g. `("en", "zh")`.
+      out_prefix: output path without extension.
+      vocab_size: number of pieces, including pad/eos/unk and the 256 byte-fallback pieces.
+      model_type: `"unigram"` or `"bpe"`.
+      lang_weights: fraction of sample characters per language (default equal).
+      seed: seed of the sample and of SentencePiece's generator.
+      character_coverage: default 0.9995 when `zh` is in `langs`, else 1.0.
+      max_sentences: upper bound on sample lines.
+
+    Returns:
+      The path of the written `.model` file.
+    """
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    langs = list(langs)
+    coverage = (
+        default_character_coverage(langs) if character_coverage is None else character_coverage
+    )
+    lines, sample_stats = sample_training_lines(
+        corpora_dir=corpora_dir,
+        langs=langs,
+        lang_weights=lang_weights,
+        seed=seed,
+        max_sentences=max_sentences,
+    )
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "model_type": model_type,
+        "character_coverage": coverage,
+        "pad_id": PAD_ID,
+        "eos_id": EOS_ID,
+        "unk_id": UNK_ID,
+        "bos_id": -1,
+        "byte_fallback": True,
+        "split_digits": True,
+        "normalization_rule_name": "identity",
+        "max_sentence_length": MAX_SENTENCE_BYTES,
+        "num_threads": NUM_THREADS,
+        "shuffle_input_sentence": False,
+        "input_sentence_size": 0,
+    }
+    spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, minloglevel=2, **settings
+    )
+    out_prefix = Path(out_prefix)
+    model_path = out_prefix.with_name(out_prefix.name + ".model")
+    _atomic_write_bytes(model_path, model.getvalue())
+
+    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    measured = {}
+    for lang in langs:
+        texts = _read_lines(paths.mono_file(corpora_dir, lang, "validation"))
+        source = "validation"
+        if not texts:
+            texts, source = _read_lines(paths.mono_file(corpora_dir, lang, "train")), "train"
+        measured[lang] = {**tokens_per_char(processor, texts), "measured_on": source}
+    info = {
+        "model": model_path.name,
+        "model_sha256": hashlib.sha256(model.getvalue()).hexdigest(),
+        "langs": langs,
+        "seed": seed,
+        "max_sentences": max_sentences,
+        "settings": settings,
+        "sample": sample_stats,
+        "tokens_per_char": {lang: m["tokens_per_char"] for lang, m in measured.items()},
+        "measurements": measured,
+        "corpora_dir": str(corpora_dir),
+    }
+    json_path = out_prefix.with_name(out_prefix.name + ".json")
+    _atomic_write_bytes(
+        json_path,
+        (json.dumps(info, ensure_ascii=False, indent=2, sort_keys=True) + "\n").encode("utf-8"),
+    )
+    return model_path
+
+
+def read_vocab_info(model_path: str | os.PathLike) -> dict[str, Any]:
+    """Returns the JSON written beside `model_path` by `train_vocab`."""
+    return json.loads(Path(model_path).with_suffix(".json").read_text(encoding="utf-8"))
+
+
+def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
+    """Loads a trained model as a `seqio.SentencePieceVocabulary`.
+
+    Args:
+      model_path: the `.model` file.
+      extra_ids: number of sentinel ids appended at the vocabulary end (T5 span corruption uses
+        100; `<extra_id_0>` is the largest id).
+
+    Returns:
+      A `seqio.SentencePieceVocabulary`; its `vocab_size` includes the extra ids.
+    """
+    import seqio
+
+    vocab = seqio.SentencePieceVocabulary(str(model_path), extra_ids=extra_ids)
+    tok = vocab.tokenizer
+    if (tok.pad_id(), tok.eos_id(), tok.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+        raise ValueError(
+            f"{model_path}: expected T5 ids pad/eos/unk = 0/1/2, got "
+            f"{tok.pad_id()}/{tok.eos_id()}/{tok.unk_id()}"
+        )
+    return vocab

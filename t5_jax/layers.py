@@ -1,0 +1,381 @@
+"""T5's building blocks: RMS layer norm, relative-position biases, attention with a decode
+cache, the (gated) MLP, the token embedding, and attention-mask helpers.
+
+Parameters are created with `param_with_axes` under logical axis names, and activations carry
+logical sharding constraints, so a partitioner maps both onto any mesh. Names follow T5X
+(`query/kernel`, `rel_embedding`, `wi_0`, `scale`, ...), so checkpoints line up with its layout.
+Attention kernels are stored 2-D (`embed` x `joined_kv`) as T5X stores them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax.linen import partitioning as nn_partitioning
+from jax import lax
+
+from llama_jax.axes import ACT_EMBED, ACT_HEADS, ACT_MLP, EMBED, HEADS, JOINED_KV, MLP, VOCAB
+
+# T5-only logical axis (the relative-position bucket table); T5X's name, never sharded.
+RELPOS_BUCKETS = "relpos_buckets"
+
+param_with_axes = nn_partitioning.param_with_axes
+Array = jax.Array
+NEG_INF_BIAS = -1e10  # T5X's additive bias for masked attention logits
+
+# T5X's initialisers. Module-level objects, so each (initialiser, shape) compiles once.
+DENSE_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+ATTENTION_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+RELPOS_INIT = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+EMBED_INIT = nn.initializers.normal(stddev=1.0)
+
+
+def scaled_query_init(head_dim: int) -> Callable:
+    """`ATTENTION_INIT` divided by sqrt(head_dim): T5 folds the logit scaling into the query."""
+
+    def init(key, shape, dtype=jnp.float32):
+        return ATTENTION_INIT(key, shape, dtype) / jnp.sqrt(head_dim).astype(dtype)
+
+    return init
+
+
+ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "relu": nn.relu,
+    "gelu": nn.gelu,  # tanh approximation, as T5.1.1 ("gelu_new")
+    "silu": nn.silu,
+    "linear": lambda x: x,
+}
+
+
+def constrain(x: Array, axes: tuple[str | None, ...]) -> Array:
+    """Logical sharding constraint on an activation (a no-op outside a mesh and rules)."""
+    return nn.with_logical_constraint(x, axes)
+
+
+def relative_position_bucket(
+    relative_position: Array, *, bidirectional: bool, num_buckets: int, max_distance: int
+) -> Array:
+    """Maps `memory_position - query_position` to a T5 relative-attention bucket.
+
+    Half the buckets (of each direction, when bidirectional) hold exact small distances; the rest
+    cover distances up to `max_distance` logarithmically; farther distances share the last
+    bucket. Without `bidirectional` (causal decoder) keys after the query all map to bucket 0.
+    Float32 with T5X's epsilon inside the log, so exact powers land in the upper bucket.
+    """
+    relative_position = jnp.asarray(relative_position, jnp.int32)
+    n = -relative_position
+    ret = jnp.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        ret = ret + (n < 0).astype(jnp.int32) * num_buckets
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    max_exact = num_buckets // 2
+    scaled = (
+        jnp.log(n.astype(jnp.float32) / max_exact + jnp.finfo(jnp.float32).eps)
+        / jnp.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    )
+    val_if_large = jnp.minimum(max_exact + scaled.astype(jnp.int32), num_buckets - 1)
+    return ret + jnp.where(n < max_exact, n, val_if_large)
+
+
+class LayerNorm(nn.Module):
+    """T5 layer norm: divide by the root mean square, scale; no mean subtraction, no bias."""
+
+    epsilon: float = 1e-6
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        """Normalises the last axis of `x` (computed in float32)."""
+        x = jnp.asarray(x, jnp.float32)
+        mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)
+        y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
+        scale = param_with_axes(
+            "scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype, axes=(EMBED,)
+        )
+        return y * jnp.asarray(scale, self.dtype)
+
+
+class Dense(nn.Module):
+    """A bias-free projection of the last axis with a 2-D, logically named `kernel`."""
+
+    features: int
+    kernel_axes: tuple[str, str]
+    kernel_init: Callable = DENSE_INIT
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        """Returns `x @ kernel`."""
+        kernel = param_with_axes(
+            "kernel",
+            self.kernel_init,
+            (x.shape[-1], self.features),
+            self.param_dtype,
+            axes=self.kernel_axes,
+        )
+        x = jnp.asarray(x, self.dtype)
+        return lax.dot_general(
+            x, jnp.asarray(kernel, self.dtype), (((x.ndim - 1,), (0,)), ((), ()))
+        )
+
+
+class Embed(nn.Module):
+    """Token embedding (`embedding` [vocab, embed]), also usable as the tied output layer."""
+
+    num_embeddings: int
+    features: int
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        self.embedding = param_with_axes(
+            "embedding",
+            EMBED_INIT,
+            (self.num_embeddings, self.features),
+            self.param_dtype,
+            axes=(VOCAB, EMBED),
+        )
+
+    def __call__(self, tokens: Array) -> Array:
+        """Looks up int token ids: [...] -> [..., features]."""
+        out = jnp.take(jnp.asarray(self.embedding, self.dtype), tokens.astype(jnp.int32), axis=0)
+        return constrain(out, ACT_EMBED) if out.ndim == 3 else out
+
+    def attend(self, query: Array) -> Array:
+        """Logits against every embedding row, in float32: [..., features] -> [..., vocab]."""
+        query = jnp.asarray(query, jnp.float32)
+        return jnp.einsum("...d,vd->...v", query, jnp.asarray(self.embedding, jnp.float32))
+
+
+class RelativePositionBiases(nn.Module):
+    """Per-head learned biases indexed by relative-position bucket (`rel_embedding` [heads,
+    buckets]); one instance is shared by all layers of a stack."""
+
+    num_buckets: int
+    max_distance: int
+    num_heads: int
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        self.rel_embedding = param_with_axes(
+            "rel_embedding",
+            RELPOS_INIT,
+            (self.num_heads, self.num_buckets),
+            self.param_dtype,
+            axes=(HEADS, RELPOS_BUCKETS),
+        )
+
+    def __call__(self, query_positions: Array, key_positions: Array, *, bidirectional: bool):
+        """Bias for query/key position vectors: [q], [k] -> [1, heads, q, k]."""
+        rel = key_positions[None, :] - query_positions[:, None]
+        buckets = relative_position_bucket(
+            rel,
+            bidirectional=bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+        table = jnp.asarray(self.rel_embedding, self.dtype)
+        return jnp.take(table, buckets, axis=1)[None]
+
+    def full(self, qlen: int, klen: int, *, bidirectional: bool) -> Array:
+        """Bias for positions `0..qlen-1` attending to `0..klen-1`: [1, heads, qlen, klen]."""
+        return self(jnp.arange(qlen), jnp.arange(klen), bidirectional=bidirectional)
+
+
+class MultiHeadDotProductAttention(nn.Module):
+    """Multi-head attention with T5's conventions and a `cache` collection for decoding.
+
+    No 1/sqrt(head_dim) on the logits: it is folded into the query initialiser (as in T5).
+    With `decode=True` the first call (no cache yet) creates zero caches sized by its inputs and
+    otherwise computes as usual; later calls take one query position each. Self-attention
+    (`cross=False`) writes the new key/value at `cache_index` and attends to positions
+    `<= cache_index`, with the relative-position bias row for that position. Cross-attention
+    (`cross=True`) projects the encoder output once, at `cache_index == 0`, and reuses it.
+    """
+
+    num_heads: int
+    head_dim: int
+    out_features: int
+    cross: bool = False
+    dropout_rate: float = 0.0
+    float32_logits: bool = True
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def _dense(self, name: str, features: int, axes: tuple[str, str], init) -> Dense:
+        return Dense(
+            features,
+            kernel_axes=axes,
+            kernel_init=init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name=name,
+        )
+
+    def _heads(self, x: Array) -> Array:
+        x = x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
+        return constrain(x, ACT_HEADS)
+
+    def _project_kv(self, inputs_kv: Array) -> tuple[Array, Array]:
+        # Called from `__call__` and from inside `nn.cond` branches (module = the lifted clone).
+        hd = self.num_heads * self.head_dim
+        key = self._dense("key", hd, (EMBED, JOINED_KV), ATTENTION_INIT)(inputs_kv)
+        value = self._dense("value", hd, (EMBED, JOINED_KV), ATTENTION_INIT)(inputs_kv)
+        return self._heads(key), self._heads(value)
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: Array,
+        inputs_kv: Array,
+        mask: Array | None = None,
+        bias: Array | None = None,
+        *,
+        relpos: RelativePositionBiases | None = None,
+        decode: bool = False,
+        deterministic: bool = True,
+    ) -> Array:
+        """Attends `inputs_q` [b, q, d] to `inputs_kv` [b, k, d]; returns [b, q, out_features].
+
+        Args:
+          mask: [b or 1, 1 or heads, q, k], nonzero where attention is allowed.
+          bias: added to the logits, [1 or b, heads, q, k] (relative positions).
+          relpos: the stack's relative-position module; only used for the one-row bias of a
+            cached self-attention decode step.
+          decode: use and update the `cache` collection.
+          deterministic: disable attention dropout.
+        """
+        hd = self.num_heads * self.head_dim
+        query_init = scaled_query_init(self.head_dim)
+        query = self._heads(self._dense("query", hd, (EMBED, JOINED_KV), query_init)(inputs_q))
+        cache_ready = decode and self.has_variable("cache", "cached_key")
+        if cache_ready and self.cross:
+            key, value = self._cross_step(inputs_kv)
+        elif cache_ready:
+            key, value, mask, step_bias = self._self_step(inputs_kv, relpos)
+            bias = step_bias if relpos is not None else bias
+        else:
+            key, value = self._project_kv(inputs_kv)
+            if decode:  # first call: create the (zero) caches
+                self._cache_variables(key.shape, key.dtype)
+
+        if self.float32_logits:
+            query, key = query.astype(jnp.float32), key.astype(jnp.float32)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
+        if mask is not None:
+            logits = logits + jnp.where(mask > 0, 0.0, NEG_INF_BIAS).astype(logits.dtype)
+        if bias is not None:
+            logits = logits + bias.astype(logits.dtype)
+        weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(self.dtype)
+        if not deterministic and self.dropout_rate > 0.0:
+            weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=False)
+        x = jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(self.dtype))
+        x = x.reshape(x.shape[:2] + (hd,))
+        out = self._dense("out", self.out_features, (JOINED_KV, EMBED), ATTENTION_INIT)(x)
+        return constrain(out, ACT_EMBED)
+
+    def _cache_variables(self, shape, dtype):
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, dtype)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        return cached_key, cached_value, cache_index
+
+    def _self_step(self, inputs_kv: Array, relpos: RelativePositionBiases | None):
+        """One cached self-attention step: key, value, mask and bias over the whole cache."""
+        key, value = self._project_kv(inputs_kv)
+        cached_key, cached_value, cache_index = self._cache_variables(None, None)
+        batch, length = cached_key.value.shape[:2]
+        if key.shape[1] != 1:
+            raise ValueError(f"a cached decode step takes one position, got {key.shape[1]}")
+        index = cache_index.value
+        key = lax.dynamic_update_slice(
+            cached_key.value, key.astype(cached_key.value.dtype), (0, index, 0, 0)
+        )
+        value = lax.dynamic_update_slice(
+            cached_value.value, value.astype(cached_value.value.dtype), (0, index, 0, 0)
+        )
+        cached_key.value, cached_value.value = key, value
+        cache_index.value = index + 1
+        positions = jnp.arange(length)
+        mask = jnp.broadcast_to(positions <= index, (batch, 1, 1, length))
+        bias = None if relpos is None else relpos(index[None], positions, bidirectional=False)
+        return key, value, mask, bias
+
+    def _cross_step(self, encoded: Array) -> tuple[Array, Array]:
+        """Cross-attention keys/values: projected at the first step, read from the cache after."""
+        cached_key, cached_value, cache_index = self._cache_variables(None, None)
+
+        def project(mdl, enc):
+            key, value = mdl._project_kv(enc)
+            return key.astype(cached_key.value.dtype), value.astype(cached_value.value.dtype)
+
+        def reuse(mdl, enc):
+            return cached_key.value, cached_value.value
+
+        key, value = nn.cond(cache_index.value == 0, project, reuse, self, encoded)
+        cached_key.value, cached_value.value = key, value
+        cache_index.value = cache_index.value + 1
+        return key, value
+
+
+class MlpBlock(nn.Module):
+    """T5 MLP: `wo(prod_i act_i(wi_i x))`, one input branch per activation (`wi` when one)."""
+
+    intermediate_dim: int
+    activations: tuple[str, ...] = ("relu",)
+    intermediate_dropout_rate: float = 0.1
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, inputs: Array, *, deterministic: bool = True) -> Array:
+        """[b, l, d] -> [b, l, d]."""
+        dense = dict(kernel_init=DENSE_INIT, dtype=self.dtype, param_dtype=self.param_dtype)
+        x = None
+        for i, act in enumerate(self.activations):
+            name = "wi" if len(self.activations) == 1 else f"wi_{i}"
+            h = ACTIVATIONS[act](
+                Dense(self.intermediate_dim, kernel_axes=(EMBED, MLP), name=name, **dense)(inputs)
+            )
+            x = h if x is None else x * h
+        x = constrain(x, ACT_MLP)
+        x = nn.Dropout(rate=self.intermediate_dropout_rate, broadcast_dims=(-2,))(
+            x, deterministic=deterministic
+        )
+        out = Dense(inputs.shape[-1], kernel_axes=(MLP, EMBED), name="wo", **dense)(x)
+        return constrain(out, ACT_EMBED)
+
+
+def make_attention_mask(
+    query_input: Array, key_input: Array, pairwise_fn: Callable = jnp.multiply
+) -> Array:
+    """[b, q], [b, k] -> [b, 1, q, k] mask from a pairwise function (e.g. both non-padding)."""
+    mask = pairwise_fn(query_input[:, :, None], key_input[:, None, :])
+    return mask[:, None].astype(jnp.float32)
+
+
+def make_causal_mask(length: int) -> Array:
+    """[1, 1, length, length]: query i may attend to keys 0..i."""
+    idx = jnp.arange(length)
+    return (idx[None, :] <= idx[:, None]).astype(jnp.float32)[None, None]
+
+
+def combine_masks(*masks: Array | None) -> Array | None:
+    """Logical AND of the masks that are not None (None when all are)."""
+    masks = [m for m in masks if m is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    for m in masks[1:]:
+        out = jnp.logical_and(out, m)
+    return out.astype(jnp.float32)

@@ -1,0 +1,304 @@
+"""The local launcher and run states: dependency order, skipping completed runs, resuming
+interrupted ones, retries, progress, and the subprocess path with its own log."""
+
+import io
+import json
+import os
+import socket
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from launch import launchers, status, sweep
+
+MANIFEST = """
+[sweep]
+name = "unit"
+seq_len = 16
+
+[vars]
+DATA_DIR = "/data"
+
+[env]
+XLSCALE_TEST_ENV = "${DATA_DIR}/x"
+
+[gin]
+DATA_DIR = "${DATA_DIR}"
+
+[sizes.a]
+base = "llama2_cpu_d64"
+d_model = 16
+d_ff = 32
+num_heads = 2
+num_layers = 1
+
+[sizes.b]
+base = "llama2_cpu_d64"
+d_model = 32
+d_ff = 64
+num_heads = 2
+num_layers = 2
+
+[axes]
+sizes = ["a", "b"]
+target_langs = ["zh"]
+
+[[grid]]
+strategies = ["source", "scratch", "cpt"]
+
+[[grid]]
+strategies = ["cpt_replay"]
+sizes = ["a"]
+replay_ratios = [0.1]
+
+[budget]
+steps = 6
+batch_size = 2
+"""
+
+
+@pytest.fixture
+def runs(tmp_path):
+    path = tmp_path / "unit.toml"
+    path.write_text(MANIFEST)
+    return sweep.expand(sweep.load_manifest(path, runs_dir=str(tmp_path / "runs")))
+
+
+def _metrics(model_dir: Path, step: int, loss: float) -> None:
+    with open(model_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "train/loss": loss, "eval/lm_zh/loss": loss + 1}) + "\n")
+
+
+class FakeTrainer:
+    """Stands in for trainer.train: resumes from MODEL_DIR/checkpoints/<step>, logs one metrics
+    line per step, writes COMPLETED at the end; `fail_at[run_id] = k` makes the first attempt of
+    that run stop after step k (checkpoint saved) with a non-zero exit."""
+
+    def __init__(self, fail_at=None, raise_instead=False):
+        self.fail_at = dict(fail_at or {})
+        self.raise_instead = raise_instead
+        self.calls = []
+
+    def __call__(self, run, log_path):
+        model_dir = Path(run.model_dir)
+        init = dict(run.bindings).get("INIT_CHECKPOINT")
+        if init is not None:  # CPT starts only from a finished source run
+            assert (Path(init.strip("'")) / "COMPLETED").exists(), run.run_id
+        checkpoints = model_dir / "checkpoints"
+        checkpoints.mkdir(exist_ok=True)
+        start = max((int(p.name) for p in checkpoints.iterdir()), default=0)
+        self.calls.append((run.run_id, start))
+        with open(log_path, "a") as log:
+            log.write(f"training {run.run_id} from step {start}\n")
+        for step in range(start + 1, run.steps + 1):
+            _metrics(model_dir, step, loss=10.0 / step)
+            if self.fail_at.get(run.run_id) == step:
+                (checkpoints / str(step)).mkdir()
+                del self.fail_at[run.run_id]
+                if self.raise_instead:
+                    raise RuntimeError("simulated crash")
+                return 75
+        (model_dir / "COMPLETED").write_text(json.dumps({"step": run.steps, "tokens": run.tokens}))
+        return 0
+
+
+def launch(runs, runner, **kwargs):
+    stream = io.StringIO()
+    launcher = launchers.LocalLauncher(runner=runner, **kwargs)
+    report = launcher.launch(runs, progress=status.Progress(runs, stream=stream))
+    return report, stream.getvalue()
+
+
+def test_runs_complete_in_dependency_order_then_are_skipped(runs):
+    trainer = FakeTrainer()
+    report, out = launch(runs, trainer)
+    assert report.ok and report.completed == [r.run_id for r in runs]
+    assert [c[0] for c in trainer.calls] == [r.run_id for r in runs]
+    assert f"[sweep {len(runs)}/{len(runs)} done" in out
+    assert "ETA" in out
+    for run in runs:
+        state = status.run_status(run)
+        assert (state.state, state.step) == ("done", run.steps)
+        record = json.loads((Path(run.model_dir) / status.LAUNCH_FILE).read_text())
+        assert record["state"] == "completed" and record["returncode"] == 0
+        assert "training" in (Path(run.model_dir) / status.LOG_FILE).read_text()
+
+    again = FakeTrainer()
+    report, out = launch(runs, again)
+    assert again.calls == [] and report.skipped == [r.run_id for r in runs]
+    assert "skip" in out and "(completed)" in out
+
+
+def test_interrupted_run_fails_blocks_dependents_and_resumes_on_rerun(runs):
+    source_a = next(r for r in runs if r.strategy == "source" and r.size == "a")
+    dependents = [r.run_id for r in runs if r.depends_on == (source_a.run_id,)]
+    assert len(dependents) == 2
+    report, out = launch(runs, FakeTrainer(fail_at={source_a.run_id: 3}))
+    assert report.failed == [source_a.run_id]
+    assert sorted(report.blocked) == sorted(dependents)
+    assert "FAILED" in out and "(preempted; checkpoint saved)" in out
+    assert "blocked by a failed dependency" in out
+    state = status.run_status(source_a, now=time.time() + 3600)
+    assert (state.state, state.step) == ("interrupted", 3)  # exit 75: checkpoint saved
+    assert state.loss == pytest.approx(10 / 3)
+    assert state.evals == (("lm_zh", pytest.approx(1 + 10 / 3)),)
+    done_before = {r.run_id for r in runs if status.is_completed(r)}
+    assert len(done_before) == len(runs) - 3
+
+    trainer = FakeTrainer()
+    report, out = launch(runs, trainer)
+    assert report.ok
+    assert trainer.calls[0] == (source_a.run_id, 3)  # resumed from its checkpoint
+    assert "resuming at step 3" in out
+    assert {c[0] for c in trainer.calls} == {source_a.run_id, *dependents}
+    assert sorted(report.skipped) == sorted(done_before)
+    record = json.loads((Path(source_a.model_dir) / status.LAUNCH_FILE).read_text())
+    assert record["attempt"] == 2 and record["state"] == "completed"
+
+
+def test_retries_restart_a_failed_run_within_one_launch(runs):
+    first = runs[0]
+    trainer = FakeTrainer(fail_at={first.run_id: 2}, raise_instead=True)
+    report, out = launch(runs, trainer, retries=1)
+    assert report.ok and report.failed == []
+    assert trainer.calls[:2] == [(first.run_id, 0), (first.run_id, 2)]
+    assert "(attempt 2)" in out
+    log = (Path(first.model_dir) / status.LOG_FILE).read_text()
+    assert "RuntimeError: simulated crash" in log and "from step 2" in log
+
+
+def test_exceptions_are_failures_with_the_traceback_in_the_log(runs):
+    def broken(run, log_path):
+        raise ValueError("bad config for " + run.run_id)
+
+    report, _ = launch(runs[:1], broken)
+    assert report.failed == [runs[0].run_id]
+    assert status.run_status(runs[0]).state == "failed"
+    log = (Path(runs[0].model_dir) / status.LOG_FILE).read_text()
+    assert "ValueError: bad config for" in log
+
+
+def test_ctrl_c_marks_the_run_interrupted_and_propagates(runs):
+    def interrupted(run, log_path):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        launch(runs[:1], interrupted)
+    record = json.loads((Path(runs[0].model_dir) / status.LAUNCH_FILE).read_text())
+    assert record["state"] == "interrupted"
+
+
+def test_dry_run_prints_commands_and_starts_nothing(runs):
+    trainer = FakeTrainer()
+    stream = io.StringIO()
+    report = launchers.LocalLauncher(runner=trainer, python="python").launch(
+        runs, dry_run=True, progress=status.Progress(runs, stream=stream)
+    )
+    assert trainer.calls == [] and len(report.commands) == len(runs)
+    assert report.commands[0].startswith("XLSCALE_TEST_ENV=/data/x python -m trainer.train ")
+    assert "--gin_file=experiments/cpt_source_en.gin" in report.commands[0]
+    assert not Path(runs[0].model_dir).exists()
+
+
+def test_status_states(runs, tmp_path):
+    run = runs[0]
+    directory = Path(run.model_dir)
+    assert status.run_status(run).state == "pending"
+    directory.mkdir(parents=True)
+    _metrics(directory, 2, 1.5)
+    assert status.run_status(run).state == "running"  # metrics just written
+    later = time.time() + 3600
+    assert status.run_status(run, now=later).state == "interrupted"
+    record = {"state": "running", "pid": os.getpid(), "host": socket.gethostname()}
+    (directory / status.LAUNCH_FILE).write_text(json.dumps(record))
+    assert status.run_status(run, now=later).state == "running"  # our live pid
+    record["pid"] = 2**22 + 12345  # no such process
+    (directory / status.LAUNCH_FILE).write_text(json.dumps(record))
+    assert status.run_status(run, now=later).state == "interrupted"
+    (directory / "COMPLETED").write_text(json.dumps({"step": 6, "tokens": 10}))
+    assert status.run_status(run).state == "done"
+
+
+def test_last_metrics_reads_the_tail_and_skips_a_partial_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": i, "pad": "x" * 100}) for i in range(2000)]
+    path.write_text("\n".join(lines) + '\n{"step": 20')
+    assert status.last_metrics(path)["step"] == 1999
+    assert status.last_metrics(tmp_path / "missing.jsonl") is None
+
+
+def test_progress_eta_scales_with_work():
+    class Clock:
+        now = 0.0
+
+        def __call__(self):
+            return self.now
+
+    clock = Clock()
+    small = types.SimpleNamespace(run_id="s", cost=1.0, tokens=1, steps=10)
+    big = types.SimpleNamespace(run_id="b", cost=9.0, tokens=1, steps=10)
+    progress = status.Progress([small, big], stream=io.StringIO(), clock=clock)
+    assert progress.eta() is None
+    started = progress.start(small)
+    clock.now = 10.0
+    progress.finish(small, True, started)
+    assert progress.eta() == pytest.approx(90.0)
+    assert progress.eta(big, 5) == pytest.approx(45.0)
+    progress.start(big, from_step=5)  # a resumed run has only its second half left
+    assert progress.eta() == pytest.approx(45.0)
+    assert progress.eta(big, 8) == pytest.approx(18.0)
+    assert status.format_seconds(3725) == "1h02m" and status.format_seconds(None) == "?"
+
+
+FAKE_TRAINER_SCRIPT = """\
+#!{python}
+# Stands in for `python -m trainer.train`: checks its flags and environment, writes outputs.
+import json, os, pathlib, sys, time
+assert sys.argv[1:3] == ["-m", "trainer.train"], sys.argv
+flags = dict(a[len("--gin."):].split("=", 1) for a in sys.argv[3:] if a.startswith("--gin."))
+model_dir = pathlib.Path(flags["MODEL_DIR"].strip("'"))
+assert os.environ["XLSCALE_TEST_ENV"] == "/data/x"
+steps = int(flags["TRAIN_STEPS"])
+print("fake trainer", model_dir, flush=True)
+for step in range(1, steps + 1):
+    with open(model_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({{"step": step, "train/loss": 1.0 / step}}) + "\\n")
+    time.sleep(0.05)
+if os.environ.get("FAKE_FAIL"):
+    sys.exit(3)
+(model_dir / "COMPLETED").write_text(json.dumps({{"step": steps}}))
+"""
+
+
+def test_subprocess_jobs_log_to_their_own_file(runs, tmp_path, monkeypatch):
+    script = tmp_path / "fake_python"
+    script.write_text(FAKE_TRAINER_SCRIPT.format(python=sys.executable))
+    script.chmod(0o755)
+    stream = io.StringIO()
+    launcher = launchers.LocalLauncher(python=str(script), poll_s=0.05)
+    report = launcher.launch(runs[:2], progress=status.Progress(runs[:2], stream=stream))
+    assert report.ok and report.completed == [r.run_id for r in runs[:2]]
+    log = (Path(runs[0].model_dir) / status.LOG_FILE).read_text()
+    assert log.startswith(f"$ {script} -m trainer.train ") and "fake trainer" in log
+    assert "step " in stream.getvalue() and "loss" in stream.getvalue()
+
+    monkeypatch.setenv("FAKE_FAIL", "1")
+    report = launcher.launch(runs[2:3], progress=status.Progress(runs[2:3], stream=stream))
+    assert report.failed == [runs[2].run_id]
+    record = json.loads((Path(runs[2].model_dir) / status.LAUNCH_FILE).read_text())
+    assert (record["state"], record["returncode"]) == ("failed", 3)
+
+
+def test_launcher_registry():
+    assert sorted(launchers.LAUNCHERS) == ["local", "slurm", "tpu_vm", "xmanager"]
+    for name in launchers.LAUNCHERS:
+        assert launchers.get_launcher(name).name == name
+    with pytest.raises(ValueError, match="local"):
+        launchers.get_launcher("k8s")
+
+
+def test_manifest_env_reaches_the_job(runs):
+    assert runs[0].environment() == {"XLSCALE_TEST_ENV": "/data/x"}

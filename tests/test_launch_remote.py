@@ -1,0 +1,218 @@
+"""Dry runs of the TPU-VM, SLURM and xmanager launchers and the TPU setup script: each renders the
+same `trainer.train` command line as the local launcher, with its own wrapping."""
+
+import importlib.util
+import io
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launch import slurm, status, sweep, tpu_vm, xm_launch
+
+REPO = Path(sweep.__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def runs(tmp_path):
+    manifest = sweep.load_manifest(
+        "smoke",
+        variables={"DATA_DIR": "gs://b/data dir", "VOCAB_PATH": "gs://b/v.model"},
+        runs_dir=str(tmp_path / "runs"),
+    )
+    return sweep.expand(manifest)
+
+
+def progress(runs):
+    return status.Progress(runs, stream=io.StringIO())
+
+
+def test_tpu_vm_dry_run_renders_one_gcloud_ssh_per_run(runs):
+    launcher = tpu_vm.TpuVmLauncher(tpu="v4-32", zone="us-central2-b", project="proj")
+    report = launcher.launch(runs, dry_run=True, progress=progress(runs))
+    assert len(report.commands) == len(runs)
+    for run, command in zip(runs, report.commands, strict=True):
+        argv = shlex.split(command)
+        assert argv[:11] == [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "ssh",
+            "v4-32",
+            "--zone",
+            "us-central2-b",
+            "--project",
+            "proj",
+            "--worker=all",
+        ]
+        assert argv[11] == "--command" and len(argv) == 13
+        remote = argv[12]
+        assert remote.startswith("cd ~/xlscale && export PYTHONUNBUFFERED=1 && ")
+        train = remote.split(" && ")[-1]
+        assert shlex.split(train) == run.argv(".venv/bin/python")
+    remote = shlex.split(report.commands[0])[-1]
+    assert "--gin.DATA_DIR='gs://b/data dir'" in shlex.split(remote.split(" && ")[-1])
+
+
+def test_tpu_vm_runs_each_job_once_in_order(runs):
+    called = []
+
+    def fake_call(argv, stdout, stderr):
+        remote = shlex.split(argv[-1].split(" && ")[-1])
+        model_dir = Path(
+            dict(a[6:].split("=", 1) for a in remote if a.startswith("--gin."))["MODEL_DIR"].strip(
+                "'"
+            )
+        )
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "COMPLETED").write_text("{}")
+        called.append(model_dir.name)
+        stdout.write("worker output\n")
+        return 0
+
+    launcher = tpu_vm.TpuVmLauncher(
+        tpu="t", zone="z", call=fake_call, log_dir=str(Path(runs[0].model_dir).parent / "logs")
+    )
+    report = launcher.launch(runs, progress=progress(runs))
+    assert report.ok and called == [r.run_id for r in runs]
+    assert (Path(launcher.log_dir) / f"{runs[0].run_id}.log").read_text() == "worker output\n"
+    called.clear()
+    assert launcher.launch(runs, progress=progress(runs)).skipped == [r.run_id for r in runs]
+    assert called == []
+
+
+def test_slurm_scripts_chain_dependencies_and_set_up_jax_distributed(runs, tmp_path):
+    launcher = slurm.SlurmLauncher(
+        nodes=2,
+        gpus_per_node=4,
+        partition="gpu",
+        script_dir=str(tmp_path / "slurm"),
+        workdir="/repo",
+    )
+    report = launcher.launch(runs, dry_run=True, progress=progress(runs))
+    assert len(report.commands) == len(runs)
+    by_id = {r.run_id: c for r, c in zip(runs, report.commands, strict=True)}
+    for run in runs:
+        argv = shlex.split(by_id[run.run_id])
+        assert argv[:2] == ["sbatch", "--parsable"] and argv[-1].endswith(f"{run.run_id}.sbatch")
+        if run.depends_on:
+            assert argv[2] == f"--dependency=afterok:<job:{run.depends_on[0]}>"
+        else:
+            assert len(argv) == 3
+    script = (tmp_path / "slurm" / f"{runs[-1].run_id}.sbatch").read_text()
+    for line in [
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "cd /repo",
+        'export JAX_COORDINATOR_ADDRESS="${COORDINATOR_HOST}:12345"',
+        'export JAX_NUM_PROCESSES="$SLURM_NNODES"',
+        'export JAX_PROCESS_ID="$SLURM_PROCID"',
+        "export PYTHONUNBUFFERED=1",
+    ]:
+        assert line in script, line
+    command = script.rstrip().splitlines()[-1].strip()
+    assert shlex.split(command) == runs[-1].argv("python")
+    assert "{{" not in script
+    subprocess.run(
+        ["bash", "-n", str(tmp_path / "slurm" / f"{runs[-1].run_id}.sbatch")], check=True
+    )
+
+
+def test_slurm_submits_with_real_job_ids(runs, tmp_path):
+    submitted = []
+
+    def fake_sbatch(argv):
+        submitted.append(argv)
+        return str(1000 + len(submitted))
+
+    launcher = slurm.SlurmLauncher(
+        script_dir=str(tmp_path / "s"), submit=fake_sbatch, queued=lambda: {}
+    )
+    report = launcher.launch(runs, progress=progress(runs))
+    assert report.submitted == [r.run_id for r in runs]
+    job_of = {r.run_id: str(1001 + i) for i, r in enumerate(runs)}
+    for run, argv in zip(runs, submitted, strict=True):
+        if run.depends_on:
+            assert argv[2] == f"--dependency=afterok:{job_of[run.depends_on[0]]}"
+
+    # Submitting again while the sources are still queued: only the others go, chained to them.
+    sources = {r.run_id: f"77{i}" for i, r in enumerate(runs) if r.strategy == "source"}
+    submitted.clear()
+    launcher.queued = lambda: sources
+    report = launcher.launch(runs, progress=progress(runs))
+    assert set(report.submitted) == {r.run_id for r in runs} - set(sources)
+    for argv in submitted:
+        name = Path(argv[-1]).stem
+        run = next(r for r in runs if r.run_id == name)
+        if run.parent in sources:
+            assert argv[2] == f"--dependency=afterok:{sources[run.parent]}"
+
+
+def test_template_placeholders_must_match():
+    assert slurm.render_template("a {{X}} b", {"X": "1"}) == "a 1 b"
+    with pytest.raises(ValueError, match="missing values \\['Y'\\]"):
+        slurm.render_template("{{X}} {{Y}}", {"X": "1"})
+    with pytest.raises(ValueError, match="unused values \\['Z'\\]"):
+        slurm.render_template("{{X}}", {"X": "1", "Z": "2"})
+
+
+def test_xmanager_dry_run_needs_no_xmanager(runs):
+    stream = io.StringIO()
+    launcher = xm_launch.XManagerLauncher(title="smoke", accelerator="TPU_V4", accelerator_count=8)
+    report = launcher.launch(runs, dry_run=True, progress=status.Progress(runs, stream=stream))
+    text = stream.getvalue()
+    assert f"xmanager experiment 'smoke': {len(runs)} work units" in text
+    assert "Vertex(TPU_V4=8)" in text and "jax[tpu]==0.10.2" in text
+    units = [json.loads(line) for line in report.commands if line.startswith("  {")]
+    assert [u["work_unit"] for u in units] == [r.run_id for r in xm_launch_order(runs)]
+    for unit in units:
+        run = next(r for r in runs if r.run_id == unit["work_unit"])
+        assert unit["args"] == run.gin_args()
+    waves = xm_launch.waves(runs)
+    assert [len(w) for w in waves] == [8, 7]
+    assert {r.strategy for r in waves[0]} == {"source", "scratch"}
+    assert {r.strategy for r in waves[1]} == {"cpt", "cpt_replay"}
+
+
+def xm_launch_order(runs):
+    return [r for wave in xm_launch.waves(runs) for r in wave]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xmanager") is not None, reason="xmanager installed")
+def test_xmanager_real_launch_without_xmanager_says_how_to_get_it(runs):
+    with pytest.raises(RuntimeError, match="pip install xmanager"):
+        xm_launch.XManagerLauncher().launch(runs, progress=progress(runs))
+
+
+def test_xm_launch_script_dry_run(capsys):
+    assert xm_launch.main(["cpt_replay", "--dry-run", "--xm-accelerator", "A100"]) == 0
+    out = capsys.readouterr().out
+    assert "xmanager experiment 'cpt_replay': 8 work units" in out
+    assert "jax[cuda12]==0.10.2" in out and "wave 1 (7 work units; waits for wave 0)" in out
+
+
+def test_tpu_vm_setup_script_dry_run():
+    script = REPO / "launch" / "tpu_vm_setup.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    out = subprocess.run(
+        ["bash", str(script), "--dry-run", "my-tpu", "us-central2-b", "proj"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    lines = [shlex.split(line) for line in out.splitlines() if line.startswith("gcloud")]
+    assert [line[:5] for line in lines] == [
+        ["gcloud", "compute", "tpus", "tpu-vm", "scp"],
+        ["gcloud", "compute", "tpus", "tpu-vm", "ssh"],
+    ]
+    for line in lines:
+        assert "--worker=all" in line and "us-central2-b" in line and "proj" in line
+    remote = lines[1][lines[1].index("--command") + 1]
+    assert "pip install -e . 'jax[tpu]==0.10.2'" in remote
+    bad = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr

@@ -1,0 +1,272 @@
+"""Behaviour of the LLaMA2 module: RoPE, causality, packing, cached decoding, scan/remat, gradients.
+
+Tiny configs with distinct dimensions (vocab 53, d_model 32, d_ff 72, 4 query heads sharing 2 kv
+heads of size 8, 2 layers) so that a transposed axis cannot go unnoticed.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from llama_jax.config import LlamaConfig
+from llama_jax.layers import apply_rope, positions_from_segments
+from llama_jax.model import Llama, stack_layer_params, unstack_layer_params
+
+CONFIG = LlamaConfig(vocab_size=53, d_model=32, d_ff=72, num_heads=4, num_kv_heads=2, num_layers=2)
+BATCH, LENGTH = 2, 12
+
+
+def _tokens(seed: int, shape=(BATCH, LENGTH), vocab: int = CONFIG.vocab_size) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, shape), jnp.int32)
+
+
+@functools.cache
+def _forward(config: LlamaConfig):
+    """A jitted forward; rows without packing pass all-ones segment ids, so that every test of a
+    config shares one compilation (XLA:CPU compiles take seconds)."""
+    model = Llama(config)
+
+    @jax.jit
+    def forward(params, tokens, segment_ids):
+        return model.apply({"params": params}, tokens, segment_ids=segment_ids)
+
+    return forward
+
+
+def _one_doc(tokens: jax.Array) -> jax.Array:
+    return jnp.ones_like(tokens)
+
+
+def random_params(config: LlamaConfig, seed: int = 0) -> dict:
+    """Parameters with the module's exact tree (from an abstract init) filled by numpy.
+
+    XLA:CPU compiles `jax.random` initialisers slowly (seconds per shape), so tests do not jit
+    `Llama.init`; norm scales are randomised too so that they matter.
+    """
+    abstract = jax.eval_shape(
+        Llama(config).init, jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32)
+    )["params"]
+    rng = np.random.default_rng(seed)
+
+    def fill(path, leaf):
+        if "scale" in jax.tree_util.keystr(path):
+            return jnp.asarray(1.0 + 0.2 * rng.standard_normal(leaf.shape), leaf.dtype)
+        fan_in = (
+            leaf.shape[0]
+            if leaf.ndim != 3 or "out" not in jax.tree_util.keystr(path)
+            else (leaf.shape[0] * leaf.shape[1])
+        )
+        std = 1.0 if "embedding" in jax.tree_util.keystr(path) else fan_in**-0.5
+        return jnp.asarray(std * rng.standard_normal(leaf.shape), leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(fill, abstract)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return random_params(CONFIG)
+
+
+def rope_reference(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+    """Frozen reference RoPE: pair dimension i with i + d/2 as one complex number and multiply it
+    by exp(i * position * theta^(-2i/d)), in float64 numpy."""
+    half = x.shape[-1] // 2
+    z = x[..., :half].astype(np.float64) + 1j * x[..., half:].astype(np.float64)
+    freqs = theta ** (-2.0 * np.arange(half) / x.shape[-1])
+    rotated = z * np.exp(1j * positions[:, :, None, None] * freqs)
+    return np.concatenate([rotated.real, rotated.imag], axis=-1)
+
+
+def test_rope_matches_reference_and_is_relative():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 7, 3, 16)).astype(np.float32)
+    positions = np.array([[0, 1, 2, 3, 50, 51, 900], [5, 4, 3, 2, 1, 0, 2047]])
+    rope = jax.jit(functools.partial(apply_rope, theta=10000.0))
+    ours = np.asarray(rope(jnp.asarray(x), jnp.asarray(positions)))
+    np.testing.assert_allclose(ours, rope_reference(x, positions, 10000.0), atol=2e-4, rtol=1e-4)
+    np.testing.assert_array_equal(ours[:, :, :, :][0, 0], x[0, 0])  # position 0 is the identity
+    # q·k depends only on the distance between positions.
+    q, k = jnp.asarray(x[:1, :1]), jnp.asarray(x[1:, :1])
+
+    def score(m, n):
+        return float(
+            np.sum(np.asarray(rope(q, jnp.array([[m]]))) * np.asarray(rope(k, jnp.array([[n]]))))
+        )
+
+    assert score(7, 3) == pytest.approx(score(104, 100), rel=1e-4)
+    assert score(7, 3) != pytest.approx(score(7, 5), rel=1e-3)
+
+
+def test_init_tree_shapes(params):
+    layer = params["layers_1"]
+    assert layer["attention"]["query"].shape == (32, 4, 8)
+    assert layer["attention"]["key"].shape == (32, 2, 8)
+    assert layer["attention"]["out"].shape == (4, 8, 32)
+    assert layer["mlp"]["w1"].shape == layer["mlp"]["w3"].shape == (32, 72)
+    assert layer["mlp"]["w2"].shape == (72, 32)
+    assert params["token_embedder"]["embedding"].shape == (53, 32)
+    assert params["lm_head"]["kernel"].shape == (32, 53)  # untied: its own parameter
+    assert set(params) == {"token_embedder", "layers_0", "layers_1", "final_norm", "lm_head"}
+
+
+def test_changing_future_tokens_never_changes_earlier_logits(params):
+    forward = _forward(CONFIG)
+    tokens = _tokens(1)
+    base = forward(params, tokens, _one_doc(tokens))
+    assert base.shape == (BATCH, LENGTH, CONFIG.vocab_size) and base.dtype == jnp.float32
+    for t in (1, 6, LENGTH - 1):
+        changed = tokens.at[:, t:].set((tokens[:, t:] + 7) % CONFIG.vocab_size)
+        logits = forward(params, changed, _one_doc(changed))
+        np.testing.assert_allclose(logits[:, :t], base[:, :t], atol=1e-6)
+        assert not np.allclose(logits[:, t:], base[:, t:], atol=1e-3)
+
+
+def test_positions_from_segments_restart_per_document():
+    segments = jnp.array([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
+    expected = [[0, 1, 2, 0, 1, 0, 0, 1], [0, 1, 2, 3, 4, 5, 6, 7]]
+    np.testing.assert_array_equal(positions_from_segments(segments), expected)
+
+
+def test_packed_documents_do_not_attend_across_boundaries(params):
+    forward = _forward(CONFIG)
+    doc_a, doc_b = _tokens(2, (1, 5)), _tokens(3, (1, 7))
+    other_a = (doc_a + 11) % CONFIG.vocab_size
+    packed = jnp.concatenate(
+        [jnp.concatenate([doc_a, doc_b], 1), jnp.concatenate([other_a, doc_b], 1)]
+    )
+    segments = jnp.array([[1] * 5 + [2] * 7] * 2)
+    logits = forward(params, packed, segments)
+    # Document B sees neither A's content nor its offset in the row...
+    np.testing.assert_allclose(logits[0, 5:], logits[1, 5:], atol=1e-5)
+    # ...and equals B on its own (padded with segment 0 after it, positions from 0).
+    alone = jnp.concatenate([doc_b, jnp.zeros((1, 5), jnp.int32)], 1)
+    alone_segments = jnp.array([[1] * 7 + [0] * 5])
+    alone_logits = forward(params, jnp.tile(alone, (2, 1)), jnp.tile(alone_segments, (2, 1)))
+    np.testing.assert_allclose(logits[0, 5:], alone_logits[0, :7], atol=1e-5)
+    # Without segment ids, B would see A: the check above can fail.
+    unpacked = forward(params, packed, _one_doc(packed))
+    assert not np.allclose(unpacked[0, 5:], unpacked[1, 5:], atol=1e-3)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_prefill_and_one_token_steps_reproduce_full_forward(params, scan):
+    config = CONFIG.replace(scan_layers=scan)
+    model = Llama(config)
+    model_params = stack_layer_params(params, config.num_layers) if scan else params
+    prompt_len, steps, capacity = 5, LENGTH - 5, LENGTH
+    tokens = _tokens(4, (BATCH, prompt_len + steps))
+    full = _forward(config)(model_params, tokens, _one_doc(tokens))
+
+    def init_cache(p):
+        zeros = jnp.zeros((BATCH, capacity), jnp.int32)
+        return model.apply({"params": p}, zeros, decode=True, mutable=["cache"])[1]["cache"]
+
+    @jax.jit
+    def extend(p, cache, chunk):
+        logits, mutated = model.apply(
+            {"params": p, "cache": cache}, chunk, decode=True, mutable=["cache"]
+        )
+        return logits, mutated["cache"]
+
+    # The allocating call's shapes, without compiling it: zero caches of `capacity` entries.
+    abstract_cache = jax.eval_shape(init_cache, model_params)
+    key_shape = (BATCH, capacity, CONFIG.kv_heads, CONFIG.head_size)
+    if scan:
+        assert abstract_cache["layers"]["attention"]["cached_key"].shape == (2, *key_shape)
+    else:
+        assert abstract_cache["layers_1"]["attention"]["cached_value"].shape == key_shape
+    cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), abstract_cache)
+    logits, cache = extend(model_params, cache, tokens[:, :prompt_len])
+    np.testing.assert_allclose(logits, full[:, :prompt_len], atol=1e-5)
+    for i in range(prompt_len, prompt_len + steps):
+        logits, cache = extend(model_params, cache, tokens[:, i : i + 1])
+        np.testing.assert_allclose(logits[:, 0], full[:, i], atol=1e-5)
+    index = cache["layers"]["attention"]["cache_index"] if scan else None
+    if scan:
+        np.testing.assert_array_equal(index, [prompt_len + steps] * config.num_layers)
+    else:
+        assert int(cache["layers_0"]["attention"]["cache_index"]) == prompt_len + steps
+
+
+def test_scan_layout_computes_the_same_function(params):
+    stacked = stack_layer_params(params, CONFIG.num_layers)
+    assert stacked["layers"]["mlp"]["w1"].shape == (2, 32, 72)
+    np.testing.assert_array_equal(
+        unstack_layer_params(stacked, 2)["layers_1"]["mlp"]["w2"], params["layers_1"]["mlp"]["w2"]
+    )
+    tokens = _tokens(5)
+    unrolled = _forward(CONFIG)(params, tokens, _one_doc(tokens))
+    scanned = _forward(CONFIG.replace(scan_layers=True))(stacked, tokens, _one_doc(tokens))
+    np.testing.assert_allclose(scanned, unrolled, atol=1e-5)
+
+
+def test_bfloat16_compute_gives_float32_logits_close_to_float32(params):
+    tokens = _tokens(6)
+    logits32 = _forward(CONFIG)(params, tokens, _one_doc(tokens))
+    logits16 = _forward(CONFIG.replace(dtype="bfloat16"))(params, tokens, _one_doc(tokens))
+    assert logits16.dtype == jnp.float32
+    assert float(jnp.max(jnp.abs(logits16 - logits32))) < 0.15
+
+
+def test_gradients_match_finite_differences_in_float64():
+    """Central differences on a few entries of every kind of parameter, against the gradients of
+    the unrolled model and of the scanned, fully rematerialised one (same function, other path)."""
+    config = LlamaConfig(
+        vocab_size=13,
+        d_model=8,
+        d_ff=12,
+        num_heads=2,
+        num_kv_heads=1,
+        num_layers=2,
+        dtype="float64",
+        param_dtype="float64",
+    )
+    scan_config = config.replace(scan_layers=True, remat_policy="full")
+    with jax.enable_x64(True):
+        tokens = _tokens(7, (2, 6), vocab=13)
+        segments = jnp.array([[1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 1, 1]])
+        params = jax.tree_util.tree_map(np.asarray, random_params(config, seed=1))
+
+        def loss(cfg, p):
+            logits = Llama(cfg).apply({"params": p}, tokens[:, :-1], segment_ids=segments[:, :-1])
+            logp = jax.nn.log_softmax(logits)
+            return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
+
+        loss_fn = jax.jit(functools.partial(loss, config))
+        grads = jax.jit(jax.grad(functools.partial(loss, config)))(params)
+        scan_grads = jax.jit(jax.grad(functools.partial(loss, scan_config)))(
+            stack_layer_params(params, config.num_layers)
+        )
+        scan_grads = unstack_layer_params(scan_grads, config.num_layers)
+        probes = [
+            (("token_embedder", "embedding"), (int(tokens[0, 2]), 3)),
+            (("layers_0", "attention", "query"), (1, 1, 2)),
+            (("layers_0", "attention", "key"), (5, 0, 3)),  # shared by both query heads (GQA)
+            (("layers_1", "attention", "value"), (2, 0, 1)),
+            (("layers_1", "attention", "out"), (1, 2, 6)),
+            (("layers_0", "mlp", "w1"), (4, 7)),
+            (("layers_1", "mlp", "w2"), (9, 0)),
+            (("layers_1", "ffn_norm", "scale"), (2,)),
+            (("final_norm", "scale"), (5,)),
+            (("lm_head", "kernel"), (7, int(tokens[1, 3]))),
+        ]
+
+        def get(tree, path):
+            return functools.reduce(lambda t, k: t[k], path, tree)
+
+        eps = 1e-6
+        for path, index in probes:
+
+            def shifted(delta, path=path, index=index):
+                new = jax.tree_util.tree_map(np.copy, params)
+                get(new, path)[index] += delta
+                return float(loss_fn(new))
+
+            numeric = (shifted(eps) - shifted(-eps)) / (2 * eps)
+            analytic = float(get(grads, path)[index])
+            assert abs(analytic) > 1e-6, path  # a probe that sees no gradient tests nothing
+            assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-10), path
+            assert float(get(scan_grads, path)[index]) == pytest.approx(analytic, rel=1e-9), path

@@ -1,0 +1,153 @@
+"""The shipped manifests expand to the papers' designs and to valid small CPU studies."""
+
+import collections
+from pathlib import Path
+
+import pytest
+
+from launch import sweep
+from llama_jax import sizes
+
+CONFIGS = Path(sweep.__file__).resolve().parent.parent / "t5x_configs"
+SHIPPED = sorted(p.stem for p in sweep.MANIFESTS_DIR.glob("*.toml"))
+
+
+def runs_of(name, **kwargs):
+    return sweep.expand(sweep.load_manifest(name, **kwargs))
+
+
+def by_strategy(runs):
+    grouped = collections.defaultdict(list)
+    for r in runs:
+        grouped[r.strategy].append(r)
+    return grouped
+
+
+def test_all_manifests_are_shipped():
+    assert SHIPPED == ["cpt_languages", "cpt_paper", "cpt_replay", "demo", "mt_paper", "smoke"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_manifest_runs_are_consistent(name):
+    runs = runs_of(name)
+    assert len({r.run_id for r in runs}) == len(runs)
+    seen = set()
+    for run in runs:
+        assert all(dep in seen for dep in run.depends_on), run.run_id
+        seen.add(run.run_id)
+        assert run.steps >= 1 and run.batch_size >= 1
+        for gin_file in run.gin_files:
+            if not (CONFIGS / gin_file).exists() and run.family == "t5":
+                pytest.skip(f"{gin_file} is not written yet (MT issue)")
+            assert (CONFIGS / gin_file).exists(), gin_file
+
+
+def test_cpt_paper_is_42_sizes_by_three_strategies():
+    runs = runs_of("cpt_paper")
+    assert len(runs) == 42 * 3
+    grouped = by_strategy(runs)
+    paper_sizes = [n for n, row in sizes.SIZES.items() if row.nominal_m is not None]
+    assert len(paper_sizes) == 42
+    for strategy in ("source", "scratch", "cpt"):
+        assert sorted(r.size for r in grouped[strategy]) == sorted(paper_sizes)
+    sources = {r.size: r for r in grouped["source"]}
+    for run in grouped["cpt"]:
+        assert run.depends_on == (sources[run.size].run_id,)
+        assert run.coord("target_lang") == "zh"
+    for run in grouped["scratch"]:
+        assert run.coord("target_lang") == "zh" and not run.depends_on
+    for run in runs:  # the paper's recipe: 20x nominal tokens, Table 1 batch bands, context 2048
+        recipe = sizes.paper_recipe(run.size)
+        assert (run.steps, run.batch_size, run.seq_len) == (
+            recipe.train_steps,
+            recipe.batch_size,
+            2048,
+        )
+    assert {r.batch_size * 2048 for r in runs} == {2**20, 2**21, 2**22}
+
+
+def test_cpt_languages_and_replay_share_the_paper_source_run():
+    paper = {(r.strategy, r.size, r.coord("target_lang")): r for r in runs_of("cpt_paper")}
+    source = paper[("source", "llama2_1393m", None)]
+
+    languages = runs_of("cpt_languages")
+    assert sorted((r.strategy, r.coord("target_lang")) for r in languages) == [
+        ("cpt", "fr"),
+        ("cpt", "ru"),
+        ("scratch", "fr"),
+        ("scratch", "ru"),
+        ("source", None),
+    ]
+    assert source.run_id in {r.run_id for r in languages}
+    assert all(r.depends_on == (source.run_id,) for r in languages if r.strategy == "cpt")
+
+    replay = runs_of("cpt_replay")
+    grouped = by_strategy(replay)
+    assert sorted(r.coord("replay_ratio") for r in grouped["cpt_replay"]) == [
+        0.01,
+        0.05,
+        0.1,
+        0.2,
+        0.5,
+        0.8,
+    ]
+    assert [r.run_id for r in grouped["source"]] == [source.run_id]
+    assert [r.run_id for r in grouped["cpt"]] == [paper[("cpt", "llama2_1393m", "zh")].run_id]
+    assert all(r.depends_on == (source.run_id,) for r in grouped["cpt_replay"])
+
+
+def test_mt_paper_grid():
+    runs = runs_of("mt_paper", variables={"DATA_DIR": "/tfds", "VOCAB_PATH": "/v.model"})
+    grouped = by_strategy(runs)
+    assert {k: len(v) for k, v in grouped.items()} == {
+        "pretrain": 12,
+        "finetune": 388,
+        "finetune_scratch": 13,
+    }
+    pretrain = {(r.size, r.coord("mixture")): r for r in grouped["pretrain"]}
+    assert pretrain[("t5_3b", "mix_ro_100")].steps == 510_000
+    assert pretrain[("t5_3b", "mix_en_50_de_50")].steps == 1_000_000
+    assert pretrain[("t5_3b", "mix_en_100")].tokens == 1_000_000 * 256 * 512
+    assert all(r.gin_files[0] == "experiments/mt_pretrain.gin" for r in grouped["pretrain"])
+    by_id = {r.run_id: r for r in runs}
+    for run in grouped["finetune"]:
+        parent = by_id[run.depends_on[0]]
+        assert (parent.size, parent.coord("mixture")) == (run.size, run.coord("mixture"))
+        assert run.coord("init_step") <= parent.steps
+        argv = run.argv()
+        assert argv[3] == "--gin_file=experiments/mt_finetune.gin"
+        assert f"--gin.INIT_CHECKPOINT='{parent.model_dir}@{run.coord('init_step')}'" in argv
+        assert f"--gin.TASK='{run.coord('task')}'" in argv
+        assert f"--gin.FINETUNE_TOKENS={run.coord('finetune_tokens')}" in argv
+        assert f"--gin.MIXTURE='{run.coord('mixture')}'" in argv
+        assert (run.steps, run.batch_size) == (300, 128)
+    en_fr = {
+        r.coord("finetune_tokens") for r in grouped["finetune"] if r.coord("task") == "mt_en_fr"
+    }
+    assert en_fr == {42_000_000, 210_000_000, 21_000_000_000}
+    for run in grouped["finetune_scratch"]:
+        assert not run.depends_on and "--gin.STRATEGY='finetune_scratch'" in run.argv()
+        assert not any(a.startswith("--gin.INIT_CHECKPOINT") for a in run.argv())
+
+
+@pytest.mark.parametrize("name", ["demo", "smoke"])
+def test_cpu_studies(name):
+    manifest = sweep.load_manifest(name)
+    assert manifest.missing_variables() == ["DATA_DIR", "VOCAB_PATH"]
+    runs = sweep.expand(manifest)
+    grouped = by_strategy(runs)
+    study_sizes = {r.size for r in grouped["source"]}
+    assert len(study_sizes) >= 4
+    for strategy in ("source", "scratch", "cpt"):
+        assert {r.size for r in grouped[strategy]} == study_sizes
+    n = {r.size: r.counts.params_non_embedding for r in grouped["source"]}
+    assert max(n.values()) >= 10 * min(n.values())
+    replay = grouped["cpt_replay"]
+    assert sorted(r.coord("replay_ratio") for r in replay) == [0.0, 0.1, 0.3]
+    assert len({r.size for r in replay}) == 1
+    for run in runs:
+        assert run.gin_files[1:] == ("experiments/tiny.gin",)
+        assert run.coord("target_lang") in (None, "zh")
+        argv = run.argv(allow_missing=True)
+        assert "--gin.DATA_DIR='${DATA_DIR}'" in argv
+        assert "--gin.VOCAB_PATH='${VOCAB_PATH}'" in argv

@@ -1,0 +1,329 @@
+"""Unit tests of the trainer's parts that need no data: schedules, optimizers, mesh, validation,
+checkpoint helpers, the train step's microbatching and non-finite guard, and the CLI wiring."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from trainer import checkpoints, models, optimizers, partitioning, schedules, steps, validation
+
+# --- schedules ---------------------------------------------------------------------------------
+
+
+def test_cosine_warms_up_linearly_over_first_5_percent_then_decays_to_final_fraction():
+    total = 1000
+    lr = schedules.build_schedule(
+        schedules.ScheduleConfig(name="cosine", peak=2e-4, final_fraction=0.1), total_steps=total
+    )
+    assert float(lr(0)) == 0.0
+    assert float(lr(25)) == pytest.approx(1e-4, rel=1e-6)  # half-way through the warm-up
+    assert float(lr(50)) == pytest.approx(2e-4, rel=1e-6)  # warm-up ends at 5%
+    assert float(lr(49)) < float(lr(50))
+    assert float(lr(51)) < float(lr(50))
+    mid = 50 + (total - 50) // 2  # half-way through the decay: (peak + final) / 2
+    assert float(lr(mid)) == pytest.approx((2e-4 + 2e-5) / 2, rel=1e-3)
+    assert float(lr(total)) == pytest.approx(2e-5, rel=1e-6)
+    assert float(lr(total + 100)) == pytest.approx(2e-5, rel=1e-6)
+
+
+def test_rsqrt_is_flat_until_10k_then_one_over_sqrt_step():
+    lr = schedules.build_schedule(schedules.ScheduleConfig(name="rsqrt", base=1.0), total_steps=1)
+    assert float(lr(0)) == pytest.approx(0.01)
+    assert float(lr(5_000)) == pytest.approx(0.01)
+    assert float(lr(10_000)) == pytest.approx(0.01)
+    assert float(lr(40_000)) == pytest.approx(1 / math.sqrt(40_000))
+    assert float(lr(1_000_000)) == pytest.approx(0.001)
+
+
+def test_constant_schedule_and_unknown_name():
+    lr = schedules.build_schedule(
+        schedules.ScheduleConfig(name="constant", peak=1e-3), total_steps=10
+    )
+    assert float(lr(0)) == float(lr(10**6)) == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="choose one of"):
+        schedules.build_schedule(schedules.ScheduleConfig(name="linear"), total_steps=10)
+
+
+# --- optimizers --------------------------------------------------------------------------------
+
+
+def test_adamw_defaults_match_the_cpt_paper_recipe():
+    config = optimizers.OptimizerConfig()
+    assert (config.b1, config.b2, config.eps, config.weight_decay, config.grad_clip_norm) == (
+        0.9,
+        0.95,
+        1e-8,
+        0.1,
+        1.0,
+    )
+    params = {"w": jnp.ones((4, 3)), "scale": jnp.ones((3,))}
+    tx = optimizers.build_optimizer(config, learning_rate=optax.constant_schedule(0.1))
+    state = tx.init(params)
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zero, state, params)
+    # Zero gradients: only decoupled weight decay moves the matrix; the norm scale is not decayed.
+    np.testing.assert_allclose(updates["w"], -0.1 * 0.1 * np.ones((4, 3)), rtol=1e-6)
+    np.testing.assert_allclose(updates["scale"], 0.0)
+
+
+def test_adamw_clips_gradients_to_global_norm_one():
+    params = {"w": jnp.zeros((2,))}
+    tx = optimizers.build_optimizer(
+        optimizers.OptimizerConfig(weight_decay=0.0), learning_rate=optax.constant_schedule(1.0)
+    )
+    state = tx.init(params)
+    _, state = tx.update({"w": jnp.array([30.0, 40.0])}, state, params)
+    mu = state[1][0].mu["w"]  # chain(clip, adamw) -> adamw's ScaleByAdamState
+    np.testing.assert_allclose(mu, 0.1 * np.array([0.6, 0.8]), rtol=1e-6)
+
+
+def test_adafactor_factors_second_moments_of_large_matrices():
+    config = optimizers.adafactor_defaults()
+    assert (config.decay_rate, config.clipping_threshold, config.multiply_by_parameter_scale) == (
+        0.8,
+        1.0,
+        True,
+    )
+    params = {"w": jnp.ones((256, 128))}
+    tx = optimizers.build_optimizer(config, learning_rate=optax.constant_schedule(0.01))
+    state = tx.init(params)
+    shapes = sorted(leaf.shape for leaf in jax.tree_util.tree_leaves(state) if leaf.ndim)
+    assert (256,) in shapes and (128,) in shapes and (256, 128) not in shapes
+    with pytest.raises(ValueError, match="choose one of"):
+        optimizers.build_optimizer(
+            optimizers.OptimizerConfig(name="sgd"), learning_rate=optax.constant_schedule(1.0)
+        )
+
+
+# --- mesh and partitioning ---------------------------------------------------------------------
+
+
+def test_mesh_shape_resolves_minus_one_and_rejects_bad_sizes():
+    resolve = partitioning.resolve_mesh_shape
+    assert resolve(partitioning.MeshConfig(), 8) == {"data": 8, "fsdp": 1, "model": 1}
+    assert resolve(partitioning.MeshConfig(data=2, fsdp=-1, model=2), 8)["fsdp"] == 2
+    with pytest.raises(ValueError, match="at most one"):
+        resolve(partitioning.MeshConfig(data=-1, fsdp=-1), 8)
+    with pytest.raises(ValueError, match="not divisible"):
+        resolve(partitioning.MeshConfig(data=-1, model=3), 8)
+    with pytest.raises(ValueError, match="use 4 devices"):
+        resolve(partitioning.MeshConfig(data=2, fsdp=2, model=1), 8)
+
+
+def test_params_and_optimizer_state_shard_by_logical_axes():
+    from llama_jax import axes
+
+    mesh = partitioning.build_mesh(partitioning.MeshConfig(data=2, fsdp=2, model=2))
+    assert mesh.axis_names == ("data", "fsdp", "model") and mesh.devices.shape == (2, 2, 2)
+    partitioner = partitioning.Partitioner(mesh=mesh, rules=axes.logical_axis_rules())
+    model = models.build_model(models.ModelSpec(size="llama2_tiny"))
+    variables = model.abstract_variables()
+    shardings = partitioner.params_shardings(variables)
+    spec = shardings["layers_0"]["mlp"]["w1"].spec  # [embed, mlp]
+    assert tuple(spec) == ("fsdp", "model")
+    assert tuple(shardings["token_embedder"]["embedding"].spec) == ("model", "fsdp")
+    params = partitioning.unbox(variables["params"])
+    tx = optimizers.build_optimizer(
+        optimizers.OptimizerConfig(), learning_rate=optax.constant_schedule(1e-3)
+    )
+    opt_state = jax.eval_shape(tx.init, params)
+    opt_shardings = partitioner.state_shardings(
+        opt_state, abstract_params=params, params_shardings=shardings
+    )
+    adam = opt_shardings[1][0]
+    assert adam.mu["layers_0"]["mlp"]["w1"] == shardings["layers_0"]["mlp"]["w1"]
+    assert adam.count.spec == partitioning.PartitionSpec()
+    assert partitioner.data_parallel_size == 4
+
+
+def test_distributed_start_only_for_several_processes():
+    several = partitioning._several_processes
+    assert not several({})
+    assert not several({"SLURM_NTASKS": "1", "TPU_WORKER_HOSTNAMES": "localhost"})
+    assert several({"SLURM_NTASKS": "4"})
+    assert several({"TPU_WORKER_HOSTNAMES": "w0,w1"})
+    assert several({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
+    assert partitioning.maybe_initialize_distributed(mode="never") is False
+    with pytest.raises(ValueError, match="auto, always, never"):
+        partitioning.maybe_initialize_distributed(mode="sometimes")
+
+
+# --- validation --------------------------------------------------------------------------------
+
+
+def test_batch_not_divisible_by_data_parallel_size_names_binding_and_allowed_values():
+    with pytest.raises(validation.ConfigError) as e:
+        validation.check_batch_size(batch_size=12, data_parallel_size=8)
+    assert "BATCH_SIZE" in str(e.value) and "multiples of 8" in str(e.value)
+    with pytest.raises(validation.ConfigError, match="2 microbatches.*multiples of 16"):
+        validation.check_batch_size(batch_size=24, data_parallel_size=8, num_microbatches=2)
+    validation.check_batch_size(batch_size=16, data_parallel_size=8, num_microbatches=2)
+
+
+def test_length_beyond_model_max_names_binding_and_range():
+    with pytest.raises(validation.ConfigError) as e:
+        validation.check_feature_lengths(
+            feature_lengths={"targets": 4096}, max_len=2048, required=("targets",), model="m"
+        )
+    assert "TASK_FEATURE_LENGTHS['targets'] = 4096" in str(e.value)
+    assert "allowed: 1..2048" in str(e.value)
+    with pytest.raises(validation.ConfigError, match="lacks"):
+        validation.check_feature_lengths(
+            feature_lengths={"inputs": 8}, max_len=2048, required=("targets",), model="m"
+        )
+
+
+def test_vocab_larger_than_model_names_both_bindings():
+    with pytest.raises(validation.ConfigError) as e:
+        validation.check_vocab(vocab_size=32100, model_vocab_size=512, vocab_path="/v.model")
+    message = str(e.value)
+    assert "VOCAB_PATH" in message and "vocab_size" in message and "at most 512" in message
+    validation.check_vocab(vocab_size=320, model_vocab_size=512, vocab_path="/v.model")
+
+
+def test_required_macros_and_unknown_size_and_steps():
+    with pytest.raises(validation.ConfigError, match=r"MODEL_DIR, BATCH_SIZE.*--gin\.MODEL_DIR"):
+        validation.check_required({"MODEL_DIR": None, "BATCH_SIZE": None, "SEED": 0})
+    with pytest.raises(validation.ConfigError) as e:
+        validation.check_model_size(family="llama2", size="llama2_7b", allowed=["llama2_49m"])
+    assert "MODEL_SIZE" in str(e.value) and "llama2_49m" in str(e.value)
+    with pytest.raises(validation.ConfigError, match="TRAIN_STEPS.*TOKENS_PER_PARAM"):
+        validation.check_steps(train_steps=None, tokens_per_param=None)
+    with pytest.raises(validation.ConfigError, match="positive"):
+        validation.check_steps(train_steps=0, tokens_per_param=20)
+    with pytest.raises(validation.ConfigError, match="lm_xx.*allowed: lm_en"):
+        validation.check_task(name="lm_xx", allowed=["lm_en"])
+
+
+def test_unknown_model_family_lists_registry():
+    with pytest.raises(ValueError, match="llama2"):
+        models.build_model(models.ModelSpec(family="gpt", size="x"))
+
+
+# --- checkpoints helpers -----------------------------------------------------------------------
+
+
+def test_init_checkpoint_spec_parsing(tmp_path):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert checkpoints.parse_init_checkpoint(f"{tmp_path}/run@300") == (
+        tmp_path / "run" / "checkpoints",
+        300,
+    )
+    assert checkpoints.parse_init_checkpoint(f"{tmp_path}/other") == (tmp_path / "other", None)
+    with pytest.raises(ValueError, match="step number"):
+        checkpoints.parse_init_checkpoint(f"{tmp_path}/run@latest")
+
+
+def test_shape_mismatch_names_each_parameter_and_both_shapes():
+    saved = {"a": {"kernel": jax.ShapeDtypeStruct((4, 8), jnp.float32)}}
+    target = {
+        "a": {"kernel": jax.ShapeDtypeStruct((4, 16), jnp.float32)},
+        "b": {"scale": jax.ShapeDtypeStruct((8,), jnp.float32)},
+    }
+    with pytest.raises(ValueError) as e:
+        checkpoints.check_params_compatible(saved, target, source="'src'")
+    message = str(e.value)
+    assert "a/kernel: checkpoint has shape (4, 8), model wants (4, 16)" in message
+    assert "b/scale: missing from the checkpoint (model wants (8,))" in message
+
+
+def test_params_hash_depends_on_values_and_names_only():
+    a = {"x": jnp.arange(6.0).reshape(2, 3), "y": jnp.ones(2)}
+    b = {"y": jnp.ones(2), "x": jnp.arange(6.0).reshape(2, 3)}
+    assert checkpoints.params_hash(a) == checkpoints.params_hash(b)
+    c = {"x": jnp.arange(6.0).reshape(2, 3), "y": jnp.ones(2).at[0].set(2.0)}
+    assert checkpoints.params_hash(a) != checkpoints.params_hash(c)
+
+
+# --- the train step ----------------------------------------------------------------------------
+
+
+def _tiny_step_setup(num_microbatches=1):
+    model = models.build_model(
+        models.ModelSpec(size="llama2_tiny", overrides={"vocab_size": 64, "max_len": 16})
+    )
+    tx = optimizers.build_optimizer(
+        optimizers.OptimizerConfig(), learning_rate=optax.constant_schedule(1e-2)
+    )
+    rng = np.asarray(jax.random.key_data(jax.random.key(0)))
+    state = steps.init_train_state(model, tx, jnp.asarray(rng), seq_len=16)
+    step = jax.jit(
+        steps.make_train_step(
+            model,
+            tx,
+            optax.constant_schedule(1e-2),
+            steps.StepConfig(num_microbatches=num_microbatches, num_components=2),
+        )
+    )
+    tokens = np.random.default_rng(0).integers(1, 64, (4, 16)).astype(np.int32)
+    batch = {
+        "decoder_input_tokens": np.pad(tokens[:, :-1], ((0, 0), (1, 0))),
+        "decoder_target_tokens": tokens,
+        "decoder_loss_weights": np.ones_like(tokens),
+        "decoder_segment_ids": np.ones_like(tokens),
+        "decoder_positions": np.broadcast_to(np.arange(16, dtype=np.int32), tokens.shape),
+        "decoder_task_ids": np.repeat(np.array([[0], [1], [1], [0]], np.int32), 16, axis=1),
+    }
+    batch["decoder_loss_weights"][3, 8:] = 0
+    batch["decoder_task_ids"][3, 8:] = -1
+    return state, step, batch
+
+
+def test_microbatched_gradients_match_the_full_batch():
+    state1, step1, batch = _tiny_step_setup(1)
+    state2, step2, _ = _tiny_step_setup(2)
+    new1, m1 = step1(state1, batch)
+    new2, m2 = step2(state2, batch)
+    np.testing.assert_allclose(m1["loss_sum"], m2["loss_sum"], rtol=1e-5)
+    np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(new1.params), jax.tree.leaves(new2.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert m1["tokens_by_task"].tolist() == [16 + 8, 32]
+    assert float(m1["weight_sum"]) == 56
+
+
+def test_nonfinite_step_leaves_params_and_optimizer_state_unchanged():
+    state, step, batch = _tiny_step_setup()
+    poisoned = jax.tree.map(lambda x: x, state)
+    poisoned = steps.TrainState(
+        step=state.step,
+        params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan), state.params),
+        opt_state=state.opt_state,
+        rng=state.rng,
+        skipped=state.skipped,
+    )
+    before = jax.tree.map(np.asarray, poisoned)
+    new, metrics = step(poisoned, batch)
+    assert not bool(metrics["finite"])
+    assert int(new.skipped) == 1 and int(new.step) == 1
+    for a, b in zip(jax.tree.leaves(before.opt_state), jax.tree.leaves(new.opt_state), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_forwards_remaining_arguments(monkeypatch):
+    import argparse
+
+    from xlscale_cli import train as cli
+
+    seen = {}
+
+    def fake_main(argv):
+        seen["argv"] = argv
+        return 0
+
+    monkeypatch.setattr("trainer.eval.main", fake_main)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--gin_file=runs/eval.gin", "--gin.MODEL_DIR='/x'"])
+    args.command = "eval"
+    assert cli.run(args) == 0
+    assert seen["argv"] == ["--gin_file=runs/eval.gin", "--gin.MODEL_DIR='/x'"]

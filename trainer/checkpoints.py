@@ -1,0 +1,282 @@
+"""Checkpoints: orbax `CheckpointManager` saves, resume, params-only initialisation, preemption.
+
+Layout: `MODEL_DIR/checkpoints/<step>/{params, opt_state, train_state}`; `train_state` is JSON
+(step, RNG key data, data-stream position, cumulative token counters), the two others are array
+trees. Orbax writes each step into a temporary directory and renames it only once complete, so
+a killed save never leaves a latest step that cannot load.
+
+`INIT_CHECKPOINT = '<dir>[@step]'` (CPT, finetuning) restores parameters only, after checking
+every parameter's presence and shape against the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers
+
+log = logging.getLogger(__name__)
+
+ITEMS = ("params", "opt_state", "train_state")
+CHECKPOINTS_SUBDIR = "checkpoints"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """When to save and what to keep.
+
+    Attributes:
+      period: save every `period` steps (and always at the last step and on preemption).
+      keep_last: keep the newest `keep_last` checkpoints ...
+      keep_every: ... plus every checkpoint whose step is a multiple of `keep_every` (None = no).
+      async_save: write in a background thread while training continues.
+    """
+
+    period: int = 1000
+    keep_last: int = 3
+    keep_every: int | None = None
+    async_save: bool = True
+
+
+def _handlers() -> dict[str, ocp.CheckpointHandler]:
+    return {
+        "params": ocp.StandardCheckpointHandler(),
+        "opt_state": ocp.StandardCheckpointHandler(),
+        "train_state": ocp.JsonCheckpointHandler(),
+    }
+
+
+def checkpoints_dir(model_dir: str | os.PathLike) -> Path:
+    """Where a run keeps its checkpoints."""
+    return Path(model_dir) / CHECKPOINTS_SUBDIR
+
+
+class CheckpointStore:
+    """A run's checkpoints: periodic saves with a keep policy, and full restores for resume.
+
+    Args:
+      directory: the checkpoints directory (`checkpoints_dir(model_dir)`).
+      config: save period and keep policy.
+      read_only: open an existing directory without creating or deleting anything.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike, config: CheckpointConfig, *, read_only: bool = False
+    ):
+        self.config = config
+        policies = [checkpoint_managers.LatestN(max(1, config.keep_last))]
+        if config.keep_every:
+            policies.append(checkpoint_managers.EveryNSteps(config.keep_every))
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
+            enable_async_checkpointing=config.async_save and not read_only,
+            create=not read_only,
+            read_only=read_only,
+        )
+        self.directory = Path(directory)
+        self._manager = ocp.CheckpointManager(
+            os.fspath(self.directory), options=options, item_handlers=_handlers()
+        )
+
+    def latest_step(self) -> int | None:
+        """Step of the newest complete checkpoint, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Steps of all complete checkpoints, ascending."""
+        return sorted(self._manager.all_steps())
+
+    def save(
+        self, step: int, *, params: Any, opt_state: Any, train_state: Mapping[str, Any]
+    ) -> None:
+        """Saves one step (asynchronously when configured); a step already on disk is skipped."""
+        if step in self._manager.all_steps():
+            return
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                opt_state=ocp.args.StandardSave(opt_state),
+                train_state=ocp.args.JsonSave(dict(train_state)),
+            ),
+            force=True,
+        )
+
+    def restore(
+        self, step: int, *, abstract_params: Any, abstract_opt_state: Any
+    ) -> tuple[Any, Any, dict[str, Any]]:
+        """Restores params, optimizer state (sharded as the abstract trees say) and train state."""
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_params),
+                opt_state=ocp.args.StandardRestore(abstract_opt_state),
+                train_state=ocp.args.JsonRestore(),
+            ),
+        )
+        return restored["params"], restored["opt_state"], dict(restored["train_state"])
+
+    def restore_params(self, step: int, *, abstract_params: Any) -> Any:
+        """Restores the params item only."""
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
+        )
+        return restored["params"]
+
+    def params_metadata(self, step: int) -> Any:
+        """The saved params tree with shape/dtype metadata leaves (nothing is read into memory)."""
+        metadata = self._manager.item_metadata(step)["params"]
+        return getattr(metadata, "tree", metadata)
+
+    def wait(self) -> None:
+        """Blocks until background saves are committed."""
+        self._manager.wait_until_finished()
+
+    def reached_preemption(self, step: int) -> bool:
+        """Whether JAX's multi-host preemption service asks every host to stop at `step`."""
+        return self._manager.reached_preemption(step)
+
+    def close(self) -> None:
+        """Waits for pending saves and releases the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def parse_init_checkpoint(spec: str) -> tuple[Path, int | None]:
+    """Splits `'<dir>[@step]'` into the checkpoints directory and the step (None = latest).
+
+    `<dir>` may be a run's `MODEL_DIR` (its `checkpoints/` is used) or a checkpoints directory.
+    """
+    path, sep, step = spec.rpartition("@") if "@" in spec else (spec, "", "")
+    if sep and not step.isdigit():
+        raise ValueError(f"INIT_CHECKPOINT {spec!r}: the part after '@' must be a step number")
+    directory = Path(path)
+    if (directory / CHECKPOINTS_SUBDIR).is_dir():
+        directory = directory / CHECKPOINTS_SUBDIR
+    return directory, (int(step) if sep else None)
+
+
+def param_name(path) -> str:
+    """A parameter's name as used in messages: its keys joined by '/'."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def check_params_compatible(saved: Any, target: Any, *, source: str) -> None:
+    """Checks that `saved` (checkpoint metadata) holds every parameter of `target` with its shape.
+
+    Raises:
+      ValueError: listing each missing parameter, and each mismatched one with both shapes.
+    """
+    saved_shapes = {
+        param_name(path): tuple(leaf.shape)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(saved)
+    }
+    problems = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(target):
+        name = param_name(path)
+        if name not in saved_shapes:
+            problems.append(
+                f"  {name}: missing from the checkpoint (model wants {tuple(leaf.shape)})"
+            )
+        elif saved_shapes[name] != tuple(leaf.shape):
+            problems.append(
+                f"  {name}: checkpoint has shape {saved_shapes[name]}, "
+                f"model wants {tuple(leaf.shape)}"
+            )
+    if problems:
+        raise ValueError(
+            f"INIT_CHECKPOINT {source} does not fit the model ({len(problems)} parameters):\n"
+            + "\n".join(problems)
+        )
+
+
+def restore_init_params(spec: str, *, abstract_params: Any) -> tuple[Any, Path, int]:
+    """Loads the parameters of `INIT_CHECKPOINT` `spec` ('<dir>[@step]') for a fresh run.
+
+    Returns:
+      (params sharded as `abstract_params` says, checkpoints directory, step).
+    Raises:
+      FileNotFoundError: when the directory holds no (such) checkpoint.
+      ValueError: when parameters are missing or have other shapes (each one named).
+    """
+    directory, step = parse_init_checkpoint(spec)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no directory {directory}")
+    store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
+    steps = store.all_steps()
+    if not steps:
+        raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no checkpoint in {directory}")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise FileNotFoundError(
+            f"INIT_CHECKPOINT {spec!r}: no step {step} in {directory} (steps: {steps})"
+        )
+    check_params_compatible(store.params_metadata(step), abstract_params, source=repr(spec))
+    params = store.restore_params(step, abstract_params=abstract_params)
+    store.close()
+    return params, directory, step
+
+
+def params_hash(params: Any) -> str:
+    """SHA-256 over every parameter's name, dtype, shape and bytes, in sorted name order.
+
+    The same values give the same hash whatever the sharding or host count (each parameter is
+    gathered to the host one at a time).
+    """
+    from jax.experimental import multihost_utils
+
+    digest = hashlib.sha256()
+    leaves = sorted(
+        (param_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+    )
+    for name, leaf in leaves:
+        if jax.process_count() > 1:
+            value = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+        else:
+            value = np.asarray(jax.device_get(leaf))
+        digest.update(f"{name}|{value.dtype}|{value.shape}|".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
+
+
+class PreemptionWatcher:
+    """Notices a SIGTERM (preemptible TPUs, schedulers) so the loop can save and exit cleanly.
+
+    Single-process jobs install a SIGTERM handler that only sets a flag (saving inside a signal
+    handler is unsafe); multi-host jobs rely on JAX's preemption service, which all hosts agree
+    on through `CheckpointStore.reached_preemption`.
+    """
+
+    def __init__(self, store: CheckpointStore):
+        self._store = store
+        self._event = threading.Event()
+        self._previous = None
+        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        del frame
+        log.warning("received signal %d: saving a checkpoint and stopping", signum)
+        self._event.set()
+
+    def should_stop(self, step: int) -> bool:
+        """Whether a preemption was signalled (checked once per step)."""
+        return self._event.is_set() or self._store.reached_preemption(step)
+
+    def close(self) -> None:
+        """Restores the previous SIGTERM handler."""
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None

@@ -1,0 +1,153 @@
+"""Evaluation: validation cross-entropy of parameters on tasks, in training and as its own job.
+
+    python -m trainer.eval --gin_file=t5x_configs/runs/eval.gin \\
+        --gin.MODEL_DIR="'/runs/cpt_zh_49m'" --gin.MODEL_SIZE="'llama2_49m'" \\
+        --gin.EVAL_TASKS="['lm_zh', 'lm_en']" --gin.VOCAB_PATH="'/data/vocab/cpt.model'"
+
+The loss of a task is token-weighted: the summed cross-entropy (nats) of all target tokens of
+its first `max_tokens` validation tokens divided by their count, so it does not depend on batch
+size or packing. The eval job restores a checkpoint (`INIT_CHECKPOINT='<dir>[@step]'`, default
+`MODEL_DIR`) with the same parameter checks as CPT initialisation, and appends one record per
+evaluated step to `MODEL_DIR/eval_metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from trainer import checkpoints as ckpt_lib
+from trainer import data as data_lib
+from trainer import models
+from trainer.data import DataConfig, EvalConfig
+from trainer.optimizers import OptimizerConfig
+from trainer.partitioning import MeshConfig
+from trainer.schedules import ScheduleConfig
+
+log = logging.getLogger(__name__)
+
+EVAL_METRICS_FILE = "eval_metrics.jsonl"
+
+
+def evaluate_params(job: Any, params: Any, evaluation: EvalConfig, *, seq_len: int) -> dict:
+    """`{"eval/<task>/loss": nats, "eval/<task>/tokens": n}` for every task of `evaluation`.
+
+    Eval batches are read once per job and kept (they are fixed), so periodic evaluation costs
+    only the forward passes.
+    """
+    out: dict[str, float | int] = {}
+    for task in evaluation.tasks:
+        key = (task, evaluation.split, seq_len, job.eval_batch_size, evaluation.max_tokens)
+        if key not in job.eval_data:
+            job.eval_data[key] = list(
+                data_lib.eval_batches(
+                    task=task,
+                    split=evaluation.split,
+                    seq_len=seq_len,
+                    batch_size=job.eval_batch_size,
+                    max_tokens=evaluation.max_tokens,
+                    shard_index=jax.process_index(),
+                    num_shards=jax.process_count(),
+                )
+            )
+        sums = [
+            job.eval_step(params, job.partitioner.shard_batch(batch))
+            for batch in job.eval_data[key]
+        ]
+        ce, tokens = 0.0, 0.0
+        for batch_ce, batch_tokens in jax.device_get(sums):
+            ce += float(batch_ce)
+            tokens += float(batch_tokens)
+        out[f"eval/{task}/loss"] = ce / tokens if tokens else float("nan")
+        out[f"eval/{task}/tokens"] = int(tokens)
+    return out
+
+
+def evaluate(
+    *,
+    model_dir: str | os.PathLike,
+    model: models.ModelSpec,
+    data: DataConfig,
+    evaluation: EvalConfig,
+    checkpoint: str | None = None,
+    all_steps: bool = False,
+    mesh: MeshConfig = MeshConfig(),
+) -> list[dict]:
+    """Evaluates checkpoints of a run on `evaluation.tasks`; appends to `eval_metrics.jsonl`.
+
+    Args:
+      model_dir: where results go (`MODEL_DIR`).
+      model: the model the checkpoint was trained as.
+      data: vocabulary/corpora to register tasks from, and the sequence length and batch size
+        (`data.mixture_or_task` may be empty; the first eval task is then used for checks).
+      evaluation: tasks, token budget, split.
+      checkpoint: `'<dir>[@step]'` (default: `model_dir`, latest step).
+      all_steps: evaluate every checkpoint kept in the directory instead of one step.
+      mesh: mesh axis sizes.
+
+    Returns:
+      The records written, one per step.
+    """
+    from trainer.setup import build_job
+
+    if not evaluation.tasks:
+        raise ValueError("EVAL_TASKS (data.EvalConfig.tasks) is empty: nothing to evaluate")
+    data_lib.register(data)
+    if not data.mixture_or_task:
+        data = dataclasses.replace(data, mixture_or_task=evaluation.tasks[0])
+    job = build_job(
+        model=model,
+        data=data,
+        evaluation=evaluation,
+        optimizer=OptimizerConfig(),
+        schedule=ScheduleConfig(name="constant"),
+        mesh=mesh,
+        num_microbatches=1,
+        z_loss=0.0,
+        steps_fn=lambda *_: 1,
+        register=False,
+        compile_train=False,
+    )
+    spec = os.fspath(checkpoint or model_dir)
+    directory, step = ckpt_lib.parse_init_checkpoint(spec)
+    store = ckpt_lib.CheckpointStore(directory, ckpt_lib.CheckpointConfig(), read_only=True)
+    if all_steps:
+        wanted = store.all_steps()
+    else:
+        wanted = [step if step is not None else store.latest_step()]
+    store.close()
+    abstract = job.abstract_state_with_shardings().params
+    records = []
+    Path(model_dir).mkdir(parents=True, exist_ok=True)
+    for s in wanted:
+        params, _, _ = ckpt_lib.restore_init_params(f"{directory}@{s}", abstract_params=abstract)
+        record = {"step": s, "checkpoint": os.fspath(directory)}
+        record.update(evaluate_params(job, params, evaluation, seq_len=data.seq_len))
+        log.info("eval %s", record)
+        records.append(record)
+        if jax.process_index() == 0:
+            with open(Path(model_dir) / EVAL_METRICS_FILE, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m trainer.eval --gin_file=F [--gin.KEY=VALUE ...]`."""
+    from trainer import eval as lib
+    from trainer import gin_entry
+
+    config = gin_entry.parse(sys.argv[1:] if argv is None else argv, job="eval")
+    gin_entry.call(lib.evaluate, config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Run outputs read by `fitting` and `launch`: `metrics.jsonl`, TensorBoard, `run.json`, `COMPLETED`.
+
+`metrics.jsonl` holds one JSON object per logged step (docs/interfaces.md, "Training outputs").
+Everything in it is a deterministic function of the run's configuration except the wall-clock
+fields in `TIMING_FIELDS`, so an interrupted and resumed run writes the same file as an
+uninterrupted one apart from those.
+
+Also here: the progress line (loss, tokens/s, step time, MFU where the accelerator's peak is
+known, ETA).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+RUN_FILE = "run.json"
+COMPLETED_FILE = "COMPLETED"
+TB_SUBDIR = "tb"
+# Wall-clock fields: the only ones that differ between identical runs.
+TIMING_FIELDS = ("tokens_per_s", "step_time_s")
+
+# Dense bf16 peak FLOP/s per chip, matched as substrings of `jax.Device.device_kind` (first
+# match wins, so the more specific names come first). Unknown kinds (CPUs) get no MFU.
+PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ("TPU v6 lite", 918e12),
+    ("TPU v5 lite", 197e12),
+    ("TPU v5p", 459e12),
+    ("TPU v5", 459e12),
+    ("TPU v4", 275e12),
+    ("TPU v3", 123e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+)
+
+
+def peak_flops_per_device(device_kind: str) -> float | None:
+    """The accelerator's dense bf16 peak FLOP/s, or None when unknown."""
+    for name, flops in PEAK_FLOPS:
+        if name.lower() in device_kind.lower():
+            return flops
+    return None
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_run_json(model_dir: str | os.PathLike, info: Mapping[str, Any]) -> None:
+    """Writes `run.json` (atomically)."""
+    _atomic_write_text(Path(model_dir) / RUN_FILE, json.dumps(dict(info), indent=2) + "\n")
+
+
+def read_run_json(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """Reads `run.json`."""
+    return json.loads((Path(model_dir) / RUN_FILE).read_text(encoding="utf-8"))
+
+
+def write_completed(model_dir: str | os.PathLike, *, step: int, tokens: int) -> None:
+    """Writes the `COMPLETED` marker, last of all on success."""
+    _atomic_write_text(
+        Path(model_dir) / COMPLETED_FILE, json.dumps({"step": step, "tokens": tokens}) + "\n"
+    )
+
+
+def read_metrics(model_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records of a run's `metrics.jsonl` (empty when there is none)."""
+    path = Path(model_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def without_timing(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record minus its wall-clock fields (for comparing runs)."""
+    return {k: v for k, v in record.items() if k not in TIMING_FIELDS}
+
+
+class MetricsWriter:
+    """Appends records to `metrics.jsonl` and mirrors numeric fields to TensorBoard.
+
+    Only the chief process (index 0) writes. On resume, `truncate_after(step)` drops records
+    that were logged after the checkpoint being resumed from, so no step appears twice.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, *, is_chief: bool, tensorboard: bool = True):
+        self.model_dir = Path(model_dir)
+        self.is_chief = is_chief
+        self._path = self.model_dir / METRICS_FILE
+        self._tb = None
+        if is_chief and tensorboard:
+            from clu.metric_writers.summary_writer import SummaryWriter
+
+            self._tb = SummaryWriter(os.fspath(self.model_dir / TB_SUBDIR))
+
+    def truncate_after(self, step: int) -> None:
+        """Keeps only the records with `step <= step`."""
+        if not self.is_chief or not self._path.exists():
+            return
+        kept = [r for r in read_metrics(self.model_dir) if r["step"] <= step]
+        _atomic_write_text(self._path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Appends one record (must contain `step`) and writes its scalars to TensorBoard."""
+        if not self.is_chief:
+            return
+        with self._path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(dict(record)) + "\n")
+        if self._tb is not None:
+            scalars = {}
+            for key, value in record.items():
+                if key == "step":
+                    continue
+                if isinstance(value, Mapping):
+                    scalars.update({f"{key}/{k}": v for k, v in value.items()})
+                elif isinstance(value, int | float) and not isinstance(value, bool):
+                    scalars[key] = value
+            self._tb.write_scalars(int(record["step"]), scalars)
+            self._tb.flush()
+
+    def close(self) -> None:
+        """Flushes and closes TensorBoard."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+class Progress:
+    """Throughput between logged steps and the progress log line.
+
+    Args:
+      total_steps: steps of the whole run (for the ETA).
+      tokens_per_step: tokens of one global batch (sequences × length).
+      flops_per_token: model FLOPs per token (attention-inclusive) for MFU.
+      num_devices: devices the step runs on.
+      peak_flops: per-device peak FLOP/s, or None (no MFU).
+    """
+
+    def __init__(
+        self,
+        *,
+        total_steps: int,
+        tokens_per_step: int,
+        flops_per_token: float,
+        num_devices: int,
+        peak_flops: float | None,
+    ):
+        self.total_steps = total_steps
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.num_devices = num_devices
+        self.peak_flops = peak_flops
+        self._last_step: int | None = None
+        self._last_time = 0.0
+
+    def start(self, step: int) -> None:
+        """Marks the time and step from which the next throughput is measured."""
+        self._last_step, self._last_time = step, time.perf_counter()
+
+    def timing(self, step: int) -> dict[str, float]:
+        """Wall-clock fields for a record at `step` (since the previous call or `start`)."""
+        now = time.perf_counter()
+        steps = step - (self._last_step if self._last_step is not None else step)
+        elapsed = now - self._last_time
+        self._last_step, self._last_time = step, now
+        if steps <= 0 or elapsed <= 0:
+            return {}
+        step_time = elapsed / steps
+        return {"tokens_per_s": self.tokens_per_step / step_time, "step_time_s": step_time}
+
+    def log_line(self, step: int, *, loss: float, learning_rate: float, timing: Mapping) -> str:
+        """Formats (and logs) the progress line for `step`."""
+        parts = [f"step {step}/{self.total_steps}", f"loss {loss:.4f}", f"lr {learning_rate:.3g}"]
+        if timing:
+            step_time = timing["step_time_s"]
+            parts += [f"{timing['tokens_per_s']:,.0f} tok/s", f"{step_time * 1e3:.1f} ms/step"]
+            if self.peak_flops:
+                achieved = timing["tokens_per_s"] * self.flops_per_token
+                parts.append(f"MFU {achieved / (self.peak_flops * self.num_devices):.1%}")
+            eta = step_time * max(0, self.total_steps - step)
+            parts.append(f"ETA {_duration(eta)}")
+        line = " | ".join(parts)
+        log.info("%s", line)
+        return line
+
+
+def _duration(seconds: float) -> str:
+    """`1h02m`, `3m05s` or `12s`."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def component_counts(names: Sequence[str], counts: Sequence[int]) -> dict[str, int]:
+    """`{component: tokens}` in component order."""
+    return {name: int(count) for name, count in zip(names, counts, strict=True)}

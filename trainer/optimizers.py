@@ -1,0 +1,120 @@
+"""Optimizers of the two papers (optax), selected by name from a dict registry.
+
+- `adamw` (CPT paper, LLaMA2 recipe): β1 0.9, β2 0.95, ε 1e-8, decoupled weight decay 0.1 on
+  matrices (not on norm scales), global-norm gradient clipping at 1.0.
+- `adafactor` (MT paper, T5 defaults): factored second moments, decay rate 0.8, update clipping
+  at 1.0, updates scaled by the parameter's RMS, no momentum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """Which optimizer and its settings (each field is used only by the optimizers that need it).
+
+    Attributes:
+      name: a key of `OPTIMIZERS` (`adamw`, `adafactor`).
+      b1, b2, eps: Adam moment decay rates and denominator epsilon.
+      weight_decay: decoupled weight decay (AdamW) or Adafactor's `weight_decay_rate` (0 = off).
+      decay_vectors: also decay 1-D parameters (norm scales); LLaMA does not.
+      grad_clip_norm: clip gradients to this global norm first (None = no clipping).
+      decay_rate: Adafactor's second-moment decay exponent.
+      clipping_threshold: Adafactor's update clipping (RMS of the update).
+      multiply_by_parameter_scale: Adafactor scales updates by the parameter RMS.
+      min_dim_size_to_factor: Adafactor factors second moments of dims at least this large.
+    """
+
+    name: str = "adamw"
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    decay_vectors: bool = False
+    grad_clip_norm: float | None = 1.0
+    decay_rate: float = 0.8
+    clipping_threshold: float | None = 1.0
+    multiply_by_parameter_scale: bool = True
+    min_dim_size_to_factor: int = 128
+
+
+def _decay_mask(config: OptimizerConfig) -> Callable:
+    """A mask function: True for the parameters that receive weight decay."""
+
+    def mask(params):
+        return jax.tree.map(lambda p: config.decay_vectors or p.ndim >= 2, params)
+
+    return mask
+
+
+def adamw(config: OptimizerConfig, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping (CPT paper / LLaMA2 settings by default)."""
+    parts = []
+    if config.grad_clip_norm is not None:
+        parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
+    parts.append(
+        optax.adamw(
+            learning_rate=learning_rate,
+            b1=config.b1,
+            b2=config.b2,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            mask=_decay_mask(config),
+        )
+    )
+    return optax.chain(*parts)
+
+
+def adafactor(
+    config: OptimizerConfig, learning_rate: optax.Schedule
+) -> optax.GradientTransformation:
+    """Adafactor with T5's defaults (`optax.adafactor`); optional global-norm clipping first."""
+    parts = []
+    if config.grad_clip_norm is not None:
+        parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
+    parts.append(
+        optax.adafactor(
+            learning_rate=learning_rate,
+            min_dim_size_to_factor=config.min_dim_size_to_factor,
+            decay_rate=config.decay_rate,
+            multiply_by_parameter_scale=config.multiply_by_parameter_scale,
+            clipping_threshold=config.clipping_threshold,
+            weight_decay_rate=config.weight_decay or None,
+            weight_decay_mask=_decay_mask(config) if config.weight_decay else None,
+            factored=True,
+        )
+    )
+    return optax.chain(*parts)
+
+
+OPTIMIZERS: dict[str, Callable[[OptimizerConfig, optax.Schedule], optax.GradientTransformation]] = {
+    "adamw": adamw,
+    "adafactor": adafactor,
+}
+
+
+def build_optimizer(
+    config: OptimizerConfig, *, learning_rate: optax.Schedule
+) -> optax.GradientTransformation:
+    """The optimizer named by `config.name`, driven by the `learning_rate` schedule.
+
+    Raises:
+      ValueError: for an unknown name, listing the known ones.
+    """
+    if config.name not in OPTIMIZERS:
+        raise ValueError(
+            f"unknown optimizer {config.name!r} (OptimizerConfig.name); "
+            f"choose one of {sorted(OPTIMIZERS)}"
+        )
+    return OPTIMIZERS[config.name](config, learning_rate)
+
+
+def adafactor_defaults() -> OptimizerConfig:
+    """The MT paper's Adafactor (T5 defaults): no weight decay and no gradient clipping."""
+    return OptimizerConfig(name="adafactor", weight_decay=0.0, grad_clip_norm=None)

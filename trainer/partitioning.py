@@ -1,0 +1,254 @@
+"""The one place that builds the device mesh and turns logical axis names into shardings.
+
+The mesh has the axes `('data', 'fsdp', 'model')` (`llama_jax.axes.MESH_AXES`); its sizes come from
+a `MeshConfig` in which one size may be -1 ("all remaining devices"). Parameters and optimizer
+state are sharded by the model's logical axis rules through `NamedSharding`; batches are sharded
+along their leading axis over every data-parallel mesh axis (`data` and `fsdp`), and each host
+contributes only its own rows (`jax.make_array_from_process_local_data`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+log = logging.getLogger(__name__)
+
+MESH_AXES = ("data", "fsdp", "model")
+# Mesh axes that split the batch: the data-parallel size is their product.
+DATA_AXES = ("data", "fsdp")
+
+# Process counts set by SLURM and Open MPI; with `JAX_COORDINATOR_ADDRESS` (GPU clusters) and
+# several `TPU_WORKER_HOSTNAMES` (TPU pod slices) they mean "this process is one of several".
+_MULTIPROCESS_SIZES = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the mesh axes; at most one may be -1 (the devices left over by the others).
+
+    The default is pure data parallelism over every device. `num_devices` restricts the mesh to
+    the first devices (single-host experiments and tests; None = all).
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    model: int = 1
+    num_devices: int | None = None
+
+    def sizes(self) -> dict[str, int]:
+        """The requested sizes by axis name (may contain -1)."""
+        return {"data": self.data, "fsdp": self.fsdp, "model": self.model}
+
+
+def maybe_initialize_distributed(*, mode: str = "auto") -> bool:
+    """Starts `jax.distributed` for multi-host jobs; must run before JAX touches a backend.
+
+    Args:
+      mode: "auto" initialises when the environment shows several processes (TPU pod slices,
+        SLURM, Open MPI, or an explicit `JAX_COORDINATOR_ADDRESS`); "always" and "never" force it.
+
+    Returns:
+      Whether `jax.distributed.initialize()` was called.
+    """
+    if mode not in ("auto", "always", "never"):
+        raise ValueError(f"distributed mode {mode!r}: choose one of auto, always, never")
+    if mode == "never":
+        return False
+    if mode == "auto" and not _several_processes(os.environ):
+        return False
+    jax.distributed.initialize()
+    log.info("jax.distributed: process %d of %d", jax.process_index(), jax.process_count())
+    return True
+
+
+def _several_processes(env: Mapping[str, str]) -> bool:
+    """Whether the environment describes one process among several."""
+    if env.get("JAX_COORDINATOR_ADDRESS") or "," in env.get("TPU_WORKER_HOSTNAMES", ""):
+        return True
+    return any(int(env.get(name) or 1) > 1 for name in _MULTIPROCESS_SIZES)
+
+
+def resolve_mesh_shape(config: MeshConfig, num_devices: int) -> dict[str, int]:
+    """Replaces a -1 size by the devices left over and checks that the sizes multiply out.
+
+    Raises:
+      ValueError: naming the sizes and the device count when they do not fit.
+    """
+    sizes = config.sizes()
+    free = [name for name, size in sizes.items() if size == -1]
+    if len(free) > 1:
+        raise ValueError(f"mesh sizes {sizes}: at most one axis may be -1")
+    bad = [name for name, size in sizes.items() if size == 0 or size < -1]
+    if bad:
+        raise ValueError(f"mesh sizes {sizes}: sizes must be positive or -1 (axes {bad})")
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    if free:
+        if num_devices % fixed:
+            raise ValueError(
+                f"mesh sizes {sizes}: {num_devices} devices are not divisible by {fixed}"
+            )
+        sizes[free[0]] = num_devices // fixed
+    if math.prod(sizes.values()) != num_devices:
+        raise ValueError(
+            f"mesh sizes {sizes} use {math.prod(sizes.values())} devices, but {num_devices} exist"
+        )
+    return sizes
+
+
+def build_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Builds the `('data', 'fsdp', 'model')` mesh over `devices` (default: all devices).
+
+    Uses the physical topology (`mesh_utils.create_device_mesh`) where JAX knows it, so that the
+    `model` axis lands on the fastest interconnect; falls back to device order otherwise.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if config.num_devices is not None:
+        if not 0 < config.num_devices <= len(devices):
+            raise ValueError(
+                f"MeshConfig.num_devices = {config.num_devices}: allowed 1..{len(devices)}"
+            )
+        devices = devices[: config.num_devices]
+    sizes = resolve_mesh_shape(config, len(devices))
+    shape = tuple(sizes[name] for name in MESH_AXES)
+    try:
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(shape, devices=devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        grid = np.asarray(devices, dtype=object).reshape(shape)
+    return Mesh(grid, MESH_AXES)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    """Number of ways the batch is split: the product of the `data` and `fsdp` axis sizes."""
+    return math.prod(mesh.shape[name] for name in DATA_AXES)
+
+
+def _axis_names_tree(variables: Mapping[str, Any]) -> Any:
+    """Logical axis names (PartitionSpec of names) for each parameter of `variables['params']`.
+
+    Understands both conventions of the models: `nn.with_logical_partitioning` boxes and the T5X
+    `params_axes` collection written by `flax.linen.partitioning.param_with_axes`.
+    """
+    if "params_axes" in variables:
+        from flax.core import unfreeze
+        from flax.linen import partitioning as flax_partitioning
+
+        return unfreeze(flax_partitioning.get_axis_names(variables["params_axes"]))
+    return nn.get_partition_spec(variables["params"])
+
+
+def unbox(tree: Any) -> Any:
+    """Strips flax partitioning boxes (if any), leaving plain arrays or shape structs."""
+    return nn.meta.unbox(tree)
+
+
+class Partitioner:
+    """Maps logical axis names to `NamedSharding`s on one mesh and shards host batches.
+
+    Args:
+      mesh: the device mesh (from `build_mesh`).
+      rules: logical axis rules, `(logical_name, mesh_axis_or_axes_or_None)` pairs, e.g.
+        `llama_jax.axes.logical_axis_rules()`.
+    """
+
+    def __init__(self, *, mesh: Mesh, rules: Sequence[tuple[str, Any]]):
+        self.mesh = mesh
+        self.rules = tuple(rules)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many ways the global batch is split."""
+        return data_parallel_size(self.mesh)
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        """Mesh and logical rules in scope, for tracing code with logical sharding constraints."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            yield
+
+    def replicated(self) -> NamedSharding:
+        """A sharding that keeps a full copy on every device."""
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    def logical_to_sharding(
+        self, logical_spec: PartitionSpec | Sequence[str | None]
+    ) -> NamedSharding:
+        """The `NamedSharding` of one array whose dimensions carry `logical_spec` names."""
+        mesh_spec = nn.logical_to_mesh_axes(tuple(logical_spec), self.rules)
+        return NamedSharding(self.mesh, mesh_spec)
+
+    def params_shardings(self, abstract_variables: Mapping[str, Any]) -> Any:
+        """Shardings for `abstract_variables['params']` (from `jax.eval_shape` of `module.init`)."""
+        names = _axis_names_tree(abstract_variables)
+        return jax.tree.map(
+            self.logical_to_sharding,
+            names,
+            is_leaf=lambda x: isinstance(x, PartitionSpec),
+        )
+
+    def state_shardings(
+        self, abstract_state: Any, *, abstract_params: Any, params_shardings: Any
+    ) -> Any:
+        """Shardings for a pytree that contains parameter-shaped leaves (optimizer state).
+
+        A leaf whose key path ends with a parameter's key path and has that parameter's shape
+        gets the parameter's sharding (Adam moments, momentum); any other leaf (counters,
+        Adafactor's factored row/column statistics) is replicated: they are small.
+        """
+        shapes = {
+            _path_keys(path): leaf.shape
+            for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params)
+        }
+        by_path = {
+            _path_keys(path): sharding
+            for path, sharding in jax.tree_util.tree_leaves_with_path(params_shardings)
+        }
+        params_paths = sorted(by_path, key=len, reverse=True)
+
+        def pick(path, leaf):
+            keys = _path_keys(path)
+            for param_keys in params_paths:
+                if keys[-len(param_keys) :] == param_keys:
+                    if tuple(leaf.shape) == tuple(shapes[param_keys]):
+                        return by_path[param_keys]
+                    break
+            return self.replicated()
+
+        return jax.tree_util.tree_map_with_path(pick, abstract_state)
+
+    def batch_sharding(self) -> NamedSharding:
+        """Sharding of `[batch, ...]` arrays: the batch split over all data-parallel axes."""
+        return NamedSharding(self.mesh, PartitionSpec(DATA_AXES))
+
+    def shard_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Assembles global arrays from this host's rows of the batch (every host calls this)."""
+        sharding = self.batch_sharding()
+        return {
+            key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+            for key, value in local_batch.items()
+        }
+
+
+def _path_keys(path) -> tuple:
+    """A key path as a tuple of plain keys (dict keys, attribute names, indices)."""
+    out = []
+    for entry in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(entry, attr):
+                out.append(getattr(entry, attr))
+                break
+        else:
+            out.append(str(entry))
+    return tuple(out)

@@ -1,0 +1,270 @@
+"""Assembling a job: validate the configuration, build model, mesh, optimizer and data, and compile.
+
+`build_job` runs every check of `trainer.validation` before compiling anything, then compiles
+the train and eval steps ahead of time (`jit(...).lower(...).compile()`) inside the mesh and
+logical-rules context, so that sharding constraints inside the model resolve and compile errors
+surface before the first batch is read. Train, eval and the benchmark share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from trainer import data as data_lib
+from trainer import models, partitioning, steps, validation
+from trainer.data import DataConfig, EvalConfig
+from trainer.optimizers import OptimizerConfig, build_optimizer
+from trainer.partitioning import MeshConfig, Partitioner
+from trainer.schedules import ScheduleConfig, build_schedule
+
+
+@dataclasses.dataclass
+class Job:
+    """Everything compiled for one run.
+
+    Attributes:
+      model: the model wrapper (`trainer.models`).
+      partitioner: mesh and logical-axis shardings.
+      optimizer, schedule: the optax transformation and learning-rate schedule.
+      total_steps: optimizer steps of the whole run.
+      components: mixture components (the order of `tokens_by_task`).
+      flops_per_token, flops_per_token_attn: 6·N and the attention-inclusive count.
+      abstract_state: shapes/dtypes of the `TrainState`.
+      shardings: shardings of the `TrainState`.
+      train_step: compiled `(state, batch) -> (state, metrics)`, donating the state (None when
+        not compiled).
+      eval_step: compiled `(params, batch) -> (ce_sum, tokens)`, or None without eval tasks.
+      eval_batch_size: global eval batch.
+      seq_len: decoder row length.
+      eval_data: eval batches read so far, by (task, split, length, batch, tokens).
+    """
+
+    model: Any
+    partitioner: Partitioner
+    optimizer: optax.GradientTransformation
+    schedule: optax.Schedule
+    total_steps: int
+    components: list[str]
+    flops_per_token: float
+    flops_per_token_attn: float
+    abstract_state: steps.TrainState
+    shardings: steps.TrainState
+    train_step: Callable | None
+    eval_step: Callable | None
+    eval_batch_size: int
+    seq_len: int
+    eval_data: dict = dataclasses.field(default_factory=dict)
+
+    def flops_kwargs(self) -> dict[str, float]:
+        """FLOPs-per-token arguments for metric records."""
+        return {
+            "flops_per_token": self.flops_per_token,
+            "flops_per_token_attn": self.flops_per_token_attn,
+        }
+
+    def abstract_state_with_shardings(self) -> steps.TrainState:
+        """`abstract_state` with each leaf's sharding attached (restore targets)."""
+        return jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            self.abstract_state,
+            self.shardings,
+        )
+
+    def init_state(self, rng: np.ndarray, *, params: Any | None = None) -> steps.TrainState:
+        """A sharded step-0 state: fresh params from `rng` or the given ones, zero moments."""
+        with self.partitioner.context():
+            if params is None:
+                fn = jax.jit(
+                    lambda r: steps.init_train_state(
+                        self.model, self.optimizer, r, seq_len=self.seq_len
+                    ),
+                    out_shardings=self.shardings,
+                )
+                return fn(jnp.asarray(rng))
+            fn = jax.jit(
+                lambda r, p: steps.init_train_state(self.model, self.optimizer, r, params=p),
+                out_shardings=self.shardings,
+            )
+            return fn(jnp.asarray(rng), params)
+
+    def assemble_state(self, *, params, opt_state, step: int, rng, skipped: int):
+        """A `TrainState` from restored parts, scalars placed as the shardings say."""
+
+        def put(value, sharding):
+            return jax.device_put(np.asarray(value), sharding)
+
+        return steps.TrainState(
+            step=put(np.int32(step), self.shardings.step),
+            params=params,
+            opt_state=opt_state,
+            rng=put(np.asarray(rng, np.uint32), self.shardings.rng),
+            skipped=put(np.int32(skipped), self.shardings.skipped),
+        )
+
+
+def _check(
+    *, spec: models.ModelSpec, model, data: DataConfig, evaluation, partitioner, microbatches
+):
+    """All configuration checks that need no compilation (see `trainer.validation`)."""
+    dp, hosts = partitioner.data_parallel_size, jax.process_count()
+    validation.check_batch_size(
+        batch_size=data.batch_size,
+        data_parallel_size=dp,
+        num_microbatches=microbatches,
+        process_count=hosts,
+    )
+    validation.check_feature_lengths(
+        feature_lengths=data.task_feature_lengths,
+        max_len=model.max_len,
+        required=model.feature_keys,
+        model=spec.size,
+    )
+    names = data_lib.registered_names()
+    validation.check_task(name=data.mixture_or_task, allowed=names)
+    for task in evaluation.tasks:
+        validation.check_task(name=task, allowed=names, binding="eval_tasks")
+    validation.check_vocab(
+        vocab_size=data_lib.vocab_size(data.mixture_or_task),
+        model_vocab_size=model.vocab_size,
+        vocab_path=data.vocab_path,
+    )
+
+
+def batch_abstract(
+    partitioner: Partitioner, *, batch_size: int, seq_len: int
+) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes and shardings of a global decoder batch."""
+    sharding = partitioner.batch_sharding()
+    return {
+        key: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=sharding)
+        for key in data_lib.DECODER_KEYS
+    }
+
+
+def build_model(spec: models.ModelSpec, mesh: MeshConfig) -> tuple[Any, Partitioner, Any]:
+    """The model wrapper, the partitioner, and its parameters' abstract tree with shardings
+    (a restore target), after checking the family and size."""
+    if spec.family not in models.MODEL_FAMILIES:
+        validation.check_choice(
+            name="family", value=spec.family, allowed=list(models.MODEL_FAMILIES)
+        )
+    family = models.MODEL_FAMILIES[spec.family]
+    validation.check_model_size(family=spec.family, size=spec.size, allowed=family.sizes())
+    wrapper = models.build_model(spec)
+    from llama_jax import axes
+
+    partitioner = Partitioner(mesh=partitioning.build_mesh(mesh), rules=axes.logical_axis_rules())
+    variables = wrapper.abstract_variables()
+    shardings = partitioner.params_shardings(variables)
+    abstract = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        partitioning.unbox(variables["params"]),
+        shardings,
+    )
+    return wrapper, partitioner, abstract
+
+
+def build_job(
+    *,
+    model: models.ModelSpec,
+    data: DataConfig,
+    evaluation: EvalConfig,
+    optimizer: OptimizerConfig,
+    schedule: ScheduleConfig,
+    mesh: MeshConfig,
+    num_microbatches: int,
+    z_loss: float,
+    steps_fn: Callable[[int, int], int],
+    register: bool = True,
+    compile_train: bool = True,
+) -> Job:
+    """Validates, registers the data, builds and compiles everything a run needs.
+
+    Args:
+      steps_fn: `(non-embedding params, tokens per step) -> total steps`.
+      register: register the tasks of `data.vocab_path` (False when the caller has).
+      compile_train: compile the train step (evaluation-only jobs skip it).
+    Raises:
+      trainer.validation.ConfigError: before compiling, for any invalid setting.
+    """
+    wrapper, partitioner, abstract_params = build_model(model, mesh)
+    if register:
+        data_lib.register(data)
+    _check(
+        spec=model,
+        model=wrapper,
+        data=data,
+        evaluation=evaluation,
+        partitioner=partitioner,
+        microbatches=num_microbatches,
+    )
+    eval_batch = evaluation.batch_size or data.batch_size
+    if evaluation.tasks:
+        validation.check_batch_size(
+            batch_size=eval_batch,
+            data_parallel_size=partitioner.data_parallel_size,
+            process_count=jax.process_count(),
+        )
+    components = data_lib.components(data.mixture_or_task)
+    _, non_embedding = wrapper.param_counts()
+    total_steps = steps_fn(non_embedding, data.batch_size * data.seq_len)
+    lr = build_schedule(schedule, total_steps=total_steps)
+    tx = build_optimizer(optimizer, learning_rate=lr)
+    six_n, with_attn = wrapper.flops_per_token(seq_len=data.seq_len)
+
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    abstract_state = jax.eval_shape(
+        lambda r: steps.init_train_state(wrapper, tx, r, seq_len=data.seq_len), rng
+    )
+    params_shardings = jax.tree.map(lambda a: a.sharding, abstract_params)
+    shardings = steps.state_shardings(partitioner, abstract_state, params_shardings)
+    step_config = steps.StepConfig(
+        num_microbatches=num_microbatches, z_loss=z_loss, num_components=len(components)
+    )
+    abstract_with = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        abstract_state,
+        shardings,
+    )
+    with partitioner.context():
+        train_step = None
+        if compile_train:
+            batch = batch_abstract(partitioner, batch_size=data.batch_size, seq_len=data.seq_len)
+            train_step = steps.compile_train_step(
+                steps.make_train_step(wrapper, tx, lr, step_config),
+                partitioner=partitioner,
+                shardings=shardings,
+            )
+            train_step = train_step.lower(abstract_with, batch).compile()
+        eval_step = None
+        if evaluation.tasks:
+            eval_step = steps.compile_eval_step(
+                steps.make_eval_step(wrapper),
+                partitioner=partitioner,
+                params_shardings=params_shardings,
+            )
+            batch = batch_abstract(partitioner, batch_size=eval_batch, seq_len=data.seq_len)
+            eval_step = eval_step.lower(abstract_with.params, batch).compile()
+    return Job(
+        model=wrapper,
+        partitioner=partitioner,
+        optimizer=tx,
+        schedule=lr,
+        total_steps=total_steps,
+        components=components,
+        flops_per_token=six_n,
+        flops_per_token_attn=with_attn,
+        abstract_state=abstract_state,
+        shardings=shardings,
+        train_step=train_step,
+        eval_step=eval_step,
+        eval_batch_size=eval_batch,
+        seq_len=data.seq_len,
+    )

@@ -1,0 +1,225 @@
+"""The compiled steps: train (microbatched gradients, optimizer update, non-finite guard) and eval.
+
+Steps are plain functions of a `TrainState` and a batch; `compile_*` wraps them in `jax.jit` with
+explicit in/out shardings (the modern pjit) and donates the old state's buffers to the new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from trainer.partitioning import Partitioner
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    """Everything the train step updates; checkpointed as params + opt_state + JSON.
+
+    Attributes:
+      step: completed optimizer steps (int32 scalar).
+      params: the parameter tree.
+      opt_state: the optax state.
+      rng: base RNG key data (uint32[2]); step `s` uses `fold_in(rng, s)`.
+      skipped: number of updates skipped because the loss or gradients were not finite.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+    skipped: jax.Array
+
+
+jax.tree_util.register_dataclass(
+    TrainState, data_fields=["step", "params", "opt_state", "rng", "skipped"], meta_fields=[]
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Settings of the train step.
+
+    Attributes:
+      num_microbatches: split each global batch into this many sequential microbatches and sum
+        their gradients (activation memory / microbatches; same update up to float rounding).
+      z_loss: weight of the `logsumexp²` auxiliary loss (0 = off).
+      num_components: mixture components, for per-component token counts.
+    """
+
+    num_microbatches: int = 1
+    z_loss: float = 0.0
+    num_components: int = 1
+
+
+def tokens_by_component(batch: Mapping[str, jax.Array], num_components: int) -> jax.Array:
+    """Target tokens of the batch per mixture component (int32 `[num_components]`)."""
+    weights = (batch["decoder_loss_weights"] > 0).astype(jnp.int32)
+    if "decoder_task_ids" not in batch:
+        return jnp.zeros((num_components,), jnp.int32).at[0].set(weights.sum())
+    ids = batch["decoder_task_ids"]
+    ids = jnp.where((ids >= 0) & (ids < num_components), ids, num_components)
+    counts = jax.ops.segment_sum(weights.ravel(), ids.ravel(), num_segments=num_components + 1)
+    return counts[:num_components]
+
+
+def _split_microbatches(batch: Mapping[str, jax.Array], num: int) -> dict[str, jax.Array]:
+    """`[B, ...]` -> `[num, B/num, ...]`, microbatch m holding rows m, m+num, ...
+
+    Strided rows keep every device's share of each microbatch local when rows are sharded in
+    contiguous blocks (no data movement).
+    """
+
+    def split(x):
+        return jnp.swapaxes(x.reshape((x.shape[0] // num, num) + x.shape[1:]), 0, 1)
+
+    return {key: split(value) for key, value in batch.items()}
+
+
+def make_train_step(
+    model: Any,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    config: StepConfig,
+) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
+    """Builds `train_step(state, batch) -> (state, metrics)`.
+
+    The loss is normalised per target token of the whole global batch (microbatches included).
+    A step whose loss or gradient norm is not finite leaves params and optimizer state untouched
+    (and counts it in `skipped`), so a non-finite state can never be checkpointed.
+    """
+
+    def loss_and_grads(params, batch):
+        def objective(p):
+            out = model.loss_fn(p, batch, z_loss=config.z_loss)
+            return out.loss_sum + out.z_loss_sum, out
+
+        (_, out), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        return out, grads
+
+    def train_step(state: TrainState, batch: Mapping[str, jax.Array]):
+        if config.num_microbatches > 1:
+            micro = _split_microbatches(batch, config.num_microbatches)
+
+            def body(acc, mb):
+                out, grads = loss_and_grads(state.params, mb)
+                return jax.tree.map(jnp.add, acc, (out, grads)), None
+
+            zero_out, zero_grads = jax.eval_shape(
+                loss_and_grads, state.params, jax.tree.map(lambda x: x[0], micro)
+            )
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (zero_out, zero_grads))
+            (out, grads), _ = jax.lax.scan(body, zeros, micro)
+        else:
+            out, grads = loss_and_grads(state.params, batch)
+
+        denom = jnp.maximum(out.weight_sum, 1.0)
+        grads = jax.tree.map(lambda g: g / denom, grads)
+        grad_norm = optax.global_norm(grads)
+        loss = out.loss_sum / denom
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+        updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        new_state = TrainState(
+            step=state.step + 1,
+            params=keep(new_params, state.params),
+            opt_state=keep(new_opt_state, state.opt_state),
+            rng=state.rng,
+            skipped=state.skipped + (~finite).astype(jnp.int32),
+        )
+        metrics = {
+            "loss_sum": out.loss_sum,
+            "z_loss_sum": out.z_loss_sum,
+            "weight_sum": out.weight_sum,
+            "grad_norm": grad_norm,
+            "learning_rate": jnp.asarray(schedule(state.step), jnp.float32),
+            "finite": finite,
+            "tokens_by_task": tokens_by_component(batch, config.num_components),
+        }
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(model: Any) -> Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, ...]]:
+    """Builds `eval_step(params, batch) -> (summed cross-entropy, target tokens)` (scalars)."""
+
+    def eval_step(params, batch):
+        ce, weights = model.score_batch(params, batch)
+        return ce.sum(), weights.sum()
+
+    return eval_step
+
+
+def init_train_state(
+    model: Any,
+    optimizer: optax.GradientTransformation,
+    rng: jax.Array,
+    *,
+    params: Any | None = None,
+    seq_len: int = 8,
+) -> TrainState:
+    """A step-0 state: fresh params (unless `params` is given, e.g. for CPT from a source
+    checkpoint) and fresh optimizer state, whose moments are all zero.
+
+    Args:
+      rng: raw key data (uint32[2], `jax.random.key_data`); params are drawn from a key derived
+        from it, and it is kept as the run's base key.
+    """
+    if params is None:
+        key = jax.random.fold_in(jax.random.wrap_key_data(rng), 0)
+        params = model.init_variables(key, batch_size=1, seq_len=seq_len)["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(params),
+        rng=rng,
+        skipped=jnp.zeros((), jnp.int32),
+    )
+
+
+def state_shardings(
+    partitioner: Partitioner, abstract_state: TrainState, params_shardings: Any
+) -> TrainState:
+    """Shardings of every leaf of a `TrainState` (params by logical axes, the rest derived)."""
+    replicated = partitioner.replicated()
+    return TrainState(
+        step=replicated,
+        params=params_shardings,
+        opt_state=partitioner.state_shardings(
+            abstract_state.opt_state,
+            abstract_params=abstract_state.params,
+            params_shardings=params_shardings,
+        ),
+        rng=replicated,
+        skipped=replicated,
+    )
+
+
+def compile_train_step(
+    train_step: Callable, *, partitioner: Partitioner, shardings: TrainState
+) -> Callable:
+    """`jax.jit` of the train step: state sharded as given, batch split over data axes, metrics
+    replicated, and the input state donated (updated in place)."""
+    return jax.jit(
+        train_step,
+        in_shardings=(shardings, partitioner.batch_sharding()),
+        out_shardings=(shardings, partitioner.replicated()),
+        donate_argnums=(0,),
+    )
+
+
+def compile_eval_step(eval_step: Callable, *, partitioner: Partitioner, params_shardings: Any):
+    """`jax.jit` of the eval step with params sharded and the batch split over data axes."""
+    return jax.jit(
+        eval_step,
+        in_shardings=(params_shardings, partitioner.batch_sharding()),
+        out_shardings=partitioner.replicated(),
+    )

@@ -1,0 +1,427 @@
+"""Training jobs: the library function `train(...)` and its gin entry point.
+
+    python -m trainer.train --gin_file=t5x_configs/experiments/cpt.gin \\
+        --gin.MODEL_DIR="'/runs/cpt_zh_49m'" --gin.MODEL_SIZE="'llama2_49m'" --gin.TARGET_LANG="'zh'"
+
+`train` takes keyword arguments and small frozen dataclasses only; gin configures it from the
+files in `t5x_configs/` (see `trainer.gin_entry`). A run writes into `model_dir`: `config.gin`,
+`run.json`, `metrics.jsonl`, TensorBoard events under `tb/`, orbax checkpoints under
+`checkpoints/`, and `COMPLETED` last (docs/interfaces.md, "Training outputs"). Starting a run whose
+`model_dir` holds checkpoints resumes it exactly: parameters, optimizer state, step, RNG,
+data-stream position and the token counters all come back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from trainer import checkpoints as ckpt_lib
+from trainer import data as data_lib
+from trainer import eval as eval_lib
+from trainer import metrics as metrics_lib
+from trainer import models, validation
+from trainer.checkpoints import CheckpointConfig
+from trainer.data import DataConfig, EvalConfig
+from trainer.optimizers import OptimizerConfig
+from trainer.partitioning import MeshConfig
+from trainer.schedules import ScheduleConfig
+from trainer.setup import Job, build_job
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("source", "scratch", "cpt", "cpt_replay", "pretrain", "finetune", "finetune_scratch")
+NONFINITE_MODES = ("stop", "skip")
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: the run saved a checkpoint and should be started again.
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """What the run is, for `run.json` (read by `fitting`).
+
+    Attributes:
+      strategy: one of `STRATEGIES`.
+      languages: languages trained on (default: derived from the mixture's components).
+      target_lang, source_lang: CPT's target and source languages.
+      replay_ratio: fraction of source-language tokens replayed during CPT (0-1).
+    """
+
+    strategy: str = "pretrain"
+    languages: Sequence[str] = ()
+    target_lang: str | None = None
+    source_lang: str | None = None
+    replay_ratio: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """How a call to `train` ended: `completed` False means preempted or stopped early."""
+
+    model_dir: str
+    step: int
+    tokens: int
+    completed: bool
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or the gradients became NaN/Inf (no checkpoint was written after that step)."""
+
+
+class _Counters:
+    """Host-side cumulative counters and the current logging window (checkpointed as JSON)."""
+
+    def __init__(self, components: Sequence[str], saved: dict | None = None):
+        saved = saved or {}
+        self.components = list(components)
+        self.tokens = int(saved.get("tokens", 0))
+        self.by_task = [int(saved.get("tokens_by_task", {}).get(c, 0)) for c in components]
+        window = saved.get("window", {})
+        self.loss_sum = float(window.get("loss_sum", 0.0))
+        self.z_loss_sum = float(window.get("z_loss_sum", 0.0))
+        self.weight_sum = float(window.get("weight_sum", 0.0))
+        self.last = dict(window.get("last", {}))
+        self.nonfinite_steps: list[int] = []
+
+    def absorb(self, pending: list[tuple[int, dict]]) -> None:
+        """Adds fetched per-step metrics (`(step, metrics)` in step order)."""
+        for step, m in pending:
+            counts = np.asarray(m["tokens_by_task"]).astype(np.int64)
+            self.by_task = [a + int(b) for a, b in zip(self.by_task, counts, strict=True)]
+            self.tokens += int(counts.sum())
+            if not bool(m["finite"]):
+                self.nonfinite_steps.append(step)
+                continue
+            self.loss_sum += float(m["loss_sum"])
+            self.z_loss_sum += float(m["z_loss_sum"])
+            self.weight_sum += float(m["weight_sum"])
+            self.last = {
+                "learning_rate": float(m["learning_rate"]),
+                "grad_norm": float(m["grad_norm"]),
+            }
+
+    def to_json(self) -> dict:
+        """State to checkpoint."""
+        return {
+            "tokens": self.tokens,
+            "tokens_by_task": metrics_lib.component_counts(self.components, self.by_task),
+            "window": {
+                "loss_sum": self.loss_sum,
+                "z_loss_sum": self.z_loss_sum,
+                "weight_sum": self.weight_sum,
+                "last": self.last,
+            },
+        }
+
+    def record(self, step: int, *, flops_per_token: float, flops_per_token_attn: float) -> dict:
+        """The deterministic part of a `metrics.jsonl` record; starts a new window."""
+        denom = max(self.weight_sum, 1.0)
+        record = {
+            "step": step,
+            "tokens": self.tokens,
+            "tokens_by_task": metrics_lib.component_counts(self.components, self.by_task),
+            "flops": flops_per_token * self.tokens,
+            "flops_attn": flops_per_token_attn * self.tokens,
+            "train/loss": self.loss_sum / denom if self.weight_sum else float("nan"),
+            "learning_rate": self.last.get("learning_rate", 0.0),
+            "train/grad_norm": self.last.get("grad_norm", 0.0),
+        }
+        if self.z_loss_sum:
+            record["train/z_loss"] = self.z_loss_sum / denom
+        self.loss_sum = self.z_loss_sum = self.weight_sum = 0.0
+        return record
+
+
+def resolve_train_steps(
+    *, train_steps: int | None, tokens_per_param: float | None, params: int, tokens_per_step: int
+) -> int:
+    """`train_steps`, or enough steps for `tokens_per_param × params` tokens (rounded up)."""
+    validation.check_steps(train_steps=train_steps, tokens_per_param=tokens_per_param)
+    if train_steps is not None:
+        return int(train_steps)
+    return max(1, math.ceil(tokens_per_param * params / tokens_per_step))
+
+
+def _languages(run: RunInfo, components: Sequence[str]) -> list[str]:
+    if run.languages:
+        return list(run.languages)
+    langs = [c.split("_", 1)[1] for c in components if c.startswith(("lm_", "span_"))]
+    return list(dict.fromkeys(langs))
+
+
+def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict, gin: str):
+    total, non_embedding = job.model.param_counts()
+    return {
+        "model": job.model.name,
+        "family": job.model.family,
+        "params_total": total,
+        "params_non_embedding": non_embedding,
+        "strategy": run.strategy,
+        "languages": _languages(run, job.components),
+        "target_lang": run.target_lang,
+        "source_lang": run.source_lang,
+        "replay_ratio": float(run.replay_ratio),
+        "mixture_or_task": data.mixture_or_task,
+        "components": list(job.components),
+        "init_checkpoint": init.get("init_checkpoint"),
+        "init_step": init.get("init_step"),
+        "init_params_hash": init.get("init_params_hash"),
+        "seed": seed,
+        "seq_len": data.seq_len,
+        "batch_size": data.batch_size,
+        "train_steps": job.total_steps,
+        "flops_per_token": job.flops_per_token,
+        "flops_per_token_attn": job.flops_per_token_attn,
+        "gin_config": gin,
+    }
+
+
+def train(
+    *,
+    model_dir: str | os.PathLike,
+    model: models.ModelSpec,
+    data: DataConfig,
+    train_steps: int | None = None,
+    tokens_per_param: float | None = None,
+    optimizer: OptimizerConfig = OptimizerConfig(),
+    schedule: ScheduleConfig = ScheduleConfig(),
+    checkpoint: CheckpointConfig = CheckpointConfig(),
+    mesh: MeshConfig = MeshConfig(),
+    evaluation: EvalConfig = EvalConfig(),
+    run: RunInfo = RunInfo(),
+    init_checkpoint: str | None = None,
+    seed: int = 0,
+    log_every: int = 100,
+    num_microbatches: int = 1,
+    z_loss: float = 0.0,
+    on_nonfinite: str = "stop",
+    stop_after: int | None = None,
+    gin_config: str = "",
+) -> TrainResult:
+    """Trains (or resumes) one run and writes its outputs into `model_dir`.
+
+    Args:
+      model_dir: the run directory (`MODEL_DIR`).
+      model: family, size and config overrides.
+      data: training mixture/task, lengths, global batch size, vocabulary and corpora.
+      train_steps: optimizer steps (`TRAIN_STEPS`); when None they are derived from ...
+      tokens_per_param: ... a token budget of `tokens_per_param × N` (non-embedding N).
+      optimizer, schedule: see `trainer.optimizers` and `trainer.schedules`.
+      checkpoint: save period and keep policy.
+      mesh: mesh axis sizes.
+      evaluation: periodic validation losses.
+      run: strategy and languages, recorded in `run.json`.
+      init_checkpoint: `'<dir>[@step]'` to initialise the parameters from (CPT, finetuning);
+        ignored when `model_dir` already holds a checkpoint (the run resumes instead).
+      seed: parameter initialisation and data order.
+      log_every: write a `metrics.jsonl` record every this many steps (and at eval steps).
+      num_microbatches: gradient accumulation over this many microbatches per step.
+      z_loss: weight of the auxiliary z-loss.
+      on_nonfinite: "stop" raises `NonFiniteError`; "skip" drops such updates and goes on.
+      stop_after: stop (saving a checkpoint) after this step, as a preemption would.
+      gin_config: the resolved gin config, written to `config.gin` and `run.json`.
+
+    Returns:
+      Where the run ended. A SIGTERM or `stop_after` ends it early with a checkpoint.
+    """
+    validation.check_choice(name="on_nonfinite", value=on_nonfinite, allowed=NONFINITE_MODES)
+    validation.check_choice(name="strategy", value=run.strategy, allowed=STRATEGIES)
+    if not os.fspath(model_dir):
+        raise validation.ConfigError(f"{validation.BINDINGS['model_dir']} must be set")
+    model_dir = Path(model_dir)
+    job = build_job(
+        model=model,
+        data=data,
+        evaluation=evaluation,
+        optimizer=optimizer,
+        schedule=schedule,
+        mesh=mesh,
+        num_microbatches=num_microbatches,
+        z_loss=z_loss,
+        steps_fn=lambda params, tokens_per_step: resolve_train_steps(
+            train_steps=train_steps,
+            tokens_per_param=tokens_per_param,
+            params=params,
+            tokens_per_step=tokens_per_step,
+        ),
+    )
+    is_chief = jax.process_index() == 0
+    if is_chief:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.gin").write_text(gin_config or "# trainer.train called directly\n")
+    store = ckpt_lib.CheckpointStore(ckpt_lib.checkpoints_dir(model_dir), checkpoint)
+    writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
+    watcher = ckpt_lib.PreemptionWatcher(store)
+    try:
+        state, saved, init = _initial_state(job, store, init_checkpoint=init_checkpoint, seed=seed)
+        if is_chief and (not saved or not (model_dir / metrics_lib.RUN_FILE).exists()):
+            info = _run_json(job, run=run, data=data, seed=seed, init=init, gin=gin_config)
+            metrics_lib.write_run_json(model_dir, info)
+        start = int(saved.get("step", 0))
+        writer.truncate_after(start)
+        return _loop(
+            job,
+            state,
+            model_dir=model_dir,
+            data=data,
+            evaluation=evaluation,
+            checkpoint=checkpoint,
+            saved=saved,
+            start=start,
+            seed=seed,
+            log_every=log_every,
+            on_nonfinite=on_nonfinite,
+            stop_after=stop_after,
+            store=store,
+            writer=writer,
+            watcher=watcher,
+        )
+    finally:
+        watcher.close()
+        writer.close()
+        store.close()
+
+
+def _initial_state(job: Job, store, *, init_checkpoint: str | None, seed: int):
+    """Resumed state (with its saved JSON), or a fresh one (from `init_checkpoint` if given)."""
+    latest = store.latest_step()
+    if latest is not None:
+        abstract = job.abstract_state_with_shardings()
+        params, opt_state, saved = store.restore(
+            latest, abstract_params=abstract.params, abstract_opt_state=abstract.opt_state
+        )
+        state = job.assemble_state(
+            params=params,
+            opt_state=opt_state,
+            step=int(saved["step"]),
+            rng=np.asarray(saved["rng"], np.uint32),
+            skipped=int(saved.get("skipped", 0)),
+        )
+        log.info("resuming from step %d", latest)
+        return state, saved, {}
+    rng = np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32)
+    if init_checkpoint is None:
+        return job.init_state(rng), {}, {}
+    params, directory, step = ckpt_lib.restore_init_params(
+        init_checkpoint, abstract_params=job.abstract_state_with_shardings().params
+    )
+    init = {
+        "init_checkpoint": os.fspath(directory),
+        "init_step": step,
+        "init_params_hash": ckpt_lib.params_hash(params),
+    }
+    log.info("initialised params from %s step %d", directory, step)
+    return job.init_state(rng, params=params), {}, init
+
+
+def _loop(job: Job, state, *, model_dir, data, evaluation, checkpoint, saved, start, seed,
+          log_every, on_nonfinite, stop_after, store, writer, watcher) -> TrainResult:  # fmt: skip
+    """Runs steps `start+1 .. total`, logging, evaluating and saving along the way."""
+    counters = _Counters(job.components, saved)
+    total = job.total_steps
+    progress = metrics_lib.Progress(
+        total_steps=total,
+        tokens_per_step=data.batch_size * data.seq_len,
+        flops_per_token=job.flops_per_token_attn,
+        num_devices=jax.device_count(),
+        peak_flops=metrics_lib.peak_flops_per_device(jax.devices()[0].device_kind),
+    )
+    stream = data_lib.train_batches(
+        data,
+        seed=seed,
+        start_step=int(saved.get("data_position", start)),
+        shard_index=jax.process_index(),
+        num_shards=jax.process_count(),
+    )
+
+    def evaluate(step):
+        return eval_lib.evaluate_params(job, state.params, evaluation, seq_len=data.seq_len)
+
+    def save(step):
+        train_state = {
+            "step": step,
+            "data_position": step,
+            "rng": [int(x) for x in np.asarray(jax.device_get(state.rng)).ravel()],
+            "skipped": int(jax.device_get(state.skipped)),
+            **counters.to_json(),
+        }
+        store.save(step, params=state.params, opt_state=state.opt_state, train_state=train_state)
+
+    if start == 0 and evaluation.at_start and evaluation.tasks:
+        writer.write({**counters.record(0, **job.flops_kwargs()), **evaluate(0)})
+    step, pending, preempted = start, [], False
+    progress.start(step)
+    while step < total:
+        batch = job.partitioner.shard_batch(next(stream))
+        state, step_metrics = job.train_step(state, batch)
+        pending.append((step + 1, step_metrics))
+        step += 1
+        if step == start + 1:  # leave compilation out of the throughput
+            jax.block_until_ready(step_metrics)
+            progress.start(step)
+        last = step == total
+        do_eval = bool(evaluation.tasks) and (
+            last or (evaluation.period and step % evaluation.period == 0)
+        )
+        do_log = last or do_eval or step % log_every == 0
+        preempted = not last and (step == stop_after or watcher.should_stop(step))
+        do_save = last or preempted or step % checkpoint.period == 0
+        if not (do_log or do_save):
+            continue
+        counters.absorb(jax.device_get(pending))
+        pending = []
+        if counters.nonfinite_steps and on_nonfinite == "stop":
+            first = counters.nonfinite_steps[0]
+            raise NonFiniteError(
+                f"non-finite loss or gradients at step {first}; stopping without saving "
+                f"(latest checkpoint: step {store.latest_step()}). Set train.on_nonfinite='skip' "
+                "to drop such updates instead."
+            )
+        if counters.nonfinite_steps:
+            log.warning("skipped non-finite updates at steps %s", counters.nonfinite_steps)
+            counters.nonfinite_steps = []
+        if do_log:
+            timing = progress.timing(step)
+            record = counters.record(step, **job.flops_kwargs())
+            progress.log_line(
+                step, loss=record["train/loss"], learning_rate=record["learning_rate"],
+                timing=timing,
+            )  # fmt: skip
+            if do_eval:
+                record.update(evaluate(step))
+            writer.write({**record, **timing})
+        if do_save:
+            save(step)
+        if do_eval or do_save:
+            progress.start(step)
+        if preempted:
+            log.warning("stopping at step %d (checkpoint saved); rerun to resume", step)
+            break
+    store.wait()
+    completed = step >= total
+    if completed and jax.process_index() == 0:
+        metrics_lib.write_completed(model_dir, step=step, tokens=counters.tokens)
+    return TrainResult(
+        model_dir=os.fspath(model_dir), step=step, tokens=counters.tokens, completed=completed
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m trainer.train --gin_file=F [--gin_file=...] [--gin.KEY=VALUE ...]`."""
+    from trainer import gin_entry
+    from trainer import train as lib  # the importable module, which the gin files name
+
+    config = gin_entry.parse(sys.argv[1:] if argv is None else argv, job="train")
+    result = gin_entry.call(lib.train, config)
+    return 0 if result.completed else PREEMPTED_EXIT_CODE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

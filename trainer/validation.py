@@ -1,0 +1,138 @@
+"""Configuration checks that run before anything is compiled.
+
+Each check raises `ConfigError` whose message names the gin binding to change (the macro of the
+run files and the library argument it feeds) and the values that would be allowed. The library
+knows no gin: the names below are only strings for messages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# Library argument -> the gin macro that sets it in `t5x_configs/runs/*.gin`.
+BINDINGS: dict[str, str] = {
+    "model_dir": "MODEL_DIR (train.model_dir)",
+    "model_size": "MODEL_SIZE (models.ModelSpec.size)",
+    "batch_size": "BATCH_SIZE (data.DataConfig.batch_size)",
+    "feature_lengths": "TASK_FEATURE_LENGTHS (data.DataConfig.task_feature_lengths)",
+    "vocab_path": "VOCAB_PATH (data.DataConfig.vocab_path)",
+    "vocab_size": "MODEL_OVERRIDES['vocab_size'] (models.ModelSpec.overrides)",
+    "mixture_or_task": "MIXTURE_OR_TASK_NAME (data.DataConfig.mixture_or_task)",
+    "eval_tasks": "EVAL_TASKS (data.EvalConfig.tasks)",
+    "train_steps": "TRAIN_STEPS (train.train_steps)",
+    "tokens_per_param": "TOKENS_PER_PARAM (train.tokens_per_param)",
+    "num_microbatches": "train.num_microbatches",
+    "mesh": "partitioning.MeshConfig (data, fsdp, model)",
+    "on_nonfinite": "train.on_nonfinite",
+}
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says which binding to change and how."""
+
+
+def check_required(values: Mapping[str, Any]) -> None:
+    """Every macro in `values` must be set.
+
+    Args:
+      values: macro name -> value as resolved from the gin config (None = not set).
+    """
+    missing = [name for name, value in values.items() if value is None]
+    if missing:
+        hints = ", ".join(f"--gin.{name}=..." for name in missing)
+        raise ConfigError(f"required gin macros not set: {', '.join(missing)}; pass {hints}")
+
+
+def check_model_size(*, family: str, size: str, allowed: Sequence[str]) -> None:
+    """The size name must be in the family's table."""
+    if size not in allowed:
+        raise ConfigError(
+            f"unknown {family} size {size!r} for {BINDINGS['model_size']}; "
+            f"allowed: {', '.join(allowed)}"
+        )
+
+
+def check_batch_size(
+    *,
+    batch_size: int,
+    data_parallel_size: int,
+    num_microbatches: int = 1,
+    process_count: int = 1,
+) -> None:
+    """The global batch must split evenly over data-parallel devices, hosts and microbatches."""
+    if batch_size <= 0:
+        raise ConfigError(f"{BINDINGS['batch_size']} = {batch_size}: must be a positive integer")
+    if num_microbatches <= 0:
+        raise ConfigError(
+            f"{BINDINGS['num_microbatches']} = {num_microbatches}: must be a positive integer"
+        )
+    unit = math.lcm(data_parallel_size * num_microbatches, process_count)
+    if batch_size % unit:
+        raise ConfigError(
+            f"{BINDINGS['batch_size']} = {batch_size} is not divisible by the data-parallel size "
+            f"{data_parallel_size} (mesh data × fsdp, {BINDINGS['mesh']})"
+            + (f" × {num_microbatches} microbatches" if num_microbatches > 1 else "")
+            + (f" and {process_count} hosts" if process_count > 1 else "")
+            + f"; allowed: multiples of {unit}, e.g. {max(unit, batch_size // unit * unit)}"
+        )
+
+
+def check_feature_lengths(
+    *, feature_lengths: Mapping[str, int], max_len: int, required: Sequence[str], model: str
+) -> None:
+    """Each feature length must be present, positive and at most the model's maximum length."""
+    missing = [key for key in required if key not in feature_lengths]
+    if missing:
+        raise ConfigError(
+            f"{BINDINGS['feature_lengths']} = {dict(feature_lengths)} lacks {missing}; "
+            f"allowed keys: {list(required)}"
+        )
+    for key, length in feature_lengths.items():
+        if not 0 < int(length) <= max_len:
+            raise ConfigError(
+                f"TASK_FEATURE_LENGTHS[{key!r}] = {length} (data.DataConfig.task_feature_lengths) "
+                f"is outside the model's range for {model} (max_len {max_len}); "
+                f"allowed: 1..{max_len}"
+            )
+
+
+def check_vocab(*, vocab_size: int, model_vocab_size: int, vocab_path: str | None) -> None:
+    """The data's vocabulary must fit in the model's embedding table."""
+    if vocab_size > model_vocab_size:
+        raise ConfigError(
+            f"the vocabulary at {BINDINGS['vocab_path']} = {vocab_path!r} has {vocab_size} ids, "
+            f"more than the model's vocab_size {model_vocab_size} ({BINDINGS['vocab_size']}); "
+            f"allowed: a vocabulary of at most {model_vocab_size} ids, or vocab_size >= {vocab_size}"
+        )
+
+
+def check_steps(*, train_steps: int | None, tokens_per_param: float | None) -> None:
+    """A step count or a token budget must be given (the step count wins), and be positive."""
+    if train_steps is None and tokens_per_param is None:
+        raise ConfigError(
+            f"set {BINDINGS['train_steps']} or {BINDINGS['tokens_per_param']}; "
+            "allowed: a positive number for either (TRAIN_STEPS wins when both are set)"
+        )
+    name = "train_steps" if train_steps is not None else "tokens_per_param"
+    value = train_steps if train_steps is not None else tokens_per_param
+    if value <= 0:
+        raise ConfigError(f"{BINDINGS[name]} = {value}: allowed: a positive number")
+
+
+def check_task(*, name: str, allowed: Sequence[str], binding: str = "mixture_or_task") -> None:
+    """A task or mixture name must be registered with seqio."""
+    if name not in allowed:
+        raise ConfigError(
+            f"{BINDINGS[binding]} = {name!r} is not a registered task or mixture; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def check_choice(*, name: str, value: str, allowed: Sequence[str]) -> None:
+    """A string option must be one of `allowed`."""
+    if value not in allowed:
+        raise ConfigError(
+            f"{BINDINGS.get(name, name)} = {value!r}; allowed: {', '.join(map(repr, allowed))}"
+        )
