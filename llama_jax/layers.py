@@ -191,13 +191,16 @@ class Attention(nn.Module):
             project("value", kv_heads),
         )
 
+        # The cache exists only after an allocating decode call (see the class docstring).
         cache_ready = self.decode and self.has_variable("cache", "cached_key")
+        offset = 0
         if self.decode:
             cache_shape = (batch, length, kv_heads, head_dim)
             cached_key = self.variable("cache", "cached_key", jnp.zeros, cache_shape, dtype)
             cached_value = self.variable("cache", "cached_value", jnp.zeros, cache_shape, dtype)
             cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-        offset = cache_index.value if cache_ready else 0
+            if cache_ready:
+                offset = cache_index.value
         if positions is None:
             positions = jnp.broadcast_to(
                 offset + jnp.arange(length, dtype=jnp.int32), (batch, length)

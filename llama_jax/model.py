@@ -44,6 +44,7 @@ Decoding contract (T5X's `cache` collection):
 
 from __future__ import annotations
 
+import flax
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -194,3 +195,19 @@ def unstack_layer_params(params: dict, num_layers: int) -> dict:
     for i in range(num_layers):
         params[f"layers_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], stacked)
     return params
+
+
+def abstract_variables(config: LlamaConfig) -> dict:
+    """Shapes and dtypes of `Llama(config)`'s `params` and `params_axes`, without allocating.
+
+    Parameter shapes do not depend on the sequence length, so a length-1 dummy input is traced.
+    """
+    tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    return jax.eval_shape(lambda t: Llama(config).init(jax.random.PRNGKey(0), t), tokens)
+
+
+def param_logical_specs(config: LlamaConfig) -> dict:
+    """Logical `PartitionSpec`s (names from `llama_jax.axes`) for every parameter, as a plain dict
+    tree matching `params`; map them onto a mesh with `flax.linen.logical_to_mesh_sharding`."""
+    specs = nn_partitioning.get_axis_names(abstract_variables(config)["params_axes"])
+    return flax.core.unfreeze(specs)

@@ -306,6 +306,57 @@ def first_fit(lengths: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.n
     return rows, offsets
 
 
+def _base_key(key: str) -> str:
+    for suffix in ("_segment_ids", "_positions"):
+        if key.endswith(suffix):
+            return key[: -len(suffix)]
+    return key
+
+
+def pack_windows(
+    dataset: tf.data.Dataset, feature_lengths: Mapping[str, int], *, window: int = PACK_WINDOW
+) -> tf.data.Dataset:
+    """Packs each window of `window` examples into rows; yields one dict of `[rows, length]`
+    tensors per window (see `pack_first_fit` for the keys). Examples with empty features are
+    dropped; features are trimmed to `feature_lengths`."""
+    keys = list(feature_lengths)
+    limits = np.array([feature_lengths[k] for k in keys], np.int32)
+    if set(dataset.element_spec) != set(keys):
+        dataset = dataset.map(lambda ex: {k: ex[k] for k in keys})
+    place = functools.partial(first_fit, limits=limits)
+
+    def _pack(batch):
+        feats = {k: tf.cast(batch[k][:, : feature_lengths[k]], tf.int32) for k in keys}
+        lengths = tf.stack([tf.cast(feats[k].row_lengths(), tf.int32) for k in keys], axis=1)
+        keep = tf.reduce_all(lengths > 0, axis=1)
+        feats = {k: tf.ragged.boolean_mask(v, keep) for k, v in feats.items()}
+        lengths = tf.boolean_mask(lengths, keep)
+        rows, offsets = tf.numpy_function(place, [lengths], (tf.int32, tf.int32), stateful=False)
+        rows.set_shape([None])
+        offsets.set_shape([None, len(keys)])
+        num_rows = tf.reduce_max(tf.concat([rows, [-1]], 0)) + 1
+        onehot = tf.one_hot(rows, num_rows, dtype=tf.int32)
+        segment = tf.reduce_sum(tf.cumsum(onehot, axis=0) * onehot, axis=1)
+        out = {}
+        for j, k in enumerate(keys):
+            rt = feats[k]
+            example = tf.cast(rt.value_rowids(), tf.int32)
+            starts = tf.cast(rt.row_starts(), tf.int32)
+            position = tf.range(tf.size(rt.flat_values)) - tf.gather(starts, example)
+            index = tf.stack(
+                [tf.gather(rows, example), tf.gather(offsets[:, j], example) + position], axis=1
+            )
+            shape = tf.stack([num_rows, feature_lengths[k]])
+            out[k] = tf.scatter_nd(index, rt.flat_values, shape)
+            out[f"{k}_segment_ids"] = tf.scatter_nd(index, tf.gather(segment, example), shape)
+            out[f"{k}_positions"] = tf.scatter_nd(index, position, shape)
+        for k, v in out.items():
+            v.set_shape([None, feature_lengths[_base_key(k)]])
+        return out
+
+    return dataset.ragged_batch(window).map(_pack, num_parallel_calls=tf.data.AUTOTUNE)
+
+
 def pack_first_fit(
     dataset: tf.data.Dataset, feature_lengths: Mapping[str, int], *, window: int = PACK_WINDOW
 ) -> tf.data.Dataset:
@@ -320,43 +371,4 @@ def pack_first_fit(
       Rows with `<key>`, `<key>_segment_ids` (1, 2, ... per example, 0 on padding) and
       `<key>_positions` for every key, each of shape `[feature_lengths[key]]`.
     """
-    keys = list(feature_lengths)
-    limits = np.array([feature_lengths[k] for k in keys], np.int32)
-    num_keys = len(keys)
-
-    def _trim(ex):
-        return {k: tf.cast(ex[k][: feature_lengths[k]], tf.int32) for k in keys}
-
-    ds = dataset.map(_trim, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.filter(lambda ex: tf.size(ex[keys[0]]) > 0)
-    ds = ds.ragged_batch(window)
-
-    def _pack(batch):
-        lengths = tf.stack([tf.cast(batch[k].row_lengths(), tf.int32) for k in keys], axis=1)
-        rows, offsets = tf.numpy_function(
-            functools.partial(first_fit, limits=limits),
-            [lengths],
-            (tf.int32, tf.int32),
-            stateful=False,
-        )
-        rows.set_shape([None])
-        offsets.set_shape([None, num_keys])
-        num_rows = tf.reduce_max(rows) + 1
-        onehot = tf.one_hot(rows, num_rows, dtype=tf.int32)
-        segment = tf.reduce_sum(tf.cumsum(onehot, axis=0) * onehot, axis=1)
-        out = {}
-        for j, k in enumerate(keys):
-            rt = batch[k]
-            example = tf.cast(rt.value_rowids(), tf.int32)
-            starts = tf.cast(rt.row_starts(), tf.int32)
-            position = tf.range(tf.size(rt.flat_values)) - tf.gather(starts, example)
-            index = tf.stack(
-                [tf.gather(rows, example), tf.gather(offsets[:, j], example) + position], axis=1
-            )
-            shape = tf.stack([num_rows, feature_lengths[k]])
-            out[k] = tf.scatter_nd(index, rt.flat_values, shape)
-            out[f"{k}_segment_ids"] = tf.scatter_nd(index, tf.gather(segment, example), shape)
-            out[f"{k}_positions"] = tf.scatter_nd(index, position, shape)
-        return out
-
-    return ds.map(_pack, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+    return pack_windows(dataset, feature_lengths, window=window).unbatch()

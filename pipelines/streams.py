@@ -1,8 +1,9 @@
 """Trainer-facing batch streams: packed, per-host, deterministic and resumable.
 
 `decoder_batches`, `encdec_batches` and `eval_batches` implement "Batches for the trainer" of
-docs/interfaces.md: iterators of numpy dicts of int32 `[batch, length]` arrays, where `batch` is
-the per-host batch (`batch_size // num_shards`; `batch_size` is the global batch, as in T5X).
+docs/interfaces.md: iterators of numpy dicts of int32 `[batch_size, length]` arrays, where
+`batch_size` is this host's share of the global batch (global batch / `num_shards`) and
+`shard_index`/`num_shards` select this host's `seqio.ShardInfo` shard of every component.
 
 Pipeline, per mixture component `i` (a seqio task):
   `Task.get_dataset` (seeded shuffle, stateless-seeded preprocessors, host shard via
@@ -34,6 +35,7 @@ checkpoint the tf.data iterator instead.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping
 
@@ -51,9 +53,33 @@ DOC_SHUFFLE_MAX = 200_000  # documents reshuffled per epoch (cached splits)
 _FeatureSpec = seqio.FeatureConverter.FeatureSpec
 
 
+def _shift_right(x: tf.Tensor) -> tf.Tensor:
+    return tf.pad(x, [[0, 0], [1, 0]])[:, :-1]
+
+
+def _decoder_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Tensor]:
+    """Decoder model features of packed `[rows, length]` targets, as `seqio`'s converters make
+    them one row at a time: inputs are the targets shifted right with BOS at every segment
+    start (`seqio.utils.make_autoregressive_inputs`), loss on non-padding."""
+    targets = rows["targets"]
+    segments = rows["targets_segment_ids"]
+    first = tf.not_equal(segments, _shift_right(segments))
+    return {
+        "decoder_target_tokens": targets,
+        "decoder_input_tokens": tf.where(first, tf.cast(bos_id, targets.dtype), _shift_right(targets)),
+        "decoder_loss_weights": tf.cast(tf.not_equal(targets, 0), tf.int32),
+        "decoder_segment_ids": segments,
+        "decoder_positions": rows["targets_positions"],
+        "decoder_task_ids": rows["component"] - 1,
+    }
+
+
 class DecoderTaskIdsFeatureConverter(seqio.LMFeatureConverter):
     """`seqio.LMFeatureConverter` (what `DecoderFeatureConverter` uses for targets-only tasks)
-    plus `decoder_task_ids`: the mixture component of every target token, -1 on padding."""
+    plus `decoder_task_ids`: the mixture component of every target token, -1 on padding.
+
+    With packing, whole windows of rows are packed (`preprocessors.pack_windows`) and converted
+    with vectorised ops, then unbatched; without, rows are padded and converted by seqio."""
 
     TASK_FEATURES = {
         **seqio.LMFeatureConverter.TASK_FEATURES,
@@ -69,10 +95,12 @@ class DecoderTaskIdsFeatureConverter(seqio.LMFeatureConverter):
         d["decoder_task_ids"] = features["component"] - 1
         return d
 
-    def _pack_or_pad(self, ds, packed_lengths):
-        if self.pack:
-            return prep.pack_first_fit(ds, packed_lengths)
-        return seqio.utils.trim_and_pad_dataset(ds, packed_lengths)
+    def _convert_features(self, ds, task_feature_lengths):
+        if not self.pack:
+            return super()._convert_features(ds, task_feature_lengths)
+        windows = prep.pack_windows(ds, task_feature_lengths)
+        convert = functools.partial(_decoder_rows, bos_id=self.bos_id)
+        return windows.map(convert, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
     def get_model_feature_lengths(self, task_feature_lengths):
         """Adds `decoder_task_ids` (targets length) to the LM model features."""
@@ -82,7 +110,8 @@ class DecoderTaskIdsFeatureConverter(seqio.LMFeatureConverter):
 
 
 class EncDecTaskIdsFeatureConverter(seqio.EncDecFeatureConverter):
-    """`seqio.EncDecFeatureConverter` plus `decoder_task_ids` (component per target token)."""
+    """`seqio.EncDecFeatureConverter` plus `decoder_task_ids` (component per target token),
+    packed and converted window-wise like `DecoderTaskIdsFeatureConverter`."""
 
     TASK_FEATURES = {
         **seqio.EncDecFeatureConverter.TASK_FEATURES,
@@ -98,10 +127,20 @@ class EncDecTaskIdsFeatureConverter(seqio.EncDecFeatureConverter):
         d["decoder_task_ids"] = features["component"] - 1
         return d
 
-    def _pack_or_pad(self, ds, packed_lengths):
-        if self.pack:
-            return prep.pack_first_fit(ds, packed_lengths)
-        return seqio.utils.trim_and_pad_dataset(ds, packed_lengths)
+    def _convert_features(self, ds, task_feature_lengths):
+        if not self.pack:
+            return super()._convert_features(ds, task_feature_lengths)
+        bos_id = self.bos_id
+
+        def convert(rows):
+            out = _decoder_rows(rows, bos_id)
+            out["encoder_input_tokens"] = rows["inputs"]
+            out["encoder_segment_ids"] = rows["inputs_segment_ids"]
+            out["encoder_positions"] = rows["inputs_positions"]
+            return out
+
+        windows = prep.pack_windows(ds, task_feature_lengths)
+        return windows.map(convert, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
     def get_model_feature_lengths(self, task_feature_lengths):
         """Adds `decoder_task_ids` (targets length) to the encoder-decoder model features."""
@@ -150,7 +189,8 @@ def task_dataset(
     The cached path is seqio's own: the task's steps before its `CacheDatasetPlaceholder`
     (deterministic parsing and tokenisation) run once into `Dataset.cache()`, then come the
     epoch shuffle (seeded), the repeat, the steps after the placeholder with seqio's stateless
-    seeds (`Task.preprocess_postcache`), trimming and seqio's example shuffle buffer.
+    seeds (`Task.preprocess_postcache`) and seqio's example shuffle buffer. Features are not
+    trimmed on this path (`component_dataset` trims).
     """
     if not _cacheable(task, split):
         return task.get_dataset(
@@ -171,7 +211,6 @@ def task_dataset(
     if repeat:
         ds = ds.repeat()
     ds = task.preprocess_postcache(ds, sequence_length=dict(sequence_length), seed=seed)
-    ds = seqio.utils.trim_dataset(ds, dict(sequence_length), task.output_features)
     if shuffle:
         ds = ds.shuffle(task.shuffle_buffer_size or tasks.SHUFFLE_BUFFER_SIZE, seed=seed)
     return ds
@@ -188,10 +227,11 @@ def component_dataset(
     shuffle: bool,
     repeat: bool,
 ) -> tf.data.Dataset:
-    """One task's preprocessed examples (`inputs`/`targets`, trimmed) plus the per-token
-    `component` feature `index + 1` aligned with `targets`."""
+    """One task's preprocessed examples (`inputs`/`targets`, trimmed to `sequence_length`) plus
+    the per-token `component` feature `index + 1` aligned with `targets`."""
     task = seqio.TaskRegistry.get(task_name)
     keys = _task_features(task)
+    limits = {k: int(sequence_length[k]) for k in keys}
     ds = task_dataset(
         task,
         split=split,
@@ -203,7 +243,7 @@ def component_dataset(
     )
 
     def _tag(ex):
-        out = {k: tf.cast(ex[k], tf.int32) for k in keys}
+        out = {k: tf.cast(ex[k][: limits[k]], tf.int32) for k in keys}
         out["component"] = tf.fill(tf.shape(out["targets"]), tf.constant(index + 1, tf.int32))
         return out
 
@@ -325,12 +365,6 @@ def mixed_examples(
 # --------------------------------------------------------------------------- batches
 
 
-def _per_host(batch_size: int, num_shards: int) -> int:
-    if batch_size % num_shards:
-        raise ValueError(f"global batch_size {batch_size} not divisible by {num_shards} hosts")
-    return batch_size // num_shards
-
-
 def _options(ds: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.deterministic = True
@@ -362,7 +396,6 @@ def _batched(
     pack: bool,
 ) -> tf.data.Dataset:
     _check_features(mixture_or_task, encdec=encdec)
-    per_host = _per_host(batch_size, num_shards)
     ds = mixed_examples(
         mixture_or_task,
         split=split,
@@ -375,8 +408,8 @@ def _batched(
     )
     converter_cls = EncDecTaskIdsFeatureConverter if encdec else DecoderTaskIdsFeatureConverter
     lengths = {**task_lengths, "component": task_lengths["targets"]}
-    ds = converter_cls(pack=pack)(ds, lengths)
-    ds = ds.batch(per_host, drop_remainder=True)
+    ds = converter_cls(pack=pack, apply_length_check=not pack)(ds, lengths)
+    ds = ds.batch(batch_size, drop_remainder=True)
     if start_step:
         ds = ds.skip(start_step)
     return _options(ds.prefetch(tf.data.AUTOTUNE))
@@ -467,7 +500,7 @@ def decoder_batches(
       mixture_or_task: a registered seqio mixture or task of `lm_*` tasks.
       split: `"train"`, `"validation"`, ...
       sequence_length: targets length.
-      batch_size: global batch; each host gets `batch_size // num_shards` rows.
+      batch_size: rows per batch on this host (the global batch divided by `num_shards`).
       seed: seeds every random choice; the same seed gives the same stream.
       shard_index, num_shards: this host's shard (`seqio.ShardInfo`).
       start_step: number of batches already consumed; the stream continues from there.
@@ -577,7 +610,9 @@ def eval_batches(
         repeat=False,
     )
     converter_cls = EncDecTaskIdsFeatureConverter if encdec else DecoderTaskIdsFeatureConverter
-    ds = converter_cls(pack=True)(ds, {**lengths, "component": lengths["targets"]})
+    ds = converter_cls(pack=True, apply_length_check=False)(
+        ds, {**lengths, "component": lengths["targets"]}
+    )
     ds = _options(ds.batch(batch_size, drop_remainder=False).prefetch(tf.data.AUTOTUNE))
     batches, tokens = [], 0
     limit = math.inf if max_tokens is None else max_tokens

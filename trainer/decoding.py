@@ -152,11 +152,15 @@ class _BeamState:
 
 
 def _gather_beams(x: jax.Array, indices: jax.Array, offset: int = 0) -> jax.Array:
-    """x [.., b, k_old, ...] (batch at `offset`), indices [b, k_new] -> [.., b, k_new, ...]."""
-    x = jnp.moveaxis(x, offset, 0) if offset else x
-    idx = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
-    out = jnp.take_along_axis(x, idx, axis=1)
-    return jnp.moveaxis(out, 0, offset) if offset else out
+    """x [.., b, k_old, ...] (batch at axis `offset`), indices [b, k_new] -> [.., b, k_new, ...]."""
+
+    def gather(y):
+        idx = indices.reshape(indices.shape + (1,) * (y.ndim - 2))
+        return jnp.take_along_axis(y, idx, axis=1)
+
+    for _ in range(offset):
+        gather = jax.vmap(gather)
+    return gather(x)
 
 
 def beam_search(

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -213,3 +215,71 @@ def _duration(seconds: float) -> str:
 def component_counts(names: Sequence[str], counts: Sequence[int]) -> dict[str, int]:
     """`{component: tokens}` in component order."""
     return {name: int(count) for name, count in zip(names, counts, strict=True)}
+
+
+class Counters:
+    """Host-side cumulative counters and the current logging window (checkpointed as JSON).
+
+    Per-step metrics stay on the device until a logging or checkpoint step fetches them, so the
+    host never waits for a step it does not need to look at.
+    """
+
+    def __init__(self, components: Sequence[str], saved: dict | None = None):
+        saved = saved or {}
+        self.components = list(components)
+        self.tokens = int(saved.get("tokens", 0))
+        self.by_task = [int(saved.get("tokens_by_task", {}).get(c, 0)) for c in components]
+        window = saved.get("window", {})
+        self.loss_sum = float(window.get("loss_sum", 0.0))
+        self.z_loss_sum = float(window.get("z_loss_sum", 0.0))
+        self.weight_sum = float(window.get("weight_sum", 0.0))
+        self.last = dict(window.get("last", {}))
+        self.nonfinite_steps: list[int] = []
+
+    def absorb(self, pending: list[tuple[int, dict]]) -> None:
+        """Adds fetched per-step metrics (`(step, metrics)` in step order)."""
+        for step, m in pending:
+            counts = np.asarray(m["tokens_by_task"]).astype(np.int64)
+            self.by_task = [a + int(b) for a, b in zip(self.by_task, counts, strict=True)]
+            self.tokens += int(counts.sum())
+            if not bool(m["finite"]):
+                self.nonfinite_steps.append(step)
+                continue
+            self.loss_sum += float(m["loss_sum"])
+            self.z_loss_sum += float(m["z_loss_sum"])
+            self.weight_sum += float(m["weight_sum"])
+            self.last = {
+                "learning_rate": float(m["learning_rate"]),
+                "grad_norm": float(m["grad_norm"]),
+            }
+
+    def to_json(self) -> dict:
+        """State to checkpoint."""
+        return {
+            "tokens": self.tokens,
+            "tokens_by_task": component_counts(self.components, self.by_task),
+            "window": {
+                "loss_sum": self.loss_sum,
+                "z_loss_sum": self.z_loss_sum,
+                "weight_sum": self.weight_sum,
+                "last": self.last,
+            },
+        }
+
+    def record(self, step: int, *, flops_per_token: float, flops_per_token_attn: float) -> dict:
+        """The deterministic part of a `metrics.jsonl` record; starts a new window."""
+        denom = max(self.weight_sum, 1.0)
+        record = {
+            "step": step,
+            "tokens": self.tokens,
+            "tokens_by_task": component_counts(self.components, self.by_task),
+            "flops": flops_per_token * self.tokens,
+            "flops_attn": flops_per_token_attn * self.tokens,
+            "train/loss": self.loss_sum / denom if self.weight_sum else float("nan"),
+            "learning_rate": self.last.get("learning_rate", 0.0),
+            "train/grad_norm": self.last.get("grad_norm", 0.0),
+        }
+        if self.z_loss_sum:
+            record["train/z_loss"] = self.z_loss_sum / denom
+        self.loss_sum = self.z_loss_sum = self.weight_sum = 0.0
+        return record

@@ -214,20 +214,56 @@ def build_job(
         )
     components = data_lib.components(data.mixture_or_task)
     _, non_embedding = wrapper.param_counts()
-    total_steps = steps_fn(non_embedding, data.batch_size * data.seq_len)
+    return compile_job(
+        model=wrapper,
+        partitioner=partitioner,
+        abstract_params=abstract_params,
+        components=components,
+        total_steps=steps_fn(non_embedding, data.batch_size * data.seq_len),
+        batch_size=data.batch_size,
+        seq_len=data.seq_len,
+        eval_batch_size=eval_batch if evaluation.tasks else None,
+        optimizer=optimizer,
+        schedule=schedule,
+        step_config=steps.StepConfig(
+            num_microbatches=num_microbatches, z_loss=z_loss, num_components=len(components)
+        ),
+        compile_train=compile_train,
+    )
+
+
+def compile_job(
+    *,
+    model: Any,
+    partitioner: Partitioner,
+    abstract_params: Any,
+    components: list[str],
+    total_steps: int,
+    batch_size: int,
+    seq_len: int,
+    eval_batch_size: int | None,
+    optimizer: OptimizerConfig,
+    schedule: ScheduleConfig,
+    step_config: steps.StepConfig,
+    compile_train: bool = True,
+) -> Job:
+    """Builds optimizer and schedule, derives the state shardings and compiles the steps (the
+    part of `build_job` that needs no data; the benchmark calls it directly).
+
+    Args:
+      abstract_params: parameter shapes with shardings (from `build_model`).
+      eval_batch_size: compile the eval step for this global batch (None: no eval step).
+    """
+    wrapper = model
     lr = build_schedule(schedule, total_steps=total_steps)
     tx = build_optimizer(optimizer, learning_rate=lr)
-    six_n, with_attn = wrapper.flops_per_token(seq_len=data.seq_len)
-
+    six_n, with_attn = wrapper.flops_per_token(seq_len=seq_len)
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
     abstract_state = jax.eval_shape(
-        lambda r: steps.init_train_state(wrapper, tx, r, seq_len=data.seq_len), rng
+        lambda r: steps.init_train_state(wrapper, tx, r, seq_len=seq_len), rng
     )
     params_shardings = jax.tree.map(lambda a: a.sharding, abstract_params)
     shardings = steps.state_shardings(partitioner, abstract_state, params_shardings)
-    step_config = steps.StepConfig(
-        num_microbatches=num_microbatches, z_loss=z_loss, num_components=len(components)
-    )
     abstract_with = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
         abstract_state,
@@ -236,7 +272,7 @@ def build_job(
     with partitioner.context():
         train_step = None
         if compile_train:
-            batch = batch_abstract(partitioner, batch_size=data.batch_size, seq_len=data.seq_len)
+            batch = batch_abstract(partitioner, batch_size=batch_size, seq_len=seq_len)
             train_step = steps.compile_train_step(
                 steps.make_train_step(wrapper, tx, lr, step_config),
                 partitioner=partitioner,
@@ -244,13 +280,13 @@ def build_job(
             )
             train_step = train_step.lower(abstract_with, batch).compile()
         eval_step = None
-        if evaluation.tasks:
+        if eval_batch_size:
             eval_step = steps.compile_eval_step(
                 steps.make_eval_step(wrapper),
                 partitioner=partitioner,
                 params_shardings=params_shardings,
             )
-            batch = batch_abstract(partitioner, batch_size=eval_batch, seq_len=data.seq_len)
+            batch = batch_abstract(partitioner, batch_size=eval_batch_size, seq_len=seq_len)
             eval_step = eval_step.lower(abstract_with.params, batch).compile()
     return Job(
         model=wrapper,
@@ -265,6 +301,6 @@ def build_job(
         shardings=shardings,
         train_step=train_step,
         eval_step=eval_step,
-        eval_batch_size=eval_batch,
-        seq_len=data.seq_len,
+        eval_batch_size=eval_batch_size or batch_size,
+        seq_len=seq_len,
     )

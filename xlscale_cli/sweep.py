@@ -71,7 +71,11 @@ def _runs(args):
     variables = dict(v.split("=", 1) for v in args.var)
     manifest = load_manifest(args.manifest, variables=variables, runs_dir=args.runs_dir)
     runs = expand(manifest)
-    return manifest, (select(runs, args.only) if args.only else runs)
+    if args.only:
+        runs = select(runs, args.only)
+        if not runs:
+            raise ValueError(f"no run id of {manifest.name} matches {args.only}")
+    return manifest, runs
 
 
 def _fmt(value: float | None, spec: str = ".3g") -> str:
@@ -174,7 +178,7 @@ def status(args) -> int:
         [
             s.run_id,
             s.state,
-            f"{_fmt(s.step, 'd')}/{r.steps}",
+            f"{'-' if s.step is None else s.step}/{r.steps}",
             _fmt(s.loss, ".4f"),
             " ".join(f"{t}={v:.4f}" for t, v in s.evals),
         ]

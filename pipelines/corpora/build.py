@@ -60,18 +60,13 @@ def _cached_extraction(cache: Path, name: str, version: str) -> dict | None:
 
 
 def _extract_package(state: apt.AptState, cache: Path, name: str, version: str, log: Log) -> dict:
-    """Returns the cached extraction of `name=version`, producing it if needed."""
+    """Downloads (unless cached), unpacks and extracts `name=version`; caches the result."""
     target = _extraction_file(cache, name, version)
-    cached = _cached_extraction(cache, name, version)
-    if cached is not None:
-        log(f"  cached extraction {target.name}")
-        return cached
-    t0 = time.monotonic()
     try:
         deb = state.download(name, version, cache / "debs")
     except apt.AptError as err:
         raise BuildError(str(err)) from err
-    log(f"  {deb.name}: {_mb(deb.stat().st_size)} ({time.monotonic() - t0:.1f} s)")
+    log(f"  {deb.name}: {_mb(deb.stat().st_size)}")
     tree = cache / "trees" / target.stem
     try:
         apt.extract_deb(deb, tree)
@@ -175,9 +170,12 @@ def build_corpora(
     if absent:
         raise BuildError(f"no installable version of: {', '.join(absent)} (try --update)")
 
-    todo = [
-        (n, versions[n]) for n in sorted(wanted) if not _cached_extraction(cache, n, versions[n])
-    ]
+    extracted: dict[str, dict] = {}
+    for name in sorted(wanted):
+        cached = _cached_extraction(cache, name, versions[name])
+        if cached is not None:
+            extracted[name] = cached
+    todo = [(n, versions[n]) for n in sorted(wanted) if n not in extracted]
     if todo:
         log(f"downloading {len(todo)} package(s) ...")
         t0 = time.monotonic()
@@ -186,10 +184,12 @@ def build_corpora(
         except apt.AptError as err:
             raise BuildError(str(err)) from err
         log(f"  downloaded in {time.monotonic() - t0:.1f} s")
-    extracted: dict[str, dict] = {}
     for i, name in enumerate(sorted(wanted), 1):
         log(f"[{i}/{len(wanted)}] {name} {versions[name]} ({wanted[name].kind})")
-        extracted[name] = _extract_package(state, cache, name, versions[name], log)
+        if name in extracted:
+            log(f"  cached: {_extraction_file(cache, name, versions[name]).name}")
+        else:
+            extracted[name] = _extract_package(state, cache, name, versions[name], log)
 
     log("descriptions ...")
     desc: dict[str, dict] = {}
@@ -320,6 +320,7 @@ def _assemble(
         log(f"  test {pair}: {len(rows)} pairs")
 
     # 2. Parallel: catalogues (by package name), then package descriptions.
+    accepted: dict[str, dict[str, list[str]]] = {}
     for pair in pairs:
         xx = paths.pair_lang(pair)
         srcs = _gettext_sources(extracted, xx)
@@ -328,26 +329,38 @@ def _assemble(
         seen = set()
         out: dict[str, list[tuple[str, str]]] = {"train": [], "validation": []}
         counts: dict[str, int] = {}
+        candidates: dict[str, int] = {}
         overlap = 0
         for src, rows in srcs:
             kept = 0
+            candidates[src] = len(rows)
+            # Catalogue translations that pass the pair filter also feed the mono corpus.
+            targets = (
+                None if src == "descriptions" else accepted.setdefault(xx, {}).setdefault(src, [])
+            )
             for en, tr in rows:
                 en, tr = one(en), one(tr)
-                if not filters.keep_pair(en, tr, xx):
-                    continue
                 key = (norm(en), norm(tr))
-                if key[0] in test_en or key[1] in test_xx.get(xx, ()):
-                    overlap += 1
-                    continue
                 if key in seen:
                     continue
                 seen.add(key)
-                out[filters.split_of(en)].append((en, tr))
+                if not filters.keep_pair(en, tr, xx):
+                    continue
+                if targets is not None:
+                    targets.append(tr)
+                if key[0] in test_en or key[1] in test_xx.get(xx, ()):
+                    overlap += 1
+                    continue
+                out[filters.split_of_key(key[0])].append((en, tr))
                 kept += 1
             counts[src] = kept
         for split, rows in out.items():
             layout.write_pairs(paths.parallel_file(corpora, pair, split), rows)
-        breakdown["parallel"][pair] = {"by_source": counts, "removed_test_overlap": overlap}
+        breakdown["parallel"][pair] = {
+            "by_source": counts,
+            "candidates_by_source": candidates,
+            "removed_test_overlap": overlap,
+        }
         log(
             f"  parallel {pair}: {len(out['train'])} train, {len(out['validation'])} validation"
             f" pairs ({overlap} overlapping the test set removed)"
@@ -364,33 +377,30 @@ def _assemble(
         if lang in desc:
             paras = (p for md5 in sorted(desc[lang]) for p in desc[lang][md5])
             srcs.append(("descriptions", f"Translation-{lang}", paras))
-        if lang != "en":
-            for name, rows in _gettext_sources(extracted, lang):
-                srcs.append(
-                    (
-                        "gettext",
-                        name,
-                        (tr for en, tr in rows if filters.keep_pair(one(en), one(tr), lang)),
-                    )
-                )
+        for name, targets in accepted.get(lang, {}).items():
+            srcs.append(("gettext", name, targets))
         seen_lines: set[str] = set()
         out_lines: dict[str, list[str]] = {"train": [], "validation": []}
         stats: dict[str, dict[str, int]] = {}
         overlap = 0
         for kind, _, texts in srcs:
-            st = stats.setdefault(kind, {"lines": 0, "bytes": 0})
+            st = stats.setdefault(
+                kind, {"lines": 0, "bytes": 0, "candidate_lines": 0, "candidate_bytes": 0}
+            )
             for text in texts:
                 text = one(text)
-                if not filters.keep_mono(text, lang, min_chars=MONO_MIN_CHARS[kind]):
-                    continue
+                st["candidate_lines"] += 1
+                st["candidate_bytes"] += len(text.encode("utf-8")) + 1
                 key = norm(text)
-                if key in banned:
-                    overlap += 1
-                    continue
                 if key in seen_lines:
                     continue
                 seen_lines.add(key)
-                out_lines[filters.split_of(text)].append(text)
+                if not filters.keep_mono(text, lang, min_chars=MONO_MIN_CHARS[kind]):
+                    continue
+                if key in banned:
+                    overlap += 1
+                    continue
+                out_lines[filters.split_of_key(key)].append(text)
                 st["lines"] += 1
                 st["bytes"] += len(text.encode("utf-8")) + 1
         for split, lines in out_lines.items():
@@ -409,6 +419,9 @@ def _notes(breakdown: dict, langs: tuple[str, ...]) -> list[str]:
         "Held-out test set: the Debian Installation Guide (installation-guide-amd64), blocks "
         "paired by index in files whose block counts match; training and validation segments "
         "equal to a test segment (after normalisation) were removed.",
+        "Sizes are after filtering and exact deduplication; breakdown.mono.*.by_source."
+        "*.candidate_bytes and breakdown.parallel.*.candidates_by_source give the raw amounts "
+        "(e.g. many package descriptions repeat paragraphs verbatim).",
     ]
     mono = breakdown["mono"]
     if "ro" in mono:

@@ -58,40 +58,42 @@ def strip_placeholders(text: str) -> str:
     return _PLACEHOLDER.sub(" ", text)
 
 
-_SCRIPT_CHARS: dict[str, re.Pattern[str]] = {
-    "han": re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003ffff]"),
-    "cyrillic": re.compile("[\u0400-\u0481\u048a-\u052f]"),
-    "latin": re.compile("[A-Za-z\u00aa\u00ba\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u1e00-\u1eff]"),
+# Runs of each script's letters (counting runs, not single characters, is much faster).
+_SCRIPT_RUNS: dict[str, re.Pattern[str]] = {
+    "han": re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003ffff]+"),
+    "cyrillic": re.compile("[\u0400-\u0481\u048a-\u052f]+"),
+    "latin": re.compile(
+        "[A-Za-z\u00aa\u00ba\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u1e00-\u1eff]+"
+    ),
 }
-_LETTER = re.compile(r"[^\W\d_]")
 
 
 def script_of(ch: str) -> str:
     """Returns `han`, `cyrillic`, `latin` or `other` for one letter."""
-    for name, pattern in _SCRIPT_CHARS.items():
+    for name, pattern in _SCRIPT_RUNS.items():
         if pattern.match(ch):
             return name
     return "other"
 
 
 def letter_count(text: str) -> int:
-    """Number of letters in `text` (word characters that are neither digits nor `_`)."""
-    return len(_LETTER.findall(text))
+    """Number of letters (str.isalpha) in `text`."""
+    return sum(map(str.isalpha, text))
 
 
-def script_fraction(text: str, script: str) -> float:
+def script_fraction(text: str, script: str, *, letters: int | None = None) -> float:
     """Share of `script` (`han`, `cyrillic`, `latin`) among the letters of `text`; 0.0 if it
-    has none."""
-    letters = letter_count(text)
+    has none. `letters` may pass a known `letter_count(text)`."""
+    letters = letter_count(text) if letters is None else letters
     if not letters:
         return 0.0
-    return len(_SCRIPT_CHARS[script].findall(text)) / letters
+    return sum(map(len, _SCRIPT_RUNS[script].findall(text))) / letters
 
 
-def script_ok(text: str, lang: str) -> bool:
+def script_ok(text: str, lang: str, *, letters: int | None = None) -> bool:
     """Whether `text` is written mostly in `lang`'s script (see `SCRIPT_MIN`)."""
     script, minimum = SCRIPT_MIN[lang]
-    return script_fraction(text, script) >= minimum
+    return script_fraction(text, script, letters=letters) >= minimum
 
 
 def stopword_lang_ok(text: str, lang: str) -> bool:
@@ -121,14 +123,15 @@ def normalize(text: str) -> str:
 def keep_pair(en: str, xx: str, lang: str) -> bool:
     """The parallel-segment filter: both sides have letters (placeholders aside), are in their
     scripts, are not identical, agree in length, and the translation does not read as English."""
-    en_text, xx_text = strip_placeholders(en), strip_placeholders(xx)
-    if letter_count(en_text) < 2 or letter_count(xx_text) < (1 if lang == "zh" else 2):
-        return False
     if normalize(en) == normalize(xx):
         return False
+    en_text, xx_text = strip_placeholders(en), strip_placeholders(xx)
+    en_letters, xx_letters = letter_count(en_text), letter_count(xx_text)
+    if en_letters < 2 or xx_letters < (1 if lang == "zh" else 2):
+        return False
     return (
-        script_ok(en_text, "en")
-        and script_ok(xx_text, lang)
+        script_ok(en_text, "en", letters=en_letters)
+        and script_ok(xx_text, lang, letters=xx_letters)
         and length_ratio_ok(en, xx, lang)
         and stopword_lang_ok(xx, lang)
     )
@@ -141,15 +144,21 @@ def keep_mono(text: str, lang: str, *, min_chars: int = 20) -> bool:
     need = max(1, min_chars // 3) if lang == "zh" else min_chars
     if len(stripped) < need:
         return False
-    if letter_count(stripped) < 0.5 * len(stripped):
+    letters = letter_count(stripped)
+    if letters < 0.5 * len(stripped):
         return False
-    return script_ok(text, lang) and stopword_lang_ok(text, lang)
+    return script_ok(stripped, lang, letters=letters) and stopword_lang_ok(text, lang)
 
 
-def split_of(key: str, *, validation_per_mille: int = VALIDATION_PER_MILLE) -> str:
-    """The fixed split rule: `validation` for a `validation_per_mille` share of keys chosen by
+def split_of(text: str, *, validation_per_mille: int = VALIDATION_PER_MILLE) -> str:
+    """The fixed split rule: `validation` for a `validation_per_mille` share of texts chosen by
     SHA-1 of the normalised text, else `train`; equal texts always land in the same split."""
-    digest = hashlib.sha1(normalize(key).encode("utf-8")).digest()
+    return split_of_key(normalize(text), validation_per_mille=validation_per_mille)
+
+
+def split_of_key(key: str, *, validation_per_mille: int = VALIDATION_PER_MILLE) -> str:
+    """`split_of` for a text already passed through `normalize`."""
+    digest = hashlib.sha1(key.encode("utf-8")).digest()
     return (
         "validation" if int.from_bytes(digest[:8], "big") % 1000 < validation_per_mille else "train"
     )

@@ -32,6 +32,10 @@ def load_fixture() -> dict:
     return json.loads(FIXTURE_JSON.read_text(encoding="utf-8"))
 
 
+def _joined(segment: dict, lang: str) -> str:
+    return " ".join(segment["paragraphs"][lang])
+
+
 def write_fixture_corpora(root: str | os.PathLike) -> Path:
     """Writes the UDHR fixture as `root/corpora/...` (the layout of docs/interfaces.md) and returns
     the corpora directory. No network, no apt; the output is byte-identical on every call."""
@@ -47,14 +51,10 @@ def write_fixture_corpora(root: str | os.PathLike) -> Path:
             layout.write_lines(paths.mono_file(corpora, lang, split), paras)
     for pair in paths.PAIRS:
         xx = paths.pair_lang(pair)
-
-        def joined(seg: dict, lang: str) -> str:
-            return " ".join(seg["paragraphs"][lang])
-
         for split in paths.PARALLEL_SPLITS:
-            rows = [(joined(s, "en"), joined(s, xx)) for s in by_split[split]]
+            rows = [(_joined(s, "en"), _joined(s, xx)) for s in by_split[split]]
             layout.write_pairs(paths.parallel_file(corpora, pair, split), rows)
-        rows = [(joined(s, "en"), joined(s, xx)) for s in by_split["test"]]
+        rows = [(_joined(s, "en"), _joined(s, xx)) for s in by_split["test"]]
         layout.write_pairs(paths.test_file(corpora, pair), rows)
 
     manifest = {

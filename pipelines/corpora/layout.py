@@ -9,18 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
-# Everything Python's str.splitlines() treats as a line break, plus tabs (the TSV separator).
-_BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+")
-_SPACES = re.compile(r"[ \u00a0]{2,}")
-
 
 def one_line(text: str) -> str:
-    """Returns `text` as one line: breaks and tabs become spaces, runs of spaces collapse."""
-    return _SPACES.sub(" ", _BREAKS.sub(" ", text)).strip()
+    """Returns `text` as one line: every whitespace run (tabs, all of `str.splitlines()`'s line
+    breaks, no-break spaces) becomes one space; leading and trailing space go."""
+    return " ".join(text.split())
 
 
 def _atomic_write(path: Path, data: str) -> None:

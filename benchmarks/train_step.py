@@ -1,0 +1,152 @@
+"""Throughput of the trainer's own step (sharding, optimizer, guards, metrics) vs the bare module.
+
+For each config it runs, in the same process and on the same random tokens:
+
+- **trainer**: `trainer.setup.compile_job` (mesh over all devices, `NamedSharding`s from the
+  logical axis rules, AOT-compiled `jax.jit` with donation, AdamW with clipping and weight-decay
+  mask, per-token loss over packed rows with segment ids, non-finite guard, per-component token
+  counts), fed through `Partitioner.shard_batch` and with the host-side metrics path of the
+  training loop (`metrics.Counters`, fetched every `--log-every` steps);
+- **bare**: `benchmarks/llama_step.py`'s step (the module + AdamW, nothing else).
+
+It prints tokens/s, model FLOP/s (`llama_jax.counting.matmul_flops_per_token`) divided by the
+dense float32 matmul FLOP/s measured in the same run, and trainer ÷ bare (target >= 0.9). Timing
+is the best of `--steps` single steps (each blocked on), like the bare benchmark; the pipelined
+rate over all timed steps (blocking only at log steps) is shown too.
+
+    .venv/bin/python benchmarks/train_step.py
+    .venv/bin/python benchmarks/train_step.py --configs d256_l4 --steps 20 --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from llama_jax.config import LlamaConfig
+from llama_jax.counting import matmul_flops_per_token
+from trainer import metrics, models, setup, steps
+from trainer.optimizers import OptimizerConfig
+from trainer.partitioning import MeshConfig
+from trainer.schedules import ScheduleConfig
+
+
+def _load_bare():
+    """`benchmarks/llama_step.py`, the bare-module benchmark beside this file."""
+    path = Path(__file__).resolve().parent / "llama_step.py"
+    spec = importlib.util.spec_from_file_location("llama_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+llama_step = _load_bare()
+
+
+def synthetic_batch(tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """A decoder batch (one document per row) from `[batch, length + 1]` random tokens."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    ones = np.ones_like(targets)
+    return {
+        "decoder_input_tokens": inputs,
+        "decoder_target_tokens": targets,
+        "decoder_loss_weights": ones,
+        "decoder_segment_ids": ones,
+        "decoder_positions": np.broadcast_to(
+            np.arange(targets.shape[1], dtype=np.int32), targets.shape
+        ).copy(),
+        "decoder_task_ids": np.zeros_like(targets),
+    }
+
+
+def bench_trainer(config: LlamaConfig, *, seq_len: int, batch: int, steps_: int, log_every: int):
+    """Times the trainer's step; returns rates like `llama_step.bench_config`."""
+    fields = {k: getattr(config, k) for k in ("vocab_size", "d_model", "d_ff", "num_heads",
+                                             "num_layers", "dtype", "remat_policy")}  # fmt: skip
+    spec = models.ModelSpec(
+        size="llama2_tiny", overrides={**fields, "num_kv_heads": None, "max_len": seq_len}
+    )
+    wrapper, partitioner, abstract = setup.build_model(spec, MeshConfig())
+    job = setup.compile_job(
+        model=wrapper,
+        partitioner=partitioner,
+        abstract_params=abstract,
+        components=["synthetic"],
+        total_steps=10_000,
+        batch_size=batch,
+        seq_len=seq_len,
+        eval_batch_size=None,
+        optimizer=OptimizerConfig(),
+        schedule=ScheduleConfig(peak=1e-4),
+        step_config=steps.StepConfig(num_components=1),
+    )
+    state = job.init_state(np.asarray(jax.random.key_data(jax.random.key(0))))
+    rng = np.random.default_rng(0)
+    host = synthetic_batch(rng.integers(0, config.vocab_size, (batch, seq_len + 1), dtype=np.int32))
+    counters = metrics.Counters(job.components)
+    state, m = job.train_step(state, partitioner.shard_batch(host))  # warm-up
+    jax.block_until_ready(m)
+    times = []
+    for _ in range(steps_):
+        start = time.perf_counter()
+        state, m = job.train_step(state, partitioner.shard_batch(host))
+        counters.absorb([(0, jax.device_get(m))])
+        times.append(time.perf_counter() - start)
+    pending, start = [], time.perf_counter()
+    for i in range(steps_):
+        state, m = job.train_step(state, partitioner.shard_batch(host))
+        pending.append((i, m))
+        if (i + 1) % log_every == 0 or i == steps_ - 1:
+            counters.absorb(jax.device_get(pending))
+            pending = []
+    pipelined = (time.perf_counter() - start) / steps_
+    n_tokens = batch * seq_len
+    best = min(times)
+    return {
+        "step_s_best": best,
+        "tokens_per_s": n_tokens / best,
+        "tokens_per_s_pipelined": n_tokens / pipelined,
+        "model_flops_per_s": matmul_flops_per_token(config, seq_len=seq_len) * n_tokens / best,
+        "loss": counters.loss_sum / max(counters.weight_sum, 1.0),
+    }
+
+
+def main() -> None:
+    """Measures the matmul rate, then trainer and bare step for each config."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--configs", nargs="*", default=list(llama_step.CONFIGS), choices=list(llama_step.CONFIGS)
+    )
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--vocab-size", type=int, default=36152)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--log-every", type=int, default=5)
+    args = parser.parse_args()
+
+    matmul = llama_step.matmul_flops_per_s(jnp.dtype("float32"))
+    print(f"devices: {jax.devices()}  dtype {args.dtype}  vocab {args.vocab_size}")
+    print(f"dense float32 2048^3 matmul: {matmul / 1e9:.1f} GFLOP/s")
+    for name in args.configs:
+        fields, seq_len, batch = llama_step.CONFIGS[name]
+        config = LlamaConfig(vocab_size=args.vocab_size, dtype=args.dtype, **fields)
+        bare = llama_step.bench_config(config, seq_len=seq_len, batch=batch, steps=args.steps)
+        ours = bench_trainer(
+            config, seq_len=seq_len, batch=batch, steps_=args.steps, log_every=args.log_every
+        )
+        print(
+            f"{name:<14} seq {seq_len:4d} batch {batch:2d} | trainer {ours['tokens_per_s']:8.0f} "
+            f"tok/s (pipelined {ours['tokens_per_s_pipelined']:8.0f}) "
+            f"{ours['model_flops_per_s'] / matmul:.3f} of matmul | bare "
+            f"{bare['tokens_per_s']:8.0f} tok/s {bare['model_flops_per_s'] / matmul:.3f} of matmul "
+            f"| trainer/bare {ours['tokens_per_s'] / bare['tokens_per_s']:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

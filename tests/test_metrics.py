@@ -1,0 +1,80 @@
+"""Text metrics: equal to sacreBLEU where sacreBLEU defines them; ROUGE-L sees every script."""
+
+import random
+
+import pytest
+import sacrebleu
+
+from pipelines import metrics
+
+REFS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Everyone has the right to life, liberty and security of person.",
+    "No one shall be held in slavery or servitude.",
+]
+HYPS = [
+    "The fast brown fox jumped over the lazy dog.",
+    "Everyone has a right to life, freedom and security of the person.",
+    "Nobody shall be held in slavery.",
+]
+ZH_REFS = ["人人有权享有生命、自由和人身安全。", "任何人不得使为奴隶或奴役。"]
+ZH_HYPS = ["人人享有生命、自由和人身安全的权利。", "任何人不得被奴役。"]
+
+
+def _lcs_dp(a, b):
+    table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            table[i + 1][j + 1] = table[i][j] + 1 if x == y else max(table[i][j + 1], table[i + 1][j])
+    return table[-1][-1]
+
+
+def test_bleu_equals_sacrebleu_13a():
+    expected = sacrebleu.corpus_bleu(HYPS, [REFS], tokenize="13a").score
+    assert metrics.bleu(REFS, HYPS, target_lang="de") == pytest.approx(expected, abs=1e-12)
+    assert 0 < expected < 100
+
+
+def test_bleu_uses_zh_tokenizer_for_chinese():
+    expected = sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh").score
+    got = metrics.bleu(ZH_REFS, ZH_HYPS, target_lang="zh")
+    assert got == pytest.approx(expected, abs=1e-12)
+    # With 13a, whole Chinese sentences are single tokens and BLEU collapses.
+    assert got > sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="13a").score
+
+
+def test_chrf_pp_equals_sacrebleu():
+    expected = sacrebleu.corpus_chrf(HYPS, [REFS], word_order=2).score
+    assert metrics.chrf_pp(REFS, HYPS) == pytest.approx(expected, abs=1e-12)
+    assert expected != sacrebleu.corpus_chrf(HYPS, [REFS]).score  # the ++ matters
+
+
+def test_rouge_tokenizer_is_unicode_aware():
+    assert metrics.rouge_tokenize("Științele și artele, Ελλάδα!") == ["științele", "și", "artele", "ελλάδα"]
+    assert metrics.rouge_tokenize("人人有权 Freedom 2024") == ["人", "人", "有", "权", "freedom", "2024"]
+    assert metrics.rouge_tokenize("Права человека") == ["права", "человека"]
+
+
+def test_rouge_l_chinese_is_nonzero_and_exact_on_known_case():
+    score = metrics.rouge_l(ZH_REFS, ZH_HYPS)
+    assert 0 < score < 100
+    # One sentence by hand: ref 4 chars, hyp 3 chars, LCS "人权" = 2 -> F = 2*(2/3)*(2/4)/(2/3+2/4)
+    assert metrics.rouge_l_f("人人有权", "人的权") == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5))
+    assert metrics.rouge_l(["identical text"], ["identical text"]) == pytest.approx(100.0)
+    assert metrics.rouge_l(["abc"], ["xyz"]) == 0.0
+
+
+def test_lcs_matches_dynamic_programming():
+    rng = random.Random(0)
+    for _ in range(200):
+        a = [rng.choice("abcde") for _ in range(rng.randint(0, 40))]
+        b = [rng.choice("abcde") for _ in range(rng.randint(0, 70))]
+        assert metrics.lcs_length(a, b) == _lcs_dp(a, b)
+
+
+def test_translation_metrics_bundle():
+    out = metrics.translation_metrics(REFS, HYPS, target_lang="en")
+    assert set(out) == {"bleu", "chrf", "rougeL"}
+    assert all(0 < v < 100 for v in out.values())
+    with pytest.raises(ValueError):
+        metrics.rouge_l(REFS, HYPS[:1])
