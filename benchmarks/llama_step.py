@@ -1,8 +1,10 @@
 """Throughput of a jitted LLaMA2 training step (forward + backward + AdamW) on this machine.
 
 For each config and dtype it prints tokens/s, achieved model FLOP/s and that rate divided by the
-dense matmul FLOP/s measured in the same run with the same dtype (a 2048^3 `jnp.dot`), i.e. a
-utilisation figure relative to what XLA's matmul reaches here rather than to a datasheet peak.
+dense matmul FLOP/s measured in the same run with the same dtype (a jitted 2048^3 `jnp.dot`, the
+larger of the rates measured just before and just after the config), i.e. a utilisation figure
+relative to what XLA's matmul reaches here rather than to a datasheet peak. Other processes on
+the machine lower both figures; rerun and keep the best when the CPU is shared.
 
 Model FLOPs per token are `llama_jax.counting.matmul_flops_per_token`: 6 x (non-embedding
 parameters + output projection) + causal attention (PaLM appendix B, halved); the input
@@ -100,19 +102,17 @@ def bench_config(config: LlamaConfig, *, seq_len: int, batch: int, steps: int) -
 
 
 def main() -> None:
-    """Parses flags, measures the matmul rate per dtype, and prints one line per config/dtype."""
+    """Parses flags and prints one line per dtype and config, with the matmul rate beside it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--vocab-size", type=int, default=36152, help="paper vocabulary: 36152")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps (best is reported)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (best is reported)")
     parser.add_argument("--remat-policy", default="none")
     args = parser.parse_args()
 
     print(f"devices: {jax.devices()}  vocab {args.vocab_size}  remat {args.remat_policy}")
     for dtype in args.dtypes:
-        matmul_rate = matmul_flops_per_s(jnp.dtype(dtype))
-        print(f"\n[{dtype}] dense 2048^3 matmul: {matmul_rate / 1e9:.1f} GFLOP/s")
         for name in args.configs:
             fields, seq_len, batch = CONFIGS[name]
             config = LlamaConfig(
@@ -121,13 +121,18 @@ def main() -> None:
                 remat_policy=args.remat_policy,
                 **fields,
             )
+            before = matmul_flops_per_s(jnp.dtype(dtype))
             r = bench_config(config, seq_len=seq_len, batch=batch, steps=args.steps)
+            # The larger of the matmul rates measured just before and after: other processes
+            # sharing the CPU lower both, and taking the larger keeps the ratio conservative.
+            matmul_rate = max(before, matmul_flops_per_s(jnp.dtype(dtype)))
             print(
-                f"{name:<14} seq {seq_len:4d} batch {batch:2d}  step {r['step_s_best'] * 1e3:7.1f} ms "
-                f"(median {r['step_s_median'] * 1e3:7.1f})  {r['tokens_per_s']:8.0f} tok/s  "
-                f"model {r['model_flops_per_s'] / 1e9:6.1f} GFLOP/s = "
-                f"{r['model_flops_per_s'] / matmul_rate:.3f} of matmul  "
-                f"(6N only: {r['six_n_flops_per_s'] / matmul_rate:.3f})  loss {r['loss']:.3f}"
+                f"[{dtype}] {name:<13} seq {seq_len:4d} batch {batch:2d}  "
+                f"step {r['step_s_best'] * 1e3:7.1f} ms (median {r['step_s_median'] * 1e3:7.1f})  "
+                f"{r['tokens_per_s']:7.0f} tok/s  model {r['model_flops_per_s'] / 1e9:5.1f} GFLOP/s"
+                f" / matmul {matmul_rate / 1e9:5.1f} = {r['model_flops_per_s'] / matmul_rate:.3f}"
+                f"  (6N only: {r['six_n_flops_per_s'] / matmul_rate:.3f})  loss {r['loss']:.3f}",
+                flush=True,
             )
 
 

@@ -30,8 +30,8 @@ from fitting import optim
 Terms = tuple[tuple[tuple[int, int], ...], ...]
 
 _BLOCK = 256  # lanes per compiled block: a block's (lanes × points) arrays stay in cache
-_POINT_BUCKET = 64  # points are padded (with weight 0) to a multiple, so sizes share compilations
-JAX_MIN_WORK = 250_000  # lanes × points above which the compiled screen beats numpy
+_POINT_BUCKET = 16  # points are padded (with weight 0) to a multiple, so sizes share compilations
+JAX_MIN_WORK = 20_000  # lanes × points above which compiling beats numpy's slower iterations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,12 +132,18 @@ def objective(
         else:
             c = cross * ws[k] * ws[l]
             coefs.append(c + psi * ws[k] if k == l else c)
-    prods = xp.stack(
-        [features[:, a] if b is None else features[:, a] * features[:, b] for a, b in plan.columns]
-    )  # [M, P]
-    stacked = xp.stack(coefs, axis=1)[:, np.asarray(plan.kind_of_column), :]  # [S, M, P]
-    moments = xp.sum(stacked * prods, axis=-1)
-    flat = moments @ xp.asarray(plan.matrix, dtype=dtype)
+    # One matrix product: [S, Q·P] coefficients against the block-diagonal [Q·P, n + n²] routing
+    # of each kind's feature products onto g and H (cheaper than Q separate reductions).
+    cols = [features[:, a] if b is None else features[:, a] * features[:, b] for a, b in plan.columns]
+    zero = xp.zeros_like(features[:, 0])
+    routing = xp.concatenate(
+        [
+            xp.stack([cols[i] if plan.kind_of_column[i] == q else zero for i in range(len(cols))], axis=1)
+            for q in range(len(plan.kinds))
+        ],
+        axis=0,
+    ) @ xp.asarray(plan.matrix, dtype=dtype)
+    flat = xp.concatenate(coefs, axis=-1) @ routing
     g, h = flat[:, :n], xp.reshape(flat[:, n:], (-1, n, n))
     if free is not None and not all(free):
         # Fixed rows: zero gradient, a unit-scale diagonal (the free diagonal's mean, so that the
@@ -234,30 +240,25 @@ def standardise(problem: LseProblem) -> tuple[LseProblem, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(terms: Terms, n: int, free: tuple[bool, ...] | None) -> Any:
-    """The jitted screen for one law structure (lanes in blocks, a fixed-count LM loop each)."""
+def _compiled_block(terms: Terms, n: int, free: tuple[bool, ...] | None) -> Any:
+    """The jitted LM rounds for one block of lanes of one law structure.
+
+    The returned function maps (theta, f, lam, weights, features, target, delta, iters) to
+    (theta, f, lam); f = NaN asks for the objective to be computed first. Shapes are fixed per
+    block size and point bucket, so any number of lanes reuses one compilation.
+    """
     import jax
     import jax.numpy as jnp
 
-    def block(theta0, weights, features, target, delta, iters):
+    def run(theta, f, lam, weights, features, target, delta, iters):
         problem = _Traced(terms, n, free, features, target, delta)
-        f0 = problem.value(jnp, theta0, weights)
-        f0 = jnp.where(jnp.isfinite(f0), f0, jnp.inf)
-        lam0 = jnp.full(f0.shape, optim._LAM0, theta0.dtype)
+        f = jnp.where(jnp.isnan(f), problem.value(jnp, theta, weights), f)
+        f = jnp.where(jnp.isfinite(f), f, jnp.inf)
 
         def body(_, state):
             return optim.lm_step(jnp, problem, *state, weights)
 
-        theta, _, _ = jax.lax.fori_loop(0, iters, body, (theta0, f0, lam0))
-        return theta
-
-    def run(theta0, weights, features, target, delta, iters):
-        blocks = theta0.shape[0] // _BLOCK
-        theta = jax.lax.map(
-            lambda xs: block(xs[0], xs[1], features, target, delta, iters),
-            (theta0.reshape(blocks, _BLOCK, n), weights.reshape(blocks, _BLOCK, -1)),
-        )
-        return theta.reshape(-1, n)
+        return jax.lax.fori_loop(0, iters, body, (theta, f, lam))
 
     return jax.jit(run)
 
@@ -286,6 +287,44 @@ class _Traced:
         )
 
 
+def _jax_runner(problem: LseProblem, lane_weights: np.ndarray | None, dtype: Any):
+    """A block runner for `optim.lm_rounds` backed by the compiled block function."""
+    import jax
+    import jax.numpy as jnp
+
+    p = problem.target.shape[0]
+    points = -(-p // _POINT_BUCKET) * _POINT_BUCKET
+    pad = np.zeros(points - p, int)  # extra points repeat point 0 with weight 0
+    run = _compiled_block(problem.terms, problem.n_params, problem.free)
+    with jax.enable_x64(True):
+        data = [
+            jnp.asarray(np.concatenate([problem.features, problem.features[pad]]), dtype),
+            jnp.asarray(np.concatenate([problem.target, problem.target[pad]]), dtype),
+            jnp.asarray(problem.delta, dtype),
+        ]
+        shared = None
+        if lane_weights is None:
+            w = np.zeros((_BLOCK, points))
+            w[:, :p] = problem.weights
+            shared = jnp.asarray(w, dtype)
+
+    def runner(theta, f, lam, lanes, iters):
+        with jax.enable_x64(True):
+            if shared is not None:
+                w = shared
+            else:
+                w = np.zeros((_BLOCK, points))
+                w[:, :p] = lane_weights[lanes]
+                w = jnp.asarray(w, dtype)
+            out = run(
+                jnp.asarray(theta, dtype), jnp.asarray(f, dtype), jnp.asarray(lam, dtype), w,
+                *data, jnp.asarray(iters, jnp.int32),
+            )
+            return tuple(np.asarray(o, np.float64) for o in out)
+
+    return runner
+
+
 def screen(
     problem: LseProblem,
     starts: np.ndarray,
@@ -294,15 +333,17 @@ def screen(
     lane_weights: np.ndarray | None = None,
     dtype: Any = np.float32,
 ) -> np.ndarray:
-    """Batched LM from every start; compiled JAX for large batches, float64 numpy for small ones.
+    """Batched LM from every start, each lane until it stalls or `iters` iterations have run.
+
+    Large batches run in a compiled JAX block of `_BLOCK` lanes (float32 is enough to find the
+    basins; the float64 polish that follows restores full precision); small ones in float64 numpy.
 
     Args:
       problem: the fit.
       starts: [S, n] initial parameters.
-      iters: iterations, the same for every lane.
+      iters: the most iterations any lane runs.
       lane_weights: optional [S, P] per-lane point weights (bootstrap resamples share one batch).
-      dtype: dtype of the compiled loop; float32 finds the basins at half the cost and the
-        float64 polish that follows restores full precision.
+      dtype: dtype of the compiled block.
 
     Returns:
       [S, n] float64 end points.
@@ -310,25 +351,8 @@ def screen(
     starts = np.asarray(starts, np.float64)
     s, p = starts.shape[0], problem.target.shape[0]
     if s * p < JAX_MIN_WORK:
-        return optim.lm_numpy(problem, starts, iters=iters, lane_weights=lane_weights)
-    import jax
-    import jax.numpy as jnp
-
-    lanes = -(-s // _BLOCK) * _BLOCK
-    points = -(-p // _POINT_BUCKET) * _POINT_BUCKET
-    weights = problem.weights[None] if lane_weights is None else lane_weights
-    weights = np.broadcast_to(weights, (s, p))
-    # Padding: extra lanes repeat lane 0, extra points repeat point 0 with weight 0.
-    theta0 = np.concatenate([starts, np.repeat(starts[:1], lanes - s, axis=0)])
-    w = np.zeros((lanes, points))
-    w[:s, :p] = weights
-    pad = np.zeros(points - p, int)
-    feats = np.concatenate([problem.features, problem.features[pad]])
-    target = np.concatenate([problem.target, problem.target[pad]])
-    run = _compiled(problem.terms, problem.n_params, problem.free)
-    with jax.enable_x64(True):
-        out = run(
-            *(jnp.asarray(a, dtype) for a in (theta0, w, feats, target, problem.delta)),
-            jnp.asarray(iters, jnp.int32),
-        )
-        return np.asarray(out, np.float64)[:s]
+        return optim.lm_rounds(problem, starts, max_iters=iters, lane_weights=lane_weights)
+    runner = _jax_runner(problem, lane_weights, dtype)
+    return optim.lm_rounds(
+        problem, starts, max_iters=iters, lane_weights=lane_weights, runner=runner, block=_BLOCK
+    )

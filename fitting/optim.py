@@ -121,7 +121,7 @@ def lm_step(
     """One batched Levenberg–Marquardt iteration for every lane.
 
     Each lane solves (H + μ_c·s·I)·d = −g for all damping levels μ_c at once (s: the lane's mean
-    |diag H|, so μ is scale free), keeps the candidate with the lowest objective if it improves,
+    |diag H| plus its largest |g|, so μ is scale free), keeps the candidate with the lowest objective if it improves,
     and adapts its level. A level that leaves H + μI indefinite gives NaN and is simply not chosen.
 
     Args:
@@ -138,7 +138,9 @@ def lm_step(
     _, g, h = problem.derivs(xp, theta, weights)
     n = theta.shape[-1]
     diag = xp.stack([h[:, i, i] for i in range(n)], axis=-1)
-    scale = xp.maximum(xp.mean(xp.abs(diag), axis=-1), 1e-30)
+    # Where the Huber loss is linear at every point the Hessian vanishes; the gradient then sets
+    # the scale, so that λ ~ 1 means a unit step in the (standardised) parameters.
+    scale = xp.mean(xp.abs(diag), axis=-1) + xp.max(xp.abs(g), axis=-1) + 1e-30
     mu = lam[:, None] * facs[None, :] * scale[:, None]  # [S, C]
     shifted = h[:, None, :, :] + mu[..., None, None] * xp.eye(n, dtype=dtype)
     rhs = xp.broadcast_to(-g[:, None, :], mu.shape + (n,))
@@ -164,7 +166,7 @@ def lm_numpy(
     lane_weights: np.ndarray | None = None,
     gtol: float = 0.0,
 ) -> np.ndarray:
-    """Runs the batched LM in float64 numpy (no compilation; for small batches and the polish).
+    """Runs the batched LM in float64 numpy for a fixed number of iterations (the polish).
 
     Stops early once every lane's gradient is at most `gtol` (infinity norm), when gtol > 0.
     """
@@ -183,6 +185,77 @@ def lm_numpy(
     return theta
 
 
+def _numpy_runner(problem: Problem, lane_weights: np.ndarray | None):
+    """A block runner for `lm_rounds` in float64 numpy."""
+
+    def runner(theta, f, lam, lanes, iters):
+        w = problem.weights if lane_weights is None else lane_weights[lanes]
+        with np.errstate(all="ignore"):
+            f = np.where(np.isnan(f), problem.value(np, theta, w), f)
+            f = np.where(np.isfinite(f), f, np.inf)
+            for _ in range(iters):
+                theta, f, lam = lm_step(np, problem, theta, f, lam, w)
+        return theta, f, lam
+
+    return runner
+
+
+def lm_rounds(
+    problem: Problem,
+    starts: np.ndarray,
+    *,
+    max_iters: int,
+    lane_weights: np.ndarray | None = None,
+    runner: Any = None,
+    block: int | None = None,
+    round_iters: int = 10,
+    rtol: float = 1e-7,
+) -> np.ndarray:
+    """Batched LM in rounds; a lane retires once a round no longer lowers its objective.
+
+    Within a round every lane of a block runs the same `round_iters` iterations (no lane waits
+    for another); between rounds, lanes that stalled (relative decrease ≤ rtol: converged, or
+    stuck) leave and the rest are regrouped into full blocks. Per-start stopping thus costs no
+    wasted work on finished lanes, and the compiled block keeps one shape.
+
+    Args:
+      problem: the fit.
+      starts: [S, n].
+      max_iters: the most iterations any lane runs.
+      lane_weights: optional [S, P] per-lane point weights.
+      runner: (theta, f, lam, lane indices, iters) → (theta, f, lam) for one block; f = NaN
+        asks for the objective. Default: float64 numpy.
+      block: lanes per runner call (None: all active lanes at once).
+      round_iters: iterations per round.
+      rtol: relative objective decrease below which a lane retires.
+
+    Returns:
+      [S, n] float64 end points.
+    """
+    theta = np.array(starts, np.float64)
+    s = theta.shape[0]
+    f = np.full(s, np.nan)
+    lam = np.full(s, _LAM0)
+    runner = runner or _numpy_runner(problem, lane_weights)
+    active = np.arange(s)
+    done = 0
+    while active.size and done < max_iters:
+        it = min(round_iters, max_iters - done)
+        f_before = f[active].copy()
+        size = block or active.size
+        for start in range(0, active.size, size):
+            lanes = active[start : start + size]
+            idx = np.concatenate([lanes, np.repeat(lanes[:1], size - lanes.size)])
+            t, fv, lv = runner(theta[idx], f[idx], lam[idx], idx, it)
+            theta[lanes], f[lanes], lam[lanes] = t[: lanes.size], fv[: lanes.size], lv[: lanes.size]
+        done += it
+        with np.errstate(invalid="ignore"):
+            gain = f_before - f[active]
+            moving = np.isnan(f_before) | (gain > rtol * np.abs(f[active]) + 1e-300)
+        active = active[moving & np.isfinite(f[active])]
+    return theta
+
+
 def multistart(
     problem: Problem,
     starts: np.ndarray,
@@ -198,9 +271,10 @@ def multistart(
     Args:
       problem: the fit.
       starts: [S, n] initial parameters (e.g. a `product_grid`).
-      iters: LM iterations of the batched screen, the same for every lane.
-      screen: callable (problem, finite starts, iters) → end points; default `lm_numpy`.
-        `fitting.lse.screen` runs large LSE problems in a compiled float32 loop.
+      iters: the most LM iterations of the batched screen any lane runs (each stops once it
+        stalls).
+      screen: callable (problem, finite starts, iters) → end points; default `lm_rounds` in
+        numpy. `fitting.lse.screen` runs large LSE problems in a compiled float32 block.
       n_polish: how many of the best distinct end points get the float64 polish.
       basin_rtol: a start "reached the best basin" when its end objective is within this relative
         tolerance of the polished best (plus a tiny floor for noise-free data, whose best is ~0).
@@ -214,7 +288,7 @@ def multistart(
     finals = np.full_like(starts, np.nan)
     f_final = np.full(starts.shape[0], np.inf)
     if np.any(finite):
-        run = screen or (lambda p, s, i: lm_numpy(p, s, iters=i))
+        run = screen or (lambda p, s, i: lm_rounds(p, s, max_iters=i))
         finals[finite] = run(problem, starts[finite], iters)
         with np.errstate(all="ignore"):
             f_final[finite] = _values(problem, finals[finite])

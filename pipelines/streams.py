@@ -35,8 +35,10 @@ checkpoint the tf.data iterator instead.
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import os
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -48,6 +50,7 @@ from pipelines import tasks
 from pipelines.mixtures import component_names, token_fractions
 
 MEASURE_DOCS = 2000
+MAX_CACHED = 16  # eval batch lists kept per process (LRU)
 CACHE_MAX_DOCS = 5_000_000  # local splits up to this many lines are cached tokenised
 DOC_SHUFFLE_MAX = 200_000  # documents reshuffled per epoch (cached splits)
 _FeatureSpec = seqio.FeatureConverter.FeatureSpec
@@ -74,79 +77,90 @@ def _decoder_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Te
     }
 
 
-class DecoderTaskIdsFeatureConverter(seqio.LMFeatureConverter):
-    """`seqio.LMFeatureConverter` (what `DecoderFeatureConverter` uses for targets-only tasks)
-    plus `decoder_task_ids`: the mixture component of every target token, -1 on padding.
+def _encdec_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Tensor]:
+    """`_decoder_rows` plus the encoder features of packed `inputs`."""
+    out = _decoder_rows(rows, bos_id)
+    out["encoder_input_tokens"] = rows["inputs"]
+    out["encoder_segment_ids"] = rows["inputs_segment_ids"]
+    out["encoder_positions"] = rows["inputs_positions"]
+    return out
 
-    With packing, whole windows of rows are packed (`preprocessors.pack_windows`) and converted
-    with vectorised ops, then unbatched; without, rows are padded and converted by seqio."""
 
-    TASK_FEATURES = {
-        **seqio.LMFeatureConverter.TASK_FEATURES,
-        "component": _FeatureSpec(dtype=tf.int32),
-    }
-    MODEL_FEATURES = {
-        **seqio.LMFeatureConverter.MODEL_FEATURES,
-        "decoder_task_ids": _FeatureSpec(dtype=tf.int32),
-    }
+def _unpacked_rows(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Segment ids (1 on tokens) and positions for rows that hold one example each."""
+    out = dict(batch)
+    for key in ("inputs", "targets"):
+        if key in batch:
+            real = tf.cast(tf.not_equal(batch[key], 0), tf.int32)
+            out[f"{key}_segment_ids"] = real
+            out[f"{key}_positions"] = (tf.cumsum(real, axis=1) - 1) * real
+    return out
 
-    def _convert_example(self, features):
-        d = dict(super()._convert_example(features))
-        d["decoder_task_ids"] = features["component"] - 1
-        return d
+
+class _TaskIdsConverter(seqio.FeatureConverter):
+    """Shared conversion: examples -> (packed or padded) rows, converted window by window with
+    vectorised ops (`_decoder_rows`); every model feature is present with or without packing, so
+    the trainer always sees the keys of docs/interfaces.md."""
+
+    PACKING_FEATURE_DTYPES = {}
+    _ROWS = staticmethod(_decoder_rows)
 
     def _convert_features(self, ds, task_feature_lengths):
-        if not self.pack:
-            return super()._convert_features(ds, task_feature_lengths)
-        windows = prep.pack_windows(ds, task_feature_lengths)
-        convert = functools.partial(_decoder_rows, bos_id=self.bos_id)
+        if self.pack:
+            windows = prep.pack_windows(ds, task_feature_lengths)
+        else:
+            windows = seqio.utils.trim_and_pad_dataset(ds, task_feature_lengths)
+            windows = windows.batch(prep.PACK_WINDOW).map(_unpacked_rows)
+        convert = functools.partial(self._ROWS, bos_id=self.bos_id)
         return windows.map(convert, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
     def get_model_feature_lengths(self, task_feature_lengths):
-        """Adds `decoder_task_ids` (targets length) to the LM model features."""
-        lengths = dict(super().get_model_feature_lengths(task_feature_lengths))
-        lengths["decoder_task_ids"] = task_feature_lengths["targets"]
-        return lengths
+        """Every model feature of the decoder (and encoder) has its side's length."""
+        return {
+            key: task_feature_lengths["inputs" if key.startswith("encoder") else "targets"]
+            for key in self.MODEL_FEATURES
+        }
 
 
-class EncDecTaskIdsFeatureConverter(seqio.EncDecFeatureConverter):
-    """`seqio.EncDecFeatureConverter` plus `decoder_task_ids` (component per target token),
-    packed and converted window-wise like `DecoderTaskIdsFeatureConverter`."""
+class DecoderTaskIdsFeatureConverter(_TaskIdsConverter):
+    """Decoder-only features as `seqio.DecoderFeatureConverter(pack=True)` gives them for
+    targets-only tasks (its `LMFeatureConverter`), plus `decoder_task_ids`: the mixture component
+    of every target token, -1 on padding."""
 
     TASK_FEATURES = {
-        **seqio.EncDecFeatureConverter.TASK_FEATURES,
+        "targets": _FeatureSpec(dtype=tf.int32),
         "component": _FeatureSpec(dtype=tf.int32),
     }
     MODEL_FEATURES = {
-        **seqio.EncDecFeatureConverter.MODEL_FEATURES,
-        "decoder_task_ids": _FeatureSpec(dtype=tf.int32),
+        key: _FeatureSpec(dtype=tf.int32)
+        for key in (
+            "decoder_target_tokens",
+            "decoder_input_tokens",
+            "decoder_loss_weights",
+            "decoder_segment_ids",
+            "decoder_positions",
+            "decoder_task_ids",
+        )
     }
 
-    def _convert_example(self, features):
-        d = dict(super()._convert_example(features))
-        d["decoder_task_ids"] = features["component"] - 1
-        return d
 
-    def _convert_features(self, ds, task_feature_lengths):
-        if not self.pack:
-            return super()._convert_features(ds, task_feature_lengths)
-        bos_id = self.bos_id
+class EncDecTaskIdsFeatureConverter(_TaskIdsConverter):
+    """Encoder-decoder features as `seqio.EncDecFeatureConverter(pack=True)` gives them, plus
+    `decoder_task_ids` (the component of every target token, -1 on padding)."""
 
-        def convert(rows):
-            out = _decoder_rows(rows, bos_id)
-            out["encoder_input_tokens"] = rows["inputs"]
-            out["encoder_segment_ids"] = rows["inputs_segment_ids"]
-            out["encoder_positions"] = rows["inputs_positions"]
-            return out
-
-        windows = prep.pack_windows(ds, task_feature_lengths)
-        return windows.map(convert, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-
-    def get_model_feature_lengths(self, task_feature_lengths):
-        """Adds `decoder_task_ids` (targets length) to the encoder-decoder model features."""
-        lengths = dict(super().get_model_feature_lengths(task_feature_lengths))
-        lengths["decoder_task_ids"] = task_feature_lengths["targets"]
-        return lengths
+    TASK_FEATURES = {
+        "inputs": _FeatureSpec(dtype=tf.int32),
+        "targets": _FeatureSpec(dtype=tf.int32),
+        "component": _FeatureSpec(dtype=tf.int32),
+    }
+    MODEL_FEATURES = {
+        **DecoderTaskIdsFeatureConverter.MODEL_FEATURES,
+        **{
+            key: _FeatureSpec(dtype=tf.int32)
+            for key in ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
+        },
+    }
+    _ROWS = staticmethod(_encdec_rows)
 
 
 # --------------------------------------------------------------------------- components
@@ -251,6 +265,18 @@ def component_dataset(
 
 
 _MEAN_TOKENS: dict[tuple, float] = {}
+_EVAL: collections.OrderedDict = collections.OrderedDict()
+
+
+def _identity(task: seqio.Task, split: str) -> tuple:
+    """What a task's examples depend on: name (its preprocessing), source, files, vocabulary."""
+    files = []
+    if isinstance(task.source, seqio.FileDataSource) and split in task.source.splits:
+        for path in task.source.list_shards(split):
+            st = os.stat(path)
+            files.append((path, st.st_size, st.st_mtime_ns))
+    vocabulary = task.output_features["targets"].vocabulary
+    return (task.name, repr(task.source), str(vocabulary), tuple(files), split)
 
 
 def mean_target_tokens(
@@ -262,9 +288,15 @@ def mean_target_tokens(
     num_shards: int = 1,
 ) -> float:
     """Mean target tokens per example of a task at `sequence_length`, measured on every k-th
-    document of the host's shard (about `MEASURE_DOCS` documents). Memoised per process."""
+    document of the host's shard (about `MEASURE_DOCS` documents). Memoised per process, keyed
+    by the task's name, source files (and their size and mtime) and vocabulary."""
     task = seqio.TaskRegistry.get(task_name)
-    key = (id(task), task_name, split, tuple(sorted(sequence_length.items())), shard_index, num_shards)
+    key = (
+        _identity(task, split),
+        tuple(sorted(sequence_length.items())),
+        shard_index,
+        num_shards,
+    )
     if key in _MEAN_TOKENS:
         return _MEAN_TOKENS[key]
     n_docs = task.source.num_input_examples(split) or 0
@@ -380,6 +412,25 @@ def _check_features(mixture_or_task: str, *, encdec: bool) -> None:
             raise ValueError(f"{name!r} has inputs; decoder-only streams take targets-only tasks")
 
 
+def _stream_key(mixture_or_task: str, split: str, *args) -> tuple:
+    names = component_names(mixture_or_task)
+    identities = tuple(_identity(seqio.TaskRegistry.get(n), split) for n in names)
+    return (identities, tuple(sorted(token_fractions(mixture_or_task).items())), split, *args)
+
+
+def _remember(cache: collections.OrderedDict, key, value):
+    cache[key] = value
+    while len(cache) > MAX_CACHED:
+        cache.popitem(last=False)
+    return value
+
+
+def clear_caches() -> None:
+    """Forgets the memoised eval batches and mean token counts of this process."""
+    _EVAL.clear()
+    _MEAN_TOKENS.clear()
+
+
 def _batched(
     mixture_or_task: str,
     *,
@@ -396,6 +447,8 @@ def _batched(
     pack: bool,
 ) -> tf.data.Dataset:
     _check_features(mixture_or_task, encdec=encdec)
+    # Built afresh on every call: a tf.data shuffle reshuffles when its dataset is iterated
+    # again, so reusing a built pipeline would not give the same stream twice.
     ds = mixed_examples(
         mixture_or_task,
         split=split,
@@ -408,7 +461,7 @@ def _batched(
     )
     converter_cls = EncDecTaskIdsFeatureConverter if encdec else DecoderTaskIdsFeatureConverter
     lengths = {**task_lengths, "component": task_lengths["targets"]}
-    ds = converter_cls(pack=pack, apply_length_check=not pack)(ds, lengths)
+    ds = converter_cls(pack=pack, apply_length_check=False)(ds, lengths)
     ds = ds.batch(batch_size, drop_remainder=True)
     if start_step:
         ds = ds.skip(start_step)
@@ -589,16 +642,25 @@ def eval_batches(
     the last batch is padded to `batch_size` rows (loss weight 0, task id -1). Span corruption
     uses a fixed seed, so its masks are the same at every evaluation.
 
+    The batches of a given task, split and size are computed once per process and then
+    served from memory (read-only arrays), so periodic evaluation costs no pipeline time.
+
     Returns:
       A list (re-iterable) of dicts as in `decoder_batches` / `encdec_batches`, with
       `decoder_task_ids` 0 on real tokens.
     """
     encdec = "inputs" in seqio.TaskRegistry.get(task).output_features
     if encdec:
-        lengths = {"inputs": int(sequence_length["inputs"]), "targets": int(sequence_length["targets"])}
+        lengths = {
+            "inputs": int(sequence_length["inputs"]),
+            "targets": int(sequence_length["targets"]),
+        }
     else:
         lengths = {"targets": int(sequence_length)}
     _check_features(task, encdec=encdec)
+    key = _stream_key(task, split, tuple(sorted(lengths.items())), batch_size, max_tokens)
+    if key in _EVAL:
+        return list(_EVAL[key])
     ds = component_dataset(
         task,
         0,
@@ -619,6 +681,9 @@ def eval_batches(
     for batch in ds.as_numpy_iterator():
         if tokens >= limit:
             break
-        batches.append(_pad_rows(batch, batch_size))
+        batch = _pad_rows(batch, batch_size)
+        for value in batch.values():
+            value.setflags(write=False)
+        batches.append(batch)
         tokens += int(batch["decoder_loss_weights"].sum())
-    return batches
+    return list(_remember(_EVAL, key, batches))

@@ -41,7 +41,7 @@ LANG_NAMES: dict[str, str] = {
     "de": "German",
     "ro": "Romanian",
 }
-SHUFFLE_BUFFER_SIZE = 4096
+SHUFFLE_BUFFER_SIZE = 1000
 
 TFDS_MC4 = "c4/multilingual:3.1.0"
 TFDS_WMT: dict[str, str] = {

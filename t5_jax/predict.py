@@ -57,48 +57,11 @@ def make_tokens_to_logits(module: Transformer, params, encoded, encoder_input_to
 
 
 @functools.partial(
-    jax.jit,
-    static_argnames=(
-        "module",
-        "max_decode_length",
-        "method",
-        "num_decodes",
-        "alpha",
-        "eos_id",
-        "return_all_decodes",
-    ),
+    jax.jit, static_argnames=("module", "max_decode_length", "method", "num_decodes", "eos_id")
 )
-def predict_batch(
-    module: Transformer,
-    params,
-    encoder_input_tokens: jax.Array,
-    *,
-    max_decode_length: int,
-    method: str = "beam",
-    num_decodes: int = 4,
-    alpha: float = 0.6,
-    eos_id: int = 1,
-    return_all_decodes: bool = False,
+def _decode(
+    module, params, encoder_input_tokens, alpha, *, max_decode_length, method, num_decodes, eos_id
 ):
-    """Decodes a batch of encoder inputs [b, le] (0 = padding), jitted.
-
-    Args:
-      module: the `Transformer` (static: a new module compiles anew).
-      params: its parameters.
-      encoder_input_tokens: int32 [b, le].
-      max_decode_length: output length.
-      method: "greedy" or "beam".
-      num_decodes: beam size (beam search only).
-      alpha: brevity-penalty exponent (beam search only).
-      eos_id: end-of-sequence id (T5: 1).
-      return_all_decodes: beam search only; return all beams (sorted by increasing score).
-
-    Returns:
-      tokens [b, max_decode_length] (or [b, k, max_decode_length]) ending in EOS then 0s, and
-      scores [b] (or [b, k]): summed log-probabilities for greedy, length-normalised for beam.
-    """
-    if method not in DECODE_METHODS:
-        raise ValueError(f"method must be one of {DECODE_METHODS}, got {method!r}")
     batch, inputs_length = encoder_input_tokens.shape
     encoded = module.apply({"params": params}, encoder_input_tokens, method=Transformer.encode)
     prompts = jnp.zeros((batch, max_decode_length), jnp.int32)
@@ -118,9 +81,55 @@ def predict_batch(
         decoding.flat_batch_beam_expand(encoded, num_decodes),
         decoding.flat_batch_beam_expand(encoder_input_tokens, num_decodes),
     )
-    seqs, scores = decoding.beam_search(
+    return decoding.beam_search(
         prompts, cache, step, eos_id=eos_id, num_decodes=num_decodes, alpha=alpha
     )
-    if return_all_decodes:
+
+
+def predict_batch(
+    module: Transformer,
+    params,
+    encoder_input_tokens: jax.Array,
+    *,
+    max_decode_length: int,
+    method: str = "beam",
+    num_decodes: int = 4,
+    alpha: float = 0.6,
+    eos_id: int = 1,
+    return_all_decodes: bool = False,
+):
+    """Decodes a batch of encoder inputs [b, le] (0 = padding) with one jitted program.
+
+    The program is compiled once per (module, input shape, method, beam size, length, EOS);
+    `alpha` and the parameters are runtime values.
+
+    Args:
+      module: the `Transformer` (hashable; a new config compiles anew).
+      params: its parameters.
+      encoder_input_tokens: int32 [b, le].
+      max_decode_length: output length.
+      method: "greedy" or "beam".
+      num_decodes: beam size (beam search only).
+      alpha: brevity-penalty exponent (beam search only).
+      eos_id: end-of-sequence id (T5: 1).
+      return_all_decodes: beam search only; return all beams (sorted by increasing score).
+
+    Returns:
+      tokens [b, max_decode_length] (or [b, k, max_decode_length]) ending in EOS then 0s, and
+      scores [b] (or [b, k]): summed log-probabilities for greedy, length-normalised for beam.
+    """
+    if method not in DECODE_METHODS:
+        raise ValueError(f"method must be one of {DECODE_METHODS}, got {method!r}")
+    seqs, scores = _decode(
+        module,
+        params,
+        jnp.asarray(encoder_input_tokens, jnp.int32),
+        jnp.asarray(alpha, jnp.float32),
+        max_decode_length=max_decode_length,
+        method=method,
+        num_decodes=num_decodes if method == "beam" else 1,
+        eos_id=eos_id,
+    )
+    if method == "greedy" or return_all_decodes:
         return seqs, scores
     return seqs[:, -1], scores[:, -1]

@@ -25,7 +25,9 @@ def _lcs_dp(a, b):
     table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
     for i, x in enumerate(a):
         for j, y in enumerate(b):
-            table[i + 1][j + 1] = table[i][j] + 1 if x == y else max(table[i][j + 1], table[i + 1][j])
+            table[i + 1][j + 1] = (
+                table[i][j] + 1 if x == y else max(table[i][j + 1], table[i + 1][j])
+            )
     return table[-1][-1]
 
 
@@ -50,8 +52,20 @@ def test_chrf_pp_equals_sacrebleu():
 
 
 def test_rouge_tokenizer_is_unicode_aware():
-    assert metrics.rouge_tokenize("Științele și artele, Ελλάδα!") == ["științele", "și", "artele", "ελλάδα"]
-    assert metrics.rouge_tokenize("人人有权 Freedom 2024") == ["人", "人", "有", "权", "freedom", "2024"]
+    assert metrics.rouge_tokenize("Științele și artele, Ελλάδα!") == [
+        "științele",
+        "și",
+        "artele",
+        "ελλάδα",
+    ]
+    assert metrics.rouge_tokenize("人人有权 Freedom 2024") == [
+        "人",
+        "人",
+        "有",
+        "权",
+        "freedom",
+        "2024",
+    ]
     assert metrics.rouge_tokenize("Права человека") == ["права", "человека"]
 
 
@@ -59,7 +73,9 @@ def test_rouge_l_chinese_is_nonzero_and_exact_on_known_case():
     score = metrics.rouge_l(ZH_REFS, ZH_HYPS)
     assert 0 < score < 100
     # One sentence by hand: ref 4 chars, hyp 3 chars, LCS "人权" = 2 -> F = 2*(2/3)*(2/4)/(2/3+2/4)
-    assert metrics.rouge_l_f("人人有权", "人的权") == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5))
+    assert metrics.rouge_l_f("人人有权", "人的权") == pytest.approx(
+        2 * (2 / 3) * 0.5 / (2 / 3 + 0.5)
+    )
     assert metrics.rouge_l(["identical text"], ["identical text"]) == pytest.approx(100.0)
     assert metrics.rouge_l(["abc"], ["xyz"]) == 0.0
 

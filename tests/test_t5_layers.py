@@ -1,5 +1,6 @@
 """T5 layers against frozen references: relative-position buckets, RMS norm, the MLP variants."""
 
+import functools
 import math
 
 import jax
@@ -38,14 +39,15 @@ def reference_bucket(relative_position, bidirectional, num_buckets, max_distance
 @pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 20), (64, 256)])
 def test_relative_position_bucket_matches_reference(bidirectional, num_buckets, max_distance):
     rel = np.arange(-600, 601)
-    got = np.asarray(
-        layers.relative_position_bucket(
-            jnp.asarray(rel),
+    bucket = jax.jit(
+        functools.partial(
+            layers.relative_position_bucket,
             bidirectional=bidirectional,
             num_buckets=num_buckets,
             max_distance=max_distance,
         )
     )
+    got = np.asarray(bucket(jnp.asarray(rel)))
     want = np.array(
         [reference_bucket(int(r), bidirectional, num_buckets, max_distance) for r in rel]
     )
@@ -54,11 +56,16 @@ def test_relative_position_bucket_matches_reference(bidirectional, num_buckets, 
 
 
 def test_relative_position_bucket_known_values():
-    def bucket(r, bidirectional):
+    rel = np.array([0, -1, -7, 1, 7, -16, -1000, 1000, 5, -3, -15])
+    got = {}
+    for bidirectional in (True, False):
         out = layers.relative_position_bucket(
-            jnp.asarray(r), bidirectional=bidirectional, num_buckets=32, max_distance=128
+            jnp.asarray(rel), bidirectional=bidirectional, num_buckets=32, max_distance=128
         )
-        return int(out)
+        got[bidirectional] = dict(zip(rel.tolist(), np.asarray(out).tolist(), strict=True))
+
+    def bucket(r, bidirectional):
+        return got[bidirectional][r]
 
     # Encoder (bidirectional): keys before the query use 0..15, keys after it 16..31.
     assert [bucket(r, True) for r in (0, -1, -7, 1, 7)] == [0, 1, 7, 17, 23]
@@ -70,10 +77,13 @@ def test_relative_position_bucket_known_values():
 
 def test_relative_position_biases_share_one_table_per_head():
     mod = layers.RelativePositionBiases(num_buckets=8, max_distance=20, num_heads=3)
-    variables = mod.init(jax.random.PRNGKey(0), 5, 6, bidirectional=True, method=mod.full)
-    table = variables["params"]["rel_embedding"]
-    assert table.shape == (3, 8)
-    bias = mod.apply(variables, 5, 6, bidirectional=True, method=mod.full)
+    shapes = jax.eval_shape(
+        lambda: mod.init(jax.random.PRNGKey(0), 5, 6, bidirectional=True, method=mod.full)
+    )
+    assert shapes["params"]["rel_embedding"].shape == (3, 8)
+    table = jnp.asarray(np.random.RandomState(0).normal(size=(3, 8)), jnp.float32)
+    variables = {"params": {"rel_embedding": table}}
+    bias = jax.jit(lambda v: mod.apply(v, 5, 6, bidirectional=True, method=mod.full))(variables)
     assert bias.shape == (1, 3, 5, 6)
     rel = np.arange(6)[None, :] - np.arange(5)[:, None]
     buckets = np.vectorize(lambda r: reference_bucket(int(r), True, 8, 20))(rel)
@@ -81,12 +91,12 @@ def test_relative_position_biases_share_one_table_per_head():
 
 
 def test_layer_norm_is_rms_without_bias():
-    x = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 7)) * 3 + 1
+    x = jnp.asarray(np.random.RandomState(1).normal(size=(2, 3, 7)) * 3 + 1, jnp.float32)
     mod = layers.LayerNorm(epsilon=1e-6)
-    variables = mod.init(jax.random.PRNGKey(0), x)
+    variables = jax.eval_shape(lambda: mod.init(jax.random.PRNGKey(0), x))
     assert set(variables["params"]) == {"scale"}
     scale = jnp.arange(1.0, 8.0)
-    y = mod.apply({"params": {"scale": scale}}, x)
+    y = jax.jit(mod.apply)({"params": {"scale": scale}}, x)
     want = x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + 1e-6) * scale
     np.testing.assert_allclose(y, want, rtol=1e-5)
 
@@ -96,11 +106,13 @@ def test_layer_norm_is_rms_without_bias():
     [(("gelu", "linear"), {"wi_0", "wi_1", "wo"}), (("relu",), {"wi", "wo"})],
 )
 def test_mlp_variants(activations, names):
-    x = jax.random.normal(jax.random.PRNGKey(2), (2, 4, 6))
+    x = jnp.asarray(np.random.RandomState(2).normal(size=(2, 4, 6)), jnp.float32)
     mod = layers.MlpBlock(intermediate_dim=10, activations=activations)
-    params = mod.init(jax.random.PRNGKey(0), x)["params"]
-    assert set(params) == names
-    y = mod.apply({"params": params}, x)
+    shapes = jax.eval_shape(lambda: mod.init(jax.random.PRNGKey(0), x))["params"]
+    assert set(shapes) == names
+    rs = np.random.RandomState(0)
+    params = jax.tree.map(lambda s: jnp.asarray(rs.normal(size=s.shape), jnp.float32), shapes)
+    y = jax.jit(mod.apply)({"params": params}, x)
     if len(activations) == 2:
         h = jax.nn.gelu(x @ params["wi_0"]["kernel"]) * (x @ params["wi_1"]["kernel"])
     else:

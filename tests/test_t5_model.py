@@ -186,14 +186,11 @@ def test_cached_decoding_equals_teacher_forced_logits(cfg):
         logits, cache = step(state)
         steps.append(logits)
     np.testing.assert_allclose(jnp.stack(steps, axis=1), full, atol=5e-5, rtol=1e-5)
-    if cfg == TINY:
-        # T5X's cache-initialising call (full length, decode=True) returns causal logits too.
-        first, _ = _forward(cfg)({"params": params}, enc, dec_in, decode=True, mutable=("cache",))
-        np.testing.assert_allclose(first, full, atol=5e-5, rtol=1e-5)
 
 
-def test_packed_rows_equal_separate_padded_examples():
-    """Rows 0 and 1 hold one example each (then padding); row 2 packs both. One compile."""
+def test_packing_and_padding_masks():
+    """Rows 0 and 1 hold one example each, then padding; row 2 packs both; row 3 is row 0 with
+    segment id 1 over its padding too, so only the padding mask hides it. One compile."""
     a_enc, a_tgt = [5, 6, 7, 8], [9, 10, 11]
     b_enc, b_tgt = [12, 13, 14, 15, 16], [17, 18, 19, 20]
 
@@ -210,6 +207,9 @@ def test_packed_rows_equal_separate_padded_examples():
     tgt = [row(a_tgt, width=LT), row(b_tgt, width=LT), row(a_tgt, b_tgt, width=LT)]
     enc_seg = [row([1] * 4, width=LI), row([1] * 5, width=LI), row([1] * 4, [2] * 5, width=LI)]
     dec_seg = [row([1] * 3, width=LT), row([1] * 4, width=LT), row([1] * 3, [2] * 4, width=LT)]
+    enc, dec_in, tgt = enc + enc[:1], dec_in + dec_in[:1], tgt + tgt[:1]
+    enc_seg.append([1] * LI)
+    dec_seg.append([1] * LT)
     out = _forward(TINY)(
         {"params": _params(TINY)},
         *(jnp.asarray(x, jnp.int32) for x in (enc, dec_in, tgt)),
@@ -218,16 +218,8 @@ def test_packed_rows_equal_separate_padded_examples():
     )
     np.testing.assert_allclose(out[2, :3], out[0, :3], atol=5e-5, rtol=1e-5)
     np.testing.assert_allclose(out[2, 3:7], out[1, :4], atol=5e-5, rtol=1e-5)
+    np.testing.assert_allclose(out[3, :3], out[0, :3], atol=5e-5, rtol=1e-5)
     assert np.abs(np.asarray(out[0, :3] - out[1, :3])).max() > 1e-3
-
-
-def test_encoder_padding_is_ignored():
-    enc, dec_in, tgt = _batch(TINY)
-    params = {"params": _params(TINY)}
-    # Same batch, its last row's padding cut off: that row's logits must not change.
-    short = _forward(TINY)(params, enc[1:, : LI - 3], dec_in[1:], tgt[1:])
-    full = _forward(TINY)(params, enc, dec_in, tgt)
-    np.testing.assert_allclose(full[1:], short, atol=5e-5, rtol=1e-5)
 
 
 def test_dropout_reaches_every_layer_only_when_enabled():

@@ -20,7 +20,10 @@ SPAN_LENGTHS = {"inputs": 64, "targets": 16}
 def data(tmp_path_factory):
     corpora = write_fixture_corpora(tmp_path_factory.mktemp("data"))
     model = vocab.train_vocab(
-        corpora_dir=corpora, langs=LANGS, out_prefix=tmp_path_factory.mktemp("v") / "v", vocab_size=800
+        corpora_dir=corpora,
+        langs=LANGS,
+        out_prefix=tmp_path_factory.mktemp("v") / "v",
+        vocab_size=800,
     )
     return corpora, vocab.load_vocab(model, extra_ids=100)
 
@@ -97,7 +100,8 @@ def test_lm_task_chunks_documents_without_losing_tokens(registered, data):
 
 
 @pytest.mark.parametrize(
-    "name,prompt", [("mt_en_de", "translate English to German: "), ("mt_zh_en", "translate Chinese to English: ")]
+    "name,prompt",
+    [("mt_en_de", "translate English to German: "), ("mt_zh_en", "translate Chinese to English: ")],
 )
 def test_translation_task_prompt_and_shapes(registered, data, name, prompt):
     _, v = data
@@ -182,7 +186,9 @@ def test_span_needs_sentinels(seqio_registry, data):
 
 def test_tfds_variant_is_constructed_without_network(seqio_registry, data):
     _, v = data
-    names = tasks.register_tasks(vocabulary=v, corpora_dir=None, langs=["en", "de"], pairs=["en-de", "en-ro"], source="tfds")
+    names = tasks.register_tasks(
+        vocabulary=v, corpora_dir=None, langs=["en", "de"], pairs=["en-de", "en-ro"], source="tfds"
+    )
     assert "mt_ro_en" in names and "lm_de" in names
     assert isinstance(seqio.get_mixture_or_task("lm_de").source, seqio.TfdsDataSource)
     assert "c4/multilingual" in str(seqio.get_mixture_or_task("span_en").source)

@@ -76,12 +76,13 @@ def _seqio_restore(saved):
 
 
 def tiny_kwargs(tiny_data, **overrides):
-    """Arguments of a 12-step run of `llama2_tiny` on English (overridable)."""
+    """Arguments of a 12-step run of `llama2_tiny` on English (overridable); model and lengths
+    as in `experiments/tiny.gin`."""
     kwargs = dict(
-        model=models.ModelSpec(size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 64}),
+        model=models.ModelSpec(size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}),
         data=DataConfig(
             mixture_or_task="lm_en",
-            task_feature_lengths={"targets": 32},
+            task_feature_lengths={"targets": 64},
             batch_size=8,
             vocab_path=tiny_data["vocab"],
             corpora_dir=tiny_data["corpora"],
@@ -144,7 +145,7 @@ def test_outputs_follow_the_training_outputs_contract(runs):
     assert run["model"] == "llama2_tiny" and run["family"] == "llama2"
     assert run["languages"] == ["en"] and run["components"] == ["lm_en"]
     assert run["flops_per_token"] == 6 * run["params_non_embedding"]
-    assert run["train_steps"] == TRAIN_STEPS and run["seq_len"] == 32
+    assert run["train_steps"] == TRAIN_STEPS and run["seq_len"] == 64
     records = metrics.read_metrics(model_dir)
     tokens = [r["tokens"] for r in records]
     assert all(b > a for a, b in zip(tokens, tokens[1:], strict=False))
@@ -249,7 +250,7 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
 def test_mismatched_init_checkpoint_names_each_parameter(runs, tiny_data, tmp_path, seqio_registry):
     kwargs = tiny_kwargs(tiny_data)
     kwargs["model"] = models.ModelSpec(
-        size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 64, "d_ff": 96}
+        size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128, "d_ff": 96}
     )
     with pytest.raises(ValueError) as e:
         train_lib.train(
@@ -328,6 +329,9 @@ def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
     model_dir = tmp_path / "preempted"
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     env["XLA_FLAGS"] = ""
+    # Same model, length and device count as the single-device run: its init compiles are reused.
+    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
     command = [
         sys.executable,
         "-m",

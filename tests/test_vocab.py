@@ -79,12 +79,16 @@ def test_json_records_settings_and_tokens_per_char(model):
 
 
 def test_character_coverage_is_one_without_chinese(corpora, tmp_path):
-    m = vocab.train_vocab(corpora_dir=corpora, langs=["en", "de"], out_prefix=tmp_path / "ende", vocab_size=400)
+    m = vocab.train_vocab(
+        corpora_dir=corpora, langs=["en", "de"], out_prefix=tmp_path / "ende", vocab_size=400
+    )
     assert vocab.read_vocab_info(m)["settings"]["character_coverage"] == 1.0
 
 
 def test_tiny_vocabulary_covers_chinese_by_bytes(corpora, tmp_path):
-    m = vocab.train_vocab(corpora_dir=corpora, langs=LANGS, out_prefix=tmp_path / "tiny", vocab_size=512)
+    m = vocab.train_vocab(
+        corpora_dir=corpora, langs=LANGS, out_prefix=tmp_path / "tiny", vocab_size=512
+    )
     info = vocab.read_vocab_info(m)
     assert info["alphabet"]["kept_chars"] < info["alphabet"]["distinct_chars"]
     v = vocab.load_vocab(m)
@@ -96,7 +100,10 @@ def test_tiny_vocabulary_covers_chinese_by_bytes(corpora, tmp_path):
 def test_language_weights_shift_the_sample(corpora):
     _, even = vocab.sample_training_lines(corpora_dir=corpora, langs=["en", "de"])
     _, skew = vocab.sample_training_lines(
-        corpora_dir=corpora, langs=["en", "de"], lang_weights={"en": 0.8, "de": 0.2}, max_sentences=40
+        corpora_dir=corpora,
+        langs=["en", "de"],
+        lang_weights={"en": 0.8, "de": 0.2},
+        max_sentences=40,
     )
     assert even["en"]["weight"] == pytest.approx(0.5)
     assert skew["en"]["lines"] > skew["de"]["lines"]
@@ -106,13 +113,23 @@ def test_language_weights_shift_the_sample(corpora):
 
 def test_bpe_model_type(corpora, tmp_path):
     m = vocab.train_vocab(
-        corpora_dir=corpora, langs=["en", "fr"], out_prefix=tmp_path / "bpe", vocab_size=500, model_type="bpe"
+        corpora_dir=corpora,
+        langs=["en", "fr"],
+        out_prefix=tmp_path / "bpe",
+        vocab_size=500,
+        model_type="bpe",
     )
     v = vocab.load_vocab(m)
     line = _validation_lines(corpora, "fr")[0]
     assert v.decode(v.encode(line)) == line
     with pytest.raises(ValueError):
-        vocab.train_vocab(corpora_dir=corpora, langs=["en"], out_prefix=tmp_path / "x", vocab_size=500, model_type="wordpiece")
+        vocab.train_vocab(
+            corpora_dir=corpora,
+            langs=["en"],
+            out_prefix=tmp_path / "x",
+            vocab_size=500,
+            model_type="wordpiece",
+        )
 
 
 def test_sentinels_at_the_vocabulary_end(model):
@@ -127,8 +144,19 @@ def test_cli_trains_and_prints(corpora, tmp_path, capsys):
 
     out = tmp_path / "cli"
     rc = main(
-        ["tokenizer", "train", "--langs", "en", "zh", "--vocab-size", "700", "--out", str(out),
-         "--data-dir", str(corpora.parent)]
+        [
+            "tokenizer",
+            "train",
+            "--langs",
+            "en",
+            "zh",
+            "--vocab-size",
+            "700",
+            "--out",
+            str(out),
+            "--data-dir",
+            str(corpora.parent),
+        ]
     )
     assert rc == 0
     assert out.with_suffix(".model").exists() and out.with_suffix(".json").exists()

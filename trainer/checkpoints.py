@@ -201,11 +201,12 @@ def check_params_compatible(saved: Any, target: Any, *, source: str) -> None:
         )
 
 
-def restore_init_params(spec: str, *, abstract_params: Any) -> tuple[Any, Path, int]:
-    """Loads the parameters of `INIT_CHECKPOINT` `spec` ('<dir>[@step]') for a fresh run.
+def check_init_checkpoint(spec: str, *, abstract_params: Any) -> tuple[Path, int]:
+    """Finds `INIT_CHECKPOINT` `spec` ('<dir>[@step]') and checks its parameters against the
+    model from metadata alone (no arrays are read), so a bad one fails before compiling.
 
     Returns:
-      (params sharded as `abstract_params` says, checkpoints directory, step).
+      (checkpoints directory, step).
     Raises:
       FileNotFoundError: when the directory holds no (such) checkpoint.
       ValueError: when parameters are missing or have other shapes (each one named).
@@ -214,18 +215,35 @@ def restore_init_params(spec: str, *, abstract_params: Any) -> tuple[Any, Path, 
     if not directory.is_dir():
         raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no directory {directory}")
     store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
-    steps = store.all_steps()
-    if not steps:
-        raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no checkpoint in {directory}")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise FileNotFoundError(
-            f"INIT_CHECKPOINT {spec!r}: no step {step} in {directory} (steps: {steps})"
-        )
-    check_params_compatible(store.params_metadata(step), abstract_params, source=repr(spec))
-    params = store.restore_params(step, abstract_params=abstract_params)
-    store.close()
+    try:
+        steps = store.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no checkpoint in {directory}")
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise FileNotFoundError(
+                f"INIT_CHECKPOINT {spec!r}: no step {step} in {directory} (steps: {steps})"
+            )
+        check_params_compatible(store.params_metadata(step), abstract_params, source=repr(spec))
+    finally:
+        store.close()
+    return directory, step
+
+
+def restore_init_params(spec: str, *, abstract_params: Any) -> tuple[Any, Path, int]:
+    """Loads the parameters of `INIT_CHECKPOINT` `spec` ('<dir>[@step]') for a fresh run, after
+    `check_init_checkpoint`.
+
+    Returns:
+      (params sharded as `abstract_params` says, checkpoints directory, step).
+    """
+    directory, step = check_init_checkpoint(spec, abstract_params=abstract_params)
+    store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
+    try:
+        params = store.restore_params(step, abstract_params=abstract_params)
+    finally:
+        store.close()
     return params, directory, step
 
 

@@ -20,6 +20,9 @@ prompt that is forced (teacher-forced one step at a time). Beam search keeps `2k
 step so that `k` live beams survive even if `k` candidates end together, ranks finished beams by
 `log p / ((5 + length) / 6) ** alpha` (length counts the EOS), stops once no live beam can beat
 the worst of `k` finished ones, and returns beams sorted by increasing score (best last).
+Consequently beam search of width 1 with `alpha=0` is greedy search except that it keeps a
+hypothesis ended by a second-ranked EOS when that scores better than greedy's continuation.
+Decoding starts at position 0 for every row: prompts are forced step by step, not prefilled.
 """
 
 from __future__ import annotations

@@ -184,6 +184,7 @@ def build_job(
     steps_fn: Callable[[int, int], int],
     register: bool = True,
     compile_train: bool = True,
+    precheck: Callable[[Any], None] | None = None,
 ) -> Job:
     """Validates, registers the data, builds and compiles everything a run needs.
 
@@ -191,6 +192,8 @@ def build_job(
       steps_fn: `(non-embedding params, tokens per step) -> total steps`.
       register: register the tasks of `data.vocab_path` (False when the caller has).
       compile_train: compile the train step (evaluation-only jobs skip it).
+      precheck: called with the abstract parameters after validation, before compiling (the
+        trainer checks `INIT_CHECKPOINT` there).
     Raises:
       trainer.validation.ConfigError: before compiling, for any invalid setting.
     """
@@ -212,6 +215,8 @@ def build_job(
             data_parallel_size=partitioner.data_parallel_size,
             process_count=jax.process_count(),
         )
+    if precheck is not None:
+        precheck(abstract_params)
     components = data_lib.components(data.mixture_or_task)
     _, non_embedding = wrapper.param_counts()
     return compile_job(

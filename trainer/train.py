@@ -172,6 +172,14 @@ def train(
     if not os.fspath(model_dir):
         raise validation.ConfigError(f"{validation.BINDINGS['model_dir']} must be set")
     model_dir = Path(model_dir)
+    resuming = ckpt_lib.checkpoints_dir(model_dir).is_dir() and any(
+        ckpt_lib.checkpoints_dir(model_dir).iterdir()
+    )
+
+    def precheck(abstract_params):
+        if init_checkpoint and not resuming:
+            ckpt_lib.check_init_checkpoint(init_checkpoint, abstract_params=abstract_params)
+
     job = build_job(
         model=model,
         data=data,
@@ -187,6 +195,7 @@ def train(
             params=params,
             tokens_per_step=tokens_per_step,
         ),
+        precheck=precheck,
     )
     is_chief = jax.process_index() == 0
     if is_chief:

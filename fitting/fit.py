@@ -1,0 +1,486 @@
+"""Robust multi-start fits of the CPT paper's laws, with bootstrap over runs.
+
+The objective is exactly Hoffmann et al.'s and the CPT paper's eqs. 6–7: Huber (δ = 1e-3) between
+LSE(a − α log N, b − β log D, e) and log L, with A = exp(a), B = exp(b), E = exp(e), **summed** over
+points (the mean-scaled objective made Hoffmann's L-BFGS stop early; Besiroglu et al. 2024), in
+float64, from a grid of starts (default the Hoffmann/Epoch grid, 4,500 starts), then a tight polish
+of the best. `fit_cpt` is the paper's two-stage fit: E, A and α come from the from-scratch fit and
+only B', β', γ are fitted. Every result says whether it converged; bootstrap CIs resample whole runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fitting import laws, lse, optim
+from fitting.checks import FitInputError, as_points
+
+CI_LEVEL = 0.95
+_BOOT_STARTS = 8  # starts per bootstrap resample: the fit's optimum plus its best other basins
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """A fitted law. Frozen; every number is unrounded.
+
+    Attributes:
+      law: key into `fitting.laws.PREDICT` ("chinchilla", "cpt", "loss_compute", "power", ...).
+      params: parameter name → value (e.g. E, A, B, alpha, beta).
+      objective: the summed Huber objective at the optimum.
+      converged: the polish reached a vanishing gradient; a False here must be reported.
+      grad_norm: ‖∇objective‖∞ with respect to the fitted log-space parameters.
+      n_starts: starts in the grid; n_finite: those with a finite initial objective.
+      n_at_best: starts whose end point reached the best basin (objective within 1e-6 relative).
+      n_points, n_runs: data used.
+      delta: Huber threshold.
+      log_params: the fitted variables themselves (a = log A, ...).
+      fixed: parameters held fixed (the CPT law's second stage holds E, A, alpha).
+      ci: parameter → (lo, hi) percentile interval from the bootstrap (empty without one).
+      samples: parameters of each converged bootstrap refit, for intervals on derived quantities.
+      n_bootstrap: resamples requested; n_bootstrap_converged: those whose refit converged.
+    """
+
+    law: str
+    params: dict[str, float]
+    objective: float
+    converged: bool
+    grad_norm: float
+    n_starts: int
+    n_finite: int
+    n_at_best: int
+    n_points: int
+    n_runs: int
+    delta: float
+    log_params: dict[str, float] = dataclasses.field(default_factory=dict)
+    fixed: tuple[str, ...] = ()
+    ci: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    samples: tuple[dict[str, float], ...] = ()
+    n_bootstrap: int = 0
+    n_bootstrap_converged: int = 0
+
+    def predict(self, *inputs) -> np.ndarray:
+        """The fitted law at `inputs` (N, D for chinchilla/cpt; C for the compute laws)."""
+        return laws.predict(self.law, self.params, *inputs)
+
+    @property
+    def status(self) -> str:
+        """"converged" or a warning that must accompany any use of the numbers."""
+        if self.converged:
+            return "converged"
+        return f"NOT CONVERGED (gradient {self.grad_norm:.3g})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (floats unrounded; intervals as [lo, hi])."""
+        return {
+            "law": self.law,
+            "params": dict(self.params),
+            "log_params": dict(self.log_params),
+            "fixed": list(self.fixed),
+            "objective": self.objective,
+            "converged": self.converged,
+            "grad_norm": self.grad_norm,
+            "n_starts": self.n_starts,
+            "n_finite": self.n_finite,
+            "n_at_best": self.n_at_best,
+            "n_points": self.n_points,
+            "n_runs": self.n_runs,
+            "delta": self.delta,
+            "ci_level": CI_LEVEL,
+            "ci": {k: [lo, hi] for k, (lo, hi) in self.ci.items()},
+            "n_bootstrap": self.n_bootstrap,
+            "n_bootstrap_converged": self.n_bootstrap_converged,
+            "samples": [dict(s) for s in self.samples],
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class LawSpec:
+    """How one LSE-affine law is fitted.
+
+    Attributes:
+      law: its name in `fitting.laws`.
+      names: the fitted (log-space) variables, in internal order.
+      terms: LSE components as (variable index, feature column) pairs (see `fitting.lse`).
+      features: inputs (positive 1-D arrays) → [P, F] feature matrix.
+      to_params: variable dict → public parameter dict.
+      grid: default start values per variable name.
+      free: which variables are fitted (None: all).
+      fixed_params: public parameters that come from fixed variables.
+    """
+
+    law: str
+    names: tuple[str, ...]
+    terms: lse.Terms
+    features: Callable[..., np.ndarray]
+    to_params: Callable[[Mapping[str, float]], dict[str, float]]
+    grid: Mapping[str, Sequence[float]]
+    free: tuple[bool, ...] | None = None
+    fixed_params: tuple[str, ...] = ()
+
+
+def _ones_and_neglogs(*xs: np.ndarray, layout: Sequence[int]) -> np.ndarray:
+    """Feature matrix whose column c is 1 when layout[c] < 0, else −log xs[layout[c]]."""
+    p = len(xs[0])
+    return np.stack([np.ones(p) if i < 0 else -np.log(xs[i]) for i in layout], axis=1)
+
+
+def _exp(v: float) -> float:
+    return float(math.exp(v))
+
+
+HOFFMANN_GRID = {
+    "alpha": np.arange(0.0, 2.0 + 1e-9, 0.5),
+    "beta": np.arange(0.0, 2.0 + 1e-9, 0.5),
+    "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+    "a": np.arange(0.0, 25.0 + 1e-9, 5.0),
+    "b": np.arange(0.0, 25.0 + 1e-9, 5.0),
+}
+
+CHINCHILLA = LawSpec(
+    law="chinchilla",
+    names=("a", "b", "e", "alpha", "beta"),
+    # columns: 0 one(a), 1 −log N, 2 one(b), 3 −log D, 4 one(e)
+    terms=(((0, 0), (3, 1)), ((1, 2), (4, 3)), ((2, 4),)),
+    features=lambda N, D: _ones_and_neglogs(N, D, layout=(-1, 0, -1, 1, -1)),
+    to_params=lambda v: {
+        "E": _exp(v["e"]), "A": _exp(v["a"]), "B": _exp(v["b"]),
+        "alpha": float(v["alpha"]), "beta": float(v["beta"]),
+    },
+    grid=HOFFMANN_GRID,
+)
+
+CPT = LawSpec(
+    law="cpt",
+    names=("a", "b", "e", "alpha", "beta", "gamma"),
+    # columns: 0 one(a), 1 −log N, 2 one(b'), 3 −log D, 4 −log N (γ), 5 one(e)
+    terms=(((0, 0), (3, 1)), ((1, 2), (4, 3), (5, 4)), ((2, 5),)),
+    features=lambda N, D: _ones_and_neglogs(N, D, layout=(-1, 0, -1, 1, 0, -1)),
+    to_params=lambda v: {
+        "E": _exp(v["e"]), "A": _exp(v["a"]), "alpha": float(v["alpha"]),
+        "B": _exp(v["b"]), "beta": float(v["beta"]), "gamma": float(v["gamma"]),
+    },
+    grid={
+        "b": np.arange(0.0, 25.0 + 1e-9, 5.0),
+        "beta": np.arange(0.0, 2.0 + 1e-9, 0.25),
+        "gamma": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+    },
+    free=(False, True, False, False, True, True),
+    fixed_params=("E", "A", "alpha"),
+)
+
+LOSS_COMPUTE = LawSpec(
+    law="loss_compute",
+    names=("a", "gamma", "e"),
+    terms=(((0, 0), (1, 1)), ((2, 2),)),
+    features=lambda C: _ones_and_neglogs(C, layout=(-1, 0, -1)),
+    to_params=lambda v: {"E": _exp(v["e"]), "A": _exp(v["a"]), "gamma": float(v["gamma"])},
+    grid={
+        "a": np.arange(0.0, 25.0 + 1e-9, 2.5),
+        "gamma": np.array([0.01, 0.03, 0.1, 0.3, 1.0]),
+        "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+    },
+)
+
+POWER = LawSpec(
+    law="power",
+    names=("log_k", "g"),
+    terms=(((0, 0), (1, 1)),),
+    features=lambda C: _ones_and_neglogs(C, layout=(-1, 0)),
+    to_params=lambda v: {"k": _exp(v["log_k"]), "g": float(v["g"])},
+    grid={"log_k": np.arange(0.0, 10.0 + 1e-9, 2.0), "g": np.array([0.0, 0.03, 0.1, 0.3, 1.0])},
+)
+
+
+def _starts(spec: LawSpec, grid: Mapping[str, Sequence[float]] | None, fixed: Mapping[str, float]):
+    """The start grid [S, n] in internal order; fixed variables take their given values."""
+    grid = dict(spec.grid) if grid is None else {**spec.grid, **grid}
+    unknown = set(grid) - set(spec.names)
+    if unknown:
+        raise ValueError(f"{spec.law}: unknown grid variables {sorted(unknown)}; use {spec.names}")
+    axes = [[fixed[n]] if n in fixed else grid[n] for n in spec.names]
+    return optim.product_grid(axes)
+
+
+def _run_codes(runs: Sequence[str] | None, fallback: np.ndarray) -> tuple[np.ndarray, int]:
+    """Integer run index of every point; without run ids each distinct `fallback` value is a run."""
+    keys = list(runs) if runs is not None else list(np.asarray(fallback))
+    _, codes = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
+    return codes.ravel(), int(codes.max()) + 1 if len(codes) else 0
+
+
+def fit_law(
+    spec: LawSpec,
+    inputs: Sequence[np.ndarray],
+    y: np.ndarray,
+    *,
+    delta: float,
+    grid: Mapping[str, Sequence[float]] | None = None,
+    bootstrap: int = 0,
+    seed: int = 0,
+    runs: Sequence[str] | None = None,
+    fixed: Mapping[str, float] | None = None,
+    fixed_samples: Sequence[Mapping[str, float]] | None = None,
+    iters: int = 100,
+    input_names: Sequence[str] | None = None,
+    starts: np.ndarray | None = None,
+) -> FitResult:
+    """Fits an LSE-affine law by the batched multi-start screen plus polish (optionally bootstrapped).
+
+    Args:
+      spec: the law.
+      inputs: the law's inputs (e.g. N, D), positive 1-D arrays.
+      y: observed values (losses), positive.
+      delta: Huber threshold on log residuals.
+      grid: start values per variable (missing variables use the law's default grid).
+      bootstrap: number of resamples of whole runs (0: none).
+      seed: bootstrap seed.
+      runs: run id of each point (bootstrap unit and error messages); default: one run per
+        distinct value of the first input (e.g. one per model size).
+      fixed: values of the variables that are not fitted (spec.free False).
+      fixed_samples: per-resample values of the fixed variables (e.g. the from-scratch fit's own
+        bootstrap), so that their uncertainty propagates; resample b uses entry b mod len.
+      iters: the most batched LM iterations a start runs (each stops once it stalls).
+      input_names: names of the inputs, for messages.
+      starts: explicit [S, n] starts in the variables' internal order, instead of the grid
+        (e.g. a previous optimum when refitting resampled data).
+    """
+    names = list(input_names or [f"x{i}" for i in range(len(inputs))])
+    n_free = sum(spec.free) if spec.free is not None else len(spec.names)
+    pts = as_points(
+        {**dict(zip(names, inputs, strict=True)), "L": y}, runs=runs, n_params=n_free, law=spec.law
+    )
+    xs = [pts[n] for n in names]
+    fixed = dict(fixed or {})
+    problem = lse.LseProblem(
+        terms=spec.terms, features=spec.features(*xs), target=np.log(pts["L"]),
+        weights=np.ones(len(pts["L"])), delta=float(delta), free=spec.free,
+    )
+    std, r = lse.standardise(problem)
+    r_inv = np.linalg.inv(r)
+    if starts is None:
+        starts = _starts(spec, grid, fixed)
+    res = optim.multistart(std, np.asarray(starts, np.float64) @ r.T, iters=iters, screen=lse.screen)
+    theta = r_inv @ res.theta
+    values = dict(zip(spec.names, theta.tolist(), strict=True))
+    grad = r.T @ res.grad
+    free_idx = [i for i in range(len(spec.names)) if spec.free is None or spec.free[i]]
+    codes, n_runs = _run_codes(runs, xs[0])
+    result = FitResult(
+        law=spec.law,
+        params=spec.to_params(values),
+        objective=res.objective,
+        converged=res.converged,
+        grad_norm=float(np.max(np.abs(grad[free_idx]))) if np.all(np.isfinite(grad)) else math.inf,
+        n_starts=res.n_starts,
+        n_finite=res.n_finite,
+        n_at_best=res.n_at_best,
+        n_points=len(pts["L"]),
+        n_runs=n_runs,
+        delta=float(delta),
+        log_params={k: float(v) for k, v in values.items()},
+        fixed=spec.fixed_params,
+    )
+    if bootstrap <= 0 or not np.all(np.isfinite(res.theta)):
+        return result
+    thetas, ok = _bootstrap(
+        std, r, res, codes, n_runs, bootstrap, seed, iters,
+        [_fixed_vector(spec, s) for s in fixed_samples] if fixed_samples else None,
+    )
+    samples = tuple(
+        spec.to_params(dict(zip(spec.names, (r_inv @ t).tolist(), strict=True)))
+        for t, good in zip(thetas, ok, strict=True)
+        if good
+    )
+    return dataclasses.replace(
+        result,
+        ci=percentile_cis(samples),
+        samples=samples,
+        n_bootstrap=int(bootstrap),
+        n_bootstrap_converged=len(samples),
+    )
+
+
+def _fixed_vector(spec: LawSpec, values: Mapping[str, float]) -> dict[int, float]:
+    """Internal indices → values of the fixed variables, from public parameters (E, A, alpha)."""
+    logs = {"e": "E", "a": "A", "b": "B"}
+    out: dict[int, float] = {}
+    for i, name in enumerate(spec.names):
+        if spec.free is not None and not spec.free[i]:
+            pub = logs.get(name)
+            out[i] = math.log(values[pub]) if pub else float(values[name])
+    return out
+
+
+def _bootstrap(
+    std: lse.LseProblem,
+    r: np.ndarray,
+    res: optim.MultiStartResult,
+    codes: np.ndarray,
+    n_runs: int,
+    n_boot: int,
+    seed: int,
+    iters: int,
+    fixed_samples: list[dict[int, float]] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Refits on run-resampled data; all resamples run in one batch (per-lane point weights).
+
+    Each resample starts from the fit's optimum and its best other basins (not the whole grid:
+    the resampled optimum lies near the original one, and the other basins guard against a jump).
+
+    Returns:
+      ([B, n] optima in standardised coordinates, [B] converged flags).
+    """
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, n_runs, size=(n_boot, n_runs))
+    counts = np.stack([np.bincount(d, minlength=n_runs) for d in draws])
+    weights = counts[:, codes].astype(np.float64)  # [B, P]
+    picks = [i for i in optim.distinct_best(res.finals, res.final_objectives, _BOOT_STARTS)]
+    base = np.concatenate([res.theta[None], res.finals[picks]])[:_BOOT_STARTS]
+    k = base.shape[0]
+    starts = np.repeat(base[None], n_boot, axis=0)  # [B, k, n] (standardised)
+    if fixed_samples:
+        r_inv = np.linalg.inv(r)
+        theta = starts @ r_inv.T
+        for b in range(n_boot):
+            for i, v in fixed_samples[b % len(fixed_samples)].items():
+                theta[b, :, i] = v
+        starts = theta @ r.T
+    lane_w = np.repeat(weights, k, axis=0)
+    finals = lse.screen(std, starts.reshape(n_boot * k, -1), iters, lane_weights=lane_w)
+    with np.errstate(all="ignore"):
+        f = std.value(np, finals, lane_w).reshape(n_boot, k)
+    f = np.where(np.isfinite(f), f, np.inf)
+    best = finals.reshape(n_boot, k, -1)[np.arange(n_boot), np.argmin(f, axis=1)]
+    scale = std.delta * weights.sum(axis=1)
+    polished = optim.lm_numpy(
+        std, best, iters=100, lane_weights=weights, gtol=1e-10 * float(scale.min())
+    )
+    with np.errstate(all="ignore"):
+        fp, g, _ = std.derivs(np, polished, weights)
+    ok = np.isfinite(fp) & (np.max(np.abs(g), axis=1) <= 1e-7 * scale)
+    return polished, ok
+
+
+def percentile_cis(
+    samples: Sequence[Mapping[str, float]], level: float = CI_LEVEL
+) -> dict[str, tuple[float, float]]:
+    """Percentile intervals of every key over bootstrap samples (finite values only)."""
+    if not samples:
+        return {}
+    lo_q, hi_q = 50 * (1 - level), 50 * (1 + level)
+    out: dict[str, tuple[float, float]] = {}
+    for key in samples[0]:
+        v = np.array([s[key] for s in samples], dtype=np.float64)
+        v = v[np.isfinite(v)]
+        if v.size:
+            out[key] = (float(np.percentile(v, lo_q)), float(np.percentile(v, hi_q)))
+    return out
+
+
+def fit_chinchilla(
+    N,
+    D,
+    L,
+    *,
+    delta: float = 1e-3,
+    grid: Mapping[str, Sequence[float]] | None = None,
+    bootstrap: int = 0,
+    seed: int = 0,
+    runs: Sequence[str] | None = None,
+    iters: int = 100,
+) -> FitResult:
+    """Fits L = E + A/N^α + B/D^β (CPT paper eqs. 1 and 6) from the Hoffmann grid of starts.
+
+    Args:
+      N: parameters of each point (non-embedding by convention).
+      D: training tokens of each point.
+      L: loss (nats) of each point.
+      delta: Huber threshold on log L.
+      grid: start values per variable `a, b, e, alpha, beta` (default: α, β ∈ {0, 0.5, …, 2},
+        e ∈ {−1, −0.5, …, 1}, a, b ∈ {0, 5, …, 25}: 4,500 starts).
+      bootstrap: resamples of whole runs for percentile CIs (0: none).
+      seed: bootstrap seed.
+      runs: run id of each point (default: one run per distinct N).
+      iters: the most batched LM iterations a start runs (each stops once it stalls).
+    """
+    return fit_law(
+        CHINCHILLA, [N, D], L, delta=delta, grid=grid, bootstrap=bootstrap, seed=seed,
+        runs=runs, iters=iters, input_names=("N", "D"),
+    )
+
+
+def fit_cpt(
+    N,
+    D,
+    L,
+    *,
+    base: FitResult,
+    delta: float = 1e-3,
+    grid: Mapping[str, Sequence[float]] | None = None,
+    bootstrap: int = 0,
+    seed: int = 0,
+    runs: Sequence[str] | None = None,
+    iters: int = 100,
+) -> FitResult:
+    """Second stage of the CPT paper's fit (eq. 7): L = E + A/N^α + B'/(D^β'·N^γ) with E, A, α
+    taken from the from-scratch fit `base`; only B' (B), β' (beta) and γ (gamma) are fitted.
+
+    D counts continual-pre-training tokens of the target language. With `bootstrap`, resample b
+    also takes E, A, α from `base`'s own bootstrap sample b (when `base` has samples), so the
+    intervals carry the first stage's uncertainty.
+
+    Args:
+      N, D, L: points of the CPT runs.
+      base: a `fit_chinchilla` result on the from-scratch runs.
+      delta, grid, bootstrap, seed, runs, iters: as for `fit_chinchilla`; the grid's variables
+        are `b, beta, gamma` (default b ∈ {0, 5, …, 25}, β' ∈ {0, 0.25, …, 2}, γ ∈ {−1, …, 1}).
+    """
+    if base.law != "chinchilla":
+        raise FitInputError(f"cpt: base must be a chinchilla fit, got {base.law!r}")
+    if not all(np.isfinite(base.params[k]) for k in ("E", "A", "alpha")):
+        raise FitInputError("cpt: base fit has non-finite E, A or alpha")
+    fixed = {"e": math.log(base.params["E"]), "a": math.log(base.params["A"]),
+             "alpha": base.params["alpha"]}
+    return fit_law(
+        CPT, [N, D], L, delta=delta, grid=grid, bootstrap=bootstrap, seed=seed, runs=runs,
+        fixed=fixed, fixed_samples=list(base.samples) or None, iters=iters,
+        input_names=("N", "D"),
+    )
+
+
+def fit_loss_compute(
+    C,
+    L,
+    *,
+    delta: float = 1e-3,
+    grid: Mapping[str, Sequence[float]] | None = None,
+    bootstrap: int = 0,
+    seed: int = 0,
+    runs: Sequence[str] | None = None,
+) -> FitResult:
+    """Fits the frontier law L = E' + A'/C^γ (CPT paper eq. 3) to (compute, loss) points."""
+    return fit_law(
+        LOSS_COMPUTE, [C], L, delta=delta, grid=grid, bootstrap=bootstrap, seed=seed, runs=runs,
+        iters=60, input_names=("C",),
+    )
+
+
+def fit_power(
+    C,
+    L,
+    *,
+    delta: float = 1e-3,
+    bootstrap: int = 0,
+    seed: int = 0,
+    runs: Sequence[str] | None = None,
+) -> FitResult:
+    """Fits the pure power law L = k·C^(−g) (the form of the CPT paper's §4.2 frontier fits)."""
+    return fit_law(
+        POWER, [C], L, delta=delta, bootstrap=bootstrap, seed=seed, runs=runs, iters=60,
+        input_names=("C",),
+    )

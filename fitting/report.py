@@ -1,0 +1,195 @@
+"""Markdown report of a `fitting.pipeline.fit_runs` result.
+
+Numbers are printed unrounded (Python's shortest round-trip form), as in fits.json; a fit that did
+not converge is flagged next to its numbers and listed at the top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _n(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def _status(fit: Mapping[str, Any]) -> str:
+    if fit.get("converged"):
+        return "converged"
+    return f"**NOT CONVERGED** (gradient {_n(fit.get('grad_norm'))})"
+
+
+def _param_table(fit: Mapping[str, Any]) -> list[str]:
+    ci = fit.get("ci") or {}
+    fixed = set(fit.get("fixed") or ())
+    rows = ["| parameter | value | CI low | CI high |", "|---|---|---|---|"]
+    for k, v in fit["params"].items():
+        lo, hi = ci.get(k, (None, None))
+        name = f"{k} (fixed from scratch fit)" if k in fixed else k
+        rows.append(f"| {name} | {_n(v)} | {_n(lo)} | {_n(hi)} |")
+    return rows
+
+
+def _fit_block(fit: Mapping[str, Any]) -> list[str]:
+    lines = _param_table(fit)
+    lines.append("")
+    lines.append(
+        f"Status: {_status(fit)}; objective (summed Huber, δ={_n(fit.get('delta'))}) "
+        f"{_n(fit.get('objective'))}; gradient {_n(fit.get('grad_norm'))}; "
+        f"{_n(fit.get('n_at_best'))} of {_n(fit.get('n_starts'))} starts reached the best basin; "
+        f"{_n(fit.get('n_points'))} points from {_n(fit.get('n_runs'))} runs"
+    )
+    if fit.get("n_bootstrap"):
+        lines.append(
+            f"Bootstrap over runs: {_n(fit['n_bootstrap_converged'])} of {_n(fit['n_bootstrap'])} "
+            f"refits converged; intervals are {_n(fit.get('ci_level'))} percentile intervals."
+        )
+    lines.append("")
+    return lines
+
+
+def _allocation(entry: Mapping[str, Any]) -> list[str]:
+    a = entry["allocation"]
+    if not a.get("valid", True):
+        return [f"Compute-optimal allocation: none ({a.get('note')}).", ""]
+    ci = entry.get("allocation_ci") or {}
+    lines = [
+        "Compute-optimal allocation (C = 6ND): "
+        f"N_opt = {_n(a['n_coef'])}·C^{_n(a['a'])}, D_opt = {_n(a['d_coef'])}·C^{_n(a['b'])} "
+        f"(G = {_n(a['G'])}).",
+        "",
+    ]
+    if ci:
+        lines += ["| quantity | CI low | CI high |", "|---|---|---|"]
+        lines += [f"| {k} | {_n(lo)} | {_n(hi)} |" for k, (lo, hi) in ci.items()]
+        lines.append("")
+    return lines
+
+
+def _section_chinchilla(res: Mapping[str, Any]) -> list[str]:
+    lines = ["## From-scratch Chinchilla law L = E + A/N^α + B/D^β", ""]
+    for lang, e in res.items():
+        lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
+    return lines
+
+
+def _section_cpt(res: Mapping[str, Any]) -> list[str]:
+    lines = ["## CPT law L = E + A/N^α + B'/(D^β'·N^γ) (second stage)", ""]
+    for lang, e in res.items():
+        lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
+        b = e.get("appendix_b")
+        if b:
+            lines += [
+                "Fitting error on the CPT runs (mean Huber per point, CPT paper Appendix B): "
+                f"Chinchilla law {_n(b['mean_huber_chinchilla'])} "
+                f"({_status(b['chinchilla_fit'])}), CPT law {_n(b['mean_huber_cpt'])}.",
+                "",
+            ]
+    return lines
+
+
+def _section_compute(res: Mapping[str, Any]) -> list[str]:
+    lines = ["## Loss–compute frontier", ""]
+    for lang, groups in res.items():
+        for group, fr in groups.items():
+            lines += [f"### {lang}, {group} ({len(fr['C'])} frontier points)", ""]
+            for key, title in (("power", "L = k·C^(−g)"), ("loss_compute", "L = E' + A'/C^γ")):
+                if fr.get(key):
+                    lines += [f"{title}:", ""] + _fit_block(fr[key])
+    return lines
+
+
+def _section_transfer(res: Mapping[str, Any]) -> list[str]:
+    lines = ["## Transfer at equal loss (FLOPs saved, effectively transferred data)", ""]
+    lines += ["| language | CPT run | reference | N | FLOPs saved (min … max) | transferred at last eval |",
+              "|---|---|---|---|---|---|"]
+    for lang, e in res.items():
+        for c in e["curves"]:
+            saved = [v for v in c["flops_saved"] if v is not None]
+            moved = [v for v in c["transferred"] if v is not None]
+            rng = f"{_n(min(saved))} … {_n(max(saved))}" if saved else "—"
+            lines.append(
+                f"| {lang} | {c['run_id']} | {c['reference_id']} | {_n(c['n_params'])} | {rng} | "
+                f"{_n(moved[-1]) if moved else '—'} |"
+            )
+    lines.append("")
+    return lines
+
+
+def _section_replay(res: Mapping[str, Any]) -> list[str]:
+    lines = ["## Forgetting under replay", "",
+             "| language | run | replay | source loss start | peak | final | tail exponent g |",
+             "|---|---|---|---|---|---|---|"]
+    for lang, curves in res.items():
+        for c in curves:
+            g = c["tail_fit"]["params"]["g"] if c.get("tail_fit") else None
+            lines.append(
+                f"| {lang} | {c['run_id']} | {_n(c['replay_ratio'])} | {_n(c['source_start'])} | "
+                f"{_n(c['source_peak'])} | {_n(c['source_final'])} | {_n(g)} |"
+            )
+    lines.append("")
+    return lines
+
+
+def _section_downstream(entries: Sequence[Mapping[str, Any]], title: str) -> list[str]:
+    lines = [f"## {title}", ""]
+    for e in entries:
+        fit = e["fit"]
+        lines += [
+            f"### {e['pretraining']} → {e['task']} ({e['metric']}, {e['finetune_steps']} finetuning steps)",
+            "",
+        ]
+        lines += ["| parameter | value |", "|---|---|"]
+        lines += [f"| {k} | {_n(v)} |" for k, v in fit["params"].items()]
+        lines += [
+            "",
+            f"Status: {_status(fit)}; fitted on the first {fit['n_fit']} points; held-out "
+            f"prediction error (summed Huber, δ={_n(fit['delta'])}) {_n(fit['prediction_error'])}; "
+            f"non-pretrained baseline {_n(e.get('baseline'))}; alignment score {_n(e.get('alignment'))}.",
+            "",
+        ]
+        if e.get("verdict"):
+            lines += [f"Valuation ({e['verdict']['kind']}): {e['verdict']['explanation']}", ""]
+    return lines
+
+
+_SECTIONS = (
+    ("chinchilla", _section_chinchilla),
+    ("cpt", _section_cpt),
+    ("compute", _section_compute),
+    ("transfer", _section_transfer),
+    ("replay", _section_replay),
+    ("bleu", lambda r: _section_downstream(r, "Downstream translation scores (log-law)")),
+    ("ce", lambda r: _section_downstream(r, "Downstream cross-entropy (power law)")),
+)
+
+
+def render(result: Mapping[str, Any]) -> str:
+    """The report as markdown."""
+    lines = [
+        "# xlscale fit report",
+        "",
+        f"Runs: `{result['runs_dir']}` ({result['n_runs']} runs); law: {result['law']}; "
+        f"bootstrap resamples: {result['bootstrap']} (seed {result['seed']}).",
+        "",
+    ]
+    if result["warnings"]:
+        lines += ["**Warning — fits that did not converge:**", ""]
+        lines += [f"- {w}" for w in result["warnings"]] + [""]
+    else:
+        lines += ["All fits converged.", ""]
+    if result.get("skipped"):
+        lines += ["Skipped:", ""] + [f"- {k}: {v}" for k, v in result["skipped"].items()] + [""]
+    for key, section in _SECTIONS:
+        if result.get(key):
+            lines += section(result[key])
+    if result.get("plots"):
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in result["plots"]] + [""]
+    return "\n".join(lines)

@@ -1,0 +1,201 @@
+"""Synthetic data from known laws: fit points and whole run directories in the trainer's format.
+
+Tests, the benchmark and a smoke demo need runs whose true law is known, without training:
+`chinchilla_points` draws (N, D, L) as the benchmark specifies, and `write_study` writes source,
+scratch, CPT, replay, pretraining and finetuning run directories (run.json + metrics.jsonl, as in
+docs/interfaces.md) whose eval losses follow the CPT paper's laws (its Table 2 values by default)
+times lognormal noise, and whose BLEU and downstream cross-entropy follow the MT paper's laws.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fitting import laws
+
+SCRATCH = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.40, "beta": 0.30}  # CPT paper Table 2
+CPT = {"E": 1.55, "A": 420.0, "alpha": 0.40, "B": 433.3, "beta": 0.20, "gamma": 0.08}
+SOURCE = {"E": 1.45, "A": 400.0, "B": 650.0, "alpha": 0.38, "beta": 0.29}
+BLEU = {"log_A": -180.75, "alpha": 9.0, "beta": 0.75}  # MT paper Table 3, first row
+CE = {"E": 0.9, "A": 60.0, "alpha": 0.2}
+
+
+def chinchilla_points(
+    n: int = 200,
+    *,
+    seed: int = 0,
+    sigma: float = 0.005,
+    truth: Mapping[str, float] = SCRATCH,
+    n_range: tuple[float, float] = (7e7, 1.6e10),
+    d_range: tuple[float, float] = (5e9, 5e11),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N, D, L): N and D log-uniform in their ranges, L the Chinchilla law times e^(σ·ε)."""
+    rng = np.random.default_rng(seed)
+    N = np.exp(rng.uniform(*np.log(n_range), n))
+    D = np.exp(rng.uniform(*np.log(d_range), n))
+    L = laws.chinchilla(N, D, **truth) * np.exp(sigma * rng.standard_normal(n))
+    return N, D, L
+
+
+def _write_run(root: Path, run_id: str, meta: dict[str, Any], records: list[dict]) -> Path:
+    path = root / run_id
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "run.json").write_text(json.dumps(meta, indent=1))
+    with open(path / "metrics.jsonl", "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    last = records[-1]
+    (path / "COMPLETED").write_text(json.dumps({"step": last["step"], "tokens": last["tokens"]}))
+    return path
+
+
+def _meta(model: str, n: float, strategy: str, **extra: Any) -> dict[str, Any]:
+    meta = {
+        "model": model, "family": "llama2", "params_total": n * 1.25,
+        "params_non_embedding": n, "strategy": strategy, "seed": 0, "seq_len": 2048,
+        "flops_per_token": 6 * n, "flops_per_token_attn": 6.5 * n, "gin_config": "",
+        "replay_ratio": 0.0, "init_checkpoint": None, "init_step": None,
+    }
+    meta.update(extra)
+    return meta
+
+
+def _records(
+    n: float,
+    total_tokens: float,
+    evals: int,
+    components: Mapping[str, float],
+    eval_losses: Mapping[str, Any],
+    batch_tokens: float,
+) -> list[dict]:
+    """Eval records at log-spaced points of training; eval_losses maps task → f(tokens_by_task)."""
+    fractions = np.geomspace(0.05, 1.0, evals)
+    out = []
+    for frac in fractions:
+        tokens = float(total_tokens * frac)
+        step = max(1, int(round(tokens / batch_tokens)))
+        by_task = {c: tokens * share for c, share in components.items()}
+        rec = {
+            "step": step, "tokens": tokens, "tokens_by_task": by_task, "flops": 6 * n * tokens,
+            "flops_attn": 6.5 * n * tokens, "learning_rate": 2e-4, "tokens_per_s": 1e5,
+        }
+        for task, fn in eval_losses.items():
+            rec[f"eval/{task}/loss"] = float(fn(by_task, tokens))
+            rec[f"eval/{task}/tokens"] = 1e5
+        rec["train/loss"] = rec[f"eval/{next(iter(eval_losses))}/loss"]
+        out.append(rec)
+    return out
+
+
+def write_study(
+    root: str | Path,
+    *,
+    sizes: Sequence[float] = (3e7, 6e7, 1.2e8, 2.5e8, 5e8, 1e9),
+    tokens_per_param: float = 20.0,
+    evals: int = 8,
+    sigma: float = 0.005,
+    seed: int = 0,
+    source: str = "en",
+    target: str = "zh",
+    replay_ratios: Sequence[float] = (0.01, 0.05, 0.2, 0.5),
+    scratch: Mapping[str, float] = SCRATCH,
+    cpt: Mapping[str, float] = CPT,
+    source_law: Mapping[str, float] = SOURCE,
+    mt: bool = True,
+) -> Path:
+    """Writes a CPT study (and an MT pretrain/finetune study) as run directories under `root`.
+
+    Runs: `source_<size>` (source language from scratch), `scratch_<size>` and `cpt_<size>`
+    (target language, from scratch and from the source checkpoint), `replay_<pct>` (CPT of the
+    middle size with source replay), and with `mt` a 50/50 en–fr pretraining run whose checkpoints
+    are finetuned on mt_en_fr (BLEU and cross-entropy follow the MT paper's laws), plus a
+    finetune-from-scratch baseline.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+
+    def noisy(v: float) -> float:
+        return float(v * np.exp(sigma * rng.standard_normal()))
+
+    lm_s, lm_t = f"lm_{source}", f"lm_{target}"
+    for i, n in enumerate(sizes):
+        total, batch = tokens_per_param * n, 2048 * 256
+        name = f"{i:02d}_{n:.3g}"
+        src_id = f"source_{name}"
+        _write_run(root, src_id, _meta(name, n, "source", languages=[source], target_lang=source,
+                   source_lang=source, mixture_or_task=lm_s, components=[lm_s]),
+                   _records(n, total, evals, {lm_s: 1.0},
+                            {lm_s: lambda bt, t, n=n: noisy(laws.chinchilla(n, bt[lm_s], **source_law))},
+                            batch))
+        _write_run(root, f"scratch_{name}", _meta(name, n, "scratch", languages=[target],
+                   target_lang=target, source_lang=None, mixture_or_task=lm_t, components=[lm_t]),
+                   _records(n, total, evals, {lm_t: 1.0},
+                            {lm_t: lambda bt, t, n=n: noisy(laws.chinchilla(n, bt[lm_t], **scratch))},
+                            batch))
+        _write_run(root, f"cpt_{name}", _meta(name, n, "cpt", languages=[target], target_lang=target,
+                   source_lang=source, mixture_or_task=lm_t, components=[lm_t],
+                   init_checkpoint=str(root / src_id), init_step=int(total / batch)),
+                   _records(n, total, evals, {lm_t: 1.0}, {
+                       lm_t: lambda bt, t, n=n: noisy(laws.cpt(n, bt[lm_t], **cpt)),
+                       lm_s: lambda bt, t, n=n: noisy(_forgetting(n, bt.get(lm_s, 0.0), t, source_law, total)),
+                   }, batch))
+    n = sizes[len(sizes) // 2]
+    total, batch = tokens_per_param * n, 2048 * 256
+    for r in replay_ratios:
+        mix = f"cpt_{target}_replay_{source}_{r * 100:g}"
+        _write_run(root, f"replay_{r * 100:g}", _meta(f"replay_{n:.3g}", n, "cpt_replay",
+                   languages=[target, source], target_lang=target, source_lang=source,
+                   replay_ratio=r, mixture_or_task=mix, components=[lm_t, lm_s]),
+                   _records(n, total, evals, {lm_t: 1 - r, lm_s: r}, {
+                       lm_t: lambda bt, t, n=n: noisy(laws.cpt(n, bt[lm_t], **cpt)),
+                       lm_s: lambda bt, t, n=n: noisy(_forgetting(n, bt[lm_s], t, source_law, total)),
+                   }, batch))
+    if mt:
+        _write_mt(root, rng, sigma)
+    return root
+
+
+def _forgetting(n: float, source_tokens: float, tokens: float, law: Mapping[str, float], total: float) -> float:
+    """Source-language loss during CPT: a bump that replayed source tokens pull back down."""
+    start = laws.chinchilla(n, 20 * n, **law)
+    frac = tokens / total
+    bump = 0.6 * frac / (0.15 + frac)
+    relief = laws.chinchilla(n, max(source_tokens, 1.0), **law) - start
+    return float(start + bump / (1 + 30 * source_tokens / total) + 0.05 * np.tanh(relief))
+
+
+def _write_mt(root: Path, rng: np.random.Generator, sigma: float) -> None:
+    """A 50/50 en–fr pretraining run, finetunes of its checkpoints on mt_en_fr, and a baseline."""
+    n, batch = 7.4e8, 512 * 256
+    steps = np.geomspace(2e4, 1e6, 8).astype(int)
+    pre_id = "pretrain_mix_en_50_fr_50"
+    recs = []
+    for s in steps:
+        tokens = float(s * batch)
+        recs.append({"step": int(s), "tokens": tokens,
+                     "tokens_by_task": {"span_en": tokens / 2, "span_fr": tokens / 2},
+                     "flops": 6 * n * tokens, "eval/span_en/loss": 2.0, "eval/span_fr/loss": 2.1})
+    _write_run(root, pre_id, _meta("t5_770m", n, "pretrain", family="t5", languages=["en", "fr"],
+               mixture_or_task="mix_en_50_fr_50", components=["span_en", "span_fr"]), recs)
+    for s in steps:
+        dp = float(s * batch)
+        bleu = float(laws.log_law(dp, **BLEU) * np.exp(sigma * rng.standard_normal()))
+        ce = float(laws.power_law(dp, **CE) * np.exp(sigma * 0.2 * rng.standard_normal()))
+        rec = {"step": 300, "tokens": 300 * 128 * 512.0, "flops": 1.0,
+               "eval/mt_en_fr/loss": ce, "eval/mt_en_fr/bleu": bleu}
+        _write_run(root, f"finetune_en_fr_{s}", _meta("t5_770m", n, "finetune", family="t5",
+                   languages=["en", "fr"], mixture_or_task="mt_en_fr", components=["mt_en_fr"],
+                   init_checkpoint=f"{root / pre_id}@{int(s)}", init_step=int(s), train_steps=300),
+                   [rec])
+    base = {"step": 300, "tokens": 300 * 128 * 512.0, "flops": 1.0,
+            "eval/mt_en_fr/loss": float(laws.power_law(1e9, **CE) * 1.3),
+            "eval/mt_en_fr/bleu": float(laws.log_law(1e10, **BLEU) * 0.7)}
+    _write_run(root, "finetune_scratch_en_fr", _meta("t5_770m", n, "finetune_scratch", family="t5",
+               languages=["en", "fr"], mixture_or_task="mt_en_fr", components=["mt_en_fr"],
+               train_steps=300), [base])

@@ -1,0 +1,179 @@
+"""The main job: a real, small CPT scaling study end to end (`make demo` → `xlscale demo`).
+
+Steps, each cached so that a re-run reuses what is done:
+  1. corpora — the Debian corpora (`pipelines.corpora.build`, cached under `$XLSCALE_DATA`) for
+     the full profile, the committed UDHR fixture for the smoke profile (no apt, no network);
+  2. an en+zh SentencePiece vocabulary (`pipelines.vocab.train_vocab`);
+  3. the sweep of the profile's manifest (`launch/manifests/{demo,smoke}.toml`): LLaMA2-shaped
+     sizes × {source en, scratch zh, CPT zh} + CPT with en replay, run in dependency order by the
+     local launcher, in this process (one TensorFlow/JAX start for all runs);
+  4. the fits (`fitting.outputs.fit_runs`): Chinchilla on scratch, two-stage extended law on CPT,
+     allocation, loss–compute frontiers, FLOPs saved, transferred data, replay curves;
+  5. `report.md`: the fitting report plus the comparison with the paper's findings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from launch.launchers import LocalLauncher
+from launch.status import Progress
+from launch.sweep import Run, expand, load_manifest
+
+Log = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """One way to run the demo: which manifest, which corpora, which vocabulary."""
+
+    manifest: str
+    corpora: str  # key of CORPORA
+    vocab_size: int
+    description: str
+
+
+PROFILES: dict[str, Profile] = {
+    "full": Profile(
+        manifest="demo",
+        corpora="debian",
+        vocab_size=2048,
+        description="4 sizes (14x non-embedding params) on Debian en/zh text; ~20 min on 2 cores",
+    ),
+    "smoke": Profile(
+        manifest="smoke",
+        corpora="fixture",
+        vocab_size=512,
+        description="the same pipeline at toy size on the committed UDHR fixture; ~3 min",
+    ),
+}
+
+LANGS = ("en", "zh")
+
+
+def _debian_corpora(out_dir: Path, data_dir: Path | None, log: Log) -> Path:
+    from pipelines.corpora import build, paths
+
+    root = Path(data_dir) if data_dir else paths.data_root()
+    corpora = paths.corpora_dir(root)
+    if (corpora / "manifest.json").exists() and all(
+        (corpora / "mono" / lang / "train.txt").exists() for lang in LANGS
+    ):
+        log(f"[demo] corpora: reusing {corpora}")
+        return corpora
+    log(f"[demo] corpora: building the Debian corpora for {' '.join(LANGS)} into {root}")
+    return Path(build.build_corpora(data_dir=root, langs=LANGS, log=log))
+
+
+def _fixture_corpora(out_dir: Path, data_dir: Path | None, log: Log) -> Path:
+    from pipelines.corpora import fixture
+
+    log("[demo] corpora: the committed UDHR fixture (smoke profile)")
+    return Path(fixture.write_fixture_corpora(out_dir / "data")).resolve()
+
+
+CORPORA: dict[str, Callable[[Path, Path | None, Log], Path]] = {
+    "debian": _debian_corpora,
+    "fixture": _fixture_corpora,
+}
+
+
+def _vocabulary(corpora: Path, out_dir: Path, vocab_size: int, log: Log) -> Path:
+    from pipelines import vocab
+
+    prefix = out_dir / "vocab" / f"demo_{'_'.join(LANGS)}_{vocab_size}"
+    model = prefix.with_suffix(".model")
+    if model.exists():
+        log(f"[demo] vocabulary: reusing {model}")
+        return model
+    log(f"[demo] vocabulary: training {vocab_size} pieces on {'+'.join(LANGS)}")
+    model = Path(
+        vocab.train_vocab(
+            corpora_dir=corpora, langs=LANGS, out_prefix=prefix, vocab_size=vocab_size
+        )
+    )
+    info = vocab.read_vocab_info(model)
+    for lang, stats in sorted(info.get("tokens_per_char", {}).items()):
+        log(f"[demo]   {lang}: {stats['tokens_per_char']:.3f} tokens per character")
+    return model
+
+
+def _train_in_process(run: Run, log_path: Path) -> int:
+    """Runs one job through the trainer's gin entry point in this process."""
+    from trainer import train
+
+    return train.main(run.gin_args())
+
+
+def run_demo(
+    *,
+    profile: str = "full",
+    out_dir: str | Path = "demo_out",
+    data_dir: str | Path | None = None,
+    log: Log = print,
+) -> dict:
+    """Runs the whole study of `profile` and writes `<out_dir>/report.md`, `fits.json`, plots.
+
+    Returns a summary dict (paths, run counts, wall times) that is also written as
+    `<out_dir>/demo.json`.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"unknown demo profile {profile!r}; choose one of {sorted(PROFILES)}")
+    spec = PROFILES[profile]
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    t0 = time.monotonic()
+    log(f"[demo] profile {profile}: {spec.description}")
+
+    corpora = CORPORA[spec.corpora](out, Path(data_dir) if data_dir else None, log)
+    times["corpora_s"] = time.monotonic() - t0
+
+    t = time.monotonic()
+    vocab_path = _vocabulary(corpora, out, spec.vocab_size, log)
+    times["vocab_s"] = time.monotonic() - t
+
+    t = time.monotonic()
+    manifest = load_manifest(
+        spec.manifest,
+        variables={"DATA_DIR": str(corpora), "VOCAB_PATH": str(vocab_path)},
+        runs_dir=str(out / "runs"),
+    )
+    runs = expand(manifest)
+    log(f"[demo] sweep {manifest.name}: {len(runs)} runs in {out / 'runs'}")
+    report = LocalLauncher(runner=_train_in_process).launch(runs, progress=Progress(runs))
+    times["train_s"] = time.monotonic() - t
+    if report.failed:
+        raise RuntimeError(
+            f"[demo] {len(report.failed)} run(s) failed: {', '.join(report.failed)}; "
+            f"see their train.log under {out / 'runs'}"
+        )
+
+    t = time.monotonic()
+    from launch import demo_report
+
+    fits = demo_report.write(runs_dir=out / "runs", out_dir=out, log=log)
+    times["fit_s"] = time.monotonic() - t
+    times["total_s"] = time.monotonic() - t0
+
+    summary = {
+        "profile": profile,
+        "corpora": str(corpora),
+        "vocab": str(vocab_path),
+        "runs": len(runs),
+        "report": str(out / "report.md"),
+        "fits": str(fits),
+        "times": times,
+        "python": sys.version.split()[0],
+    }
+    (out / "demo.json").write_text(json.dumps(summary, indent=1))
+    log(
+        f"[demo] done in {times['total_s']:.0f} s (corpora {times['corpora_s']:.0f} s, "
+        f"training {times['train_s']:.0f} s, fits {times['fit_s']:.0f} s): {out / 'report.md'}"
+    )
+    return summary
