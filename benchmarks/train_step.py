@@ -67,8 +67,18 @@ def synthetic_batch(tokens: np.ndarray) -> dict[str, np.ndarray]:
 
 def bench_trainer(config: LlamaConfig, *, seq_len: int, batch: int, steps_: int, log_every: int):
     """Times the trainer's step; returns rates like `llama_step.bench_config`."""
-    fields = {k: getattr(config, k) for k in ("vocab_size", "d_model", "d_ff", "num_heads",
-                                             "num_layers", "dtype", "remat_policy")}  # fmt: skip
+    fields = {
+        k: getattr(config, k)
+        for k in (
+            "vocab_size",
+            "d_model",
+            "d_ff",
+            "num_heads",
+            "num_layers",
+            "dtype",
+            "remat_policy",
+        )
+    }
     spec = models.ModelSpec(
         size="llama2_tiny", overrides={**fields, "num_kv_heads": None, "max_len": seq_len}
     )

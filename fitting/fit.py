@@ -225,7 +225,7 @@ def fit_law(
     runs: Sequence[str] | None = None,
     fixed: Mapping[str, float] | None = None,
     fixed_samples: Sequence[Mapping[str, float]] | None = None,
-    iters: int = 100,
+    iters: int = 40,
     input_names: Sequence[str] | None = None,
     starts: np.ndarray | None = None,
 ) -> FitResult:
@@ -392,7 +392,7 @@ def fit_chinchilla(
     bootstrap: int = 0,
     seed: int = 0,
     runs: Sequence[str] | None = None,
-    iters: int = 100,
+    iters: int = 40,
 ) -> FitResult:
     """Fits L = E + A/N^α + B/D^β (CPT paper eqs. 1 and 6) from the Hoffmann grid of starts.
 
@@ -425,7 +425,7 @@ def fit_cpt(
     bootstrap: int = 0,
     seed: int = 0,
     runs: Sequence[str] | None = None,
-    iters: int = 100,
+    iters: int = 40,
 ) -> FitResult:
     """Second stage of the CPT paper's fit (eq. 7): L = E + A/N^α + B'/(D^β'·N^γ) with E, A, α
     taken from the from-scratch fit `base`; only B' (B), β' (beta) and γ (gamma) are fitted.
@@ -446,11 +446,14 @@ def fit_cpt(
         raise FitInputError("cpt: base fit has non-finite E, A or alpha")
     fixed = {"e": math.log(base.params["E"]), "a": math.log(base.params["A"]),
              "alpha": base.params["alpha"]}
-    return fit_law(
+    res = fit_law(
         CPT, [N, D], L, delta=delta, grid=grid, bootstrap=bootstrap, seed=seed, runs=runs,
         fixed=fixed, fixed_samples=list(base.samples) or None, iters=iters,
         input_names=("N", "D"),
     )
+    # Report stage one's values bit for bit (not their exp(log(·)) round trip).
+    params = {**res.params, **{k: base.params[k] for k in CPT.fixed_params}}
+    return dataclasses.replace(res, params=params)
 
 
 def fit_loss_compute(

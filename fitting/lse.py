@@ -351,8 +351,14 @@ def screen(
     starts = np.asarray(starts, np.float64)
     s, p = starts.shape[0], problem.target.shape[0]
     if s * p < JAX_MIN_WORK:
-        return optim.lm_rounds(problem, starts, max_iters=iters, lane_weights=lane_weights)
-    runner = _jax_runner(problem, lane_weights, dtype)
-    return optim.lm_rounds(
-        problem, starts, max_iters=iters, lane_weights=lane_weights, runner=runner, block=_BLOCK
-    )
+        out = optim.lm_rounds(problem, starts, max_iters=iters, lane_weights=lane_weights)
+    else:
+        runner = _jax_runner(problem, lane_weights, dtype)
+        out = optim.lm_rounds(
+            problem, starts, max_iters=iters, lane_weights=lane_weights, runner=runner,
+            block=_BLOCK,
+        )
+    if problem.free is not None:  # fixed values exactly as given, not as float32 saw them
+        fixed = ~np.asarray(problem.free)
+        out[:, fixed] = starts[:, fixed]
+    return out

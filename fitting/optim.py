@@ -28,7 +28,7 @@ import numpy as np
 
 # Damping levels tried together each iteration, relative to the lane's current level; after a
 # success the level moves to the winner's times _DOWN, after a failure to the largest one's.
-_DAMPING = (1e-2, 1e-1, 1.0, 1e1, 1e2)
+_DAMPING = (1e-2, 1e-1, 1.0, 1e2)
 _DOWN = 0.3
 _LAM0 = 1e-3
 _LAM_RANGE = (1e-12, 1e12)

@@ -31,6 +31,8 @@ import tensorflow as tf
 NOISE_DENSITY = 0.15
 MEAN_NOISE_SPAN_LENGTH = 3.0
 CONCAT_BATCH = 128  # documents concatenated before chunking (T5 uses 128)
+TOKENIZE_BATCH = 1024  # texts per tokenizer call
+CHUNK_BLOCK = 256  # documents chunked per op
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -70,13 +72,34 @@ def to_translation(
     return dataset.map(_fn, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def drop_empty(dataset: tf.data.Dataset, *, keys: Sequence[str]) -> tf.data.Dataset:
-    """Drops examples where any of `keys` is an empty token sequence."""
+def tokenize(
+    dataset: tf.data.Dataset,
+    output_features: Mapping[str, seqio.Feature],
+    *,
+    batch_size: int = TOKENIZE_BATCH,
+) -> tf.data.Dataset:
+    """`seqio.preprocessors.tokenize` (without `*_pretokenized` copies), `batch_size` texts per
+    tokenizer call instead of one, which is several times faster for short documents. Examples
+    where a tokenised feature comes out empty are dropped."""
+    keys = [
+        k
+        for k in output_features
+        if k in dataset.element_spec and dataset.element_spec[k].dtype == tf.string
+    ]
 
-    def _keep(ex):
-        return tf.reduce_all([tf.size(ex[k]) > 0 for k in keys])
+    def _tokenize(batch):
+        out = dict(batch)
+        for k in keys:
+            out[k] = tf.cast(output_features[k].vocabulary.encode_tf(batch[k]), tf.int32)
+        keep = tf.reduce_all(tf.stack([out[k].row_lengths() > 0 for k in keys]), axis=0)
+        return {
+            k: tf.ragged.boolean_mask(v, keep)
+            if isinstance(v, tf.RaggedTensor)
+            else tf.boolean_mask(v, keep)
+            for k, v in out.items()
+        }
 
-    return dataset.filter(_keep)
+    return dataset.batch(batch_size).map(_tokenize, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
 
 # ----------------------------------------------------------------------------- LM
@@ -89,24 +112,26 @@ def lm_chunks(
 ) -> tf.data.Dataset:
     """Appends EOS to each tokenised document and splits it into chunks of at most
     `sequence_length["targets"]` tokens (no token is lost to truncation; the last chunk of a
-    document ends with EOS). Without a sequence length the document is kept whole."""
+    document ends with EOS). Without a sequence length the document is kept whole. Works on
+    blocks of `CHUNK_BLOCK` documents with ragged ops."""
     eos = output_features["targets"].vocabulary.eos_id if output_features else 1
     length = (sequence_length or {}).get("targets")
 
-    def _with_eos(ex):
-        t = ex["targets"]
-        return tf.concat([t, tf.constant([eos], t.dtype)], 0)
+    def _chunks(block):
+        docs = block["targets"]
+        eos_col = tf.fill([docs.nrows(), 1], tf.constant(eos, docs.dtype))
+        docs = tf.concat([docs, eos_col], axis=1)
+        if not length:
+            return {"targets": docs}
+        doc_starts = docs.row_starts()
+        offsets = tf.ragged.range(
+            tf.zeros_like(doc_starts), docs.row_lengths(), tf.constant(length, doc_starts.dtype)
+        )
+        starts = (offsets + tf.expand_dims(doc_starts, 1)).flat_values
+        return {"targets": tf.RaggedTensor.from_row_starts(docs.flat_values, starts)}
 
-    if not length:
-        return dataset.map(lambda ex: {"targets": _with_eos(ex)}, num_parallel_calls=tf.data.AUTOTUNE)
-
-    def _chunks(ex):
-        tokens = _with_eos(ex)
-        n = tf.size(tokens, out_type=tf.int64)
-        splits = tf.concat([tf.range(0, n, length, dtype=tf.int64), [n]], 0)
-        return {"targets": tf.RaggedTensor.from_row_splits(tokens, splits)}
-
-    return dataset.map(_chunks, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+    blocks = dataset.map(lambda ex: {"targets": ex["targets"]}).ragged_batch(CHUNK_BLOCK)
+    return blocks.map(_chunks, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
 
 # ----------------------------------------------------------------------------- span corruption

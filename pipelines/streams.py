@@ -51,8 +51,7 @@ from pipelines.mixtures import component_names, token_fractions
 
 MEASURE_DOCS = 2000
 MAX_CACHED = 16  # eval batch lists kept per process (LRU)
-CACHE_MAX_DOCS = 5_000_000  # local splits up to this many lines are cached tokenised
-DOC_SHUFFLE_MAX = 200_000  # documents reshuffled per epoch (cached splits)
+CACHE_MAX_DOCS = 5_000_000  # local splits up to this many lines are held and shuffled in memory
 _FeatureSpec = seqio.FeatureConverter.FeatureSpec
 
 
@@ -176,15 +175,10 @@ def _task_features(task: seqio.Task) -> tuple[str, ...]:
     return tuple(k for k in ("inputs", "targets") if k in task.output_features)
 
 
-def _cacheable(task: seqio.Task, split: str) -> bool:
-    """Local text tasks small enough to keep tokenised in memory."""
+def _local_text(task: seqio.Task, split: str) -> bool:
+    """Local text-file tasks small enough to hold their raw lines in memory."""
     n = task.source.num_input_examples(split) if split in task.source.splits else None
-    return (
-        isinstance(task.source, seqio.TextLineDataSource)
-        and task.supports_caching
-        and n is not None
-        and n <= CACHE_MAX_DOCS
-    )
+    return isinstance(task.source, seqio.TextLineDataSource) and n is not None and n <= CACHE_MAX_DOCS
 
 
 def task_dataset(
@@ -197,16 +191,19 @@ def task_dataset(
     shuffle: bool,
     repeat: bool,
 ) -> tf.data.Dataset:
-    """`task.get_dataset(...)`, except that a small local task keeps its tokenised documents in
-    memory and reshuffles them every epoch.
+    """A task's preprocessed examples: `task.get_dataset(...)`, except for local text tasks,
+    which hold their raw lines in memory and shuffle *all* documents every epoch.
 
-    The cached path is seqio's own: the task's steps before its `CacheDatasetPlaceholder`
-    (deterministic parsing and tokenisation) run once into `Dataset.cache()`, then come the
-    epoch shuffle (seeded), the repeat, the steps after the placeholder with seqio's stateless
-    seeds (`Task.preprocess_postcache`) and seqio's example shuffle buffer. Features are not
-    trimmed on this path (`component_dataset` trims).
+    Local path: the host's shard of the lines is cached in memory, globally shuffled per epoch
+    (seeded; a shuffle buffer only mixes neighbours, and the corpora files are ordered by
+    source), repeated, then run through all the task's preprocessors with seqio's seeds
+    (`Task.preprocess_precache` and `Task.preprocess_postcache`: parsing, batched tokenisation,
+    chunking or span corruption) and seqio's example shuffle buffer. Tokenising after the
+    shuffle costs a little per epoch but starts at once, where caching tokens would first have
+    to tokenise the whole split before the global shuffle could emit anything. Features are not
+    trimmed here (`component_dataset` trims).
     """
-    if not _cacheable(task, split):
+    if not _local_text(task, split):
         return task.get_dataset(
             sequence_length=dict(sequence_length),
             split=split,
@@ -218,12 +215,13 @@ def task_dataset(
     ds = task.source.get_dataset(split=split, shuffle=False)
     if shard_info is not None:
         ds = ds.shard(shard_info.num_shards, shard_info.index)
-    ds = task.preprocess_precache(ds, seed=seed).cache()
+    ds = ds.cache()
     if shuffle:
         docs = task.source.num_input_examples(split)
-        ds = ds.shuffle(max(1, min(docs, DOC_SHUFFLE_MAX)), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(max(1, docs), seed=seed, reshuffle_each_iteration=True)
     if repeat:
         ds = ds.repeat()
+    ds = task.preprocess_precache(ds, seed=seed)
     ds = task.preprocess_postcache(ds, sequence_length=dict(sequence_length), seed=seed)
     if shuffle:
         ds = ds.shuffle(task.shuffle_buffer_size or tasks.SHUFFLE_BUFFER_SIZE, seed=seed)

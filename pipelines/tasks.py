@@ -134,21 +134,13 @@ def _add(name: str, **kwargs) -> str:
     return name
 
 
-_TOKENIZE = functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False)
-
-
 def _register_mono(spec: SourceSpec, lang: str, vocabulary) -> list[str]:
     lm_features = {"targets": seqio.Feature(vocabulary, add_eos=True)}
     seq2seq_features = {
         "inputs": seqio.Feature(vocabulary, add_eos=True),
         "targets": seqio.Feature(vocabulary, add_eos=True),
     }
-    tokenized = [
-        *spec.parse,
-        _TOKENIZE,
-        functools.partial(prep.drop_empty, keys=("targets",)),
-        seqio.CacheDatasetPlaceholder(),
-    ]
+    tokenized = [*spec.parse, prep.tokenize, seqio.CacheDatasetPlaceholder()]
     lm = _add(
         lm_task_name(lang),
         source=spec.source,
@@ -190,8 +182,7 @@ def _register_pair(spec: SourceSpec, pair: str, vocabulary) -> list[str]:
                         src_name=LANG_NAMES[src],
                         tgt_name=LANG_NAMES[tgt],
                     ),
-                    _TOKENIZE,
-                    functools.partial(prep.drop_empty, keys=("inputs", "targets")),
+                    prep.tokenize,
                     seqio.CacheDatasetPlaceholder(),
                     seqio.preprocessors.append_eos_after_trim,
                 ],

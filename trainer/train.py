@@ -1,7 +1,8 @@
 """Training jobs: the library function `train(...)` and its gin entry point.
 
-    python -m trainer.train --gin_file=t5x_configs/experiments/cpt.gin \\
-        --gin.MODEL_DIR="'/runs/cpt_zh_49m'" --gin.MODEL_SIZE="'llama2_49m'" --gin.TARGET_LANG="'zh'"
+    python -m trainer.train --gin_file=experiments/cpt.gin \\
+        --gin.MODEL_DIR="'/runs/cpt_zh_49m'" --gin.MODEL_SIZE="'llama2_49m'" \\
+        --gin.INIT_CHECKPOINT="'/runs/source_en_49m'" --gin.VOCAB_PATH="'/data/vocab/cpt.model'"
 
 `train` takes keyword arguments and small frozen dataclasses only; gin configures it from the
 files in `t5x_configs/` (see `trainer.gin_entry`). A run writes into `model_dir`: `config.gin`,
@@ -9,6 +10,11 @@ files in `t5x_configs/` (see `trainer.gin_entry`). A run writes into `model_dir`
 `checkpoints/`, and `COMPLETED` last (docs/interfaces.md, "Training outputs"). Starting a run whose
 `model_dir` holds checkpoints resumes it exactly: parameters, optimizer state, step, RNG,
 data-stream position and the token counters all come back.
+
+A `metrics.jsonl` record is written every `log_every` steps, at every eval step and at the end;
+its `train/loss` is the token-weighted mean cross-entropy over the steps since the previous record
+(so no step is left out of the curve whatever `log_every` is), `learning_rate` and
+`train/grad_norm` are those of its last step.
 """
 
 from __future__ import annotations
@@ -258,7 +264,10 @@ def _initial_state(job: Job, store, *, init_checkpoint: str | None, seed: int):
         init_checkpoint, abstract_params=job.abstract_state_with_shardings().params
     )
     init = {
-        "init_checkpoint": os.fspath(directory),
+        # The source run's MODEL_DIR (where its run.json is), not its checkpoints/ folder.
+        "init_checkpoint": os.fspath(
+            directory.parent if directory.name == ckpt_lib.CHECKPOINTS_SUBDIR else directory
+        ),
         "init_step": step,
         "init_params_hash": ckpt_lib.params_hash(params),
     }
@@ -266,8 +275,24 @@ def _initial_state(job: Job, store, *, init_checkpoint: str | None, seed: int):
     return job.init_state(rng, params=params), {}, init
 
 
-def _loop(job: Job, state, *, model_dir, data, evaluation, checkpoint, saved, start, seed,
-          log_every, on_nonfinite, stop_after, store, writer, watcher) -> TrainResult:  # fmt: skip
+def _loop(
+    job: Job,
+    state,
+    *,
+    model_dir,
+    data,
+    evaluation,
+    checkpoint,
+    saved,
+    start,
+    seed,
+    log_every,
+    on_nonfinite,
+    stop_after,
+    store,
+    writer,
+    watcher,
+) -> TrainResult:
     """Runs steps `start+1 .. total`, logging, evaluating and saving along the way."""
     counters = metrics_lib.Counters(job.components, saved)
     total = job.total_steps
@@ -336,9 +361,11 @@ def _loop(job: Job, state, *, model_dir, data, evaluation, checkpoint, saved, st
             timing = progress.timing(step)
             record = counters.record(step, **job.flops_kwargs())
             progress.log_line(
-                step, loss=record["train/loss"], learning_rate=record["learning_rate"],
+                step,
+                loss=record["train/loss"],
+                learning_rate=record["learning_rate"],
                 timing=timing,
-            )  # fmt: skip
+            )
             if do_eval:
                 record.update(evaluate(step))
             writer.write({**record, **timing})

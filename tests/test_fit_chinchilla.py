@@ -1,0 +1,146 @@
+"""Chinchilla and CPT fits: recovery of known parameters, noisy data, bootstrap, convergence flags."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fitting import fit, laws, lse, optim, synthetic
+from fitting.checks import FitInputError
+
+TRUTH = synthetic.SCRATCH
+CPT_TRUTH = synthetic.CPT
+# A small grid around the usual basin: exercises the same code without the 4,500-start cost.
+SMALL_GRID = {"a": [0.0, 5.0, 10.0], "b": [0.0, 5.0, 10.0], "e": [0.0, 0.5], "alpha": [0.5], "beta": [0.5]}
+
+
+@pytest.fixture(scope="module")
+def clean_fit():
+    N, D, _ = synthetic.chinchilla_points(200, seed=1, sigma=0.0)
+    L = laws.chinchilla(N, D, **TRUTH)
+    return N, D, fit.fit_chinchilla(N, D, L)  # the full default (Hoffmann) grid
+
+
+def test_noise_free_recovery_with_the_full_default_grid(clean_fit):
+    _, _, res = clean_fit
+    assert res.n_starts == 4500 and res.n_finite == 4500
+    assert res.converged, res.status
+    for k, v in TRUTH.items():
+        assert res.params[k] == pytest.approx(v, rel=1e-3), k
+    assert 1 <= res.n_at_best <= res.n_starts
+    assert res.law == "chinchilla" and res.n_points == 200
+
+
+def test_result_is_frozen_exports_unrounded_json_and_predicts(clean_fit):
+    N, D, res = clean_fit
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.objective = 0.0
+    d = json.loads(json.dumps(res.to_dict(), allow_nan=False))
+    assert d["params"] == res.params  # bit-identical floats
+    assert d["converged"] is True and d["n_starts"] == 4500
+    np.testing.assert_allclose(res.predict(N, D), laws.chinchilla(N, D, **TRUTH), rtol=1e-6)
+    assert res.log_params["a"] == pytest.approx(math.log(res.params["A"]))
+
+
+def test_noisy_data_pin_exponents_and_predicted_loss():
+    # Noise cannot pin A and α apart (they trade off), so test what the data determine.
+    N, D, L = synthetic.chinchilla_points(200, seed=3, sigma=0.005)
+    res = fit.fit_chinchilla(N, D, L, grid=SMALL_GRID)
+    assert res.converged
+    assert res.params["beta"] == pytest.approx(TRUTH["beta"], abs=0.02)
+    assert res.params["alpha"] == pytest.approx(TRUTH["alpha"], abs=0.08)
+    np.testing.assert_allclose(res.predict(N, D), laws.chinchilla(N, D, **TRUTH), rtol=0.01)
+
+
+def test_two_stage_cpt_fit_recovers_the_cpt_law(clean_fit):
+    _, _, base = clean_fit
+    N, D, _ = synthetic.chinchilla_points(150, seed=2, sigma=0.0)
+    L = laws.cpt(N, D, **CPT_TRUTH)
+    res = fit.fit_cpt(N, D, L, base=base)
+    assert res.converged and res.law == "cpt"
+    assert res.fixed == ("E", "A", "alpha")
+    for k in ("E", "A", "alpha"):
+        assert res.params[k] == base.params[k]  # stage one's values, untouched
+    for k in ("B", "beta", "gamma"):
+        assert res.params[k] == pytest.approx(CPT_TRUTH[k], rel=1e-3), k
+    with pytest.raises(FitInputError, match="chinchilla"):
+        fit.fit_cpt(N, D, L, base=dataclasses.replace(base, law="cpt"))
+
+
+def test_bootstrap_resamples_runs_and_covers_the_truth():
+    # 12 runs (model sizes) × 10 evaluations along training, as the CPT paper fits curves.
+    rng = np.random.default_rng(7)
+    sizes = np.geomspace(5e7, 5e9, 12)
+    N = np.repeat(sizes, 10)
+    D = np.concatenate([20 * n * np.geomspace(0.05, 1, 10) for n in sizes])
+    L = laws.chinchilla(N, D, **TRUTH) * np.exp(0.004 * rng.standard_normal(len(N)))
+    runs = [f"run{int(i)}" for i in np.repeat(np.arange(12), 10)]
+    res = fit.fit_chinchilla(N, D, L, grid=SMALL_GRID, bootstrap=40, seed=0, runs=runs)
+    assert res.n_runs == 12 and res.n_bootstrap == 40
+    assert res.n_bootstrap_converged >= 30
+    assert len(res.samples) == res.n_bootstrap_converged
+    for k in ("E", "B", "beta"):
+        lo, hi = res.ci[k]
+        assert lo <= TRUTH[k] <= hi, (k, lo, hi)
+        assert lo <= res.params[k] <= hi
+    lo, hi = res.ci["alpha"]
+    assert lo <= TRUTH["alpha"] <= hi
+
+
+def test_non_finite_starts_are_masked_and_never_chosen():
+    N, D, _ = synthetic.chinchilla_points(60, seed=4, sigma=0.0)
+    L = laws.chinchilla(N, D, **TRUTH)
+    grid = dict(SMALL_GRID, alpha=[0.5, float("nan")])
+    res = fit.fit_chinchilla(N, D, L, grid=grid)
+    assert res.n_starts == 36 and res.n_finite == 18
+    assert all(np.isfinite(v) for v in res.params.values())
+    assert res.converged
+
+
+def test_convergence_flag_follows_the_polished_gradient():
+    N, D, L = synthetic.chinchilla_points(80, seed=5, sigma=0.005)
+    problem = lse.LseProblem(
+        terms=fit.CHINCHILLA.terms, features=fit.CHINCHILLA.features(N, D), target=np.log(L),
+        weights=np.ones(len(L)), delta=1e-3,
+    )
+    std, r = lse.standardise(problem)
+    starts = fit._starts(fit.CHINCHILLA, SMALL_GRID, {}) @ r.T
+    ok = optim.multistart(std, starts, iters=40)
+    assert ok.converged
+    # No float gradient is exactly zero: an impossible tolerance must report non-convergence.
+    strict = optim.multistart(std, starts, iters=40, grad_rtol=0.0)
+    assert not strict.converged
+    res = fit.FitResult(law="chinchilla", params={}, objective=1.0, converged=False, grad_norm=0.5,
+                        n_starts=1, n_finite=1, n_at_best=1, n_points=1, n_runs=1, delta=1e-3)
+    assert "NOT CONVERGED" in res.status
+
+
+def test_loss_compute_and_power_fits_recover_the_frontier_laws():
+    C = np.geomspace(1e18, 1e22, 15)
+    pw = fit.fit_power(C, laws.power(C, k=33.69907, g=0.0579))
+    assert pw.converged
+    assert pw.params["k"] == pytest.approx(33.69907, rel=1e-6)
+    assert pw.params["g"] == pytest.approx(0.0579, rel=1e-6)
+    lc = fit.fit_loss_compute(C, laws.loss_compute(C, E=1.6, A=3000.0, gamma=0.17))
+    assert lc.converged
+    assert lc.params == pytest.approx({"E": 1.6, "A": 3000.0, "gamma": 0.17}, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "N, D, L, runs, match",
+    [
+        ([1e8, 2e8], [1e9, 2e9], [3.0, 2.9], None, "2 points cannot determine 5"),
+        ([1e8] * 6, [1e9] * 5, [3.0] * 6, None, "mismatched lengths"),
+        ([1e8] * 6, [1e9] * 6, [3.0, 2.9, float("nan"), 2.7, 2.6, 2.5], list("abcdef"),
+         r"point 2 \(run 'c'\) has L = nan"),
+        ([1e8] * 6, [1e9, 0.0, 1e9, 1e9, 1e9, 1e9], [3.0] * 6, list("abcdef"),
+         r"point 1 \(run 'b'\) has D = 0.0; it must be positive"),
+        ([1e8] * 6, [1e9] * 6, [3.0, 2.9, -1.0, 2.7, 2.6, 2.5], None, r"point 2 has L = -1.0"),
+        ([1e8] * 6, [1e9] * 6, [3.0] * 6, ["a"] * 5, "mismatched lengths"),
+    ],
+)
+def test_bad_inputs_name_the_point_or_run(N, D, L, runs, match):
+    with pytest.raises(FitInputError, match=match):
+        fit.fit_chinchilla(N, D, L, runs=runs, grid=SMALL_GRID)

@@ -1,0 +1,114 @@
+"""The MT paper's laws (log-law, power law) with held-out error; alignment; data valuation."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fitting import alignment, downstream, laws, valuation
+from fitting.checks import FitInputError
+
+BLEU = {"log_A": -180.75, "alpha": 9.0, "beta": 0.75}  # MT paper Table 3, first row
+CE = {"E": 0.9, "A": 60.0, "alpha": 0.2}
+DP = np.geomspace(2e9, 5e11, 8)
+
+
+def test_log_law_recovers_known_coefficients_and_predicts_the_held_out_points():
+    res = downstream.fit_bleu_law(DP, laws.log_law(DP, **BLEU))
+    assert res.law == "log_law" and res.converged and res.n_fit == 4
+    for k, v in BLEU.items():
+        assert res.params[k] == pytest.approx(v, rel=1e-3), k
+    assert list(res.fitted) == [True] * 4 + [False] * 4
+    assert res.prediction_error < 1e-12
+    np.testing.assert_allclose(res.predict(DP), laws.log_law(DP, **BLEU), rtol=1e-6)
+
+
+def test_log_law_on_noisy_scores_reports_held_out_huber_and_residuals():
+    rng = np.random.default_rng(0)
+    score = laws.log_law(DP, **BLEU) * np.exp(0.01 * rng.standard_normal(len(DP)))
+    res = downstream.fit_bleu_law(DP[::-1], score[::-1])  # order does not matter
+    np.testing.assert_array_equal(res.Dp, DP)
+    assert res.residuals.shape == (8,)
+    np.testing.assert_allclose(res.residuals, np.log(score) - np.log(res.predicted))
+    held = res.residuals[4:]
+    want = np.sum(np.where(np.abs(held) <= 0.1, 0.5 * held**2, 0.1 * (np.abs(held) - 0.05)))
+    assert res.prediction_error == pytest.approx(want)
+    assert res.prediction_error < 1e-3
+    json.dumps(res.to_dict(), allow_nan=False)
+
+
+def test_ce_power_law_recovery_and_held_out_error():
+    res = downstream.fit_ce_law(DP, laws.power_law(DP, **CE))
+    assert res.law == "power_law" and res.converged
+    for k, v in CE.items():
+        assert res.params[k] == pytest.approx(v, rel=1e-3), k
+    assert res.prediction_error < 1e-12
+    rng = np.random.default_rng(1)
+    noisy = laws.power_law(DP, **CE) * np.exp(0.002 * rng.standard_normal(len(DP)))
+    res = downstream.fit_ce_law(DP, noisy, n_fit=5)
+    assert res.n_fit == 5 and res.fitted.sum() == 5 and np.isfinite(res.prediction_error)
+
+
+@pytest.mark.parametrize(
+    "Dp, y, n_fit, match",
+    [
+        (DP[:3], [10.0, 11.0, 12.0], 4, "fewer than n_fit=4"),
+        (DP[:5], [10.0, 11.0, 12.0, 13.0, 14.0], 2, "n_fit=2 cannot determine 3"),
+        (DP[:5], [10.0, 0.0, 12.0, 13.0, 14.0], 4, r"point 1 has score = 0.0; it must be positive"),
+        (DP[:5], [10.0, 11.0, float("nan"), 13.0, 14.0], 4, r"point 2 has score = nan"),
+        (DP[:5], [10.0, 11.0, 12.0, 13.0], 4, "mismatched lengths"),
+    ],
+)
+def test_downstream_bad_inputs(Dp, y, n_fit, match):
+    with pytest.raises(FitInputError, match=match):
+        downstream.fit_bleu_law(Dp, y, n_fit=n_fit)
+
+
+def test_alignment_score_examples_from_the_paper():
+    assert alignment.score({"en": 0.5, "fr": 0.5}, "en", "fr") == pytest.approx(1.0)
+    assert alignment.score({"en": 1.0}, "en", "fr") == pytest.approx(0.7)
+    assert alignment.score("lm_fr", "en", "fr") == pytest.approx(0.8)
+    assert alignment.score({"ro": 1.0}, "en", "de") == 0.0
+    assert alignment.score("mix_en_50_fr_50", "en", "fr") == pytest.approx(1.0)
+    assert alignment.score({"en": 30, "fr": 70}, "en", "fr") == pytest.approx(0.21 + 0.21 + 0.56)
+    assert alignment.mixture_fractions("cpt_zh_replay_en_5") == pytest.approx({"zh": 0.95, "en": 0.05})
+    with pytest.raises(ValueError, match="cannot read"):
+        alignment.score("not a mixture", "en", "fr")
+
+
+def test_valuation_too_few_points():
+    v = valuation.assess(DP[:2], [10.0, 12.0], baseline=8.0)
+    assert v.kind == "too_few_points" and "at least three" in v.explanation
+    assert v.gain == pytest.approx(4.0)
+
+
+def test_valuation_misaligned_compares_best_checkpoint_with_baseline():
+    v = valuation.assess(DP[:6], [20.0, 15.0, 22.0, 12.0, 18.0, 14.0], baseline=21.0)
+    assert v.kind == "misaligned"
+    assert v.best_score == 22.0 and v.best_Dp == pytest.approx(DP[2])
+    assert v.gain == pytest.approx(1.0) and "baseline" in v.explanation
+    json.dumps(v.to_dict(), allow_nan=False)
+
+
+def test_valuation_law_fits_predicts_and_gives_dp_for_a_target():
+    scores = laws.log_law(DP, **BLEU)
+    v = valuation.assess(DP, scores, target=30.0)
+    assert v.kind == "law_fits"
+    big = 10 * DP[-1]
+    assert v.predictions[float(big)] == pytest.approx(float(laws.log_law(big, **BLEU)), rel=1e-6)
+    assert v.dp_for_target == pytest.approx(math.exp((30.0 ** (1 / 0.75) + 180.75) / 9.0), rel=1e-5)
+    assert "keep pretraining" in v.explanation
+    slow = laws.log_law(DP, **{**BLEU, "beta": 0.2})  # gains flatten out far below the target
+    unreachable = valuation.assess(DP, slow, target=40.0)
+    assert unreachable.kind == "law_fits" and unreachable.dp_for_target is None
+    assert "not worth" in unreachable.explanation
+
+
+def test_valuation_law_breaks_at_a_later_point():
+    scores = laws.log_law(DP, **BLEU).copy()
+    scores[6:] *= 0.8  # the law holds for six checkpoints, then the scores drop
+    v = valuation.assess(DP, scores)
+    assert v.kind == "law_breaks" and v.break_index == 6
+    assert v.break_Dp == pytest.approx(DP[6])
+    assert "not sufficiently aligned" in v.explanation

@@ -1,0 +1,147 @@
+"""Readers of run directories and TensorBoard event files, on directories written by the tests."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from fitting import io, laws, points, synthetic
+from fitting.checks import FitInputError
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    synthetic.write_study(root, sizes=(3e7, 1e8, 3e8), evals=5, replay_ratios=(0.05, 0.5))
+    return root
+
+
+def test_read_runs_and_tidy_table(study):
+    runs = io.read_runs(study)
+    by_id = {r.run_id: r for r in runs}
+    assert {r.strategy for r in runs} == {
+        "source", "scratch", "cpt", "cpt_replay", "pretrain", "finetune", "finetune_scratch"}
+    assert by_id["scratch_01_1e+08"].completed is not None
+    rows = io.tidy(runs)
+    scratch = [r for r in rows if r["run_id"] == "scratch_01_1e+08"]
+    assert len(scratch) == 5
+    row = scratch[-1]
+    assert row["strategy"] == "scratch" and row["language"] == "zh"
+    assert row["n_params"] == 1e8 and row["n_params_total"] == 1.25e8
+    assert row["tokens"] == pytest.approx(20 * 1e8)
+    assert row["flops"] == pytest.approx(6 * 1e8 * 20 * 1e8)
+    assert set(row["losses"]) == {"lm_zh"} and row["tokens_by_task"] == {"lm_zh": row["tokens"]}
+    ft = [r for r in rows if r["strategy"] == "finetune"][0]
+    assert set(ft["scores"]) == {"mt_en_fr/bleu"} and "mt_en_fr" in ft["losses"]
+    np.testing.assert_array_equal(io.column(scratch, "step"), sorted(io.column(scratch, "step")))
+
+
+def test_points_use_target_tokens_for_replay_and_every_eval(study):
+    runs = io.read_runs(study)
+    replay = [r for r in runs if r.run_id == "replay_50"][0]
+    tgt = points.curve(replay)
+    assert tgt.task == "lm_zh"
+    rec = replay.evals()[-1]
+    assert tgt.tokens[-1] == pytest.approx(rec["tokens_by_task"]["lm_zh"])
+    assert tgt.tokens[-1] == pytest.approx(0.5 * rec["tokens"])
+    src = points.curve(replay, task="lm_en")
+    np.testing.assert_allclose(src.fraction, 0.5)
+    pts = points.pool(points.curves(runs, strategies=("scratch",), language="zh"))
+    assert len(pts) == 3 * 5 and len(set(pts.runs)) == 3
+    np.testing.assert_allclose(pts.C, 6 * pts.N * pts.D)
+    series = points.downstream_series(runs, metric="bleu")
+    assert len(series) == 1 and series[0].key == ("mix_en_50_fr_50", "mt_en_fr", "300")
+    assert len(series[0].Dp) == 8 and np.all(np.diff(series[0].Dp) > 0)
+    assert series[0].baseline is not None
+    np.testing.assert_allclose(series[0].values, laws.log_law(series[0].Dp, **synthetic.BLEU), rtol=0.05)
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _write_events(path, events):
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for step, tag, value, as_tensor in events:
+            if as_tensor:  # TF2 summaries (T5X, clu) store a rank-0 float tensor
+                tensor = tensor_pb2.TensorProto(
+                    dtype=1, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                    tensor_content=struct.pack("<f", value))
+                val = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
+            else:
+                val = summary_pb2.Summary.Value(tag=tag, simple_value=value)
+            data = event_pb2.Event(step=step, wall_time=1.0,
+                                   summary=summary_pb2.Summary(value=[val])).SerializeToString()
+            header = struct.pack("<Q", len(data))
+            f.write(header + struct.pack("<I", _masked_crc(header)) + data)
+            f.write(struct.pack("<I", _masked_crc(data)))
+        f.write(b"\x10\x00")  # a truncated record at the end is ignored
+
+
+def test_tensorboard_reader_t5x_layout_and_run_fallback(tmp_path):
+    run = tmp_path / "t5x_run"
+    _write_events(run / "train" / "events.out.tfevents.1.host", [
+        (100, "loss", 3.0, False), (200, "loss", 2.5, True)])
+    _write_events(run / "training_eval" / "lm_fr" / "events.out.tfevents.2.host", [
+        (100, "loss", 3.5, True), (200, "loss", 3.25, True)])
+    scalars = io.read_tensorboard(run)
+    assert scalars["loss"] == [(100, 3.0), (200, 2.5)]
+    assert scalars["eval/lm_fr/loss"] == [(100, 3.5), (200, 3.25)]
+    meta = {"strategy": "scratch", "target_lang": "fr", "params_non_embedding": 1e8,
+            "batch_size": 4, "seq_len": 8, "flops_per_token": 6e8}
+    (run / "run.json").write_text(json.dumps(meta))
+    r = io.read_run(run)  # no metrics.jsonl: falls back to the events
+    c = points.curve(r)
+    np.testing.assert_allclose(c.loss, [3.5, 3.25])
+    np.testing.assert_allclose(c.tokens, [100 * 32, 200 * 32])
+    np.testing.assert_allclose(c.flops, 6e8 * c.tokens)
+
+
+def test_bad_run_directories_name_the_run(tmp_path):
+    (tmp_path / "empty_run").mkdir()
+    (tmp_path / "empty_run" / "run.json").write_text("{}")
+    with pytest.raises(FitInputError, match=r"run 'empty_run'.*no metrics.jsonl"):
+        io.read_runs(tmp_path)
+    (tmp_path / "empty_run" / "run.json").unlink()
+    (tmp_path / "empty_run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(FitInputError, match=r"run 'empty_run'.*but no run.json"):
+        io.read_runs(tmp_path)
+    (tmp_path / "empty_run" / "run.json").write_text('{"strategy": "scratch"')
+    with pytest.raises(FitInputError, match=r"run 'empty_run': run.json is not valid JSON"):
+        io.read_runs(tmp_path)
+    (tmp_path / "empty_run" / "run.json").write_text("{}")
+    (tmp_path / "empty_run" / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(FitInputError, match=r"run 'empty_run': metrics.jsonl line 2 is not JSON"):
+        io.read_runs(tmp_path)
+    # a truncated last line (a run still writing) is dropped, not an error
+    (tmp_path / "empty_run" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "tok')
+    assert len(io.read_runs(tmp_path)[0].records) == 1
+    with pytest.raises(FitInputError, match="does not exist"):
+        io.read_runs(tmp_path / "missing")
+
+
+def test_bad_values_in_runs_name_run_and_step(tmp_path):
+    meta = {"strategy": "scratch", "target_lang": "zh", "params_non_embedding": 1e8,
+            "components": ["lm_zh"]}
+    run = tmp_path / "nan_run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps(meta))
+    recs = [{"step": 10, "tokens": 1e6, "eval/lm_zh/loss": 4.0},
+            {"step": 20, "tokens": 2e6, "eval/lm_zh/loss": float("nan")}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    runs = io.read_runs(tmp_path)
+    with pytest.raises(FitInputError, match=r"run 'nan_run' step 20: eval/lm_zh/loss = nan"):
+        points.curve(runs[0])
+    (run / "run.json").write_text(json.dumps({**meta, "params_non_embedding": None}))
+    with pytest.raises(FitInputError, match=r"run 'nan_run': run.json has no positive"):
+        points.curve(io.read_runs(tmp_path)[0])

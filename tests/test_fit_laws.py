@@ -1,0 +1,44 @@
+"""The laws as pure functions, against values computed by hand from the papers' formulas."""
+
+import math
+
+import numpy as np
+import pytest
+
+from fitting import laws
+
+
+def test_chinchilla_and_cpt_match_hand_values():
+    N, D = 1.4e9, 2.8e10
+    want = 1.55 + 420.0 / N**0.4 + 719.5 / D**0.3
+    assert laws.chinchilla(N, D, E=1.55, A=420.0, B=719.5, alpha=0.4, beta=0.3) == pytest.approx(want)
+    want_cpt = 1.55 + 420.0 / N**0.4 + 433.3 / (D**0.2 * N**0.08)
+    got = laws.cpt(N, D, E=1.55, A=420.0, alpha=0.4, B=433.3, beta=0.2, gamma=0.08)
+    assert got == pytest.approx(want_cpt)
+    # gamma = 0 and equal exponents reduce the CPT law to Chinchilla
+    assert laws.cpt(N, D, E=1.5, A=400, alpha=0.3, B=700, beta=0.3, gamma=0.0) == pytest.approx(
+        laws.chinchilla(N, D, E=1.5, A=400, B=700, alpha=0.3, beta=0.3)
+    )
+
+
+def test_compute_laws_and_paper_frontier():
+    C = np.array([1e19, 1e21])
+    np.testing.assert_allclose(laws.power(C, k=33.69907, g=0.0579), 33.69907 * C**-0.0579)
+    np.testing.assert_allclose(laws.loss_compute(C, E=1.7, A=900.0, gamma=0.15), 1.7 + 900 * C**-0.15)
+
+
+def test_log_law_uses_log_A_and_is_nan_where_undefined():
+    Dp = np.array([1e7, 1e9, 1e11])
+    got = laws.log_law(Dp, log_A=-180.75, alpha=9.0, beta=0.75)
+    q = -180.75 + 9.0 * np.log(Dp)
+    assert math.isnan(got[0])  # log(A·Dp^α) < 0 at 1e7 tokens
+    np.testing.assert_allclose(got[1:], q[1:] ** 0.75)
+    np.testing.assert_allclose(laws.power_law(Dp, E=2.0, A=50.0, alpha=0.3), 2 + 50 * Dp**-0.3)
+
+
+def test_predict_dispatches_by_name_and_rejects_unknown_laws():
+    p = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.4, "beta": 0.3, "extra": 1.0}
+    assert laws.predict("chinchilla", p, 1e9, 1e10) == laws.chinchilla(1e9, 1e10, **{
+        k: p[k] for k in laws.PARAMS["chinchilla"]})
+    with pytest.raises(ValueError, match="unknown law"):
+        laws.predict("kaplan", p, 1.0)

@@ -1,0 +1,104 @@
+"""`fitting.pipeline.fit_runs` and `xlscale fit` end to end on synthetic run directories."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fitting import fit, io, pipeline, points, report, synthetic
+from fitting.checks import FitInputError
+from xlscale_cli.main import main
+
+SMALL_GRID = {"a": [0.0, 5.0, 10.0], "b": [0.0, 5.0, 10.0], "e": [0.0, 0.5], "alpha": [0.5], "beta": [0.5]}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    synthetic.write_study(root, sizes=(3e7, 1e8, 3e8, 1e9), evals=6, replay_ratios=(0.05, 0.5))
+    return root
+
+
+@pytest.fixture(scope="module")
+def result(study, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fits")
+    return out, pipeline.fit_runs(study, out, bootstrap=5, grid=SMALL_GRID)
+
+
+def test_fit_runs_writes_every_output(result):
+    out, res = result
+    assert res["skipped"] == {}
+    assert {"chinchilla", "cpt", "compute", "transfer", "replay", "bleu", "ce"} <= set(res)
+    saved = json.loads((out / "fits.json").read_text())
+    assert saved["converged"] == (not saved["warnings"])
+    for name in saved["plots"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"loss_compute_zh.png", "transfer_zh.png", "replay_zh.png", "isoloss_zh.png",
+            "bleu_bleu_mt_en_fr.png", "ce_loss_mt_en_fr.png"} <= set(saved["plots"])
+    text = (out / "report.md").read_text()
+    for heading in ("From-scratch Chinchilla", "CPT law", "Loss–compute frontier", "Transfer",
+                    "Forgetting under replay", "Downstream translation scores", "cross-entropy"):
+        assert heading in text
+
+
+def test_fits_json_is_unrounded_and_matches_a_direct_fit(study, result):
+    out, _ = result
+    saved = json.loads((out / "fits.json").read_text())
+    zh = saved["chinchilla"]["zh"]["fit"]
+    runs = io.read_runs(study)
+    pts = points.pool(points.curves(runs, strategies=("source", "scratch"), language="zh"))
+    direct = fit.fit_chinchilla(pts.N, pts.D, pts.L, runs=pts.runs, grid=SMALL_GRID)
+    assert zh["params"] == direct.params  # exact floats survive the export
+    assert zh["converged"] is True and zh["n_bootstrap"] == 5 and len(zh["ci"]) == 5
+    cpt = saved["cpt"]["zh"]
+    assert cpt["fit"]["fixed"] == ["E", "A", "alpha"]
+    assert cpt["fit"]["params"]["gamma"] == pytest.approx(synthetic.CPT["gamma"], abs=0.03)
+    assert cpt["allocation"]["valid"] is True
+    assert cpt["appendix_b"]["mean_huber_cpt"] <= cpt["appendix_b"]["mean_huber_chinchilla"] * 1.01
+    bleu = saved["bleu"][0]
+    assert bleu["alignment"] == pytest.approx(1.0)  # 50/50 en–fr for en→fr
+    assert bleu["verdict"]["kind"] == "law_fits"
+    saved_transfer = saved["transfer"]["zh"]
+    assert len(saved_transfer["curves"]) == 4 and len(saved_transfer["law"]) == 4
+
+
+def test_report_flags_non_converged_fits():
+    bad = fit.FitResult(law="chinchilla", params={"E": 1.0, "A": 2.0, "B": 3.0, "alpha": 0.3,
+                        "beta": 0.2}, objective=1.0, converged=False, grad_norm=0.25, n_starts=1,
+                        n_finite=1, n_at_best=1, n_points=10, n_runs=2, delta=1e-3)
+    res = {"runs_dir": "x", "n_runs": 2, "law": "chinchilla", "bootstrap": 0, "seed": 0,
+           "warnings": ["chinchilla/zh: fit did NOT converge (gradient 0.25)"], "skipped": {},
+           "plots": [], "chinchilla": {"zh": {"fit": bad.to_dict(), "allocation": {
+               "valid": False, "note": "n/a"}, "allocation_ci": {}}}}
+    text = report.render(res)
+    assert "did not converge" in text and "**NOT CONVERGED** (gradient 0.25)" in text
+
+
+def test_cli_fit_runs_and_reports(study, tmp_path, capsys):
+    code = main(["fit", "--runs", str(study), "--law", "cpt", "--out", str(tmp_path / "o"),
+                 "--bootstrap", "0"])
+    assert code in (0, 3)
+    saved = json.loads((tmp_path / "o" / "fits.json").read_text())
+    assert set(saved["cpt"]) == {"zh"} and "chinchilla" not in saved
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cli_bad_input_names_the_run(study, tmp_path, capsys):
+    broken = tmp_path / "runs"
+    broken.mkdir()
+    (broken / "stalled_run").mkdir()
+    (broken / "stalled_run" / "run.json").write_text("{}")
+    code = main(["fit", "--runs", str(broken), "--out", str(tmp_path / "o"), "--bootstrap", "0"])
+    assert code == 1
+    assert "stalled_run" in capsys.readouterr().err
+    only_scratch = tmp_path / "scratch_only"
+    only_scratch.mkdir()
+    for d in study.glob("scratch_*"):
+        (only_scratch / d.name).mkdir()
+        for f in d.iterdir():
+            (only_scratch / d.name / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(FitInputError, match="replay: no cpt_replay runs"):
+        pipeline.fit_runs(only_scratch, tmp_path / "o2", law="replay", bootstrap=0)
+    with pytest.raises(ValueError, match="unknown law"):
+        pipeline.fit_runs(only_scratch, tmp_path / "o3", law="kaplan")
+    assert np.isfinite(json.loads(json.dumps(1.0)))
