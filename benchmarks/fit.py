@@ -47,10 +47,15 @@ def _scipy_loop(N, D, L, starts, delta):
         ar = np.abs(r)
         f = np.sum(np.where(ar <= delta, 0.5 * r * r, delta * (ar - 0.5 * delta)))
         psi = np.clip(r, -delta, delta) / s
-        g = np.array([
-            np.sum(psi * e0), np.sum(psi * e1), np.sum(psi * e2),
-            -np.sum(psi * e0 * x), -np.sum(psi * e1 * y),
-        ])
+        g = np.array(
+            [
+                np.sum(psi * e0),
+                np.sum(psi * e1),
+                np.sum(psi * e2),
+                -np.sum(psi * e0 * x),
+                -np.sum(psi * e1 * y),
+            ]
+        )
         return f, g
 
     out = []
@@ -86,15 +91,21 @@ def main(argv: list[str] | None = None) -> int:
     cold = fit.fit_chinchilla(N, D, L)
     cold_s, cold_cpu = time.perf_counter() - t0, time.process_time() - c0
     t0, c0 = time.perf_counter(), time.process_time()
-    warm = fit.fit_chinchilla(N, D, L)
+    fit.fit_chinchilla(N, D, L)
     warm_s, warm_cpu = time.perf_counter() - t0, time.process_time() - c0
     figures = {
-        "n_points": len(N), "n_starts": len(starts), "cpu_count": os.cpu_count(),
+        "n_points": len(N),
+        "n_starts": len(starts),
+        "cpu_count": os.cpu_count(),
         "import_jax_and_fitting_s": import_s,
-        "batched_cold_s": cold_s, "batched_cold_cpu_s": cold_cpu,
-        "batched_warm_s": warm_s, "batched_warm_cpu_s": warm_cpu,
-        "batched_objective": cold.objective, "batched_params": cold.params,
-        "batched_converged": cold.converged, "batched_grad_norm": cold.grad_norm,
+        "batched_cold_s": cold_s,
+        "batched_cold_cpu_s": cold_cpu,
+        "batched_warm_s": warm_s,
+        "batched_warm_cpu_s": warm_cpu,
+        "batched_objective": cold.objective,
+        "batched_params": cold.params,
+        "batched_converged": cold.converged,
+        "batched_grad_norm": cold.grad_norm,
         "batched_n_at_best": cold.n_at_best,
     }
     if not args.skip_scipy:
@@ -107,8 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         a, b, e, al, be = ref[best][1]
         figures["scipy_objective"] = float(f[best])
         figures["scipy_params"] = {
-            "E": float(np.exp(e)), "A": float(np.exp(a)), "B": float(np.exp(b)),
-            "alpha": float(al), "beta": float(be),
+            "E": float(np.exp(e)),
+            "A": float(np.exp(a)),
+            "B": float(np.exp(b)),
+            "alpha": float(al),
+            "beta": float(be),
         }
         figures["scipy_n_at_best"] = int(np.sum(f <= f[best] * (1 + 1e-6)))
         rel = abs(cold.objective - f[best]) / abs(f[best])
@@ -121,22 +135,32 @@ def main(argv: list[str] | None = None) -> int:
     figures["load_average_before"] = load0
     figures["load_average_after"] = os.getloadavg()
 
-    print(f"Chinchilla fit, {len(N)} points, {len(starts)} starts ({os.cpu_count()} CPUs, "
-          f"load average {load0[0]:.1f} → {figures['load_average_after'][0]:.1f})")
+    print(
+        f"Chinchilla fit, {len(N)} points, {len(starts)} starts ({os.cpu_count()} CPUs, "
+        f"load average {load0[0]:.1f} → {figures['load_average_after'][0]:.1f})"
+    )
     print(f"  import jax + fitting          {import_s:7.2f} s")
     print(f"  batched, incl. compilation    {cold_s:7.2f} s  (CPU {cold_cpu:.2f} s)")
     print(f"  batched, compiled             {warm_s:7.2f} s  (CPU {warm_cpu:.2f} s)")
-    print(f"  batched optimum {cold.objective!r}, converged={cold.converged}, "
-          f"{cold.n_at_best} starts at the best basin")
+    print(
+        f"  batched optimum {cold.objective!r}, converged={cold.converged}, "
+        f"{cold.n_at_best} starts at the best basin"
+    )
     if not args.skip_scipy:
-        print(f"  scipy L-BFGS-B loop           {figures['scipy_s']:7.2f} s  "
-              f"(CPU {figures['scipy_cpu_s']:.2f} s)")
-        print(f"  scipy optimum  {figures['scipy_objective']!r}, "
-              f"{figures['scipy_n_at_best']} starts within 1e-6")
-        print(f"  speed-up {figures['speedup_cold']:.1f}× incl. compilation, "
-              f"{figures['speedup_warm']:.1f}× compiled; objective rel. diff "
-              f"{figures['objective_rel_diff']:.2e}, exponent diff {figures['exponent_abs_diff']:.2e}"
-              f" → same optimum: {figures['same_optimum']}")
+        print(
+            f"  scipy L-BFGS-B loop           {figures['scipy_s']:7.2f} s  "
+            f"(CPU {figures['scipy_cpu_s']:.2f} s)"
+        )
+        print(
+            f"  scipy optimum  {figures['scipy_objective']!r}, "
+            f"{figures['scipy_n_at_best']} starts within 1e-6"
+        )
+        print(
+            f"  speed-up {figures['speedup_cold']:.1f}× incl. compilation, "
+            f"{figures['speedup_warm']:.1f}× compiled; objective rel. diff "
+            f"{figures['objective_rel_diff']:.2e}, exponent diff {figures['exponent_abs_diff']:.2e}"
+            f" → same optimum: {figures['same_optimum']}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0 if figures.get("same_optimum", True) else 1

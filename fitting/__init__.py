@@ -1,1 +1,6 @@
-"""fitting."""
+"""Scaling-law fitting for xlscale: laws, robust multi-start fits, allocation, transfer, downstream
+laws, alignment, data valuation, readers of run directories, plots and reports.
+
+Import the modules you need (`fitting.fit`, `fitting.pipeline`, ...); nothing is imported here, so
+`import fitting` stays light (no JAX, no TensorFlow).
+"""

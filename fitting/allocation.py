@@ -62,8 +62,14 @@ class Allocation:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (unrounded)."""
         return {
-            "law": self.law, "G": self.G, "a": self.a, "b": self.b, "n_coef": self.n_coef,
-            "d_coef": self.d_coef, "valid": self.valid, "note": self.note,
+            "law": self.law,
+            "G": self.G,
+            "a": self.a,
+            "b": self.b,
+            "n_coef": self.n_coef,
+            "d_coef": self.d_coef,
+            "valid": self.valid,
+            "note": self.note,
         }
 
 
@@ -71,7 +77,9 @@ def _law_of(params: Mapping[str, float]) -> str:
     return "cpt" if "gamma" in params else "chinchilla"
 
 
-def compute_optimal(params: Mapping[str, float] | FitResult, *, law: str | None = None) -> Allocation:
+def compute_optimal(
+    params: Mapping[str, float] | FitResult, *, law: str | None = None
+) -> Allocation:
     """The compute-optimal allocation of a Chinchilla or CPT law (eqs. 2 and 5).
 
     Args:

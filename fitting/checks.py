@@ -68,7 +68,9 @@ def as_points(
         bad = np.flatnonzero(~np.isfinite(a))
         if bad.size:
             i = int(bad[0])
-            raise FitInputError(f"{law}: {point_label(i, runs)} has {name} = {float(a[i])!r} (not finite)")
+            raise FitInputError(
+                f"{law}: {point_label(i, runs)} has {name} = {float(a[i])!r} (not finite)"
+            )
         bad = np.flatnonzero(a <= 0)
         if bad.size:
             i = int(bad[0])
@@ -79,5 +81,7 @@ def as_points(
         bad = np.flatnonzero(~np.isfinite(a))
         if bad.size:
             i = int(bad[0])
-            raise FitInputError(f"{law}: {point_label(i, runs)} has {name} = {float(a[i])!r} (not finite)")
+            raise FitInputError(
+                f"{law}: {point_label(i, runs)} has {name} = {float(a[i])!r} (not finite)"
+            )
     return out

@@ -196,10 +196,21 @@ def fit_bleu_law(Dp, score, *, n_fit: int = 4, delta: float = 0.1) -> Downstream
     }
     pred, resid, fitted, err = _heldout("log_law", params, Dp, obs, n_fit, delta)
     return DownstreamFit(
-        law="log_law", params=params, objective=res.objective, converged=res.converged,
-        grad_norm=float(np.max(np.abs(res.grad))), n_starts=res.n_starts,
-        n_at_best=res.n_at_best, n_fit=n_fit, delta=float(delta), Dp=Dp, observed=obs,
-        predicted=pred, residuals=resid, fitted=fitted, prediction_error=err,
+        law="log_law",
+        params=params,
+        objective=res.objective,
+        converged=res.converged,
+        grad_norm=float(np.max(np.abs(res.grad))),
+        n_starts=res.n_starts,
+        n_at_best=res.n_at_best,
+        n_fit=n_fit,
+        delta=float(delta),
+        Dp=Dp,
+        observed=obs,
+        predicted=pred,
+        residuals=resid,
+        fitted=fitted,
+        prediction_error=err,
     )
 
 
@@ -209,7 +220,9 @@ POWER_LAW = fit_mod.LawSpec(
     terms=(((0, 0), (1, 1)), ((2, 2),)),
     features=lambda Dp: fit_mod._ones_and_neglogs(Dp, layout=(-1, 0, -1)),
     to_params=lambda v: {
-        "E": math.exp(v["e"]), "A": math.exp(v["a"]), "alpha": float(v["alpha"]),
+        "E": math.exp(v["e"]),
+        "A": math.exp(v["a"]),
+        "alpha": float(v["alpha"]),
     },
     grid={
         "a": np.arange(0.0, 25.0 + 1e-9, 5.0),
@@ -237,10 +250,21 @@ def fit_ce_law(Dp, ce, *, n_fit: int = 4, delta: float = 1e-3) -> DownstreamFit:
     )
     pred, resid, fitted, err = _heldout("power_law", r.params, Dp, obs, n_fit, delta)
     return DownstreamFit(
-        law="power_law", params=r.params, objective=r.objective, converged=r.converged,
-        grad_norm=r.grad_norm, n_starts=r.n_starts, n_at_best=r.n_at_best, n_fit=n_fit,
-        delta=float(delta), Dp=Dp, observed=obs, predicted=pred, residuals=resid,
-        fitted=fitted, prediction_error=err,
+        law="power_law",
+        params=r.params,
+        objective=r.objective,
+        converged=r.converged,
+        grad_norm=r.grad_norm,
+        n_starts=r.n_starts,
+        n_at_best=r.n_at_best,
+        n_fit=n_fit,
+        delta=float(delta),
+        Dp=Dp,
+        observed=obs,
+        predicted=pred,
+        residuals=resid,
+        fitted=fitted,
+        prediction_error=err,
     )
 
 

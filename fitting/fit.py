@@ -69,7 +69,7 @@ class FitResult:
 
     @property
     def status(self) -> str:
-        """"converged" or a warning that must accompany any use of the numbers."""
+        """ "converged" or a warning that must accompany any use of the numbers."""
         if self.converged:
             return "converged"
         return f"NOT CONVERGED (gradient {self.grad_norm:.3g})"
@@ -148,8 +148,11 @@ CHINCHILLA = LawSpec(
     terms=(((0, 0), (3, 1)), ((1, 2), (4, 3)), ((2, 4),)),
     features=lambda N, D: _ones_and_neglogs(N, D, layout=(-1, 0, -1, 1, -1)),
     to_params=lambda v: {
-        "E": _exp(v["e"]), "A": _exp(v["a"]), "B": _exp(v["b"]),
-        "alpha": float(v["alpha"]), "beta": float(v["beta"]),
+        "E": _exp(v["e"]),
+        "A": _exp(v["a"]),
+        "B": _exp(v["b"]),
+        "alpha": float(v["alpha"]),
+        "beta": float(v["beta"]),
     },
     grid=HOFFMANN_GRID,
 )
@@ -161,8 +164,12 @@ CPT = LawSpec(
     terms=(((0, 0), (3, 1)), ((1, 2), (4, 3), (5, 4)), ((2, 5),)),
     features=lambda N, D: _ones_and_neglogs(N, D, layout=(-1, 0, -1, 1, 0, -1)),
     to_params=lambda v: {
-        "E": _exp(v["e"]), "A": _exp(v["a"]), "alpha": float(v["alpha"]),
-        "B": _exp(v["b"]), "beta": float(v["beta"]), "gamma": float(v["gamma"]),
+        "E": _exp(v["e"]),
+        "A": _exp(v["a"]),
+        "alpha": float(v["alpha"]),
+        "B": _exp(v["b"]),
+        "beta": float(v["beta"]),
+        "gamma": float(v["gamma"]),
     },
     grid={
         "b": np.arange(0.0, 25.0 + 1e-9, 5.0),
@@ -257,14 +264,20 @@ def fit_law(
     xs = [pts[n] for n in names]
     fixed = dict(fixed or {})
     problem = lse.LseProblem(
-        terms=spec.terms, features=spec.features(*xs), target=np.log(pts["L"]),
-        weights=np.ones(len(pts["L"])), delta=float(delta), free=spec.free,
+        terms=spec.terms,
+        features=spec.features(*xs),
+        target=np.log(pts["L"]),
+        weights=np.ones(len(pts["L"])),
+        delta=float(delta),
+        free=spec.free,
     )
     std, r = lse.standardise(problem)
     r_inv = np.linalg.inv(r)
     if starts is None:
         starts = _starts(spec, grid, fixed)
-    res = optim.multistart(std, np.asarray(starts, np.float64) @ r.T, iters=iters, screen=lse.screen)
+    res = optim.multistart(
+        std, np.asarray(starts, np.float64) @ r.T, iters=iters, screen=lse.screen
+    )
     theta = r_inv @ res.theta
     values = dict(zip(spec.names, theta.tolist(), strict=True))
     grad = r.T @ res.grad
@@ -288,7 +301,14 @@ def fit_law(
     if bootstrap <= 0 or not np.all(np.isfinite(res.theta)):
         return result
     thetas, ok = _bootstrap(
-        std, r, res, codes, n_runs, bootstrap, seed, iters,
+        std,
+        r,
+        res,
+        codes,
+        n_runs,
+        bootstrap,
+        seed,
+        iters,
         [_fixed_vector(spec, s) for s in fixed_samples] if fixed_samples else None,
     )
     samples = tuple(
@@ -409,8 +429,16 @@ def fit_chinchilla(
       iters: the most batched LM iterations a start runs (each stops once it stalls).
     """
     return fit_law(
-        CHINCHILLA, [N, D], L, delta=delta, grid=grid, bootstrap=bootstrap, seed=seed,
-        runs=runs, iters=iters, input_names=("N", "D"),
+        CHINCHILLA,
+        [N, D],
+        L,
+        delta=delta,
+        grid=grid,
+        bootstrap=bootstrap,
+        seed=seed,
+        runs=runs,
+        iters=iters,
+        input_names=("N", "D"),
     )
 
 
@@ -444,11 +472,23 @@ def fit_cpt(
         raise FitInputError(f"cpt: base must be a chinchilla fit, got {base.law!r}")
     if not all(np.isfinite(base.params[k]) for k in ("E", "A", "alpha")):
         raise FitInputError("cpt: base fit has non-finite E, A or alpha")
-    fixed = {"e": math.log(base.params["E"]), "a": math.log(base.params["A"]),
-             "alpha": base.params["alpha"]}
+    fixed = {
+        "e": math.log(base.params["E"]),
+        "a": math.log(base.params["A"]),
+        "alpha": base.params["alpha"],
+    }
     res = fit_law(
-        CPT, [N, D], L, delta=delta, grid=grid, bootstrap=bootstrap, seed=seed, runs=runs,
-        fixed=fixed, fixed_samples=list(base.samples) or None, iters=iters,
+        CPT,
+        [N, D],
+        L,
+        delta=delta,
+        grid=grid,
+        bootstrap=bootstrap,
+        seed=seed,
+        runs=runs,
+        fixed=fixed,
+        fixed_samples=list(base.samples) or None,
+        iters=iters,
         input_names=("N", "D"),
     )
     # Report stage one's values bit for bit (not their exp(log(·)) round trip).
@@ -468,8 +508,16 @@ def fit_loss_compute(
 ) -> FitResult:
     """Fits the frontier law L = E' + A'/C^γ (CPT paper eq. 3) to (compute, loss) points."""
     return fit_law(
-        LOSS_COMPUTE, [C], L, delta=delta, grid=grid, bootstrap=bootstrap, seed=seed, runs=runs,
-        iters=60, input_names=("C",),
+        LOSS_COMPUTE,
+        [C],
+        L,
+        delta=delta,
+        grid=grid,
+        bootstrap=bootstrap,
+        seed=seed,
+        runs=runs,
+        iters=60,
+        input_names=("C",),
     )
 
 
@@ -484,6 +532,13 @@ def fit_power(
 ) -> FitResult:
     """Fits the pure power law L = k·C^(−g) (the form of the CPT paper's §4.2 frontier fits)."""
     return fit_law(
-        POWER, [C], L, delta=delta, bootstrap=bootstrap, seed=seed, runs=runs, iters=60,
+        POWER,
+        [C],
+        L,
+        delta=delta,
+        bootstrap=bootstrap,
+        seed=seed,
+        runs=runs,
+        iters=60,
         input_names=("C",),
     )

@@ -125,7 +125,13 @@ def _bootstrap(C, L, runs, lc, pw, delta, n_boot, seed, bins_per_decade):
             start = np.array([[base.log_params[n] for n in spec.names]])
             try:
                 res = fit_mod.fit_law(
-                    spec, [fc], fl, delta=delta, runs=fr, starts=start, iters=40,
+                    spec,
+                    [fc],
+                    fl,
+                    delta=delta,
+                    runs=fr,
+                    starts=start,
+                    iters=40,
                     input_names=("C",),
                 )
             except FitInputError:
@@ -140,7 +146,10 @@ def _bootstrap(C, L, runs, lc, pw, delta, n_boot, seed, bins_per_decade):
         s = tuple(samples[name])
         out.append(
             dataclasses.replace(
-                base, ci=fit_mod.percentile_cis(s), samples=s, n_bootstrap=n_boot,
+                base,
+                ci=fit_mod.percentile_cis(s),
+                samples=s,
+                n_bootstrap=n_boot,
                 n_bootstrap_converged=len(s),
             )
         )

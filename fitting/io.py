@@ -171,26 +171,28 @@ def tidy(runs: Iterable[Run]) -> list[dict[str, Any]]:
                     losses[task] = _num(value)
                 else:
                     scores[f"{task}/{metric}"] = _num(value)
-            rows.append({
-                "run_id": run.run_id,
-                "strategy": run.strategy,
-                "family": m.get("family"),
-                "model": m.get("model"),
-                "language": run.target_lang,
-                "source_lang": m.get("source_lang"),
-                "replay_ratio": _num(m.get("replay_ratio", 0.0) or 0.0),
-                "n_params": _num(m.get("params_non_embedding")),
-                "n_params_total": _num(m.get("params_total")),
-                "step": int(rec["step"]),
-                "tokens": _num(rec.get("tokens")),
-                "tokens_by_task": dict(rec.get("tokens_by_task") or {}),
-                "flops": _num(rec.get("flops")),
-                "losses": losses,
-                "scores": scores,
-                "init_checkpoint": m.get("init_checkpoint"),
-                "init_step": m.get("init_step"),
-                "completed": run.completed is not None,
-            })
+            rows.append(
+                {
+                    "run_id": run.run_id,
+                    "strategy": run.strategy,
+                    "family": m.get("family"),
+                    "model": m.get("model"),
+                    "language": run.target_lang,
+                    "source_lang": m.get("source_lang"),
+                    "replay_ratio": _num(m.get("replay_ratio", 0.0) or 0.0),
+                    "n_params": _num(m.get("params_non_embedding")),
+                    "n_params_total": _num(m.get("params_total")),
+                    "step": int(rec["step"]),
+                    "tokens": _num(rec.get("tokens")),
+                    "tokens_by_task": dict(rec.get("tokens_by_task") or {}),
+                    "flops": _num(rec.get("flops")),
+                    "losses": losses,
+                    "scores": scores,
+                    "init_checkpoint": m.get("init_checkpoint"),
+                    "init_step": m.get("init_step"),
+                    "completed": run.completed is not None,
+                }
+            )
     return rows
 
 

@@ -59,13 +59,13 @@ def _plan(terms: Terms, n: int) -> _Plan:
             owner.append(len(kinds) - 1)
             rows.append((j,))
     for i, k in enumerate(active):
-        for l in active[i:]:
-            kinds.append(("h", k, l))
+        for k2 in active[i:]:
+            kinds.append(("h", k, k2))
             for jk, ck in terms[k]:
-                for jl, cl in terms[l]:
+                for jl, cl in terms[k2]:
                     columns.append((ck, cl))
                     owner.append(len(kinds) - 1)
-                    rows.append((jk, jl, int(k != l)))
+                    rows.append((jk, jl, int(k != k2)))
     matrix = np.zeros((len(rows), n + n * n))
     for q, row in enumerate(rows):
         if len(row) == 1:
@@ -105,7 +105,7 @@ def objective(
     """
     dtype = theta.dtype
     us = []
-    for k, comp in enumerate(terms):
+    for comp in terms:
         u = xp.zeros(theta.shape[:-1] + (1,), dtype)
         for j, col in comp:
             u = u + theta[..., j, None] * features[:, col]
@@ -126,19 +126,23 @@ def objective(
     cross = weights * (xp.abs(r) <= delta).astype(dtype) - psi
     plan = _plan(terms, n)
     coefs = []
-    for kind, k, l in plan.kinds:
+    for kind, k, k2 in plan.kinds:
         if kind == "g":
             coefs.append(psi * ws[k])
         else:
-            c = cross * ws[k] * ws[l]
-            coefs.append(c + psi * ws[k] if k == l else c)
+            c = cross * ws[k] * ws[k2]
+            coefs.append(c + psi * ws[k] if k == k2 else c)
     # One matrix product: [S, Q·P] coefficients against the block-diagonal [Q·P, n + n²] routing
     # of each kind's feature products onto g and H (cheaper than Q separate reductions).
-    cols = [features[:, a] if b is None else features[:, a] * features[:, b] for a, b in plan.columns]
+    cols = [
+        features[:, a] if b is None else features[:, a] * features[:, b] for a, b in plan.columns
+    ]
     zero = xp.zeros_like(features[:, 0])
     routing = xp.concatenate(
         [
-            xp.stack([cols[i] if plan.kind_of_column[i] == q else zero for i in range(len(cols))], axis=1)
+            xp.stack(
+                [cols[i] if plan.kind_of_column[i] == q else zero for i in range(len(cols))], axis=1
+            )
             for q in range(len(plan.kinds))
         ],
         axis=0,
@@ -185,15 +189,30 @@ class LseProblem:
     def value(self, xp: Any, theta: Any, weights: Any) -> Any:
         """Objective for theta [..., n] (numpy)."""
         return objective(
-            xp, self.terms, self.n_params, theta, self.features, self.target, weights,
-            self.delta, derivatives=False,
+            xp,
+            self.terms,
+            self.n_params,
+            theta,
+            self.features,
+            self.target,
+            weights,
+            self.delta,
+            derivatives=False,
         )
 
     def derivs(self, xp: Any, theta: Any, weights: Any) -> tuple[Any, Any, Any]:
         """Objective, gradient and Hessian for theta [S, n] (numpy)."""
         return objective(
-            xp, self.terms, self.n_params, theta, self.features, self.target, weights,
-            self.delta, derivatives=True, free=self.free,
+            xp,
+            self.terms,
+            self.n_params,
+            theta,
+            self.features,
+            self.target,
+            weights,
+            self.delta,
+            derivatives=True,
+            free=self.free,
         )
 
 
@@ -276,14 +295,29 @@ class _Traced:
 
     def value(self, xp, theta, weights):
         return objective(
-            xp, self.terms, self.n_params, theta, self.features, self.target, weights,
-            self.delta, derivatives=False,
+            xp,
+            self.terms,
+            self.n_params,
+            theta,
+            self.features,
+            self.target,
+            weights,
+            self.delta,
+            derivatives=False,
         )
 
     def derivs(self, xp, theta, weights):
         return objective(
-            xp, self.terms, self.n_params, theta, self.features, self.target, weights,
-            self.delta, derivatives=True, free=self.free,
+            xp,
+            self.terms,
+            self.n_params,
+            theta,
+            self.features,
+            self.target,
+            weights,
+            self.delta,
+            derivatives=True,
+            free=self.free,
         )
 
 
@@ -317,8 +351,12 @@ def _jax_runner(problem: LseProblem, lane_weights: np.ndarray | None, dtype: Any
                 w[:, :p] = lane_weights[lanes]
                 w = jnp.asarray(w, dtype)
             out = run(
-                jnp.asarray(theta, dtype), jnp.asarray(f, dtype), jnp.asarray(lam, dtype), w,
-                *data, jnp.asarray(iters, jnp.int32),
+                jnp.asarray(theta, dtype),
+                jnp.asarray(f, dtype),
+                jnp.asarray(lam, dtype),
+                w,
+                *data,
+                jnp.asarray(iters, jnp.int32),
             )
             return tuple(np.asarray(o, np.float64) for o in out)
 
@@ -355,7 +393,11 @@ def screen(
     else:
         runner = _jax_runner(problem, lane_weights, dtype)
         out = optim.lm_rounds(
-            problem, starts, max_iters=iters, lane_weights=lane_weights, runner=runner,
+            problem,
+            starts,
+            max_iters=iters,
+            lane_weights=lane_weights,
+            runner=runner,
             block=_BLOCK,
         )
     if problem.free is not None:  # fixed values exactly as given, not as float32 saw them

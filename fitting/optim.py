@@ -116,8 +116,15 @@ def cholesky_solve(xp: Any, a: Any, b: Any) -> Any:
 
 
 def lm_step(
-    xp: Any, problem: Problem, theta: Any, f: Any, lam: Any, weights: Any
-) -> tuple[Any, Any, Any]:
+    xp: Any,
+    problem: Problem,
+    theta: Any,
+    f: Any,
+    lam: Any,
+    weights: Any,
+    *,
+    with_grad: bool = False,
+) -> tuple[Any, ...]:
     """One batched Levenberg–Marquardt iteration for every lane.
 
     Each lane solves (H + μ_c·s·I)·d = −g for all damping levels μ_c at once (s: the lane's mean
@@ -129,9 +136,10 @@ def lm_step(
       problem: supplies `value` and `derivs`.
       theta: [S, n]; f: [S] current objectives; lam: [S] damping levels.
       weights: [P] or [S, P] point weights.
+      with_grad: also return ‖g‖∞ at the *incoming* theta (a convergence test for free).
 
     Returns:
-      (theta, f, lam) after the iteration.
+      (theta, f, lam) after the iteration, plus the gradient norm when asked.
     """
     dtype = theta.dtype
     facs = xp.asarray(_DAMPING, dtype=dtype)
@@ -154,8 +162,10 @@ def lm_step(
     chosen = xp.take_along_axis(cand, best[:, None, None], axis=1)[:, 0]
     theta = xp.where(ok[:, None], chosen, theta)
     f = xp.where(ok, fbest, f)
-    lam = xp.where(ok, lam * facs[best] * _DOWN, lam * facs[-1])
-    return theta, f, xp.clip(lam, *_LAM_RANGE)
+    lam = xp.clip(xp.where(ok, lam * facs[best] * _DOWN, lam * facs[-1]), *_LAM_RANGE)
+    if with_grad:
+        return theta, f, lam, xp.max(xp.abs(g), axis=-1)
+    return theta, f, lam
 
 
 def lm_numpy(
@@ -177,11 +187,10 @@ def lm_numpy(
         f = np.where(np.isfinite(f), f, np.inf)
         lam = np.full(theta.shape[0], _LAM0)
         for _ in range(iters):
-            theta, f, lam = lm_step(np, problem, theta, f, lam, weights)
-            if gtol > 0:
-                _, g, _ = problem.derivs(np, theta, weights)
-                if np.all(np.max(np.abs(g), axis=-1) <= gtol):
-                    break
+            before = theta
+            theta, f, lam, gnorm = lm_step(np, problem, theta, f, lam, weights, with_grad=True)
+            if gtol > 0 and np.all(gnorm <= gtol):
+                return before  # every lane was already converged where this step began
     return theta
 
 
@@ -277,7 +286,8 @@ def multistart(
         numpy. `fitting.lse.screen` runs large LSE problems in a compiled float32 block.
       n_polish: how many of the best distinct end points get the float64 polish.
       basin_rtol: a start "reached the best basin" when its end objective is within this relative
-        tolerance of the polished best (plus a tiny floor for noise-free data, whose best is ~0).
+        tolerance of the polished best, plus a floor of 1e-6·½δ²Σw (noise-free data have a
+        best objective of ~0, which float32 end points cannot match relatively).
       grad_rtol: `converged` requires ‖∇f‖∞ ≤ grad_rtol · δ·Σw after the polish (δ·Σw bounds the
         gradient a unit feature can produce, so the test is scale free).
     """
@@ -308,11 +318,19 @@ def multistart(
     i = int(np.argmin(f_pol))
     best_f, best_g = float(f_pol[i]), g_pol[i]
     converged = bool(np.isfinite(best_f) and np.max(np.abs(best_g)) <= gtol)
-    floor = 1e-9 * 0.5 * problem.delta**2 * float(np.sum(problem.weights))
+    # Floor: 1e-6 of the objective with every residual at δ (noise-free data have a best ~0).
+    floor = 1e-6 * 0.5 * problem.delta**2 * float(np.sum(problem.weights))
     n_at_best = int(np.sum(f_final <= best_f + basin_rtol * abs(best_f) + floor))
     return MultiStartResult(
-        polished[i], best_f, best_g, converged, len(starts), int(finite.sum()), n_at_best,
-        finals, f_final,
+        polished[i],
+        best_f,
+        best_g,
+        converged,
+        len(starts),
+        int(finite.sum()),
+        n_at_best,
+        finals,
+        f_final,
     )
 
 

@@ -56,9 +56,17 @@ class _Study:
         if key not in self.cache:
             pts = points.pool(points.curves(self.runs, strategies=FROM_SCRATCH, language=lang))
             self.cache[key] = (
-                fit_chinchilla(pts.N, pts.D, pts.L, runs=pts.runs, grid=self.grid,
-                               bootstrap=self.bootstrap, seed=self.seed)
-                if len(pts) else None
+                fit_chinchilla(
+                    pts.N,
+                    pts.D,
+                    pts.L,
+                    runs=pts.runs,
+                    grid=self.grid,
+                    bootstrap=self.bootstrap,
+                    seed=self.seed,
+                )
+                if len(pts)
+                else None
             )
         return self.cache[key]
 
@@ -68,9 +76,17 @@ class _Study:
             base = self.scratch_fit(lang)
             pts = points.pool(points.curves(self.runs, strategies=("cpt",), language=lang))
             self.cache[key] = (
-                fit_cpt(pts.N, pts.D, pts.L, base=base, runs=pts.runs,
-                        bootstrap=self.bootstrap, seed=self.seed + 1)
-                if len(pts) and base is not None else None
+                fit_cpt(
+                    pts.N,
+                    pts.D,
+                    pts.L,
+                    base=base,
+                    runs=pts.runs,
+                    bootstrap=self.bootstrap,
+                    seed=self.seed + 1,
+                )
+                if len(pts) and base is not None
+                else None
             )
         return self.cache[key]
 
@@ -107,7 +123,9 @@ def _cpt(study: _Study) -> None:
     for lang in study.languages(("cpt",)):
         fit = study.cpt_fit(lang)
         if fit is None:
-            study.skipped[f"cpt/{lang}"] = "no from-scratch runs of this language for the first stage"
+            study.skipped[f"cpt/{lang}"] = (
+                "no from-scratch runs of this language for the first stage"
+            )
             continue
         study.check(f"cpt/{lang}", fit)
         base = study.scratch_fit(lang)
@@ -127,8 +145,12 @@ def _cpt(study: _Study) -> None:
         }
         path = study.out / f"isoloss_{lang}.png"
         lo = float(np.min(pts.C))
-        plots.isoloss({"scratch": base, "cpt": fit}, path, compute=(lo, 1e4 * float(np.max(pts.C))),
-                      title=lang)
+        plots.isoloss(
+            {"scratch": base, "cpt": fit},
+            path,
+            compute=(lo, 1e4 * float(np.max(pts.C))),
+            title=lang,
+        )
         study.figure(path)
     if not out:
         raise _Skip("no cpt runs with from-scratch runs of the same language")
@@ -145,8 +167,9 @@ def _compute(study: _Study) -> None:
             pts = points.pool(cs)
             if not len(pts):
                 continue
-            fr = frontier.fit_frontier(pts.C, pts.L, pts.runs, bootstrap=study.bootstrap,
-                                       seed=study.seed + 2)
+            fr = frontier.fit_frontier(
+                pts.C, pts.L, pts.runs, bootstrap=study.bootstrap, seed=study.seed + 2
+            )
             study.check(f"compute/{lang}/{name} (E'+A'/C^γ)", fr.loss_compute)
             study.check(f"compute/{lang}/{name} (k·C^-g)", fr.power)
             curves[name], fronts[name] = cs, fr
@@ -175,12 +198,17 @@ def _transfer(study: _Study) -> None:
             for c in cpt_c:
                 d = c.tokens[c.tokens > 0]
                 lt = transfer.law_transfer(base, cpt, np.full(len(d), c.n_params), d)
-                law.append({
-                    "run_id": c.run_id, "n_params": c.n_params, "tokens": d.tolist(),
-                    "tokens_pt": _clean(lt.tokens_pt), "flops_saved": _clean(lt.flops_saved),
-                    "transferred": _clean(lt.transferred),
-                    "ci": {k: [_clean(lo), _clean(hi)] for k, (lo, hi) in lt.ci.items()},
-                })
+                law.append(
+                    {
+                        "run_id": c.run_id,
+                        "n_params": c.n_params,
+                        "tokens": d.tolist(),
+                        "tokens_pt": _clean(lt.tokens_pt),
+                        "flops_saved": _clean(lt.flops_saved),
+                        "transferred": _clean(lt.transferred),
+                        "ci": {k: [_clean(lo), _clean(hi)] for k, (lo, hi) in lt.ci.items()},
+                    }
+                )
             entry["law"] = law
         out[lang] = entry
         path = study.out / f"transfer_{lang}.png"
@@ -195,10 +223,17 @@ def _replay(study: _Study) -> None:
     out = {}
     for lang in study.languages(("cpt_replay",)):
         curves = []
-        replay_runs = [r for r in study.runs if r.strategy == "cpt_replay" and r.target_lang == lang]
+        replay_runs = [
+            r for r in study.runs if r.strategy == "cpt_replay" and r.target_lang == lang
+        ]
         sizes = {float(r.meta.get("params_non_embedding", math.nan)) for r in replay_runs}
-        plain = [r for r in study.runs if r.strategy == "cpt" and r.target_lang == lang
-                 and float(r.meta.get("params_non_embedding", math.nan)) in sizes]
+        plain = [
+            r
+            for r in study.runs
+            if r.strategy == "cpt"
+            and r.target_lang == lang
+            and float(r.meta.get("params_non_embedding", math.nan)) in sizes
+        ]
         for run in replay_runs + plain:
             src = run.meta.get("source_lang")
             if not src:
@@ -233,8 +268,13 @@ def _downstream(study: _Study, metrics: Sequence[str], name: str) -> None:
             fit = downstream.fit_series(s.Dp, s.values, metric=metric, n_fit=n_fit)
             study.check(f"{name}/{'/'.join(s.key)}/{metric}", fit)
             entry: dict[str, Any] = {
-                "pretraining": s.key[0], "task": s.key[1], "finetune_steps": s.key[2],
-                "metric": metric, "runs": list(s.runs), "baseline": s.baseline, "fit": fit.to_dict(),
+                "pretraining": s.key[0],
+                "task": s.key[1],
+                "finetune_steps": s.key[2],
+                "metric": metric,
+                "runs": list(s.runs),
+                "baseline": s.baseline,
+                "fit": fit.to_dict(),
             }
             m = _MT_TASK.match(s.key[1])
             if m:
@@ -259,8 +299,13 @@ def _downstream(study: _Study, metrics: Sequence[str], name: str) -> None:
 
 
 def _bleu(study: _Study) -> None:
-    present = {k.rsplit("/", 1)[-1] for r in study.runs for rec in r.records for k in rec
-               if k.startswith("eval/mt_")}
+    present = {
+        k.rsplit("/", 1)[-1]
+        for r in study.runs
+        for rec in r.records
+        for k in rec
+        if k.startswith("eval/mt_")
+    }
     metrics = [m for m in SCORE_METRICS if m in present] or ["bleu"]
     _downstream(study, metrics, "bleu")
 

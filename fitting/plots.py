@@ -23,7 +23,12 @@ from fitting.frontier import Frontier
 from fitting.points import Curve
 from fitting.transfer import ReplayCurve, TransferCurve
 
-_COLORS = {"source": "tab:green", "scratch": "tab:blue", "cpt": "tab:orange", "cpt_replay": "tab:red"}
+_COLORS = {
+    "source": "tab:green",
+    "scratch": "tab:blue",
+    "cpt": "tab:orange",
+    "cpt_replay": "tab:red",
+}
 
 
 def _figure(ncols: int = 1, size: tuple[float, float] = (6.0, 4.5)):
@@ -33,13 +38,14 @@ def _figure(ncols: int = 1, size: tuple[float, float] = (6.0, 4.5)):
     fig = Figure(figsize=(size[0] * ncols, size[1]))
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    # Fixed margins: automatic layout engines measure every tick label and cost seconds per figure.
+    fig.subplots_adjust(left=0.1 / ncols + 0.04, right=0.97, bottom=0.12, top=0.9, wspace=0.3)
     return fig, axes
 
 
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     return path
 
 
@@ -48,7 +54,11 @@ def _flag(fit: FitResult | DownstreamFit | None) -> str:
 
 
 def loss_compute(
-    curves: Mapping[str, Sequence[Curve]], frontiers: Mapping[str, Frontier], path: Path, *, title: str
+    curves: Mapping[str, Sequence[Curve]],
+    frontiers: Mapping[str, Frontier],
+    path: Path,
+    *,
+    title: str,
 ) -> Path:
     """Every run's loss against compute, frontier points and the fitted power laws (Fig. 1)."""
     fig, (ax,) = _figure()
@@ -56,8 +66,14 @@ def loss_compute(
         color = _COLORS.get(group, "tab:gray")
         for i, c in enumerate(cs):
             ok = c.flops > 0
-            ax.plot(c.flops[ok], c.loss[ok], color=color, alpha=0.45, lw=1,
-                    label=group if i == 0 else None)
+            ax.plot(
+                c.flops[ok],
+                c.loss[ok],
+                color=color,
+                alpha=0.45,
+                lw=1,
+                label=group if i == 0 else None,
+            )
     flags = ""
     for group, fr in frontiers.items():
         color = _COLORS.get(group, "tab:gray")
@@ -66,15 +82,20 @@ def loss_compute(
             grid = np.geomspace(fr.C.min(), fr.C.max(), 100)
             if fr.power is not None:
                 p = fr.power.params
-                ax.plot(grid, fr.power.predict(grid), ":", color=color,
-                        label=f"{group}: L={p['k']:.5g}·C^-{p['g']:.4g}")
+                ax.plot(
+                    grid,
+                    fr.power.predict(grid),
+                    ":",
+                    color=color,
+                    label=f"{group}: L={p['k']:.5g}·C^-{p['g']:.4g}",
+                )
                 flags += _flag(fr.power)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("compute C (FLOPs)")
     ax.set_ylabel("validation loss (nats)")
     ax.set_title(title + flags)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper right")
     return _save(fig, path)
 
 
@@ -93,7 +114,7 @@ def transfer(curves: Sequence[TransferCurve], path: Path, *, title: str) -> Path
     ax2.set_ylabel("effectively transferred data D_PT − D_CPT (tokens)")
     ax1.set_title(title)
     for ax in (ax1, ax2):
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper right")
     return _save(fig, path)
 
 
@@ -108,15 +129,19 @@ def replay(curves: Sequence[ReplayCurve], path: Path, *, title: str) -> Path:
         shade = 0.35 + 0.65 * (ratios.index(c.replay_ratio) / max(len(ratios) - 1, 1))
         label = f"replay {c.replay_ratio:.0%}"
         ok = c.source_compute > 0
-        ax1.plot(c.source_compute[ok], c.source_loss[ok], "-o", ms=3, color=cmap(shade), label=label)
+        ax1.plot(
+            c.source_compute[ok], c.source_loss[ok], "-o", ms=3, color=cmap(shade), label=label
+        )
         ok = c.target_compute > 0
-        ax2.plot(c.target_compute[ok], c.target_loss[ok], "-o", ms=3, color=cmap(shade), label=label)
+        ax2.plot(
+            c.target_compute[ok], c.target_loss[ok], "-o", ms=3, color=cmap(shade), label=label
+        )
     for ax, which in ((ax1, "source"), (ax2, "target")):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(f"{which}-language compute (FLOPs × {which} share)")
         ax.set_ylabel(f"{which}-language validation loss")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper right")
     ax1.set_title(title)
     return _save(fig, path)
 
@@ -133,24 +158,33 @@ def isoloss(
     hi = max([1e11] + [float(v.max()) * 10 for v in n_vals])
     for ax, (name, f) in zip(axes, fits.items(), strict=True):
         cc, nn, ll = isoloss_grid(f.law, f.params, compute=compute, n_params=(lo, hi))
-        cs = ax.contour(cc, nn, ll, levels=np.quantile(ll[np.isfinite(ll)], np.linspace(0.02, 0.9, 12)),
-                        cmap="viridis", linewidths=0.8)
+        levels = np.unique(np.quantile(ll[np.isfinite(ll)], np.linspace(0.02, 0.9, 10)))
+        cs = ax.contour(cc, nn, ll, levels=levels, cmap="viridis", linewidths=0.8)
         ax.clabel(cs, fontsize=6, fmt="%.3g")
         for other, a in allocs.items():
             if a.valid:
-                ax.plot(c_grid, a.n_opt(c_grid), lw=2, color=_COLORS.get(other, "k"),
-                        label=f"{other}: N_opt={a.n_coef:.4g}·C^{a.a:.4g}")
+                ax.plot(
+                    c_grid,
+                    a.n_opt(c_grid),
+                    lw=2,
+                    color=_COLORS.get(other, "k"),
+                    label=f"{other}: N_opt={a.n_coef:.4g}·C^{a.a:.4g}",
+                )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("compute C (FLOPs)")
         ax.set_ylabel("parameters N")
         ax.set_title(f"{title}: {name} law IsoLoss{_flag(f)}")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper right")
     return _save(fig, path)
 
 
 def downstream(
-    series: Sequence[tuple[str, DownstreamFit, float | None]], path: Path, *, ylabel: str, title: str
+    series: Sequence[tuple[str, DownstreamFit, float | None]],
+    path: Path,
+    *,
+    ylabel: str,
+    title: str,
 ) -> Path:
     """Downstream metric against pretraining tokens with fitted laws; held-out points hollow."""
     fig, (ax,) = _figure()
@@ -159,13 +193,19 @@ def downstream(
         ax.plot(fit.Dp[fit.fitted], fit.observed[fit.fitted], "o", color=color, label=label)
         ax.plot(fit.Dp[~fit.fitted], fit.observed[~fit.fitted], "o", mfc="none", color=color)
         grid = np.geomspace(fit.Dp.min(), fit.Dp.max() * 2, 200)
-        ax.plot(grid, fit.predict(grid), "--", color=color, lw=1,
-                label=f"law{_flag(fit)}, held-out error {fit.prediction_error:.3g}")
+        ax.plot(
+            grid,
+            fit.predict(grid),
+            "--",
+            color=color,
+            lw=1,
+            label=f"law{_flag(fit)}, held-out error {fit.prediction_error:.3g}",
+        )
         if baseline is not None:
             ax.axhline(baseline, color=color, ls=":", lw=1)
     ax.set_xscale("log")
     ax.set_xlabel("pretraining tokens Dp")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="lower right")
     return _save(fig, path)

@@ -108,8 +108,10 @@ def _section_compute(res: Mapping[str, Any]) -> list[str]:
 
 def _section_transfer(res: Mapping[str, Any]) -> list[str]:
     lines = ["## Transfer at equal loss (FLOPs saved, effectively transferred data)", ""]
-    lines += ["| language | CPT run | reference | N | FLOPs saved (min … max) | transferred at last eval |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "| language | CPT run | reference | N | FLOPs saved (min … max) | transferred at last eval |",
+        "|---|---|---|---|---|---|",
+    ]
     for lang, e in res.items():
         for c in e["curves"]:
             saved = [v for v in c["flops_saved"] if v is not None]
@@ -124,9 +126,12 @@ def _section_transfer(res: Mapping[str, Any]) -> list[str]:
 
 
 def _section_replay(res: Mapping[str, Any]) -> list[str]:
-    lines = ["## Forgetting under replay", "",
-             "| language | run | replay | source loss start | peak | final | tail exponent g |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Forgetting under replay",
+        "",
+        "| language | run | replay | source loss start | peak | final | tail exponent g |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for lang, curves in res.items():
         for c in curves:
             g = c["tail_fit"]["params"]["g"] if c.get("tail_fit") else None

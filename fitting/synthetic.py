@@ -56,10 +56,19 @@ def _write_run(root: Path, run_id: str, meta: dict[str, Any], records: list[dict
 
 def _meta(model: str, n: float, strategy: str, **extra: Any) -> dict[str, Any]:
     meta = {
-        "model": model, "family": "llama2", "params_total": n * 1.25,
-        "params_non_embedding": n, "strategy": strategy, "seed": 0, "seq_len": 2048,
-        "flops_per_token": 6 * n, "flops_per_token_attn": 6.5 * n, "gin_config": "",
-        "replay_ratio": 0.0, "init_checkpoint": None, "init_step": None,
+        "model": model,
+        "family": "llama2",
+        "params_total": n * 1.25,
+        "params_non_embedding": n,
+        "strategy": strategy,
+        "seed": 0,
+        "seq_len": 2048,
+        "flops_per_token": 6 * n,
+        "flops_per_token_attn": 6.5 * n,
+        "gin_config": "",
+        "replay_ratio": 0.0,
+        "init_checkpoint": None,
+        "init_step": None,
     }
     meta.update(extra)
     return meta
@@ -81,8 +90,13 @@ def _records(
         step = max(1, int(round(tokens / batch_tokens)))
         by_task = {c: tokens * share for c, share in components.items()}
         rec = {
-            "step": step, "tokens": tokens, "tokens_by_task": by_task, "flops": 6 * n * tokens,
-            "flops_attn": 6.5 * n * tokens, "learning_rate": 2e-4, "tokens_per_s": 1e5,
+            "step": step,
+            "tokens": tokens,
+            "tokens_by_task": by_task,
+            "flops": 6 * n * tokens,
+            "flops_attn": 6.5 * n * tokens,
+            "learning_rate": 2e-4,
+            "tokens_per_s": 1e5,
         }
         for task, fn in eval_losses.items():
             rec[f"eval/{task}/loss"] = float(fn(by_task, tokens))
@@ -128,40 +142,119 @@ def write_study(
         total, batch = tokens_per_param * n, 2048 * 256
         name = f"{i:02d}_{n:.3g}"
         src_id = f"source_{name}"
-        _write_run(root, src_id, _meta(name, n, "source", languages=[source], target_lang=source,
-                   source_lang=source, mixture_or_task=lm_s, components=[lm_s]),
-                   _records(n, total, evals, {lm_s: 1.0},
-                            {lm_s: lambda bt, t, n=n: noisy(laws.chinchilla(n, bt[lm_s], **source_law))},
-                            batch))
-        _write_run(root, f"scratch_{name}", _meta(name, n, "scratch", languages=[target],
-                   target_lang=target, source_lang=None, mixture_or_task=lm_t, components=[lm_t]),
-                   _records(n, total, evals, {lm_t: 1.0},
-                            {lm_t: lambda bt, t, n=n: noisy(laws.chinchilla(n, bt[lm_t], **scratch))},
-                            batch))
-        _write_run(root, f"cpt_{name}", _meta(name, n, "cpt", languages=[target], target_lang=target,
-                   source_lang=source, mixture_or_task=lm_t, components=[lm_t],
-                   init_checkpoint=str(root / src_id), init_step=int(total / batch)),
-                   _records(n, total, evals, {lm_t: 1.0}, {
-                       lm_t: lambda bt, t, n=n: noisy(laws.cpt(n, bt[lm_t], **cpt)),
-                       lm_s: lambda bt, t, n=n: noisy(_forgetting(n, bt.get(lm_s, 0.0), t, source_law, total)),
-                   }, batch))
+        _write_run(
+            root,
+            src_id,
+            _meta(
+                name,
+                n,
+                "source",
+                languages=[source],
+                target_lang=source,
+                source_lang=source,
+                mixture_or_task=lm_s,
+                components=[lm_s],
+            ),
+            _records(
+                n,
+                total,
+                evals,
+                {lm_s: 1.0},
+                {lm_s: lambda bt, t, n=n: noisy(laws.chinchilla(n, bt[lm_s], **source_law))},
+                batch,
+            ),
+        )
+        _write_run(
+            root,
+            f"scratch_{name}",
+            _meta(
+                name,
+                n,
+                "scratch",
+                languages=[target],
+                target_lang=target,
+                source_lang=None,
+                mixture_or_task=lm_t,
+                components=[lm_t],
+            ),
+            _records(
+                n,
+                total,
+                evals,
+                {lm_t: 1.0},
+                {lm_t: lambda bt, t, n=n: noisy(laws.chinchilla(n, bt[lm_t], **scratch))},
+                batch,
+            ),
+        )
+        _write_run(
+            root,
+            f"cpt_{name}",
+            _meta(
+                name,
+                n,
+                "cpt",
+                languages=[target],
+                target_lang=target,
+                source_lang=source,
+                mixture_or_task=lm_t,
+                components=[lm_t],
+                init_checkpoint=str(root / src_id),
+                init_step=int(total / batch),
+            ),
+            _records(
+                n,
+                total,
+                evals,
+                {lm_t: 1.0},
+                {
+                    lm_t: lambda bt, t, n=n: noisy(laws.cpt(n, bt[lm_t], **cpt)),
+                    lm_s: lambda bt, t, n=n: noisy(
+                        _forgetting(n, bt.get(lm_s, 0.0), t, source_law, tokens_per_param * n)
+                    ),
+                },
+                batch,
+            ),
+        )
     n = sizes[len(sizes) // 2]
     total, batch = tokens_per_param * n, 2048 * 256
     for r in replay_ratios:
         mix = f"cpt_{target}_replay_{source}_{r * 100:g}"
-        _write_run(root, f"replay_{r * 100:g}", _meta(f"replay_{n:.3g}", n, "cpt_replay",
-                   languages=[target, source], target_lang=target, source_lang=source,
-                   replay_ratio=r, mixture_or_task=mix, components=[lm_t, lm_s]),
-                   _records(n, total, evals, {lm_t: 1 - r, lm_s: r}, {
-                       lm_t: lambda bt, t, n=n: noisy(laws.cpt(n, bt[lm_t], **cpt)),
-                       lm_s: lambda bt, t, n=n: noisy(_forgetting(n, bt[lm_s], t, source_law, total)),
-                   }, batch))
+        _write_run(
+            root,
+            f"replay_{r * 100:g}",
+            _meta(
+                f"replay_{n:.3g}",
+                n,
+                "cpt_replay",
+                languages=[target, source],
+                target_lang=target,
+                source_lang=source,
+                replay_ratio=r,
+                mixture_or_task=mix,
+                components=[lm_t, lm_s],
+            ),
+            _records(
+                n,
+                total,
+                evals,
+                {lm_t: 1 - r, lm_s: r},
+                {
+                    lm_t: lambda bt, t, n=n: noisy(laws.cpt(n, bt[lm_t], **cpt)),
+                    lm_s: lambda bt, t, n=n: noisy(
+                        _forgetting(n, bt[lm_s], t, source_law, tokens_per_param * n)
+                    ),
+                },
+                batch,
+            ),
+        )
     if mt:
         _write_mt(root, rng, sigma)
     return root
 
 
-def _forgetting(n: float, source_tokens: float, tokens: float, law: Mapping[str, float], total: float) -> float:
+def _forgetting(
+    n: float, source_tokens: float, tokens: float, law: Mapping[str, float], total: float
+) -> float:
     """Source-language loss during CPT: a bump that replayed source tokens pull back down."""
     start = laws.chinchilla(n, 20 * n, **law)
     frac = tokens / total
@@ -178,24 +271,77 @@ def _write_mt(root: Path, rng: np.random.Generator, sigma: float) -> None:
     recs = []
     for s in steps:
         tokens = float(s * batch)
-        recs.append({"step": int(s), "tokens": tokens,
-                     "tokens_by_task": {"span_en": tokens / 2, "span_fr": tokens / 2},
-                     "flops": 6 * n * tokens, "eval/span_en/loss": 2.0, "eval/span_fr/loss": 2.1})
-    _write_run(root, pre_id, _meta("t5_770m", n, "pretrain", family="t5", languages=["en", "fr"],
-               mixture_or_task="mix_en_50_fr_50", components=["span_en", "span_fr"]), recs)
+        recs.append(
+            {
+                "step": int(s),
+                "tokens": tokens,
+                "tokens_by_task": {"span_en": tokens / 2, "span_fr": tokens / 2},
+                "flops": 6 * n * tokens,
+                "eval/span_en/loss": 2.0,
+                "eval/span_fr/loss": 2.1,
+            }
+        )
+    _write_run(
+        root,
+        pre_id,
+        _meta(
+            "t5_770m",
+            n,
+            "pretrain",
+            family="t5",
+            languages=["en", "fr"],
+            mixture_or_task="mix_en_50_fr_50",
+            components=["span_en", "span_fr"],
+        ),
+        recs,
+    )
     for s in steps:
         dp = float(s * batch)
         bleu = float(laws.log_law(dp, **BLEU) * np.exp(sigma * rng.standard_normal()))
         ce = float(laws.power_law(dp, **CE) * np.exp(sigma * 0.2 * rng.standard_normal()))
-        rec = {"step": 300, "tokens": 300 * 128 * 512.0, "flops": 1.0,
-               "eval/mt_en_fr/loss": ce, "eval/mt_en_fr/bleu": bleu}
-        _write_run(root, f"finetune_en_fr_{s}", _meta("t5_770m", n, "finetune", family="t5",
-                   languages=["en", "fr"], mixture_or_task="mt_en_fr", components=["mt_en_fr"],
-                   init_checkpoint=f"{root / pre_id}@{int(s)}", init_step=int(s), train_steps=300),
-                   [rec])
-    base = {"step": 300, "tokens": 300 * 128 * 512.0, "flops": 1.0,
-            "eval/mt_en_fr/loss": float(laws.power_law(1e9, **CE) * 1.3),
-            "eval/mt_en_fr/bleu": float(laws.log_law(1e10, **BLEU) * 0.7)}
-    _write_run(root, "finetune_scratch_en_fr", _meta("t5_770m", n, "finetune_scratch", family="t5",
-               languages=["en", "fr"], mixture_or_task="mt_en_fr", components=["mt_en_fr"],
-               train_steps=300), [base])
+        rec = {
+            "step": 300,
+            "tokens": 300 * 128 * 512.0,
+            "flops": 1.0,
+            "eval/mt_en_fr/loss": ce,
+            "eval/mt_en_fr/bleu": bleu,
+        }
+        _write_run(
+            root,
+            f"finetune_en_fr_{s}",
+            _meta(
+                "t5_770m",
+                n,
+                "finetune",
+                family="t5",
+                languages=["en", "fr"],
+                mixture_or_task="mt_en_fr",
+                components=["mt_en_fr"],
+                init_checkpoint=f"{root / pre_id}@{int(s)}",
+                init_step=int(s),
+                train_steps=300,
+            ),
+            [rec],
+        )
+    base = {
+        "step": 300,
+        "tokens": 300 * 128 * 512.0,
+        "flops": 1.0,
+        "eval/mt_en_fr/loss": float(laws.power_law(1e9, **CE) * 1.3),
+        "eval/mt_en_fr/bleu": float(laws.log_law(1e10, **BLEU) * 0.7),
+    }
+    _write_run(
+        root,
+        "finetune_scratch_en_fr",
+        _meta(
+            "t5_770m",
+            n,
+            "finetune_scratch",
+            family="t5",
+            languages=["en", "fr"],
+            mixture_or_task="mt_en_fr",
+            components=["mt_en_fr"],
+            train_steps=300,
+        ),
+        [base],
+    )

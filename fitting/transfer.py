@@ -86,7 +86,9 @@ def equal_loss_transfer(cpt: Curve, scratch: Curve) -> TransferCurve:
         )
     ok = cpt.tokens > 0
     c_cpt = np.where(np.isfinite(cpt.flops), cpt.flops, 6 * cpt.n_params * cpt.tokens)[ok]
-    c_ref = np.where(np.isfinite(scratch.flops), scratch.flops, 6 * scratch.n_params * scratch.tokens)
+    c_ref = np.where(
+        np.isfinite(scratch.flops), scratch.flops, 6 * scratch.n_params * scratch.tokens
+    )
     loss = cpt.loss[ok]
     flops_pt = _invert(c_ref, scratch.loss, loss)
     tokens_pt = _invert(scratch.tokens, scratch.loss, loss)
@@ -134,7 +136,9 @@ class LawTransfer:
 
 
 def _scratch_tokens(scratch: dict, cpt: dict, N: np.ndarray, D: np.ndarray) -> np.ndarray:
-    loss = cpt["E"] + cpt["A"] * N ** -cpt["alpha"] + cpt["B"] * D ** -cpt["beta"] * N ** -cpt["gamma"]
+    loss = (
+        cpt["E"] + cpt["A"] * N ** -cpt["alpha"] + cpt["B"] * D ** -cpt["beta"] * N ** -cpt["gamma"]
+    )
     excess = loss - scratch["E"] - scratch["A"] * N ** -scratch["alpha"]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(excess > 0, (scratch["B"] / excess) ** (1.0 / scratch["beta"]), np.nan)
@@ -157,7 +161,11 @@ def law_transfer(scratch: FitResult, cpt: FitResult, N, D, *, level: float = 0.9
         d_s = np.stack([_scratch_tokens(s, c, N, D) for s, c in pairs])
         q = (50 * (1 - level), 50 * (1 + level))
         with np.errstate(invalid="ignore", divide="ignore"):
-            for name, v in (("tokens_pt", d_s), ("flops_saved", 1 - D / d_s), ("transferred", d_s - D)):
+            for name, v in (
+                ("tokens_pt", d_s),
+                ("flops_saved", 1 - D / d_s),
+                ("transferred", d_s - D),
+            ):
                 lo, hi = np.nanpercentile(v, q, axis=0) if np.any(np.isfinite(v)) else (v[0], v[0])
                 ci[name] = (lo, hi)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -193,10 +201,15 @@ class ReplayCurve:
     def to_dict(self) -> dict:
         """JSON-ready dict."""
         return {
-            "run_id": self.run_id, "replay_ratio": self.replay_ratio, "n_params": self.n_params,
-            "source_compute": self.source_compute.tolist(), "source_loss": self.source_loss.tolist(),
-            "target_compute": self.target_compute.tolist(), "target_loss": self.target_loss.tolist(),
-            "source_start": self.source_start, "source_peak": self.source_peak,
+            "run_id": self.run_id,
+            "replay_ratio": self.replay_ratio,
+            "n_params": self.n_params,
+            "source_compute": self.source_compute.tolist(),
+            "source_loss": self.source_loss.tolist(),
+            "target_compute": self.target_compute.tolist(),
+            "target_loss": self.target_loss.tolist(),
+            "source_start": self.source_start,
+            "source_peak": self.source_peak,
             "source_final": self.source_final,
             "tail_fit": self.tail_fit.to_dict() if self.tail_fit else None,
         }

@@ -66,7 +66,10 @@ class Verdict:
         out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("fit", "predictions")}
         out["fit"] = self.fit.to_dict() if self.fit else None
         out["predictions"] = [[k, v] for k, v in self.predictions.items()]
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in out.items()
+        }
 
 
 def dp_for_score(params: dict[str, float], score: float) -> float | None:
@@ -128,7 +131,12 @@ def assess(
     fit = fit_bleu_law(dp, sc, n_fit=k)
     fit_dev = np.abs(fit.residuals[:k])
     early_drop = np.any(np.diff(np.log(sc[:k])) < -tolerance)
-    if not fit.converged or not np.all(np.isfinite(fit_dev)) or np.any(fit_dev > tolerance) or early_drop:
+    if (
+        not fit.converged
+        or not np.all(np.isfinite(fit_dev))
+        or np.any(fit_dev > tolerance)
+        or early_drop
+    ):
         why = (
             "the scores fall by more than the noise tolerance between early checkpoints"
             if early_drop
@@ -158,7 +166,10 @@ def assess(
             f"{tolerance:.0%}). The pretraining data is not sufficiently aligned with the task; "
             f"pretraining further on it may not help. Best so far: {best['best_score']:.4g} at "
             f"Dp={best['best_Dp']:.4g}.",
-            fit=fit, break_index=i, break_Dp=float(dp[i]), **best,
+            fit=fit,
+            break_index=i,
+            break_Dp=float(dp[i]),
+            **best,
         )
     preds = {float(h * dp[-1]): float(fit.predict(h * dp[-1])) for h in horizons}
     text = (

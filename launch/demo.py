@@ -98,14 +98,18 @@ def _vocabulary(corpora: Path, out_dir: Path, vocab_size: int, log: Log) -> Path
         )
     )
     info = vocab.read_vocab_info(model)
-    for lang, stats in sorted(info.get("tokens_per_char", {}).items()):
+    for lang, stats in sorted(info.get("measurements", {}).items()):
         log(f"[demo]   {lang}: {stats['tokens_per_char']:.3f} tokens per character")
     return model
 
 
 def _train_in_process(run: Run, log_path: Path) -> int:
     """Runs one job through the trainer's gin entry point in this process."""
+    import gin
+
     from trainer import train
+
+    gin.clear_config()  # each run parses its own files; the previous run locked the config
 
     return train.main(run.gin_args())
 

@@ -231,6 +231,9 @@ def describe(name: str, *, seq_len: int = PAPER_SEQ_LEN, basis: str = "paper") -
         "num_layers": config.num_layers,
         "params_non_embedding": counts.non_embedding,
         "params_total": counts.total,
+        "ratio_to_paper": (
+            None if row.nominal_m is None else counts.non_embedding / (row.nominal_m * 1e6)
+        ),
         "flops_per_token": flops.six_n,
         "flops_per_token_attn": flops.with_attention,
         "recipe_params": recipe.params,

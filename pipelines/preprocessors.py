@@ -306,29 +306,49 @@ def first_fit(lengths: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.n
     Returns:
       `(rows, offsets)`: each example's row index and its start offset per feature (int32).
     """
-    room = limits.tolist()
+    n, k = lengths.shape
+    if k == 1:
+        return _first_fit_1d(lengths[:, 0].tolist(), int(limits[0]))
+    room = [int(x) for x in limits]
     used: list[list[int]] = []  # per row, tokens used per feature
     open_rows: list[int] = []  # rows still considered, oldest first
-    rows, offsets = [], []
-    for ln in lengths.tolist():
-        row = -1
+    rows = np.zeros(n, np.int32)
+    offsets = np.zeros((n, k), np.int32)
+    for i, ln in enumerate(lengths.tolist()):
         for r in open_rows:
-            if all(a + b <= c for a, b, c in zip(used[r], ln, room, strict=True)):
-                row = r
+            u = used[r]
+            if all(u[j] + ln[j] <= room[j] for j in range(k)):
                 break
-        if row < 0:
-            row = len(used)
-            used.append([0] * len(ln))
-            open_rows.append(row)
+        else:
+            r = len(used)
+            used.append([0] * k)
+            open_rows.append(r)
             if len(open_rows) > MAX_OPEN_ROWS:
                 open_rows.pop(0)
-        rows.append(row)
-        offsets.append(used[row])
-        used[row] = [a + b for a, b in zip(used[row], ln, strict=True)]
-    k = lengths.shape[1]
-    rows = np.asarray(rows, np.int32)
-    offsets = np.asarray(offsets, np.int32).reshape(-1, k)
+        rows[i] = r
+        offsets[i] = used[r]
+        used[r] = [a + b for a, b in zip(used[r], ln, strict=True)]
     return rows, offsets
+
+
+def _first_fit_1d(lengths: list[int], limit: int) -> tuple[np.ndarray, np.ndarray]:
+    used: list[int] = []
+    open_rows: list[int] = []
+    rows, offsets = [], []
+    for ln in lengths:
+        for r in open_rows:
+            if used[r] + ln <= limit:
+                break
+        else:
+            r = len(used)
+            used.append(0)
+            open_rows.append(r)
+            if len(open_rows) > MAX_OPEN_ROWS:
+                open_rows.pop(0)
+        rows.append(r)
+        offsets.append(used[r])
+        used[r] += ln
+    return np.asarray(rows, np.int32), np.asarray(offsets, np.int32).reshape(-1, 1)
 
 
 def _base_key(key: str) -> str:
@@ -339,15 +359,30 @@ def _base_key(key: str) -> str:
 
 
 def pack_windows(
-    dataset: tf.data.Dataset, feature_lengths: Mapping[str, int], *, window: int = PACK_WINDOW
+    dataset: tf.data.Dataset,
+    feature_lengths: Mapping[str, int],
+    *,
+    spread: Mapping[str, str] | None = None,
+    window: int = PACK_WINDOW,
 ) -> tf.data.Dataset:
     """Packs each window of `window` examples into rows; yields one dict of `[rows, length]`
-    tensors per window (see `pack_first_fit` for the keys). Examples with empty features are
-    dropped; features are trimmed to `feature_lengths`."""
+    tensors per window (the keys of `pack_first_fit`).
+
+    Args:
+      dataset: examples with 1-D int features named in `feature_lengths` (trimmed to them) and
+        the scalar int features named in `spread`; other features are dropped, and so are
+        examples with an empty feature.
+      feature_lengths: packed row length per 1-D feature.
+      spread: scalar feature -> 1-D feature: the scalar plus one is written on every token of
+        that feature (so 0 still marks padding), e.g. `{"component": "targets"}`.
+      window: examples packed together.
+    """
+    spread = dict(spread or {})
     keys = list(feature_lengths)
+    wanted = keys + list(spread)
+    if set(dataset.element_spec) != set(wanted):
+        dataset = dataset.map(lambda ex: {k: ex[k] for k in wanted})
     limits = np.array([feature_lengths[k] for k in keys], np.int32)
-    if set(dataset.element_spec) != set(keys):
-        dataset = dataset.map(lambda ex: {k: ex[k] for k in keys})
     place = functools.partial(first_fit, limits=limits)
 
     def _pack(batch):
@@ -355,6 +390,7 @@ def pack_windows(
         lengths = tf.stack([tf.cast(feats[k].row_lengths(), tf.int32) for k in keys], axis=1)
         keep = tf.reduce_all(lengths > 0, axis=1)
         feats = {k: tf.ragged.boolean_mask(v, keep) for k, v in feats.items()}
+        scalars = {k: tf.boolean_mask(tf.cast(batch[k], tf.int32), keep) for k in spread}
         lengths = tf.boolean_mask(lengths, keep)
         rows, offsets = tf.numpy_function(place, [lengths], (tf.int32, tf.int32), stateful=False)
         rows.set_shape([None])
@@ -362,7 +398,7 @@ def pack_windows(
         num_rows = tf.reduce_max(tf.concat([rows, [-1]], 0)) + 1
         onehot = tf.one_hot(rows, num_rows, dtype=tf.int32)
         segment = tf.reduce_sum(tf.cumsum(onehot, axis=0) * onehot, axis=1)
-        out = {}
+        out, placed = {}, {}
         for j, k in enumerate(keys):
             rt = feats[k]
             example = tf.cast(rt.value_rowids(), tf.int32)
@@ -372,28 +408,38 @@ def pack_windows(
                 [tf.gather(rows, example), tf.gather(offsets[:, j], example) + position], axis=1
             )
             shape = tf.stack([num_rows, feature_lengths[k]])
+            placed[k] = (index, example, shape)
             out[k] = tf.scatter_nd(index, rt.flat_values, shape)
             out[f"{k}_segment_ids"] = tf.scatter_nd(index, tf.gather(segment, example), shape)
             out[f"{k}_positions"] = tf.scatter_nd(index, position, shape)
+        for k, base in spread.items():
+            index, example, shape = placed[base]
+            out[k] = tf.scatter_nd(index, tf.gather(scalars[k], example) + 1, shape)
         for k, v in out.items():
-            v.set_shape([None, feature_lengths[_base_key(k)]])
+            v.set_shape([None, feature_lengths[spread.get(k, _base_key(k))]])
         return out
 
     return dataset.ragged_batch(window).map(_pack, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def pack_first_fit(
-    dataset: tf.data.Dataset, feature_lengths: Mapping[str, int], *, window: int = PACK_WINDOW
+    dataset: tf.data.Dataset,
+    feature_lengths: Mapping[str, int],
+    *,
+    spread: Mapping[str, str] | None = None,
+    window: int = PACK_WINDOW,
 ) -> tf.data.Dataset:
     """Trims each feature to `feature_lengths` and packs examples into rows (first fit).
 
     Args:
       dataset: examples with 1-D int features named in `feature_lengths` (others are dropped).
       feature_lengths: packed row length per feature.
+      spread: scalar features to copy onto the tokens of a 1-D feature (see `pack_windows`).
       window: examples considered together; each window starts new rows.
 
     Returns:
       Rows with `<key>`, `<key>_segment_ids` (1, 2, ... per example, 0 on padding) and
-      `<key>_positions` for every key, each of shape `[feature_lengths[key]]`.
+      `<key>_positions` for every key, each of shape `[feature_lengths[key]]`, plus the spread
+      features.
     """
-    return pack_windows(dataset, feature_lengths, window=window).unbatch()
+    return pack_windows(dataset, feature_lengths, spread=spread, window=window).unbatch()

@@ -86,29 +86,33 @@ def _encdec_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Ten
 
 
 def _unpacked_rows(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """Segment ids (1 on tokens) and positions for rows that hold one example each."""
+    """Segment ids (1 on tokens), positions and per-token components for padded rows that hold
+    one example each."""
     out = dict(batch)
     for key in ("inputs", "targets"):
         if key in batch:
             real = tf.cast(tf.not_equal(batch[key], 0), tf.int32)
             out[f"{key}_segment_ids"] = real
             out[f"{key}_positions"] = (tf.cumsum(real, axis=1) - 1) * real
+    out["component"] = (batch["component"][:, None] + 1) * out["targets_segment_ids"]
     return out
 
 
 class _TaskIdsConverter(seqio.FeatureConverter):
     """Shared conversion: examples -> (packed or padded) rows, converted window by window with
-    vectorised ops (`_decoder_rows`); every model feature is present with or without packing, so
-    the trainer always sees the keys of docs/interfaces.md."""
+    vectorised ops (`_decoder_rows`). Every model feature is present with or without packing,
+    so the trainer always sees the keys of docs/interfaces.md. `component` is a scalar per
+    example (its mixture component); it becomes the per-token `decoder_task_ids`."""
 
     PACKING_FEATURE_DTYPES = {}
     _ROWS = staticmethod(_decoder_rows)
 
     def _convert_features(self, ds, task_feature_lengths):
+        lengths = {k: v for k, v in task_feature_lengths.items() if k != "component"}
         if self.pack:
-            windows = prep.pack_windows(ds, task_feature_lengths)
+            windows = prep.pack_windows(ds, lengths, spread={"component": "targets"})
         else:
-            windows = seqio.utils.trim_and_pad_dataset(ds, task_feature_lengths)
+            windows = seqio.utils.trim_and_pad_dataset(ds, lengths)
             windows = windows.batch(prep.PACK_WINDOW).map(_unpacked_rows)
         convert = functools.partial(self._ROWS, bos_id=self.bos_id)
         return windows.map(convert, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
@@ -128,7 +132,7 @@ class DecoderTaskIdsFeatureConverter(_TaskIdsConverter):
 
     TASK_FEATURES = {
         "targets": _FeatureSpec(dtype=tf.int32),
-        "component": _FeatureSpec(dtype=tf.int32),
+        "component": _FeatureSpec(dtype=tf.int32, rank=0),
     }
     MODEL_FEATURES = {
         key: _FeatureSpec(dtype=tf.int32)
@@ -150,7 +154,7 @@ class EncDecTaskIdsFeatureConverter(_TaskIdsConverter):
     TASK_FEATURES = {
         "inputs": _FeatureSpec(dtype=tf.int32),
         "targets": _FeatureSpec(dtype=tf.int32),
-        "component": _FeatureSpec(dtype=tf.int32),
+        "component": _FeatureSpec(dtype=tf.int32, rank=0),
     }
     MODEL_FEATURES = {
         **DecoderTaskIdsFeatureConverter.MODEL_FEATURES,
@@ -201,7 +205,7 @@ def task_dataset(
     chunking or span corruption) and seqio's example shuffle buffer. Tokenising after the
     shuffle costs a little per epoch but starts at once, where caching tokens would first have
     to tokenise the whole split before the global shuffle could emit anything. Features are not
-    trimmed here (`component_dataset` trims).
+    trimmed here (packing or padding trims).
     """
     if not _local_text(task, split):
         return task.get_dataset(
@@ -239,11 +243,10 @@ def component_dataset(
     shuffle: bool,
     repeat: bool,
 ) -> tf.data.Dataset:
-    """One task's preprocessed examples (`inputs`/`targets`, trimmed to `sequence_length`) plus
-    the per-token `component` feature `index + 1` aligned with `targets`."""
+    """One task's preprocessed examples (`inputs`/`targets`; trimmed when packed or padded)
+    plus the scalar `component` feature `index`."""
     task = seqio.TaskRegistry.get(task_name)
     keys = _task_features(task)
-    limits = {k: int(sequence_length[k]) for k in keys}
     ds = task_dataset(
         task,
         split=split,
@@ -255,8 +258,8 @@ def component_dataset(
     )
 
     def _tag(ex):
-        out = {k: tf.cast(ex[k][: limits[k]], tf.int32) for k in keys}
-        out["component"] = tf.fill(tf.shape(out["targets"]), tf.constant(index + 1, tf.int32))
+        out = {k: ex[k] for k in keys}
+        out["component"] = tf.constant(index, tf.int32)
         return out
 
     return ds.map(_tag, num_parallel_calls=tf.data.AUTOTUNE)
@@ -356,7 +359,7 @@ def mixed_examples(
     repeat: bool = True,
 ) -> tf.data.Dataset:
     """Unpacked examples of a mixture (or task) in the token proportions of its rates, each with
-    the per-token `component` feature (index into `component_names(...)` plus one)."""
+    the scalar `component` feature (its index into `component_names(...)`)."""
     names = component_names(mixture_or_task)
     fractions = token_fractions(mixture_or_task)
     shard_info = _shard(shard_index, num_shards)

@@ -59,8 +59,18 @@ def test_no_interior_optimum_is_reported_not_invented():
 def test_fit_result_input_ci_from_bootstrap_samples_and_isoloss_grid():
     samples = tuple({**SCRATCH, "beta": b} for b in np.linspace(0.28, 0.32, 21))
     res = fit.FitResult(
-        law="chinchilla", params=SCRATCH, objective=0.0, converged=True, grad_norm=0.0,
-        n_starts=1, n_finite=1, n_at_best=1, n_points=10, n_runs=3, delta=1e-3, samples=samples,
+        law="chinchilla",
+        params=SCRATCH,
+        objective=0.0,
+        converged=True,
+        grad_norm=0.0,
+        n_starts=1,
+        n_finite=1,
+        n_at_best=1,
+        n_points=10,
+        n_runs=3,
+        delta=1e-3,
+        samples=samples,
     )
     assert compute_optimal(res).G == compute_optimal(SCRATCH).G
     ci = allocation_cis(res, budgets=[1e21])

@@ -72,7 +72,9 @@ def test_alignment_score_examples_from_the_paper():
     assert alignment.score({"ro": 1.0}, "en", "de") == 0.0
     assert alignment.score("mix_en_50_fr_50", "en", "fr") == pytest.approx(1.0)
     assert alignment.score({"en": 30, "fr": 70}, "en", "fr") == pytest.approx(0.21 + 0.21 + 0.56)
-    assert alignment.mixture_fractions("cpt_zh_replay_en_5") == pytest.approx({"zh": 0.95, "en": 0.05})
+    assert alignment.mixture_fractions("cpt_zh_replay_en_5") == pytest.approx(
+        {"zh": 0.95, "en": 0.05}
+    )
     with pytest.raises(ValueError, match="cannot read"):
         alignment.score("not a mixture", "en", "fr")
 

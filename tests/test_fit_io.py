@@ -21,7 +21,14 @@ def test_read_runs_and_tidy_table(study):
     runs = io.read_runs(study)
     by_id = {r.run_id: r for r in runs}
     assert {r.strategy for r in runs} == {
-        "source", "scratch", "cpt", "cpt_replay", "pretrain", "finetune", "finetune_scratch"}
+        "source",
+        "scratch",
+        "cpt",
+        "cpt_replay",
+        "pretrain",
+        "finetune",
+        "finetune_scratch",
+    }
     assert by_id["scratch_01_1e+08"].completed is not None
     rows = io.tidy(runs)
     scratch = [r for r in rows if r["run_id"] == "scratch_01_1e+08"]
@@ -54,7 +61,9 @@ def test_points_use_target_tokens_for_replay_and_every_eval(study):
     assert len(series) == 1 and series[0].key == ("mix_en_50_fr_50", "mt_en_fr", "300")
     assert len(series[0].Dp) == 8 and np.all(np.diff(series[0].Dp) > 0)
     assert series[0].baseline is not None
-    np.testing.assert_allclose(series[0].values, laws.log_law(series[0].Dp, **synthetic.BLEU), rtol=0.05)
+    np.testing.assert_allclose(
+        series[0].values, laws.log_law(series[0].Dp, **synthetic.BLEU), rtol=0.05
+    )
 
 
 def _masked_crc(data: bytes) -> int:
@@ -75,13 +84,16 @@ def _write_events(path, events):
         for step, tag, value, as_tensor in events:
             if as_tensor:  # TF2 summaries (T5X, clu) store a rank-0 float tensor
                 tensor = tensor_pb2.TensorProto(
-                    dtype=1, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-                    tensor_content=struct.pack("<f", value))
+                    dtype=1,
+                    tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                    tensor_content=struct.pack("<f", value),
+                )
                 val = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
             else:
                 val = summary_pb2.Summary.Value(tag=tag, simple_value=value)
-            data = event_pb2.Event(step=step, wall_time=1.0,
-                                   summary=summary_pb2.Summary(value=[val])).SerializeToString()
+            data = event_pb2.Event(
+                step=step, wall_time=1.0, summary=summary_pb2.Summary(value=[val])
+            ).SerializeToString()
             header = struct.pack("<Q", len(data))
             f.write(header + struct.pack("<I", _masked_crc(header)) + data)
             f.write(struct.pack("<I", _masked_crc(data)))
@@ -90,15 +102,25 @@ def _write_events(path, events):
 
 def test_tensorboard_reader_t5x_layout_and_run_fallback(tmp_path):
     run = tmp_path / "t5x_run"
-    _write_events(run / "train" / "events.out.tfevents.1.host", [
-        (100, "loss", 3.0, False), (200, "loss", 2.5, True)])
-    _write_events(run / "training_eval" / "lm_fr" / "events.out.tfevents.2.host", [
-        (100, "loss", 3.5, True), (200, "loss", 3.25, True)])
+    _write_events(
+        run / "train" / "events.out.tfevents.1.host",
+        [(100, "loss", 3.0, False), (200, "loss", 2.5, True)],
+    )
+    _write_events(
+        run / "training_eval" / "lm_fr" / "events.out.tfevents.2.host",
+        [(100, "loss", 3.5, True), (200, "loss", 3.25, True)],
+    )
     scalars = io.read_tensorboard(run)
     assert scalars["loss"] == [(100, 3.0), (200, 2.5)]
     assert scalars["eval/lm_fr/loss"] == [(100, 3.5), (200, 3.25)]
-    meta = {"strategy": "scratch", "target_lang": "fr", "params_non_embedding": 1e8,
-            "batch_size": 4, "seq_len": 8, "flops_per_token": 6e8}
+    meta = {
+        "strategy": "scratch",
+        "target_lang": "fr",
+        "params_non_embedding": 1e8,
+        "batch_size": 4,
+        "seq_len": 8,
+        "flops_per_token": 6e8,
+    }
     (run / "run.json").write_text(json.dumps(meta))
     r = io.read_run(run)  # no metrics.jsonl: falls back to the events
     c = points.curve(r)
@@ -131,13 +153,19 @@ def test_bad_run_directories_name_the_run(tmp_path):
 
 
 def test_bad_values_in_runs_name_run_and_step(tmp_path):
-    meta = {"strategy": "scratch", "target_lang": "zh", "params_non_embedding": 1e8,
-            "components": ["lm_zh"]}
+    meta = {
+        "strategy": "scratch",
+        "target_lang": "zh",
+        "params_non_embedding": 1e8,
+        "components": ["lm_zh"],
+    }
     run = tmp_path / "nan_run"
     run.mkdir()
     (run / "run.json").write_text(json.dumps(meta))
-    recs = [{"step": 10, "tokens": 1e6, "eval/lm_zh/loss": 4.0},
-            {"step": 20, "tokens": 2e6, "eval/lm_zh/loss": float("nan")}]
+    recs = [
+        {"step": 10, "tokens": 1e6, "eval/lm_zh/loss": 4.0},
+        {"step": 20, "tokens": 2e6, "eval/lm_zh/loss": float("nan")},
+    ]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     runs = io.read_runs(tmp_path)
     with pytest.raises(FitInputError, match=r"run 'nan_run' step 20: eval/lm_zh/loss = nan"):

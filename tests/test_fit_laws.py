@@ -11,7 +11,9 @@ from fitting import laws
 def test_chinchilla_and_cpt_match_hand_values():
     N, D = 1.4e9, 2.8e10
     want = 1.55 + 420.0 / N**0.4 + 719.5 / D**0.3
-    assert laws.chinchilla(N, D, E=1.55, A=420.0, B=719.5, alpha=0.4, beta=0.3) == pytest.approx(want)
+    assert laws.chinchilla(N, D, E=1.55, A=420.0, B=719.5, alpha=0.4, beta=0.3) == pytest.approx(
+        want
+    )
     want_cpt = 1.55 + 420.0 / N**0.4 + 433.3 / (D**0.2 * N**0.08)
     got = laws.cpt(N, D, E=1.55, A=420.0, alpha=0.4, B=433.3, beta=0.2, gamma=0.08)
     assert got == pytest.approx(want_cpt)
@@ -24,7 +26,9 @@ def test_chinchilla_and_cpt_match_hand_values():
 def test_compute_laws_and_paper_frontier():
     C = np.array([1e19, 1e21])
     np.testing.assert_allclose(laws.power(C, k=33.69907, g=0.0579), 33.69907 * C**-0.0579)
-    np.testing.assert_allclose(laws.loss_compute(C, E=1.7, A=900.0, gamma=0.15), 1.7 + 900 * C**-0.15)
+    np.testing.assert_allclose(
+        laws.loss_compute(C, E=1.7, A=900.0, gamma=0.15), 1.7 + 900 * C**-0.15
+    )
 
 
 def test_log_law_uses_log_A_and_is_nan_where_undefined():
@@ -38,7 +42,8 @@ def test_log_law_uses_log_A_and_is_nan_where_undefined():
 
 def test_predict_dispatches_by_name_and_rejects_unknown_laws():
     p = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.4, "beta": 0.3, "extra": 1.0}
-    assert laws.predict("chinchilla", p, 1e9, 1e10) == laws.chinchilla(1e9, 1e10, **{
-        k: p[k] for k in laws.PARAMS["chinchilla"]})
+    assert laws.predict("chinchilla", p, 1e9, 1e10) == laws.chinchilla(
+        1e9, 1e10, **{k: p[k] for k in laws.PARAMS["chinchilla"]}
+    )
     with pytest.raises(ValueError, match="unknown law"):
         laws.predict("kaplan", p, 1.0)

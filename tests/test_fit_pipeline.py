@@ -9,7 +9,13 @@ from fitting import fit, io, pipeline, points, report, synthetic
 from fitting.checks import FitInputError
 from xlscale_cli.main import main
 
-SMALL_GRID = {"a": [0.0, 5.0, 10.0], "b": [0.0, 5.0, 10.0], "e": [0.0, 0.5], "alpha": [0.5], "beta": [0.5]}
+SMALL_GRID = {
+    "a": [0.0, 5.0, 10.0],
+    "b": [0.0, 5.0, 10.0],
+    "e": [0.0, 0.5],
+    "alpha": [0.5],
+    "beta": [0.5],
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +39,24 @@ def test_fit_runs_writes_every_output(result):
     assert saved["converged"] == (not saved["warnings"])
     for name in saved["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert {"loss_compute_zh.png", "transfer_zh.png", "replay_zh.png", "isoloss_zh.png",
-            "bleu_bleu_mt_en_fr.png", "ce_loss_mt_en_fr.png"} <= set(saved["plots"])
+    assert {
+        "loss_compute_zh.png",
+        "transfer_zh.png",
+        "replay_zh.png",
+        "isoloss_zh.png",
+        "bleu_bleu_mt_en_fr.png",
+        "ce_loss_mt_en_fr.png",
+    } <= set(saved["plots"])
     text = (out / "report.md").read_text()
-    for heading in ("From-scratch Chinchilla", "CPT law", "Loss–compute frontier", "Transfer",
-                    "Forgetting under replay", "Downstream translation scores", "cross-entropy"):
+    for heading in (
+        "From-scratch Chinchilla",
+        "CPT law",
+        "Loss–compute frontier",
+        "Transfer",
+        "Forgetting under replay",
+        "Downstream translation scores",
+        "cross-entropy",
+    ):
         assert heading in text
 
 
@@ -63,23 +82,57 @@ def test_fits_json_is_unrounded_and_matches_a_direct_fit(study, result):
 
 
 def test_report_flags_non_converged_fits():
-    bad = fit.FitResult(law="chinchilla", params={"E": 1.0, "A": 2.0, "B": 3.0, "alpha": 0.3,
-                        "beta": 0.2}, objective=1.0, converged=False, grad_norm=0.25, n_starts=1,
-                        n_finite=1, n_at_best=1, n_points=10, n_runs=2, delta=1e-3)
-    res = {"runs_dir": "x", "n_runs": 2, "law": "chinchilla", "bootstrap": 0, "seed": 0,
-           "warnings": ["chinchilla/zh: fit did NOT converge (gradient 0.25)"], "skipped": {},
-           "plots": [], "chinchilla": {"zh": {"fit": bad.to_dict(), "allocation": {
-               "valid": False, "note": "n/a"}, "allocation_ci": {}}}}
+    bad = fit.FitResult(
+        law="chinchilla",
+        params={"E": 1.0, "A": 2.0, "B": 3.0, "alpha": 0.3, "beta": 0.2},
+        objective=1.0,
+        converged=False,
+        grad_norm=0.25,
+        n_starts=1,
+        n_finite=1,
+        n_at_best=1,
+        n_points=10,
+        n_runs=2,
+        delta=1e-3,
+    )
+    res = {
+        "runs_dir": "x",
+        "n_runs": 2,
+        "law": "chinchilla",
+        "bootstrap": 0,
+        "seed": 0,
+        "warnings": ["chinchilla/zh: fit did NOT converge (gradient 0.25)"],
+        "skipped": {},
+        "plots": [],
+        "chinchilla": {
+            "zh": {
+                "fit": bad.to_dict(),
+                "allocation": {"valid": False, "note": "n/a"},
+                "allocation_ci": {},
+            }
+        },
+    }
     text = report.render(res)
     assert "did not converge" in text and "**NOT CONVERGED** (gradient 0.25)" in text
 
 
 def test_cli_fit_runs_and_reports(study, tmp_path, capsys):
-    code = main(["fit", "--runs", str(study), "--law", "cpt", "--out", str(tmp_path / "o"),
-                 "--bootstrap", "0"])
+    code = main(
+        [
+            "fit",
+            "--runs",
+            str(study),
+            "--law",
+            "compute",
+            "--out",
+            str(tmp_path / "o"),
+            "--bootstrap",
+            "0",
+        ]
+    )
     assert code in (0, 3)
     saved = json.loads((tmp_path / "o" / "fits.json").read_text())
-    assert set(saved["cpt"]) == {"zh"} and "chinchilla" not in saved
+    assert set(saved["compute"]) == {"en", "zh"} and "chinchilla" not in saved
     assert "wrote" in capsys.readouterr().out
 
 

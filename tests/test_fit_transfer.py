@@ -14,9 +14,19 @@ CPT = {"E": 1.55, "A": 420.0, "alpha": 0.40, "B": 433.3, "beta": 0.20, "gamma": 
 
 def _curve(run_id, strategy, n, tokens, loss, fraction=None):
     tokens = np.asarray(tokens, float)
-    return Curve(run_id, strategy, "zh", 0.0, n, "lm_zh", np.arange(len(tokens)), tokens,
-                 6 * n * tokens, np.asarray(loss, float),
-                 np.ones(len(tokens)) if fraction is None else np.asarray(fraction, float))
+    return Curve(
+        run_id,
+        strategy,
+        "zh",
+        0.0,
+        n,
+        "lm_zh",
+        np.arange(len(tokens)),
+        tokens,
+        6 * n * tokens,
+        np.asarray(loss, float),
+        np.ones(len(tokens)) if fraction is None else np.asarray(fraction, float),
+    )
 
 
 def test_frontier_keeps_the_lowest_loss_per_compute_bin_and_drops_dominated_points():
@@ -57,15 +67,18 @@ def test_equal_loss_transfer_matches_the_laws():
     t = transfer.equal_loss_transfer(cpt, scratch)
     ok = np.isfinite(t.flops_saved)
     assert ok.sum() >= 5
-    law = transfer.law_transfer(_fit("chinchilla", SCRATCH), _fit("cpt", CPT), np.full(8, n), cpt_tokens)
+    law = transfer.law_transfer(
+        _fit("chinchilla", SCRATCH), _fit("cpt", CPT), np.full(8, n), cpt_tokens
+    )
     np.testing.assert_allclose(t.tokens_pt[ok], law.tokens_pt[ok], rtol=0.01)
     np.testing.assert_allclose(t.flops_saved[ok], (t.flops_pt[ok] - t.flops[ok]) / t.flops_pt[ok])
     np.testing.assert_allclose(t.transferred[ok], t.tokens_pt[ok] - cpt_tokens[ok])
     # CPT saves compute early and the saving shrinks along training (CPT paper Fig. 2, top)
     assert t.flops_saved[ok][0] > 0.3 and np.all(np.diff(t.flops_saved[ok]) < 0)
     # the law's D_PT gives the scratch law the CPT law's loss
-    np.testing.assert_allclose(laws.chinchilla(n, law.tokens_pt, **SCRATCH),
-                               laws.cpt(n, cpt_tokens, **CPT), rtol=1e-10)
+    np.testing.assert_allclose(
+        laws.chinchilla(n, law.tokens_pt, **SCRATCH), laws.cpt(n, cpt_tokens, **CPT), rtol=1e-10
+    )
     with pytest.raises(FitInputError, match="differ in size"):
         transfer.equal_loss_transfer(cpt, _curve("s2", "scratch", 2 * n, d, scratch.loss))
 
@@ -73,8 +86,9 @@ def test_equal_loss_transfer_matches_the_laws():
 def test_law_transfer_bands_come_from_paired_bootstrap_samples():
     s_samples = tuple({**SCRATCH, "B": b} for b in (700.0, 719.5, 740.0))
     c_samples = tuple({**CPT, "B": b} for b in (420.0, 433.3, 450.0))
-    lt = transfer.law_transfer(_fit("chinchilla", SCRATCH, s_samples), _fit("cpt", CPT, c_samples),
-                               [4e8, 4e8], [1e9, 2e9])
+    lt = transfer.law_transfer(
+        _fit("chinchilla", SCRATCH, s_samples), _fit("cpt", CPT, c_samples), [4e8, 4e8], [1e9, 2e9]
+    )
     lo, hi = lt.ci["flops_saved"]
     assert np.all(lo <= lt.flops_saved + 1e-12) and np.all(lt.flops_saved <= hi + 1e-12)
 
@@ -85,8 +99,9 @@ def test_replay_curve_uses_per_language_compute():
     src_loss = np.array([2.5, 2.9, 2.8, 2.7, 2.6, 2.55])
     source = _curve("replay_5", "cpt_replay", n, tokens * 0.05, src_loss, fraction=np.full(6, 0.05))
     source = Curve(**{**source.__dict__, "flops": 6 * n * tokens, "replay_ratio": 0.05})
-    target = _curve("replay_5", "cpt_replay", n, tokens * 0.95, np.linspace(4, 3, 6),
-                    fraction=np.full(6, 0.95))
+    target = _curve(
+        "replay_5", "cpt_replay", n, tokens * 0.95, np.linspace(4, 3, 6), fraction=np.full(6, 0.95)
+    )
     target = Curve(**{**target.__dict__, "flops": 6 * n * tokens})
     rc = transfer.replay_curve(source, target)
     np.testing.assert_allclose(rc.source_compute, 0.05 * 6 * n * tokens)
@@ -96,6 +111,17 @@ def test_replay_curve_uses_per_language_compute():
 
 
 def _fit(law, params, samples=()):
-    return FitResult(law=law, params=params, objective=0.0, converged=True, grad_norm=0.0,
-                     n_starts=1, n_finite=1, n_at_best=1, n_points=1, n_runs=1, delta=1e-3,
-                     samples=samples)
+    return FitResult(
+        law=law,
+        params=params,
+        objective=0.0,
+        converged=True,
+        grad_norm=0.0,
+        n_starts=1,
+        n_finite=1,
+        n_at_best=1,
+        n_points=1,
+        n_runs=1,
+        delta=1e-3,
+        samples=samples,
+    )

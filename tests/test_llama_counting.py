@@ -42,6 +42,25 @@ def test_counts_equal_initialised_tree(scan):
     _check_counts(config, _abstract_variables(config)["params"])
 
 
+def test_real_init_has_counted_tree_and_fan_in_scales():
+    config = TINY.replace(vocab_size=257, d_model=64, d_ff=96, num_heads=4, num_kv_heads=2)
+    # Optimisation level 0 only shortens XLA:CPU's slow compile of jax.random; values are equal.
+    init = jax.jit(Llama(config).init, compiler_options={"xla_backend_optimization_level": 0})
+    params = init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    _check_counts(config, params)
+    layer = params["layers_2"]
+    assert float(jnp.std(params["token_embedder"]["embedding"])) == pytest.approx(1.0, rel=0.05)
+    for kernel, fan_in in [
+        (layer["attention"]["query"], 64),
+        (layer["attention"]["out"], 4 * 16),
+        (layer["mlp"]["w1"], 64),
+        (layer["mlp"]["w2"], 96),
+        (params["lm_head"]["kernel"], 64),
+    ]:
+        assert float(jnp.std(kernel)) == pytest.approx(fan_in**-0.5, rel=0.15)
+    assert bool(jnp.all(layer["ffn_norm"]["scale"] == 1.0))
+
+
 def test_counts_with_explicit_head_dim():
     config = TINY.replace(head_dim=6, num_kv_heads=None)  # attention width 36 != d_model 24
     _check_counts(config, _abstract_variables(config)["params"])

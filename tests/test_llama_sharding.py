@@ -1,4 +1,8 @@
-"""Sharded forward/backward on an 8-device CPU mesh (data 2 x fsdp 2 x model 2) equals unsharded."""
+"""Sharded forward/backward on an 8-device CPU mesh (data 2 x fsdp 2 x model 2) equals unsharded.
+
+The sharded side also runs the other code path (scanned layers, full rematerialisation), so this
+test checks that path's gradients against the plain unrolled ones as well.
+"""
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +47,7 @@ def test_sharded_forward_backward_equals_unsharded():
         devices=jax.devices()[:8],
     )
     rules = axes.logical_axis_rules()
-    scan_config = CONFIG.replace(scan_layers=True)
+    scan_config = CONFIG.replace(scan_layers=True, remat_policy="full")
 
     rng = np.random.default_rng(1)
     tokens = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (BATCH, LENGTH + 1)), jnp.int32)
@@ -56,7 +60,7 @@ def test_sharded_forward_backward_equals_unsharded():
         params, tokens, segments
     )
 
-    # Sharded: scanned layers, parameters placed by their logical axes.
+    # Sharded: scanned, rematerialised layers, parameters placed by their logical axes.
     logical = param_logical_specs(scan_config)
     param_shardings = nn.logical_to_mesh_sharding(logical, mesh, rules)
     batch_sharding = NamedSharding(mesh, nn.logical_to_mesh_axes((axes.BATCH, axes.LENGTH), rules))

@@ -85,7 +85,7 @@ def _example_token_shares(name, lengths, n=10_240):
     """Token shares per component over the first `n` mixed examples (before packing, which
     neither adds nor drops tokens)."""
     ds = streams.mixed_examples(name, split="train", sequence_length=lengths, seed=0).take(n)
-    ds = ds.map(lambda ex: (ex["component"][0] - 1, tf.size(ex["targets"]))).batch(4096)
+    ds = ds.map(lambda ex: (ex["component"], tf.size(ex["targets"]))).batch(4096)
     comp, size = (np.concatenate(x) for x in zip(*ds.as_numpy_iterator(), strict=True))
     counts = np.bincount(comp, weights=size, minlength=len(mixtures.component_names(name)))
     return counts / counts.sum(), np.bincount(comp) / len(comp)

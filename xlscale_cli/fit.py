@@ -16,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="which law to fit (default: all that the runs support)",
     )
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--bootstrap", type=int, default=100, help="resamples of whole runs (0: none)")
+    parser.add_argument(
+        "--bootstrap", type=int, default=100, help="resamples of whole runs (0: none)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
 
 
@@ -27,7 +29,9 @@ def run(args: argparse.Namespace) -> int:
     from fitting.pipeline import fit_runs
 
     try:
-        result = fit_runs(args.runs, args.out, law=args.law, bootstrap=args.bootstrap, seed=args.seed)
+        result = fit_runs(
+            args.runs, args.out, law=args.law, bootstrap=args.bootstrap, seed=args.seed
+        )
     except FitInputError as e:
         print(f"xlscale fit: {e}", file=sys.stderr)
         return 1

@@ -54,11 +54,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"xlscale sizes: {error}", file=sys.stderr)
         return 2
-    for row in rows:
-        paper = row["paper_m"]
-        row["ratio_to_paper"] = (
-            None if paper is None else row["params_non_embedding"] / (paper * 1e6)
-        )
     if args.json:
         for row in rows:
             print(json.dumps(row))
@@ -67,12 +62,8 @@ def run(args: argparse.Namespace) -> int:
     cells += [[_cell(row, key, fmt) for _, key, fmt in _COLUMNS] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
     for line in cells:
-        print(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(line, widths, strict=True))
-            )
-        )
+        padded = [c.rjust(w) for c, w in zip(line, widths, strict=True)]
+        print("  ".join([line[0].ljust(widths[0]), *padded[1:]]))
     print(
         f"\nN non-emb excludes the input embedding and the untied output projection (Kaplan); "
         "N total includes both;\nN/paper is our N non-emb over the paper's nominal size. "
