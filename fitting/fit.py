@@ -4,7 +4,9 @@ The objective is exactly Hoffmann et al.'s and the CPT paper's eqs. 6–7: Huber
 LSE(a − α log N, b − β log D, e) and log L, with A = exp(a), B = exp(b), E = exp(e), **summed** over
 points (the mean-scaled objective made Hoffmann's L-BFGS stop early; Besiroglu et al. 2024), in
 float64, from a grid of starts (default the Hoffmann/Epoch grid, 4,500 starts), then a tight polish
-of the best. `fit_cpt` is the paper's two-stage fit: E, A and α come from the from-scratch fit and
+of the best. In place of Hoffmann's per-start L-BFGS, every start runs a batched exact-Hessian
+damped Newton (`fitting.optim`, `fitting.lse`), which reaches the same optimum several times faster
+(benchmarks/fit.py). `fit_cpt` is the paper's two-stage fit: E, A and α come from the from-scratch fit and
 only B', β', γ are fitted. Every result says whether it converged; bootstrap CIs resample whole runs.
 """
 
@@ -359,8 +361,8 @@ def _bootstrap(
     draws = rng.integers(0, n_runs, size=(n_boot, n_runs))
     counts = np.stack([np.bincount(d, minlength=n_runs) for d in draws])
     weights = counts[:, codes].astype(np.float64)  # [B, P]
-    picks = [i for i in optim.distinct_best(res.finals, res.final_objectives, _BOOT_STARTS)]
-    base = np.concatenate([res.theta[None], res.finals[picks]])[:_BOOT_STARTS]
+    picks = optim.distinct_best(res.finals, res.final_objectives, _BOOT_STARTS)[1:]
+    base = np.concatenate([res.theta[None], res.finals[picks]])  # the optimum replaces the best
     k = base.shape[0]
     starts = np.repeat(base[None], n_boot, axis=0)  # [B, k, n] (standardised)
     if fixed_samples:

@@ -294,6 +294,7 @@ class _Traced:
     delta: Any
 
     def value(self, xp, theta, weights):
+        """Objective for theta [..., n] (traced)."""
         return objective(
             xp,
             self.terms,
@@ -307,6 +308,7 @@ class _Traced:
         )
 
     def derivs(self, xp, theta, weights):
+        """Objective, gradient and Hessian for theta [S, n] (traced)."""
         return objective(
             xp,
             self.terms,

@@ -2,11 +2,13 @@
 
 Hoffmann et al. fit their law by L-BFGS from a grid of thousands of starts, because most starts end
 in poor basins. A Python loop of scipy calls spends its time in per-call overhead, and a `vmap` of
-per-start while-loops makes every lane wait for the slowest. Here all starts advance together for a
-*fixed* number of Levenberg–Marquardt iterations: the gradient and exact Hessian are analytic, the
-small (≤ 6×6) damped systems are solved by an unrolled Cholesky, and several damping levels are
-tried at once instead of a sequential line search, so no lane ever waits. Large batches run inside
-one jitted loop (float32 is enough to find the basins); small ones run in numpy, which needs no
+per-start while-loops makes every lane wait for the slowest. Here starts advance together in
+blocks of lanes, a *fixed* number of Levenberg–Marquardt iterations per round: the gradient and
+exact Hessian are analytic, the small (≤ 6×6) damped systems are solved by an unrolled Cholesky,
+and several damping levels are tried at once instead of a sequential line search, so no lane
+waits within a round. Between rounds, lanes that stopped improving retire and the rest are
+regrouped into full blocks (`lm_rounds`), up to a cap on iterations. Large batches run in a
+jitted block (float32 is enough to find the basins); small ones in numpy, which needs no
 compilation. The best few distinct end points are then polished in float64 to a tiny gradient,
 and `converged` is read off that gradient.
 
@@ -41,11 +43,17 @@ class Problem(Protocol):
     delta: float
 
     @property
-    def n_params(self) -> int: ...
+    def n_params(self) -> int:
+        """Number of fitted parameters."""
+        ...
 
-    def value(self, xp: Any, theta: Any, weights: Any) -> Any: ...
+    def value(self, xp: Any, theta: Any, weights: Any) -> Any:
+        """Objective for theta [..., n] with point weights broadcastable to [..., P]."""
+        ...
 
-    def derivs(self, xp: Any, theta: Any, weights: Any) -> tuple[Any, Any, Any]: ...
+    def derivs(self, xp: Any, theta: Any, weights: Any) -> tuple[Any, Any, Any]:
+        """Objective [S], gradient [S, n] and Hessian [S, n, n] for theta [S, n]."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,8 +225,8 @@ def lm_rounds(
     lane_weights: np.ndarray | None = None,
     runner: Any = None,
     block: int | None = None,
-    round_iters: int = 10,
-    rtol: float = 1e-7,
+    round_iters: int = 4,
+    rtol: float = 1e-6,
 ) -> np.ndarray:
     """Batched LM in rounds; a lane retires once a round no longer lowers its objective.
 

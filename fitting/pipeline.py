@@ -25,7 +25,6 @@ from fitting.checks import FitInputError
 from fitting.fit import FitResult, fit_chinchilla, fit_cpt
 
 FROM_SCRATCH = ("source", "scratch")
-SCORE_METRICS = ("bleu", "rouge", "comet", "chrf")
 
 
 @dataclasses.dataclass
@@ -44,6 +43,7 @@ class _Study:
     cache: dict[tuple[str, str], FitResult | None] = dataclasses.field(default_factory=dict)
 
     def languages(self, strategies: Sequence[str]) -> list[str]:
+        """Target languages of the runs with one of `strategies`."""
         return sorted({r.target_lang for r in self.runs if r.strategy in strategies})
 
     def check(self, name: str, fit: Any) -> None:
@@ -52,6 +52,7 @@ class _Study:
             self.warnings.append(f"{name}: fit did NOT converge (gradient {fit.grad_norm:.3g})")
 
     def scratch_fit(self, lang: str) -> FitResult | None:
+        """The from-scratch Chinchilla fit of a language (source + scratch runs), cached."""
         key = ("chinchilla", lang)
         if key not in self.cache:
             pts = points.pool(points.curves(self.runs, strategies=FROM_SCRATCH, language=lang))
@@ -71,6 +72,7 @@ class _Study:
         return self.cache[key]
 
     def cpt_fit(self, lang: str) -> FitResult | None:
+        """The CPT law's second-stage fit of a language on its cpt runs, cached."""
         key = ("cpt", lang)
         if key not in self.cache:
             base = self.scratch_fit(lang)
@@ -91,6 +93,7 @@ class _Study:
         return self.cache[key]
 
     def figure(self, path: Path) -> None:
+        """Records a written plot (relative to the output directory)."""
         self.plots.append(str(path.relative_to(self.out)))
 
 
@@ -245,6 +248,7 @@ def _replay(study: _Study) -> None:
                 study.check(f"replay/{lang}/{run.run_id} (forgetting tail)", rc.tail_fit)
                 curves.append(rc)
         if curves:
+            curves.sort(key=lambda c: (c.replay_ratio, c.run_id))
             out[lang] = [c.to_dict() for c in curves]
             path = study.out / f"replay_{lang}.png"
             plots.replay(curves, path, title=f"{lang}: replay of the source language")
@@ -302,11 +306,13 @@ def _bleu(study: _Study) -> None:
     present = {
         k.rsplit("/", 1)[-1]
         for r in study.runs
+        if r.strategy in ("finetune", "finetune_scratch")
         for rec in r.records
         for k in rec
-        if k.startswith("eval/mt_")
-    }
-    metrics = [m for m in SCORE_METRICS if m in present] or ["bleu"]
+        if k.startswith("eval/") and k.count("/") == 2
+    } - {"loss", "tokens"}
+    # BLEU first, as the paper; then every other translation score the runs report.
+    metrics = sorted(present, key=lambda m: (m != "bleu", m)) or ["bleu"]
     _downstream(study, metrics, "bleu")
 
 

@@ -49,6 +49,16 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _log(ax, *, x: bool = True, y: bool = True) -> None:
+    """Log axes without minor tick labels (they overlap on short ranges)."""
+    from matplotlib.ticker import NullFormatter
+
+    for on, axis, set_scale in ((x, ax.xaxis, ax.set_xscale), (y, ax.yaxis, ax.set_yscale)):
+        if on:
+            set_scale("log")
+            axis.set_minor_formatter(NullFormatter())
+
+
 def _flag(fit: FitResult | DownstreamFit | None) -> str:
     return "" if fit is None or fit.converged else " [NOT CONVERGED]"
 
@@ -90,8 +100,7 @@ def loss_compute(
                     label=f"{group}: L={p['k']:.5g}·C^-{p['g']:.4g}",
                 )
                 flags += _flag(fr.power)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _log(ax)
     ax.set_xlabel("compute C (FLOPs)")
     ax.set_ylabel("validation loss (nats)")
     ax.set_title(title + flags)
@@ -106,10 +115,10 @@ def transfer(curves: Sequence[TransferCurve], path: Path, *, title: str) -> Path
         label = f"N={c.n_params:.3g}"
         ax1.plot(c.tokens, 100 * c.flops_saved, "-o", ms=3, label=label)
         ax2.plot(c.tokens, c.transferred, "-o", ms=3, label=label)
-    ax1.set_xscale("log")
+    _log(ax1, y=False)
     ax1.set_xlabel("CPT tokens D")
     ax1.set_ylabel("FLOPs saved (C_PT − C_CPT)/C_PT (%)")
-    ax2.set_xscale("log")
+    _log(ax2, y=False)
     ax2.set_xlabel("CPT tokens D")
     ax2.set_ylabel("effectively transferred data D_PT − D_CPT (tokens)")
     ax1.set_title(title)
@@ -137,8 +146,7 @@ def replay(curves: Sequence[ReplayCurve], path: Path, *, title: str) -> Path:
             c.target_compute[ok], c.target_loss[ok], "-o", ms=3, color=cmap(shade), label=label
         )
     for ax, which in ((ax1, "source"), (ax2, "target")):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _log(ax)
         ax.set_xlabel(f"{which}-language compute (FLOPs × {which} share)")
         ax.set_ylabel(f"{which}-language validation loss")
         ax.legend(fontsize=7, loc="upper right")
@@ -170,8 +178,7 @@ def isoloss(
                     color=_COLORS.get(other, "k"),
                     label=f"{other}: N_opt={a.n_coef:.4g}·C^{a.a:.4g}",
                 )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _log(ax)
         ax.set_xlabel("compute C (FLOPs)")
         ax.set_ylabel("parameters N")
         ax.set_title(f"{title}: {name} law IsoLoss{_flag(f)}")
@@ -203,7 +210,7 @@ def downstream(
         )
         if baseline is not None:
             ax.axhline(baseline, color=color, ls=":", lw=1)
-    ax.set_xscale("log")
+    _log(ax, y=False)
     ax.set_xlabel("pretraining tokens Dp")
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -10,10 +10,14 @@ a `seqio.SentencePieceVocabulary(extra_ids=...)`). `raw_length` is the largest c
 corrupted inputs *and* targets (plus EOS) fit the task's sequence lengths.
 
 Packing (`pack_first_fit`) produces seqio's packed format (`<key>`, `<key>_segment_ids`,
-`<key>_positions`, 0 = padding) like `seqio.utils.trim_and_pack_dataset`, but places each example
-in the first of the 16 most recent rows of its window (256 examples) where all its features still
-fit, instead of only in the last row: fewer padding tokens, and a vectorised scatter instead of a per-example
-`tf.while_loop` of concatenations, which makes it several times faster.
+`<key>_positions`, 0 = padding) like `seqio.utils.trim_and_pack_dataset`, but places each
+example in the first of the 16 most recent rows of its window (256 examples) where all its
+features still fit, instead of only in the last row (fewer padding tokens), and writes the rows
+with one vectorised scatter per window instead of a per-example `tf.while_loop` of
+concatenations (several times faster).
+
+Tokenisation (`tokenize`) is seqio's, but a thousand texts per tokenizer call; LM chunking and
+span corruption also work on blocks of documents.
 
 Randomness comes only from seqio's stateless seeds (`seqio.map_over_dataset(num_seeds=...)`),
 which seqio derives from the `seed` passed to `get_dataset`: the same seed gives the same masks.
@@ -254,7 +258,9 @@ def span_corruption(
         "noise_density": noise_density,
         "mean_noise_span_length": mean_noise_span_length,
     }
-    raw_length = span_raw_length(sequence_length["inputs"], sequence_length["targets"], **lengths_kw)
+    raw_length = span_raw_length(
+        sequence_length["inputs"], sequence_length["targets"], **lengths_kw
+    )
     _, _, spans = span_corruption_lengths(raw_length, **lengths_kw)
     extra_ids = getattr(vocab, "extra_ids", 0)
     if extra_ids < spans:

@@ -5,32 +5,35 @@ docs/interfaces.md: iterators of numpy dicts of int32 `[batch_size, length]` arr
 `batch_size` is this host's share of the global batch (global batch / `num_shards`) and
 `shard_index`/`num_shards` select this host's `seqio.ShardInfo` shard of every component.
 
-Pipeline, per mixture component `i` (a seqio task):
-  `Task.get_dataset` (seeded shuffle, stateless-seeded preprocessors, host shard via
-  `seqio.ShardInfo(shard_index, num_shards)`, repeated) -> add a per-token feature
-  `component = i + 1`,
-then the components are interleaved, packed by a seqio feature converter that carries the
-component feature (`decoder_task_ids = component - 1`, so padding is -1), batched, and skipped to
-`start_step`.
+Pipeline. Each mixture component `i` (a seqio task) gives its examples (`task_dataset`: seqio's
+`Task.get_dataset`, or for local text files the same preprocessors over all lines held in memory
+and shuffled globally every epoch), tagged with the scalar `component = i`; the components are
+interleaved in token proportion (below), packed and converted by a seqio feature converter that
+spreads the component over the example's target tokens (`decoder_task_ids`, -1 on padding;
+`DecoderTaskIdsFeatureConverter`, `EncDecTaskIdsFeatureConverter`), batched, and skipped to
+`start_step`. Packing is first fit over windows of 256 examples (`preprocessors.pack_windows`);
+the heavy steps (tokenisation, LM chunking, span corruption, packing, feature conversion) run
+on blocks of examples, so per-example tf.data overhead stays small.
 
 Token ratios. Mixture rates are fractions of tokens (`pipelines.mixtures`). Each component's mean
-target tokens per example is measured at the stream's sequence length, on a spread-out
-subsample of its split (every k-th document so that about `MEASURE_DOCS` documents are read), and
-the example rate is `fraction / mean_tokens`. Components are then chosen by a deterministic
-smooth weighted round-robin (each step every component earns its rate in credit, the richest
-one is chosen and pays 1), so example counts never deviate from their rates by more than one
-example; what remains is the spread of example lengths, which averages out. Target tokens are
-what the trainer counts per component (`tokens_by_task`), so they are what the ratio fixes.
+target tokens per example is measured at the stream's sequence length on a spread-out subsample
+of its split (every k-th document, about `MEASURE_DOCS` documents; memoised per process), and
+its example rate is `fraction / mean_tokens`. Components are then chosen by a deterministic
+low-discrepancy sequence (`weighted_choices`) rather than by random sampling, so example counts
+stay within a few examples of their rates at every step; what remains is the spread of example
+lengths, which averages out. Target tokens are what the trainer counts per component
+(`tokens_by_task`), so they are what the ratio fixes.
 
-Determinism and resumption. Every random choice is seeded from `seed`: the shuffle buffers
-(`tf.data` with an op seed), seqio's stateless per-example seeds (span corruption), and nothing
-else is random (the round-robin and the packing are deterministic; tf.data keeps element order).
-So the same arguments give the same stream, bit for bit. `start_step=k` builds that same stream
-and drops its first `k` batches (`Dataset.skip` at the batch level), so a restarted job continues
-exactly as the uninterrupted one would. The trainer only needs to record the step. The cost is
-re-running the input pipeline for `k` batches, which is cheap here because the pipeline runs
-many times faster than the trainer consumes (`benchmarks/pipeline.py`); at TPU scale one would
-checkpoint the tf.data iterator instead.
+Determinism and resumption. Every random choice is seeded from `seed`: the shuffles (`tf.data`
+with op seeds) and seqio's stateless per-example seeds (span corruption); the choice sequence
+and the packing are deterministic, and tf.data keeps element order. So the same arguments give
+the same stream, bit for bit. `start_step=k` builds that same stream afresh and drops its first
+`k` batches (`Dataset.skip` at the batch level), so a restarted job continues exactly as the
+uninterrupted one would; the trainer only records the step. The cost is re-running the input
+pipeline for `k` batches, cheap here because the pipeline runs many times faster than the
+trainer consumes (`benchmarks/pipeline.py`); at TPU scale one would checkpoint the tf.data
+iterator instead. (A built pipeline is never reused: a tf.data shuffle reshuffles when its
+dataset is iterated again.)
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ from pipelines import preprocessors as prep
 from pipelines import tasks
 from pipelines.mixtures import component_names, token_fractions
 
-MEASURE_DOCS = 2000
+MEASURE_DOCS = 20_000
+CHOICE_BLOCK = 4096  # mixture choices computed per op
 MAX_CACHED = 16  # eval batch lists kept per process (LRU)
 CACHE_MAX_DOCS = 5_000_000  # local splits up to this many lines are held and shuffled in memory
 _FeatureSpec = seqio.FeatureConverter.FeatureSpec
@@ -68,7 +72,9 @@ def _decoder_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Te
     first = tf.not_equal(segments, _shift_right(segments))
     return {
         "decoder_target_tokens": targets,
-        "decoder_input_tokens": tf.where(first, tf.cast(bos_id, targets.dtype), _shift_right(targets)),
+        "decoder_input_tokens": tf.where(
+            first, tf.cast(bos_id, targets.dtype), _shift_right(targets)
+        ),
         "decoder_loss_weights": tf.cast(tf.not_equal(targets, 0), tf.int32),
         "decoder_segment_ids": segments,
         "decoder_positions": rows["targets_positions"],
@@ -182,7 +188,9 @@ def _task_features(task: seqio.Task) -> tuple[str, ...]:
 def _local_text(task: seqio.Task, split: str) -> bool:
     """Local text-file tasks small enough to hold their raw lines in memory."""
     n = task.source.num_input_examples(split) if split in task.source.splits else None
-    return isinstance(task.source, seqio.TextLineDataSource) and n is not None and n <= CACHE_MAX_DOCS
+    return (
+        isinstance(task.source, seqio.TextLineDataSource) and n is not None and n <= CACHE_MAX_DOCS
+    )
 
 
 def task_dataset(
@@ -322,29 +330,34 @@ def mean_target_tokens(
     return _MEAN_TOKENS[key]
 
 
-def example_weights(fractions: Mapping[str, float], mean_tokens: Mapping[str, float]) -> list[float]:
+def example_weights(
+    fractions: Mapping[str, float], mean_tokens: Mapping[str, float]
+) -> list[float]:
     """Turns token fractions into normalised example rates: `fraction / mean tokens`."""
     raw = [
-        fractions[name] / mean_tokens[name] if fractions[name] > 0 else 0.0
-        for name in fractions
+        fractions[name] / mean_tokens[name] if fractions[name] > 0 else 0.0 for name in fractions
     ]
     total = sum(raw)
     return [r / total for r in raw]
 
 
-def round_robin_choices(weights: list[float]) -> tf.data.Dataset:
-    """An endless, deterministic stream of component indices with the given frequencies
-    (smooth weighted round-robin: per step every component gains its weight in credit, the
-    richest is emitted and pays 1). Counts stay within one of `n * weight` at every step."""
-    w = tf.constant(weights, tf.float64)
-    k = len(weights)
+def weighted_choices(weights: list[float], *, block: int = CHOICE_BLOCK) -> tf.data.Dataset:
+    """An endless, deterministic, low-discrepancy stream of component indices with the given
+    frequencies: step `n` picks the component whose cumulative-weight interval holds
+    `frac(n / golden ratio)` (a Weyl sequence), so after any `n` steps every component's count
+    is within a few examples of `n * weight` and the choices are evenly spread. Computed
+    `block` steps at a time."""
+    bounds = np.cumsum(np.asarray(weights, np.float64) / np.sum(weights))
+    bounds[-1] = np.inf
+    bounds_t = tf.constant(bounds, tf.float64)
+    inv_phi = (np.sqrt(5.0) - 1.0) / 2.0
 
-    def _step(credit, _):
-        credit = credit + w
-        choice = tf.argmax(credit, output_type=tf.int64)
-        return credit - tf.one_hot(choice, k, dtype=tf.float64), choice
+    def _block(start):
+        n = start + tf.range(block, dtype=tf.int64)
+        u = tf.math.floormod(tf.cast(tf.math.floormod(n, 2**32), tf.float64) * inv_phi, 1.0)
+        return tf.searchsorted(bounds_t, u, side="right", out_type=tf.int64)
 
-    return tf.data.Dataset.from_tensors(0).repeat().scan(tf.zeros([k], tf.float64), _step)
+    return tf.data.Dataset.range(0, 2**62, block).map(_block).unbatch()
 
 
 def mixed_examples(
@@ -391,7 +404,7 @@ def mixed_examples(
     }
     weights = example_weights({n: fractions[n] for n in names}, means)
     return tf.data.Dataset.choose_from_datasets(
-        datasets, round_robin_choices(weights), stop_on_empty_dataset=True
+        datasets, weighted_choices(weights), stop_on_empty_dataset=True
     )
 
 

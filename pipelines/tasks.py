@@ -111,7 +111,9 @@ def _tfds_mono(corpora_dir: Path, lang: str) -> SourceSpec:
     source = seqio.TfdsDataSource(
         tfds_name=TFDS_MC4, splits={"train": lang, "validation": f"{lang}-validation"}
     )
-    return SourceSpec(source, (functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),))
+    return SourceSpec(
+        source, (functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),)
+    )
 
 
 def _tfds_parallel(corpora_dir: Path, pair: str) -> SourceSpec:

@@ -72,7 +72,7 @@ def test_rouge_tokenizer_is_unicode_aware():
 def test_rouge_l_chinese_is_nonzero_and_exact_on_known_case():
     score = metrics.rouge_l(ZH_REFS, ZH_HYPS)
     assert 0 < score < 100
-    # One sentence by hand: ref 4 chars, hyp 3 chars, LCS "人权" = 2 -> F = 2*(2/3)*(2/4)/(2/3+2/4)
+    # By hand: ref 4 chars, hyp 3, LCS "人权" = 2, so P = 2/3, R = 2/4, F = 2PR/(P+R).
     assert metrics.rouge_l_f("人人有权", "人的权") == pytest.approx(
         2 * (2 / 3) * 0.5 / (2 / 3 + 0.5)
     )

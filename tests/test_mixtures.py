@@ -129,11 +129,12 @@ def test_replay_zero_has_no_source_tokens(registered):
     assert counts[0] == 0 and counts[1] > 0
 
 
-def test_example_weights_and_round_robin():
+def test_example_weights_and_choices():
     w = streams.example_weights({"a": 0.25, "b": 0.75, "c": 0.0}, {"a": 10.0, "b": 60.0})
     assert w == pytest.approx([2 / 3, 1 / 3, 0.0])
-    choices = list(streams.round_robin_choices([0.7, 0.3, 0.0]).take(1000).as_numpy_iterator())
-    counts = np.bincount(choices, minlength=3)
-    assert counts.tolist() == [700, 300, 0]
-    prefix = np.bincount(choices[:37], minlength=3)
-    assert abs(prefix[0] - 0.7 * 37) <= 1
+    choices = np.array(list(streams.weighted_choices([0.7, 0.3, 0.0], block=64).take(10_000)))
+    for n in (37, 1000, 10_000):
+        counts = np.bincount(choices[:n], minlength=3)
+        assert abs(counts[0] - 0.7 * n) <= 2 and counts[2] == 0, (n, counts)
+    rare = np.array(list(streams.weighted_choices([0.99, 0.01]).take(1000)))
+    assert rare.sum() == 10 and np.diff(np.flatnonzero(rare)).min() >= 50  # spread out

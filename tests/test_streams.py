@@ -31,7 +31,10 @@ LANGS = ["en", "zh", "de"]
 def data(tmp_path_factory):
     corpora = write_fixture_corpora(tmp_path_factory.mktemp("data"))
     model = vocab.train_vocab(
-        corpora_dir=corpora, langs=LANGS, out_prefix=tmp_path_factory.mktemp("v") / "v", vocab_size=700
+        corpora_dir=corpora,
+        langs=LANGS,
+        out_prefix=tmp_path_factory.mktemp("v") / "v",
+        vocab_size=700,
     )
     return corpora, vocab.load_vocab(model, extra_ids=100)
 
@@ -80,7 +83,9 @@ def full(data):
 
 
 def _same(a, b):
-    return all(set(x) == set(y) and all((x[k] == y[k]).all() for k in x) for x, y in zip(a, b, strict=True))
+    return all(
+        set(x) == set(y) and all((x[k] == y[k]).all() for k in x) for x, y in zip(a, b, strict=True)
+    )
 
 
 def test_decoder_batches_contract(full):
@@ -115,7 +120,9 @@ def test_packing_removes_padding(registered, full):
     assert set(unpacked[0]) == DECODER_KEYS  # same keys with or without packing
     frac_packed = np.mean([b["decoder_loss_weights"].mean() for b in full])
     frac_unpacked = np.mean([b["decoder_loss_weights"].mean() for b in unpacked])
-    print(f"real-token fraction at length 64: packed {frac_packed:.3f}, unpacked {frac_unpacked:.3f}")
+    print(
+        f"real-token fraction at length 64: packed {frac_packed:.3f}, unpacked {frac_unpacked:.3f}"
+    )
     assert frac_packed > 0.9
     assert frac_packed > frac_unpacked + 0.15
     assert max(b["decoder_segment_ids"].max() for b in full) >= 2
@@ -140,13 +147,19 @@ def test_host_shards_differ(registered, full):
 
 def test_encdec_batches_contract_and_resume(registered):
     args = dict(
-        mixture_or_task="mix_en_50_de_50", split="train", sequence_length={"inputs": 64, "targets": 16},
-        batch_size=4, seed=1,
+        mixture_or_task="mix_en_50_de_50",
+        split="train",
+        sequence_length={"inputs": 64, "targets": 16},
+        batch_size=4,
+        seed=1,
     )
     batches = _take(streams.encdec_batches(**args), 5)
     for b in batches:
         assert set(b) == DECODER_KEYS | ENCODER_KEYS
-        assert b["encoder_input_tokens"].shape == (4, 64) and b["decoder_target_tokens"].shape == (4, 16)
+        assert b["encoder_input_tokens"].shape == (4, 64) and b["decoder_target_tokens"].shape == (
+            4,
+            16,
+        )
         # Each encoder segment has the decoder segment of the same id.
         for row in range(4):
             enc, dec = b["encoder_segment_ids"][row], b["decoder_segment_ids"][row]
@@ -162,7 +175,11 @@ def test_wrong_stream_kind_is_refused(registered):
         _decoder(mixture_or_task="span_en")
     with pytest.raises(ValueError, match="inputs"):
         streams.encdec_batches(
-            mixture_or_task="lm_en", split="train", sequence_length={"inputs": 8, "targets": 8}, batch_size=2, seed=0
+            mixture_or_task="lm_en",
+            split="train",
+            sequence_length={"inputs": 8, "targets": 8},
+            batch_size=2,
+            seed=0,
         )
 
 
@@ -181,6 +198,10 @@ def test_eval_batches_finite_deterministic_padded(registered):
     capped = streams.eval_batches(max_tokens=50, **kw)
     assert 1 <= len(capped) < len(every)
     mt = streams.eval_batches(
-        task="mt_en_de", split="validation", sequence_length={"inputs": 64, "targets": 64}, batch_size=2, max_tokens=None
+        task="mt_en_de",
+        split="validation",
+        sequence_length={"inputs": 64, "targets": 64},
+        batch_size=2,
+        max_tokens=None,
     )
     assert set(mt[0]) == DECODER_KEYS | ENCODER_KEYS

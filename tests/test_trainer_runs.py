@@ -201,6 +201,7 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
             strategy="cpt_replay", target_lang="fr", source_lang="en", replay_ratio=0.1
         ),
         train_steps=4,
+        mesh=MeshConfig(num_devices=1),  # the single-device run's eval step is reused
     )
     job = setup.build_job(
         model=kwargs["model"],

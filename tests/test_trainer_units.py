@@ -246,7 +246,9 @@ def test_params_hash_depends_on_values_and_names_only():
 
 def _tiny_step_setup(num_microbatches=1, tx=None):
     model = models.build_model(
-        models.ModelSpec(size="llama2_tiny", overrides={"vocab_size": 64, "max_len": 16})
+        models.ModelSpec(
+            size="llama2_tiny", overrides={"vocab_size": 64, "max_len": 16, "num_layers": 1}
+        )
     )
     tx = tx or optimizers.build_optimizer(
         optimizers.OptimizerConfig(), learning_rate=optax.constant_schedule(1e-2)

@@ -275,10 +275,11 @@ class Counters:
             "tokens_by_task": component_counts(self.components, self.by_task),
             "flops": flops_per_token * self.tokens,
             "flops_attn": flops_per_token_attn * self.tokens,
-            "train/loss": self.loss_sum / denom if self.weight_sum else float("nan"),
             "learning_rate": self.last.get("learning_rate", 0.0),
             "train/grad_norm": self.last.get("grad_norm", 0.0),
         }
+        if self.weight_sum:  # no finite step since the last record (or step 0): no loss
+            record["train/loss"] = self.loss_sum / denom
         if self.z_loss_sum:
             record["train/z_loss"] = self.z_loss_sum / denom
         self.loss_sum = self.z_loss_sum = self.weight_sum = 0.0

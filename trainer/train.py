@@ -311,7 +311,7 @@ def _loop(
         num_shards=jax.process_count(),
     )
 
-    def evaluate(step):
+    def evaluate():
         return eval_lib.evaluate_params(job, state.params, evaluation, seq_len=data.seq_len)
 
     def save(step):
@@ -325,7 +325,7 @@ def _loop(
         store.save(step, params=state.params, opt_state=state.opt_state, train_state=train_state)
 
     if start == 0 and evaluation.at_start and evaluation.tasks:
-        writer.write({**counters.record(0, **job.flops_kwargs()), **evaluate(0)})
+        writer.write({**counters.record(0, **job.flops_kwargs()), **evaluate()})
     step, pending, preempted = start, [], False
     progress.start(step)
     while step < total:
@@ -362,12 +362,12 @@ def _loop(
             record = counters.record(step, **job.flops_kwargs())
             progress.log_line(
                 step,
-                loss=record["train/loss"],
+                loss=record.get("train/loss", float("nan")),
                 learning_rate=record["learning_rate"],
                 timing=timing,
             )
             if do_eval:
-                record.update(evaluate(step))
+                record.update(evaluate())
             writer.write({**record, **timing})
         if do_save:
             save(step)
