@@ -36,6 +36,7 @@ class Profile:
     corpora: str  # key of CORPORA
     vocab_size: int
     description: str
+    bootstrap: int = 100  # resamples of whole runs for the fits' intervals
 
 
 PROFILES: dict[str, Profile] = {
@@ -50,6 +51,7 @@ PROFILES: dict[str, Profile] = {
         corpora="fixture",
         vocab_size=512,
         description="the same pipeline at toy size on the committed UDHR fixture; ~3 min",
+        bootstrap=20,
     ),
 }
 
@@ -161,7 +163,7 @@ def run_demo(
     t = time.monotonic()
     from launch import demo_report
 
-    fits = demo_report.write(runs_dir=out / "runs", out_dir=out, log=log)
+    fits = demo_report.write(runs_dir=out / "runs", out_dir=out, bootstrap=spec.bootstrap, log=log)
     times["fit_s"] = time.monotonic() - t
     times["total_s"] = time.monotonic() - t0
 

@@ -1,5 +1,6 @@
-"""seqio preprocessors of xlscale's tasks: parsing, LM chunking, translation prompts, T5 span
-corruption, packing.
+"""seqio preprocessors of xlscale's tasks: parsing, tokenisation, LM chunking, translation
+prompts, T5 span corruption, packing, and the feature converters that carry each token's mixture
+component (`decoder_task_ids`).
 
 Span corruption follows T5 (Raffel et al. 2020; `t5.data.preprocessors.span_corruption`): the
 tokenised documents are concatenated in groups and split into chunks of `raw_length` tokens, a
@@ -117,22 +118,31 @@ def lm_chunks(
     """Appends EOS to each tokenised document and splits it into chunks of at most
     `sequence_length["targets"]` tokens (no token is lost to truncation; the last chunk of a
     document ends with EOS). Without a sequence length the document is kept whole. Works on
-    blocks of `CHUNK_BLOCK` documents with ragged ops."""
+    blocks of `CHUNK_BLOCK` documents with flat index arithmetic."""
     eos = output_features["targets"].vocabulary.eos_id if output_features else 1
     length = (sequence_length or {}).get("targets")
 
     def _chunks(block):
         docs = block["targets"]
-        eos_col = tf.fill([docs.nrows(), 1], tf.constant(eos, docs.dtype))
-        docs = tf.concat([docs, eos_col], axis=1)
-        if not length:
-            return {"targets": docs}
-        doc_starts = docs.row_starts()
-        offsets = tf.ragged.range(
-            tf.zeros_like(doc_starts), docs.row_lengths(), tf.constant(length, doc_starts.dtype)
+        values = docs.flat_values
+        n_docs = tf.cast(docs.nrows(), tf.int32)
+        lengths = tf.cast(docs.row_lengths(), tf.int32) + 1  # with EOS
+        doc = tf.cast(docs.value_rowids(), tf.int32)
+        # Token j of document i moves right by i (the EOS of the i documents before it).
+        total = tf.size(values) + n_docs
+        limits = tf.cumsum(lengths)
+        moved = tf.range(tf.size(values)) + doc
+        values = tf.scatter_nd(moved[:, None], values, [total])
+        values = tf.tensor_scatter_nd_update(
+            values, (limits - 1)[:, None], tf.fill([n_docs], tf.constant(eos, values.dtype))
         )
-        starts = (offsets + tf.expand_dims(doc_starts, 1)).flat_values
-        return {"targets": tf.RaggedTensor.from_row_starts(docs.flat_values, starts)}
+        starts = limits - lengths
+        if length:
+            pieces = (lengths + length - 1) // length
+            owner = tf.repeat(tf.range(n_docs), pieces)
+            first_piece = tf.repeat(tf.cumsum(pieces, exclusive=True), pieces)
+            starts = tf.gather(starts, owner) + (tf.range(tf.size(owner)) - first_piece) * length
+        return {"targets": tf.RaggedTensor.from_row_starts(values, starts, validate=False)}
 
     blocks = dataset.map(lambda ex: {"targets": ex["targets"]}).ragged_batch(CHUNK_BLOCK)
     return blocks.map(_chunks, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
@@ -226,14 +236,17 @@ def random_spans_noise_mask(
     return is_noise[:, :orig_length]
 
 
-def spans_to_sentinels(tokens: tf.Tensor, mask: tf.Tensor, first_sentinel: int) -> tf.RaggedTensor:
+def spans_to_sentinels(
+    tokens: tf.Tensor, mask: tf.Tensor, first_sentinel: int
+) -> tuple[tf.Tensor, tf.Tensor]:
     """Replaces each run of `mask` in every row of `tokens` by one sentinel, counting down from
-    `first_sentinel`; returns the shortened rows as a `[batch, None]` RaggedTensor."""
+    `first_sentinel`; returns the shortened rows as `(flat values, row lengths)`."""
     prev = tf.pad(mask, [[0, 0], [1, 0]])[:, :-1]
     first = tf.logical_and(mask, tf.logical_not(prev))
-    subsequent = tf.logical_and(mask, prev)
+    keep = tf.logical_not(tf.logical_and(mask, prev))
     sentinel = first_sentinel + 1 - tf.cumsum(tf.cast(first, tokens.dtype), axis=1)
-    return tf.ragged.boolean_mask(tf.where(first, sentinel, tokens), tf.logical_not(subsequent))
+    values = tf.boolean_mask(tf.where(first, sentinel, tokens), keep)
+    return values, tf.reduce_sum(tf.cast(keep, tf.int64), axis=1)
 
 
 def span_corruption(
@@ -286,12 +299,16 @@ def span_corruption(
         full = tf.reshape(flat[: n_full * raw_length], [n_full, raw_length])
         tail = flat[n_full * raw_length :][None, :]
         tail_seeds = [tf.random.experimental.stateless_fold_in(s, 1) for s in seeds]
-        full_in, full_tg = _corrupt(full, seeds)
-        tail_in, tail_tg = _corrupt(tail, tail_seeds)
-        return {
-            "inputs": tf.concat([full_in, tail_in], axis=0),
-            "targets": tf.concat([full_tg, tail_tg], axis=0),
-        }
+        out = {}
+        for key, full_part, tail_part in zip(
+            ("inputs", "targets"), _corrupt(full, seeds), _corrupt(tail, tail_seeds), strict=True
+        ):
+            out[key] = tf.RaggedTensor.from_row_lengths(
+                tf.concat([full_part[0], tail_part[0]], 0),
+                tf.concat([full_part[1], tail_part[1]], 0),
+                validate=False,
+            )
+        return out
 
     groups = dataset.map(lambda ex: {"targets": ex["targets"]}).ragged_batch(CONCAT_BATCH)
     chunks = _corrupt_group(groups).unbatch()
@@ -310,7 +327,8 @@ def first_fit(lengths: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.n
     `limits`, else into a new row.
 
     Returns:
-      `(rows, offsets)`: each example's row index and its start offset per feature (int32).
+      `(rows, offsets)`: each example's row index (-1 for an example whose lengths are all 0)
+      and its start offset per feature (int32).
     """
     n, k = lengths.shape
     if k == 1:
@@ -321,6 +339,9 @@ def first_fit(lengths: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.n
     rows = np.zeros(n, np.int32)
     offsets = np.zeros((n, k), np.int32)
     for i, ln in enumerate(lengths.tolist()):
+        if not any(ln):
+            rows[i] = -1
+            continue
         for r in open_rows:
             u = used[r]
             if all(u[j] + ln[j] <= room[j] for j in range(k)):
@@ -342,6 +363,10 @@ def _first_fit_1d(lengths: list[int], limit: int) -> tuple[np.ndarray, np.ndarra
     open_rows: list[int] = []
     rows, offsets = [], []
     for ln in lengths:
+        if not ln:
+            rows.append(-1)
+            offsets.append(0)
+            continue
         for r in open_rows:
             if used[r] + ln <= limit:
                 break
@@ -392,35 +417,43 @@ def pack_windows(
     place = functools.partial(first_fit, limits=limits)
 
     def _pack(batch):
-        feats = {k: tf.cast(batch[k][:, : feature_lengths[k]], tf.int32) for k in keys}
-        lengths = tf.stack([tf.cast(feats[k].row_lengths(), tf.int32) for k in keys], axis=1)
-        keep = tf.reduce_all(lengths > 0, axis=1)
-        feats = {k: tf.ragged.boolean_mask(v, keep) for k, v in feats.items()}
-        scalars = {k: tf.boolean_mask(tf.cast(batch[k], tf.int32), keep) for k in spread}
-        lengths = tf.boolean_mask(lengths, keep)
+        # Flat arithmetic on each ragged feature: example of every token, its position, the
+        # trimmed length of every example; examples with an empty feature are left out.
+        flat = {}
+        for k in keys:
+            rt = batch[k]
+            example = tf.cast(rt.value_rowids(), tf.int32)
+            position = tf.range(tf.size(rt.flat_values)) - tf.gather(
+                tf.cast(rt.row_starts(), tf.int32), example
+            )
+            length = tf.minimum(tf.cast(rt.row_lengths(), tf.int32), feature_lengths[k])
+            flat[k] = (tf.cast(rt.flat_values, tf.int32), example, position, length)
+        lengths = tf.stack([flat[k][3] for k in keys], axis=1)
+        lengths *= tf.cast(tf.reduce_all(lengths > 0, axis=1, keepdims=True), tf.int32)
         rows, offsets = tf.numpy_function(place, [lengths], (tf.int32, tf.int32), stateful=False)
         rows.set_shape([None])
         offsets.set_shape([None, len(keys)])
         num_rows = tf.reduce_max(tf.concat([rows, [-1]], 0)) + 1
-        onehot = tf.one_hot(rows, num_rows, dtype=tf.int32)
+        onehot = tf.one_hot(rows, num_rows, dtype=tf.int32)  # all zero for left-out examples
         segment = tf.reduce_sum(tf.cumsum(onehot, axis=0) * onehot, axis=1)
         out, placed = {}, {}
         for j, k in enumerate(keys):
-            rt = feats[k]
-            example = tf.cast(rt.value_rowids(), tf.int32)
-            starts = tf.cast(rt.row_starts(), tf.int32)
-            position = tf.range(tf.size(rt.flat_values)) - tf.gather(starts, example)
-            index = tf.stack(
-                [tf.gather(rows, example), tf.gather(offsets[:, j], example) + position], axis=1
+            values, example, position, _ = flat[k]
+            row = tf.gather(rows, example)
+            kept = tf.logical_and(row >= 0, position < feature_lengths[k])
+            values, example, position, row = (
+                tf.boolean_mask(x, kept) for x in (values, example, position, row)
             )
+            index = tf.stack([row, tf.gather(offsets[:, j], example) + position], axis=1)
             shape = tf.stack([num_rows, feature_lengths[k]])
             placed[k] = (index, example, shape)
-            out[k] = tf.scatter_nd(index, rt.flat_values, shape)
+            out[k] = tf.scatter_nd(index, values, shape)
             out[f"{k}_segment_ids"] = tf.scatter_nd(index, tf.gather(segment, example), shape)
             out[f"{k}_positions"] = tf.scatter_nd(index, position, shape)
         for k, base in spread.items():
             index, example, shape = placed[base]
-            out[k] = tf.scatter_nd(index, tf.gather(scalars[k], example) + 1, shape)
+            values = tf.gather(tf.cast(batch[k], tf.int32), example) + 1
+            out[k] = tf.scatter_nd(index, values, shape)
         for k, v in out.items():
             v.set_shape([None, feature_lengths[spread.get(k, _base_key(k))]])
         return out
@@ -449,3 +482,121 @@ def pack_first_fit(
       features.
     """
     return pack_windows(dataset, feature_lengths, spread=spread, window=window).unbatch()
+
+
+# ----------------------------------------------------------------------------- feature conversion
+
+_FeatureSpec = seqio.FeatureConverter.FeatureSpec
+
+
+def _shift_right(x: tf.Tensor) -> tf.Tensor:
+    return tf.pad(x, [[0, 0], [1, 0]])[:, :-1]
+
+
+def _decoder_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Tensor]:
+    """Decoder model features of packed `[rows, length]` targets, as `seqio`'s converters make
+    them one row at a time: inputs are the targets shifted right with BOS at every segment
+    start (`seqio.utils.make_autoregressive_inputs`), loss on non-padding."""
+    targets = rows["targets"]
+    segments = rows["targets_segment_ids"]
+    first = tf.not_equal(segments, _shift_right(segments))
+    return {
+        "decoder_target_tokens": targets,
+        "decoder_input_tokens": tf.where(
+            first, tf.cast(bos_id, targets.dtype), _shift_right(targets)
+        ),
+        "decoder_loss_weights": tf.cast(tf.not_equal(targets, 0), tf.int32),
+        "decoder_segment_ids": segments,
+        "decoder_positions": rows["targets_positions"],
+        "decoder_task_ids": rows["component"] - 1,
+    }
+
+
+def _encdec_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Tensor]:
+    """`_decoder_rows` plus the encoder features of packed `inputs`."""
+    out = _decoder_rows(rows, bos_id)
+    out["encoder_input_tokens"] = rows["inputs"]
+    out["encoder_segment_ids"] = rows["inputs_segment_ids"]
+    out["encoder_positions"] = rows["inputs_positions"]
+    return out
+
+
+def _unpacked_rows(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Segment ids (1 on tokens), positions and per-token components for padded rows that hold
+    one example each."""
+    out = dict(batch)
+    for key in ("inputs", "targets"):
+        if key in batch:
+            real = tf.cast(tf.not_equal(batch[key], 0), tf.int32)
+            out[f"{key}_segment_ids"] = real
+            out[f"{key}_positions"] = (tf.cumsum(real, axis=1) - 1) * real
+    out["component"] = (batch["component"][:, None] + 1) * out["targets_segment_ids"]
+    return out
+
+
+class _TaskIdsConverter(seqio.FeatureConverter):
+    """Shared conversion: examples -> (packed or padded) rows, converted window by window with
+    vectorised ops (`_decoder_rows`). Every model feature is present with or without packing,
+    so the trainer always sees the keys of docs/interfaces.md. `component` is a scalar per
+    example (its mixture component); it becomes the per-token `decoder_task_ids`."""
+
+    PACKING_FEATURE_DTYPES = {}
+    _ROWS = staticmethod(_decoder_rows)
+
+    def _convert_features(self, ds, task_feature_lengths):
+        lengths = {k: v for k, v in task_feature_lengths.items() if k != "component"}
+        if self.pack:
+            windows = pack_windows(ds, lengths, spread={"component": "targets"})
+        else:
+            windows = seqio.utils.trim_and_pad_dataset(ds, lengths)
+            windows = windows.batch(PACK_WINDOW).map(_unpacked_rows)
+        convert = functools.partial(self._ROWS, bos_id=self.bos_id)
+        return windows.map(convert, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+
+    def get_model_feature_lengths(self, task_feature_lengths):
+        """Every model feature of the decoder (and encoder) has its side's length."""
+        return {
+            key: task_feature_lengths["inputs" if key.startswith("encoder") else "targets"]
+            for key in self.MODEL_FEATURES
+        }
+
+
+class DecoderTaskIdsFeatureConverter(_TaskIdsConverter):
+    """Decoder-only features as `seqio.DecoderFeatureConverter(pack=True)` gives them for
+    targets-only tasks (its `LMFeatureConverter`), plus `decoder_task_ids`: the mixture component
+    of every target token, -1 on padding."""
+
+    TASK_FEATURES = {
+        "targets": _FeatureSpec(dtype=tf.int32),
+        "component": _FeatureSpec(dtype=tf.int32, rank=0),
+    }
+    MODEL_FEATURES = {
+        key: _FeatureSpec(dtype=tf.int32)
+        for key in (
+            "decoder_target_tokens",
+            "decoder_input_tokens",
+            "decoder_loss_weights",
+            "decoder_segment_ids",
+            "decoder_positions",
+            "decoder_task_ids",
+        )
+    }
+
+
+class EncDecTaskIdsFeatureConverter(_TaskIdsConverter):
+    """Encoder-decoder features as `seqio.EncDecFeatureConverter(pack=True)` gives them, plus
+    `decoder_task_ids` (the component of every target token, -1 on padding)."""
+
+    TASK_FEATURES = {
+        "inputs": _FeatureSpec(dtype=tf.int32),
+        "targets": _FeatureSpec(dtype=tf.int32),
+        "component": _FeatureSpec(dtype=tf.int32, rank=0),
+    }
+    MODEL_FEATURES = {
+        **DecoderTaskIdsFeatureConverter.MODEL_FEATURES,
+        **{
+            key: _FeatureSpec(dtype=tf.int32)
+            for key in ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
+        },
+    }
+    _ROWS = staticmethod(_encdec_rows)

@@ -39,7 +39,6 @@ dataset is iterated again.)
 from __future__ import annotations
 
 import collections
-import functools
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -56,120 +55,6 @@ MEASURE_DOCS = 20_000
 CHOICE_BLOCK = 4096  # mixture choices computed per op
 MAX_CACHED = 16  # eval batch lists kept per process (LRU)
 CACHE_MAX_DOCS = 5_000_000  # local splits up to this many lines are held and shuffled in memory
-_FeatureSpec = seqio.FeatureConverter.FeatureSpec
-
-
-def _shift_right(x: tf.Tensor) -> tf.Tensor:
-    return tf.pad(x, [[0, 0], [1, 0]])[:, :-1]
-
-
-def _decoder_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Tensor]:
-    """Decoder model features of packed `[rows, length]` targets, as `seqio`'s converters make
-    them one row at a time: inputs are the targets shifted right with BOS at every segment
-    start (`seqio.utils.make_autoregressive_inputs`), loss on non-padding."""
-    targets = rows["targets"]
-    segments = rows["targets_segment_ids"]
-    first = tf.not_equal(segments, _shift_right(segments))
-    return {
-        "decoder_target_tokens": targets,
-        "decoder_input_tokens": tf.where(
-            first, tf.cast(bos_id, targets.dtype), _shift_right(targets)
-        ),
-        "decoder_loss_weights": tf.cast(tf.not_equal(targets, 0), tf.int32),
-        "decoder_segment_ids": segments,
-        "decoder_positions": rows["targets_positions"],
-        "decoder_task_ids": rows["component"] - 1,
-    }
-
-
-def _encdec_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Tensor]:
-    """`_decoder_rows` plus the encoder features of packed `inputs`."""
-    out = _decoder_rows(rows, bos_id)
-    out["encoder_input_tokens"] = rows["inputs"]
-    out["encoder_segment_ids"] = rows["inputs_segment_ids"]
-    out["encoder_positions"] = rows["inputs_positions"]
-    return out
-
-
-def _unpacked_rows(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """Segment ids (1 on tokens), positions and per-token components for padded rows that hold
-    one example each."""
-    out = dict(batch)
-    for key in ("inputs", "targets"):
-        if key in batch:
-            real = tf.cast(tf.not_equal(batch[key], 0), tf.int32)
-            out[f"{key}_segment_ids"] = real
-            out[f"{key}_positions"] = (tf.cumsum(real, axis=1) - 1) * real
-    out["component"] = (batch["component"][:, None] + 1) * out["targets_segment_ids"]
-    return out
-
-
-class _TaskIdsConverter(seqio.FeatureConverter):
-    """Shared conversion: examples -> (packed or padded) rows, converted window by window with
-    vectorised ops (`_decoder_rows`). Every model feature is present with or without packing,
-    so the trainer always sees the keys of docs/interfaces.md. `component` is a scalar per
-    example (its mixture component); it becomes the per-token `decoder_task_ids`."""
-
-    PACKING_FEATURE_DTYPES = {}
-    _ROWS = staticmethod(_decoder_rows)
-
-    def _convert_features(self, ds, task_feature_lengths):
-        lengths = {k: v for k, v in task_feature_lengths.items() if k != "component"}
-        if self.pack:
-            windows = prep.pack_windows(ds, lengths, spread={"component": "targets"})
-        else:
-            windows = seqio.utils.trim_and_pad_dataset(ds, lengths)
-            windows = windows.batch(prep.PACK_WINDOW).map(_unpacked_rows)
-        convert = functools.partial(self._ROWS, bos_id=self.bos_id)
-        return windows.map(convert, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-
-    def get_model_feature_lengths(self, task_feature_lengths):
-        """Every model feature of the decoder (and encoder) has its side's length."""
-        return {
-            key: task_feature_lengths["inputs" if key.startswith("encoder") else "targets"]
-            for key in self.MODEL_FEATURES
-        }
-
-
-class DecoderTaskIdsFeatureConverter(_TaskIdsConverter):
-    """Decoder-only features as `seqio.DecoderFeatureConverter(pack=True)` gives them for
-    targets-only tasks (its `LMFeatureConverter`), plus `decoder_task_ids`: the mixture component
-    of every target token, -1 on padding."""
-
-    TASK_FEATURES = {
-        "targets": _FeatureSpec(dtype=tf.int32),
-        "component": _FeatureSpec(dtype=tf.int32, rank=0),
-    }
-    MODEL_FEATURES = {
-        key: _FeatureSpec(dtype=tf.int32)
-        for key in (
-            "decoder_target_tokens",
-            "decoder_input_tokens",
-            "decoder_loss_weights",
-            "decoder_segment_ids",
-            "decoder_positions",
-            "decoder_task_ids",
-        )
-    }
-
-
-class EncDecTaskIdsFeatureConverter(_TaskIdsConverter):
-    """Encoder-decoder features as `seqio.EncDecFeatureConverter(pack=True)` gives them, plus
-    `decoder_task_ids` (the component of every target token, -1 on padding)."""
-
-    TASK_FEATURES = {
-        "inputs": _FeatureSpec(dtype=tf.int32),
-        "targets": _FeatureSpec(dtype=tf.int32),
-        "component": _FeatureSpec(dtype=tf.int32, rank=0),
-    }
-    MODEL_FEATURES = {
-        **DecoderTaskIdsFeatureConverter.MODEL_FEATURES,
-        **{
-            key: _FeatureSpec(dtype=tf.int32)
-            for key in ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
-        },
-    }
-    _ROWS = staticmethod(_encdec_rows)
 
 
 # --------------------------------------------------------------------------- components
@@ -236,7 +121,10 @@ def task_dataset(
     ds = task.preprocess_precache(ds, seed=seed)
     ds = task.preprocess_postcache(ds, sequence_length=dict(sequence_length), seed=seed)
     if shuffle:
-        ds = ds.shuffle(task.shuffle_buffer_size or tasks.SHUFFLE_BUFFER_SIZE, seed=seed)
+        # Documents are already shuffled; this separates the chunks of long ones. A buffer
+        # longer than an epoch would only mix epochs (and slow the start).
+        buffer = task.shuffle_buffer_size or tasks.SHUFFLE_BUFFER_SIZE
+        ds = ds.shuffle(min(buffer, max(64, task.source.num_input_examples(split))), seed=seed)
     return ds
 
 
@@ -445,106 +333,52 @@ def clear_caches() -> None:
     _MEAN_TOKENS.clear()
 
 
-def _batched(
-    mixture_or_task: str,
+def _task_lengths(sequence_length: int | Mapping[str, int], *, encdec: bool) -> dict[str, int]:
+    if encdec:
+        return {k: int(sequence_length[k]) for k in ("inputs", "targets")}
+    return {"targets": int(sequence_length)}
+
+
+def batch_dataset(
     *,
     encdec: bool,
+    mixture_or_task: str,
     split: str,
-    task_lengths: dict[str, int],
+    sequence_length: int | Mapping[str, int],
     batch_size: int,
     seed: int | None,
-    shard_index: int,
-    num_shards: int,
-    start_step: int,
-    shuffle: bool,
-    repeat: bool,
-    pack: bool,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    start_step: int = 0,
+    shuffle: bool = True,
+    repeat: bool = True,
+    pack: bool = True,
 ) -> tf.data.Dataset:
+    """The `tf.data.Dataset` behind `decoder_batches` (`encdec=False`) and `encdec_batches`
+    (`encdec=True`), with the same arguments; built afresh on every call, since a tf.data
+    shuffle reshuffles when its dataset is iterated again."""
     _check_features(mixture_or_task, encdec=encdec)
-    # Built afresh on every call: a tf.data shuffle reshuffles when its dataset is iterated
-    # again, so reusing a built pipeline would not give the same stream twice.
+    lengths = _task_lengths(sequence_length, encdec=encdec)
     ds = mixed_examples(
         mixture_or_task,
         split=split,
-        sequence_length=task_lengths,
+        sequence_length=lengths,
         seed=seed,
         shard_index=shard_index,
         num_shards=num_shards,
         shuffle=shuffle,
         repeat=repeat,
     )
-    converter_cls = EncDecTaskIdsFeatureConverter if encdec else DecoderTaskIdsFeatureConverter
-    lengths = {**task_lengths, "component": task_lengths["targets"]}
-    ds = converter_cls(pack=pack, apply_length_check=False)(ds, lengths)
+    converter = (
+        prep.EncDecTaskIdsFeatureConverter if encdec else prep.DecoderTaskIdsFeatureConverter
+    )
+    ds = converter(pack=pack, apply_length_check=False)(
+        ds, {**lengths, "component": lengths["targets"]}
+    )
     ds = ds.batch(batch_size, drop_remainder=True)
     if start_step:
         ds = ds.skip(start_step)
     return _options(ds.prefetch(tf.data.AUTOTUNE))
-
-
-def decoder_dataset(
-    *,
-    mixture_or_task: str,
-    split: str,
-    sequence_length: int,
-    batch_size: int,
-    seed: int | None,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    start_step: int = 0,
-    shuffle: bool = True,
-    repeat: bool = True,
-    pack: bool = True,
-) -> tf.data.Dataset:
-    """The `tf.data.Dataset` behind `decoder_batches` (same arguments)."""
-    return _batched(
-        mixture_or_task,
-        encdec=False,
-        split=split,
-        task_lengths={"targets": int(sequence_length)},
-        batch_size=batch_size,
-        seed=seed,
-        shard_index=shard_index,
-        num_shards=num_shards,
-        start_step=start_step,
-        shuffle=shuffle,
-        repeat=repeat,
-        pack=pack,
-    )
-
-
-def encdec_dataset(
-    *,
-    mixture_or_task: str,
-    split: str,
-    sequence_length: Mapping[str, int],
-    batch_size: int,
-    seed: int | None,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    start_step: int = 0,
-    shuffle: bool = True,
-    repeat: bool = True,
-    pack: bool = True,
-) -> tf.data.Dataset:
-    """The `tf.data.Dataset` behind `encdec_batches` (same arguments)."""
-    return _batched(
-        mixture_or_task,
-        encdec=True,
-        split=split,
-        task_lengths={
-            "inputs": int(sequence_length["inputs"]),
-            "targets": int(sequence_length["targets"]),
-        },
-        batch_size=batch_size,
-        seed=seed,
-        shard_index=shard_index,
-        num_shards=num_shards,
-        start_step=start_step,
-        shuffle=shuffle,
-        repeat=repeat,
-        pack=pack,
-    )
 
 
 def decoder_batches(
@@ -578,7 +412,8 @@ def decoder_batches(
       decoder_target_tokens, decoder_loss_weights, decoder_segment_ids, decoder_positions,
       decoder_task_ids` (the last is the component index, -1 on padding).
     """
-    return decoder_dataset(
+    return batch_dataset(
+        encdec=False,
         mixture_or_task=mixture_or_task,
         split=split,
         sequence_length=sequence_length,
@@ -613,7 +448,8 @@ def encdec_batches(
     The dicts add `encoder_input_tokens, encoder_segment_ids, encoder_positions` (`[batch, Li]`)
     to the decoder keys (`[batch, Lt]`, `decoder_task_ids` included).
     """
-    return encdec_dataset(
+    return batch_dataset(
+        encdec=True,
         mixture_or_task=mixture_or_task,
         split=split,
         sequence_length=sequence_length,
@@ -664,13 +500,7 @@ def eval_batches(
       `decoder_task_ids` 0 on real tokens.
     """
     encdec = "inputs" in seqio.TaskRegistry.get(task).output_features
-    if encdec:
-        lengths = {
-            "inputs": int(sequence_length["inputs"]),
-            "targets": int(sequence_length["targets"]),
-        }
-    else:
-        lengths = {"targets": int(sequence_length)}
+    lengths = _task_lengths(sequence_length, encdec=encdec)
     _check_features(task, encdec=encdec)
     key = _stream_key(task, split, tuple(sorted(lengths.items())), batch_size, max_tokens)
     if key in _EVAL:
@@ -685,8 +515,10 @@ def eval_batches(
         shuffle=False,
         repeat=False,
     )
-    converter_cls = EncDecTaskIdsFeatureConverter if encdec else DecoderTaskIdsFeatureConverter
-    ds = converter_cls(pack=True, apply_length_check=False)(
+    converter = (
+        prep.EncDecTaskIdsFeatureConverter if encdec else prep.DecoderTaskIdsFeatureConverter
+    )
+    ds = converter(pack=True, apply_length_check=False)(
         ds, {**lengths, "component": lengths["targets"]}
     )
     ds = _options(ds.batch(batch_size, drop_remainder=False).prefetch(tf.data.AUTOTUNE))

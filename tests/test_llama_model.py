@@ -75,6 +75,49 @@ def rope_reference(x: np.ndarray, positions: np.ndarray, theta: float) -> np.nda
     return np.concatenate([rotated.real, rotated.imag], axis=-1)
 
 
+def llama_reference(params: dict, tokens: np.ndarray, config: LlamaConfig) -> np.ndarray:
+    """Frozen reference LLaMA2 forward in float64 numpy: pre-norm blocks of causal attention
+    (RoPE on q/k, query head h reads kv head h // group) and SwiGLU, final norm, untied head."""
+    p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+
+    def rms(x, scale):
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + config.norm_eps) * scale
+
+    length = tokens.shape[1]
+    positions = np.broadcast_to(np.arange(length), tokens.shape)
+    causal = np.tril(np.ones((length, length), bool))
+    group = config.num_heads // config.kv_heads
+    x = p["token_embedder"]["embedding"][tokens]
+    for i in range(config.num_layers):
+        layer = p[f"layers_{i}"]
+        attn = layer["attention"]
+        h = rms(x, layer["attention_norm"]["scale"])
+        q = rope_reference(np.einsum("bld,dhk->blhk", h, attn["query"]), positions, 1e4)
+        k = rope_reference(np.einsum("bld,dhk->blhk", h, attn["key"]), positions, 1e4)
+        v = np.einsum("bld,dhk->blhk", h, attn["value"])
+        k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+        scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(config.head_size)
+        scores = np.where(causal, scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        out = np.einsum("bhqk,bkhd->bqhd", weights, v)
+        x = x + np.einsum("bqhd,hde->bqe", out, attn["out"])
+        h = rms(x, layer["ffn_norm"]["scale"])
+        gate, up = h @ layer["mlp"]["w1"], h @ layer["mlp"]["w3"]
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ layer["mlp"]["w2"]
+    return rms(x, p["final_norm"]["scale"]) @ p["lm_head"]["kernel"]
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
+def test_forward_matches_frozen_reference(kv_heads):
+    config = CONFIG.replace(num_kv_heads=kv_heads)
+    params = random_params(config, seed=kv_heads)
+    tokens = _tokens(8)
+    logits = _forward(config)(params, tokens, _one_doc(tokens))
+    expected = llama_reference(params, np.asarray(tokens), config)
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=2e-4, rtol=1e-4)
+
+
 def test_rope_matches_reference_and_is_relative():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 7, 3, 16)).astype(np.float32)

@@ -117,7 +117,8 @@ def test_span_mixture_token_ratio(registered):
 
 
 def test_replay_zero_has_no_source_tokens(registered):
-    batches = streams.decoder_dataset(
+    batches = streams.batch_dataset(
+        encdec=False,
         mixture_or_task="cpt_fr_replay_en_0",
         split="train",
         sequence_length=64,

@@ -1,1 +1,7 @@
-"""trainer."""
+"""The gin-configured job runner: `train`, `eval` and `infer` on sharded `jax.jit`, optax, orbax.
+
+Modules: `train`/`eval`/`infer` (library functions + thin gin entry points), `setup` (validate,
+build, compile), `steps` (train/eval steps), `models` (model wrappers), `partitioning` (the mesh),
+`optimizers`, `schedules`, `checkpoints`, `metrics` (run outputs), `data` (seqio wiring),
+`validation`, `gin_entry` (flags -> gin), `decoding` (greedy/beam search). Nothing is imported here.
+"""

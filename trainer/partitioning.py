@@ -59,11 +59,11 @@ def maybe_initialize_distributed(*, mode: str = "auto") -> bool:
         SLURM, Open MPI, or an explicit `JAX_COORDINATOR_ADDRESS`); "always" and "never" force it.
 
     Returns:
-      Whether `jax.distributed.initialize()` was called.
+      Whether `jax.distributed.initialize()` was called (not again when it already ran).
     """
     if mode not in ("auto", "always", "never"):
         raise ValueError(f"distributed mode {mode!r}: choose one of auto, always, never")
-    if mode == "never":
+    if mode == "never" or jax.distributed.is_initialized():
         return False
     if mode == "auto" and not _several_processes(os.environ):
         return False
@@ -125,7 +125,7 @@ def build_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) 
         from jax.experimental import mesh_utils
 
         grid = mesh_utils.create_device_mesh(shape, devices=devices)
-    except (ValueError, NotImplementedError, AssertionError):
+    except (ValueError, AssertionError):
         grid = np.asarray(devices, dtype=object).reshape(shape)
     return Mesh(grid, MESH_AXES)
 

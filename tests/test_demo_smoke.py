@@ -1,0 +1,27 @@
+"""The main job end to end at toy size: `xlscale demo --profile smoke` on the UDHR fixture."""
+
+import json
+
+import pytest
+
+
+@pytest.mark.slow
+def test_smoke_demo_end_to_end(tmp_path, monkeypatch):
+    from launch.demo import run_demo
+
+    monkeypatch.setenv("XLSCALE_DATA", str(tmp_path / "data"))
+    summary = run_demo(profile="smoke", out_dir=tmp_path / "out", log=lambda line: None)
+    out = tmp_path / "out"
+    assert summary["runs"] == 15
+    report = (out / "report.md").read_text()
+    assert "The demo against the CPT paper" in report
+    fits = json.loads((out / "fits.json").read_text())
+    for law in ("chinchilla", "cpt", "compute", "transfer", "replay"):
+        assert law in fits, f"{law} missing from fits.json (skipped: {fits.get('skipped')})"
+    assert fits["chinchilla"]["zh"]["fit"]["converged"]
+    assert fits["cpt"]["zh"]["fit"]["converged"]
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert {"loss_compute_zh.png", "transfer_zh.png", "replay_zh.png"} <= set(pngs)
+    # Re-running reuses every finished run and refits.
+    again = run_demo(profile="smoke", out_dir=out, log=lambda line: None)
+    assert again["times"]["train_s"] < summary["times"]["train_s"]
