@@ -14,9 +14,10 @@ WMT16 en-ro, WMT19 en-zh/en-ru).
   targets the translation; splits `train`, `validation` and, where present, `test`; metrics BLEU,
   chrF++ and ROUGE-L from `pipelines.metrics`.
 
-Tokenisation sits before a `seqio.CacheDatasetPlaceholder`, so everything before it is
-deterministic and may be cached (offline by seqio's cache job, or in memory by
-`pipelines.streams`); the stochastic span corruption runs after it.
+Tokenisation (batched, `pipelines.preprocessors.tokenize`) sits before a
+`seqio.CacheDatasetPlaceholder`, so everything before it is deterministic and may be cached
+offline by seqio's cache job at TFDS scale; the stochastic span corruption runs after it.
+`pipelines.streams` holds local corpora's raw lines in memory and shuffles them globally.
 """
 
 from __future__ import annotations
