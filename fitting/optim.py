@@ -67,7 +67,7 @@ class MultiStartResult:
       converged: the polish reached ‖∇f‖∞ ≤ grad_rtol·δ·Σw.
       n_starts: number of starts, non-finite ones included.
       n_finite: starts whose initial objective was finite (the others are masked, never chosen).
-      n_at_best: starts whose end point lies within `basin_rtol` of the polished best objective.
+      n_at_best: starts that reached the best basin (see `basin_rtol` of `multistart`).
       finals: [S, n] end points of all starts (NaN where masked).
       final_objectives: [S] float64 objectives at `finals` (inf where masked).
     """
@@ -295,7 +295,8 @@ def multistart(
       n_polish: how many of the best distinct end points get the float64 polish.
       basin_rtol: a start "reached the best basin" when its end objective is within this relative
         tolerance of the polished best, plus a floor of 1e-6·½δ²Σw (noise-free data have a
-        best objective of ~0, which float32 end points cannot match relatively).
+        best objective of ~0, which float32 end points cannot match relatively), or no higher
+        than the end point of a polished pick that reached the best.
       grad_rtol: `converged` requires ‖∇f‖∞ ≤ grad_rtol · δ·Σw after the polish (δ·Σw bounds the
         gradient a unit feature can produce, so the test is scale free).
     """
@@ -328,7 +329,13 @@ def multistart(
     converged = bool(np.isfinite(best_f) and np.max(np.abs(best_g)) <= gtol)
     # Floor: 1e-6 of the objective with every residual at δ (noise-free data have a best ~0).
     floor = 1e-6 * 0.5 * problem.delta**2 * float(np.sum(problem.weights))
-    n_at_best = int(np.sum(f_final <= best_f + basin_rtol * abs(best_f) + floor))
+    tol = basin_rtol * abs(best_f) + floor
+    # The screen stops short of the optimum in flat valleys, so its end points can sit well above
+    # the polished best although they lie in its basin. Polished picks that reached the best show
+    # how far above it a basin member may end; every start that ended no higher counts too.
+    reached = np.asarray(picks)[f_pol <= best_f + tol]
+    threshold = max(best_f + tol, float(np.max(f_final[reached])) + tol)
+    n_at_best = int(np.sum(f_final <= threshold))
     return MultiStartResult(
         polished[i],
         best_f,

@@ -127,3 +127,13 @@ def test_eval_and_infer_runs_parse_with_a_model_file(run, job):
     config = parse(["models/llama2.gin", run], "--gin.EVAL_TASKS=['lm_en']", job=job)
     name = "eval_script.evaluate" if job == "eval" else "infer_script.infer"
     assert f"{name}.model = %MODEL" in config.config_str
+
+
+def test_includes_resolve_with_a_runs_directory_on_sys_path(tmp_path, monkeypatch):
+    # `python -m trainer.train` puts the working directory on sys.path; a sweep's `runs/` output
+    # directory there must not shadow `include 'runs/pretrain.gin'` (gin reads it as a package).
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = parse("experiments/cpt_source_en.gin")
+    assert "train_script.train.model_dir = %MODEL_DIR" in config.config_str

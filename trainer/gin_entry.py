@@ -21,7 +21,7 @@ from typing import Any
 
 import gin
 
-from trainer import partitioning, validation
+from trainer import compile_cache, partitioning, validation
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "t5x_configs"
 # Macros each job needs (beyond what its gin files default).
@@ -87,6 +87,35 @@ def macro_value(name: str) -> Any:
 _SEARCH_PATHS: set[str] = set()
 
 
+def _tolerant(existence_check: Callable[[str], bool]) -> Callable[[str], bool]:
+    """Wraps a gin existence check so that an unusable candidate answers False.
+
+    gin's package-path reader treats `runs/pretrain.gin` as file `pretrain.gin` of a Python
+    package `runs`; a plain `runs/` directory on `sys.path` (e.g. a sweep's output directory in
+    the working directory) is a namespace package without a file, and the check raised TypeError
+    instead of moving on to the next search path.
+    """
+
+    def check(path: str) -> bool:
+        try:
+            return existence_check(path)
+        except TypeError:
+            return False
+
+    check.tolerant = True  # type: ignore[attr-defined]
+    return check
+
+
+def _harden_file_readers() -> None:
+    """Makes every registered gin file reader's existence check tolerant (idempotent)."""
+    from gin import config as gin_config
+
+    readers = gin_config._FILE_READERS  # gin has no public API to wrap a registered reader
+    for i, (reader, check) in enumerate(readers):
+        if not getattr(check, "tolerant", False):
+            readers[i] = (reader, _tolerant(check))
+
+
 def _show_progress() -> None:
     """Sends the trainer's own INFO logs (progress lines) to stderr, leaving other libraries'
     logging (orbax and TensorFlow are chatty at INFO) as it is."""
@@ -114,7 +143,9 @@ def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> Parsed
     partitioning.maybe_initialize_distributed(
         mode=os.environ.get("XLSCALE_DISTRIBUTED", distributed)
     )
+    compile_cache.enable()
     files, bindings, paths = split_flags(argv)
+    _harden_file_readers()
     if not files:
         raise validation.ConfigError("no --gin_file given; e.g. --gin_file=experiments/cpt.gin")
     for path in (*paths, os.getcwd(), os.fspath(CONFIGS_DIR)):

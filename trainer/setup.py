@@ -9,7 +9,7 @@ surface before the first batch is read. Train, eval and the benchmark share it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -44,6 +44,8 @@ class Job:
       eval_batch_size: global eval batch.
       seq_len: decoder row length.
       eval_data: eval batches read so far, by (task, split, length, batch, tokens).
+      feature_lengths: the task feature lengths (`{"targets": L}`, or with `"inputs"` for an
+        encoder-decoder).
     """
 
     model: Any
@@ -61,6 +63,7 @@ class Job:
     eval_batch_size: int
     seq_len: int
     eval_data: dict = dataclasses.field(default_factory=dict)
+    feature_lengths: dict = dataclasses.field(default_factory=dict)
 
     def flops_kwargs(self) -> dict[str, float]:
         """FLOPs-per-token arguments for metric records."""
@@ -87,7 +90,8 @@ class Job:
                     ),
                     out_shardings=self.shardings,
                 )
-                return fn(jnp.asarray(rng))
+                rng = jnp.asarray(rng)
+                return fn.lower(rng).compile(_init_compiler_options())(rng)
             fn = jax.jit(
                 lambda r, p: steps.init_train_state(self.model, self.optimizer, r, params=p),
                 out_shardings=self.shardings,
@@ -107,6 +111,17 @@ class Job:
             rng=put(np.asarray(rng, np.uint32), self.shardings.rng),
             skipped=put(np.int32(skipped), self.shardings.skipped),
         )
+
+
+def _init_compiler_options() -> dict[str, int] | None:
+    """XLA options for the one-off initialisation program.
+
+    It runs once per job, and on CPU its random-number kernels take seconds to optimise for
+    microseconds saved, so the CPU backend compiles it unoptimised (values equal up to float rounding, ~1 ulp).
+    """
+    if jax.default_backend() == "cpu":
+        return {"xla_backend_optimization_level": 0}
+    return None
 
 
 def _check(
@@ -138,13 +153,19 @@ def _check(
 
 
 def batch_abstract(
-    partitioner: Partitioner, *, batch_size: int, seq_len: int
+    partitioner: Partitioner,
+    *,
+    batch_size: int,
+    seq_len: int,
+    feature_lengths: Mapping[str, int] | None = None,
 ) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes and shardings of a global decoder batch."""
+    """Shapes and shardings of a global batch: decoder arrays `[batch, seq_len]`, plus encoder
+    arrays `[batch, inputs]` when `feature_lengths` has `inputs`."""
     sharding = partitioner.batch_sharding()
+    lengths = data_lib.batch_lengths({"targets": seq_len, **(feature_lengths or {})})
     return {
-        key: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=sharding)
-        for key in data_lib.DECODER_KEYS
+        key: jax.ShapeDtypeStruct((batch_size, length), jnp.int32, sharding=sharding)
+        for key, length in lengths.items()
     }
 
 
@@ -227,6 +248,7 @@ def build_job(
         total_steps=steps_fn(non_embedding, data.batch_size * data.seq_len),
         batch_size=data.batch_size,
         seq_len=data.seq_len,
+        feature_lengths=data.task_feature_lengths,
         eval_batch_size=eval_batch if evaluation.tasks else None,
         optimizer=optimizer,
         schedule=schedule,
@@ -251,6 +273,7 @@ def compile_job(
     schedule: ScheduleConfig,
     step_config: steps.StepConfig,
     compile_train: bool = True,
+    feature_lengths: Mapping[str, int] | None = None,
 ) -> Job:
     """Builds optimizer and schedule, derives the state shardings and compiles the steps (the
     part of `build_job` that needs no data; the benchmark calls it directly).
@@ -258,11 +281,13 @@ def compile_job(
     Args:
       abstract_params: parameter shapes with shardings (from `build_model`).
       eval_batch_size: compile the eval step for this global batch (None: no eval step).
+      feature_lengths: the task feature lengths; None: `{"targets": seq_len}` (decoder-only).
     """
     wrapper = model
     lr = build_schedule(schedule, total_steps=total_steps)
     tx = build_optimizer(optimizer, learning_rate=lr)
-    six_n, with_attn = wrapper.flops_per_token(seq_len=seq_len)
+    lengths = {"targets": seq_len, **(feature_lengths or {})}
+    six_n, with_attn = wrapper.flops_per_token(seq_len=seq_len, inputs_len=lengths.get("inputs"))
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
     abstract_state = jax.eval_shape(
         lambda r: steps.init_train_state(wrapper, tx, r, seq_len=seq_len), rng
@@ -277,7 +302,9 @@ def compile_job(
     with partitioner.context():
         train_step = None
         if compile_train:
-            batch = batch_abstract(partitioner, batch_size=batch_size, seq_len=seq_len)
+            batch = batch_abstract(
+                partitioner, batch_size=batch_size, seq_len=seq_len, feature_lengths=lengths
+            )
             train_step = steps.compile_train_step(
                 steps.make_train_step(wrapper, tx, lr, step_config),
                 partitioner=partitioner,
@@ -291,7 +318,9 @@ def compile_job(
                 partitioner=partitioner,
                 params_shardings=params_shardings,
             )
-            batch = batch_abstract(partitioner, batch_size=eval_batch_size, seq_len=seq_len)
+            batch = batch_abstract(
+                partitioner, batch_size=eval_batch_size, seq_len=seq_len, feature_lengths=lengths
+            )
             eval_step = eval_step.lower(abstract_with.params, batch).compile()
     return Job(
         model=wrapper,
@@ -308,4 +337,5 @@ def compile_job(
         eval_step=eval_step,
         eval_batch_size=eval_batch_size or batch_size,
         seq_len=seq_len,
+        feature_lengths=lengths,
     )
