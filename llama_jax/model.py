@@ -80,6 +80,10 @@ class Embed(nn.Module):
             cfg.weight_dtype,
             axes=(axes.VOCAB, axes.EMBED),
         )
+        # Gather from a whole table (FSDP all-gathers weights before use anyway): a lookup in a
+        # vocab/embed-sharded table yields embed-sharded rows that the partitioner can only turn
+        # into batch-sharded activations by "involuntary full rematerialization".
+        table = constrain(table, (None, None))
         x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
         return constrain(x, axes.ACT_EMBED)
 
