@@ -147,7 +147,10 @@ class Embed(nn.Module):
 
     def __call__(self, tokens: Array) -> Array:
         """Looks up int token ids: [...] -> [..., features]."""
-        out = jnp.take(jnp.asarray(self.embedding, self.dtype), tokens.astype(jnp.int32), axis=0)
+        # Gather from a whole table, as llama_jax's Embed does: a lookup in a vocab/embed-sharded
+        # table makes the partitioner fall back to full rematerialization.
+        table = constrain(jnp.asarray(self.embedding, self.dtype), (None, None))
+        out = jnp.take(table, tokens.astype(jnp.int32), axis=0)
         return constrain(out, ACT_EMBED) if out.ndim == 3 else out
 
     def attend(self, query: Array) -> Array:
