@@ -2,9 +2,10 @@
 
 Uses `jax.experimental.topologies.get_topology_desc` (needs `libtpu`, e.g.
 `pip install 'jax[tpu]==0.10.2'`; no TPU is needed) to get compile-only TPU devices, builds the
-`('data', 'fsdp', 'model')` mesh over them, lowers forward + backward + AdamW for a paper size with
-parameters and optimizer state sharded by their logical axes, and prints XLA's per-device memory
-analysis and FLOP estimate. Without libtpu it says so and exits 0.
+`('data', 'fsdp', 'model')` mesh over them, compiles the trainer's own train and eval steps
+(`trainer.setup.compile_job`: forward + backward + AdamW, parameters and optimizer state sharded by
+their logical axes) for a paper size, and prints XLA's per-device memory analysis and FLOP
+estimate. Without libtpu it says so and exits 0.
 
     .venv/bin/python benchmarks/aot_tpu.py --size llama2_1393m --topology v5e:4x4 --mesh 1,16,1
 """
@@ -24,103 +25,80 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:8.3f} GiB"
 
 
-def _shard_like_params(state, params, mesh):
-    """Abstract optimizer state whose leaves mirroring a parameter (AdamW's mu and nu: same dict
-    path suffix and shape) get that parameter's sharding; everything else is replicated."""
-    import jax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    def names(path):
-        return tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
-
-    by_path = {names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(params)}
-
-    def place(path, leaf):
-        param = by_path.get(names(path))
-        fits = param is not None and param.shape == leaf.shape
-        sharding = param.sharding if fits else NamedSharding(mesh, P())
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
-
-    return jax.tree_util.tree_map_with_path(place, state)
-
-
 def compile_step(args: argparse.Namespace) -> None:
-    """Lowers and compiles the sharded step for `args.topology`; prints memory and FLOPs."""
+    """Compiles the trainer's own train and eval steps for `args.topology`; prints memory, FLOPs.
+
+    The same `trainer.setup.compile_job` as a training run (model wrapper, logical-axis
+    partitioner, AdamW + cosine, optimizer state sharded like the parameters, donated state), on
+    a mesh of compile-only TPU devices, so what is checked here is what a pod would run.
+    """
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    import optax
-    from flax import linen as nn
     from jax.experimental import topologies
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     from llama_jax import axes
-    from llama_jax.counting import matmul_flops_per_token, param_counts
-    from llama_jax.model import Llama, abstract_variables, param_logical_specs
-    from llama_jax.sizes import get_config
+    from llama_jax.counting import matmul_flops_per_token
+    from trainer import models, partitioning, setup, steps
+    from trainer.optimizers import OptimizerConfig
+    from trainer.partitioning import MeshConfig, Partitioner
+    from trainer.schedules import ScheduleConfig
 
-    config = get_config(
-        args.size, dtype=args.dtype, remat_policy=args.remat_policy, scan_layers=True
+    spec = models.ModelSpec(
+        family="llama2",
+        size=args.size,
+        overrides={"dtype": args.dtype, "remat_policy": args.remat_policy, "scan_layers": True},
     )
+    wrapper = models.build_model(spec)
     topology = topologies.get_topology_desc(args.topology, platform="tpu")
     devices = topology.devices
-    mesh_shape = tuple(int(n) for n in args.mesh.split(","))
-    if int(np.prod(mesh_shape)) != len(devices):
+    data, fsdp, model = (int(n) for n in args.mesh.split(","))
+    if data * fsdp * model != len(devices):
         raise SystemExit(
-            f"mesh {mesh_shape} needs {np.prod(mesh_shape)} devices, topology has {len(devices)}"
+            f"mesh {args.mesh} needs {data * fsdp * model} devices, "
+            f"topology {args.topology} has {len(devices)}"
         )
-    mesh = jax.sharding.Mesh(
-        np.asarray(devices).reshape(mesh_shape),
-        axes.MESH_AXES,
-        axis_types=(jax.sharding.AxisType.Auto,) * 3,
+    mesh = partitioning.build_mesh(MeshConfig(data=data, fsdp=fsdp, model=model), devices)
+    partitioner = Partitioner(mesh=mesh, rules=axes.logical_axis_rules())
+    variables = wrapper.abstract_variables()
+    abstract = jax.tree.map(
+        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+        partitioning.unbox(variables["params"]),
+        partitioner.params_shardings(variables),
     )
-    rules = axes.logical_axis_rules()
+    total, non_embedding = wrapper.param_counts()
     print(
-        f"{args.size}: {param_counts(config)}  on {args.topology} ({devices[0].device_kind}, "
-        f"{len(devices)} devices), mesh {dict(zip(axes.MESH_AXES, mesh_shape, strict=True))}"
+        f"{args.size}: {total:,} parameters ({non_embedding:,} non-embedding) on {args.topology} "
+        f"({devices[0].device_kind}, {len(devices)} devices), mesh data {data} x fsdp {fsdp} x "
+        f"model {model}; global batch {args.batch} x {args.seq_len}"
     )
-
-    param_shardings = nn.logical_to_mesh_sharding(param_logical_specs(config), mesh, rules)
-    params = jax.tree_util.tree_map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        abstract_variables(config)["params"],
-        param_shardings,
+    start = time.perf_counter()
+    job = setup.compile_job(
+        model=wrapper,
+        partitioner=partitioner,
+        abstract_params=abstract,
+        components=["lm"],
+        total_steps=1000,
+        batch_size=args.batch,
+        seq_len=args.seq_len,
+        eval_batch_size=args.batch,
+        optimizer=OptimizerConfig(),
+        schedule=ScheduleConfig(),
+        step_config=steps.StepConfig(num_microbatches=1, z_loss=0.0, num_components=1),
     )
-    optimizer = optax.adamw(2e-4, weight_decay=0.1)
-    batch_spec = nn.logical_to_mesh_axes((axes.BATCH, axes.LENGTH), rules)
-    tokens = jax.ShapeDtypeStruct(
-        (args.batch, args.seq_len + 1), jnp.int32, sharding=NamedSharding(mesh, batch_spec)
+    print(f"compiled train + eval steps in {time.perf_counter() - start:.1f} s")
+
+    def sharded_fraction(tree) -> float:
+        leaves = jax.tree.leaves(tree)
+        big = [s for s in leaves if np.prod(s.shape) >= 1024]
+        return sum(not s.sharding.is_fully_replicated for s in big) / max(len(big), 1)
+
+    state = job.abstract_state_with_shardings()
+    print(
+        f"sharded leaves (>= 1024 elements): params {sharded_fraction(state.params):.0%}, "
+        f"optimizer state {sharded_fraction(state.opt_state):.0%}"
     )
-    model = Llama(config)
-
-    def loss_fn(p, t):
-        logits = model.apply({"params": p}, t[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, t[:, 1:]).mean()
-
-    def step(p, opt_state, t):
-        loss, grads = jax.value_and_grad(loss_fn)(p, t)
-        updates, opt_state = optimizer.update(grads, opt_state, p)
-        return optax.apply_updates(p, updates), opt_state, loss
-
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        start = time.perf_counter()
-        opt_state = _shard_like_params(jax.eval_shape(optimizer.init, params), params, mesh)
-        opt_shardings = jax.tree_util.tree_map(lambda s: s.sharding, opt_state)
-        compiled = (
-            jax.jit(
-                step,
-                out_shardings=(param_shardings, opt_shardings, NamedSharding(mesh, P())),
-                donate_argnums=(0, 1),
-            )
-            .lower(params, opt_state, tokens)
-            .compile()
-        )
-        seconds = time.perf_counter() - start
-
-    mem = compiled.memory_analysis()
-    print(f"compiled in {seconds:.1f} s; per-device memory:")
+    mem = job.train_step.memory_analysis()
+    print("train step, per-device memory:")
     for field in (
         "argument_size_in_bytes",
         "output_size_in_bytes",
@@ -131,14 +109,15 @@ def compile_step(args: argparse.Namespace) -> None:
         print(f"  {field:<30} {_gib(getattr(mem, field))}")
     peak = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
     print(f"  {'arguments+outputs-aliased+temp':<30} {_gib(peak + mem.temp_size_in_bytes)}")
-    cost = compiled.cost_analysis()
+    cost = job.train_step.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    model_flops = matmul_flops_per_token(config, seq_len=args.seq_len) * args.batch * args.seq_len
+    model_flops = (
+        matmul_flops_per_token(wrapper.config, seq_len=args.seq_len) * args.batch * args.seq_len
+    )
     if cost and "flops" in cost:
         print(
             f"XLA cost-analysis flops per device {cost['flops']:.3e} (loop bodies counted once); "
-            f"model FLOPs per device "
-            f"{model_flops / len(devices):.3e}"
+            f"model FLOPs per device {model_flops / len(devices):.3e}"
         )
 
 
