@@ -1,4 +1,4 @@
-"""Every gin file parses, layers as STYLE.md says, and resolves to the CPT paper's settings."""
+"""Every gin file parses, layers as STYLE.md says, and resolves to the papers' settings."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import pytest
 from trainer import gin_entry, validation
 
 CONFIGS = Path(__file__).resolve().parent.parent / "t5x_configs"
-EXPERIMENTS = sorted(
-    p.name for p in (CONFIGS / "experiments").glob("*.gin") if p.name != "tiny.gin"
+OVERLAYS = ("tiny.gin", "t5_tiny.gin")
+ALL_EXPERIMENTS = sorted(
+    p.name for p in (CONFIGS / "experiments").glob("*.gin") if p.name not in OVERLAYS
 )
+EXPERIMENTS = [name for name in ALL_EXPERIMENTS if name.startswith("cpt")]
+MT_EXPERIMENTS = [name for name in ALL_EXPERIMENTS if name.startswith("mt_")]
 BASE = [
     "--gin.MODEL_DIR='/tmp/run'",
     "--gin.MODEL_SIZE='llama2_49m'",
@@ -52,6 +55,8 @@ def parse(experiment: str, *extra: str, job: str = "train"):
 
 def test_experiment_files_are_all_covered():
     assert EXPERIMENTS == ["cpt.gin", "cpt_replay.gin", "cpt_scratch.gin", "cpt_source_en.gin"]
+    assert MT_EXPERIMENTS == ["mt_finetune.gin", "mt_pretrain.gin"]
+    assert ALL_EXPERIMENTS == sorted(EXPERIMENTS + MT_EXPERIMENTS)
 
 
 @pytest.mark.parametrize("tiny", [False, True], ids=["paper", "tiny"])
@@ -137,3 +142,122 @@ def test_includes_resolve_with_a_runs_directory_on_sys_path(tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     config = parse("experiments/cpt_source_en.gin")
     assert "train_script.train.model_dir = %MODEL_DIR" in config.config_str
+
+
+MT_BASE = [
+    "--gin.MODEL_DIR='/tmp/run'",
+    "--gin.MODEL_SIZE='t5_3b'",
+    "--gin.VOCAB_PATH='/tmp/vocab.model'",
+]
+
+
+def parse_mt(experiment: str, *extra: str, tiny: bool = False):
+    files = [f"--gin_file=experiments/{experiment}"]
+    base = MT_BASE
+    if tiny:  # the overlay sets MODEL_SIZE itself; a command-line binding would win over it
+        files.append("--gin_file=experiments/t5_tiny.gin")
+        base = [b for b in MT_BASE if "MODEL_SIZE" not in b] + ["--gin.DATA_DIR='/tmp/data'"]
+    return gin_entry.parse([*files, *base, *extra], job="train")
+
+
+def test_mt_pretrain_resolves_to_the_paper_and_t5x_settings():
+    config = parse_mt("mt_pretrain.gin", "--gin.MIXTURE='mix_en_50_fr_50'")
+    assert "train_script.train.model_dir = %MODEL_DIR" in config.config_str
+    model = resolve("MODEL")
+    assert (model.family, model.size, model.dropout_rate) == ("t5", "t5_3b", 0.0)
+    assert resolve("MIXTURE_OR_TASK_NAME") == "mix_en_50_fr_50"
+    assert resolve("STRATEGY") == "pretrain"
+    # Paper §4: batch 256, 1M steps, inverse square root with k = 1e4, Adafactor; T5X's span
+    # corruption lengths (inputs 512, targets 114).
+    assert resolve("BATCH_SIZE") == 256 and resolve("TRAIN_STEPS") == 1_000_000
+    assert resolve("TASK_FEATURE_LENGTHS") == {"inputs": 512, "targets": 114}
+    assert gin.query_parameter("schedules.ScheduleConfig.name") == "rsqrt"
+    assert resolve("RSQRT_OFFSET") == 10_000 and resolve("BASE_LR") == 1.0
+    assert gin.query_parameter("optimizers.OptimizerConfig.name") == "adafactor"
+    assert gin.query_parameter("optimizers.OptimizerConfig.grad_clip_norm") is None
+    assert resolve("EXTRA_IDS") == 100
+    assert resolve("CHECKPOINT_PERIOD") == resolve("KEEP_EVERY") == 25_000
+
+
+def test_mt_finetune_resolves_steps_from_the_finetuning_budget():
+    parse_mt(
+        "mt_finetune.gin",
+        "--gin.TASK='mt_en_de'",
+        "--gin.INIT_CHECKPOINT='/tmp/pre@25000'",
+        "--gin.FINETUNE_TOKENS=6000000",
+    )
+    model = resolve("MODEL")
+    assert (model.family, model.dropout_rate) == ("t5", 0.1)
+    assert resolve("MIXTURE_OR_TASK_NAME") == "mt_en_de" and resolve("STRATEGY") == "finetune"
+    assert resolve("BATCH_SIZE") == 128
+    assert resolve("TASK_FEATURE_LENGTHS") == {"inputs": 512, "targets": 512}
+    assert resolve("TRAIN_STEPS") == 92  # ceil(6M / (128 x 512))
+    assert gin.query_parameter("schedules.ScheduleConfig.name") == "constant"
+    assert resolve("PEAK_LR") == 1e-3
+    assert resolve("EVAL_TASKS") == ["mt_en_de"] and resolve("DECODE_TASKS") == ["mt_en_de"]
+    assert (resolve("DECODE_METHOD"), resolve("DECODE_SPLIT")) == ("beam", "test")
+    gin.clear_config()
+    parse_mt("mt_finetune.gin", "--gin.TASK='mt_en_ro'", "--gin.STRATEGY='finetune_scratch'")
+    assert resolve("TRAIN_STEPS") == 300 and resolve("INIT_CHECKPOINT") is None  # the paper's
+    gin.clear_config()
+    parse_mt("mt_finetune.gin", "--gin.TASK='mt_en_fr'", "--gin.TRAIN_STEPS=7")
+    assert resolve("TRAIN_STEPS") == 7  # an explicit step count wins
+
+
+def test_mt_finetune_without_a_task_names_the_flag():
+    with pytest.raises(validation.ConfigError, match=r"TASK.*--gin\.TASK"):
+        parse_mt("mt_finetune.gin")
+
+
+@pytest.mark.parametrize("experiment", MT_EXPERIMENTS)
+def test_t5_tiny_overlay_makes_mt_runs_small(experiment):
+    parse_mt(experiment, "--gin.MIXTURE='mix_en_100'", "--gin.TASK='mt_en_fr'", tiny=True)
+    assert resolve("MODEL_SIZE") == "t5_tiny" and resolve("BATCH_SIZE") == 8
+    assert resolve("TASK_FEATURE_LENGTHS") == {"inputs": 64, "targets": 32}
+    assert resolve("TRAIN_STEPS") == (40 if experiment == "mt_pretrain.gin" else 20)
+
+
+def test_mt_paper_manifest_runs_parse_with_the_mt_gin_files():
+    from launch import sweep
+
+    runs = sweep.expand(sweep.load_manifest("mt_paper"))
+    seen = {}
+    for run in runs:  # one run of each strategy and model size
+        seen.setdefault((run.strategy, run.size), run)
+    assert {s for s, _ in seen} == {"pretrain", "finetune", "finetune_scratch"}
+    for run in seen.values():
+        gin.clear_config()
+        gin_entry.parse(run.gin_args(allow_missing=True), job="train")
+        assert resolve("MODEL").family == "t5" and resolve("MODEL").size == run.size
+        assert resolve("STRATEGY") == run.strategy
+        assert resolve("TRAIN_STEPS") == run.steps and resolve("BATCH_SIZE") == run.batch_size
+        if run.strategy == "pretrain":
+            assert resolve("MIXTURE_OR_TASK_NAME") == run.coord("mixture")
+            assert resolve("KEEP_EVERY") == 25_000
+        else:
+            assert resolve("MIXTURE_OR_TASK_NAME") == run.coord("task")
+            assert resolve("FINETUNE_TOKENS") == run.coord("finetune_tokens")
+        if run.strategy == "finetune":
+            assert resolve("INIT_CHECKPOINT").endswith(f"@{run.coord('init_step')}")
+        else:
+            assert resolve("INIT_CHECKPOINT") is None
+
+
+def test_t5_eval_and_infer_runs_parse_with_the_t5_model_file():
+    config = gin_entry.parse(
+        [
+            "--gin_file=models/t5.gin",
+            "--gin_file=runs/infer.gin",
+            *MT_BASE,
+            "--gin.TASK='mt_en_fr'",
+        ],
+        job="infer",
+    )
+    assert "infer_script.infer.task = %TASK" in config.config_str
+    gin.clear_config()
+    gin_entry.parse(
+        ["--gin_file=models/t5.gin", "--gin_file=runs/eval.gin", *MT_BASE]
+        + ["--gin.EVAL_TASKS=['mt_en_fr']", "--gin.DECODE_TASKS=['mt_en_fr']"],
+        job="eval",
+    )
+    assert resolve("MODEL").family == "t5" and resolve("DECODE_TASKS") == ["mt_en_fr"]

@@ -4,12 +4,18 @@ Everything about corpora, vocabularies and mixtures lives in `pipelines`; this m
 it to a run: it registers the tasks and mixtures a run names (from `VOCAB_PATH` and `DATA_DIR`),
 opens this host's shard of the training stream at the checkpointed position, and produces
 fixed-shape eval batches. The name helpers are what gin files use to build task names from macros
-(`TARGET_LANG`, `REPLAY_RATIO`), since gin cannot format strings.
+(`TARGET_LANG`, `REPLAY_RATIO`) and step counts from token budgets (`FINETUNE_TOKENS`), since
+gin cannot compute.
+
+Decoder-only runs read `{"targets": L}` tasks as `DECODER_KEYS` arrays `[batch, L]`; encoder-
+decoder runs (`task_feature_lengths = {"inputs": Li, "targets": Lt}`) add `ENCODER_KEYS` arrays
+`[batch, Li]` (`batch_lengths` maps every key to its length).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +29,16 @@ DECODER_KEYS = (
     "decoder_positions",
     "decoder_task_ids",
 )
+ENCODER_KEYS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
+
+
+def batch_lengths(task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
+    """Each batch array's row length: decoder keys take `targets`; with an `inputs` length (an
+    encoder-decoder), the encoder keys take it."""
+    lengths = {key: int(task_feature_lengths["targets"]) for key in DECODER_KEYS}
+    if "inputs" in task_feature_lengths:
+        lengths.update({key: int(task_feature_lengths["inputs"]) for key in ENCODER_KEYS})
+    return lengths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +47,8 @@ class DataConfig:
 
     Attributes:
       mixture_or_task: a seqio task or mixture name (`MIXTURE_OR_TASK_NAME`).
-      task_feature_lengths: `{"targets": L}` for decoder-only models (`TASK_FEATURE_LENGTHS`).
+      task_feature_lengths: `{"targets": L}` for decoder-only models, `{"inputs": Li,
+        "targets": Lt}` for encoder-decoders (`TASK_FEATURE_LENGTHS`).
       batch_size: global batch in sequences (`BATCH_SIZE`); each host reads its share.
       vocab_path: SentencePiece model to register the tasks with (`VOCAB_PATH`); None: the tasks
         are registered already (by the caller).
@@ -63,6 +80,11 @@ class DataConfig:
         """Length of a decoder row (the `targets` feature length)."""
         return int(self.task_feature_lengths["targets"])
 
+    @property
+    def has_inputs(self) -> bool:
+        """Whether the run reads inputs/targets tasks (an encoder-decoder)."""
+        return "inputs" in self.task_feature_lengths
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -77,6 +99,8 @@ class EvalConfig:
       batch_size: eval batch in sequences (None: the training batch size).
       split: the split to evaluate on.
       at_start: also evaluate the initial parameters (step 0; the CPT transfer starting point).
+      decoding: downstream scores by decoding (a `trainer.downstream.DecodeConfig`: BLEU,
+        chrF++, ROUGE-L, COMET on a held-out split; encoder-decoders), or None.
     """
 
     tasks: Sequence[str] = ()
@@ -85,6 +109,12 @@ class EvalConfig:
     batch_size: int | None = None
     split: str = "validation"
     at_start: bool = False
+    decoding: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is evaluated at all (cross-entropy or decoding)."""
+        return bool(self.tasks) or bool(self.decoding is not None and self.decoding.tasks)
 
 
 def lm_task(*, lang: str) -> str:
@@ -118,6 +148,29 @@ def paper_batch_size(*, model_size: str, seq_len: int) -> int:
 
     validation.check_model_size(family="llama2", size=model_size, allowed=list(sizes.SIZES))
     return sizes.paper_recipe(model_size, seq_len=seq_len).batch_size
+
+
+def finetune_steps(
+    *,
+    finetune_tokens: int | None,
+    batch_size: int,
+    task_feature_lengths: Mapping[str, int],
+    default_steps: int = 300,
+) -> int:
+    """Steps of a finetuning run that sees `finetune_tokens` target tokens (the MT paper's Df):
+    `ceil(Df / (batch × targets length))`, at least 1; `default_steps` (the paper's 300) when
+    Df is None. Packed rows are not completely full, so a run sees slightly fewer real tokens;
+    `metrics.jsonl` counts the exact number (`tokens`).
+
+    Raises:
+      ValueError: a non-positive budget (naming `FINETUNE_TOKENS`).
+    """
+    if finetune_tokens is None:
+        return int(default_steps)
+    if finetune_tokens <= 0:
+        raise ValueError(f"FINETUNE_TOKENS = {finetune_tokens}: allowed: a positive token count")
+    per_step = int(batch_size) * int(task_feature_lengths["targets"])
+    return max(1, math.ceil(finetune_tokens / per_step))
 
 
 def register(config: DataConfig) -> Any:
@@ -169,13 +222,15 @@ def train_batches(
     shard_index: int,
     num_shards: int,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """This host's rows of each global batch, starting after `start_step` batches."""
+    """This host's rows of each global batch, starting after `start_step` batches (encoder-
+    decoder batches when the feature lengths have `inputs`)."""
     from pipelines import streams
 
-    stream = streams.decoder_batches(
+    make = streams.encdec_batches if config.has_inputs else streams.decoder_batches
+    stream = make(
         mixture_or_task=config.mixture_or_task,
         split="train",
-        sequence_length=config.seq_len,
+        sequence_length=dict(config.task_feature_lengths) if config.has_inputs else config.seq_len,
         batch_size=config.batch_size // num_shards,
         seed=seed,
         shard_index=shard_index,
@@ -186,36 +241,39 @@ def train_batches(
         pack=config.pack,
     )
     for batch in stream:
-        yield _decoder_arrays(batch)
+        yield _model_arrays(batch)
 
 
-def _decoder_arrays(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The decoder features of a batch as int32 arrays (other keys dropped)."""
-    return {key: np.asarray(batch[key], np.int32) for key in DECODER_KEYS if key in batch}
+def _model_arrays(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The model features of a batch (decoder, and encoder where present) as int32 arrays
+    (other keys dropped)."""
+    keys = (*ENCODER_KEYS, *DECODER_KEYS)
+    return {key: np.asarray(batch[key], np.int32) for key in keys if key in batch}
 
 
 def eval_batches(
     *,
     task: str,
     split: str,
-    seq_len: int,
+    seq_len: int | Mapping[str, int],
     batch_size: int,
     max_tokens: int,
     shard_index: int,
     num_shards: int,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Fixed-shape eval batches of `task` (this host's rows); the last one is padded with rows of
-    zero weight, so every batch compiles to the same program."""
+    zero weight, so every batch compiles to the same program. `seq_len` is the targets length,
+    or the feature lengths `{"inputs": Li, "targets": Lt}` of an inputs/targets task."""
     from pipelines import streams
 
     for batch in streams.eval_batches(
         task=task,
         split=split,
-        sequence_length=seq_len,
+        sequence_length=dict(seq_len) if isinstance(seq_len, Mapping) else seq_len,
         batch_size=batch_size,
         max_tokens=max_tokens,
     ):
-        batch = _decoder_arrays(batch)
+        batch = _model_arrays(batch)
         rows = next(iter(batch.values())).shape[0]
         if rows < batch_size:
             batch = {

@@ -9,6 +9,10 @@ its first `max_tokens` validation tokens divided by their count, so it does not 
 size or packing. The eval job restores a checkpoint (`INIT_CHECKPOINT='<dir>[@step]'`, default
 `MODEL_DIR`) with the same parameter checks as CPT initialisation, and appends one record per
 evaluated step to `MODEL_DIR/eval_metrics.jsonl`.
+
+Encoder-decoders evaluate on inputs/targets batches at their feature lengths, and with
+`EvalConfig.decoding` also get the downstream translation scores of `trainer.downstream` (BLEU,
+chrF++, ROUGE-L, COMET) with their predictions under `MODEL_DIR/predictions/`.
 """
 
 from __future__ import annotations
@@ -37,21 +41,44 @@ log = logging.getLogger(__name__)
 EVAL_METRICS_FILE = "eval_metrics.jsonl"
 
 
-def evaluate_params(job: Any, params: Any, evaluation: EvalConfig, *, seq_len: int) -> dict:
-    """`{"eval/<task>/loss": nats, "eval/<task>/tokens": n}` for every task of `evaluation`.
+def evaluate_params(
+    job: Any,
+    params: Any,
+    evaluation: EvalConfig,
+    *,
+    seq_len: int,
+    step: int = 0,
+    final: bool = True,
+    model_dir: str | os.PathLike | None = None,
+) -> dict:
+    """`{"eval/<task>/loss": nats, "eval/<task>/tokens": n}` for every task of `evaluation`,
+    plus the downstream scores of `evaluation.decoding` when due at `step` (`final`: the run's
+    last step), with their predictions written under `model_dir` (`trainer.downstream`).
 
     Eval batches are read once per job and kept (they are fixed), so periodic evaluation costs
-    only the forward passes.
+    only the forward passes. Encoder-decoder jobs read inputs/targets batches at the job's
+    feature lengths.
     """
+    from trainer import downstream
+
+    lengths = dict(getattr(job, "feature_lengths", None) or {"targets": seq_len})
+    lengths["targets"] = seq_len
+    batch_lengths = lengths if "inputs" in lengths else seq_len
     out: dict[str, float | int] = {}
     for task in evaluation.tasks:
-        key = (task, evaluation.split, seq_len, job.eval_batch_size, evaluation.max_tokens)
+        key = (
+            task,
+            evaluation.split,
+            tuple(sorted(lengths.items())),
+            job.eval_batch_size,
+            evaluation.max_tokens,
+        )
         if key not in job.eval_data:
             job.eval_data[key] = list(
                 data_lib.eval_batches(
                     task=task,
                     split=evaluation.split,
-                    seq_len=seq_len,
+                    seq_len=batch_lengths,
                     batch_size=job.eval_batch_size,
                     max_tokens=evaluation.max_tokens,
                     shard_index=jax.process_index(),
@@ -68,6 +95,17 @@ def evaluate_params(job: Any, params: Any, evaluation: EvalConfig, *, seq_len: i
             tokens += float(batch_tokens)
         out[f"eval/{task}/loss"] = ce / tokens if tokens else float("nan")
         out[f"eval/{task}/tokens"] = int(tokens)
+    if downstream.due(evaluation.decoding, step=step, final=final):
+        out.update(
+            downstream.evaluate(
+                job.model,
+                params,
+                evaluation.decoding,
+                feature_lengths=lengths,
+                step=step,
+                model_dir=model_dir,
+            )
+        )
     return out
 
 
@@ -98,11 +136,14 @@ def evaluate(
     """
     from trainer.setup import build_job
 
-    if not evaluation.tasks:
-        raise ValueError("EVAL_TASKS (data.EvalConfig.tasks) is empty: nothing to evaluate")
+    if not evaluation.enabled:
+        raise ValueError(
+            "EVAL_TASKS (data.EvalConfig.tasks) and DECODE_TASKS are empty: nothing to evaluate"
+        )
     data_lib.register(data)
     if not data.mixture_or_task:
-        data = dataclasses.replace(data, mixture_or_task=evaluation.tasks[0])
+        first = [*evaluation.tasks, *(evaluation.decoding.tasks if evaluation.decoding else ())]
+        data = dataclasses.replace(data, mixture_or_task=first[0])
     job = build_job(
         model=model,
         data=data,
@@ -130,7 +171,11 @@ def evaluate(
     for s in wanted:
         params, _, _ = ckpt_lib.restore_init_params(f"{directory}@{s}", abstract_params=abstract)
         record = {"step": s, "checkpoint": os.fspath(directory)}
-        record.update(evaluate_params(job, params, evaluation, seq_len=data.seq_len))
+        record.update(
+            evaluate_params(
+                job, params, evaluation, seq_len=data.seq_len, step=s, model_dir=model_dir
+            )
+        )
         log.info("eval %s", record)
         records.append(record)
         if jax.process_index() == 0:

@@ -1,12 +1,25 @@
-"""Inference: greedy continuations of text prompts from a checkpoint.
+"""Inference from a checkpoint: continuations of text prompts (language models) or translations
+(encoder-decoders).
 
     python -m trainer.infer --gin_file=models/llama2.gin --gin_file=runs/infer.gin \\
         --gin.MODEL_DIR="'/runs/cpt_zh_49m'" --gin.MODEL_SIZE="'llama2_49m'" \\
         --gin.VOCAB_PATH="'/data/vocab/cpt.model'" --gin.PROMPTS="['Everyone has the right']"
 
-Prompts are encoded without EOS and forced token by token; the model then continues greedily
-until EOS or `max_decode_len` total tokens. Results, one JSON object per prompt
+    python -m trainer.infer --gin_file=models/t5.gin --gin_file=runs/infer.gin \\
+        --gin.MODEL_DIR="'/runs/ft'" --gin.MODEL_SIZE="'t5_770m'" --gin.TASK="'mt_en_fr'" \\
+        --gin.VOCAB_PATH="'/data/vocab/mt.model'" --gin.DATA_DIR="'/data/corpora'"
+
+Language models: prompts are encoded without EOS and forced token by token; the model then
+continues greedily until EOS or `max_decode_len` total tokens. Results, one JSON object per prompt
 (`prompt`, `continuation`, `tokens`), go to `MODEL_DIR/<output_file>`.
+
+Encoder-decoders: the examples are a task's held-out split (`task`, `split`; raw text, as
+`trainer.downstream` reads it), or the lines of `prompts`/`prompts_file` (`source` or
+`source<TAB>reference`; with a `task`, its `translate X to Y: ` prompt is prepended to lines that
+lack one). They are decoded with beam search (or greedy) into `MODEL_DIR/<output_file>`, one
+`{"inputs", "target", "prediction"}` per example (`target` only where there is a reference); when
+every example has a reference, `MODEL_DIR/scores.json` gets BLEU, chrF++, ROUGE-L (and COMET with
+a local `comet_model`) as in `trainer.downstream`.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from trainer import models
 from trainer.partitioning import MeshConfig
 
 INFER_FILE = "infer.jsonl"
+SCORES_FILE = "scores.json"
 
 
 def encode_prompts(vocabulary, prompts: Sequence[str], *, length: int) -> np.ndarray:
@@ -67,33 +81,71 @@ def infer(
     batch_size: int = 8,
     output_file: str = INFER_FILE,
     mesh: MeshConfig = MeshConfig(),
+    task: str | None = None,
+    split: str = "test",
+    data_dir: str | None = None,
+    extra_ids: int | None = None,
+    inputs_len: int = 512,
+    decode_method: str = "beam",
+    max_examples: int | None = None,
+    comet_model: str | None = None,
 ) -> list[dict]:
-    """Decodes continuations of `prompts` (and of each line of `prompts_file`).
+    """Decodes continuations of `prompts` (and of each line of `prompts_file`), or, for an
+    encoder-decoder, translations of a task's split or of the given lines.
 
     Args:
       model_dir: where the results go (`MODEL_DIR`).
       model: the model the checkpoint was trained as.
       vocab_path: SentencePiece model (`VOCAB_PATH`).
-      prompts, prompts_file: the prompts.
+      prompts, prompts_file: the prompts (encoder-decoders: `source[<TAB>reference]` lines).
       checkpoint: `'<dir>[@step]'` (default: `model_dir`, latest step).
-      max_decode_len: total tokens per row, prompt included.
+      max_decode_len: total tokens per row, prompt included (encoder-decoders: output tokens).
       batch_size: rows decoded together (padded to a multiple of the data-parallel size).
       output_file: file name under `model_dir`.
       mesh: mesh axis sizes.
+      task: encoder-decoders: a translation task (`TASK`) whose split is decoded when no prompts
+        are given, and whose prompt prefixes bare source lines.
+      split: the task's split (`DECODE_SPLIT`; `validation` where the task has no such split).
+      data_dir: the corpora (`DATA_DIR`) to register `task` from.
+      extra_ids: sentinels appended to the vocabulary (None: 100 for encoder-decoders, as in
+        span-corruption pretraining; 0 for language models).
+      inputs_len: encoder-decoders: inputs are truncated to this many tokens (EOS kept).
+      decode_method: encoder-decoders: `beam` (4 beams, brevity penalty 0.6) or `greedy`.
+      max_examples: decode at most this many examples of the task's split.
+      comet_model: a local COMET checkpoint for `scores.json` (see `trainer.downstream`).
 
     Returns:
-      One dict per prompt: `prompt`, `continuation`, `tokens` (generated ids).
+      One dict per prompt: `prompt`, `continuation`, `tokens` (generated ids); encoder-decoders:
+      `inputs`, `prediction` and `target` where known.
     """
     from pipelines import vocab as vocab_lib
     from trainer.setup import build_model
 
-    texts = list(prompts)
-    if prompts_file:
-        texts += [line for line in Path(prompts_file).read_text().splitlines() if line.strip()]
+    wrapper, partitioner, abstract = build_model(model, mesh)
+    if "inputs" in wrapper.feature_keys:
+        return _infer_encdec(
+            wrapper,
+            abstract,
+            model_dir=Path(model_dir),
+            checkpoint=os.fspath(checkpoint or model_dir),
+            vocab_path=vocab_path,
+            lines=_lines(prompts, prompts_file),
+            task=task,
+            split=split,
+            data_dir=data_dir,
+            extra_ids=100 if extra_ids is None else extra_ids,
+            inputs_len=inputs_len,
+            max_decode_len=max_decode_len,
+            batch_size=batch_size,
+            decode_method=decode_method,
+            max_examples=max_examples,
+            comet_model=comet_model,
+            output_file=output_file,
+        )
+    texts = _lines(prompts, prompts_file)
     if not texts:
         raise ValueError("no prompts: set infer.prompts (PROMPTS) or infer.prompts_file")
-    vocabulary = vocab_lib.load_vocab(vocab_path)
-    wrapper, partitioner, abstract = build_model(model, mesh)
+    vocabulary = vocab_lib.load_vocab(vocab_path, extra_ids=extra_ids or 0)
     params, _, _ = ckpt_lib.restore_init_params(
         os.fspath(checkpoint or model_dir), abstract_params=abstract
     )
@@ -128,6 +180,113 @@ def infer(
         with open(Path(model_dir) / output_file, "w", encoding="utf-8") as f:
             for record in results:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return results
+
+
+def _lines(prompts: Sequence[str], prompts_file: str | None) -> list[str]:
+    texts = list(prompts)
+    if prompts_file:
+        lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
+        texts += [line for line in lines if line.strip()]
+    return texts
+
+
+def task_prompt(task: str) -> str:
+    """The input prefix of translation task `mt_<src>_<tgt>` (`translate English to French: `)."""
+    from pipelines import preprocessors, tasks
+
+    parts = task.split("_")
+    if len(parts) != 3 or parts[0] != "mt" or not set(parts[1:]) <= set(tasks.LANG_NAMES):
+        raise ValueError(
+            f"TASK = {task!r}: allowed: mt_<src>_<tgt> with languages in {sorted(tasks.LANG_NAMES)}"
+        )
+    return preprocessors.translation_prompt(tasks.LANG_NAMES[parts[1]], tasks.LANG_NAMES[parts[2]])
+
+
+def _infer_encdec(
+    wrapper,
+    abstract,
+    *,
+    model_dir: Path,
+    checkpoint: str,
+    vocab_path: str,
+    lines: list[str],
+    task: str | None,
+    split: str,
+    data_dir: str | None,
+    extra_ids: int,
+    inputs_len: int,
+    max_decode_len: int,
+    batch_size: int,
+    decode_method: str,
+    max_examples: int | None,
+    comet_model: str | None,
+    output_file: str,
+) -> list[dict]:
+    """`infer` for encoder-decoders: examples, decoding, predictions file and `scores.json`."""
+    from trainer import data as data_lib
+    from trainer import downstream
+
+    if not lines and not task:
+        raise ValueError("nothing to decode: set TASK (infer.task), PROMPTS or PROMPTS_FILE")
+    vocabulary = data_lib.register(
+        data_lib.DataConfig(
+            vocab_path=vocab_path, corpora_dir=data_dir, extra_ids=extra_ids, pairs=None
+        )
+        if task and not lines
+        else data_lib.DataConfig(vocab_path=None)
+    )
+    if vocabulary is None:
+        from pipelines import vocab as vocab_lib
+
+        vocabulary = vocab_lib.load_vocab(vocab_path, extra_ids=extra_ids)
+    used_split = None
+    if lines:
+        prefix = task_prompt(task) if task else ""
+        examples, has_target = [], True
+        for line in lines:
+            source, sep, target = line.partition("\t")
+            has_target &= bool(sep)
+            inputs = source if (not prefix or source.startswith("translate ")) else prefix + source
+            examples.append(downstream.TextExample(inputs=inputs, target=target, source=source))
+    else:
+        used_split = downstream.held_out_split(task, split)
+        examples = downstream.text_examples(task, split=used_split, max_examples=max_examples)
+        has_target = True
+    params, directory, step = ckpt_lib.restore_init_params(checkpoint, abstract_params=abstract)
+    predictions = downstream.predict_texts(
+        wrapper,
+        params,
+        vocabulary,
+        [ex.inputs for ex in examples],
+        inputs_len=inputs_len,
+        max_decode_len=max_decode_len,
+        method=decode_method,
+        batch_size=batch_size,
+    )
+    results = []
+    for ex, prediction in zip(examples, predictions, strict=True):
+        record = {"inputs": ex.inputs, "prediction": prediction}
+        if has_target:
+            record["target"] = ex.target
+        results.append(record)
+    if jax.process_index() == 0:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        with open(model_dir / output_file, "w", encoding="utf-8") as f:
+            for record in results:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        if has_target and examples:
+            scores = downstream.score(task or "", examples, predictions, comet_model=comet_model)
+            summary = {
+                "task": task,
+                "split": used_split,
+                "checkpoint": os.fspath(directory),
+                "step": step,
+                "examples": len(examples),
+                "decode_method": decode_method,
+                **scores,
+            }
+            (model_dir / SCORES_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return results
 
 

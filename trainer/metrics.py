@@ -228,6 +228,8 @@ class Counters:
         saved = saved or {}
         self.components = list(components)
         self.tokens = int(saved.get("tokens", 0))
+        # Encoder-decoder runs also count non-padding encoder tokens (None: a decoder-only run).
+        self.input_tokens = saved.get("input_tokens")
         self.by_task = [int(saved.get("tokens_by_task", {}).get(c, 0)) for c in components]
         window = saved.get("window", {})
         self.loss_sum = float(window.get("loss_sum", 0.0))
@@ -242,6 +244,8 @@ class Counters:
             counts = np.asarray(m["tokens_by_task"]).astype(np.int64)
             self.by_task = [a + int(b) for a, b in zip(self.by_task, counts, strict=True)]
             self.tokens += int(counts.sum())
+            if "input_tokens" in m:
+                self.input_tokens = int(self.input_tokens or 0) + int(m["input_tokens"])
             if not bool(m["finite"]):
                 self.nonfinite_steps.append(step)
                 continue
@@ -255,8 +259,10 @@ class Counters:
 
     def to_json(self) -> dict:
         """State to checkpoint."""
+        extra = {} if self.input_tokens is None else {"input_tokens": self.input_tokens}
         return {
             "tokens": self.tokens,
+            **extra,
             "tokens_by_task": component_counts(self.components, self.by_task),
             "window": {
                 "loss_sum": self.loss_sum,
@@ -272,6 +278,7 @@ class Counters:
         record = {
             "step": step,
             "tokens": self.tokens,
+            **({} if self.input_tokens is None else {"input_tokens": self.input_tokens}),
             "tokens_by_task": component_counts(self.components, self.by_task),
             "flops": flops_per_token * self.tokens,
             "flops_attn": flops_per_token_attn * self.tokens,

@@ -117,7 +117,8 @@ def _init_compiler_options() -> dict[str, int] | None:
     """XLA options for the one-off initialisation program.
 
     It runs once per job, and on CPU its random-number kernels take seconds to optimise for
-    microseconds saved, so the CPU backend compiles it unoptimised (values equal up to float rounding, ~1 ulp).
+    microseconds saved, so the CPU backend compiles it unoptimised (the values agree to about
+    one ulp).
     """
     if jax.default_backend() == "cpu":
         return {"xla_backend_optimization_level": 0}
@@ -141,10 +142,21 @@ def _check(
         required=model.feature_keys,
         model=spec.size,
     )
+    validation.check_model_features(
+        feature_lengths=data.task_feature_lengths,
+        feature_keys=model.feature_keys,
+        family=spec.family,
+    )
     names = data_lib.registered_names()
     validation.check_task(name=data.mixture_or_task, allowed=names)
     for task in evaluation.tasks:
         validation.check_task(name=task, allowed=names, binding="eval_tasks")
+    decoding = getattr(evaluation, "decoding", None)
+    validation.check_decoding(
+        tasks=decoding.tasks if decoding is not None else (),
+        allowed=names,
+        feature_keys=model.feature_keys,
+    )
     validation.check_vocab(
         vocab_size=data_lib.vocab_size(data.mixture_or_task),
         model_vocab_size=model.vocab_size,

@@ -92,31 +92,37 @@ def make_train_step(
     The loss is normalised per target token of the whole global batch (microbatches included).
     A step whose loss or gradient norm is not finite leaves params and optimizer state untouched
     (and counts it in `skipped`), so a non-finite state can never be checkpointed.
+
+    Dropout (models that have it) draws from `fold_in(rng, s)` at the s-th update (1-based, so
+    never the key that initialised the parameters), folded with the microbatch index.
     """
 
-    def loss_and_grads(params, batch):
+    def loss_and_grads(params, batch, dropout_rng):
         def objective(p):
-            out = model.loss_fn(p, batch, z_loss=config.z_loss)
+            out = model.loss_fn(p, batch, z_loss=config.z_loss, dropout_rng=dropout_rng)
             return out.loss_sum + out.z_loss_sum, out
 
         (_, out), grads = jax.value_and_grad(objective, has_aux=True)(params)
         return out, grads
 
     def train_step(state: TrainState, batch: Mapping[str, jax.Array]):
+        step_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step + 1)
         if config.num_microbatches > 1:
             micro = _split_microbatches(batch, config.num_microbatches)
 
-            def body(acc, mb):
-                out, grads = loss_and_grads(state.params, mb)
+            def body(acc, xs):
+                index, mb = xs
+                out, grads = loss_and_grads(state.params, mb, jax.random.fold_in(step_rng, index))
                 return jax.tree.map(jnp.add, acc, (out, grads)), None
 
             zero_out, zero_grads = jax.eval_shape(
-                loss_and_grads, state.params, jax.tree.map(lambda x: x[0], micro)
+                loss_and_grads, state.params, jax.tree.map(lambda x: x[0], micro), step_rng
             )
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (zero_out, zero_grads))
-            (out, grads), _ = jax.lax.scan(body, zeros, micro)
+            indices = jnp.arange(config.num_microbatches, dtype=jnp.int32)
+            (out, grads), _ = jax.lax.scan(body, zeros, (indices, micro))
         else:
-            out, grads = loss_and_grads(state.params, batch)
+            out, grads = loss_and_grads(state.params, batch, step_rng)
 
         denom = jnp.maximum(out.weight_sum, 1.0)
         grads = jax.tree.map(lambda g: g / denom, grads)
@@ -143,6 +149,8 @@ def make_train_step(
             "finite": finite,
             "tokens_by_task": tokens_by_component(batch, config.num_components),
         }
+        if "encoder_input_tokens" in batch:  # encoder-decoder: also count the inputs
+            metrics["input_tokens"] = (batch["encoder_input_tokens"] > 0).sum(dtype=jnp.int32)
         return new_state, metrics
 
     return train_step

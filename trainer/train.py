@@ -58,6 +58,7 @@ class RunInfo:
       languages: languages trained on (default: derived from the mixture's components).
       target_lang, source_lang: CPT's target and source languages.
       replay_ratio: fraction of source-language tokens replayed during CPT (0-1).
+      finetune_tokens: the finetuning budget Df in target tokens (MT paper), if one was given.
     """
 
     strategy: str = "pretrain"
@@ -65,6 +66,7 @@ class RunInfo:
     target_lang: str | None = None
     source_lang: str | None = None
     replay_ratio: float = 0.0
+    finetune_tokens: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +97,23 @@ def _languages(run: RunInfo, components: Sequence[str]) -> list[str]:
     if run.languages:
         return list(run.languages)
     langs = [c.split("_", 1)[1] for c in components if c.startswith(("lm_", "span_"))]
+    langs += [lang for c in components if c.startswith("mt_") for lang in c.split("_")[1:]]
     return list(dict.fromkeys(langs))
+
+
+def _mt_langs(run: RunInfo, components: Sequence[str]) -> tuple[str | None, str | None]:
+    """(source, target) language: as given, or those of a translation task `mt_<src>_<tgt>`."""
+    if run.source_lang or run.target_lang or len(components) != 1:
+        return run.source_lang, run.target_lang
+    parts = components[0].split("_")
+    if parts[0] == "mt" and len(parts) == 3:
+        return parts[1], parts[2]
+    return None, None
 
 
 def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict, gin: str):
     total, non_embedding = job.model.param_counts()
+    source_lang, target_lang = _mt_langs(run, job.components)
     return {
         "model": job.model.name,
         "family": job.model.family,
@@ -107,8 +121,8 @@ def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict
         "params_non_embedding": non_embedding,
         "strategy": run.strategy,
         "languages": _languages(run, job.components),
-        "target_lang": run.target_lang,
-        "source_lang": run.source_lang,
+        "target_lang": target_lang,
+        "source_lang": source_lang,
         "replay_ratio": float(run.replay_ratio),
         "mixture_or_task": data.mixture_or_task,
         "components": list(job.components),
@@ -117,6 +131,8 @@ def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict
         "init_params_hash": init.get("init_params_hash"),
         "seed": seed,
         "seq_len": data.seq_len,
+        "task_feature_lengths": dict(data.task_feature_lengths),
+        "finetune_tokens": run.finetune_tokens,
         "batch_size": data.batch_size,
         "train_steps": job.total_steps,
         "flops_per_token": job.flops_per_token,
@@ -175,6 +191,7 @@ def train(
     """
     validation.check_choice(name="on_nonfinite", value=on_nonfinite, allowed=NONFINITE_MODES)
     validation.check_choice(name="strategy", value=run.strategy, allowed=STRATEGIES)
+    validation.check_init_for_strategy(strategy=run.strategy, init_checkpoint=init_checkpoint)
     if not os.fspath(model_dir):
         raise validation.ConfigError(f"{validation.BINDINGS['model_dir']} must be set")
     model_dir = Path(model_dir)
@@ -311,8 +328,16 @@ def _loop(
         num_shards=jax.process_count(),
     )
 
-    def evaluate():
-        return eval_lib.evaluate_params(job, state.params, evaluation, seq_len=data.seq_len)
+    def evaluate(step):
+        return eval_lib.evaluate_params(
+            job,
+            state.params,
+            evaluation,
+            seq_len=data.seq_len,
+            step=step,
+            final=step == total,
+            model_dir=model_dir,
+        )
 
     def save(step):
         train_state = {
@@ -324,8 +349,8 @@ def _loop(
         }
         store.save(step, params=state.params, opt_state=state.opt_state, train_state=train_state)
 
-    if start == 0 and evaluation.at_start and evaluation.tasks:
-        writer.write({**counters.record(0, **job.flops_kwargs()), **evaluate()})
+    if start == 0 and evaluation.at_start and evaluation.enabled:
+        writer.write({**counters.record(0, **job.flops_kwargs()), **evaluate(0)})
     step, pending, preempted = start, [], False
     progress.start(step)
     while step < total:
@@ -337,12 +362,15 @@ def _loop(
             jax.block_until_ready(step_metrics)
             progress.start(step)
         last = step == total
-        do_eval = bool(evaluation.tasks) and (
+        do_eval = evaluation.enabled and (
             last or (evaluation.period and step % evaluation.period == 0)
         )
-        do_log = last or do_eval or step % log_every == 0
+        periodic_save = step % checkpoint.period == 0
+        # Every checkpoint kept for good (KEEP_EVERY) has a record: fitting dates it by `tokens`.
+        kept = periodic_save and bool(checkpoint.keep_every) and step % checkpoint.keep_every == 0
+        do_log = last or do_eval or kept or step % log_every == 0
         preempted = not last and (step == stop_after or watcher.should_stop(step))
-        do_save = last or preempted or step % checkpoint.period == 0
+        do_save = last or preempted or periodic_save
         if not (do_log or do_save):
             continue
         counters.absorb(jax.device_get(pending))
@@ -367,7 +395,7 @@ def _loop(
                 timing=timing,
             )
             if do_eval:
-                record.update(evaluate())
+                record.update(evaluate(step))
             writer.write({**record, **timing})
         if do_save:
             save(step)

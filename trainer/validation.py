@@ -26,6 +26,7 @@ BINDINGS: dict[str, str] = {
     "num_microbatches": "train.num_microbatches",
     "mesh": "partitioning.MeshConfig (data, fsdp, model)",
     "on_nonfinite": "train.on_nonfinite",
+    "decode_tasks": "DECODE_TASKS (downstream.DecodeConfig.tasks)",
 }
 
 
@@ -98,6 +99,31 @@ def check_feature_lengths(
             )
 
 
+def check_model_features(
+    *, feature_lengths: Mapping[str, int], feature_keys: Sequence[str], family: str
+) -> None:
+    """The feature lengths must name exactly the features the model reads (an `inputs` length
+    makes the batches encoder-decoder ones)."""
+    if sorted(feature_lengths) != sorted(feature_keys):
+        raise ConfigError(
+            f"{BINDINGS['feature_lengths']} = {dict(feature_lengths)} does not fit a {family} "
+            f"model; allowed keys: exactly {list(feature_keys)}"
+        )
+
+
+def check_decoding(*, tasks: Sequence[str], allowed: Sequence[str], feature_keys: Sequence[str]):
+    """Tasks to decode and score must be registered, and the model must be an encoder-decoder."""
+    if not tasks:
+        return
+    if "inputs" not in feature_keys:
+        raise ConfigError(
+            f"{BINDINGS['decode_tasks']} = {list(tasks)} needs an encoder-decoder model (one with "
+            "an inputs feature); allowed for this model: []"
+        )
+    for task in tasks:
+        check_task(name=task, allowed=allowed, binding="decode_tasks")
+
+
 def check_vocab(*, vocab_size: int, model_vocab_size: int, vocab_path: str | None) -> None:
     """The data's vocabulary must fit in the model's embedding table."""
     if vocab_size > model_vocab_size:
@@ -127,6 +153,26 @@ def check_task(*, name: str, allowed: Sequence[str], binding: str = "mixture_or_
         raise ConfigError(
             f"{BINDINGS[binding]} = {name!r} is not a registered task or mixture; "
             f"allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+# MT strategies that start from a pretraining checkpoint (True) or must not (False).
+NEEDS_INIT_CHECKPOINT: dict[str, bool] = {"finetune": True, "finetune_scratch": False}
+
+
+def check_init_for_strategy(*, strategy: str, init_checkpoint: str | None) -> None:
+    """Finetuning needs `INIT_CHECKPOINT`; the non-pretrained baseline must not have one (a
+    baseline silently initialised from a checkpoint would corrupt the comparison)."""
+    needs = NEEDS_INIT_CHECKPOINT.get(strategy)
+    if needs and not init_checkpoint:
+        raise ConfigError(
+            f"strategy {strategy!r} starts from a checkpoint: set INIT_CHECKPOINT "
+            "(train.init_checkpoint) to '<model_dir>[@step]'"
+        )
+    if needs is False and init_checkpoint:
+        raise ConfigError(
+            f"strategy {strategy!r} trains from random initialisation, but INIT_CHECKPOINT = "
+            f"{init_checkpoint!r} (train.init_checkpoint); allowed: None"
         )
 
 

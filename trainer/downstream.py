@@ -1,0 +1,368 @@
+"""Downstream evaluation of encoder-decoders: decode a task's held-out split, score, keep predictions.
+
+The MT paper scores each finetuned checkpoint by translation quality (BLEU, ROUGE, COMET) next to
+the downstream cross-entropy. Here, at the end of a finetuning run (and every `period` steps if
+asked), each task of `DecodeConfig.tasks` is decoded on its held-out split:
+
+- examples: the raw text of the split in file order (the first `max_examples`; the task's own
+  preprocessors up to tokenisation, so `inputs` carry the `translate English to French: ` prompt
+  and `target` is the untokenised reference, not a SentencePiece round trip);
+- inputs are tokenised with the task's vocabulary, EOS appended, truncated to the `inputs` feature
+  length, and decoded in fixed-size batches (one compiled program per run shape) by the model's
+  `predict_batch`: T5X beam search (4 beams, brevity penalty 0.6) or greedy;
+- predictions are detokenised and scored against the references with `pipelines.metrics`:
+  sacreBLEU BLEU (`13a`; `zh` for Chinese targets), chrF++, Unicode-aware ROUGE-L, all 0-100;
+  COMET (its native scale, about 0-1) only when a local COMET checkpoint is configured;
+- `MODEL_DIR/predictions/<task>_<step>.jsonl` gets one `{"inputs", "target", "prediction"}`
+  object per example.
+
+Metric keys are `eval/<task>/bleu`, `eval/<task>/chrf`, `eval/<task>/rouge_l`,
+`eval/<task>/comet` (and `eval/<task>/decoded`, the number of examples); `fitting` reads them. The
+split is `test` (the held-out Debian/WMT test set) and falls back to `validation` for tasks
+without one; the cross-entropy `eval/<task>/loss` comes from `trainer.eval` on `validation`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+PREDICTIONS_SUBDIR = "predictions"
+DECODE_METHODS = ("greedy", "beam")
+_MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
+_PROMPT = re.compile(r"^translate [A-Za-z]+ to [A-Za-z]+: ")
+_EXAMPLES: dict[tuple, list[TextExample]] = {}
+_COMET_HINT_LOGGED = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Which tasks to decode and score, how, and on what.
+
+    Attributes:
+      tasks: inputs/targets tasks to decode (`DECODE_TASKS`; the finetuning task).
+      split: the held-out split to score on (`DECODE_SPLIT`); tasks without it use `validation`.
+      method: `beam` (T5X beam search) or `greedy` (`DECODE_METHOD`).
+      num_decodes: beams (beam search only).
+      alpha: brevity-penalty exponent `((5 + len) / 6) ** alpha` (beam search only).
+      max_examples: decode at most this many examples per task, in file order
+        (`EVAL_DECODE_MAX_EXAMPLES`; None: the whole split). Caps the CPU cost of beam search.
+      batch_size: examples decoded together (the last batch is padded, so one program serves all).
+      max_decode_len: longest output in tokens (None: the `targets` feature length).
+      period: also decode at eval steps that are multiples of this (0: only at the last step).
+      comet_model: path of a local COMET checkpoint (`COMET_MODEL`, e.g. `.../checkpoints/
+        model.ckpt` of Unbabel/wmt22-comet-da, with `pip install unbabel-comet`); None: no COMET.
+        Nothing is ever downloaded: the Hugging Face hub is put offline while it loads.
+    """
+
+    tasks: Sequence[str] = ()
+    split: str = "test"
+    method: str = "beam"
+    num_decodes: int = 4
+    alpha: float = 0.6
+    max_examples: int | None = None
+    batch_size: int = 32
+    max_decode_len: int | None = None
+    period: int = 0
+    comet_model: str | None = None
+
+    def __post_init__(self):
+        if self.method not in DECODE_METHODS:
+            raise ValueError(
+                f"DECODE_METHOD = {self.method!r} (downstream.DecodeConfig.method); "
+                f"allowed: {', '.join(map(repr, DECODE_METHODS))}"
+            )
+        if self.max_examples is not None and self.max_examples <= 0:
+            raise ValueError(
+                f"EVAL_DECODE_MAX_EXAMPLES = {self.max_examples}: allowed: a positive number or None"
+            )
+        if self.batch_size <= 0 or self.num_decodes <= 0:
+            raise ValueError("DecodeConfig.batch_size and num_decodes must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextExample:
+    """One held-out example as text: the model's input (prompt included), the reference, and
+    the bare source sentence (for COMET)."""
+
+    inputs: str
+    target: str
+    source: str
+
+
+def target_lang(task: str) -> str:
+    """The target language of `mt_<src>_<tgt>` (BLEU's tokenizer depends on it); `en` for other
+    task names."""
+    match = _MT_TASK.match(task)
+    return match.group(2) if match else "en"
+
+
+def held_out_split(task: str, split: str) -> str:
+    """`split` if the task has it, else `validation` (logged)."""
+    import seqio
+
+    splits = seqio.get_mixture_or_task(task).splits
+    if split in splits:
+        return split
+    if "validation" in splits:
+        log.info("task %s has no %r split: scoring on 'validation'", task, split)
+        return "validation"
+    raise ValueError(f"task {task!r} has neither a {split!r} nor a 'validation' split: {splits}")
+
+
+def text_examples(task: str, *, split: str, max_examples: int | None) -> list[TextExample]:
+    """The first `max_examples` examples of a task's split as raw text, in file order.
+
+    Runs the task's preprocessors up to (not including) tokenisation, so the texts are exactly
+    what the model is trained to read and write; examples with an empty side are dropped, as
+    tokenisation drops them in training. Memoised per process (by task, source and split).
+    """
+    import seqio
+
+    from pipelines import preprocessors as prep
+
+    provider = seqio.get_mixture_or_task(task)
+    key = (task, repr(provider.source), split, max_examples)
+    if key in _EXAMPLES:
+        return _EXAMPLES[key]
+    ds = provider.source.get_dataset(split=split, shuffle=False)
+    for preprocessor in provider.preprocessors:
+        if getattr(preprocessor, "func", preprocessor) is prep.tokenize:
+            break
+        ds = preprocessor(ds)
+    out = []
+    for ex in ds.as_numpy_iterator():
+        inputs = ex["inputs"].decode("utf-8")
+        target = ex["targets"].decode("utf-8")
+        if not inputs.strip() or not target.strip():
+            continue
+        out.append(TextExample(inputs=inputs, target=target, source=_PROMPT.sub("", inputs)))
+        if max_examples is not None and len(out) >= max_examples:
+            break
+    _EXAMPLES[key] = out
+    return out
+
+
+def encode_inputs(vocabulary, texts: Sequence[str], *, length: int) -> np.ndarray:
+    """`[len(texts), length]` int32 encoder inputs: tokens then EOS, truncated to `length` with
+    EOS kept last (seqio's `append_eos_after_trim`), 0-padded."""
+    rows = np.zeros((len(texts), length), np.int32)
+    eos = int(vocabulary.eos_id)
+    for i, text in enumerate(texts):
+        ids = list(vocabulary.encode(text))[: length - 1] + [eos]
+        rows[i, : len(ids)] = ids
+    return rows
+
+
+def decode_outputs(vocabulary, tokens: np.ndarray) -> list[str]:
+    """Detokenises decoder outputs `[n, L]`: ids up to the first EOS (or 0), sentinel ids as
+    SentencePiece's unknown piece."""
+    eos = int(vocabulary.eos_id)
+    texts = []
+    for row in np.asarray(tokens):
+        stop = np.flatnonzero((row == eos) | (row == 0))
+        ids = row[: stop[0]] if stop.size else row
+        texts.append(vocabulary.decode([int(i) for i in ids]))
+    return texts
+
+
+def predict_texts(
+    model: Any,
+    params: Any,
+    vocabulary,
+    texts: Sequence[str],
+    *,
+    inputs_len: int,
+    max_decode_len: int,
+    method: str = "beam",
+    num_decodes: int = 4,
+    alpha: float = 0.6,
+    batch_size: int = 32,
+) -> list[str]:
+    """Decodes `texts` with `model.predict_batch` in batches of `batch_size` rows (the last one
+    padded with empty rows) and returns the detokenised predictions."""
+    inputs = encode_inputs(vocabulary, texts, length=inputs_len)
+    eos = int(vocabulary.eos_id)
+    outputs = []
+    for start in range(0, len(texts), batch_size):
+        chunk = np.zeros((batch_size, inputs_len), np.int32)
+        rows = inputs[start : start + batch_size]
+        chunk[: len(rows)] = rows
+        tokens = model.predict_batch(
+            params,
+            chunk,
+            max_decode_len=max_decode_len,
+            eos_id=eos,
+            method=method,
+            num_decodes=num_decodes,
+            alpha=alpha,
+        )
+        outputs.append(np.asarray(jax.device_get(tokens))[: len(rows)])
+    if not outputs:
+        return []
+    return decode_outputs(vocabulary, np.concatenate(outputs))
+
+
+def comet_score(
+    model_path: str, *, sources: Sequence[str], predictions: Sequence[str], targets: Sequence[str]
+) -> float:
+    """System-level COMET of a local checkpoint (`unbabel-comet`), with the Hugging Face hub
+    offline so that nothing is downloaded.
+
+    Raises:
+      FileNotFoundError: no file at `model_path`.
+      ImportError: `unbabel-comet` is not installed (says how to install it).
+    """
+    if not Path(model_path).exists():
+        raise FileNotFoundError(f"COMET_MODEL = {model_path!r}: no such file (a COMET .ckpt)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        from comet import load_from_checkpoint
+    except ImportError as e:
+        raise ImportError(
+            "COMET_MODEL is set but the `comet` package is missing: pip install unbabel-comet"
+        ) from e
+    model = load_from_checkpoint(model_path)
+    data = [
+        {"src": s, "mt": p, "ref": t} for s, p, t in zip(sources, predictions, targets, strict=True)
+    ]
+    return float(model.predict(data, batch_size=16, gpus=0, progress_bar=False).system_score)
+
+
+def score(
+    task: str,
+    examples: Sequence[TextExample],
+    predictions: Sequence[str],
+    *,
+    comet_model: str | None = None,
+) -> dict[str, float]:
+    """`{"bleu", "chrf", "rouge_l"}` (0-100) of `predictions` against the examples' targets,
+    plus `"comet"` when `comet_model` is given (a clear one-time log line says how otherwise)."""
+    from pipelines import metrics
+
+    global _COMET_HINT_LOGGED
+    targets = [ex.target for ex in examples]
+    out = {
+        "bleu": metrics.bleu(targets, predictions, target_lang=target_lang(task)),
+        "chrf": metrics.chrf_pp(targets, predictions),
+        "rouge_l": metrics.rouge_l(targets, predictions),
+    }
+    if comet_model:
+        out["comet"] = comet_score(
+            comet_model,
+            sources=[ex.source for ex in examples],
+            predictions=predictions,
+            targets=targets,
+        )
+    elif not _COMET_HINT_LOGGED:
+        _COMET_HINT_LOGGED = True
+        log.info(
+            "COMET not computed: no local COMET model. To add eval/<task>/comet, install "
+            "unbabel-comet and pass --gin.COMET_MODEL=\"'/path/to/checkpoints/model.ckpt'\" "
+            "(e.g. Unbabel/wmt22-comet-da, fetched on a machine with network access)."
+        )
+    return out
+
+
+def write_predictions(
+    model_dir: str | os.PathLike,
+    task: str,
+    step: int,
+    examples: Sequence[TextExample],
+    predictions: Sequence[str],
+) -> Path:
+    """Writes `MODEL_DIR/predictions/<task>_<step>.jsonl` (`inputs`, `target`, `prediction`)."""
+    directory = Path(model_dir) / PREDICTIONS_SUBDIR
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{task}_{step}.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for ex, prediction in zip(examples, predictions, strict=True):
+            record = {"inputs": ex.inputs, "target": ex.target, "prediction": prediction}
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path
+
+
+def evaluate(
+    model: Any,
+    params: Any,
+    config: DecodeConfig,
+    *,
+    feature_lengths: Mapping[str, int],
+    step: int,
+    model_dir: str | os.PathLike | None,
+) -> dict[str, float | int]:
+    """Decodes and scores every task of `config`; writes the predictions files (chief only).
+
+    Args:
+      model: an encoder-decoder wrapper (`trainer.models.EncoderDecoderModel`).
+      params: its parameters.
+      config: tasks, split, decoding method and caps.
+      feature_lengths: `{"inputs": Li, "targets": Lt}`: inputs are truncated to Li; outputs are
+        at most `config.max_decode_len` or Lt tokens.
+      step: the training step (names the predictions file).
+      model_dir: where `predictions/` goes (None: nothing written).
+
+    Returns:
+      `eval/<task>/{bleu,chrf,rouge_l[,comet],decoded}` for every task.
+
+    Raises:
+      ValueError: the model has no encoder (`inputs` feature).
+    """
+    import seqio
+
+    if "inputs" not in model.feature_keys or "inputs" not in feature_lengths:
+        raise ValueError(
+            f"decoding evaluation (DECODE_TASKS = {list(config.tasks)}) needs an encoder-decoder "
+            f"with an 'inputs' feature length; got {model.family} with {dict(feature_lengths)}"
+        )
+    out: dict[str, float | int] = {}
+    for task in config.tasks:
+        split = held_out_split(task, config.split)
+        examples = text_examples(task, split=split, max_examples=config.max_examples)
+        vocabulary = seqio.get_mixture_or_task(task).output_features["targets"].vocabulary
+        predictions = predict_texts(
+            model,
+            params,
+            vocabulary,
+            [ex.inputs for ex in examples],
+            inputs_len=int(feature_lengths["inputs"]),
+            max_decode_len=int(config.max_decode_len or feature_lengths["targets"]),
+            method=config.method,
+            num_decodes=config.num_decodes,
+            alpha=config.alpha,
+            batch_size=config.batch_size,
+        )
+        scores = score(task, examples, predictions, comet_model=config.comet_model)
+        out.update({f"eval/{task}/{name}": value for name, value in scores.items()})
+        out[f"eval/{task}/decoded"] = len(examples)
+        if model_dir is not None and jax.process_index() == 0:
+            write_predictions(model_dir, task, step, examples, predictions)
+        log.info(
+            "step %d %s (%s, %d examples, %s): %s",
+            step,
+            task,
+            split,
+            len(examples),
+            config.method,
+            ", ".join(f"{k} {v:.2f}" for k, v in scores.items()),
+        )
+    return out
+
+
+def due(config: DecodeConfig | None, *, step: int, final: bool) -> bool:
+    """Whether decoding runs at an eval step: at the last step, and every `period` steps."""
+    if config is None or not config.tasks:
+        return False
+    return final or bool(config.period and step % config.period == 0)
