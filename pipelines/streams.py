@@ -54,6 +54,9 @@ from pipelines.mixtures import component_names, token_fractions
 MEASURE_DOCS = 20_000
 CHOICE_BLOCK = 4096  # mixture choices computed per op
 MAX_CACHED = 16  # eval batch lists kept per process (LRU)
+SUBSET_SEED = (
+    1234  # which examples form a subset (`subset_tokens`) does not vary with the run's seed
+)
 CACHE_MAX_DOCS = 5_000_000  # local splits up to this many lines are held and shuffled in memory
 
 
@@ -87,9 +90,14 @@ def task_dataset(
     shard_info: seqio.ShardInfo | None,
     shuffle: bool,
     repeat: bool,
+    max_examples: int | None = None,
 ) -> tf.data.Dataset:
     """A task's preprocessed examples: `task.get_dataset(...)`, except for local text tasks,
     which hold their raw lines in memory and shuffle *all* documents every epoch.
+
+    `max_examples` restricts the split to a fixed subset of that many examples (a seeded sample
+    of this host's shard, the same for every seed of the run), which is then shuffled and
+    repeated like the whole split: the MT paper's finetuning sets of size Df.
 
     Local path: the host's shard of the lines is cached in memory, globally shuffled per epoch
     (seeded; a shuffle buffer only mixes neighbours, and the corpora files are ordered by
@@ -101,6 +109,18 @@ def task_dataset(
     trimmed here (packing or padding trims).
     """
     if not _local_text(task, split):
+        if max_examples is not None:
+            ds = task.get_dataset(
+                sequence_length=dict(sequence_length),
+                split=split,
+                shuffle=False,
+                shard_info=shard_info,
+                num_epochs=1,
+            ).take(max_examples)
+            ds = ds.cache()
+            if shuffle:
+                ds = ds.shuffle(max_examples, seed=seed, reshuffle_each_iteration=True)
+            return ds.repeat() if repeat else ds
         return task.get_dataset(
             sequence_length=dict(sequence_length),
             split=split,
@@ -112,9 +132,14 @@ def task_dataset(
     ds = task.source.get_dataset(split=split, shuffle=False)
     if shard_info is not None:
         ds = ds.shard(shard_info.num_shards, shard_info.index)
+    docs = task.source.num_input_examples(split)
+    if max_examples is not None:
+        # A sample, not a prefix: the corpora files are ordered by source.
+        ds = ds.shuffle(max(1, docs), seed=SUBSET_SEED, reshuffle_each_iteration=False)
+        ds = ds.take(max_examples)
+        docs = min(docs, max_examples)
     ds = ds.cache()
     if shuffle:
-        docs = task.source.num_input_examples(split)
         ds = ds.shuffle(max(1, docs), seed=seed, reshuffle_each_iteration=True)
     if repeat:
         ds = ds.repeat()
@@ -124,7 +149,7 @@ def task_dataset(
         # Documents are already shuffled; this separates the chunks of long ones. A buffer
         # longer than an epoch would only mix epochs (and slow the start).
         buffer = task.shuffle_buffer_size or tasks.SHUFFLE_BUFFER_SIZE
-        ds = ds.shuffle(min(buffer, max(64, task.source.num_input_examples(split))), seed=seed)
+        ds = ds.shuffle(min(buffer, max(64, docs)), seed=seed)
     return ds
 
 
@@ -138,9 +163,10 @@ def component_dataset(
     shard_info: seqio.ShardInfo | None,
     shuffle: bool,
     repeat: bool,
+    max_examples: int | None = None,
 ) -> tf.data.Dataset:
     """One task's preprocessed examples (`inputs`/`targets`; trimmed when packed or padded)
-    plus the scalar `component` feature `index`."""
+    plus the scalar `component` feature `index` (`max_examples`: see `task_dataset`)."""
     task = seqio.TaskRegistry.get(task_name)
     keys = _task_features(task)
     ds = task_dataset(
@@ -151,6 +177,7 @@ def component_dataset(
         shard_info=shard_info,
         shuffle=shuffle,
         repeat=repeat,
+        max_examples=max_examples,
     )
 
     def _tag(ex):
@@ -248,6 +275,39 @@ def weighted_choices(weights: list[float], *, block: int = CHOICE_BLOCK) -> tf.d
     return tf.data.Dataset.range(0, 2**62, block).map(_block).unbatch()
 
 
+def subset_examples(
+    task_name: str,
+    *,
+    split: str,
+    sequence_length: Mapping[str, int],
+    subset_tokens: int,
+    shard_index: int = 0,
+    num_shards: int = 1,
+) -> int:
+    """Examples of this host's shard that make a subset of about `subset_tokens` target tokens
+    (the global budget split evenly over hosts), from the task's measured mean example length.
+
+    Raises:
+      ValueError: a mixture (subsets are for single tasks, e.g. finetuning sets), or a
+        non-positive budget.
+    """
+    if subset_tokens <= 0:
+        raise ValueError(f"subset_tokens = {subset_tokens}: allowed: a positive token count")
+    names = component_names(task_name)
+    if names != [task_name]:
+        raise ValueError(
+            f"a token subset needs a single task, got mixture {task_name!r} of {names}"
+        )
+    mean = mean_target_tokens(
+        task_name,
+        split=split,
+        sequence_length=sequence_length,
+        shard_index=shard_index,
+        num_shards=num_shards,
+    )
+    return max(1, math.ceil(subset_tokens / num_shards / max(mean, 1e-9)))
+
+
 def mixed_examples(
     mixture_or_task: str,
     *,
@@ -258,12 +318,27 @@ def mixed_examples(
     num_shards: int = 1,
     shuffle: bool = True,
     repeat: bool = True,
+    subset_tokens: int | None = None,
 ) -> tf.data.Dataset:
     """Unpacked examples of a mixture (or task) in the token proportions of its rates, each with
-    the scalar `component` feature (its index into `component_names(...)`)."""
+    the scalar `component` feature (its index into `component_names(...)`).
+
+    `subset_tokens` (tasks only) restricts the split to a fixed sample of about that many target
+    tokens (`subset_examples`), shuffled and repeated like the whole split.
+    """
     names = component_names(mixture_or_task)
     fractions = token_fractions(mixture_or_task)
     shard_info = _shard(shard_index, num_shards)
+    max_examples = None
+    if subset_tokens is not None:
+        max_examples = subset_examples(
+            mixture_or_task,
+            split=split,
+            sequence_length=sequence_length,
+            subset_tokens=subset_tokens,
+            shard_index=shard_index,
+            num_shards=num_shards,
+        )
     datasets = [
         component_dataset(
             name,
@@ -274,6 +349,7 @@ def mixed_examples(
             shard_info=shard_info,
             shuffle=shuffle,
             repeat=repeat,
+            max_examples=max_examples,
         )
         for i, name in enumerate(names)
     ]
@@ -353,6 +429,7 @@ def batch_dataset(
     shuffle: bool = True,
     repeat: bool = True,
     pack: bool = True,
+    subset_tokens: int | None = None,
 ) -> tf.data.Dataset:
     """The `tf.data.Dataset` behind `decoder_batches` (`encdec=False`) and `encdec_batches`
     (`encdec=True`), with the same arguments; built afresh on every call, since a tf.data
@@ -368,6 +445,7 @@ def batch_dataset(
         num_shards=num_shards,
         shuffle=shuffle,
         repeat=repeat,
+        subset_tokens=subset_tokens,
     )
     converter = (
         prep.EncDecTaskIdsFeatureConverter if encdec else prep.DecoderTaskIdsFeatureConverter
@@ -394,6 +472,7 @@ def decoder_batches(
     shuffle: bool = True,
     repeat: bool = True,
     pack: bool = True,
+    subset_tokens: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Packed decoder-only batches of a targets-only mixture or task.
 
@@ -406,6 +485,8 @@ def decoder_batches(
       shard_index, num_shards: this host's shard (`seqio.ShardInfo`).
       start_step: number of batches already consumed; the stream continues from there.
       shuffle, repeat, pack: as in seqio.
+      subset_tokens: train on a fixed sample of about this many target tokens of a single task
+        (the MT paper's finetuning set size Df), repeated; None: the whole split.
 
     Returns:
       An iterator of dicts with int32 `[batch, sequence_length]` arrays `decoder_input_tokens,
@@ -425,6 +506,7 @@ def decoder_batches(
         shuffle=shuffle,
         repeat=repeat,
         pack=pack,
+        subset_tokens=subset_tokens,
     ).as_numpy_iterator()
 
 
@@ -441,6 +523,7 @@ def encdec_batches(
     shuffle: bool = True,
     repeat: bool = True,
     pack: bool = True,
+    subset_tokens: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Packed encoder-decoder batches of an inputs/targets mixture or task (`span_*`, `mt_*`).
 
@@ -461,6 +544,7 @@ def encdec_batches(
         shuffle=shuffle,
         repeat=repeat,
         pack=pack,
+        subset_tokens=subset_tokens,
     ).as_numpy_iterator()
 
 

@@ -169,6 +169,42 @@ def test_encdec_batches_contract(registered):
     assert np.mean([(b["encoder_segment_ids"] > 0).mean() for b in batches]) > 0.9
 
 
+def test_token_subset_is_a_fixed_repeated_sample(registered):
+    # The MT paper's finetuning sets of size Df: a fixed sample of the task, repeated.
+    args = dict(
+        mixture_or_task="mt_en_de",
+        split="train",
+        sequence_length={"inputs": 64, "targets": 64},
+        batch_size=2,
+        pack=False,
+    )
+    mean = streams.mean_target_tokens(
+        "mt_en_de", split="train", sequence_length=args["sequence_length"]
+    )
+    n = streams.subset_examples(
+        "mt_en_de", split="train", sequence_length=args["sequence_length"], subset_tokens=60
+    )
+    assert n == int(np.ceil(60 / mean)) and 1 <= n < 20
+
+    def examples(seed, batches):
+        rows = _take(streams.encdec_batches(**args, seed=seed, subset_tokens=60), batches)
+        return [tuple(r) for b in rows for r in b["encoder_input_tokens"]]
+
+    seen = examples(0, 4 * n)
+    assert len(set(seen)) == n  # every example of the subset, and only those
+    assert set(examples(1, 4 * n)) == set(seen)  # the run's seed reorders, never resamples
+    whole = [
+        tuple(r)
+        for b in _take(streams.encdec_batches(**args, seed=0), 4 * n)
+        for r in b["encoder_input_tokens"]
+    ]
+    assert len(set(whole)) > n
+    with pytest.raises(ValueError, match="single task"):
+        streams.subset_examples(
+            "mix_en_50_de_50", split="train", sequence_length={"inputs": 8}, subset_tokens=60
+        )
+
+
 def test_wrong_stream_kind_is_refused(registered):
     with pytest.raises(ValueError, match="inputs"):
         _decoder(mixture_or_task="span_en")

@@ -59,6 +59,9 @@ class DataConfig:
       extra_ids: sentinel ids appended to the vocabulary (span corruption needs 100).
       pack: pack several documents per row.
       shuffle: shuffle the training stream (seeded).
+      subset_tokens: train on a fixed sample of about this many target tokens of the task,
+        repeated (the MT paper's finetuning set of size Df, `FINETUNE_TOKENS`); None: the whole
+        split.
     """
 
     mixture_or_task: str = ""
@@ -74,6 +77,7 @@ class DataConfig:
     extra_ids: int = 0
     pack: bool = True
     shuffle: bool = True
+    subset_tokens: int | None = None
 
     @property
     def seq_len(self) -> int:
@@ -239,6 +243,7 @@ def train_batches(
         shuffle=config.shuffle,
         repeat=True,
         pack=config.pack,
+        subset_tokens=config.subset_tokens,
     )
     for batch in stream:
         yield _model_arrays(batch)
