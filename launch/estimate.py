@@ -2,7 +2,7 @@
 
 The throughput is FLOPs per second of what a training step computes (`Counts.cost_per_token`:
 the 6·N matmuls, attention and the output projection), measured with one jitted
-forward+backward+update step of the real model at the sweep's smallest size, or derived from a
+forward+backward+update step of the real model (the trainer's wrapper) at the sweep's smallest size, or derived from a
 step time the user gives. Every run's estimate is its computed FLOPs divided by that rate, which
 is what scaling a measured step time by FLOPs means.
 """
@@ -41,53 +41,60 @@ def from_step_time(run: Run, seconds: float) -> Throughput:
 
 def measure(run: Run, *, seq_len: int = 256, batch_size: int = 1, steps: int = 3) -> Throughput:
     """Times `steps` jitted training steps of `run`'s model on `batch_size × seq_len` tokens
-    (after one compile step) on the default JAX device. Decoder-only families only.
+    (after one compile step) on the default JAX device, through the trainer's model wrapper
+    (`trainer.models`: its loss over a batch of every feature the family reads, inputs and
+    targets both `seq_len` long for an encoder-decoder).
 
     Raises:
       ImportError: the model packages are missing.
-      ValueError: the family has no single-stack model to time here.
+      ValueError: the family or size is unknown to the trainer.
     """
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
 
-    if run.family != "llama2":
-        raise ValueError(f"no step measurement for family {run.family!r}; pass --step-time")
-    from llama_jax.model import Llama
+    from trainer import models, partitioning
 
-    family = FAMILIES[run.family]
     base, shape = _base_and_shape(run)
-    config = family.config(base, shape)
+    wrapper = models.build_model(models.ModelSpec(family=run.family, size=base, overrides=shape))
     length = min(seq_len, run.seq_len)
-    model = Llama(config)
-    tokens = np.random.default_rng(1).integers(3, config.vocab_size, (batch_size, length))
-    tokens = jnp.asarray(tokens, jnp.int32)
+    rng = np.random.default_rng(1)
+
+    def tokens():
+        ids = rng.integers(3, wrapper.vocab_size, (batch_size, length))
+        return jnp.asarray(ids, jnp.int32)
+
+    batch = {
+        "decoder_input_tokens": tokens(),
+        "decoder_target_tokens": tokens(),
+        "decoder_loss_weights": jnp.ones((batch_size, length), jnp.int32),
+    }
+    if "inputs" in wrapper.feature_keys:
+        batch["encoder_input_tokens"] = tokens()
     # Parameter values do not change a step's time: fill the shapes on the host instead of
     # compiling the initialiser (which costs more than the step itself on a CPU).
-    shapes = jax.eval_shape(model.init, jax.random.key(1), tokens)["params"]
-    rng = np.random.default_rng(0)
+    shapes = partitioning.unbox(wrapper.abstract_variables()["params"])
     params = jax.tree.map(
         lambda s: jnp.asarray(0.02 * rng.standard_normal(s.shape), s.dtype), shapes
     )
 
-    def loss_fn(p, x):
-        logits = model.apply({"params": p}, x)
-        return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], x[:, 1:]).mean()
+    def loss_fn(p, b):
+        out = wrapper.loss_fn(p, b)
+        return out.loss_sum / out.weight_sum
 
     @jax.jit
-    def step(p, x):
-        loss, grads = jax.value_and_grad(loss_fn)(p, x)
+    def step(p, b):
+        loss, grads = jax.value_and_grad(loss_fn)(p, b)
         return jax.tree.map(lambda a, g: a - 1e-4 * g, p, grads), loss
 
-    params, loss = step(params, tokens)
+    params, loss = step(params, batch)
     jnp.asarray(loss).block_until_ready()
     start = time.perf_counter()
     for _ in range(steps):
-        params, loss = step(params, tokens)
+        params, loss = step(params, batch)
     jnp.asarray(loss).block_until_ready()
     elapsed = time.perf_counter() - start
-    counts = family.counts(base, shape, seq_len=length)
+    counts = FAMILIES[run.family].counts(base, shape, seq_len=length)
     flops = counts.cost_per_token * batch_size * length * steps
     device = jax.devices()[0]
     return Throughput(
@@ -123,7 +130,7 @@ def throughput_for(
     try:
         return measure(base), ""
     except Exception as e:  # noqa: BLE001 -- any failure means "no estimate", said in the note
-        return None, f"{type(e).__name__}: {e}; pass --step-time"
+        return None, f"{type(e).__name__}: {e}; pass --step-time to estimate anyway"
 
 
 def plan_rows(runs: Sequence[Run], throughput: Throughput | None) -> list[dict]:
