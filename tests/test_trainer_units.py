@@ -348,3 +348,39 @@ def test_cli_forwards_remaining_arguments(monkeypatch):
     args.command = "eval"
     assert cli.run(args) == 0
     assert seen["argv"] == ["--gin_file=runs/eval.gin", "--gin.MODEL_DIR='/x'"]
+
+
+def test_compiled_steps_are_shared_by_identical_jobs_of_one_process():
+    # The demos run many jobs of one shape in one process; tracing and lowering their steps again
+    # costs seconds each. Steps are shared only when nothing they depend on differs.
+    from trainer import models, setup, steps
+    from trainer.optimizers import OptimizerConfig
+    from trainer.partitioning import MeshConfig
+    from trainer.schedules import ScheduleConfig
+
+    spec = models.ModelSpec(
+        family="llama2", size="llama2_tiny", overrides={"vocab_size": 64, "max_len": 16}
+    )
+
+    def job(total_steps, schedule="cosine", batch_size=8):
+        wrapper, partitioner, abstract = setup.build_model(spec, MeshConfig())
+        return setup.compile_job(
+            model=wrapper,
+            partitioner=partitioner,
+            abstract_params=abstract,
+            components=["lm"],
+            total_steps=total_steps,
+            batch_size=batch_size,
+            seq_len=8,
+            eval_batch_size=8,
+            optimizer=OptimizerConfig(),
+            schedule=ScheduleConfig(name=schedule),
+            step_config=steps.StepConfig(num_microbatches=1, z_loss=0.0, num_components=1),
+        )
+
+    first = job(10)
+    assert job(10).train_step is first.train_step and job(10).eval_step is first.eval_step
+    assert job(20).train_step is not first.train_step  # cosine depends on the run's length
+    assert job(16, batch_size=16).train_step is not first.train_step
+    constant = job(10, schedule="constant")
+    assert job(30, schedule="constant").train_step is constant.train_step

@@ -87,6 +87,10 @@ SCHEDULES: dict[str, Callable[[ScheduleConfig, int], optax.Schedule]] = {
 }
 
 
+# Schedules whose values do not depend on the run's length (compiled steps can be shared).
+LENGTH_FREE = frozenset({"rsqrt", "constant"})
+
+
 def build_schedule(config: ScheduleConfig, *, total_steps: int) -> optax.Schedule:
     """The schedule named by `config.name` for a run of `total_steps` optimizer steps.
 

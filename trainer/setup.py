@@ -8,6 +8,7 @@ surface before the first batch is read. Train, eval and the benchmark share it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,7 +23,7 @@ from trainer import models, partitioning, steps, validation
 from trainer.data import DataConfig, EvalConfig
 from trainer.optimizers import OptimizerConfig, build_optimizer
 from trainer.partitioning import MeshConfig, Partitioner
-from trainer.schedules import ScheduleConfig, build_schedule
+from trainer.schedules import LENGTH_FREE, ScheduleConfig, build_schedule
 
 
 @dataclasses.dataclass
@@ -271,6 +272,31 @@ def build_job(
     )
 
 
+# Compiled (train step, eval step) pairs of this process, most recently used last. A sweep run in
+# one process (the demos) builds the same programs again and again -- the source, scratch and CPT
+# runs of one size; every finetuning run of one shape -- and tracing and lowering them costs
+# seconds per run even when XLA's persistent cache spares the compilation.
+_COMPILED: collections.OrderedDict = collections.OrderedDict()
+_MAX_COMPILED = 8
+
+
+def _compiled_key(
+    wrapper: Any, partitioner: Partitioner, abstract_params: Any, *, total_steps, settings
+) -> tuple:
+    """Everything a compiled step depends on: the model (family, config), the mesh and rules,
+    the parameters' shapes and shardings, and the training settings (steps only where the
+    learning-rate schedule depends on them)."""
+    return (
+        type(wrapper).__name__,
+        repr(wrapper.config),
+        partitioner.mesh,
+        partitioner.rules,
+        repr(jax.tree.map(lambda a: (a.shape, a.dtype, a.sharding), abstract_params)),
+        total_steps,
+        repr(settings),
+    )
+
+
 def compile_job(
     *,
     model: Any,
@@ -299,6 +325,22 @@ def compile_job(
     lr = build_schedule(schedule, total_steps=total_steps)
     tx = build_optimizer(optimizer, learning_rate=lr)
     lengths = {"targets": seq_len, **(feature_lengths or {})}
+    key = _compiled_key(
+        wrapper,
+        partitioner,
+        abstract_params,
+        total_steps=None if schedule.name in LENGTH_FREE else total_steps,
+        settings=(
+            optimizer,
+            schedule,
+            step_config,
+            batch_size,
+            seq_len,
+            tuple(sorted(lengths.items())),
+            eval_batch_size,
+            compile_train,
+        ),
+    )
     six_n, with_attn = wrapper.flops_per_token(seq_len=seq_len, inputs_len=lengths.get("inputs"))
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
     abstract_state = jax.eval_shape(
@@ -311,9 +353,13 @@ def compile_job(
         abstract_state,
         shardings,
     )
+    compiled = _COMPILED.get(key)
     with partitioner.context():
         train_step = None
-        if compile_train:
+        if compiled is not None:
+            _COMPILED.move_to_end(key)
+            train_step, eval_step = compiled
+        elif compile_train:
             batch = batch_abstract(
                 partitioner, batch_size=batch_size, seq_len=seq_len, feature_lengths=lengths
             )
@@ -323,8 +369,9 @@ def compile_job(
                 shardings=shardings,
             )
             train_step = train_step.lower(abstract_with, batch).compile()
-        eval_step = None
-        if eval_batch_size:
+        if compiled is None:
+            eval_step = None
+        if compiled is None and eval_batch_size:
             eval_step = steps.compile_eval_step(
                 steps.make_eval_step(wrapper),
                 partitioner=partitioner,
@@ -334,6 +381,10 @@ def compile_job(
                 partitioner, batch_size=eval_batch_size, seq_len=seq_len, feature_lengths=lengths
             )
             eval_step = eval_step.lower(abstract_with.params, batch).compile()
+    if compiled is None:
+        _COMPILED[key] = (train_step, eval_step)
+        while len(_COMPILED) > _MAX_COMPILED:
+            _COMPILED.popitem(last=False)
     return Job(
         model=wrapper,
         partitioner=partitioner,
