@@ -25,7 +25,8 @@ PROJECT="${3:-}"
 JAX_VERSION="0.10.2"
 REMOTE_DIR="xlscale"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ARCHIVE="/tmp/xlscale-src.tar.gz"
+ARCHIVE="${TMPDIR:-/tmp}/xlscale-src.tar.gz"
+REMOTE_ARCHIVE="xlscale-src.tar.gz"  # in the remote home directory
 
 GCLOUD=(gcloud compute tpus tpu-vm)
 TARGET=(--zone "$ZONE" --worker=all)
@@ -62,12 +63,12 @@ else
 fi
 
 # 2. Copy it to every worker.
-run "${GCLOUD[@]}" scp "$ARCHIVE" "$TPU_NAME:/tmp/xlscale-src.tar.gz" "${TARGET[@]}"
+run "${GCLOUD[@]}" scp "$ARCHIVE" "$TPU_NAME:~/$REMOTE_ARCHIVE" "${TARGET[@]}"
 
 # 3. Unpack, create the virtual environment and install, on all workers at once.
 STEPS=(
   "mkdir -p ~/$REMOTE_DIR"
-  "tar -xzf /tmp/xlscale-src.tar.gz -C ~/$REMOTE_DIR"
+  "tar -xzf ~/$REMOTE_ARCHIVE -C ~/$REMOTE_DIR"
   "cd ~/$REMOTE_DIR"
   "(test -x .venv/bin/python || python3 -m venv .venv)"
   ".venv/bin/python -m pip install --upgrade pip setuptools wheel"

@@ -70,7 +70,8 @@ def token_cross_entropy(
 
 
 class _Wrapper:
-    """What both families share: construction, the embedding size, counts, abstract variables.
+    """What both families share: construction, the embedding size, counts, abstract variables
+    (from the subclass's `init_variables`).
 
     Args:
       module: the flax module.
@@ -104,10 +105,6 @@ class _Wrapper:
         """(total, non-embedding) parameter counts."""
         counts = self._counts_fn(self.config)
         return int(counts.total), int(counts.non_embedding)
-
-    def init_variables(self, rng: jax.Array, *, batch_size: int, seq_len: int) -> Any:
-        """Initial variables (`params`, and `params_axes` naming each parameter's axes)."""
-        raise NotImplementedError
 
     def abstract_variables(self, *, batch_size: int = 1, seq_len: int = 8) -> Any:
         """Shapes and dtypes of `init_variables` without allocating anything."""
