@@ -17,10 +17,10 @@ ALL_EXPERIMENTS = sorted(
 EXPERIMENTS = [name for name in ALL_EXPERIMENTS if name.startswith("cpt")]
 MT_EXPERIMENTS = [name for name in ALL_EXPERIMENTS if name.startswith("mt_")]
 BASE = [
-    "--gin.MODEL_DIR='/tmp/run'",
+    "--gin.MODEL_DIR='/xl/run'",
     "--gin.MODEL_SIZE='llama2_49m'",
-    "--gin.VOCAB_PATH='/tmp/vocab.model'",
-    "--gin.INIT_CHECKPOINT='/tmp/source@100'",
+    "--gin.VOCAB_PATH='/xl/vocab.model'",
+    "--gin.INIT_CHECKPOINT='/xl/source@100'",
 ]
 
 
@@ -65,7 +65,7 @@ def test_every_experiment_parses_and_binds_the_train_job(experiment, tiny):
     files = [f"experiments/{experiment}"] + (["experiments/tiny.gin"] if tiny else [])
     if tiny:  # the overlay sets MODEL_SIZE itself; a command-line binding would win over it
         argv = [f"--gin_file={f}" for f in files] + [b for b in BASE if "MODEL_SIZE" not in b]
-        config = gin_entry.parse([*argv, "--gin.DATA_DIR='/tmp/data'"], job="train")
+        config = gin_entry.parse([*argv, "--gin.DATA_DIR='/xl/data'"], job="train")
     else:
         config = parse(files)
     assert "train_script.train.model_dir = %MODEL_DIR" in config.config_str
@@ -94,7 +94,7 @@ def test_experiments_resolve_tasks_strategies_and_eval_languages():
     parse("experiments/cpt.gin")
     assert resolve("MIXTURE_OR_TASK_NAME") == "lm_zh"
     assert resolve("EVAL_TASKS") == ["lm_zh", "lm_en"]  # target and source: forgetting
-    assert resolve("INIT_CHECKPOINT") == "/tmp/source@100"
+    assert resolve("INIT_CHECKPOINT") == "/xl/source@100"
     gin.clear_config()
     parse("experiments/cpt_replay.gin", "--gin.TARGET_LANG='ru'", "--gin.REPLAY_RATIO=0.3")
     assert resolve("MIXTURE_OR_TASK_NAME") == "cpt_ru_replay_en_30"
@@ -145,9 +145,9 @@ def test_includes_resolve_with_a_runs_directory_on_sys_path(tmp_path, monkeypatc
 
 
 MT_BASE = [
-    "--gin.MODEL_DIR='/tmp/run'",
+    "--gin.MODEL_DIR='/xl/run'",
     "--gin.MODEL_SIZE='t5_3b'",
-    "--gin.VOCAB_PATH='/tmp/vocab.model'",
+    "--gin.VOCAB_PATH='/xl/vocab.model'",
 ]
 
 
@@ -156,7 +156,7 @@ def parse_mt(experiment: str, *extra: str, tiny: bool = False):
     base = MT_BASE
     if tiny:  # the overlay sets MODEL_SIZE itself; a command-line binding would win over it
         files.append("--gin_file=experiments/t5_tiny.gin")
-        base = [b for b in MT_BASE if "MODEL_SIZE" not in b] + ["--gin.DATA_DIR='/tmp/data'"]
+        base = [b for b in MT_BASE if "MODEL_SIZE" not in b] + ["--gin.DATA_DIR='/xl/data'"]
     return gin_entry.parse([*files, *base, *extra], job="train")
 
 
@@ -183,7 +183,7 @@ def test_mt_finetune_resolves_steps_from_the_finetuning_budget():
     parse_mt(
         "mt_finetune.gin",
         "--gin.TASK='mt_en_de'",
-        "--gin.INIT_CHECKPOINT='/tmp/pre@25000'",
+        "--gin.INIT_CHECKPOINT='/xl/pre@25000'",
         "--gin.FINETUNE_TOKENS=6000000",
     )
     model = resolve("MODEL")
