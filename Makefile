@@ -1,10 +1,11 @@
-# xlscale: `make demo` runs the main job, `make test` runs the checks. Both set themselves up.
+# xlscale: `make demo` runs the main job (the CPT study), `make demo-mt` the translation study
+# (MT paper), `make test` runs the checks. All set themselves up.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint format demo demo-smoke clean
+.PHONY: setup test lint format demo demo-smoke demo-mt demo-mt-smoke clean
 
 setup: $(STAMP)
 
@@ -30,6 +31,12 @@ demo: setup
 
 demo-smoke: setup
 	$(BIN)/xlscale demo --profile smoke
+
+demo-mt: setup
+	$(BIN)/xlscale demo --study mt
+
+demo-mt-smoke: setup
+	$(BIN)/xlscale demo --study mt --profile smoke
 
 clean:
 	rm -rf $(VENV) demo_out .pytest_cache

@@ -269,7 +269,11 @@ def _downstream(study: _Study, metrics: Sequence[str], name: str) -> None:
                 study.skipped[f"{name}/{'/'.join(s.key)}/{metric}"] = f"{len(s.Dp)} points (< 3)"
                 continue
             n_fit = min(4, len(s.Dp))
-            fit = downstream.fit_series(s.Dp, s.values, metric=metric, n_fit=n_fit)
+            try:
+                fit = downstream.fit_series(s.Dp, s.values, metric=metric, n_fit=n_fit)
+            except FitInputError as why:  # e.g. a BLEU of 0: no log-law; the other series go on
+                study.skipped[f"{name}/{'/'.join(s.key)}/{metric}"] = str(why)
+                continue
             study.check(f"{name}/{'/'.join(s.key)}/{metric}", fit)
             entry: dict[str, Any] = {
                 "pretraining": s.key[0],
@@ -310,7 +314,7 @@ def _bleu(study: _Study) -> None:
         for rec in r.records
         for k in rec
         if k.startswith("eval/") and k.count("/") == 2
-    } - {"loss", "tokens"}
+    } - {"loss", "tokens", "decoded"}  # decoded: how many examples were scored
     # BLEU first, as the paper; then every other translation score the runs report.
     metrics = sorted(present, key=lambda m: (m != "bleu", m)) or ["bleu"]
     _downstream(study, metrics, "bleu")

@@ -5,12 +5,16 @@
 - `replay`: source- and target-language loss against per-language compute (CPT Fig. 4);
 - `isoloss`: IsoLoss contours with both compute-optimal frontiers (CPT Fig. 5);
 - `downstream`: scores or cross-entropy against pretraining tokens with the fitted laws, held-out
-  points hollow, the non-pretrained baseline dashed (MT Figs. 2–4).
+  points hollow, the non-pretrained baseline dashed (MT Figs. 2–4);
+- `downstream_grid`: the same as a grid of panels (rows: metrics, columns: pretraining data),
+  one line style per finetuning size and the baselines black (the layout of MT Figs. 2–3);
+- `score_vs_ce`: a translation score against downstream cross-entropy, log–log (MT Fig. 5).
 Every figure title says when a fit did not converge.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -43,7 +47,23 @@ def _figure(ncols: int = 1, size: tuple[float, float] = (6.0, 4.5)):
     return fig, axes
 
 
+def _short_log_ticks(ax) -> None:
+    """Labels log axes that span less than a decade: they would show no major tick at all."""
+    from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+
+    for axis, scale, limits in (
+        (ax.xaxis, ax.get_xscale(), ax.get_xlim()),
+        (ax.yaxis, ax.get_yscale(), ax.get_ylim()),
+    ):
+        lo, hi = sorted(limits)
+        if scale == "log" and lo > 0 and hi / lo < 10:
+            axis.set_major_locator(MaxNLocator(nbins=6))
+            axis.set_major_formatter(FormatStrFormatter("%.3g"))
+
+
 def _save(fig, path: Path) -> Path:
+    for ax in fig.axes:
+        _short_log_ticks(ax)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path
@@ -134,13 +154,25 @@ def replay(curves: Sequence[ReplayCurve], path: Path, *, title: str) -> Path:
     fig, (ax1, ax2) = _figure(2)
     cmap = matplotlib.colormaps["Blues"]
     ratios = sorted({c.replay_ratio for c in curves})
+    labelled: set[float] = set()
     for c in sorted(curves, key=lambda c: c.replay_ratio):
         shade = 0.35 + 0.65 * (ratios.index(c.replay_ratio) / max(len(ratios) - 1, 1))
-        label = f"replay {c.replay_ratio:.0%}"
+        # Plain CPT and 0% replay are the same design: one legend entry per ratio.
+        label = None if c.replay_ratio in labelled else f"replay {c.replay_ratio:.0%}"
+        labelled.add(c.replay_ratio)
         ok = c.source_compute > 0
-        ax1.plot(
-            c.source_compute[ok], c.source_loss[ok], "-o", ms=3, color=cmap(shade), label=label
-        )
+        if np.any(ok):
+            ax1.plot(
+                c.source_compute[ok], c.source_loss[ok], "-o", ms=3, color=cmap(shade), label=label
+            )
+        elif np.isfinite(c.source_final):
+            # No source compute to plot against: show where forgetting left the source loss.
+            ax1.axhline(
+                c.source_final,
+                ls="--",
+                color=cmap(shade),
+                label=None if label is None else f"{label} (final; no source compute)",
+            )
         ok = c.target_compute > 0
         ax2.plot(
             c.target_compute[ok], c.target_loss[ok], "-o", ms=3, color=cmap(shade), label=label
@@ -215,4 +247,147 @@ def downstream(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=6, loc="lower right")
+    return _save(fig, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeriesStyle:
+    """One (pretraining data, finetuning size) series of the MT figures and how to draw it.
+
+    Attributes:
+      label: legend text.
+      Dp: pretraining tokens of each finetuned checkpoint.
+      values: the metric of each checkpoint (same order as Dp).
+      fit: the law fitted to the series, if any (None: points only, e.g. a BLEU of 0).
+      baseline: the non-pretrained model's value (drawn as a black horizontal line).
+      color, linestyle: the paper's convention is one colour per pretraining data and one line
+        style per finetuning size (dotted, dashed, solid as Df grows).
+    """
+
+    label: str
+    Dp: np.ndarray
+    values: np.ndarray
+    fit: DownstreamFit | None = None
+    baseline: float | None = None
+    color: str = "C0"
+    linestyle: str = "--"
+
+
+def _series(ax, s: SeriesStyle) -> None:
+    dp, y = np.asarray(s.Dp, float), np.asarray(s.values, float)
+    order = np.argsort(dp, kind="stable")
+    dp, y = dp[order], y[order]
+    fitted = np.ones(len(dp), bool) if s.fit is None else np.asarray(s.fit.fitted, bool)
+    if len(fitted) != len(dp):
+        fitted = np.ones(len(dp), bool)
+    ax.plot(dp[fitted], y[fitted], "o", color=s.color, ms=4, label=s.label)
+    ax.plot(dp[~fitted], y[~fitted], "o", mfc="none", color=s.color, ms=5)
+    if s.fit is not None and len(dp):
+        grid = np.geomspace(dp.min(), dp.max(), 200)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pred = s.fit.predict(grid)
+        err = s.fit.prediction_error
+        text = f"law{_flag(s.fit)}, held-out err {err:.3g}" if np.isfinite(err) else "law"
+        ax.plot(grid, pred, s.linestyle, color=s.color, lw=1.2, label=text)
+    elif len(dp) > 1:
+        ax.plot(dp, y, s.linestyle, color=s.color, lw=0.8, alpha=0.5)
+    if s.baseline is not None and np.isfinite(s.baseline):
+        ax.axhline(s.baseline, color="black", ls=s.linestyle, lw=1)
+
+
+def downstream_grid(
+    cells: Sequence[Sequence[tuple[str, str, Sequence[SeriesStyle]]]],
+    path: Path,
+    *,
+    title: str,
+) -> Path:
+    """A grid of downstream panels after the MT paper's Figs. 2–3.
+
+    Each panel plots a metric against pretraining tokens Dp (log x): the points used for the fit
+    filled, the held-out points hollow, the fitted law in the series' line style, and the
+    non-pretrained baseline as a black horizontal line in the same style.
+
+    Args:
+      cells: rows of panels; a panel is (panel title, y label, series).
+      path: where the PNG goes.
+      title: the figure's title.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    nrows = len(cells)
+    ncols = max((len(r) for r in cells), default=1)
+    fig = Figure(figsize=(5.0 * ncols, 3.6 * nrows))
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.06, top=0.93, wspace=0.25, hspace=0.35)
+    for i, row in enumerate(cells):
+        for j, (panel_title, ylabel, series) in enumerate(row):
+            ax = fig.add_subplot(nrows, ncols, i * ncols + j + 1)
+            for s in series:
+                _series(ax, s)
+            _log(ax, y=False)
+            ax.set_xlabel("pretraining tokens Dp")
+            ax.set_ylabel(ylabel)
+            flags = "".join(_flag(s.fit) for s in series if s.fit is not None)[:18]
+            ax.set_title(panel_title + flags, fontsize=9)
+            ax.legend(fontsize=6, loc="best")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def score_vs_ce(
+    series: Sequence[SeriesStyle],
+    path: Path,
+    *,
+    ce: Mapping[str, Sequence[float]],
+    baselines: Sequence[tuple[str, float, float]] = (),
+    ylabel: str = "BLEU",
+    title: str,
+) -> Path:
+    """A translation score against downstream cross-entropy, log–log (the MT paper's Fig. 5).
+
+    Points of a series are joined in order of pretraining size, so a segment going up and to the
+    right (score and cross-entropy both rising) shows the two metrics disagreeing. Points with a
+    non-positive score cannot sit on a log axis; the title says how many were left out.
+
+    Args:
+      series: the score of each checkpoint (`values`), with its Dp, label and style.
+      ce: series label → downstream cross-entropy of the same checkpoints (same order as `Dp`).
+      baselines: (label, cross-entropy, score) of the non-pretrained models, drawn black.
+      ylabel: the score's name.
+      title: the figure's title.
+    """
+    fig, (ax,) = _figure()
+    dropped = 0
+    markers = "os^Dv<>p"
+    for i, s in enumerate(series):
+        x = np.asarray(ce[s.label], float)
+        y = np.asarray(s.values, float)
+        order = np.argsort(np.asarray(s.Dp, float), kind="stable")
+        x, y = x[order], y[order]
+        ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
+        dropped += int(np.sum(~ok))
+        ax.plot(
+            x[ok],
+            y[ok],
+            s.linestyle,
+            marker=markers[i % len(markers)],
+            color=s.color,
+            ms=4,
+            lw=1,
+            label=s.label,
+        )
+        if ok.any():  # the largest Dp, so the direction of travel is visible
+            ax.plot(x[ok][-1], y[ok][-1], marker=markers[i % len(markers)], color=s.color, ms=8)
+    for j, (label, x, y) in enumerate(baselines):
+        if x > 0 and y > 0:
+            ax.plot([x], [y], "*XP"[j % 3], color="black", ms=9, label=label)
+        else:
+            dropped += 1
+    _log(ax)
+    ax.set_xlabel("downstream cross-entropy (nats)")
+    ax.set_ylabel(ylabel)
+    note = f" ({dropped} point(s) with score 0 not shown)" if dropped else ""
+    ax.set_title(title + note, fontsize=9)
+    ax.legend(fontsize=6, loc="best")
     return _save(fig, path)

@@ -124,6 +124,18 @@ def assess(
             "checkpoints.",
             **best,
         )
+    if np.any(np.asarray(scores, float) <= 0):
+        zeros = int(np.sum(np.asarray(scores, float) <= 0))
+        text = (
+            f"Misaligned: {zeros} of {n} finetuned checkpoints score 0, which no log-law "
+            f"(log(A·Dp^α))^β describes, so the scaling law cannot value this data (§3.5, 2a). "
+            f"Best finetuned checkpoint: score {best['best_score']:.4g} at Dp={best['best_Dp']:.4g}"
+        )
+        if baseline is not None:
+            text += f"; the non-pretrained baseline scores {baseline:.4g} ({best['gain']:+.4g})."
+        else:
+            text += "; compare it with a non-pretrained baseline to value this data."
+        return Verdict("misaligned", text, **best)
     pts = as_points({"Dp": Dp, "score": scores}, n_params=3, law="valuation")
     order = np.argsort(pts["Dp"], kind="stable")
     dp, sc = pts["Dp"][order], pts["score"][order]

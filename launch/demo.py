@@ -10,6 +10,9 @@ Steps, each cached so that a re-run reuses what is done:
   4. the fits (`fitting.outputs.fit_runs`): Chinchilla on scratch, two-stage extended law on CPT,
      allocation, loss–compute frontiers, FLOPs saved, transferred data, replay curves;
   5. `report.md`: the fitting report plus the comparison with the paper's findings.
+
+`run_demo(study=...)` dispatches through `STUDIES`: "cpt" is this module's study, "mt" the
+translation study of `launch.demo_mt` (the MT paper at CPU size).
 """
 
 from __future__ import annotations
@@ -116,7 +119,7 @@ def _train_in_process(run: Run, log_path: Path) -> int:
     return train.main(run.gin_args())
 
 
-def run_demo(
+def run_cpt_demo(
     *,
     profile: str = "full",
     out_dir: str | Path = "demo_out",
@@ -183,3 +186,37 @@ def run_demo(
         f"training {times['train_s']:.0f} s, fits {times['fit_s']:.0f} s): {out / 'report.md'}"
     )
     return summary
+
+
+def _run_mt_demo(**kwargs) -> dict:
+    from launch import demo_mt  # imported on demand: it needs nothing of the CPT study
+
+    return demo_mt.run_mt_demo(**kwargs)
+
+
+# Study name -> the function that runs it (keyword arguments: profile, out_dir, data_dir, log).
+STUDIES: dict[str, Callable[..., dict]] = {"cpt": run_cpt_demo, "mt": _run_mt_demo}
+# Study name -> (full profile's, smoke profile's) default output directory.
+DEFAULT_OUT: dict[str, dict[str, str]] = {
+    "cpt": {"full": "demo_out", "smoke": "demo_out/smoke"},
+    "mt": {"full": "demo_out/mt", "smoke": "demo_out/mt/smoke"},
+}
+
+
+def run_demo(*, study: str = "cpt", out_dir: str | Path | None = None, **kwargs) -> dict:
+    """Runs one of the demo studies (`STUDIES`): "cpt" (the CPT paper) or "mt" (the MT paper).
+
+    Args:
+      study: which study.
+      out_dir: output directory (default `DEFAULT_OUT[study][profile]`).
+      **kwargs: `profile` ("full" | "smoke"), `data_dir`, `log`, passed to the study.
+
+    Returns:
+      The study's summary dict (also written as `<out_dir>/demo.json`).
+    """
+    if study not in STUDIES:
+        raise ValueError(f"unknown demo study {study!r}; choose one of {sorted(STUDIES)}")
+    profile = kwargs.get("profile", "full")
+    if out_dir is None:
+        out_dir = DEFAULT_OUT[study].get(profile, f"demo_out/{study}/{profile}")
+    return STUDIES[study](out_dir=out_dir, **kwargs)

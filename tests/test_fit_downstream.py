@@ -114,3 +114,11 @@ def test_valuation_law_breaks_at_a_later_point():
     assert v.kind == "law_breaks" and v.break_index == 6
     assert v.break_Dp == pytest.approx(DP[6])
     assert "not sufficiently aligned" in v.explanation
+
+
+def test_valuation_zero_scores_are_misaligned_without_a_fit():
+    v = valuation.assess(DP[:5], [0.0, 1.0, 0.0, 2.0, 1.5], baseline=0.5)
+    assert v.kind == "misaligned" and v.fit is None
+    assert "2 of 5 finetuned checkpoints score 0" in v.explanation
+    assert v.best_score == 2.0 and v.gain == pytest.approx(1.5)
+    json.dumps(v.to_dict(), allow_nan=False)

@@ -155,3 +155,49 @@ def test_cli_bad_input_names_the_run(study, tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown law"):
         pipeline.fit_runs(only_scratch, tmp_path / "o3", law="kaplan")
     assert np.isfinite(json.loads(json.dumps(1.0)))
+
+
+def test_a_zero_score_skips_only_its_series(tmp_path):
+    """A BLEU of 0 cannot be fitted by the log-law: that series is skipped, with the reason,
+    and the other scores and the cross-entropy are still fitted."""
+    root = tmp_path / "runs"
+    synthetic.write_study(root, sizes=(3e7, 1e8), evals=3, replay_ratios=())
+    first = sorted(root.glob("finetune_en_fr_*"), key=lambda d: int(d.name.rsplit("_", 1)[1]))[0]
+    rec = json.loads((first / "metrics.jsonl").read_text())
+    rec["eval/mt_en_fr/bleu"] = 0.0
+    rec["eval/mt_en_fr/chrf"] = 20.0 + 10 * np.log10(float(first.name.rsplit("_", 1)[1]))
+    (first / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+    for d in root.glob("finetune_en_fr_*"):
+        if d != first:
+            r = json.loads((d / "metrics.jsonl").read_text())
+            r["eval/mt_en_fr/chrf"] = 20.0 + 10 * np.log10(float(d.name.rsplit("_", 1)[1]))
+            (d / "metrics.jsonl").write_text(json.dumps(r) + "\n")
+    res = pipeline.fit_runs(root, tmp_path / "out", law="all", bootstrap=0)
+    reason = res["skipped"]["bleu/mix_en_50_fr_50/mt_en_fr/300/bleu"]
+    assert "score = 0.0; it must be positive" in reason
+    assert [e["metric"] for e in res["bleu"]] == ["chrf"]
+    assert [e["metric"] for e in res["ce"]] == ["loss"]
+
+
+def test_mt_figures_draw_fits_baselines_and_zero_scores(tmp_path):
+    from fitting import downstream, plots
+
+    dp = np.geomspace(1e6, 3e7, 6)
+    bleu = np.array([2.0, 2.6, 3.1, 3.3, 3.6, 3.8])
+    ce = np.array([3.0, 2.8, 2.7, 2.65, 2.6, 2.58])
+    fitted = plots.SeriesStyle("Df=40k", dp, bleu, downstream.fit_bleu_law(dp, bleu), 1.5)
+    raw = plots.SeriesStyle("no fit", dp, np.array([0.0, 1, 0, 2, 1, 1]), color="C1", linestyle=":")
+    grid = plots.downstream_grid(
+        [[("mix A", "BLEU", [fitted, raw])], [("mix A", "CE", [plots.SeriesStyle("ce", dp, ce)])]],
+        tmp_path / "grid.png",
+        title="t",
+    )
+    both = plots.score_vs_ce(
+        [fitted, raw],
+        tmp_path / "fig5.png",
+        ce={"Df=40k": ce, "no fit": ce},
+        baselines=[("no pretraining", 3.5, 1.5), ("zero", 3.6, 0.0)],
+        title="t",
+    )
+    for path in (grid, both):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -114,3 +114,16 @@ def test_status_summarises_the_run_directories(capsys, tmp_path):
     assert main(["sweep", "status", "smoke", "--runs-dir", str(tmp_path), "--json"]) == 0
     states = {s["run_id"]: s["state"] for s in json.loads(capsys.readouterr().out)}
     assert states[runs[0].run_id] == "done" and states[runs[1].run_id] == "interrupted"
+
+
+def test_plan_measures_the_step_of_either_family(capsys):
+    # The estimate times one real step of the smallest run through the trainer's wrapper: a
+    # decoder-only LLaMA2 for the CPT smoke study, an encoder-decoder T5 for the MT one.
+    from launch import estimate
+
+    for name, family in (("smoke", "llama2"), ("mt_smoke", "t5")):
+        runs = sweep.expand(sweep.load_manifest(name))
+        base = estimate.smallest(runs)
+        assert base.family == family
+        rate = estimate.measure(base, seq_len=16, steps=1)
+        assert rate.flops_per_s > 0 and "measured" in rate.source

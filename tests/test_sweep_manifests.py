@@ -24,7 +24,16 @@ def by_strategy(runs):
 
 
 def test_all_manifests_are_shipped():
-    assert SHIPPED == ["cpt_languages", "cpt_paper", "cpt_replay", "demo", "mt_paper", "smoke"]
+    assert SHIPPED == [
+        "cpt_languages",
+        "cpt_paper",
+        "cpt_replay",
+        "demo",
+        "mt_demo",
+        "mt_paper",
+        "mt_smoke",
+        "smoke",
+    ]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -151,3 +160,55 @@ def test_cpu_studies(name):
         argv = run.argv(allow_missing=True)
         assert "--gin.DATA_DIR='${DATA_DIR}'" in argv
         assert "--gin.VOCAB_PATH='${VOCAB_PATH}'" in argv
+
+
+@pytest.mark.parametrize("name, profile", [("mt_demo", "full"), ("mt_smoke", "smoke")])
+def test_mt_cpu_studies(name, profile):
+    """The translation study: 2 pretraining runs, 6 kept checkpoints of each finetuned at two Df,
+    and the non-pretrained baselines at both Df; every finetune starts from a kept checkpoint."""
+    import ast
+    import math
+
+    from launch.demo_mt import EXTRA_IDS, PROFILES
+
+    manifest = sweep.load_manifest(name)
+    assert manifest.missing_variables() == ["DATA_DIR", "VOCAB_PATH"]
+    runs = sweep.expand(manifest)
+    grouped = by_strategy(runs)
+    assert {k: len(v) for k, v in grouped.items()} == {
+        "pretrain": 2,
+        "finetune": 24,
+        "finetune_scratch": 2,
+    }
+    assert [r.run_id for r in runs[:2]] == [r.run_id for r in grouped["pretrain"]]  # parents first
+    pretrain = {r.coord("mixture"): r for r in grouped["pretrain"]}
+    assert set(pretrain) == {"mix_en_50_fr_50", "mix_en_100"}
+    by_id = {r.run_id: r for r in runs}
+    dfs = set()
+    for run in grouped["finetune"]:
+        parent = by_id[run.depends_on[0]]
+        assert parent is pretrain[run.coord("mixture")]
+        grid = ast.literal_eval(dict(parent.bindings)["CHECKPOINT_GRID"])
+        step = run.coord("init_step")
+        assert 0 < step <= parent.steps and step % grid == 0  # a kept checkpoint
+        assert f"--gin.INIT_CHECKPOINT='{parent.model_dir}@{step}'" in run.argv(allow_missing=True)
+        assert run.coord("task") == "mt_en_fr"
+        dfs.add(run.coord("finetune_tokens"))
+    assert len(dfs) == 2
+    init_steps = sorted({r.coord("init_step") for r in grouped["finetune"]})
+    assert len(init_steps) == 6
+    for run in grouped["finetune"] + grouped["finetune_scratch"]:
+        lengths = ast.literal_eval(dict(run.bindings)["TASK_FEATURE_LENGTHS"])
+        # one pass over Df target tokens, and the two Df are two series (distinct steps)
+        per_step = run.batch_size * lengths["targets"]
+        assert run.steps == math.ceil(run.coord("finetune_tokens") / per_step)
+    assert len({r.steps for r in grouped["finetune"]}) == 2
+    for run in grouped["finetune_scratch"]:
+        assert not run.depends_on
+        assert not any(a.startswith("--gin.INIT_CHECKPOINT") for a in run.argv(allow_missing=True))
+    assert {r.coord("finetune_tokens") for r in grouped["finetune_scratch"]} == dfs
+    vocab = PROFILES[profile].vocab_size + EXTRA_IDS
+    for run in runs:
+        assert run.gin_files[1:] == ("experiments/t5_tiny.gin",)
+        assert dict(run.overrides)["vocab_size"] == vocab
+        assert (CONFIGS / run.gin_files[0]).exists()

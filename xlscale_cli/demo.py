@@ -1,4 +1,5 @@
-"""`xlscale demo [--profile full|smoke] [--out DIR]`: the main job (see `launch.demo`)."""
+"""`xlscale demo [--study cpt|mt] [--profile full|smoke] [--out DIR]`: the main job (see
+`launch.demo`): the CPT study (default) or the translation study."""
 
 from __future__ import annotations
 
@@ -7,23 +8,35 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `xlscale demo`."""
-    from launch.demo import PROFILES
+    from launch.demo import PROFILES, STUDIES
+    from launch.demo_mt import PROFILES as MT_PROFILES
 
+    helps = [f"cpt {k}: {v.description}" for k, v in sorted(PROFILES.items())]
+    helps += [f"mt {k}: {v.description}" for k, v in sorted(MT_PROFILES.items())]
+    parser.add_argument(
+        "--study",
+        default="cpt",
+        choices=sorted(STUDIES),
+        help="cpt: the continual-pretraining study (CPT paper); mt: the translation study "
+        "(MT paper: pretraining data vs downstream BLEU/CE)",
+    )
     parser.add_argument(
         "--profile",
         default="full",
-        choices=sorted(PROFILES),
-        help="; ".join(f"{k}: {v.description}" for k, v in sorted(PROFILES.items())),
+        choices=sorted(set(PROFILES) | set(MT_PROFILES)),
+        help="; ".join(helps),
     )
-    parser.add_argument("--study", default="cpt", choices=["cpt"], help="which study to run")
-    parser.add_argument("--out", default=None, help="output directory (default demo_out[/smoke])")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default demo_out[/smoke] for cpt, demo_out/mt[/smoke] for mt)",
+    )
     parser.add_argument("--data-dir", default=None, help="data root (default $XLSCALE_DATA)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the demo study and prints where the report is."""
+    """Runs the chosen demo study and prints where the report is."""
     from launch.demo import run_demo
 
-    out = args.out or ("demo_out" if args.profile == "full" else "demo_out/smoke")
-    run_demo(profile=args.profile, out_dir=out, data_dir=args.data_dir)
+    run_demo(study=args.study, profile=args.profile, out_dir=args.out, data_dir=args.data_dir)
     return 0

@@ -22,7 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "infer": ("xlscale_cli.train", "run trainer.infer (gin-configured)"),
     "fit": ("xlscale_cli.fit", "fit the papers' laws to a directory of runs"),
     "sweep": ("xlscale_cli.sweep", "plan, run and summarise sweep manifests"),
-    "demo": ("xlscale_cli.demo", "run the main job: a small CPT scaling study end to end"),
+    "demo": (
+        "xlscale_cli.demo",
+        "run the main job: the CPT study (default) or, with --study mt, the translation study",
+    ),
 }
 
 

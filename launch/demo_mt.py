@@ -1,0 +1,245 @@
+"""The translation study (`xlscale demo --study mt`, `make demo-mt`): the MT paper at CPU size.
+
+Steps, each cached so that a re-run reuses what is done:
+  1. corpora — the Debian corpora with English and French text and the en-fr pair (built with
+     `pipelines.corpora.build` if missing) for the full profile, the committed UDHR fixture for the
+     smoke profile (no apt, no network);
+  2. an en+fr SentencePiece vocabulary (`pipelines.vocab.train_vocab`); the trainer appends the
+     100 sentinel ids of span corruption when it loads it (`load_vocab(extra_ids=100)`), so the
+     model's vocabulary is the pieces plus 100 (checked against the manifest here);
+  3. the sweep of the profile's manifest (`launch/manifests/{mt_demo,mt_smoke}.toml`): a T5
+     pretrained by span corruption on `mix_en_50_fr_50` (alignment 1.0) and `mix_en_100` (0.7),
+     keeping checkpoints along the way; each kept checkpoint finetuned on `mt_en_fr` at two
+     finetuning sizes Df, plus the same finetuning from random initialisation (the paper's black
+     lines); run in dependency order in this process, with progress lines and an ETA;
+  4. the fits (`fitting.pipeline.fit_runs`: BLEU log-law, CE power law, valuation) and `report.md`
+     with the comparison against the paper (`launch.demo_mt_report`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from launch.demo import _train_in_process
+from launch.launchers import LocalLauncher
+from launch.status import Progress
+from launch.sweep import Run, expand, load_manifest
+
+Log = Callable[[str], None]
+EXTRA_IDS = 100  # T5's span-corruption sentinels, appended to the vocabulary at load time
+
+
+@dataclasses.dataclass(frozen=True)
+class MtProfile:
+    """One way to run the translation study.
+
+    Attributes:
+      manifest: the sweep manifest (a name under launch/manifests).
+      corpora: key of `CORPORA`.
+      vocab_size: SentencePiece pieces (pad, eos, unk and 256 byte pieces included); the model's
+        vocabulary is this plus `EXTRA_IDS`.
+      description: one line for `--help` and the log.
+      langs: pretraining languages (the vocabulary's sample).
+      pair: the translation pair (its train and test files must exist).
+      vocab_sentences: lines of text the vocabulary is trained on (at most).
+      data_note: what the corpora are, for the report's caveats ("": the Debian note).
+    """
+
+    manifest: str
+    corpora: str
+    vocab_size: int
+    description: str
+    langs: tuple[str, ...] = ("en", "fr")
+    pair: str = "en-fr"
+    vocab_sentences: int = 100_000
+    data_note: str = ""
+
+
+PROFILES: dict[str, MtProfile] = {
+    "full": MtProfile(
+        manifest="mt_demo",
+        corpora="debian",
+        vocab_size=1948,
+        description="T5 on Debian en/fr: 2 mixtures x 6 checkpoints x 2 Df + baselines; ~25 min",
+        vocab_sentences=60_000,
+    ),
+    "smoke": MtProfile(
+        manifest="mt_smoke",
+        corpora="fixture",
+        vocab_size=412,
+        description="the same study at toy size on the committed UDHR fixture; ~3 min",
+        vocab_sentences=20_000,
+        data_note=(
+            "The committed UDHR fixture: a few dozen aligned paragraphs of one document, so "
+            "pretraining, finetuning and the held-out set are tiny and the scores mostly noise; "
+            "this profile checks that the pipeline runs, not the paper's findings."
+        ),
+    ),
+}
+
+
+def _debian(out: Path, data_dir: Path | None, spec: MtProfile, log: Log) -> Path:
+    from pipelines.corpora import build, paths
+
+    root = Path(data_dir) if data_dir else paths.data_root()
+    corpora = paths.corpora_dir(root)
+    needed = [paths.mono_file(corpora, lang, "train") for lang in spec.langs]
+    needed += [
+        paths.parallel_file(corpora, spec.pair, "train"),
+        paths.test_file(corpora, spec.pair),
+    ]
+    if (corpora / "manifest.json").exists() and all(p.exists() for p in needed):
+        log(f"[demo-mt] corpora: reusing {corpora}")
+        return corpora
+    log(f"[demo-mt] corpora: building the Debian corpora for {' '.join(spec.langs)} into {root}")
+    return Path(build.build_corpora(data_dir=root, langs=spec.langs, log=log))
+
+
+def _fixture(out: Path, data_dir: Path | None, spec: MtProfile, log: Log) -> Path:
+    from pipelines.corpora import fixture
+
+    log("[demo-mt] corpora: the committed UDHR fixture (smoke profile)")
+    return Path(fixture.write_fixture_corpora(out / "data")).resolve()
+
+
+CORPORA: dict[str, Callable[[Path, Path | None, MtProfile, Log], Path]] = {
+    "debian": _debian,
+    "fixture": _fixture,
+}
+
+
+def vocabulary(corpora: Path, out: Path, spec: MtProfile, log: Log) -> Path:
+    """Trains (or reuses) the study's SentencePiece model on the pretraining languages."""
+    from pipelines import vocab
+
+    prefix = out / "vocab" / f"mt_{'_'.join(spec.langs)}_{spec.vocab_size}"
+    model = prefix.with_suffix(".model")
+    if model.exists():
+        log(f"[demo-mt] vocabulary: reusing {model}")
+        return model
+    log(f"[demo-mt] vocabulary: training {spec.vocab_size} pieces on {'+'.join(spec.langs)}")
+    model = Path(
+        vocab.train_vocab(
+            corpora_dir=corpora,
+            langs=spec.langs,
+            out_prefix=prefix,
+            vocab_size=spec.vocab_size,
+            max_sentences=spec.vocab_sentences,
+        )
+    )
+    info = vocab.read_vocab_info(model)
+    for lang, stats in sorted(info.get("measurements", {}).items()):
+        log(f"[demo-mt]   {lang}: {stats['tokens_per_char']:.3f} tokens per character")
+    return model
+
+
+def check_vocab_fits(runs: list[Run], vocab_path: Path) -> int:
+    """The model vocabulary every run needs (pieces + sentinels); raises if a run's is smaller.
+
+    A model vocabulary smaller than the SentencePiece pieces plus the 100 sentinels would index
+    past its embedding table when span corruption emits `<extra_id_0>`.
+    """
+    import sentencepiece as spm
+
+    pieces = spm.SentencePieceProcessor(model_file=str(vocab_path)).get_piece_size()
+    needed = pieces + EXTRA_IDS
+    for run in runs:
+        size = dict(run.overrides).get("vocab_size")
+        if size is not None and int(size) < needed:
+            raise ValueError(
+                f"[demo-mt] run {run.run_id}: model vocab_size {size} < {pieces} SentencePiece "
+                f"pieces + {EXTRA_IDS} sentinel ids = {needed}; raise MODEL_OVERRIDES.vocab_size "
+                "in the manifest or train a smaller vocabulary"
+            )
+    return needed
+
+
+def run_mt_demo(
+    *,
+    profile: str = "full",
+    out_dir: str | Path = "demo_out/mt",
+    data_dir: str | Path | None = None,
+    log: Log = print,
+) -> dict:
+    """Runs the translation study of `profile`; writes `<out_dir>/report.md`, `fits.json`,
+    `verdicts.json` and the figures.
+
+    Returns a summary dict (paths, run counts, wall times), also written as `<out_dir>/demo.json`.
+
+    Raises:
+      ValueError: an unknown profile, or a manifest whose model vocabulary is too small.
+      RuntimeError: a run failed (its train.log says why).
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"unknown MT demo profile {profile!r}; choose one of {sorted(PROFILES)}")
+    spec = PROFILES[profile]
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    t0 = time.monotonic()
+    log(f"[demo-mt] profile {profile}: {spec.description}")
+
+    corpora = CORPORA[spec.corpora](out, Path(data_dir) if data_dir else None, spec, log)
+    times["corpora_s"] = time.monotonic() - t0
+
+    t = time.monotonic()
+    vocab_path = vocabulary(corpora, out, spec, log)
+    times["vocab_s"] = time.monotonic() - t
+
+    t = time.monotonic()
+    manifest = load_manifest(
+        spec.manifest,
+        variables={"DATA_DIR": str(corpora), "VOCAB_PATH": str(vocab_path)},
+        runs_dir=str(out / "runs"),
+    )
+    runs = expand(manifest)
+    check_vocab_fits(runs, vocab_path)
+    counts = {
+        s: sum(r.strategy == s for r in runs) for s in dict.fromkeys(r.strategy for r in runs)
+    }
+    log(
+        f"[demo-mt] sweep {manifest.name}: {len(runs)} runs ("
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + f") in {out / 'runs'}"
+    )
+    report = LocalLauncher(runner=_train_in_process).launch(runs, progress=Progress(runs))
+    times["train_s"] = time.monotonic() - t
+    if report.failed or report.blocked:
+        bad = [*report.failed, *report.blocked]
+        raise RuntimeError(
+            f"[demo-mt] {len(bad)} run(s) failed or were blocked: {', '.join(bad)}; see their "
+            f"train.log under {out / 'runs'}"
+        )
+
+    t = time.monotonic()
+    from launch import demo_mt_report
+
+    note = {"data_note": spec.data_note} if spec.data_note else {}
+    fits = demo_mt_report.write(runs_dir=out / "runs", out_dir=out, log=log, **note)
+    times["fit_s"] = time.monotonic() - t
+    times["total_s"] = time.monotonic() - t0
+
+    summary = {
+        "study": "mt",
+        "profile": profile,
+        "corpora": str(corpora),
+        "vocab": str(vocab_path),
+        "runs": len(runs),
+        "runs_reused": len(report.skipped),
+        "report": str(out / "report.md"),
+        "fits": str(fits),
+        "times": times,
+        "python": sys.version.split()[0],
+    }
+    (out / "demo.json").write_text(json.dumps(summary, indent=1))
+    log(
+        f"[demo-mt] done in {times['total_s']:.0f} s (corpora {times['corpora_s']:.0f} s, vocab "
+        f"{times['vocab_s']:.0f} s, training {times['train_s']:.0f} s, fits "
+        f"{times['fit_s']:.0f} s): {out / 'report.md'}"
+    )
+    return summary

@@ -1,0 +1,404 @@
+"""What the translation study's runs say: per-(mixture, Df) series and the paper's four questions.
+
+Pure functions over `fitting.io.Run`s (and fits.json), used by `launch.demo_mt_report`:
+`collect` groups finetuning runs into cells (one per pretraining data × task × finetuning size,
+every metric aligned by checkpoint, the same grouping as the fits); `aligned_vs_english`,
+`pretraining_gain`, `co_movement` and `verdicts` measure what the MT paper (Isik et al. 2024)
+claims: aligned data is better, pretraining matters less at large Df, BLEU and cross-entropy can
+disagree (§3.4), and the §3.5 valuation guide's verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+# Score names a finetuning run may report under eval/<task>/<metric>, in report order.
+SCORE_LABELS: dict[str, str] = {
+    "bleu": "BLEU",
+    "chrf": "chrF++",
+    "rouge_l": "ROUGE-L",
+    "rougeL": "ROUGE-L",
+    "comet": "COMET",
+}
+CE = "loss"
+LABELS = {**SCORE_LABELS, CE: "downstream CE"}
+# "Beyond noise" for a change between checkpoints: 5% in log space, as fitting.valuation.
+TOLERANCE = 0.05
+_MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
+_GIN_DF = re.compile(r"^\s*FINETUNE_TOKENS\s*=\s*([0-9_eE.+]+)", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """Every metric of one (pretraining data, task, finetuning size) series of finetuned checkpoints.
+
+    Attributes:
+      mixture: the pretraining mixture (`mix_en_50_fr_50`).
+      task: the finetuning task (`mt_en_fr`).
+      df: finetuning tokens Df (None when the runs do not say).
+      steps: finetuning steps (the key `fitting.points.downstream_series` groups by).
+      Dp: pretraining tokens of each checkpoint, increasing.
+      init_steps: the pretraining step of each checkpoint.
+      values: metric → value per checkpoint (NaN where a run did not report it).
+      baseline: metric → the non-pretrained model's value at the same Df.
+      runs: the finetuning run ids, in Dp order.
+      alignment: the translation alignment score of the mixture for the task (eq. 2).
+    """
+
+    mixture: str
+    task: str
+    df: int | None
+    steps: str
+    Dp: np.ndarray
+    init_steps: tuple[int | None, ...]
+    values: Mapping[str, np.ndarray]
+    baseline: Mapping[str, float]
+    runs: tuple[str, ...]
+    alignment: float | None
+
+    @property
+    def label(self) -> str:
+        """`<mixture>, Df=<tokens>` for tables and legends."""
+        return f"{self.mixture}, Df={count_label(self.df)}"
+
+
+def count_label(x: Any) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "?"
+    x = float(x)
+    for factor, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def finetune_tokens(meta: Mapping[str, Any]) -> int | None:
+    """Df of a finetuning run: run.json's `finetune_tokens`, else FINETUNE_TOKENS in its gin."""
+    if meta.get("finetune_tokens") not in (None, ""):
+        return int(float(meta["finetune_tokens"]))
+    m = _GIN_DF.search(str(meta.get("gin_config") or ""))
+    return int(float(m.group(1).replace("_", ""))) if m else None
+
+
+def alignment_of(mixture: str, task: str) -> float | None:
+    from fitting import alignment
+
+    m = _MT_TASK.match(task)
+    try:
+        return alignment.score(mixture, m.group(1), m.group(2)) if m else None
+    except ValueError:
+        return None
+
+
+def score_metrics(runs: Sequence[Any]) -> list[str]:
+    """The translation scores the finetuning runs report, BLEU first."""
+    found = {
+        k.rsplit("/", 1)[-1]
+        for r in runs
+        if r.strategy in ("finetune", "finetune_scratch")
+        for rec in r.records
+        for k in rec
+        if k.startswith("eval/") and k.count("/") == 2
+    }
+    order = list(SCORE_LABELS)
+    return sorted(found & set(SCORE_LABELS), key=order.index)
+
+
+def collect(runs: Sequence[Any]) -> list[Cell]:
+    """Groups the finetuning runs into cells, one per (pretraining data, task, Df), each with all
+    metrics aligned by checkpoint (the same grouping as the fits in fits.json)."""
+    from fitting import points
+
+    by_id = {r.run_id: r for r in runs}
+    metrics = [*score_metrics(runs), CE]
+    per_key: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for metric in metrics:
+        for s in points.downstream_series(runs, metric=metric):
+            cell = per_key.setdefault(s.key, {"Dp": {}, "values": {}, "baseline": {}})
+            for dp, v, rid in zip(s.Dp, s.values, s.runs, strict=True):
+                cell["Dp"][rid] = float(dp)
+                cell["values"].setdefault(metric, {})[rid] = float(v)
+            if s.baseline is not None:
+                cell["baseline"][metric] = float(s.baseline)
+    cells = []
+    for (mixture, task, steps), c in sorted(per_key.items()):
+        order = sorted(c["Dp"], key=lambda rid: c["Dp"][rid])
+        dfs = {finetune_tokens(by_id[rid].meta) for rid in order}
+        init = tuple(
+            None if by_id[rid].meta.get("init_step") is None else int(by_id[rid].meta["init_step"])
+            for rid in order
+        )
+        cells.append(
+            Cell(
+                mixture=mixture,
+                task=task,
+                df=dfs.pop() if len(dfs) == 1 else None,
+                steps=steps,
+                Dp=np.asarray([c["Dp"][rid] for rid in order]),
+                init_steps=init,
+                values={
+                    m: np.asarray([vals.get(rid, math.nan) for rid in order])
+                    for m, vals in c["values"].items()
+                },
+                baseline=dict(c["baseline"]),
+                runs=tuple(order),
+                alignment=alignment_of(mixture, task),
+            )
+        )
+    return sorted(cells, key=lambda c: (c.task, -(c.alignment or 0.0), c.mixture, c.df or 0))
+
+
+def _better(metric: str, a: float, b: float) -> bool:
+    """Whether value a is better than b (lower for cross-entropy, higher for scores)."""
+    return a < b if metric == CE else a > b
+
+
+def _best(metric: str, values: np.ndarray) -> float:
+    ok = values[np.isfinite(values)]
+    if not ok.size:
+        return math.nan
+    return float(ok.min() if metric == CE else ok.max())
+
+
+def aligned_vs_english(
+    cells: Sequence[Cell], metric: str, *, noise: Mapping[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """Per (task, Df): the most and least aligned mixtures compared checkpoint by checkpoint
+    (same pretraining step), counting where the aligned one is better (the paper: always).
+
+    Args:
+      cells: from `collect`.
+      metric: the metric compared.
+      noise: run id → the metric's resampling half-width (e.g. BLEU's bootstrap 95% interval);
+        when given, `beyond_noise` counts the checkpoints whose difference exceeds both runs'
+        half-widths combined (None where a run has no estimate).
+    """
+    rows = []
+    groups: dict[tuple[str, Any], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.task, c.df), []).append(c)
+    for (task, df), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        ranked = sorted(
+            (c for c in group if c.alignment is not None and metric in c.values),
+            key=lambda c: -(c.alignment or 0.0),
+        )
+        if len(ranked) < 2 or ranked[0].alignment == ranked[-1].alignment:
+            continue
+        hi, lo = ranked[0], ranked[-1]
+        a = dict(zip(hi.init_steps, hi.values[metric], strict=True))
+        b = dict(zip(lo.init_steps, lo.values[metric], strict=True))
+        run_a = dict(zip(hi.init_steps, hi.runs, strict=True))
+        run_b = dict(zip(lo.init_steps, lo.runs, strict=True))
+        common = [s for s in hi.init_steps if s in b and np.isfinite(a[s]) and np.isfinite(b[s])]
+        if not common:
+            continue
+        diffs = [a[s] - b[s] for s in common]
+        beyond = None
+        if noise is not None and all(run_a[s] in noise and run_b[s] in noise for s in common):
+            beyond = sum(
+                abs(a[s] - b[s]) > math.hypot(noise[run_a[s]], noise[run_b[s]])
+                and _better(metric, a[s], b[s])
+                for s in common
+            )
+        rows.append(
+            {
+                "task": task,
+                "df": df,
+                "aligned": hi.mixture,
+                "other": lo.mixture,
+                "wins": sum(_better(metric, a[s], b[s]) for s in common),
+                "beyond_noise": beyond,
+                "n": len(common),
+                "mean_diff": float(np.mean(diffs)),
+                "last_aligned": a[common[-1]],
+                "last_other": b[common[-1]],
+            }
+        )
+    return rows
+
+
+def pretraining_gain(cells: Sequence[Cell], metric: str) -> list[dict[str, Any]]:
+    """Per cell: best and last checkpoint against the non-pretrained baseline; `gain` is positive
+    when pretraining helps (score up, or cross-entropy down)."""
+    rows = []
+    for c in cells:
+        v, base = c.values.get(metric), c.baseline.get(metric)
+        if v is None or base is None or not np.isfinite(v).any():
+            continue
+        best = _best(metric, v)
+        last = float(v[np.isfinite(v)][-1])
+        sign = -1.0 if metric == CE else 1.0
+        rows.append(
+            {
+                "mixture": c.mixture,
+                "task": c.task,
+                "df": c.df,
+                "baseline": base,
+                "best": best,
+                "last": last,
+                "gain": sign * (best - base),
+                "gain_last": sign * (last - base),
+                "rel_gain": sign * (best - base) / abs(base) if base else math.nan,
+            }
+        )
+    return rows
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    for v in np.unique(x):  # average ranks of ties
+        tie = x == v
+        ranks[tie] = ranks[tie].mean()
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation (NaN for fewer than 3 points or a constant input)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3:
+        return math.nan
+    rx, ry = _ranks(x), _ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, Any]]:
+    """Per cell: does the score follow the cross-entropy along pretraining (MT paper §3.4)?
+
+    Counts the steps between consecutive checkpoints where the cross-entropy falls, where the
+    score rises, and where the cross-entropy falls but the score drops by more than the noise
+    tolerance (the paper's disagreement); `rho` is the rank correlation of the score with −CE
+    (+1: they move together)."""
+    rows = []
+    for c in cells:
+        s, ce = c.values.get(score), c.values.get(CE)
+        if s is None or ce is None or len(s) < 2:
+            continue
+        ok = np.isfinite(s) & np.isfinite(ce)
+        s, ce = s[ok], ce[ok]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ds = np.diff(np.log(np.where(s > 0, s, np.nan)))
+        dce = np.diff(ce)
+        rows.append(
+            {
+                "mixture": c.mixture,
+                "task": c.task,
+                "df": c.df,
+                "steps": len(dce),
+                "ce_down": int(np.sum(dce < 0)),
+                "score_up": int(np.sum(np.nan_to_num(ds, nan=0.0) > 0)),
+                "disagree": int(np.sum((dce < 0) & (np.nan_to_num(ds, nan=0.0) < -TOLERANCE))),
+                "rho": spearman(s, -ce),
+            }
+        )
+    return rows
+
+
+def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str, Any], Any]:
+    """The §3.5 valuation verdict of each cell's score series (`fitting.valuation.assess`)."""
+    from fitting import valuation
+
+    out = {}
+    for c in cells:
+        v = c.values.get(score)
+        if v is None or not np.all(np.isfinite(v)):
+            continue
+        out[(c.mixture, c.task, c.df)] = valuation.assess(
+            c.Dp, v, baseline=c.baseline.get(score), tolerance=TOLERANCE
+        )
+    return out
+
+
+def fit_entries(fits: Mapping[str, Any]) -> dict[tuple[str, str, str, str], Mapping[str, Any]]:
+    """fits.json's downstream entries keyed by (pretraining, task, finetuning steps, metric)."""
+    out = {}
+    for name in ("bleu", "ce"):
+        for e in fits.get(name) or []:
+            out[(e["pretraining"], e["task"], str(e["finetune_steps"]), e["metric"])] = e
+    return out
+
+
+def fit_object(entry: Mapping[str, Any] | None):
+    """A `DownstreamFit` rebuilt from its fits.json dict (for plotting the fitted law)."""
+    if not entry:
+        return None
+    from fitting.downstream import DownstreamFit
+
+    d = entry["fit"]
+
+    def arr(key):
+        return np.asarray([math.nan if v is None else v for v in d[key]], float)
+
+    err = d.get("prediction_error")
+    return DownstreamFit(
+        law=d["law"],
+        params=dict(d["params"]),
+        objective=float(d["objective"]),
+        converged=bool(d["converged"]),
+        grad_norm=float(d["grad_norm"]),
+        n_starts=int(d["n_starts"]),
+        n_at_best=int(d["n_at_best"]),
+        n_fit=int(d["n_fit"]),
+        delta=float(d["delta"]),
+        Dp=arr("Dp"),
+        observed=arr("observed"),
+        predicted=arr("predicted"),
+        residuals=arr("residuals"),
+        fitted=np.asarray(d["fitted"], bool),
+        prediction_error=math.nan if err is None else float(err),
+    )
+
+
+def held_out_max(entry: Mapping[str, Any] | None) -> float:
+    if not entry:
+        return math.nan
+    fit = entry["fit"]
+    res = [abs(r) for r, f in zip(fit["residuals"], fit["fitted"], strict=True) if not f and r]
+    return max(res) if res else math.nan
+
+
+# --------------------------------------------------------------------------------------- tables
+
+
+def bleu_noise(runs: Sequence[Any], *, n_bootstrap: int = 200) -> dict[str, tuple[float, float]]:
+    """Per finetuning run with saved predictions: (BLEU, bootstrap 95% half-width) on its final
+    predictions file, so differences can be judged against resampling noise."""
+    from sacrebleu.metrics import BLEU
+
+    out = {}
+    for r in runs:
+        if r.strategy not in ("finetune", "finetune_scratch"):
+            continue
+        files = sorted((r.path / "predictions").glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+        if not files:
+            continue
+        refs, hyps = [], []
+        for line in files[-1].read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            ref = next((row[k] for k in ("targets", "target", "reference") if k in row), None)
+            hyp = next((row[k] for k in ("prediction", "predictions", "output") if k in row), None)
+            if isinstance(ref, str) and isinstance(hyp, str):
+                refs.append(ref)
+                hyps.append(hyp)
+        if len(refs) >= 10:
+            tgt = str(r.meta.get("mixture_or_task", "")).rsplit("_", 1)[-1]
+            score = BLEU(tokenize="zh" if tgt == "zh" else "13a").corpus_score(
+                hyps, [refs], n_bootstrap=n_bootstrap
+            )
+            out[r.run_id] = (float(score.score), float(getattr(score, "_ci", math.nan)))
+    return out

@@ -1,0 +1,222 @@
+"""The translation study's report on hand-written run directories (no training)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fitting import io, laws
+from launch import demo_mt_findings as find
+from launch import demo_mt_report as rep
+
+STEPS = (100, 200, 300, 500, 750, 1000)
+TOKENS_PER_STEP = 4096
+DFS = {40_000: 20, 400_000: 200}  # Df -> finetuning steps
+BLEU_LAW = {"log_A": -8.0, "alpha": 1.0, "beta": 0.9}  # increasing over Dp in 4e5..4e6
+CE_LAW = {"E": 1.5, "A": 60.0, "alpha": 0.3}
+
+
+def _write(root, run_id, meta, records):
+    d = root / run_id
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps(meta))
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (d / "COMPLETED").write_text(json.dumps({"step": records[-1]["step"]}))
+    return d
+
+
+def _meta(strategy, task, **extra):
+    return {
+        "model": "mt_tiny",
+        "family": "t5",
+        "params_total": 1.2e6,
+        "params_non_embedding": 8e5,
+        "strategy": strategy,
+        "languages": ["en", "fr"],
+        "mixture_or_task": task,
+        "components": [task],
+        **extra,
+    }
+
+
+def _scores(dp, df, aligned):
+    """Aligned: BLEU on the log-law; English-only: lower, and falling after the 4th checkpoint
+    while its CE keeps falling (the paper's en-fr break). A larger Df lifts everything and
+    flattens the effect of pretraining."""
+    small = df == 40_000
+    bleu = laws.log_law(dp, **BLEU_LAW) * (1.0 if small else 1.6)
+    ce = laws.power_law(dp, **CE_LAW) * (1.0 if small else 0.8)
+    if not aligned:
+        bleu = bleu * 0.7
+        ce = ce * 1.1
+    if not small:  # pretraining matters little at the large Df
+        bleu = 0.9 * bleu[0] + 0.1 * bleu
+    if not aligned and small:
+        bleu = np.where(np.arange(len(dp)) >= 4, bleu * np.array([1, 1, 1, 1, 0.8, 0.7]), bleu)
+    return bleu, ce
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mt_runs")
+    for mixture, comps in (
+        ("mix_en_50_fr_50", ["span_en", "span_fr"]),
+        ("mix_en_100", ["span_en"]),
+    ):
+        pre_id = f"pretrain_{mixture}"
+        recs = [
+            {"step": s, "tokens": s * TOKENS_PER_STEP, "train/loss": 5.0 / math.log(s)}
+            for s in STEPS
+        ]
+        _write(root, pre_id, {**_meta("pretrain", mixture), "components": comps}, recs)
+        dp = np.asarray(STEPS, float) * TOKENS_PER_STEP
+        for df, ft_steps in DFS.items():
+            bleu, ce = _scores(dp, df, aligned=mixture == "mix_en_50_fr_50")
+            for i, s in enumerate(STEPS):
+                rid = f"finetune_{mixture}_step{s}_df{df}"
+                meta = _meta(
+                    "finetune",
+                    "mt_en_fr",
+                    init_checkpoint=f"{root / pre_id}@{s}",
+                    init_step=s,
+                    train_steps=ft_steps,
+                )
+                # Df from run.json for one mixture, from the resolved gin for the other.
+                if mixture == "mix_en_100":
+                    meta["gin_config"] = f"TASK = 'mt_en_fr'\nFINETUNE_TOKENS = {df}\n"
+                else:
+                    meta["finetune_tokens"] = df
+                rec = {
+                    "step": ft_steps,
+                    "tokens": ft_steps * 100,
+                    "eval/mt_en_fr/loss": float(ce[i]),
+                    "eval/mt_en_fr/bleu": float(bleu[i]),
+                    "eval/mt_en_fr/chrf": float(2 * bleu[i] + 10),
+                    "eval/mt_en_fr/rouge_l": float(1.5 * bleu[i] + 5),
+                }
+                _write(root, rid, meta, [rec])
+    for df, ft_steps in DFS.items():
+        small = df == 40_000
+        base = {
+            "step": ft_steps,
+            "tokens": ft_steps * 100,
+            "eval/mt_en_fr/loss": 5.0 if small else 3.0,
+            "eval/mt_en_fr/bleu": 2.0 if small else 9.0,
+            "eval/mt_en_fr/chrf": 14.0 if small else 28.0,
+            "eval/mt_en_fr/rouge_l": 8.0 if small else 18.0,
+        }
+        meta = _meta("finetune_scratch", "mt_en_fr", train_steps=ft_steps, finetune_tokens=df)
+        _write(root, f"finetune_scratch_df{df}", meta, [base])
+    return root
+
+
+@pytest.fixture(scope="module")
+def cells(runs_dir):
+    return find.collect(io.read_runs(runs_dir))
+
+
+def test_collect_groups_by_mixture_and_df_with_baselines(cells):
+    assert [(c.mixture, c.df) for c in cells] == [
+        ("mix_en_50_fr_50", 40_000),
+        ("mix_en_50_fr_50", 400_000),
+        ("mix_en_100", 40_000),
+        ("mix_en_100", 400_000),
+    ]
+    for c in cells:
+        assert c.task == "mt_en_fr" and c.init_steps == STEPS
+        np.testing.assert_allclose(c.Dp, np.asarray(STEPS) * TOKENS_PER_STEP)
+        assert set(c.values) == {"bleu", "chrf", "rouge_l", "loss"}
+        assert c.baseline["bleu"] == (2.0 if c.df == 40_000 else 9.0)
+        assert c.alignment == pytest.approx(1.0 if c.mixture == "mix_en_50_fr_50" else 0.7)
+    assert find.score_metrics([]) == []
+
+
+def test_finetune_tokens_from_run_json_or_gin():
+    assert find.finetune_tokens({"finetune_tokens": 5000}) == 5000
+    assert find.finetune_tokens({"gin_config": "A = 1\nFINETUNE_TOKENS = 1_200_000\n"}) == 1_200_000
+    assert find.finetune_tokens({"gin_config": "A = 1"}) is None
+
+
+def test_aligned_mixture_wins_every_checkpoint(cells):
+    rows = find.aligned_vs_english(cells, "bleu")
+    assert [(r["df"], r["wins"], r["n"]) for r in rows] == [(40_000, 6, 6), (400_000, 6, 6)]
+    assert all(r["mean_diff"] > 0 for r in rows)
+    ce = find.aligned_vs_english(cells, "loss")
+    assert all(r["wins"] == r["n"] and r["mean_diff"] < 0 for r in ce)  # lower CE is better
+
+
+def test_pretraining_gain_is_larger_at_small_df(cells):
+    rows = {(r["mixture"], r["df"]): r for r in find.pretraining_gain(cells, "bleu")}
+    for mix in ("mix_en_50_fr_50", "mix_en_100"):
+        assert rows[(mix, 40_000)]["rel_gain"] > rows[(mix, 400_000)]["rel_gain"]
+    ce = find.pretraining_gain(cells, "loss")
+    assert all(r["gain"] > 0 for r in ce)  # every pretrained model beats the baseline's CE
+
+
+def test_co_movement_finds_bleu_falling_while_ce_falls(cells):
+    rows = {(r["mixture"], r["df"]): r for r in find.co_movement(cells)}
+    broken = rows[("mix_en_100", 40_000)]
+    assert broken["ce_down"] == 5 and broken["disagree"] == 2 and broken["rho"] < 0.9
+    good = rows[("mix_en_50_fr_50", 40_000)]
+    assert good["disagree"] == 0 and good["rho"] == pytest.approx(1.0)
+
+
+def test_spearman():
+    assert find.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert find.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(find.spearman([1, 2], [1, 2]))
+    assert math.isnan(find.spearman([1, 2, 3], [5, 5, 5]))
+
+
+def test_verdicts_follow_the_valuation_guide(cells):
+    found = find.verdicts(cells)
+    assert found[("mix_en_50_fr_50", "mt_en_fr", 40_000)].kind == "law_fits"
+    assert found[("mix_en_100", "mt_en_fr", 40_000)].kind == "law_breaks"
+
+
+def test_write_produces_the_report_figures_and_fits(runs_dir, tmp_path):
+    fits_path = rep.write(runs_dir=runs_dir, out_dir=tmp_path, log=lambda line: None)
+    fits = json.loads(fits_path.read_text())
+    assert {e["metric"] for e in fits["bleu"]} == {"bleu", "chrf", "rouge_l"}
+    assert len(fits["ce"]) == 4 and all(e["fit"]["converged"] for e in fits["ce"])
+    text = (tmp_path / "report.md").read_text()
+    for heading in (
+        "The study against the MT paper",
+        "1. Is the aligned mixture better than English only?",
+        "2. Does pretraining help more at small Df",
+        "3. Does the log-law fit BLEU",
+        "4. Do BLEU and cross-entropy move together?",
+        "Valuation verdicts",
+        "Fitted laws",
+        "What the tiny scale cannot show",
+        "## Runs",
+        "Appendix: the fitting report",
+    ):
+        assert heading in text, heading
+    assert "mix_en_50_fr_50: 1" in text and "mix_en_100: 0.7" in text
+    assert "**law_breaks**" in text and "**law_fits**" in text
+    assert "BLEU: **reproduced** (aligned better at 100% of the checkpoint pairs)" in text
+    assert "downstream CE: **reproduced**" in text
+    for png in ("mt_laws_mt_en_fr.png", "mt_bleu_vs_ce_mt_en_fr.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({png})" in text
+    verdicts = json.loads((tmp_path / "verdicts.json").read_text())
+    assert len(verdicts) == 4 and {v["kind"] for v in verdicts} == {"law_fits", "law_breaks"}
+    assert text.count("| finetune |") == 24 and text.count("| finetune_scratch |") == 2
+
+
+def test_cli_dispatches_to_the_study_registry(monkeypatch):
+    from launch import demo
+    from xlscale_cli.main import main
+
+    with pytest.raises(ValueError, match="unknown demo study 'nmt'"):
+        demo.run_demo(study="nmt")
+    with pytest.raises(ValueError, match="unknown MT demo profile"):
+        demo.run_demo(study="mt", profile="huge", out_dir="/tmp/never")
+    calls = []
+    monkeypatch.setitem(demo.STUDIES, "mt", lambda **kw: calls.append(kw) or {})
+    assert main(["demo", "--study", "mt", "--profile", "smoke"]) == 0
+    assert calls == [{"out_dir": "demo_out/mt/smoke", "profile": "smoke", "data_dir": None}]
+    assert main(["demo", "--study", "mt", "--out", "/tmp/x"]) == 0
+    assert calls[-1]["out_dir"] == "/tmp/x" and calls[-1]["profile"] == "full"

@@ -1,0 +1,38 @@
+"""The translation study end to end at toy size: `xlscale demo --study mt --profile smoke`."""
+
+import json
+
+import pytest
+
+
+@pytest.mark.slow
+def test_mt_smoke_study_end_to_end(tmp_path, monkeypatch):
+    from launch.demo import run_demo
+
+    monkeypatch.setenv("XLSCALE_DATA", str(tmp_path / "data"))
+    out = tmp_path / "out"
+    summary = run_demo(study="mt", profile="smoke", out_dir=out, log=lambda line: None)
+    assert summary["study"] == "mt" and summary["runs"] == 28 and summary["runs_reused"] == 0
+    report = (out / "report.md").read_text()
+    for heading in (
+        "The study against the MT paper",
+        "Valuation verdicts",
+        "Fitted laws",
+        "## Runs",
+    ):
+        assert heading in report, heading
+    fits = json.loads((out / "fits.json").read_text())
+    assert fits["bleu"] and fits["ce"], fits.get("skipped")
+    assert {e["task"] for e in fits["ce"]} == {"mt_en_fr"}
+    assert {e["pretraining"] for e in fits["ce"]} == {"mix_en_50_fr_50", "mix_en_100"}
+    verdicts = json.loads((out / "verdicts.json").read_text())
+    assert len(verdicts) == 4  # (2 mixtures) x (2 Df)
+    assert all(v["kind"] and v["explanation"] for v in verdicts)
+    for png in ("mt_laws_mt_en_fr.png", "mt_bleu_vs_ce_mt_en_fr.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    runs = sorted((out / "runs").iterdir())
+    assert len(runs) == 28 and all((r / "COMPLETED").exists() for r in runs)
+    # Re-running reuses every finished run and refits.
+    again = run_demo(study="mt", profile="smoke", out_dir=out, log=lambda line: None)
+    assert again["runs_reused"] == 28
+    assert again["times"]["train_s"] < summary["times"]["train_s"] / 5
