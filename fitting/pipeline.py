@@ -294,7 +294,11 @@ def _downstream(study: _Study, metrics: Sequence[str], name: str) -> None:
                 entry["verdict"] = valuation.assess(s.Dp, s.values, baseline=s.baseline).to_dict()
             entries.append(entry)
             figures.setdefault((metric, s.key[1]), []).append(
-                (f"{s.key[0]} ({s.key[2]} steps)", fit, s.baseline)
+                (
+                    f"{s.key[0]} ({s.key[2]}{' steps' if s.key[2].isdigit() else ''})",
+                    fit,
+                    s.baseline,
+                )
             )
     if not entries:
         raise _Skip(f"no finetuning runs with {'/'.join(metrics)} results")

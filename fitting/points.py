@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 from typing import Any
@@ -198,11 +199,32 @@ class DownstreamSeries:
     baseline: float | None = None
 
 
+_GIN_DF = re.compile(r"^\s*FINETUNE_TOKENS\s*=\s*([0-9_eE.+]+)", re.MULTILINE)
+
+
+def finetune_tokens(meta: dict) -> int | None:
+    """Df of a finetuning run: run.json's `finetune_tokens`, else FINETUNE_TOKENS in its gin."""
+    if meta.get("finetune_tokens") not in (None, ""):
+        return int(float(meta["finetune_tokens"]))
+    m = _GIN_DF.search(str(meta.get("gin_config") or ""))
+    return int(float(m.group(1).replace("_", ""))) if m else None
+
+
+def finetune_group(meta: dict) -> str:
+    """The finetuning recipe of a run, as the third part of a series key: its step count, and
+    its Df when it recorded one (the MT paper finetunes 300 steps on sets of several sizes Df,
+    so steps alone would merge them): `"300"` or `"300 steps, Df 6000000"`."""
+    steps = str(meta.get("train_steps", ""))
+    df = finetune_tokens(meta)
+    return steps if df is None else f"{steps} steps, Df {df}"
+
+
 def downstream_series(runs: Sequence[Run], *, metric: str) -> list[DownstreamSeries]:
     """Groups finetuning runs into (Dp, final value) series, one per pretraining run × task.
 
     Dp is read from the pretraining run named by `init_checkpoint` ('<model_dir>[@step]') at its
-    `init_step`. `metric` is a score name ("bleu", "rouge", "comet") or "loss".
+    `init_step`. `metric` is a score name ("bleu", "rouge", "comet") or "loss". A series (and
+    its non-pretrained baseline) shares the finetuning recipe: steps and Df (`finetune_group`).
     """
     by_id = {r.run_id: r for r in runs}
     groups: dict[tuple[str, str, str], list[tuple[float, float, str]]] = {}
@@ -214,7 +236,7 @@ def downstream_series(runs: Sequence[Run], *, metric: str) -> list[DownstreamSer
         value = _final_value(run, task, metric)
         if value is None:
             continue
-        steps = str(run.meta.get("train_steps", ""))
+        steps = finetune_group(run.meta)
         if run.strategy == "finetune_scratch":
             baselines[(task, steps)] = value
             continue

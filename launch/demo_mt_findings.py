@@ -32,7 +32,6 @@ LABELS = {**SCORE_LABELS, CE: "downstream CE"}
 # "Beyond noise" for a change between checkpoints: 5% in log space, as fitting.valuation.
 TOLERANCE = 0.05
 _MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
-_GIN_DF = re.compile(r"^\s*FINETUNE_TOKENS\s*=\s*([0-9_eE.+]+)", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +80,9 @@ def count_label(x: Any) -> str:
 
 def finetune_tokens(meta: Mapping[str, Any]) -> int | None:
     """Df of a finetuning run: run.json's `finetune_tokens`, else FINETUNE_TOKENS in its gin."""
-    if meta.get("finetune_tokens") not in (None, ""):
-        return int(float(meta["finetune_tokens"]))
-    m = _GIN_DF.search(str(meta.get("gin_config") or ""))
-    return int(float(m.group(1).replace("_", ""))) if m else None
+    from fitting import points
+
+    return points.finetune_tokens(dict(meta))
 
 
 def alignment_of(mixture: str, task: str) -> float | None:

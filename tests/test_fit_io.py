@@ -173,3 +173,29 @@ def test_bad_values_in_runs_name_run_and_step(tmp_path):
     (run / "run.json").write_text(json.dumps({**meta, "params_non_embedding": None}))
     with pytest.raises(FitInputError, match=r"run 'nan_run': run.json has no positive"):
         points.curve(io.read_runs(tmp_path)[0])
+
+
+def test_finetunes_of_several_df_at_equal_steps_are_separate_series(study, tmp_path):
+    # The MT paper finetunes 300 steps on sets of several sizes Df: each Df is its own series,
+    # with the baseline of the same Df.
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(study, root)
+    for sub in root.iterdir():
+        meta_file = sub / "run.json"
+        meta = json.loads(meta_file.read_text())
+        if meta["strategy"] in ("finetune", "finetune_scratch"):
+            for df in (6_000_000, 31_000_000):
+                copy = root / f"{sub.name}_df{df}"
+                shutil.copytree(sub, copy)
+                (copy / "run.json").write_text(json.dumps({**meta, "finetune_tokens": df}))
+            shutil.rmtree(sub)
+    series = points.downstream_series(io.read_runs(root), metric="bleu")
+    keys = sorted(s.key for s in series)
+    assert keys == [
+        ("mix_en_50_fr_50", "mt_en_fr", "300 steps, Df 31000000"),
+        ("mix_en_50_fr_50", "mt_en_fr", "300 steps, Df 6000000"),
+    ]
+    assert all(len(s.Dp) == 8 and s.baseline is not None for s in series)
+    assert points.finetune_group({"train_steps": 300}) == "300"
