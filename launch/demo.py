@@ -21,7 +21,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launch.launchers import LocalLauncher
@@ -88,23 +88,36 @@ CORPORA: dict[str, Callable[[Path, Path | None, Log], Path]] = {
 }
 
 
-def _vocabulary(corpora: Path, out_dir: Path, vocab_size: int, log: Log) -> Path:
+def study_vocabulary(
+    corpora: Path,
+    out_dir: Path,
+    *,
+    langs: Sequence[str],
+    vocab_size: int,
+    name: str,
+    log: Log,
+    tag: str = "demo",
+    max_sentences: int | None = None,
+) -> Path:
+    """Trains (or reuses) a study's SentencePiece model `<out_dir>/vocab/<name>_<langs>_<size>`
+    on `langs`, logging its measured tokens per character per language."""
     from pipelines import vocab
 
-    prefix = out_dir / "vocab" / f"demo_{'_'.join(LANGS)}_{vocab_size}"
+    prefix = out_dir / "vocab" / f"{name}_{'_'.join(langs)}_{vocab_size}"
     model = prefix.with_suffix(".model")
     if model.exists():
-        log(f"[demo] vocabulary: reusing {model}")
+        log(f"[{tag}] vocabulary: reusing {model}")
         return model
-    log(f"[demo] vocabulary: training {vocab_size} pieces on {'+'.join(LANGS)}")
+    log(f"[{tag}] vocabulary: training {vocab_size} pieces on {'+'.join(langs)}")
+    extra = {} if max_sentences is None else {"max_sentences": max_sentences}
     model = Path(
         vocab.train_vocab(
-            corpora_dir=corpora, langs=LANGS, out_prefix=prefix, vocab_size=vocab_size
+            corpora_dir=corpora, langs=langs, out_prefix=prefix, vocab_size=vocab_size, **extra
         )
     )
     info = vocab.read_vocab_info(model)
     for lang, stats in sorted(info.get("measurements", {}).items()):
-        log(f"[demo]   {lang}: {stats['tokens_per_char']:.3f} tokens per character")
+        log(f"[{tag}]   {lang}: {stats['tokens_per_char']:.3f} tokens per character")
     return model
 
 
@@ -144,7 +157,9 @@ def run_cpt_demo(
     times["corpora_s"] = time.monotonic() - t0
 
     t = time.monotonic()
-    vocab_path = _vocabulary(corpora, out, spec.vocab_size, log)
+    vocab_path = study_vocabulary(
+        corpora, out, langs=LANGS, vocab_size=spec.vocab_size, name="demo", log=log
+    )
     times["vocab_s"] = time.monotonic() - t
 
     t = time.monotonic()

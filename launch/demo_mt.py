@@ -115,27 +115,18 @@ CORPORA: dict[str, Callable[[Path, Path | None, MtProfile, Log], Path]] = {
 
 def vocabulary(corpora: Path, out: Path, spec: MtProfile, log: Log) -> Path:
     """Trains (or reuses) the study's SentencePiece model on the pretraining languages."""
-    from pipelines import vocab
+    from launch.demo import study_vocabulary
 
-    prefix = out / "vocab" / f"mt_{'_'.join(spec.langs)}_{spec.vocab_size}"
-    model = prefix.with_suffix(".model")
-    if model.exists():
-        log(f"[demo-mt] vocabulary: reusing {model}")
-        return model
-    log(f"[demo-mt] vocabulary: training {spec.vocab_size} pieces on {'+'.join(spec.langs)}")
-    model = Path(
-        vocab.train_vocab(
-            corpora_dir=corpora,
-            langs=spec.langs,
-            out_prefix=prefix,
-            vocab_size=spec.vocab_size,
-            max_sentences=spec.vocab_sentences,
-        )
+    return study_vocabulary(
+        corpora,
+        out,
+        langs=spec.langs,
+        vocab_size=spec.vocab_size,
+        name="mt",
+        log=log,
+        tag="demo-mt",
+        max_sentences=spec.vocab_sentences,
     )
-    info = vocab.read_vocab_info(model)
-    for lang, stats in sorted(info.get("measurements", {}).items()):
-        log(f"[demo-mt]   {lang}: {stats['tokens_per_char']:.3f} tokens per character")
-    return model
 
 
 def check_vocab_fits(runs: list[Run], vocab_path: Path) -> int:
