@@ -213,10 +213,10 @@ def test_cli_dispatches_to_the_study_registry(monkeypatch):
     with pytest.raises(ValueError, match="unknown demo study 'nmt'"):
         demo.run_demo(study="nmt")
     with pytest.raises(ValueError, match="unknown MT demo profile"):
-        demo.run_demo(study="mt", profile="huge", out_dir="/tmp/never")
+        demo.run_demo(study="mt", profile="huge", out_dir="never_written")
     calls = []
     monkeypatch.setitem(demo.STUDIES, "mt", lambda **kw: calls.append(kw) or {})
     assert main(["demo", "--study", "mt", "--profile", "smoke"]) == 0
     assert calls == [{"out_dir": "demo_out/mt/smoke", "profile": "smoke", "data_dir": None}]
-    assert main(["demo", "--study", "mt", "--out", "/tmp/x"]) == 0
-    assert calls[-1]["out_dir"] == "/tmp/x" and calls[-1]["profile"] == "full"
+    assert main(["demo", "--study", "mt", "--out", "out_x"]) == 0
+    assert calls[-1]["out_dir"] == "out_x" and calls[-1]["profile"] == "full"
