@@ -12,7 +12,8 @@ reports the best step's rates: target (decoder) tokens/s, the unit of `metrics.j
 stack (`t5_jax.counting.flops_per_example`). float32 unless `--dtype` says otherwise; dropout off.
 
 Shapes: `t5_tiny` at the CPU overlay's (`experiments/t5_tiny.gin`: batch 8, inputs 64, targets
-32, vocab 512); `t5_small` (T5.1.1 small, vocab 32128) at batch 8, inputs 256, targets 64.
+32, vocab 512); `t5_small` (T5.1.1 small, vocab 32128) at batch 8, inputs 256, targets 64;
+`mt_d128` (on request) the translation study's model at its finetuning shape, batch 32 x 64/64.
 """
 
 from __future__ import annotations
@@ -30,10 +31,22 @@ from trainer.optimizers import adafactor_defaults
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
 
-# size -> (config overrides, batch, inputs length, targets length)
-CONFIGS: dict[str, tuple[dict, int, int, int]] = {
-    "t5_tiny": ({"vocab_size": 512}, 8, 64, 32),
-    "t5_small": ({}, 8, 256, 64),
+# The translation study's model (launch/manifests/mt_demo.toml: T5.1.1 block at d_model 128).
+MT_D128 = {
+    "vocab_size": 2048,
+    "d_model": 128,
+    "num_heads": 4,
+    "head_dim": 32,
+    "num_encoder_layers": 2,
+    "num_decoder_layers": 2,
+    "d_ff": 384,
+}
+
+# name -> (model size, config overrides, batch, inputs length, targets length)
+CONFIGS: dict[str, tuple[str, dict, int, int, int]] = {
+    "t5_tiny": ("t5_tiny", {"vocab_size": 512}, 8, 64, 32),
+    "t5_small": ("t5_small", {}, 8, 256, 64),
+    "mt_d128": ("t5_small", MT_D128, 32, 64, 64),  # the MT study's finetuning shape
 }
 
 
@@ -65,9 +78,9 @@ def synthetic_batch(
 
 def benchmark(size: str, *, dtype: str, steps_: int, seed: int = 0) -> dict:
     """Compiles the trainer step for `size` and times `steps_` steps; returns a JSON-able row."""
-    overrides, batch, li, lt = CONFIGS[size]
+    base, overrides, batch, li, lt = CONFIGS[size]
     spec = models.ModelSpec(
-        family="t5", size=size, overrides={**overrides, "dtype": dtype}, dropout_rate=0.0
+        family="t5", size=base, overrides={**overrides, "dtype": dtype}, dropout_rate=0.0
     )
     wrapper, partitioner, abstract = setup.build_model(spec, MeshConfig())
     start = time.perf_counter()
@@ -124,7 +137,9 @@ def benchmark(size: str, *, dtype: str, steps_: int, seed: int = 0) -> dict:
 def main() -> None:
     """Runs the sizes asked for and prints one table row each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument(
+        "--sizes", nargs="*", default=["t5_tiny", "t5_small"], choices=list(CONFIGS)
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", help="also write the rows to this file")

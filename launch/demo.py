@@ -6,7 +6,8 @@ Steps, each cached so that a re-run reuses what is done:
   2. an en+zh SentencePiece vocabulary (`pipelines.vocab.train_vocab`);
   3. the sweep of the profile's manifest (`launch/manifests/{demo,smoke}.toml`): LLaMA2-shaped
      sizes × {source en, scratch zh, CPT zh} + CPT with en replay, run in dependency order by the
-     local launcher, in this process (one TensorFlow/JAX start for all runs);
+     local launcher in worker processes, two runs at a time on 2 or more cores (each worker
+     starts TensorFlow/JAX once and keeps its compiled steps for all its runs);
   4. the fits (`fitting.outputs.fit_runs`): Chinchilla on scratch, two-stage extended law on CPT,
      allocation, loss–compute frontiers, FLOPs saved, transferred data, replay curves;
   5. `report.md`: the fitting report plus the comparison with the paper's findings.
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launch.launchers import LocalLauncher
+from launch.launchers import LocalLauncher, default_jobs
 from launch.status import Progress
 from launch.sweep import Run, expand, load_manifest
 
@@ -132,14 +133,25 @@ def _train_in_process(run: Run, log_path: Path) -> int:
     return train.main(run.gin_args())
 
 
+def training_launcher(jobs: int | None, log: Log) -> LocalLauncher:
+    """The demos' launcher: `jobs` runs at once in worker processes (default
+    `launchers.default_jobs()`), or one by one in this process when `jobs` is 1."""
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs > 1:
+        log(f"[demo] training up to {jobs} runs at once in worker processes (--jobs 1: one by one)")
+    return LocalLauncher(runner=_train_in_process, jobs=jobs, poll_s=15.0)
+
+
 def run_cpt_demo(
     *,
     profile: str = "full",
     out_dir: str | Path = "demo_out",
     data_dir: str | Path | None = None,
     log: Log = print,
+    jobs: int | None = None,
 ) -> dict:
-    """Runs the whole study of `profile` and writes `<out_dir>/report.md`, `fits.json`, plots.
+    """Runs the whole study of `profile` and writes `<out_dir>/report.md`, `fits.json`, plots;
+    `jobs` runs train at once (see `training_launcher`).
 
     Returns a summary dict (paths, run counts, wall times) that is also written as
     `<out_dir>/demo.json`.
@@ -170,7 +182,7 @@ def run_cpt_demo(
     )
     runs = expand(manifest)
     log(f"[demo] sweep {manifest.name}: {len(runs)} runs in {out / 'runs'}")
-    report = LocalLauncher(runner=_train_in_process).launch(runs, progress=Progress(runs))
+    report = training_launcher(jobs, log).launch(runs, progress=Progress(runs))
     times["train_s"] = time.monotonic() - t
     if report.failed:
         raise RuntimeError(
@@ -224,7 +236,7 @@ def run_demo(*, study: str = "cpt", out_dir: str | Path | None = None, **kwargs)
     Args:
       study: which study.
       out_dir: output directory (default `DEFAULT_OUT[study][profile]`).
-      **kwargs: `profile` ("full" | "smoke"), `data_dir`, `log`, passed to the study.
+      **kwargs: `profile` ("full" | "smoke"), `data_dir`, `log`, `jobs`, passed to the study.
 
     Returns:
       The study's summary dict (also written as `<out_dir>/demo.json`).

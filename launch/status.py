@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -194,6 +195,8 @@ class Progress:
         self.work_done = 0.0
         self.work_elapsed = 0.0
         self._from_step: dict[str, int] = {}
+        self.workers = 1  # runs in flight at once (set by a parallel launcher)
+        self._lock = threading.Lock()  # parallel launchers report from several threads
 
     @staticmethod
     def _weight(run: Run) -> float:
@@ -207,8 +210,9 @@ class Progress:
         left = sum(self.remaining.values())
         if current is not None and step is not None:
             left -= self._share(current, step - self._from_step.get(current.run_id, 0))
+        # Elapsed times are per run, so with `workers` runs side by side the wall time is shorter.
         if self.work_done > 0 and self.work_elapsed > 0:
-            return left * self.work_elapsed / self.work_done
+            return left * self.work_elapsed / self.work_done / self.workers
         if self.flops_per_s and self.costs_known:
             return left / self.flops_per_s
         return None
@@ -217,7 +221,8 @@ class Progress:
         head = f"[sweep {self.done}/{self.total} done"
         head += f", {self.failed} failed" if self.failed else ""
         head += f" | ETA {format_seconds(eta)}]" if eta is not None else "]"
-        print(f"{head} {text}", file=self.stream, flush=True)
+        with self._lock:
+            print(f"{head} {text}", file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
         """Prints a line with the counters."""

@@ -217,6 +217,9 @@ def test_cli_dispatches_to_the_study_registry(monkeypatch):
     calls = []
     monkeypatch.setitem(demo.STUDIES, "mt", lambda **kw: calls.append(kw) or {})
     assert main(["demo", "--study", "mt", "--profile", "smoke"]) == 0
-    assert calls == [{"out_dir": "demo_out/mt/smoke", "profile": "smoke", "data_dir": None}]
-    assert main(["demo", "--study", "mt", "--out", "out_x"]) == 0
+    assert calls == [
+        {"out_dir": "demo_out/mt/smoke", "profile": "smoke", "data_dir": None, "jobs": None}
+    ]
+    assert main(["demo", "--study", "mt", "--out", "out_x", "--jobs", "1"]) == 0
     assert calls[-1]["out_dir"] == "out_x" and calls[-1]["profile"] == "full"
+    assert calls[-1]["jobs"] == 1

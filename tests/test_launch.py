@@ -302,3 +302,92 @@ def test_launcher_registry():
 
 def test_manifest_env_reaches_the_job(runs):
     assert runs[0].environment() == {"XLSCALE_TEST_ENV": "/data/x"}
+
+
+def timed_runner(run, log_path):
+    """A module-level (picklable) runner for the worker pool: records when it ran, in which
+    process, and that its parent had finished; fails the run whose id has FAIL_ME in its env."""
+    model_dir = Path(run.model_dir)
+    init = dict(run.bindings).get("INIT_CHECKPOINT")
+    parent_done = init is None or (Path(init.strip("'")) / "COMPLETED").exists()
+    start = time.time()
+    logging_line = f"worker {os.getpid()} training {run.run_id}"
+    import logging
+
+    logging.getLogger("trainer").info(logging_line)
+    time.sleep(0.6)
+    _metrics(model_dir, run.steps, 1.0)
+    (model_dir / "span.json").write_text(
+        json.dumps({"start": start, "end": time.time(), "pid": os.getpid(), "parent": parent_done})
+    )
+    if run.run_id.startswith(os.environ.get("FAIL_PREFIX", "\0")):
+        raise RuntimeError("simulated failure in a worker")
+    (model_dir / "COMPLETED").write_text(json.dumps({"step": run.steps}))
+    return 0
+
+
+def test_parallel_jobs_overlap_in_worker_processes_and_keep_dependency_order(runs):
+    stream = io.StringIO()
+    launcher = launchers.LocalLauncher(runner=timed_runner, jobs=2, poll_s=0.2)
+    report = launcher.launch(runs, progress=status.Progress(runs, stream=stream))
+    assert report.ok and sorted(report.completed) == sorted(r.run_id for r in runs)
+    spans = {r.run_id: json.loads((Path(r.model_dir) / "span.json").read_text()) for r in runs}
+    assert all(s["parent"] for s in spans.values())  # each CPT run started after its source
+    by_id = {r.run_id: r for r in runs}
+    for run_id, span in spans.items():
+        for dep in by_id[run_id].depends_on:
+            assert spans[dep]["end"] <= span["start"], (dep, run_id)
+    ordered = sorted(spans.values(), key=lambda s: s["start"])
+    overlaps = sum(a["end"] > b["start"] for a, b in zip(ordered, ordered[1:], strict=False))
+    assert overlaps >= 1, "no two runs ran at the same time"
+    assert os.getpid() not in {s["pid"] for s in spans.values()}
+    assert len({s["pid"] for s in spans.values()}) <= 2  # the pool's two workers, reused
+    # The trainer's log lines went to each run's own train.log, not the terminal.
+    log = (Path(runs[0].model_dir) / status.LOG_FILE).read_text()
+    assert f"training {runs[0].run_id}" in log
+    assert f"[sweep {len(runs)}/{len(runs)} done" in stream.getvalue()
+
+    again = launchers.LocalLauncher(runner=timed_runner, jobs=2).launch(
+        runs, progress=status.Progress(runs, stream=io.StringIO())
+    )
+    assert again.skipped == [r.run_id for r in sweep.topological_order(runs)]
+
+
+def test_parallel_failure_blocks_only_its_dependents(runs, monkeypatch):
+    source_a = next(r for r in runs if r.strategy == "source" and r.size == "a")
+    monkeypatch.setenv("FAIL_PREFIX", source_a.run_id)
+    launcher = launchers.LocalLauncher(runner=timed_runner, jobs=2, poll_s=0.2)
+    report = launcher.launch(runs, progress=status.Progress(runs, stream=io.StringIO()))
+    dependents = {r.run_id for r in runs if source_a.run_id in r.depends_on}
+    assert report.failed == [source_a.run_id]
+    assert set(report.blocked) == dependents and dependents
+    others = {r.run_id for r in runs} - dependents - {source_a.run_id}
+    assert set(report.completed) == others
+    log = (Path(source_a.model_dir) / status.LOG_FILE).read_text()
+    assert "simulated failure in a worker" in log
+    record = json.loads((Path(source_a.model_dir) / status.LAUNCH_FILE).read_text())
+    assert (record["state"], record["returncode"]) == ("failed", 1)
+
+
+def test_parallel_subprocess_jobs(runs, tmp_path):
+    script = tmp_path / "fake_python"
+    script.write_text(FAKE_TRAINER_SCRIPT.format(python=sys.executable))
+    script.chmod(0o755)
+    launcher = launchers.LocalLauncher(python=str(script), poll_s=0.05, jobs=3)
+    report = launcher.launch(runs, progress=status.Progress(runs, stream=io.StringIO()))
+    assert report.ok and sorted(report.completed) == sorted(r.run_id for r in runs)
+    with pytest.raises(ValueError, match="jobs"):
+        launchers.LocalLauncher(jobs=0)
+
+
+def test_default_jobs(monkeypatch):
+    monkeypatch.setenv("XLSCALE_JOBS", "3")
+    assert launchers.default_jobs() == 3
+    monkeypatch.setenv("XLSCALE_JOBS", "two")
+    with pytest.raises(ValueError, match="XLSCALE_JOBS"):
+        launchers.default_jobs()
+    monkeypatch.delenv("XLSCALE_JOBS")
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert launchers.default_jobs() == 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert launchers.default_jobs() == 2

@@ -1,4 +1,4 @@
-"""`xlscale demo [--study cpt|mt] [--profile full|smoke] [--out DIR]`: the main job (see
+"""`xlscale demo [--study cpt|mt] [--profile full|smoke] [--out DIR] [--jobs N]`: the main job (see
 `launch.demo`): the CPT study (default) or the translation study."""
 
 from __future__ import annotations
@@ -32,11 +32,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output directory (default demo_out[/smoke] for cpt, demo_out/mt[/smoke] for mt)",
     )
     parser.add_argument("--data-dir", default=None, help="data root (default $XLSCALE_DATA)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs trained at once in worker processes (default: 2 on a machine with 2 or more "
+        "cores, or $XLSCALE_JOBS; 1 runs them one by one in this process)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the chosen demo study and prints where the report is."""
     from launch.demo import run_demo
 
-    run_demo(study=args.study, profile=args.profile, out_dir=args.out, data_dir=args.data_dir)
+    run_demo(
+        study=args.study,
+        profile=args.profile,
+        out_dir=args.out,
+        data_dir=args.data_dir,
+        jobs=args.jobs,
+    )
     return 0
