@@ -47,9 +47,18 @@ def _figure(ncols: int = 1, size: tuple[float, float] = (6.0, 4.5)):
     return fig, axes
 
 
+def compact_number(value: float) -> str:
+    """A short tick label: 3 significant digits with a k/M/G/T suffix (250000 -> "250k"), so
+    that the labels of a log axis spanning less than a decade do not run into each other."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
 def _short_log_ticks(ax) -> None:
     """Labels log axes that span less than a decade: they would show no major tick at all."""
-    from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     for axis, scale, limits in (
         (ax.xaxis, ax.get_xscale(), ax.get_xlim()),
@@ -57,8 +66,8 @@ def _short_log_ticks(ax) -> None:
     ):
         lo, hi = sorted(limits)
         if scale == "log" and lo > 0 and hi / lo < 10:
-            axis.set_major_locator(MaxNLocator(nbins=6))
-            axis.set_major_formatter(FormatStrFormatter("%.3g"))
+            axis.set_major_locator(MaxNLocator(nbins=5))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: compact_number(v)))
 
 
 def _save(fig, path: Path) -> Path:
@@ -328,7 +337,9 @@ def downstream_grid(
             _log(ax, y=False)
             ax.set_xlabel("pretraining tokens Dp")
             ax.set_ylabel(ylabel)
-            flags = "".join(_flag(s.fit) for s in series if s.fit is not None)[:18]
+            fits = [s.fit for s in series if s.fit is not None]
+            failed = sum(not f.converged for f in fits)
+            flags = f" [{failed} of {len(fits)} fits NOT CONVERGED]" if failed else ""
             ax.set_title(panel_title + flags, fontsize=9)
             ax.legend(fontsize=6, loc="best")
     fig.suptitle(title, fontsize=10)

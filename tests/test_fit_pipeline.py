@@ -201,3 +201,43 @@ def test_mt_figures_draw_fits_baselines_and_zero_scores(tmp_path):
     )
     for path in (grid, both):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_short_log_axes_get_compact_labels_and_titles_count_unconverged_laws(tmp_path):
+    import dataclasses
+    from unittest import mock
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from fitting import downstream, plots
+
+    values = (250_000, 46_000.0, 1.5e6, 4.62, 3e9)
+    assert [plots.compact_number(v) for v in values] == ["250k", "46k", "1.5M", "4.62", "3G"]
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot([4.6e4, 2.8e5], [4.4, 5.2])
+    ax.set_xscale("log")
+    plots._short_log_ticks(ax)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert labels and all(len(text) <= 5 for text in labels), labels
+
+    dp = np.geomspace(1e6, 3e7, 6)
+    fit = downstream.fit_bleu_law(dp, np.array([2.0, 2.6, 3.1, 3.3, 3.6, 3.8]))
+    stalled = dataclasses.replace(fit, converged=False)
+    series = [
+        plots.SeriesStyle("a", dp, fit.observed, fit),
+        plots.SeriesStyle("b", dp, fit.observed, stalled),
+    ]
+    axes = []
+    add_subplot = Figure.add_subplot
+
+    def spy(self, *args, **kwargs):
+        axes.append(add_subplot(self, *args, **kwargs))
+        return axes[-1]
+
+    with mock.patch.object(Figure, "add_subplot", spy):
+        plots.downstream_grid([[("mix A", "BLEU", series)]], tmp_path / "g.png", title="t")
+    assert axes[0].get_title() == "mix A [1 of 2 fits NOT CONVERGED]"
