@@ -48,7 +48,7 @@ PROFILES: dict[str, Profile] = {
         manifest="demo",
         corpora="debian",
         vocab_size=2048,
-        description="4 sizes (14x non-embedding params) on Debian en/zh text; ~20 min on 2 cores",
+        description="4 sizes (14x non-embedding params) on Debian en/zh text; ~8 min on 2 cores",
     ),
     "smoke": Profile(
         manifest="smoke",
