@@ -282,6 +282,7 @@ def multistart(
     n_polish: int = 4,
     basin_rtol: float = 1e-6,
     grad_rtol: float = 1e-7,
+    extra_polish: int = 1000,
 ) -> MultiStartResult:
     """Fits from every start at once, then polishes the best few distinct end points in float64.
 
@@ -299,6 +300,8 @@ def multistart(
         than the end point of a polished pick that reached the best.
       grad_rtol: `converged` requires ‖∇f‖∞ ≤ grad_rtol · δ·Σw after the polish (δ·Σw bounds the
         gradient a unit feature can produce, so the test is scale free).
+      extra_polish: further float64 LM iterations for the best pick when the gradient test fails
+        after the first polish (0: none).
     """
     starts = np.asarray(starts, np.float64)
     with np.errstate(all="ignore"):
@@ -327,6 +330,17 @@ def multistart(
     i = int(np.argmin(f_pol))
     best_f, best_g = float(f_pol[i]), g_pol[i]
     converged = bool(np.isfinite(best_f) and np.max(np.abs(best_g)) <= gtol)
+    if not converged and np.isfinite(best_f) and extra_polish > 0:
+        # Slow valleys (an optimum at a boundary such as E -> 0 in E + A/x^alpha, where the
+        # gradient in log E shrinks with E) need more than the first polish; only the best pick
+        # pays for it, and only when the gradient test failed.
+        more = lm_numpy(problem, polished[i : i + 1], iters=extra_polish, gtol=gtol * 1e-3)
+        with np.errstate(all="ignore"):
+            f_more, g_more, _ = problem.derivs(np, more, problem.weights)
+        if np.isfinite(f_more[0]) and f_more[0] <= best_f:
+            polished[i], f_pol[i] = more[0], f_more[0]
+            best_f, best_g = float(f_more[0]), g_more[0]
+            converged = bool(np.max(np.abs(best_g)) <= gtol)
     # Floor: 1e-6 of the objective with every residual at δ (noise-free data have a best ~0).
     floor = 1e-6 * 0.5 * problem.delta**2 * float(np.sum(problem.weights))
     tol = basin_rtol * abs(best_f) + floor
