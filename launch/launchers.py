@@ -21,11 +21,11 @@ import logging
 import multiprocessing
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -185,6 +185,31 @@ def _call_in_worker(runner: Runner, run: Run, log_path: str) -> int:
     return 0 if result is None else int(result)
 
 
+def _terminate_workers(pool: futures.ProcessPoolExecutor) -> None:
+    """Sends SIGTERM to the pool's worker processes (the trainer saves a checkpoint and exits)."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.terminate()
+
+
+def _terminate_as_interrupt():
+    """While a parallel launch runs, SIGTERM to the launcher raises KeyboardInterrupt, so that the
+    runs in flight are stopped with it instead of being orphaned. Returns the old handler (None
+    off the main thread, where signal handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
+
+
+def _restore_terminate(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def default_jobs() -> int:
     """Concurrent local jobs for the demos: 2 where there are at least 2 cores, else 1
     (`XLSCALE_JOBS` overrides).
@@ -200,7 +225,19 @@ def default_jobs() -> int:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"XLSCALE_JOBS must be a whole number of jobs >= 1, got {env!r}")
         return int(env)
+    if _has_accelerator():
+        return 1  # one process owns a GPU's memory or a TPU; side-by-side jobs would fight for it
     return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+def _has_accelerator() -> bool:
+    """Whether JAX in a job would pick a GPU or TPU, judged without initialising JAX here (which
+    would claim the device): `JAX_PLATFORMS` if set, else NVIDIA or TPU device files."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms:
+        return platforms.split(",")[0] != "cpu"
+    dev = Path("/dev")
+    return (dev / "nvidiactl").exists() or any(dev.glob("accel*")) or any(dev.glob("vfio/[0-9]*"))
 
 
 class LocalLauncher(SequentialLauncher):
@@ -236,6 +273,7 @@ class LocalLauncher(SequentialLauncher):
         self.jobs = jobs
         self._pool: futures.ProcessPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._stop = threading.Event()  # set when a parallel launch is interrupted
 
     @classmethod
     def add_arguments(cls, group) -> None:
@@ -284,19 +322,23 @@ class LocalLauncher(SequentialLauncher):
                 pending.append(run)
         running: dict[futures.Future, Run] = {}
         threads = futures.ThreadPoolExecutor(self.jobs, thread_name_prefix="launch")
+        self._stop.clear()
+        previous = _terminate_as_interrupt()
         try:
             while pending or running:
-                for run in [r for r in pending if any(d in bad for d in r.depends_on)]:
-                    pending.remove(run)
-                    bad.add(run.run_id)
-                    report.blocked.append(run.run_id)
-                    progress.skip(run, "blocked by a failed dependency")
+                # `pending` is in dependency order, so one pass blocks whole chains.
+                for run in list(pending):
+                    if any(d in bad for d in run.depends_on):
+                        pending.remove(run)
+                        bad.add(run.run_id)
+                        report.blocked.append(run.run_id)
+                        progress.skip(run, "blocked by a failed dependency")
                 ready = [r for r in pending if all(d in done for d in r.depends_on)]
                 for run in ready[: self.jobs - len(running)]:
                     pending.remove(run)
                     running[threads.submit(self.attempt, run, progress)] = run
                 if not running:
-                    break  # only runs blocked by failures were left
+                    break
                 finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
                 for future in finished:
                     run = running.pop(future)
@@ -306,11 +348,17 @@ class LocalLauncher(SequentialLauncher):
                     else:
                         bad.add(run.run_id)
                         report.failed.append(run.run_id)
+        except BaseException:
+            # Ctrl-C (or SIGTERM) reaches this thread only: tell the runs in flight to stop, which
+            # sends their trainers SIGTERM (they save a checkpoint), then re-raise.
+            self._stop.set()
+            raise
         finally:
             threads.shutdown(wait=True, cancel_futures=True)
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
+            _restore_terminate(previous)
         return report
 
     def describe(self, run: Run) -> str:
@@ -321,6 +369,8 @@ class LocalLauncher(SequentialLauncher):
 
     def execute(self, run: Run, progress: Progress) -> int:
         """Runs the job, polling its metrics for progress lines while it runs."""
+        if self._stop.is_set():
+            raise KeyboardInterrupt  # a parallel launch is stopping: start nothing new
         directory = Path(run.model_dir)
         directory.mkdir(parents=True, exist_ok=True)
         log_path = directory / LOG_FILE
@@ -358,28 +408,37 @@ class LocalLauncher(SequentialLauncher):
             return self._pool
 
     def _run_in_pool(self, run: Run, log_path: Path, progress: Progress) -> int:
-        """Runs the callable in a worker process, printing progress from its metrics."""
-        pool = self._worker_pool()
-        future = pool.submit(_call_in_worker, self.runner, run, str(log_path))
-        step = None
-        try:
-            while True:
-                try:
-                    return future.result(
-                        timeout=min(self.poll_s, 1.0) if step is None else self.poll_s
-                    )
-                except futures.TimeoutError:
-                    metrics = last_metrics(Path(run.model_dir) / "metrics.jsonl") or {}
-                    if metrics.get("step") != step:
-                        step = metrics.get("step")
-                        progress.update(run, step, metrics.get("train/loss"))
-        except futures.process.BrokenProcessPool:
-            with self._pool_lock:  # a worker died (killed, out of memory): start a fresh pool
-                if self._pool is pool:
-                    self._pool = None
-            with open(log_path, "a") as log:
-                log.write("the worker process running this job died (see the system log)\n")
-            return 1
+        """Runs the callable in a worker process, printing progress from its metrics.
+
+        A worker that dies (killed, out of memory) breaks the whole pool and with it the other
+        run in flight, so a broken pool is replaced and the run submitted once more.
+        """
+        for chance in (1, 2):
+            pool = self._worker_pool()
+            step = None
+            try:
+                future = pool.submit(_call_in_worker, self.runner, run, str(log_path))
+                while True:
+                    if self._stop.is_set():
+                        _terminate_workers(pool)  # the trainers save a checkpoint on SIGTERM
+                        raise KeyboardInterrupt
+                    try:
+                        return future.result(
+                            timeout=min(self.poll_s, 1.0) if step is None else self.poll_s
+                        )
+                    except futures.TimeoutError:
+                        metrics = last_metrics(Path(run.model_dir) / "metrics.jsonl") or {}
+                        if metrics.get("step") != step:
+                            step = metrics.get("step")
+                            progress.update(run, step, metrics.get("train/loss"))
+            except futures.process.BrokenProcessPool:
+                with self._pool_lock:
+                    if self._pool is pool:
+                        self._pool = None
+                with open(log_path, "a") as log:
+                    again = "; starting the run again in a fresh one" if chance == 1 else ""
+                    log.write(f"a worker process of the pool died (see the system log){again}\n")
+        return 1
 
     def _run_callable(self, run: Run, log_path: Path, progress: Progress | None = None) -> int:
         if self.jobs > 1 and progress is not None:
@@ -405,7 +464,8 @@ class LocalLauncher(SequentialLauncher):
             last_step = None
             try:
                 while process.poll() is None:
-                    time.sleep(min(self.poll_s, 1.0) if last_step is None else self.poll_s)
+                    if self._stop.wait(min(self.poll_s, 1.0) if last_step is None else self.poll_s):
+                        raise KeyboardInterrupt  # the parallel launch is stopping
                     metrics = last_metrics(Path(run.model_dir) / "metrics.jsonl") or {}
                     if metrics.get("step") != last_step:
                         last_step = metrics.get("step")

@@ -315,7 +315,7 @@ def timed_runner(run, log_path):
     import logging
 
     logging.getLogger("trainer").info(logging_line)
-    time.sleep(0.6)
+    time.sleep(float(os.environ.get("RUN_SECONDS", "0.6")))
     _metrics(model_dir, run.steps, 1.0)
     (model_dir / "span.json").write_text(
         json.dumps({"start": start, "end": time.time(), "pid": os.getpid(), "parent": parent_done})
@@ -381,6 +381,7 @@ def test_parallel_subprocess_jobs(runs, tmp_path):
 
 
 def test_default_jobs(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("XLSCALE_JOBS", "3")
     assert launchers.default_jobs() == 3
     monkeypatch.setenv("XLSCALE_JOBS", "two")
@@ -390,4 +391,49 @@ def test_default_jobs(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert launchers.default_jobs() == 1
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert launchers.default_jobs() == 2
+
+
+def test_parallel_failure_blocks_a_whole_chain(runs, monkeypatch):
+    import dataclasses
+
+    a, b, c = [r for r in runs if not r.depends_on][:3]
+    chain = [
+        a,
+        dataclasses.replace(b, parent=a.run_id),
+        dataclasses.replace(c, parent=b.run_id),
+    ]
+    monkeypatch.setenv("FAIL_PREFIX", a.run_id)
+    launcher = launchers.LocalLauncher(runner=timed_runner, jobs=2, poll_s=0.2)
+    report = launcher.launch(chain, progress=status.Progress(chain, stream=io.StringIO()))
+    assert report.failed == [a.run_id] and report.blocked == [b.run_id, c.run_id]
+
+
+def test_sigterm_stops_a_parallel_launch_and_its_workers(runs, monkeypatch):
+    import signal
+    import threading
+
+    monkeypatch.setenv("RUN_SECONDS", "30")
+    first = [r for r in runs if not r.depends_on][:2]
+    launcher = launchers.LocalLauncher(runner=timed_runner, jobs=2, poll_s=0.2)
+    timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    start = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        launcher.launch(first, progress=status.Progress(first, stream=io.StringIO()))
+    timer.cancel()
+    assert time.time() - start < 25  # did not wait for the 30 s runs
+    assert signal.getsignal(signal.SIGTERM) is not None  # the launcher restored the handler
+    for run in first:
+        record = json.loads((Path(run.model_dir) / status.LAUNCH_FILE).read_text())
+        assert record["state"] == "interrupted", record
+        assert not (Path(run.model_dir) / "COMPLETED").exists()
+
+
+def test_default_jobs_is_one_on_accelerator_hosts(monkeypatch):
+    monkeypatch.delenv("XLSCALE_JOBS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    assert launchers.default_jobs() == 1
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     assert launchers.default_jobs() == 2
