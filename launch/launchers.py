@@ -174,14 +174,21 @@ def _call_in_worker(runner: Runner, run: Run, log_path: str) -> int:
     root.handlers, trainer.handlers, trainer.propagate = [handler], [handler], False
     trainer.setLevel(logging.INFO)
     try:
-        result = runner(run, Path(log_path))
+        return _invoke(runner, run, Path(log_path))
+    finally:
+        root.handlers, trainer.handlers, trainer.propagate = saved
+        handler.close()
+
+
+def _invoke(runner: Runner, run: Run, log_path: Path) -> int:
+    """`runner(run, log_path)` as an exit code: None counts as 0; an exception as 1, with its
+    traceback appended to the run's log."""
+    try:
+        result = runner(run, log_path)
     except Exception:  # noqa: BLE001 -- a failing job, recorded like a non-zero exit
         with open(log_path, "a") as log:
             log.write(traceback.format_exc())
         return 1
-    finally:
-        root.handlers, trainer.handlers, trainer.propagate = saved
-        handler.close()
     return 0 if result is None else int(result)
 
 
@@ -443,13 +450,7 @@ class LocalLauncher(SequentialLauncher):
     def _run_callable(self, run: Run, log_path: Path, progress: Progress | None = None) -> int:
         if self.jobs > 1 and progress is not None:
             return self._run_in_pool(run, log_path, progress)
-        try:
-            result = self.runner(run, log_path)
-        except Exception:  # noqa: BLE001 -- a failing job, recorded like a non-zero exit
-            with open(log_path, "a") as log:
-                log.write(traceback.format_exc())
-            return 1
-        return 0 if result is None else int(result)
+        return _invoke(self.runner, run, log_path)
 
     def _run_process(self, run: Run, log_path: Path, progress: Progress, record: dict) -> int:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **run.environment()}
