@@ -27,7 +27,7 @@ from pathlib import Path
 
 from launch.launchers import LocalLauncher, default_jobs
 from launch.status import Progress
-from launch.sweep import Run, expand, load_manifest
+from launch.sweep import Manifest, Run, expand, load_manifest
 
 Log = Callable[[str], None]
 
@@ -133,6 +133,17 @@ def _train_in_process(run: Run, log_path: Path) -> int:
     return train.main(run.gin_args())
 
 
+def study_runs(name: str, corpora: Path, vocab_path: Path, out: Path) -> tuple[Manifest, list[Run]]:
+    """A demo's sweep: manifest `name` with its DATA_DIR and VOCAB_PATH filled in, its runs under
+    `<out>/runs` (run ids do not depend on those paths)."""
+    manifest = load_manifest(
+        name,
+        variables={"DATA_DIR": str(corpora), "VOCAB_PATH": str(vocab_path)},
+        runs_dir=str(out / "runs"),
+    )
+    return manifest, expand(manifest)
+
+
 def training_launcher(jobs: int | None, log: Log) -> LocalLauncher:
     """The demos' launcher: `jobs` runs at once in worker processes (default
     `launchers.default_jobs()`), or one by one in this process when `jobs` is 1."""
@@ -175,12 +186,7 @@ def run_cpt_demo(
     times["vocab_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    manifest = load_manifest(
-        spec.manifest,
-        variables={"DATA_DIR": str(corpora), "VOCAB_PATH": str(vocab_path)},
-        runs_dir=str(out / "runs"),
-    )
-    runs = expand(manifest)
+    manifest, runs = study_runs(spec.manifest, corpora, vocab_path, out)
     log(f"[demo] sweep {manifest.name}: {len(runs)} runs in {out / 'runs'}")
     report = training_launcher(jobs, log).launch(runs, progress=Progress(runs))
     times["train_s"] = time.monotonic() - t

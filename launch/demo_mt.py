@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launch.demo import training_launcher
+from launch.demo import study_runs, training_launcher
 from launch.status import Progress
-from launch.sweep import Run, expand, load_manifest
+from launch.sweep import Run
 
 Log = Callable[[str], None]
 EXTRA_IDS = 100  # T5's span-corruption sentinels, appended to the vocabulary at load time
@@ -186,12 +186,7 @@ def run_mt_demo(
     times["vocab_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    manifest = load_manifest(
-        spec.manifest,
-        variables={"DATA_DIR": str(corpora), "VOCAB_PATH": str(vocab_path)},
-        runs_dir=str(out / "runs"),
-    )
-    runs = expand(manifest)
+    manifest, runs = study_runs(spec.manifest, corpora, vocab_path, out)
     check_vocab_fits(runs, vocab_path)
     counts = {
         s: sum(r.strategy == s for r in runs) for s in dict.fromkeys(r.strategy for r in runs)
