@@ -36,8 +36,8 @@ def compile_step(args: argparse.Namespace) -> None:
     import numpy as np
     from jax.experimental import topologies
 
-    from llama_jax import axes
     from llama_jax.counting import matmul_flops_per_token
+    from modeling import axes
     from trainer import models, partitioning, setup, steps
     from trainer.optimizers import OptimizerConfig
     from trainer.partitioning import MeshConfig, Partitioner

@@ -1,22 +1,13 @@
-"""The frozen configuration of a LLaMA2 decoder, and the registry of rematerialisation policies."""
+"""The frozen configuration of a LLaMA2 decoder."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
-# Name -> jax.checkpoint policy (None: no rematerialisation at all). A dict registry, so that a
-# gin/CLI string selects a policy without an if/elif chain.
-REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+from modeling.remat import REMAT_POLICIES
 
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 

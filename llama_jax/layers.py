@@ -1,7 +1,7 @@
 """LLaMA2 building blocks: RMSNorm, rotary embeddings, attention (MHA/GQA, packed, cached), SwiGLU.
 
 Every parameter is created with `flax.linen.partitioning.param_with_axes` and logical axis names
-from `llama_jax.axes`; activations are constrained with logical names too, so the same module runs
+from `modeling.axes`; activations are constrained with logical names too, so the same module runs
 unsharded, under `jax.jit` with a mesh, and inside T5X. None of the layers has a bias.
 """
 
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
-from llama_jax import axes
 from llama_jax.config import LlamaConfig
+from modeling import axes
 
 param_with_axes = nn_partitioning.param_with_axes
 constrain = nn_partitioning.with_sharding_constraint

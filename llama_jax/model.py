@@ -50,8 +50,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
-from llama_jax import axes
-from llama_jax.config import REMAT_POLICIES, LlamaConfig
+from llama_jax.config import LlamaConfig
 from llama_jax.layers import (
     DecoderLayer,
     RMSNorm,
@@ -59,6 +58,8 @@ from llama_jax.layers import (
     kernel_init,
     positions_from_segments,
 )
+from modeling import axes
+from modeling.remat import REMAT_POLICIES
 
 param_with_axes = nn_partitioning.param_with_axes
 constrain = nn_partitioning.with_sharding_constraint
@@ -236,7 +237,7 @@ def abstract_variables(config: LlamaConfig) -> dict:
 
 
 def param_logical_specs(config: LlamaConfig) -> dict:
-    """Logical `PartitionSpec`s (names from `llama_jax.axes`) for every parameter, as a plain dict
+    """Logical `PartitionSpec`s (names from `modeling.axes`) for every parameter, as a plain dict
     tree matching `params`; map them onto a mesh with `flax.linen.logical_to_mesh_sharding`."""
     specs = nn_partitioning.get_axis_names(abstract_variables(config)["params_axes"])
     return flax.core.unfreeze(specs)

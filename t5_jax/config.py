@@ -11,7 +11,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from llama_jax.config import REMAT_POLICIES
+from modeling.remat import REMAT_POLICIES
 
 # Activation names usable in `T5Config.mlp_activations`; "linear" is the identity (the gate's
 # second branch in T5.1.1's gated GELU).
@@ -48,7 +48,7 @@ class T5Config:
       dtype: activation dtype name ("float32", "bfloat16").
       param_dtype: parameter dtype name.
       float32_attention_logits: compute attention logits and softmax in float32.
-      remat_policy: a key of `llama_jax.config.REMAT_POLICIES` (the one registry), applied per
+      remat_policy: a key of `modeling.remat.REMAT_POLICIES` (the one registry), applied per
         layer in training calls, never while decoding.
     """
 

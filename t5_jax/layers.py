@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax.linen import partitioning as nn_partitioning
 from jax import lax
 
-from llama_jax.axes import ACT_EMBED, ACT_HEADS, ACT_MLP, EMBED, HEADS, JOINED_KV, MLP, VOCAB
+from modeling.axes import ACT_EMBED, ACT_HEADS, ACT_MLP, EMBED, HEADS, JOINED_KV, MLP, VOCAB
 
 # T5-only logical axis (the relative-position bucket table); T5X's name, never sharded.
 RELPOS_BUCKETS = "relpos_buckets"

@@ -22,8 +22,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from llama_jax.axes import ACT_EMBED, ACT_VOCAB, EMBED, VOCAB
-from llama_jax.config import REMAT_POLICIES
+from modeling.axes import ACT_EMBED, ACT_VOCAB, EMBED, VOCAB
+from modeling.remat import REMAT_POLICIES
 from t5_jax import layers
 from t5_jax.config import T5Config
 

@@ -1,4 +1,4 @@
-"""Decoding a T5 `Transformer` with `trainer.decoding`: cache set-up, the one-step callback,
+"""Decoding a T5 `Transformer` with `modeling.decoding`: cache set-up, the one-step callback,
 and a jitted `predict_batch` (greedy or beam search) over encoder inputs.
 
 This is the glue T5X keeps in `EncoderDecoderModel.predict_batch_with_aux`: encode once, expand
@@ -12,8 +12,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from modeling import decoding
 from t5_jax.model import Transformer
-from trainer import decoding
 
 DECODE_METHODS = ("greedy", "beam")
 
@@ -34,7 +34,7 @@ def init_cache(
 
 
 def make_tokens_to_logits(module: Transformer, params, encoded, encoder_input_tokens):
-    """The `tokens_to_logits(DecodingState)` callback of `trainer.decoding` for T5.
+    """The `tokens_to_logits(DecodingState)` callback of `modeling.decoding` for T5.
 
     `encoded` [n, le, d] and `encoder_input_tokens` [n, le] must already have one row per
     decoded sequence (beams expanded with `decoding.flat_batch_beam_expand`).

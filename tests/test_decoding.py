@@ -1,4 +1,4 @@
-"""trainer.decoding against exhaustive search over small known distributions.
+"""modeling.decoding against exhaustive search over small known distributions.
 
 The "model" is a second-order Markov chain: next-token logits are `tables[example, prev, cur]`,
 with `example` and `prev` kept in the cache pytree, so beam search must carry and reorder the
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer import decoding
+from modeling import decoding
 
 EOS = 1
 

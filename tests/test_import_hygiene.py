@@ -7,6 +7,8 @@ import sys
 import pytest
 
 LIGHT_MODULES = [
+    "modeling.axes",
+    "modeling.decoding",
     "llama_jax.model",
     "llama_jax.sizes",
     "llama_jax.counting",

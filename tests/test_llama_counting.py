@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import pytest
 from flax.linen import partitioning as nn_partitioning
 
-from llama_jax import axes
 from llama_jax.config import LlamaConfig
 from llama_jax.counting import (
     count_tree,
@@ -18,6 +17,7 @@ from llama_jax.counting import (
 )
 from llama_jax.model import Llama
 from llama_jax.sizes import get_config
+from modeling import axes
 
 TINY = LlamaConfig(vocab_size=61, d_model=24, d_ff=40, num_heads=6, num_kv_heads=2, num_layers=3)
 

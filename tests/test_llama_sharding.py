@@ -12,9 +12,9 @@ from flax import linen as nn
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from llama_jax import axes
 from llama_jax.config import LlamaConfig
 from llama_jax.model import Llama, abstract_variables, param_logical_specs, stack_layer_params
+from modeling import axes
 
 # Every sharded dimension divisible by 2; all dimensions distinct.
 CONFIG = LlamaConfig(vocab_size=54, d_model=32, d_ff=72, num_heads=4, num_kv_heads=2, num_layers=2)

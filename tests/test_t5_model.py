@@ -16,13 +16,13 @@ import pytest
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding
 
-from llama_jax.axes import MESH_AXES, logical_axis_rules
+from modeling import decoding
+from modeling.axes import MESH_AXES, logical_axis_rules
 from t5_jax import layers, predict
 from t5_jax.config import RELU, T5Config
 from t5_jax.counting import flops_per_example, param_counts
 from t5_jax.model import EncoderLayer, Transformer
 from t5_jax.sizes import SIZES, get_config
-from trainer import decoding
 
 TINY = get_config("t5_tiny")
 TINY_T5_1_0 = get_config("t5_tiny", mlp_activations=RELU, logits_via_embedding=True)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from modeling import decoding
 from t5_jax import predict
 from t5_jax.model import Transformer
 from t5_jax.sizes import get_config
-from trainer import decoding
 
 CFG = get_config("t5_tiny")
 EOS, MAX_LEN = 1, 6

@@ -117,7 +117,7 @@ def test_mesh_shape_resolves_minus_one_and_rejects_bad_sizes():
 
 
 def test_params_and_optimizer_state_shard_by_logical_axes():
-    from llama_jax import axes
+    from modeling import axes
 
     mesh = partitioning.build_mesh(partitioning.MeshConfig(data=2, fsdp=2, model=2))
     assert mesh.axis_names == ("data", "fsdp", "model") and mesh.devices.shape == (2, 2, 2)

@@ -3,5 +3,5 @@
 Modules: `train`/`eval`/`infer` (library functions + thin gin entry points), `setup` (validate,
 build, compile), `steps` (train/eval steps), `models` (model wrappers), `partitioning` (the mesh),
 `optimizers`, `schedules`, `checkpoints`, `metrics` (run outputs), `data` (seqio wiring),
-`validation`, `gin_entry` (flags -> gin), `decoding` (greedy/beam search). Nothing is imported here.
+`validation`, `gin_entry` (flags -> gin). Nothing is imported here.
 """

@@ -191,9 +191,9 @@ class DecoderOnlyModel(_Wrapper):
         arg-max continuation follows until `eos_id` (kept; 0 after it) or `max_decode_len`.
 
         Returns `[batch, max_decode_len]`: prompt tokens followed by the continuation, through
-        the module's `cache` collection one token at a time (`trainer.decoding`).
+        the module's `cache` collection one token at a time (`modeling.decoding`).
         """
-        from trainer import decoding
+        from modeling import decoding
 
         cache = self.module.apply(
             {"params": params},

@@ -1,6 +1,6 @@
 """The one place that builds the device mesh and turns logical axis names into shardings.
 
-The mesh has the axes `('data', 'fsdp', 'model')` (`llama_jax.axes.MESH_AXES`); its sizes come from
+The mesh has the axes `('data', 'fsdp', 'model')` (`modeling.axes.MESH_AXES`); its sizes come from
 a `MeshConfig` in which one size may be -1 ("all remaining devices"). Parameters and optimizer
 state are sharded by the model's logical axis rules through `NamedSharding`; batches are sharded
 along their leading axis over every data-parallel mesh axis (`data` and `fsdp`), and each host
@@ -160,7 +160,7 @@ class Partitioner:
     Args:
       mesh: the device mesh (from `build_mesh`).
       rules: logical axis rules, `(logical_name, mesh_axis_or_axes_or_None)` pairs, e.g.
-        `llama_jax.axes.logical_axis_rules()`.
+        `modeling.axes.logical_axis_rules()`.
     """
 
     def __init__(self, *, mesh: Mesh, rules: Sequence[tuple[str, Any]]):

@@ -192,7 +192,7 @@ def build_model(spec: models.ModelSpec, mesh: MeshConfig) -> tuple[Any, Partitio
     family = models.MODEL_FAMILIES[spec.family]
     validation.check_model_size(family=spec.family, size=spec.size, allowed=family.sizes())
     wrapper = models.build_model(spec)
-    from llama_jax import axes
+    from modeling import axes
 
     partitioner = Partitioner(mesh=partitioning.build_mesh(mesh), rules=axes.logical_axis_rules())
     variables = wrapper.abstract_variables()
