@@ -78,6 +78,38 @@ class LaunchReport:
         """True when nothing failed or was blocked."""
         return not self.failed and not self.blocked
 
+    def block_if_dependency_failed(self, run: Run, progress: Progress) -> bool:
+        """Records `run` as blocked (and says so) when a run it depends on failed or was itself
+        blocked; returns whether it was. Runs come in dependency order, so whole chains block."""
+        bad = set(self.failed) | set(self.blocked)
+        if not any(dep in bad for dep in run.depends_on):
+            return False
+        self.blocked.append(run.run_id)
+        progress.skip(run, "blocked by a failed dependency")
+        return True
+
+
+def start_launch(
+    runs: Sequence[Run], progress: Progress | None
+) -> tuple[list[Run], Progress, LaunchReport]:
+    """What every launcher does first: order `runs` parents first, make the progress display
+    (unless given) and a report, and record the runs already COMPLETED as skipped.
+
+    Returns:
+      The runs still to launch (in dependency order), the progress display and the report.
+    """
+    ordered = topological_order(runs)
+    progress = progress or Progress(ordered)
+    report = LaunchReport()
+    pending = []
+    for run in ordered:
+        if is_completed(run):
+            report.skipped.append(run.run_id)
+            progress.skip(run, "completed")
+        else:
+            pending.append(run)
+    return pending, progress, report
+
 
 class SequentialLauncher(abc.ABC):
     """Runs one job at a time in dependency order, retrying failures `retries` times.
@@ -106,29 +138,18 @@ class SequentialLauncher(abc.ABC):
         self, runs: Sequence[Run], *, dry_run: bool = False, progress: Progress | None = None
     ) -> LaunchReport:
         """Runs (or, with `dry_run`, prints) every run not yet completed, parents first."""
-        ordered = topological_order(runs)
-        progress = progress or Progress(ordered)
-        report = LaunchReport()
-        bad: set[str] = set()
-        for run in ordered:
-            if is_completed(run):
-                report.skipped.append(run.run_id)
-                progress.skip(run, "completed")
-                continue
+        pending, progress, report = start_launch(runs, progress)
+        for run in pending:
             if dry_run:
                 command = self.describe(run)
                 report.commands.append(command)
                 print(command, file=progress.stream, flush=True)
                 continue
-            if any(dep in bad for dep in run.depends_on):
-                bad.add(run.run_id)
-                report.blocked.append(run.run_id)
-                progress.skip(run, "blocked by a failed dependency")
+            if report.block_if_dependency_failed(run, progress):
                 continue
             if self.attempt(run, progress):
                 report.completed.append(run.run_id)
             else:
-                bad.add(run.run_id)
                 report.failed.append(run.run_id)
         return report
 
@@ -313,20 +334,9 @@ class LocalLauncher(SequentialLauncher):
 
     def _launch_parallel(self, runs: Sequence[Run], progress: Progress | None) -> LaunchReport:
         """Dependency-ordered launch with up to `jobs` runs in flight."""
-        ordered = topological_order(runs)
-        progress = progress or Progress(ordered)
+        pending, progress, report = start_launch(runs, progress)
         progress.workers = self.jobs
-        report = LaunchReport()
-        done: set[str] = set()
-        bad: set[str] = set()
-        pending: list[Run] = []
-        for run in ordered:
-            if is_completed(run):
-                report.skipped.append(run.run_id)
-                progress.skip(run, "completed")
-                done.add(run.run_id)
-            else:
-                pending.append(run)
+        done: set[str] = set(report.skipped)
         running: dict[futures.Future, Run] = {}
         threads = futures.ThreadPoolExecutor(self.jobs, thread_name_prefix="launch")
         self._stop.clear()
@@ -335,11 +345,8 @@ class LocalLauncher(SequentialLauncher):
             while pending or running:
                 # `pending` is in dependency order, so one pass blocks whole chains.
                 for run in list(pending):
-                    if any(d in bad for d in run.depends_on):
+                    if report.block_if_dependency_failed(run, progress):
                         pending.remove(run)
-                        bad.add(run.run_id)
-                        report.blocked.append(run.run_id)
-                        progress.skip(run, "blocked by a failed dependency")
                 ready = [r for r in pending if all(d in done for d in r.depends_on)]
                 for run in ready[: self.jobs - len(running)]:
                     pending.remove(run)
@@ -353,7 +360,6 @@ class LocalLauncher(SequentialLauncher):
                         done.add(run.run_id)
                         report.completed.append(run.run_id)
                     else:
-                        bad.add(run.run_id)
                         report.failed.append(run.run_id)
         except BaseException:
             # Ctrl-C (or SIGTERM) reaches this thread only: tell the runs in flight to stop, which

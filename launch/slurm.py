@@ -9,9 +9,9 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launch.launchers import LaunchReport
-from launch.status import Progress, is_completed
-from launch.sweep import Run, topological_order
+from launch.launchers import LaunchReport, start_launch
+from launch.status import Progress
+from launch.sweep import Run
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
@@ -107,19 +107,13 @@ class SlurmLauncher:
     ) -> LaunchReport:
         """Writes a script per pending run and submits them with dependencies (prints the sbatch
         commands instead when `dry_run`; the scripts are written either way, for inspection)."""
-        ordered = topological_order(runs)
-        progress = progress or Progress(ordered)
-        report = LaunchReport()
+        pending, progress, report = start_launch(runs, progress)
         (Path(self.script_dir) / "logs").mkdir(parents=True, exist_ok=True)
         # Runs already queued or running (job name = run id) are not submitted twice; their job
         # ids still chain the runs that depend on them.
         in_queue = {} if dry_run else self.queued()
         job_ids: dict[str, str] = {}
-        for run in ordered:
-            if is_completed(run):
-                report.skipped.append(run.run_id)
-                progress.skip(run, "completed")
-                continue
+        for run in pending:
             if run.run_id in in_queue:
                 job_ids[run.run_id] = in_queue[run.run_id]
                 progress.skip(run, f"already in the queue as job {in_queue[run.run_id]}")

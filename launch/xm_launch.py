@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launch.launchers import LaunchReport
-from launch.status import Progress, is_completed
+from launch.launchers import LaunchReport, start_launch
+from launch.status import Progress
 from launch.sweep import Run, topological_order
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -34,11 +34,12 @@ def waves(runs: Sequence[Run]) -> list[list[Run]]:
     (dependencies outside `runs`, e.g. already completed, do not hold it back)."""
     ids = {r.run_id for r in runs}
     level: dict[str, int] = {}
-    for run in topological_order(runs):
+    ordered = topological_order(runs)
+    for run in ordered:
         deps = [level[d] for d in run.depends_on if d in ids]
         level[run.run_id] = 1 + max(deps) if deps else 0
     grouped: list[list[Run]] = [[] for _ in range(1 + max(level.values(), default=-1))]
-    for run in topological_order(runs):
+    for run in ordered:
         grouped[level[run.run_id]].append(run)
     return grouped
 
@@ -121,16 +122,7 @@ class XManagerLauncher:
         self, runs: Sequence[Run], *, dry_run: bool = False, progress: Progress | None = None
     ) -> LaunchReport:
         """Adds a work unit per pending run (prints the plan instead when `dry_run`)."""
-        ordered = topological_order(runs)
-        progress = progress or Progress(ordered)
-        report = LaunchReport()
-        pending = []
-        for run in ordered:
-            if is_completed(run):
-                report.skipped.append(run.run_id)
-                progress.skip(run, "completed")
-            else:
-                pending.append(run)
+        pending, progress, report = start_launch(runs, progress)
         if dry_run:
             report.commands = self.plan(pending)
             print("\n".join(report.commands), file=progress.stream, flush=True)
@@ -162,14 +154,10 @@ class XManagerLauncher:
                     )
                 ]
             )
-            failed: set[str] = set()
             for wave in waves(runs):
                 units = []
                 for run in wave:
-                    if any(dep in failed for dep in run.depends_on):
-                        failed.add(run.run_id)
-                        report.blocked.append(run.run_id)
-                        progress.skip(run, "blocked by a failed dependency")
+                    if report.block_if_dependency_failed(run, progress):
                         continue
                     job = xm.Job(
                         executable=executable,
@@ -192,7 +180,6 @@ class XManagerLauncher:
                         report.completed.append(run.run_id)
                     else:
                         progress.fail(run)
-                        failed.add(run.run_id)
                         report.failed.append(run.run_id)
 
 
