@@ -169,7 +169,7 @@ def test_mt_cpu_studies(name, profile):
     import ast
     import math
 
-    from launch.demo_mt import EXTRA_IDS, PROFILES
+    from studies.mt import EXTRA_IDS, PROFILES
 
     manifest = sweep.load_manifest(name)
     assert manifest.missing_variables() == ["DATA_DIR", "VOCAB_PATH"]

@@ -1,5 +1,5 @@
 """`xlscale demo [--study cpt|mt] [--profile full|smoke] [--out DIR] [--jobs N]`: the main job (see
-`launch.demo`): the CPT study (default) or the translation study."""
+`studies.registry`): the CPT study (default) or the translation study."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `xlscale demo`."""
-    from launch.demo import PROFILES, STUDIES
-    from launch.demo_mt import PROFILES as MT_PROFILES
+    from studies.registry import PROFILES, STUDIES
 
-    helps = [f"cpt {k}: {v.description}" for k, v in sorted(PROFILES.items())]
-    helps += [f"mt {k}: {v.description}" for k, v in sorted(MT_PROFILES.items())]
+    helps = [
+        f"{study} {k}: {v.description}"
+        for study, profiles in PROFILES.items()
+        for k, v in sorted(profiles.items())
+    ]
     parser.add_argument(
         "--study",
         default="cpt",
@@ -23,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         default="full",
-        choices=sorted(set(PROFILES) | set(MT_PROFILES)),
+        choices=sorted({k for profiles in PROFILES.values() for k in profiles}),
         help="; ".join(helps),
     )
     parser.add_argument(
@@ -43,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the chosen demo study and prints where the report is."""
-    from launch.demo import run_demo
+    from studies.registry import run_demo
 
     run_demo(
         study=args.study,

@@ -25,54 +25,33 @@ from typing import Any
 
 import numpy as np
 
-from launch.demo_mt_findings import (
+from fitting.formats import fmt, json_safe, num
+from fitting.paper_values import MT_EN_FR
+from fitting.points import finetune_tokens
+from fitting.saved_fits import fit_entries, fit_object, held_out_max
+from fitting.task_alignment import alignment_of
+from studies.mt_findings import (
     CE,
     LABELS,
     SCORE_LABELS,
     TOLERANCE,
     Cell,
     aligned_vs_english,
-    alignment_of,
     bleu_noise,
     co_movement,
     collect,
     count_label,
-    finetune_tokens,
-    fit_entries,
-    fit_object,
-    held_out_max,
     pretraining_gain,
     score_metrics,
     verdicts,
 )
 
-# The MT paper's numbers this study is compared with (T5-3B, en-fr; Tables 3-6, §5).
-PAPER = {
-    "bleu_err_max_aligned": 0.061,  # largest held-out error of the log-law at alignment 1.0
-    "bleu_err_max_en_de_ro": 0.025,  # English-only pretraining, en-de / en-ro
-    "en_fr_bleu": {  # Table 3 / Table 5: (Df tokens, log A, alpha, beta, prediction error)
-        "mix_en_50_fr_50": [
-            (42e6, -1.82e4, 898.0, 0.42, 0.061),
-            (210e6, -2.33e4, 1.21e3, 0.40, 0.013),
-        ],
-        "mix_en_100": [(42e6, 1.00, 2.57e-5, 1.11e4, 0.042), (210e6, -6.38e7, 3.43e6, 0.20, 0.034)],
-    },
-    "dp_range": (25_000 * 256 * 512, 1_000_000 * 256 * 512),
-}
 DEBIAN_NOTE = (
     "Debian package descriptions, manuals and message catalogues stand in for mC4 and WMT (the "
     "held-out set is the same kind of text); the English and French monolingual texts overlap in "
     "topic with the translation data far more than mC4 does with WMT, which favours pretraining "
     "on either mixture and can blur the alignment effect."
 )
-
-
-def _fmt(x: Any, digits: int = 4) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    if isinstance(x, float | np.floating):
-        return f"{float(x):.{digits}g}"
-    return str(x)
 
 
 def runs_table(runs: Sequence[Any], cells: Sequence[Cell]) -> list[str]:
@@ -104,13 +83,13 @@ def runs_table(runs: Sequence[Any], cells: Sequence[Cell]) -> list[str]:
                 r.run_id,
                 r.strategy,
                 mix,
-                _fmt(init),
+                fmt(init),
                 count_label(d),
                 count_label(finetune_tokens(meta)),
             ]
             ce = _last(r, f"eval/{task}/loss")
-        row += [_fmt(meta.get("train_steps")), _fmt(_num(ce))]
-        row += [_fmt(_num(_last(r, f"eval/{task}/{m}"))) for m in metrics]
+        row += [fmt(meta.get("train_steps")), fmt(num(ce))]
+        row += [fmt(num(_last(r, f"eval/{task}/{m}"))) for m in metrics]
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
     lines += [
         "",
@@ -127,13 +106,6 @@ def _last(run: Any, key: str) -> Any:
     return None
 
 
-def _num(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
     """Markdown: the fitted law of every (cell, metric) with its held-out error."""
     entries = fit_entries(fits)
@@ -147,7 +119,7 @@ def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
         for metric in [m for m in c.values if m != CE] + [CE]:
             e = entries.get((c.mixture, c.task, c.steps, metric))
             label = LABELS.get(metric, metric)
-            head = f"| {c.mixture} ({_fmt(c.alignment, 2)}) | {count_label(c.df)} | {label} |"
+            head = f"| {c.mixture} ({fmt(c.alignment, 2)}) | {count_label(c.df)} | {label} |"
             if e is None:
                 why = next(
                     (
@@ -161,10 +133,10 @@ def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
                 continue
             f = e["fit"]
             law = "(log A + α·log Dp)^β" if f["law"] == "log_law" else "E + A/Dp^α"
-            params = ", ".join(f"{k}={_fmt(v, 4)}" for k, v in f["params"].items())
+            params = ", ".join(f"{k}={fmt(v, 4)}" for k, v in f["params"].items())
             lines.append(
-                f"{head} {law} | {params} | {_fmt(f['prediction_error'], 3)} | "
-                f"{_fmt(held_out_max(e), 3)} | {'yes' if f['converged'] else '**NO**'} |"
+                f"{head} {law} | {params} | {fmt(f['prediction_error'], 3)} | "
+                f"{fmt(held_out_max(e), 3)} | {'yes' if f['converged'] else '**NO**'} |"
             )
     lines += [
         "",
@@ -181,7 +153,7 @@ def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
                 f"Df={count_label(df)}: {la:.3g}, {a:.3g}, {b:.3g}, {err}"
                 for df, la, a, b, err in rows
             )
-            for mix, rows in PAPER["en_fr_bleu"].items()
+            for mix, rows in MT_EN_FR["en_fr_bleu"].items()
         )
         + ". Its coefficients are extreme (|log A| up to 6e7) because a log-law over 1.6 decades "
         "is nearly flat; compare held-out errors, not coefficients.",
@@ -198,7 +170,7 @@ def verdict_table(cells: Sequence[Cell], found: Mapping[tuple, Any]) -> list[str
             continue
         text = v.explanation.replace("|", "/")
         lines.append(
-            f"| {c.mixture} ({_fmt(c.alignment, 2)}) | {count_label(c.df)} | **{v.kind}** | {text} |"
+            f"| {c.mixture} ({fmt(c.alignment, 2)}) | {count_label(c.df)} | **{v.kind}** | {text} |"
         )
     return lines
 
@@ -306,7 +278,7 @@ def _q_laws(
     entries = fit_entries(fits)
     out = [
         f"**3. Does the log-law fit {s_label} and the power law the cross-entropy?** The paper "
-        f"(Tables 3–6): held-out error ≤ {PAPER['bleu_err_max_aligned']} for BLEU when aligned "
+        f"(Tables 3–6): held-out error ≤ {MT_EN_FR['bleu_err_max_aligned']} for BLEU when aligned "
         "(δ = 0.1); for en-fr the BLEU law breaks with English-only pretraining; the "
         "cross-entropy always follows the power law.",
         "",
@@ -329,8 +301,8 @@ def _q_laws(
             outcome = "predicts" if ok else "does NOT predict"
             note = "" if fit["converged"] else " (the optimiser's convergence test failed)"
             out.append(
-                f"- {name}, {c.label}: held-out error {_fmt(fit['prediction_error'], 3)}, largest "
-                f"held-out deviation {_fmt(dev, 3)} → the law {outcome} the held-out checkpoints "
+                f"- {name}, {c.label}: held-out error {fmt(fit['prediction_error'], 3)}, largest "
+                f"held-out deviation {fmt(dev, 3)} → the law {outcome} the held-out checkpoints "
                 f"within 5%{note}."
             )
     out.append("")
@@ -363,7 +335,7 @@ def _q_together(cells: Sequence[Cell], score: str) -> list[str]:
     for r in co:
         out.append(
             f"| {r['mixture']} | {count_label(r['df'])} | {r['ce_down']}/{r['steps']} | "
-            f"{r['score_up']}/{r['steps']} | {r['disagree']} | {_fmt(r['rho'], 3)} |"
+            f"{r['score_up']}/{r['steps']} | {r['disagree']} | {fmt(r['rho'], 3)} |"
         )
     if not co:
         return [*out, "", "→ not measurable: no series with both metrics.", ""]
@@ -375,7 +347,7 @@ def _q_together(cells: Sequence[Cell], score: str) -> list[str]:
         f"→ CE falls at every step in {mono} of {len(co)} series; "
         f"{sum(r['disagree'] for r in co)} step(s) show CE improving while {s_label} drops "
         f"beyond 5%; median rank correlation of {s_label} with −CE "
-        f"{_fmt(float(np.median(rhos)) if rhos else math.nan, 3)} (+1: they move together).",
+        f"{fmt(float(np.median(rhos)) if rhos else math.nan, 3)} (+1: they move together).",
         "",
     ]
 
@@ -419,7 +391,7 @@ def caveats(cells: Sequence[Cell], runs: Sequence[Any], *, data_note: str = DEBI
         if dps.size and dps.min() > 0
         else "–"
     )
-    lo, hi = PAPER["dp_range"]
+    lo, hi = MT_EN_FR["dp_range"]
     bleu = [v for c in cells for v in c.values.get("bleu", np.zeros(0)) if np.isfinite(v)]
     bleu_text = f"{min(bleu):.3g}–{max(bleu):.3g}" if bleu else "–"
     return "\n".join(
@@ -491,7 +463,7 @@ def figures(cells: Sequence[Cell], fits: Mapping[str, Any], out_dir: Path) -> li
                             linestyle=styles.get(c.df, "--"),
                         )
                     )
-                title = f"{mix} (A={_fmt(alignment_of(mix, task), 2)})"
+                title = f"{mix} (A={fmt(alignment_of(mix, task), 2)})"
                 row.append((title, LABELS[metric], series))
             rows.append(row)
         path = out_dir / f"mt_laws_{task}.png"
@@ -576,7 +548,7 @@ def write(
         "**Alignment scores** (eq. 2, for "
         + ", ".join(sorted({c.task for c in cells}))
         + "): "
-        + "; ".join(f"{m}: {_fmt(a, 3)}" for m, a in mixtures)
+        + "; ".join(f"{m}: {fmt(a, 3)}" for m, a in mixtures)
         + ".",
         "",
         comparison(cells, fits, found, noise={k: w for k, (_, w) in noise.items()}),
@@ -602,25 +574,14 @@ def write(
         widths = [w for _, w in noise.values() if math.isfinite(w)]
         lines += [
             f"BLEU resampling noise (sacreBLEU bootstrap over the held-out sentences, 95% "
-            f"half-width): median ±{_fmt(float(np.median(widths)), 3)}, largest "
-            f"±{_fmt(max(widths), 3)} BLEU over {len(noise)} runs with saved predictions.",
+            f"half-width): median ±{fmt(float(np.median(widths)), 3)}, largest "
+            f"±{fmt(max(widths), 3)} BLEU over {len(noise)} runs with saved predictions.",
             "",
         ]
     lines += ["---", "", body.replace("# xlscale fit report", "# Appendix: the fitting report", 1)]
     (out_dir / "report.md").write_text("\n".join(lines))
     table = [{"mixture": k[0], "task": k[1], "df": k[2], **v.to_dict()} for k, v in found.items()]
-    (out_dir / "verdicts.json").write_text(json.dumps(_json_safe(table), indent=1, allow_nan=False))
+    (out_dir / "verdicts.json").write_text(json.dumps(json_safe(table), indent=1, allow_nan=False))
     if not fits.get("converged", True):
         log("[demo-mt] WARNING: some fits did not converge; see report.md")
     return out_dir / "fits.json"
-
-
-def _json_safe(obj: Any) -> Any:
-    """Non-finite floats as None, recursively (strict JSON)."""
-    if isinstance(obj, float | np.floating):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj

@@ -1,6 +1,6 @@
 """The translation study (`xlscale demo --study mt`, `make demo-mt`): the MT paper at CPU size.
 
-Steps, each cached so that a re-run reuses what is done:
+The five stages of `studies.skeleton`, each cached so that a re-run reuses what is done:
   1. corpora — the Debian corpora with English and French text and the en-fr pair (built with
      `pipelines.corpora.build` if missing) for the full profile, the committed UDHR fixture for the
      smoke profile (no apt, no network);
@@ -14,23 +14,28 @@ Steps, each cached so that a re-run reuses what is done:
      lines); run in dependency order, two at a time in worker processes on a machine with 2 or
      more cores, with progress lines and an ETA;
   4. the fits (`fitting.pipeline.fit_runs`: BLEU log-law, CE power law, valuation) and `report.md`
-     with the comparison against the paper (`launch.demo_mt_report`).
+     with the comparison against the paper (`studies.mt_report`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
-import time
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launch.demo import study_runs, training_launcher
-from launch.status import Progress
 from launch.sweep import Run
+from studies import mt_report
+from studies.skeleton import (
+    Log,
+    Stages,
+    debian_corpora,
+    fixture_corpora,
+    run_study,
+    study_vocabulary,
+)
 
-Log = Callable[[str], None]
+TAG = "demo-mt"
 EXTRA_IDS = 100  # T5's span-corruption sentinels, appended to the vocabulary at load time
 
 
@@ -86,29 +91,14 @@ PROFILES: dict[str, MtProfile] = {
 
 
 def _debian(out: Path, data_dir: Path | None, spec: MtProfile, log: Log) -> Path:
-    from pipelines.corpora import build, paths
-
-    root = Path(data_dir) if data_dir else paths.data_root()
-    corpora = paths.corpora_dir(root)
-    needed = [paths.mono_file(corpora, lang, "train") for lang in spec.langs]
-    needed += [
-        paths.parallel_file(corpora, spec.pair, "train"),
-        paths.test_file(corpora, spec.pair),
-    ]
-    if (corpora / "manifest.json").exists() and all(p.exists() for p in needed):
-        log(f"[demo-mt] corpora: reusing {corpora}")
-        return corpora
-    log(f"[demo-mt] corpora: building the Debian corpora for {' '.join(spec.langs)} into {root}")
-    return Path(build.build_corpora(data_dir=root, langs=spec.langs, log=log))
+    return debian_corpora(data_dir=data_dir, langs=spec.langs, pairs=(spec.pair,), tag=TAG, log=log)
 
 
 def _fixture(out: Path, data_dir: Path | None, spec: MtProfile, log: Log) -> Path:
-    from pipelines.corpora import fixture
-
-    log("[demo-mt] corpora: the committed UDHR fixture (smoke profile)")
-    return Path(fixture.write_fixture_corpora(out / "data")).resolve()
+    return fixture_corpora(out_dir=out, tag=TAG, log=log)
 
 
+# MtProfile.corpora -> (out_dir, data_dir, profile, log) -> corpora directory.
 CORPORA: dict[str, Callable[[Path, Path | None, MtProfile, Log], Path]] = {
     "debian": _debian,
     "fixture": _fixture,
@@ -117,8 +107,6 @@ CORPORA: dict[str, Callable[[Path, Path | None, MtProfile, Log], Path]] = {
 
 def vocabulary(corpora: Path, out: Path, spec: MtProfile, log: Log) -> Path:
     """Trains (or reuses) the study's SentencePiece model on the pretraining languages."""
-    from launch.demo import study_vocabulary
-
     return study_vocabulary(
         corpora,
         out,
@@ -126,12 +114,12 @@ def vocabulary(corpora: Path, out: Path, spec: MtProfile, log: Log) -> Path:
         vocab_size=spec.vocab_size,
         name="mt",
         log=log,
-        tag="demo-mt",
+        tag=TAG,
         max_sentences=spec.vocab_sentences,
     )
 
 
-def check_vocab_fits(runs: list[Run], vocab_path: Path) -> int:
+def check_vocab_fits(runs: Sequence[Run], vocab_path: Path) -> int:
     """The model vocabulary every run needs (pieces + sentinels); raises if a run's is smaller.
 
     A model vocabulary smaller than the SentencePiece pieces plus the 100 sentinels would index
@@ -152,6 +140,22 @@ def check_vocab_fits(runs: list[Run], vocab_path: Path) -> int:
     return needed
 
 
+def stages(spec: MtProfile, log: Log) -> Stages:
+    """The translation study's plug-ins for the skeleton under profile `spec`."""
+    note = {"data_note": spec.data_note} if spec.data_note else {}
+    return Stages(
+        study="mt",
+        tag=TAG,
+        manifest=spec.manifest,
+        corpora=functools.partial(CORPORA[spec.corpora], spec=spec, log=log),
+        vocabulary=functools.partial(vocabulary, spec=spec, log=log),
+        report=lambda runs_dir, out: mt_report.write(
+            runs_dir=runs_dir, out_dir=out, log=log, **note
+        ),
+        check_runs=check_vocab_fits,
+    )
+
+
 def run_mt_demo(
     *,
     profile: str = "full",
@@ -161,74 +165,23 @@ def run_mt_demo(
     jobs: int | None = None,
 ) -> dict:
     """Runs the translation study of `profile`; writes `<out_dir>/report.md`, `fits.json`,
-    `verdicts.json` and the figures. `jobs` runs train at once (`demo.training_launcher`).
+    `verdicts.json` and the figures. `jobs` runs train at once (`skeleton.training_launcher`).
 
     Returns a summary dict (paths, run counts, wall times), also written as `<out_dir>/demo.json`.
 
     Raises:
       ValueError: an unknown profile, or a manifest whose model vocabulary is too small.
-      RuntimeError: a run failed (its train.log says why).
+      RuntimeError: a run failed or was blocked (its train.log says why).
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown MT demo profile {profile!r}; choose one of {sorted(PROFILES)}")
     spec = PROFILES[profile]
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    times: dict[str, float] = {}
-    t0 = time.monotonic()
-    log(f"[demo-mt] profile {profile}: {spec.description}")
-
-    corpora = CORPORA[spec.corpora](out, Path(data_dir) if data_dir else None, spec, log)
-    times["corpora_s"] = time.monotonic() - t0
-
-    t = time.monotonic()
-    vocab_path = vocabulary(corpora, out, spec, log)
-    times["vocab_s"] = time.monotonic() - t
-
-    t = time.monotonic()
-    manifest, runs = study_runs(spec.manifest, corpora, vocab_path, out)
-    check_vocab_fits(runs, vocab_path)
-    counts = {
-        s: sum(r.strategy == s for r in runs) for s in dict.fromkeys(r.strategy for r in runs)
-    }
-    log(
-        f"[demo-mt] sweep {manifest.name}: {len(runs)} runs ("
-        + ", ".join(f"{n} {s}" for s, n in counts.items())
-        + f") in {out / 'runs'}"
+    return run_study(
+        stages(spec, log),
+        profile=profile,
+        description=spec.description,
+        out_dir=out_dir,
+        data_dir=data_dir,
+        log=log,
+        jobs=jobs,
     )
-    report = training_launcher(jobs, log).launch(runs, progress=Progress(runs))
-    times["train_s"] = time.monotonic() - t
-    if report.failed or report.blocked:
-        bad = [*report.failed, *report.blocked]
-        raise RuntimeError(
-            f"[demo-mt] {len(bad)} run(s) failed or were blocked: {', '.join(bad)}; see their "
-            f"train.log under {out / 'runs'}"
-        )
-
-    t = time.monotonic()
-    from launch import demo_mt_report
-
-    note = {"data_note": spec.data_note} if spec.data_note else {}
-    fits = demo_mt_report.write(runs_dir=out / "runs", out_dir=out, log=log, **note)
-    times["fit_s"] = time.monotonic() - t
-    times["total_s"] = time.monotonic() - t0
-
-    summary = {
-        "study": "mt",
-        "profile": profile,
-        "corpora": str(corpora),
-        "vocab": str(vocab_path),
-        "runs": len(runs),
-        "runs_reused": len(report.skipped),
-        "report": str(out / "report.md"),
-        "fits": str(fits),
-        "times": times,
-        "python": sys.version.split()[0],
-    }
-    (out / "demo.json").write_text(json.dumps(summary, indent=1))
-    log(
-        f"[demo-mt] done in {times['total_s']:.0f} s (corpora {times['corpora_s']:.0f} s, vocab "
-        f"{times['vocab_s']:.0f} s, training {times['train_s']:.0f} s, fits "
-        f"{times['fit_s']:.0f} s): {out / 'report.md'}"
-    )
-    return summary

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from fitting import io, laws
-from launch import demo_mt_findings as find
-from launch import demo_mt_report as rep
+from fitting import io, laws, points
+from studies import mt_findings as find
+from studies import mt_report as rep
 
 STEPS = (100, 200, 300, 500, 750, 1000)
 TOKENS_PER_STEP = 4096
@@ -133,9 +133,11 @@ def test_collect_groups_by_mixture_and_df_with_baselines(cells):
 
 
 def test_finetune_tokens_from_run_json_or_gin():
-    assert find.finetune_tokens({"finetune_tokens": 5000}) == 5000
-    assert find.finetune_tokens({"gin_config": "A = 1\nFINETUNE_TOKENS = 1_200_000\n"}) == 1_200_000
-    assert find.finetune_tokens({"gin_config": "A = 1"}) is None
+    assert points.finetune_tokens({"finetune_tokens": 5000}) == 5000
+    assert (
+        points.finetune_tokens({"gin_config": "A = 1\nFINETUNE_TOKENS = 1_200_000\n"}) == 1_200_000
+    )
+    assert points.finetune_tokens({"gin_config": "A = 1"}) is None
 
 
 def test_aligned_mixture_wins_every_checkpoint(cells):
@@ -160,13 +162,6 @@ def test_co_movement_finds_bleu_falling_while_ce_falls(cells):
     assert broken["ce_down"] == 5 and broken["disagree"] == 2 and broken["rho"] < 0.9
     good = rows[("mix_en_50_fr_50", 40_000)]
     assert good["disagree"] == 0 and good["rho"] == pytest.approx(1.0)
-
-
-def test_spearman():
-    assert find.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert find.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-    assert math.isnan(find.spearman([1, 2], [1, 2]))
-    assert math.isnan(find.spearman([1, 2, 3], [5, 5, 5]))
 
 
 def test_verdicts_follow_the_valuation_guide(cells):
@@ -207,15 +202,15 @@ def test_write_produces_the_report_figures_and_fits(runs_dir, tmp_path):
 
 
 def test_cli_dispatches_to_the_study_registry(monkeypatch):
-    from launch import demo
+    from studies import registry
     from xlscale_cli.main import main
 
     with pytest.raises(ValueError, match="unknown demo study 'nmt'"):
-        demo.run_demo(study="nmt")
+        registry.run_demo(study="nmt")
     with pytest.raises(ValueError, match="unknown MT demo profile"):
-        demo.run_demo(study="mt", profile="huge", out_dir="never_written")
+        registry.run_demo(study="mt", profile="huge", out_dir="never_written")
     calls = []
-    monkeypatch.setitem(demo.STUDIES, "mt", lambda **kw: calls.append(kw) or {})
+    monkeypatch.setitem(registry.STUDIES, "mt", lambda **kw: calls.append(kw) or {})
     assert main(["demo", "--study", "mt", "--profile", "smoke"]) == 0
     assert calls == [
         {"out_dir": "demo_out/mt/smoke", "profile": "smoke", "data_dir": None, "jobs": None}
@@ -223,3 +218,17 @@ def test_cli_dispatches_to_the_study_registry(monkeypatch):
     assert main(["demo", "--study", "mt", "--out", "out_x", "--jobs", "1"]) == 0
     assert calls[-1]["out_dir"] == "out_x" and calls[-1]["profile"] == "full"
     assert calls[-1]["jobs"] == 1
+
+
+def test_report_tables_print_rounded_numbers(runs_dir, tmp_path):
+    """The study's own sections round every number (4 significant digits at most); the appendix
+    is the fitting report's and the verdicts' explanations are `fitting.valuation`'s text."""
+    import re
+
+    rep.write(runs_dir=runs_dir, out_dir=tmp_path, log=lambda line: None)
+    text = (tmp_path / "report.md").read_text().split("# Appendix: the fitting report")[0]
+    head, rest = text.split("## Valuation verdicts")
+    text = head + rest[rest.index("## Fitted laws") :]
+    numbers = re.findall(r"(?<![\w.])\d+\.\d+", text)
+    assert len(numbers) > 50
+    assert [n for n in numbers if len(n.replace(".", "").lstrip("0")) > 4] == []

@@ -1,4 +1,4 @@
-"""The demo's report: the fitting package's outputs plus an honest comparison with the CPT paper.
+"""The CPT study's report: the fitting package's outputs plus an honest comparison with the CPT paper.
 
 `fitting.pipeline.fit_runs` writes fits.json, report.md and the plots; this module prepends the
 questions the demo is meant to answer, measured on the runs themselves:
@@ -14,12 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# The CPT paper's Table 2 (fits on 40 LLaMA2 sizes, 50M-5.5B, zh target).
-PAPER_TABLE2 = {
-    "scratch": {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.40, "beta": 0.30},
-    "cpt": {"B": 433.3, "beta": 0.20, "gamma": 0.08},
-    "allocation": {"scratch": (0.429, 0.571), "cpt": (0.385, 0.615)},
-}
+from fitting.formats import fmt
+from fitting.paper_values import CPT_TABLE2
 
 
 def _final_eval(run, task: str) -> tuple[float, float] | None:
@@ -98,15 +94,9 @@ def replay_table(runs: Sequence[Any], lang: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["ratio"], r["label"]))
 
 
-def _fmt(x: Any, digits: int = 4) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
-
-
 def _ci(fit: Mapping[str, Any], name: str) -> str:
     ci = (fit.get("ci") or {}).get(name)
-    return f" [{_fmt(ci[0], 3)}, {_fmt(ci[1], 3)}]" if ci else ""
+    return f" [{fmt(ci[0], 3)}, {fmt(ci[1], 3)}]" if ci else ""
 
 
 def comparison(fits: Mapping[str, Any], runs: Sequence[Any], lang: str = "zh") -> str:
@@ -124,7 +114,7 @@ def comparison(fits: Mapping[str, Any], runs: Sequence[Any], lang: str = "zh") -
             "|---:|---:|---:|---:|",
         ]
         out += [
-            f"| {r['n_params']:.3g} | {r['final_cpt']:.4f} | {r['final_scratch']:.4f} | "
+            f"| {fmt(r['n_params'], 3)} | {fmt(r['final_cpt'])} | {fmt(r['final_scratch'])} | "
             f"{r['evals_lower']}/{r['evals']} |"
             for r in rows
         ]
@@ -140,7 +130,7 @@ def comparison(fits: Mapping[str, Any], runs: Sequence[Any], lang: str = "zh") -
             "|---|---:|---:|",
         ]
         out += [
-            f"| {r['label']} | {_fmt(r['source_loss'])} | {_fmt(r['target_loss'])} |" for r in table
+            f"| {r['label']} | {fmt(r['source_loss'])} | {fmt(r['target_loss'])} |" for r in table
         ]
         by_ratio = {r["ratio"]: r["source_loss"] for r in table if r["ratio"] >= 0}
         if len(by_ratio) >= 2:
@@ -148,13 +138,13 @@ def comparison(fits: Mapping[str, Any], runs: Sequence[Any], lang: str = "zh") -
             verdict = "lower" if by_ratio[hi] < by_ratio[lo] else "not lower"
             out.append(
                 f"\nWith {hi:.0%} replay the source-language loss is {verdict} than with "
-                f"{lo:.0%} ({_fmt(by_ratio[hi])} vs {_fmt(by_ratio[lo])})."
+                f"{lo:.0%} ({fmt(by_ratio[hi])} vs {fmt(by_ratio[lo])})."
             )
         out.append("")
     chin = (fits.get("chinchilla") or {}).get(lang, {}).get("fit")
     cpt = (fits.get("cpt") or {}).get(lang, {}).get("fit")
     if chin or cpt:
-        paper_s, paper_c = PAPER_TABLE2["scratch"], PAPER_TABLE2["cpt"]
+        paper_s, paper_c = CPT_TABLE2["scratch"], CPT_TABLE2["cpt"]
         out += [
             "**Fitted exponents against the paper's Table 2** (95% bootstrap intervals over runs; "
             "our models span a tiny range of N and D, so the exponents are loosely pinned and "
@@ -166,15 +156,15 @@ def comparison(fits: Mapping[str, Any], runs: Sequence[Any], lang: str = "zh") -
         if chin:
             p = chin["params"]
             out += [
-                f"| α (scratch) | {_fmt(p['alpha'])}{_ci(chin, 'alpha')} | {paper_s['alpha']} |",
-                f"| β (scratch) | {_fmt(p['beta'])}{_ci(chin, 'beta')} | {paper_s['beta']} |",
-                f"| E (scratch) | {_fmt(p['E'])}{_ci(chin, 'E')} | {paper_s['E']} |",
+                f"| α (scratch) | {fmt(p['alpha'])}{_ci(chin, 'alpha')} | {paper_s['alpha']} |",
+                f"| β (scratch) | {fmt(p['beta'])}{_ci(chin, 'beta')} | {paper_s['beta']} |",
+                f"| E (scratch) | {fmt(p['E'])}{_ci(chin, 'E')} | {paper_s['E']} |",
             ]
         if cpt:
             p = cpt["params"]
             out += [
-                f"| β' (CPT) | {_fmt(p['beta'])}{_ci(cpt, 'beta')} | {paper_c['beta']} |",
-                f"| γ (CPT) | {_fmt(p['gamma'])}{_ci(cpt, 'gamma')} | {paper_c['gamma']} |",
+                f"| β' (CPT) | {fmt(p['beta'])}{_ci(cpt, 'beta')} | {paper_c['beta']} |",
+                f"| γ (CPT) | {fmt(p['gamma'])}{_ci(cpt, 'gamma')} | {paper_c['gamma']} |",
             ]
             if chin:
                 smaller = p["beta"] < chin["params"]["beta"]

@@ -7,7 +7,7 @@ import pytest
 
 @pytest.mark.slow
 def test_smoke_demo_end_to_end(tmp_path, monkeypatch):
-    from launch.demo import run_demo
+    from studies.registry import run_demo
 
     monkeypatch.setenv("XLSCALE_DATA", str(tmp_path / "data"))
     summary = run_demo(profile="smoke", out_dir=tmp_path / "out", log=lambda line: None)

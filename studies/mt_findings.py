@@ -1,6 +1,6 @@
 """What the translation study's runs say: per-(mixture, Df) series and the paper's four questions.
 
-Pure functions over `fitting.io.Run`s (and fits.json), used by `launch.demo_mt_report`:
+Pure functions over `fitting.io.Run`s (and fits.json), used by `studies.mt_report`:
 `collect` groups finetuning runs into cells (one per pretraining data × task × finetuning size,
 every metric aligned by checkpoint, the same grouping as the fits); `aligned_vs_english`,
 `pretraining_gain`, `co_movement` and `verdicts` measure what the MT paper (Isik et al. 2024)
@@ -13,11 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from fitting import points
+from fitting.correlations import spearman
+from fitting.task_alignment import alignment_of
 
 # Score names a finetuning run may report under eval/<task>/<metric>, in report order.
 SCORE_LABELS: dict[str, str] = {
@@ -31,7 +34,6 @@ CE = "loss"
 LABELS = {**SCORE_LABELS, CE: "downstream CE"}
 # "Beyond noise" for a change between checkpoints: 5% in log space, as fitting.valuation.
 TOLERANCE = 0.05
-_MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Cell:
 
 
 def count_label(x: Any) -> str:
+    """A token or parameter count for tables and legends: `42M`, `1.5k` (3 significant digits);
+    `?` when unknown."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "?"
     x = float(x)
@@ -76,23 +80,6 @@ def count_label(x: Any) -> str:
         if abs(x) >= factor:
             return f"{x / factor:.3g}{suffix}"
     return f"{x:.3g}"
-
-
-def finetune_tokens(meta: Mapping[str, Any]) -> int | None:
-    """Df of a finetuning run: run.json's `finetune_tokens`, else FINETUNE_TOKENS in its gin."""
-    from fitting import points
-
-    return points.finetune_tokens(dict(meta))
-
-
-def alignment_of(mixture: str, task: str) -> float | None:
-    from fitting import alignment
-
-    m = _MT_TASK.match(task)
-    try:
-        return alignment.score(mixture, m.group(1), m.group(2)) if m else None
-    except ValueError:
-        return None
 
 
 def score_metrics(runs: Sequence[Any]) -> list[str]:
@@ -112,8 +99,6 @@ def score_metrics(runs: Sequence[Any]) -> list[str]:
 def collect(runs: Sequence[Any]) -> list[Cell]:
     """Groups the finetuning runs into cells, one per (pretraining data, task, Df), each with all
     metrics aligned by checkpoint (the same grouping as the fits in fits.json)."""
-    from fitting import points
-
     by_id = {r.run_id: r for r in runs}
     metrics = [*score_metrics(runs), CE]
     per_key: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -128,7 +113,7 @@ def collect(runs: Sequence[Any]) -> list[Cell]:
     cells = []
     for (mixture, task, steps), c in sorted(per_key.items()):
         order = sorted(c["Dp"], key=lambda rid: c["Dp"][rid])
-        dfs = {finetune_tokens(by_id[rid].meta) for rid in order}
+        dfs = {points.finetune_tokens(by_id[rid].meta) for rid in order}
         init = tuple(
             None if by_id[rid].meta.get("init_step") is None else int(by_id[rid].meta["init_step"])
             for rid in order
@@ -249,29 +234,6 @@ def pretraining_gain(cells: Sequence[Cell], metric: str) -> list[dict[str, Any]]
     return rows
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(len(x))
-    for v in np.unique(x):  # average ranks of ties
-        tie = x == v
-        ranks[tie] = ranks[tie].mean()
-    return ranks
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman rank correlation (NaN for fewer than 3 points or a constant input)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    if len(x) < 3:
-        return math.nan
-    rx, ry = _ranks(x), _ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return math.nan
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
 def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, Any]]:
     """Per cell: does the score follow the cross-entropy along pretraining (MT paper §3.4)?
 
@@ -319,55 +281,7 @@ def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str,
     return out
 
 
-def fit_entries(fits: Mapping[str, Any]) -> dict[tuple[str, str, str, str], Mapping[str, Any]]:
-    """fits.json's downstream entries keyed by (pretraining, task, finetuning steps, metric)."""
-    out = {}
-    for name in ("bleu", "ce"):
-        for e in fits.get(name) or []:
-            out[(e["pretraining"], e["task"], str(e["finetune_steps"]), e["metric"])] = e
-    return out
-
-
-def fit_object(entry: Mapping[str, Any] | None):
-    """A `DownstreamFit` rebuilt from its fits.json dict (for plotting the fitted law)."""
-    if not entry:
-        return None
-    from fitting.downstream import DownstreamFit
-
-    d = entry["fit"]
-
-    def arr(key):
-        return np.asarray([math.nan if v is None else v for v in d[key]], float)
-
-    err = d.get("prediction_error")
-    return DownstreamFit(
-        law=d["law"],
-        params=dict(d["params"]),
-        objective=float(d["objective"]),
-        converged=bool(d["converged"]),
-        grad_norm=float(d["grad_norm"]),
-        n_starts=int(d["n_starts"]),
-        n_at_best=int(d["n_at_best"]),
-        n_fit=int(d["n_fit"]),
-        delta=float(d["delta"]),
-        Dp=arr("Dp"),
-        observed=arr("observed"),
-        predicted=arr("predicted"),
-        residuals=arr("residuals"),
-        fitted=np.asarray(d["fitted"], bool),
-        prediction_error=math.nan if err is None else float(err),
-    )
-
-
-def held_out_max(entry: Mapping[str, Any] | None) -> float:
-    if not entry:
-        return math.nan
-    fit = entry["fit"]
-    res = [abs(r) for r, f in zip(fit["residuals"], fit["fitted"], strict=True) if not f and r]
-    return max(res) if res else math.nan
-
-
-# --------------------------------------------------------------------------------------- tables
+# --------------------------------------------------------------------------------------- noise
 
 
 def bleu_noise(runs: Sequence[Any], *, n_bootstrap: int = 200) -> dict[str, tuple[float, float]]:

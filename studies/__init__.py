@@ -1,0 +1,1 @@
+"""The CPT and MT studies (`xlscale demo`) on one skeleton: run, report, findings."""

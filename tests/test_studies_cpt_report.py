@@ -1,0 +1,72 @@
+"""The CPT study's comparison with the paper on hand-made runs and fits (no training, no fits)."""
+
+import re
+import types
+
+from studies import cpt_report
+
+PI = 3.141592653589793
+
+
+def _run(strategy, lang, n, losses, **meta):
+    """A stand-in for `fitting.io.Run`: strategy, target language, metadata, eval records."""
+    records = [
+        {"step": s, "tokens": s * 1000, f"eval/lm_{k}/loss": v}
+        for s, per_lang in losses.items()
+        for k, v in per_lang.items()
+    ]
+    return types.SimpleNamespace(
+        strategy=strategy,
+        target_lang=lang,
+        meta={"params_non_embedding": n, **meta},
+        records=records,
+    )
+
+
+def _runs():
+    n = 123456.789
+    return [
+        _run("source", "en", n, {10: {"en": 2.0 + PI / 10, "zh": 9.0}}),
+        _run("scratch", "zh", n, {5: {"zh": 5.0}, 10: {"zh": 4.0 + PI / 100}}),
+        _run("cpt", "zh", n, {5: {"zh": 4.5}, 10: {"zh": 3.0 + PI / 100}}),
+        _run(
+            "cpt_replay",
+            "zh",
+            n,
+            {10: {"zh": 3.1 + PI / 1000, "en": 2.5 + PI / 1000}},
+            source_lang="en",
+            replay_ratio=0.3,
+        ),
+    ]
+
+
+def test_cpt_beats_scratch_at_equal_steps():
+    rows = cpt_report.cpt_vs_scratch(_runs(), "zh")
+    assert [(r["evals_lower"], r["evals"]) for r in rows] == [(2, 2)]
+    assert rows[0]["final_cpt"] < rows[0]["final_scratch"]
+
+
+def test_comparison_tables_print_rounded_numbers():
+    fits = {
+        "chinchilla": {
+            "zh": {
+                "fit": {
+                    "params": {"alpha": PI / 10, "beta": PI / 11, "E": PI / 2},
+                    "ci": {"alpha": [PI / 12, PI / 9]},
+                    "converged": True,
+                }
+            }
+        },
+        "cpt": {"zh": {"fit": {"params": {"beta": PI / 20, "gamma": PI / 50}, "converged": False}}},
+    }
+    text = cpt_report.comparison(fits, _runs(), "zh")
+    assert "| 1.23e+05 | 3.031 | 4.031 | 2/2 |" in text  # N, CPT, scratch: 3-4 significant digits
+    assert "| α (scratch) | 0.3142 [0.262, 0.349] | 0.4 |" in text
+    assert "| CPT, replay 30% | 2.503 | 3.103 |" in text
+    assert "Warning: the CPT fit did NOT converge" in text
+    assert max_significant_digits(text) == 4
+
+
+def max_significant_digits(text: str) -> int:
+    """The most significant digits of any decimal number in `text` (reports round to 4)."""
+    return max(len(m.replace(".", "").lstrip("0")) for m in re.findall(r"\d+\.\d+", text))
