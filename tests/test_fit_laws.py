@@ -43,7 +43,7 @@ def test_log_law_uses_log_A_and_is_nan_where_undefined():
 def test_predict_dispatches_by_name_and_rejects_unknown_laws():
     p = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.4, "beta": 0.3, "extra": 1.0}
     assert laws.predict("chinchilla", p, 1e9, 1e10) == laws.chinchilla(
-        1e9, 1e10, **{k: p[k] for k in laws.PARAMS["chinchilla"]}
+        1e9, 1e10, **{k: p[k] for k in laws.LAWS["chinchilla"].params}
     )
     with pytest.raises(ValueError, match="unknown law"):
         laws.predict("kaplan", p, 1.0)
