@@ -1,23 +1,21 @@
 """Markdown report of a `fitting.pipeline.fit_runs` result.
 
-Numbers are printed unrounded (Python's shortest round-trip form), as in fits.json; a fit that did
-not converge is flagged next to its numbers and listed at the top.
+Numbers are rounded for people (`fitting.formats.fmt`, 4 significant digits); fits.json keeps them
+unrounded. A fit that did not converge is flagged next to its numbers and listed at the top. Each
+section function here is named after the `fitting.pipeline.STEPS` entry whose results it reports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from fitting.formats import fmt
 
 
 def _n(v: Any) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
+    """A table cell: None as an em dash, floats rounded (`fmt`), everything else as it is."""
+    return "—" if v is None else fmt(v)
 
 
 def _status(fit: Mapping[str, Any]) -> str:
@@ -73,14 +71,16 @@ def _allocation(entry: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _section_chinchilla(res: Mapping[str, Any]) -> list[str]:
+def chinchilla(res: Mapping[str, Any]) -> list[str]:
+    """The from-scratch Chinchilla fits with their compute-optimal allocations."""
     lines = ["## From-scratch Chinchilla law L = E + A/N^α + B/D^β", ""]
     for lang, e in res.items():
         lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
     return lines
 
 
-def _section_cpt(res: Mapping[str, Any]) -> list[str]:
+def cpt(res: Mapping[str, Any]) -> list[str]:
+    """The CPT law's second-stage fits, allocations and the Appendix B comparison."""
     lines = ["## CPT law L = E + A/N^α + B'/(D^β'·N^γ) (second stage)", ""]
     for lang, e in res.items():
         lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
@@ -95,7 +95,8 @@ def _section_cpt(res: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _section_compute(res: Mapping[str, Any]) -> list[str]:
+def compute(res: Mapping[str, Any]) -> list[str]:
+    """Both loss–compute frontier laws per language and run group."""
     lines = ["## Loss–compute frontier", ""]
     for lang, groups in res.items():
         for group, fr in groups.items():
@@ -106,7 +107,8 @@ def _section_compute(res: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _section_transfer(res: Mapping[str, Any]) -> list[str]:
+def transfer(res: Mapping[str, Any]) -> list[str]:
+    """FLOPs saved and transferred data at equal loss, one row per CPT run."""
     lines = ["## Transfer at equal loss (FLOPs saved, effectively transferred data)", ""]
     lines += [
         "| language | CPT run | reference | N | FLOPs saved (min … max) | transferred at last eval |",
@@ -125,7 +127,8 @@ def _section_transfer(res: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _section_replay(res: Mapping[str, Any]) -> list[str]:
+def replay(res: Mapping[str, Any]) -> list[str]:
+    """Source-language forgetting under replay, one row per run."""
     lines = [
         "## Forgetting under replay",
         "",
@@ -143,7 +146,8 @@ def _section_replay(res: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _section_downstream(entries: Sequence[Mapping[str, Any]], title: str) -> list[str]:
+def downstream(entries: Sequence[Mapping[str, Any]], *, title: str) -> list[str]:
+    """The MT paper's downstream law fits (params, held-out error, valuation), one per series."""
     lines = [f"## {title}", ""]
     for e in entries:
         fit = e["fit"]
@@ -165,19 +169,9 @@ def _section_downstream(entries: Sequence[Mapping[str, Any]], title: str) -> lis
     return lines
 
 
-_SECTIONS = (
-    ("chinchilla", _section_chinchilla),
-    ("cpt", _section_cpt),
-    ("compute", _section_compute),
-    ("transfer", _section_transfer),
-    ("replay", _section_replay),
-    ("bleu", lambda r: _section_downstream(r, "Downstream translation scores (log-law)")),
-    ("ce", lambda r: _section_downstream(r, "Downstream cross-entropy (power law)")),
-)
-
-
-def render(result: Mapping[str, Any]) -> str:
-    """The report as markdown."""
+def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], list[str]]]) -> str:
+    """The report as markdown: a header, then `sections[key](result[key])` for each key present
+    (in `sections`' order; `fitting.pipeline.render_report` passes its steps' sections)."""
     lines = [
         "# xlscale fit report",
         "",
@@ -192,7 +186,7 @@ def render(result: Mapping[str, Any]) -> str:
         lines += ["All fits converged.", ""]
     if result.get("skipped"):
         lines += ["Skipped:", ""] + [f"- {k}: {v}" for k, v in result["skipped"].items()] + [""]
-    for key, section in _SECTIONS:
+    for key, section in sections.items():
         if result.get(key):
             lines += section(result[key])
     if result.get("plots"):

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from fitting import fit, io, pipeline, points, report, synthetic
+from fitting import fit, io, pipeline, points, synthetic
 from fitting.checks import FitInputError
 from xlscale_cli.main import main
 
@@ -112,7 +112,7 @@ def test_report_flags_non_converged_fits():
             }
         },
     }
-    text = report.render(res)
+    text = pipeline.render_report(res)
     assert "did not converge" in text and "**NOT CONVERGED** (gradient 0.25)" in text
 
 
