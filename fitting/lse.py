@@ -208,20 +208,13 @@ class _Objective:
 
     def value(self, xp: Any, theta: Any, weights: Any) -> Any:
         """Objective for theta [..., n]."""
-        return objective(
-            xp,
-            self.terms,
-            self.n_params,
-            theta,
-            self.features,
-            self.target,
-            weights,
-            self.delta,
-            derivatives=False,
-        )
+        return self._objective(xp, theta, weights, derivatives=False)
 
     def derivs(self, xp: Any, theta: Any, weights: Any) -> tuple[Any, Any, Any]:
         """Objective, gradient and Hessian for theta [S, n]."""
+        return self._objective(xp, theta, weights, derivatives=True)
+
+    def _objective(self, xp: Any, theta: Any, weights: Any, *, derivatives: bool) -> Any:
         return objective(
             xp,
             self.terms,
@@ -231,7 +224,7 @@ class _Objective:
             self.target,
             weights,
             self.delta,
-            derivatives=True,
+            derivatives=derivatives,
             free=self.free,
         )
 

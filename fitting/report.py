@@ -7,7 +7,7 @@ section function here is named after the `fitting.pipeline.STEPS` entry whose re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from fitting.formats import fmt
@@ -16,6 +16,12 @@ from fitting.formats import fmt
 def _n(v: Any) -> str:
     """A table cell: None as an em dash, floats rounded (`fmt`), everything else as it is."""
     return "—" if v is None else fmt(v)
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A markdown table: the header, its rule, then one line per row (cells through `_n`)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(_n(v) for v in row) + " |" for row in rows]
 
 
 def _status(fit: Mapping[str, Any]) -> str:
@@ -27,12 +33,13 @@ def _status(fit: Mapping[str, Any]) -> str:
 def _param_table(fit: Mapping[str, Any]) -> list[str]:
     ci = fit.get("ci") or {}
     fixed = set(fit.get("fixed") or ())
-    rows = ["| parameter | value | CI low | CI high |", "|---|---|---|---|"]
-    for k, v in fit["params"].items():
-        lo, hi = ci.get(k, (None, None))
-        name = f"{k} (fixed from scratch fit)" if k in fixed else k
-        rows.append(f"| {name} | {_n(v)} | {_n(lo)} | {_n(hi)} |")
-    return rows
+    return _table(
+        ("parameter", "value", "CI low", "CI high"),
+        (
+            (f"{k} (fixed from scratch fit)" if k in fixed else k, v, *ci.get(k, (None, None)))
+            for k, v in fit["params"].items()
+        ),
+    )
 
 
 def _fit_block(fit: Mapping[str, Any]) -> list[str]:
@@ -65,8 +72,7 @@ def _allocation(entry: Mapping[str, Any]) -> list[str]:
         "",
     ]
     if ci:
-        lines += ["| quantity | CI low | CI high |", "|---|---|---|"]
-        lines += [f"| {k} | {_n(lo)} | {_n(hi)} |" for k, (lo, hi) in ci.items()]
+        lines += _table(("quantity", "CI low", "CI high"), ((k, *v) for k, v in ci.items()))
         lines.append("")
     return lines
 
@@ -109,41 +115,46 @@ def compute(res: Mapping[str, Any]) -> list[str]:
 
 def transfer(res: Mapping[str, Any]) -> list[str]:
     """FLOPs saved and transferred data at equal loss, one row per CPT run."""
-    lines = ["## Transfer at equal loss (FLOPs saved, effectively transferred data)", ""]
-    lines += [
-        "| language | CPT run | reference | N | FLOPs saved (min … max) | transferred at last eval |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = []
     for lang, e in res.items():
         for c in e["curves"]:
             saved = [v for v in c["flops_saved"] if v is not None]
             moved = [v for v in c["transferred"] if v is not None]
-            rng = f"{_n(min(saved))} … {_n(max(saved))}" if saved else "—"
-            lines.append(
-                f"| {lang} | {c['run_id']} | {c['reference_id']} | {_n(c['n_params'])} | {rng} | "
-                f"{_n(moved[-1]) if moved else '—'} |"
+            rng = f"{_n(min(saved))} … {_n(max(saved))}" if saved else None
+            rows.append(
+                (
+                    lang,
+                    c["run_id"],
+                    c["reference_id"],
+                    c["n_params"],
+                    rng,
+                    moved[-1] if moved else None,
+                )
             )
-    lines.append("")
-    return lines
+    header = ("language", "CPT run", "reference", "N", "FLOPs saved (min … max)")
+    return [
+        "## Transfer at equal loss (FLOPs saved, effectively transferred data)",
+        "",
+        *_table((*header, "transferred at last eval"), rows),
+        "",
+    ]
 
 
 def replay(res: Mapping[str, Any]) -> list[str]:
     """Source-language forgetting under replay, one row per run."""
-    lines = [
-        "## Forgetting under replay",
-        "",
-        "| language | run | replay | source loss start | peak | final | tail exponent g |",
-        "|---|---|---|---|---|---|---|",
+    keys = ("replay_ratio", "source_start", "source_peak", "source_final")
+    rows = [
+        (
+            lang,
+            c["run_id"],
+            *(c[k] for k in keys),
+            c["tail_fit"]["params"]["g"] if c.get("tail_fit") else None,
+        )
+        for lang, curves in res.items()
+        for c in curves
     ]
-    for lang, curves in res.items():
-        for c in curves:
-            g = c["tail_fit"]["params"]["g"] if c.get("tail_fit") else None
-            lines.append(
-                f"| {lang} | {c['run_id']} | {_n(c['replay_ratio'])} | {_n(c['source_start'])} | "
-                f"{_n(c['source_peak'])} | {_n(c['source_final'])} | {_n(g)} |"
-            )
-    lines.append("")
-    return lines
+    header = ("language", "run", "replay", "source loss start", "peak", "final", "tail exponent g")
+    return ["## Forgetting under replay", "", *_table(header, rows), ""]
 
 
 def downstream(entries: Sequence[Mapping[str, Any]], *, title: str) -> list[str]:
@@ -155,8 +166,7 @@ def downstream(entries: Sequence[Mapping[str, Any]], *, title: str) -> list[str]
             f"### {e['pretraining']} → {e['task']} ({e['metric']}, {e['finetune_steps']} finetuning steps)",
             "",
         ]
-        lines += ["| parameter | value |", "|---|---|"]
-        lines += [f"| {k} | {_n(v)} |" for k, v in fit["params"].items()]
+        lines += _table(("parameter", "value"), fit["params"].items())
         lines += [
             "",
             f"Status: {_status(fit)}; fitted on the first {fit['n_fit']} points; held-out "
