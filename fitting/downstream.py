@@ -136,10 +136,13 @@ def _sorted_points(Dp, y, name: str, n_fit: int, law: str):
     return pts["Dp"][order], pts[name][order]
 
 
-def _checked(law: str, params, *, Dp, obs, n_fit: int, delta: float, **fit: Any) -> DownstreamFit:
+def _checked(
+    law: str, params: dict[str, float], fit: Any, *, grad_norm: float, Dp, obs, n_fit: int, delta
+) -> DownstreamFit:
     """The fit on the first `n_fit` points, scored on the rest by the same Huber loss.
 
-    `fit` carries the optimiser's summary: objective, converged, grad_norm, n_starts, n_at_best.
+    `fit` is the optimiser's result (`optim.MultiStartResult` or `FitResult`): its objective,
+    converged, n_starts and n_at_best are recorded.
     """
     pred = laws.predict(law, params, Dp)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -158,7 +161,11 @@ def _checked(law: str, params, *, Dp, obs, n_fit: int, delta: float, **fit: Any)
         residuals=res,
         fitted=fitted,
         prediction_error=err,
-        **fit,
+        objective=fit.objective,
+        converged=fit.converged,
+        grad_norm=grad_norm,
+        n_starts=fit.n_starts,
+        n_at_best=fit.n_at_best,
     )
 
 
@@ -193,18 +200,9 @@ def fit_bleu_law(Dp, score, *, n_fit: int = 4, delta: float = 0.1) -> Downstream
         "alpha": float(math.exp(u)),
         "beta": float(beta),
     }
+    grad_norm = float(np.max(np.abs(res.grad)))
     return _checked(
-        "log_law",
-        params,
-        Dp=Dp,
-        obs=obs,
-        n_fit=n_fit,
-        delta=delta,
-        objective=res.objective,
-        converged=res.converged,
-        grad_norm=float(np.max(np.abs(res.grad))),
-        n_starts=res.n_starts,
-        n_at_best=res.n_at_best,
+        "log_law", params, res, grad_norm=grad_norm, Dp=Dp, obs=obs, n_fit=n_fit, delta=delta
     )
 
 
@@ -223,17 +221,7 @@ def fit_ce_law(Dp, ce, *, n_fit: int = 4, delta: float = 1e-3) -> DownstreamFit:
     Dp, obs = _sorted_points(Dp, ce, "ce", n_fit, "power_law")
     r = fit_univariate("power_law", Dp[:n_fit], obs[:n_fit], delta=delta, input_name="Dp")
     return _checked(
-        "power_law",
-        r.params,
-        Dp=Dp,
-        obs=obs,
-        n_fit=n_fit,
-        delta=delta,
-        objective=r.objective,
-        converged=r.converged,
-        grad_norm=r.grad_norm,
-        n_starts=r.n_starts,
-        n_at_best=r.n_at_best,
+        "power_law", r.params, r, grad_norm=r.grad_norm, Dp=Dp, obs=obs, n_fit=n_fit, delta=delta
     )
 
 

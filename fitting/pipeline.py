@@ -23,12 +23,22 @@ from typing import Any
 
 import numpy as np
 
-from fitting import alignment, downstream, frontier, io, plots, points, report, transfer, valuation
+from fitting import (
+    alignment,
+    downstream,
+    frontier,
+    io,
+    laws,
+    plots,
+    points,
+    report,
+    transfer,
+    valuation,
+)
 from fitting.allocation import allocation_cis, compute_optimal
 from fitting.checks import FitInputError
 from fitting.fit import FitResult, fit_chinchilla, fit_cpt
 from fitting.formats import json_safe
-from fitting.laws import LAWS as LAW_RECORDS
 from pipelines.names import mt_pair
 
 FROM_SCRATCH = ("source", "scratch")
@@ -371,7 +381,7 @@ class Step:
 
 
 def _register(*steps: Step) -> dict[str, Step]:
-    unknown = {law for s in steps for law in s.laws} - set(LAW_RECORDS)
+    unknown = {law for s in steps for law in s.laws} - set(laws.LAWS)
     if unknown:
         raise ValueError(f"steps name unknown laws {sorted(unknown)}")
     return {s.name: s for s in steps}
