@@ -81,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     t0, c0 = time.perf_counter(), time.process_time()
     import jax  # noqa: F401  (imported here so that its import time is reported apart)
 
-    from fitting import fit, optim, synthetic
+    from fitting import fit, laws, optim, synthetic
 
     import_s = time.perf_counter() - t0
     N, D, L = synthetic.chinchilla_points(200, seed=args.seed)
-    starts = optim.product_grid([fit.HOFFMANN_GRID[k] for k in fit.CHINCHILLA.names])
+    spec = laws.fit_spec("chinchilla")
+    starts = optim.product_grid([spec.grid[k] for k in spec.names])
 
     t0, c0 = time.perf_counter(), time.process_time()
     cold = fit.fit_chinchilla(N, D, L)

@@ -23,20 +23,19 @@ from typing import Any
 
 import numpy as np
 
-from fitting import fit as fit_mod
 from fitting import laws, optim
 from fitting.checks import FitInputError, as_points
+from fitting.fit import LawFit, fit_univariate
+from fitting.formats import json_safe
 
 
 @dataclasses.dataclass(frozen=True)
-class DownstreamFit:
+class DownstreamFit(LawFit):
     """A downstream law fitted on the first points and checked on the rest.
 
-    Attributes:
-      law: "log_law" (scores) or "power_law" (cross-entropy).
-      params: log_A, alpha, beta — or E, A, alpha.
-      objective: summed Huber objective on the fitted points.
-      converged, grad_norm, n_starts, n_at_best: as for `fitting.fit.FitResult`.
+    Attributes (after `fitting.fit.LawFit`'s law, params, objective, converged, grad_norm,
+    n_starts; law is "log_law" for scores or "power_law" for cross-entropy):
+      n_at_best: starts that reached the best basin.
       n_fit: points used for the fit (the smallest Dp).
       delta: Huber threshold.
       Dp, observed, predicted: every point, sorted by Dp.
@@ -46,12 +45,6 @@ class DownstreamFit:
         nothing is held out or the law is undefined at a held-out point).
     """
 
-    law: str
-    params: dict[str, float]
-    objective: float
-    converged: bool
-    grad_norm: float
-    n_starts: int
     n_at_best: int
     n_fit: int
     delta: float
@@ -62,16 +55,8 @@ class DownstreamFit:
     fitted: np.ndarray
     prediction_error: float
 
-    def predict(self, Dp) -> np.ndarray:
-        """The fitted law at pretraining sizes Dp."""
-        return laws.predict(self.law, self.params, Dp)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (unrounded; NaN as null)."""
-
-        def clean(a):
-            return [None if not np.isfinite(v) else float(v) for v in np.asarray(a, float)]
-
         return {
             "law": self.law,
             "params": dict(self.params),
@@ -82,14 +67,12 @@ class DownstreamFit:
             "n_at_best": self.n_at_best,
             "n_fit": self.n_fit,
             "delta": self.delta,
-            "Dp": clean(self.Dp),
-            "observed": clean(self.observed),
-            "predicted": clean(self.predicted),
-            "residuals": clean(self.residuals),
+            **{
+                k: json_safe(np.asarray(getattr(self, k), float).tolist())
+                for k in ("Dp", "observed", "predicted", "residuals")
+            },
             "fitted": [bool(b) for b in self.fitted],
-            "prediction_error": None
-            if not np.isfinite(self.prediction_error)
-            else self.prediction_error,
+            "prediction_error": json_safe(float(self.prediction_error)),
         }
 
 
@@ -153,14 +136,37 @@ def _sorted_points(Dp, y, name: str, n_fit: int, law: str):
     return pts["Dp"][order], pts[name][order]
 
 
-def _heldout(law: str, params, Dp, obs, n_fit: int, delta: float):
+def _checked(
+    law: str, params: dict[str, float], fit: Any, *, grad_norm: float, Dp, obs, n_fit: int, delta
+) -> DownstreamFit:
+    """The fit on the first `n_fit` points, scored on the rest by the same Huber loss.
+
+    `fit` is the optimiser's result (`optim.MultiStartResult` or `FitResult`): its objective,
+    converged, n_starts and n_at_best are recorded.
+    """
     pred = laws.predict(law, params, Dp)
     with np.errstate(invalid="ignore", divide="ignore"):
         res = np.log(obs) - np.log(pred)
     fitted = np.arange(len(Dp)) < n_fit
     held = res[~fitted]
     err = float(np.sum(optim.huber(held, delta))) if held.size else math.nan
-    return pred, res, fitted, err
+    return DownstreamFit(
+        law=law,
+        params=params,
+        n_fit=n_fit,
+        delta=float(delta),
+        Dp=Dp,
+        observed=obs,
+        predicted=pred,
+        residuals=res,
+        fitted=fitted,
+        prediction_error=err,
+        objective=fit.objective,
+        converged=fit.converged,
+        grad_norm=grad_norm,
+        n_starts=fit.n_starts,
+        n_at_best=fit.n_at_best,
+    )
 
 
 def fit_bleu_law(Dp, score, *, n_fit: int = 4, delta: float = 0.1) -> DownstreamFit:
@@ -194,42 +200,10 @@ def fit_bleu_law(Dp, score, *, n_fit: int = 4, delta: float = 0.1) -> Downstream
         "alpha": float(math.exp(u)),
         "beta": float(beta),
     }
-    pred, resid, fitted, err = _heldout("log_law", params, Dp, obs, n_fit, delta)
-    return DownstreamFit(
-        law="log_law",
-        params=params,
-        objective=res.objective,
-        converged=res.converged,
-        grad_norm=float(np.max(np.abs(res.grad))),
-        n_starts=res.n_starts,
-        n_at_best=res.n_at_best,
-        n_fit=n_fit,
-        delta=float(delta),
-        Dp=Dp,
-        observed=obs,
-        predicted=pred,
-        residuals=resid,
-        fitted=fitted,
-        prediction_error=err,
+    grad_norm = float(np.max(np.abs(res.grad)))
+    return _checked(
+        "log_law", params, res, grad_norm=grad_norm, Dp=Dp, obs=obs, n_fit=n_fit, delta=delta
     )
-
-
-POWER_LAW = fit_mod.LawSpec(
-    law="power_law",
-    names=("a", "alpha", "e"),
-    terms=(((0, 0), (1, 1)), ((2, 2),)),
-    features=lambda Dp: fit_mod._ones_and_neglogs(Dp, layout=(-1, 0, -1)),
-    to_params=lambda v: {
-        "E": math.exp(v["e"]),
-        "A": math.exp(v["a"]),
-        "alpha": float(v["alpha"]),
-    },
-    grid={
-        "a": np.arange(0.0, 25.0 + 1e-9, 5.0),
-        "alpha": np.arange(0.0, 2.0 + 1e-9, 0.5),
-        "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
-    },
-)
 
 
 def fit_ce_law(Dp, ce, *, n_fit: int = 4, delta: float = 1e-3) -> DownstreamFit:
@@ -245,26 +219,9 @@ def fit_ce_law(Dp, ce, *, n_fit: int = 4, delta: float = 1e-3) -> DownstreamFit:
       FitInputError: fewer than n_fit points, n_fit < 3, non-positive or non-finite values.
     """
     Dp, obs = _sorted_points(Dp, ce, "ce", n_fit, "power_law")
-    r = fit_mod.fit_law(
-        POWER_LAW, [Dp[:n_fit]], obs[:n_fit], delta=delta, iters=60, input_names=("Dp",)
-    )
-    pred, resid, fitted, err = _heldout("power_law", r.params, Dp, obs, n_fit, delta)
-    return DownstreamFit(
-        law="power_law",
-        params=r.params,
-        objective=r.objective,
-        converged=r.converged,
-        grad_norm=r.grad_norm,
-        n_starts=r.n_starts,
-        n_at_best=r.n_at_best,
-        n_fit=n_fit,
-        delta=float(delta),
-        Dp=Dp,
-        observed=obs,
-        predicted=pred,
-        residuals=resid,
-        fitted=fitted,
-        prediction_error=err,
+    r = fit_univariate("power_law", Dp[:n_fit], obs[:n_fit], delta=delta, input_name="Dp")
+    return _checked(
+        "power_law", r.params, r, grad_norm=r.grad_norm, Dp=Dp, obs=obs, n_fit=n_fit, delta=delta
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,16 +27,44 @@ _BOOT_STARTS = 8  # starts per bootstrap resample: the fit's optimum plus its be
 
 
 @dataclasses.dataclass(frozen=True)
-class FitResult:
-    """A fitted law. Frozen; every number is unrounded.
+class LawFit:
+    """What every fitted law records first (`FitResult`, `fitting.downstream.DownstreamFit`).
 
     Attributes:
-      law: key into `fitting.laws.PREDICT` ("chinchilla", "cpt", "loss_compute", "power", ...).
+      law: key into `fitting.laws.LAWS` ("chinchilla", "cpt", "loss_compute", "power", ...).
       params: parameter name → value (e.g. E, A, B, alpha, beta).
       objective: the summed Huber objective at the optimum.
       converged: the polish reached a vanishing gradient; a False here must be reported.
-      grad_norm: ‖∇objective‖∞ with respect to the fitted log-space parameters.
-      n_starts: starts in the grid; n_finite: those with a finite initial objective.
+      grad_norm: ‖∇objective‖∞ with respect to the fitted parameters.
+      n_starts: starts in the grid.
+    """
+
+    law: str
+    params: dict[str, float]
+    objective: float
+    converged: bool
+    grad_norm: float
+    n_starts: int
+
+    def predict(self, *inputs) -> np.ndarray:
+        """The fitted law at `inputs` (N, D for chinchilla/cpt; C for the compute laws; Dp)."""
+        return laws.predict(self.law, self.params, *inputs)
+
+    @property
+    def status(self) -> str:
+        """ "converged" or a warning that must accompany any use of the numbers."""
+        if self.converged:
+            return "converged"
+        return f"NOT CONVERGED (gradient {self.grad_norm:.3g})"
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult(LawFit):
+    """A fitted LSE-affine law (`LawFit` plus the fit's diagnostics). Frozen; every number is
+    unrounded.
+
+    Attributes:
+      n_finite: starts with a finite initial objective.
       n_at_best: starts whose end point reached the best basin (objective within 1e-6 relative).
       n_points, n_runs: data used.
       delta: Huber threshold.
@@ -47,12 +75,6 @@ class FitResult:
       n_bootstrap: resamples requested; n_bootstrap_converged: those whose refit converged.
     """
 
-    law: str
-    params: dict[str, float]
-    objective: float
-    converged: bool
-    grad_norm: float
-    n_starts: int
     n_finite: int
     n_at_best: int
     n_points: int
@@ -64,17 +86,6 @@ class FitResult:
     samples: tuple[dict[str, float], ...] = ()
     n_bootstrap: int = 0
     n_bootstrap_converged: int = 0
-
-    def predict(self, *inputs) -> np.ndarray:
-        """The fitted law at `inputs` (N, D for chinchilla/cpt; C for the compute laws)."""
-        return laws.predict(self.law, self.params, *inputs)
-
-    @property
-    def status(self) -> str:
-        """ "converged" or a warning that must accompany any use of the numbers."""
-        if self.converged:
-            return "converged"
-        return f"NOT CONVERGED (gradient {self.grad_norm:.3g})"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (floats unrounded; intervals as [lo, hi])."""
@@ -100,112 +111,9 @@ class FitResult:
         }
 
 
-@dataclasses.dataclass(frozen=True)
-class LawSpec:
-    """How one LSE-affine law is fitted.
-
-    Attributes:
-      law: its name in `fitting.laws`.
-      names: the fitted (log-space) variables, in internal order.
-      terms: LSE components as (variable index, feature column) pairs (see `fitting.lse`).
-      features: inputs (positive 1-D arrays) → [P, F] feature matrix.
-      to_params: variable dict → public parameter dict.
-      grid: default start values per variable name.
-      free: which variables are fitted (None: all).
-      fixed_params: public parameters that come from fixed variables.
-    """
-
-    law: str
-    names: tuple[str, ...]
-    terms: lse.Terms
-    features: Callable[..., np.ndarray]
-    to_params: Callable[[Mapping[str, float]], dict[str, float]]
-    grid: Mapping[str, Sequence[float]]
-    free: tuple[bool, ...] | None = None
-    fixed_params: tuple[str, ...] = ()
-
-
-def _ones_and_neglogs(*xs: np.ndarray, layout: Sequence[int]) -> np.ndarray:
-    """Feature matrix whose column c is 1 when layout[c] < 0, else −log xs[layout[c]]."""
-    p = len(xs[0])
-    return np.stack([np.ones(p) if i < 0 else -np.log(xs[i]) for i in layout], axis=1)
-
-
-def _exp(v: float) -> float:
-    return float(math.exp(v))
-
-
-HOFFMANN_GRID = {
-    "alpha": np.arange(0.0, 2.0 + 1e-9, 0.5),
-    "beta": np.arange(0.0, 2.0 + 1e-9, 0.5),
-    "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
-    "a": np.arange(0.0, 25.0 + 1e-9, 5.0),
-    "b": np.arange(0.0, 25.0 + 1e-9, 5.0),
-}
-
-CHINCHILLA = LawSpec(
-    law="chinchilla",
-    names=("a", "b", "e", "alpha", "beta"),
-    # columns: 0 one(a), 1 −log N, 2 one(b), 3 −log D, 4 one(e)
-    terms=(((0, 0), (3, 1)), ((1, 2), (4, 3)), ((2, 4),)),
-    features=lambda N, D: _ones_and_neglogs(N, D, layout=(-1, 0, -1, 1, -1)),
-    to_params=lambda v: {
-        "E": _exp(v["e"]),
-        "A": _exp(v["a"]),
-        "B": _exp(v["b"]),
-        "alpha": float(v["alpha"]),
-        "beta": float(v["beta"]),
-    },
-    grid=HOFFMANN_GRID,
-)
-
-CPT = LawSpec(
-    law="cpt",
-    names=("a", "b", "e", "alpha", "beta", "gamma"),
-    # columns: 0 one(a), 1 −log N, 2 one(b'), 3 −log D, 4 −log N (γ), 5 one(e)
-    terms=(((0, 0), (3, 1)), ((1, 2), (4, 3), (5, 4)), ((2, 5),)),
-    features=lambda N, D: _ones_and_neglogs(N, D, layout=(-1, 0, -1, 1, 0, -1)),
-    to_params=lambda v: {
-        "E": _exp(v["e"]),
-        "A": _exp(v["a"]),
-        "alpha": float(v["alpha"]),
-        "B": _exp(v["b"]),
-        "beta": float(v["beta"]),
-        "gamma": float(v["gamma"]),
-    },
-    grid={
-        "b": np.arange(0.0, 25.0 + 1e-9, 5.0),
-        "beta": np.arange(0.0, 2.0 + 1e-9, 0.25),
-        "gamma": np.arange(-1.0, 1.0 + 1e-9, 0.5),
-    },
-    free=(False, True, False, False, True, True),
-    fixed_params=("E", "A", "alpha"),
-)
-
-LOSS_COMPUTE = LawSpec(
-    law="loss_compute",
-    names=("a", "gamma", "e"),
-    terms=(((0, 0), (1, 1)), ((2, 2),)),
-    features=lambda C: _ones_and_neglogs(C, layout=(-1, 0, -1)),
-    to_params=lambda v: {"E": _exp(v["e"]), "A": _exp(v["a"]), "gamma": float(v["gamma"])},
-    grid={
-        "a": np.arange(0.0, 25.0 + 1e-9, 2.5),
-        "gamma": np.array([0.01, 0.03, 0.1, 0.3, 1.0]),
-        "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
-    },
-)
-
-POWER = LawSpec(
-    law="power",
-    names=("log_k", "g"),
-    terms=(((0, 0), (1, 1)),),
-    features=lambda C: _ones_and_neglogs(C, layout=(-1, 0)),
-    to_params=lambda v: {"k": _exp(v["log_k"]), "g": float(v["g"])},
-    grid={"log_k": np.arange(0.0, 10.0 + 1e-9, 2.0), "g": np.array([0.0, 0.03, 0.1, 0.3, 1.0])},
-)
-
-
-def _starts(spec: LawSpec, grid: Mapping[str, Sequence[float]] | None, fixed: Mapping[str, float]):
+def _starts(
+    spec: lse.LawSpec, grid: Mapping[str, Sequence[float]] | None, fixed: Mapping[str, float]
+):
     """The start grid [S, n] in internal order; fixed variables take their given values."""
     grid = dict(spec.grid) if grid is None else {**spec.grid, **grid}
     unknown = set(grid) - set(spec.names)
@@ -223,7 +131,7 @@ def _run_codes(runs: Sequence[str] | None, fallback: np.ndarray) -> tuple[np.nda
 
 
 def fit_law(
-    spec: LawSpec,
+    spec: lse.LawSpec,
     inputs: Sequence[np.ndarray],
     y: np.ndarray,
     *,
@@ -327,7 +235,7 @@ def fit_law(
     )
 
 
-def _fixed_vector(spec: LawSpec, values: Mapping[str, float]) -> dict[int, float]:
+def _fixed_vector(spec: lse.LawSpec, values: Mapping[str, float]) -> dict[int, float]:
     """Internal indices → values of the fixed variables, from public parameters (E, A, alpha)."""
     logs = {"e": "E", "a": "A", "b": "B"}
     out: dict[int, float] = {}
@@ -431,7 +339,7 @@ def fit_chinchilla(
       iters: the most batched LM iterations a start runs (each stops once it stalls).
     """
     return fit_law(
-        CHINCHILLA,
+        laws.fit_spec("chinchilla"),
         [N, D],
         L,
         delta=delta,
@@ -480,7 +388,7 @@ def fit_cpt(
         "alpha": base.params["alpha"],
     }
     res = fit_law(
-        CPT,
+        laws.fit_spec("cpt"),
         [N, D],
         L,
         delta=delta,
@@ -494,7 +402,7 @@ def fit_cpt(
         input_names=("N", "D"),
     )
     # Report stage one's values bit for bit (not their exp(log(·)) round trip).
-    params = {**res.params, **{k: base.params[k] for k in CPT.fixed_params}}
+    params = {**res.params, **{k: base.params[k] for k in laws.fit_spec("cpt").fixed_params}}
     return dataclasses.replace(res, params=params)
 
 
@@ -509,17 +417,8 @@ def fit_loss_compute(
     runs: Sequence[str] | None = None,
 ) -> FitResult:
     """Fits the frontier law L = E' + A'/C^γ (CPT paper eq. 3) to (compute, loss) points."""
-    return fit_law(
-        LOSS_COMPUTE,
-        [C],
-        L,
-        delta=delta,
-        grid=grid,
-        bootstrap=bootstrap,
-        seed=seed,
-        runs=runs,
-        iters=60,
-        input_names=("C",),
+    return fit_univariate(
+        "loss_compute", C, L, delta=delta, grid=grid, bootstrap=bootstrap, seed=seed, runs=runs
     )
 
 
@@ -533,14 +432,12 @@ def fit_power(
     runs: Sequence[str] | None = None,
 ) -> FitResult:
     """Fits the pure power law L = k·C^(−g) (the form of the CPT paper's §4.2 frontier fits)."""
-    return fit_law(
-        POWER,
-        [C],
-        L,
-        delta=delta,
-        bootstrap=bootstrap,
-        seed=seed,
-        runs=runs,
-        iters=60,
-        input_names=("C",),
-    )
+    return fit_univariate("power", C, L, delta=delta, bootstrap=bootstrap, seed=seed, runs=runs)
+
+
+def fit_univariate(
+    law: str, x, y, *, input_name: str = "C", iters: int = 60, **kwargs: Any
+) -> FitResult:
+    """Fits a one-input law of `fitting.laws` (loss against compute C, cross-entropy against Dp)
+    by `fit_law` with the law's own spec; `kwargs` as for `fit_law` (delta, grid, bootstrap...)."""
+    return fit_law(laws.fit_spec(law), [x], y, iters=iters, input_names=(input_name,), **kwargs)

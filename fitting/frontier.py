@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fitting import fit as fit_mod
+from fitting import laws
 from fitting.checks import FitInputError
 from fitting.fit import FitResult
 
@@ -117,8 +118,8 @@ def _bootstrap(C, L, runs, lc, pw, delta, n_boot, seed, bins_per_decade):
         idx = np.concatenate(idx)
         fc, fl, fr = frontier_points(C[idx], L[idx], labels, bins_per_decade=bins_per_decade)
         for name, base, spec in (
-            ("loss_compute", lc, fit_mod.LOSS_COMPUTE),
-            ("power", pw, fit_mod.POWER),
+            ("loss_compute", lc, laws.fit_spec("loss_compute")),
+            ("power", pw, laws.fit_spec("power")),
         ):
             if base is None or len(fc) < len(spec.names):
                 continue

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from fitting.checks import FitInputError
+from fitting.formats import num
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -28,7 +29,7 @@ EVAL_PREFIX = "eval/"
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
+class RunRecord:
     """One training run as written by the trainer.
 
     Attributes:
@@ -63,7 +64,7 @@ class Run:
         return [r for r in self.records if any(k.startswith(EVAL_PREFIX) for k in r)]
 
 
-def read_run(path: str | Path) -> Run:
+def read_run(path: str | Path) -> RunRecord:
     """Reads one run directory; falls back to TensorBoard events when metrics.jsonl is absent.
 
     Raises:
@@ -100,7 +101,7 @@ def read_run(path: str | Path) -> Run:
         except json.JSONDecodeError:
             completed = {}
     records = sorted(records, key=lambda r: r["step"])
-    return Run(run_id, path, meta, tuple(records), completed)
+    return RunRecord(run_id, path, meta, tuple(records), completed)
 
 
 def _read_jsonl(path: Path, run_id: str) -> list[dict[str, Any]]:
@@ -123,7 +124,7 @@ def _read_jsonl(path: Path, run_id: str) -> list[dict[str, Any]]:
     return out
 
 
-def read_runs(root: str | Path, *, pattern: str = "*") -> list[Run]:
+def read_runs(root: str | Path, *, pattern: str = "*") -> list[RunRecord]:
     """Reads every run directory directly under `root` (a directory holding run.json).
 
     A subdirectory with metrics.jsonl but no run.json, or with run.json but no metrics, is an error
@@ -148,7 +149,7 @@ def read_runs(root: str | Path, *, pattern: str = "*") -> list[Run]:
     return runs
 
 
-def tidy(runs: Iterable[Run]) -> list[dict[str, Any]]:
+def tidy(runs: Iterable[RunRecord]) -> list[dict[str, Any]]:
     """One row per run × evaluation step, with everything the fits need.
 
     Row keys: run_id, strategy, family, model, language, source_lang, replay_ratio, n_params
@@ -168,9 +169,9 @@ def tidy(runs: Iterable[Run]) -> list[dict[str, Any]]:
                     continue
                 task, metric = parts
                 if metric == "loss":
-                    losses[task] = _num(value)
+                    losses[task] = num(value)
                 else:
-                    scores[f"{task}/{metric}"] = _num(value)
+                    scores[f"{task}/{metric}"] = num(value)
             rows.append(
                 {
                     "run_id": run.run_id,
@@ -179,13 +180,13 @@ def tidy(runs: Iterable[Run]) -> list[dict[str, Any]]:
                     "model": m.get("model"),
                     "language": run.target_lang,
                     "source_lang": m.get("source_lang"),
-                    "replay_ratio": _num(m.get("replay_ratio", 0.0) or 0.0),
-                    "n_params": _num(m.get("params_non_embedding")),
-                    "n_params_total": _num(m.get("params_total")),
+                    "replay_ratio": num(m.get("replay_ratio", 0.0) or 0.0),
+                    "n_params": num(m.get("params_non_embedding")),
+                    "n_params_total": num(m.get("params_total")),
                     "step": int(rec["step"]),
-                    "tokens": _num(rec.get("tokens")),
+                    "tokens": num(rec.get("tokens")),
                     "tokens_by_task": dict(rec.get("tokens_by_task") or {}),
-                    "flops": _num(rec.get("flops")),
+                    "flops": num(rec.get("flops")),
                     "losses": losses,
                     "scores": scores,
                     "init_checkpoint": m.get("init_checkpoint"),
@@ -194,14 +195,6 @@ def tidy(runs: Iterable[Run]) -> list[dict[str, Any]]:
                 }
             )
     return rows
-
-
-def _num(v: Any) -> float:
-    """A JSON number as float (None and non-numbers become NaN, to be caught by the checks)."""
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def column(rows: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:

@@ -10,15 +10,19 @@ Downstream (MT paper, Isik et al. 2024):
   of orders of magnitude; the value is NaN where log(A·Dp^α) ≤ 0 (the law is undefined there);
 - `power_law`: L(Dp) = E + A/Dp^α (its eq. 3).
 
-`PARAMS` names each law's parameters in the order fits report them, and `PREDICT` maps a law name
-to its function, so that results and readers can dispatch without string `if` chains.
+`LAWS` holds one `Law` record per law (parameters, formula, fit specification), so that results
+and readers dispatch by name without string `if` chains and a new law is one entry.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Mapping
 
 import numpy as np
+
+from fitting.lse import LawSpec, neglog_features
 
 
 def _arr(x) -> np.ndarray:
@@ -65,27 +69,165 @@ def power_law(Dp, *, E: float, A: float, alpha: float) -> np.ndarray:
     return E + A * _arr(Dp) ** -alpha
 
 
-PARAMS: Mapping[str, tuple[str, ...]] = {
-    "chinchilla": ("E", "A", "B", "alpha", "beta"),
-    "cpt": ("E", "A", "alpha", "B", "beta", "gamma"),
-    "loss_compute": ("E", "A", "gamma"),
-    "power": ("k", "g"),
-    "log_law": ("log_A", "alpha", "beta"),
-    "power_law": ("E", "A", "alpha"),
+def _exp(v: float) -> float:
+    return float(math.exp(v))
+
+
+HOFFMANN_GRID = {
+    "alpha": np.arange(0.0, 2.0 + 1e-9, 0.5),
+    "beta": np.arange(0.0, 2.0 + 1e-9, 0.5),
+    "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+    "a": np.arange(0.0, 25.0 + 1e-9, 5.0),
+    "b": np.arange(0.0, 25.0 + 1e-9, 5.0),
 }
 
-PREDICT: Mapping[str, Callable[..., np.ndarray]] = {
-    "chinchilla": chinchilla,
-    "cpt": cpt,
-    "loss_compute": loss_compute,
-    "power": power,
-    "log_law": log_law,
-    "power_law": power_law,
-}
+
+@dataclasses.dataclass(frozen=True)
+class Law:
+    """Everything about one law below the pipeline: its name, parameters, formula and fit.
+
+    Attributes:
+      name: the key in `LAWS`, in `FitResult.law` and in fits.json.
+      params: the law's parameters in the order fits report them.
+      predict: the pure, vectorised formula (inputs positional, parameters by keyword).
+      spec: how `fitting.fit.fit_law` fits it as an LSE-affine law (None: fitted otherwise, e.g.
+        the log-law by `fitting.downstream.fit_bleu_law`).
+    """
+
+    name: str
+    params: tuple[str, ...]
+    predict: Callable[..., np.ndarray]
+    spec: LawSpec | None = None
+
+
+def _register(*entries: Law) -> Mapping[str, Law]:
+    return {law.name: law for law in entries}
+
+
+# One entry per law. The pipeline step that fits it, its report section and its plot are in
+# `fitting.pipeline.STEPS`, which names these laws.
+LAWS: Mapping[str, Law] = _register(
+    Law(
+        name="chinchilla",
+        params=("E", "A", "B", "alpha", "beta"),
+        predict=chinchilla,
+        spec=LawSpec(
+            law="chinchilla",
+            names=("a", "b", "e", "alpha", "beta"),
+            # columns: 0 one(a), 1 −log N, 2 one(b), 3 −log D, 4 one(e)
+            terms=(((0, 0), (3, 1)), ((1, 2), (4, 3)), ((2, 4),)),
+            features=lambda N, D: neglog_features(N, D, layout=(-1, 0, -1, 1, -1)),
+            to_params=lambda v: {
+                "E": _exp(v["e"]),
+                "A": _exp(v["a"]),
+                "B": _exp(v["b"]),
+                "alpha": float(v["alpha"]),
+                "beta": float(v["beta"]),
+            },
+            grid=HOFFMANN_GRID,
+        ),
+    ),
+    Law(
+        name="cpt",
+        params=("E", "A", "alpha", "B", "beta", "gamma"),
+        predict=cpt,
+        # The paper's second stage: E, A, alpha come from the from-scratch fit.
+        spec=LawSpec(
+            law="cpt",
+            names=("a", "b", "e", "alpha", "beta", "gamma"),
+            # columns: 0 one(a), 1 −log N, 2 one(b'), 3 −log D, 4 −log N (γ), 5 one(e)
+            terms=(((0, 0), (3, 1)), ((1, 2), (4, 3), (5, 4)), ((2, 5),)),
+            features=lambda N, D: neglog_features(N, D, layout=(-1, 0, -1, 1, 0, -1)),
+            to_params=lambda v: {
+                "E": _exp(v["e"]),
+                "A": _exp(v["a"]),
+                "alpha": float(v["alpha"]),
+                "B": _exp(v["b"]),
+                "beta": float(v["beta"]),
+                "gamma": float(v["gamma"]),
+            },
+            grid={
+                "b": np.arange(0.0, 25.0 + 1e-9, 5.0),
+                "beta": np.arange(0.0, 2.0 + 1e-9, 0.25),
+                "gamma": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+            },
+            free=(False, True, False, False, True, True),
+            fixed_params=("E", "A", "alpha"),
+        ),
+    ),
+    Law(
+        name="loss_compute",
+        params=("E", "A", "gamma"),
+        predict=loss_compute,
+        spec=LawSpec(
+            law="loss_compute",
+            names=("a", "gamma", "e"),
+            terms=(((0, 0), (1, 1)), ((2, 2),)),
+            features=lambda C: neglog_features(C, layout=(-1, 0, -1)),
+            to_params=lambda v: {
+                "E": _exp(v["e"]),
+                "A": _exp(v["a"]),
+                "gamma": float(v["gamma"]),
+            },
+            grid={
+                "a": np.arange(0.0, 25.0 + 1e-9, 2.5),
+                "gamma": np.array([0.01, 0.03, 0.1, 0.3, 1.0]),
+                "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+            },
+        ),
+    ),
+    Law(
+        name="power",
+        params=("k", "g"),
+        predict=power,
+        spec=LawSpec(
+            law="power",
+            names=("log_k", "g"),
+            terms=(((0, 0), (1, 1)),),
+            features=lambda C: neglog_features(C, layout=(-1, 0)),
+            to_params=lambda v: {"k": _exp(v["log_k"]), "g": float(v["g"])},
+            grid={
+                "log_k": np.arange(0.0, 10.0 + 1e-9, 2.0),
+                "g": np.array([0.0, 0.03, 0.1, 0.3, 1.0]),
+            },
+        ),
+    ),
+    Law(name="log_law", params=("log_A", "alpha", "beta"), predict=log_law),
+    Law(
+        name="power_law",
+        params=("E", "A", "alpha"),
+        predict=power_law,
+        spec=LawSpec(
+            law="power_law",
+            names=("a", "alpha", "e"),
+            terms=(((0, 0), (1, 1)), ((2, 2),)),
+            features=lambda Dp: neglog_features(Dp, layout=(-1, 0, -1)),
+            to_params=lambda v: {
+                "E": _exp(v["e"]),
+                "A": _exp(v["a"]),
+                "alpha": float(v["alpha"]),
+            },
+            grid={
+                "a": np.arange(0.0, 25.0 + 1e-9, 5.0),
+                "alpha": np.arange(0.0, 2.0 + 1e-9, 0.5),
+                "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+            },
+        ),
+    ),
+)
+
+
+def fit_spec(law: str) -> LawSpec:
+    """The LSE-affine fit specification of a law (raises for a law fitted otherwise)."""
+    s = LAWS[law].spec
+    if s is None:
+        raise ValueError(f"{law}: not an LSE-affine law (no fit spec)")
+    return s
 
 
 def predict(law: str, params: Mapping[str, float], *inputs) -> np.ndarray:
     """Evaluates a law by name with a parameter mapping (extra keys are ignored)."""
-    if law not in PREDICT:
-        raise ValueError(f"unknown law {law!r}; known: {', '.join(sorted(PREDICT))}")
-    return PREDICT[law](*inputs, **{k: float(params[k]) for k in PARAMS[law]})
+    if law not in LAWS:
+        raise ValueError(f"unknown law {law!r}; known: {', '.join(sorted(LAWS))}")
+    entry = LAWS[law]
+    return entry.predict(*inputs, **{k: float(params[k]) for k in entry.params})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,41 @@ from fitting import optim
 
 # A term is (parameter index, feature column); a component is a tuple of terms.
 Terms = tuple[tuple[tuple[int, int], ...], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class LawSpec:
+    """How one LSE-affine law is fitted (`fitting.fit.fit_law`); each law's is in `fitting.laws`.
+
+    Attributes:
+      law: its name in `fitting.laws.LAWS`.
+      names: the fitted (log-space) variables, in internal order.
+      terms: LSE components as (variable index, feature column) pairs.
+      features: inputs (positive 1-D arrays) → [P, F] feature matrix.
+      to_params: variable dict → public parameter dict.
+      grid: default start values per variable name.
+      free: which variables are fitted (None: all).
+      fixed_params: public parameters that come from fixed variables.
+    """
+
+    law: str
+    names: tuple[str, ...]
+    terms: Terms
+    features: Callable[..., np.ndarray]
+    to_params: Callable[[Mapping[str, float]], dict[str, float]]
+    grid: Mapping[str, Sequence[float]]
+    free: tuple[bool, ...] | None = None
+    fixed_params: tuple[str, ...] = ()
+
+
+def neglog_features(*xs: np.ndarray, layout: Sequence[int]) -> np.ndarray:
+    """Feature matrix whose column c is 1 when layout[c] < 0, else −log xs[layout[c]].
+
+    The columns every LSE-affine law is built from: intercepts (1) and slopes (−log N, −log D...).
+    """
+    p = len(xs[0])
+    return np.stack([np.ones(p) if i < 0 else -np.log(xs[i]) for i in layout], axis=1)
+
 
 _BLOCK = 256  # lanes per compiled block: a block's (lanes × points) arrays stay in cache
 _POINT_BUCKET = 16  # points are padded (with weight 0) to a multiple, so sizes share compilations
@@ -161,8 +197,40 @@ def objective(
     return f, g, h
 
 
+class _Objective:
+    """`value` and `derivs` of an LSE-affine problem from its fields (numpy or traced data)."""
+
+    terms: Terms
+    features: Any
+    target: Any
+    delta: Any
+    free: tuple[bool, ...] | None
+
+    def value(self, xp: Any, theta: Any, weights: Any) -> Any:
+        """Objective for theta [..., n]."""
+        return self._objective(xp, theta, weights, derivatives=False)
+
+    def derivs(self, xp: Any, theta: Any, weights: Any) -> tuple[Any, Any, Any]:
+        """Objective, gradient and Hessian for theta [S, n]."""
+        return self._objective(xp, theta, weights, derivatives=True)
+
+    def _objective(self, xp: Any, theta: Any, weights: Any, *, derivatives: bool) -> Any:
+        return objective(
+            xp,
+            self.terms,
+            self.n_params,
+            theta,
+            self.features,
+            self.target,
+            weights,
+            self.delta,
+            derivatives=derivatives,
+            free=self.free,
+        )
+
+
 @dataclasses.dataclass(frozen=True)
-class LseProblem:
+class LseProblem(_Objective):
     """One robust fit of an LSE-affine law, with its data in float64 numpy.
 
     Attributes:
@@ -185,35 +253,6 @@ class LseProblem:
     def n_params(self) -> int:
         """Number of fitted parameters."""
         return 1 + max(j for comp in self.terms for j, _ in comp)
-
-    def value(self, xp: Any, theta: Any, weights: Any) -> Any:
-        """Objective for theta [..., n] (numpy)."""
-        return objective(
-            xp,
-            self.terms,
-            self.n_params,
-            theta,
-            self.features,
-            self.target,
-            weights,
-            self.delta,
-            derivatives=False,
-        )
-
-    def derivs(self, xp: Any, theta: Any, weights: Any) -> tuple[Any, Any, Any]:
-        """Objective, gradient and Hessian for theta [S, n] (numpy)."""
-        return objective(
-            xp,
-            self.terms,
-            self.n_params,
-            theta,
-            self.features,
-            self.target,
-            weights,
-            self.delta,
-            derivatives=True,
-            free=self.free,
-        )
 
 
 def standardise(problem: LseProblem) -> tuple[LseProblem, np.ndarray]:
@@ -283,7 +322,7 @@ def _compiled_block(terms: Terms, n: int, free: tuple[bool, ...] | None) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Traced:
+class _Traced(_Objective):
     """An `LseProblem` whose data are traced JAX arrays (inside the compiled screen)."""
 
     terms: Terms
@@ -292,35 +331,6 @@ class _Traced:
     features: Any
     target: Any
     delta: Any
-
-    def value(self, xp, theta, weights):
-        """Objective for theta [..., n] (traced)."""
-        return objective(
-            xp,
-            self.terms,
-            self.n_params,
-            theta,
-            self.features,
-            self.target,
-            weights,
-            self.delta,
-            derivatives=False,
-        )
-
-    def derivs(self, xp, theta, weights):
-        """Objective, gradient and Hessian for theta [S, n] (traced)."""
-        return objective(
-            xp,
-            self.terms,
-            self.n_params,
-            theta,
-            self.features,
-            self.target,
-            weights,
-            self.delta,
-            derivatives=True,
-            free=self.free,
-        )
 
 
 def _jax_runner(problem: LseProblem, lane_weights: np.ndarray | None, dtype: Any):

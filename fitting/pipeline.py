@@ -3,35 +3,52 @@
 `fit_runs(runs_dir, out_dir, law="all")` reads a directory of runs and, per target language, fits
 the from-scratch Chinchilla law (source and scratch runs), the CPT law's second stage on the CPT
 runs, both loss–compute frontiers, the transfer measures, the replay curves, and the MT paper's
-downstream laws with the data-valuation verdicts. Steps live in a dict registry; a step without
-suitable runs is skipped (and recorded) under law="all" and is an error when asked for by name.
+downstream laws with the data-valuation verdicts.
+
+`STEPS` holds one `Step` record per `xlscale fit --law NAME`: the laws of `fitting.laws.LAWS` it
+fits, the function that fits them, its report section and its plot, so a new law is one `Law`
+entry plus one `Step` entry. A step without suitable runs is skipped (and recorded) under
+law="all" and is an error when asked for by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fitting import alignment, downstream, frontier, io, plots, points, report, transfer, valuation
+from fitting import (
+    alignment,
+    downstream,
+    frontier,
+    io,
+    laws,
+    plots,
+    points,
+    report,
+    transfer,
+    valuation,
+)
 from fitting.allocation import allocation_cis, compute_optimal
 from fitting.checks import FitInputError
 from fitting.fit import FitResult, fit_chinchilla, fit_cpt
+from fitting.formats import json_safe
+from pipelines.names import mt_pair
 
 FROM_SCRATCH = ("source", "scratch")
 
 
 @dataclasses.dataclass
-class _Study:
+class Study:
     """Shared state of one `fit_runs` call: the runs, settings, fit cache and outputs."""
 
-    runs: list[io.Run]
+    runs: list[io.RunRecord]
     out: Path
     bootstrap: int
     seed: int
@@ -92,9 +109,10 @@ class _Study:
             )
         return self.cache[key]
 
-    def figure(self, path: Path) -> None:
-        """Records a written plot (relative to the output directory)."""
-        self.plots.append(str(path.relative_to(self.out)))
+    def draw(self, plot: Callable[..., Path], name: str, *args: Any, **kwargs: Any) -> None:
+        """Draws `plot(*args, out/name, **kwargs)` (a `fitting.plots` figure) and records it."""
+        plot(*args, self.out / name, **kwargs)
+        self.plots.append(name)
 
 
 def _budgets(pts: points.Points) -> list[float]:
@@ -102,7 +120,7 @@ def _budgets(pts: points.Points) -> list[float]:
     return [top, 10 * top, 100 * top]
 
 
-def _chinchilla(study: _Study) -> None:
+def _chinchilla(study: Study, step: Step) -> dict[str, Any]:
     out = {}
     for lang in study.languages(FROM_SCRATCH):
         fit = study.scratch_fit(lang)
@@ -117,11 +135,11 @@ def _chinchilla(study: _Study) -> None:
             "allocation_ci": _ci_json(allocation_cis(fit, budgets=_budgets(pts))),
         }
     if not out:
-        raise _Skip("no source or scratch runs")
-    study.results["chinchilla"] = out
+        raise Skip("no source or scratch runs")
+    return out
 
 
-def _cpt(study: _Study) -> None:
+def _cpt(study: Study, step: Step) -> dict[str, Any]:
     out = {}
     for lang in study.languages(("cpt",)):
         fit = study.cpt_fit(lang)
@@ -146,21 +164,19 @@ def _cpt(study: _Study) -> None:
                 "mean_huber_cpt": fit.objective / fit.n_points,
             },
         }
-        path = study.out / f"isoloss_{lang}.png"
-        lo = float(np.min(pts.C))
-        plots.isoloss(
+        study.draw(
+            step.plot,
+            f"isoloss_{lang}.png",
             {"scratch": base, "cpt": fit},
-            path,
-            compute=(lo, 1e4 * float(np.max(pts.C))),
+            compute=(float(np.min(pts.C)), 1e4 * float(np.max(pts.C))),
             title=lang,
         )
-        study.figure(path)
     if not out:
-        raise _Skip("no cpt runs with from-scratch runs of the same language")
-    study.results["cpt"] = out
+        raise Skip("no cpt runs with from-scratch runs of the same language")
+    return out
 
 
-def _compute(study: _Study) -> None:
+def _compute(study: Study, step: Step) -> dict[str, Any]:
     out = {}
     groups = {"scratch": FROM_SCRATCH, "cpt": ("cpt",)}
     for lang in study.languages(FROM_SCRATCH + ("cpt",)):
@@ -178,15 +194,19 @@ def _compute(study: _Study) -> None:
             curves[name], fronts[name] = cs, fr
         if fronts:
             out[lang] = {k: v.to_dict() for k, v in fronts.items()}
-            path = study.out / f"loss_compute_{lang}.png"
-            plots.loss_compute(curves, fronts, path, title=f"{lang}: loss vs compute")
-            study.figure(path)
+            study.draw(
+                step.plot,
+                f"loss_compute_{lang}.png",
+                curves,
+                fronts,
+                title=f"{lang}: loss vs compute",
+            )
     if not out:
-        raise _Skip("no runs with target-language evaluations")
-    study.results["compute"] = out
+        raise Skip("no runs with target-language evaluations")
+    return out
 
 
-def _transfer(study: _Study) -> None:
+def _transfer(study: Study, step: Step) -> dict[str, Any]:
     out = {}
     for lang in study.languages(("cpt",)):
         cpt_c = points.curves(study.runs, strategies=("cpt",), language=lang)
@@ -214,15 +234,18 @@ def _transfer(study: _Study) -> None:
                 )
             entry["law"] = law
         out[lang] = entry
-        path = study.out / f"transfer_{lang}.png"
-        plots.transfer(pairs, path, title=f"{lang}: CPT vs from scratch at equal loss")
-        study.figure(path)
+        study.draw(
+            step.plot,
+            f"transfer_{lang}.png",
+            pairs,
+            title=f"{lang}: CPT vs from scratch at equal loss",
+        )
     if not out:
-        raise _Skip("no cpt run with a from-scratch run of the same size and language")
-    study.results["transfer"] = out
+        raise Skip("no cpt run with a from-scratch run of the same size and language")
+    return out
 
 
-def _replay(study: _Study) -> None:
+def _replay(study: Study, step: Step) -> dict[str, Any]:
     out = {}
     for lang in study.languages(("cpt_replay",)):
         curves = []
@@ -250,18 +273,19 @@ def _replay(study: _Study) -> None:
         if curves:
             curves.sort(key=lambda c: (c.replay_ratio, c.run_id))
             out[lang] = [c.to_dict() for c in curves]
-            path = study.out / f"replay_{lang}.png"
-            plots.replay(curves, path, title=f"{lang}: replay of the source language")
-            study.figure(path)
+            study.draw(
+                step.plot,
+                f"replay_{lang}.png",
+                curves,
+                title=f"{lang}: replay of the source language",
+            )
     if not out:
-        raise _Skip("no cpt_replay runs with source-language evaluations")
-    study.results["replay"] = out
+        raise Skip("no cpt_replay runs with source-language evaluations")
+    return out
 
 
-_MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
-
-
-def _downstream(study: _Study, metrics: Sequence[str], name: str) -> None:
+def _downstream(study: Study, step: Step, metrics: Sequence[str]) -> list[dict[str, Any]]:
+    name = step.name
     entries, figures = [], {}
     for metric in metrics:
         for s in points.downstream_series(study.runs, metric=metric):
@@ -284,10 +308,10 @@ def _downstream(study: _Study, metrics: Sequence[str], name: str) -> None:
                 "baseline": s.baseline,
                 "fit": fit.to_dict(),
             }
-            m = _MT_TASK.match(s.key[1])
-            if m:
+            pair = mt_pair(s.key[1])
+            if pair:
                 try:
-                    entry["alignment"] = alignment.score(s.key[0], m.group(1), m.group(2))
+                    entry["alignment"] = alignment.score(s.key[0], *pair)
                 except ValueError:
                     entry["alignment"] = None
             if metric != "loss":
@@ -301,16 +325,20 @@ def _downstream(study: _Study, metrics: Sequence[str], name: str) -> None:
                 )
             )
     if not entries:
-        raise _Skip(f"no finetuning runs with {'/'.join(metrics)} results")
+        raise Skip(f"no finetuning runs with {'/'.join(metrics)} results")
     for (metric, task), series in figures.items():
-        path = study.out / f"{name}_{metric}_{task}.png"
         label = "downstream cross-entropy" if metric == "loss" else metric.upper()
-        plots.downstream(series, path, ylabel=label, title=f"{task}: {label} vs pretraining tokens")
-        study.figure(path)
-    study.results[name] = entries
+        study.draw(
+            step.plot,
+            f"{name}_{metric}_{task}.png",
+            series,
+            ylabel=label,
+            title=f"{task}: {label} vs pretraining tokens",
+        )
+    return entries
 
 
-def _bleu(study: _Study) -> None:
+def _bleu(study: Study, step: Step) -> list[dict[str, Any]]:
     present = {
         k.rsplit("/", 1)[-1]
         for r in study.runs
@@ -321,27 +349,72 @@ def _bleu(study: _Study) -> None:
     } - {"loss", "tokens", "decoded"}  # decoded: how many examples were scored
     # BLEU first, as the paper; then every other translation score the runs report.
     metrics = sorted(present, key=lambda m: (m != "bleu", m)) or ["bleu"]
-    _downstream(study, metrics, "bleu")
+    return _downstream(study, step, metrics)
 
 
-def _ce(study: _Study) -> None:
-    _downstream(study, ["loss"], "ce")
+def _ce(study: Study, step: Step) -> list[dict[str, Any]]:
+    return _downstream(study, step, ["loss"])
 
 
-class _Skip(Exception):
+class Skip(Exception):
     """A step found no suitable runs."""
 
 
-STEPS: dict[str, Callable[[_Study], None]] = {
-    "chinchilla": _chinchilla,
-    "cpt": _cpt,
-    "compute": _compute,
-    "transfer": _transfer,
-    "replay": _replay,
-    "bleu": _bleu,
-    "ce": _ce,
-}
-LAWS = tuple(STEPS) + ("all",)
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One `xlscale fit --law NAME`: which laws it fits, how, and how it is reported and drawn.
+
+    Attributes:
+      name: the CLI name and the key of its results in fits.json.
+      laws: the `fitting.laws.LAWS` entries it fits (the record of each law's formula and fit).
+      run: fits them to a `Study`'s runs; returns the JSON-ready results (raises `Skip` when no
+        run suits it).
+      section: the results → report.md lines (`fitting.report`).
+      plot: the `fitting.plots` figure it draws (None: no figure).
+    """
+
+    name: str
+    laws: tuple[str, ...]
+    run: Callable[[Study, Step], Any]
+    section: Callable[[Any], list[str]]
+    plot: Callable[..., Path] | None = None
+
+
+def _register(*steps: Step) -> dict[str, Step]:
+    unknown = {law for s in steps for law in s.laws} - set(laws.LAWS)
+    if unknown:
+        raise ValueError(f"steps name unknown laws {sorted(unknown)}")
+    return {s.name: s for s in steps}
+
+
+# One entry per `xlscale fit --law` name, in report order.
+STEPS: Mapping[str, Step] = _register(
+    Step("chinchilla", ("chinchilla",), _chinchilla, report.chinchilla),
+    Step("cpt", ("chinchilla", "cpt"), _cpt, report.cpt, plots.isoloss),
+    Step("compute", ("loss_compute", "power"), _compute, report.compute, plots.loss_compute),
+    Step("transfer", ("chinchilla", "cpt"), _transfer, report.transfer, plots.transfer),
+    Step("replay", ("power",), _replay, report.replay, plots.replay),
+    Step(
+        "bleu",
+        ("log_law",),
+        _bleu,
+        functools.partial(report.downstream, title="Downstream translation scores (log-law)"),
+        plots.downstream,
+    ),
+    Step(
+        "ce",
+        ("power_law",),
+        _ce,
+        functools.partial(report.downstream, title="Downstream cross-entropy (power law)"),
+        plots.downstream,
+    ),
+)
+LAWS = (*STEPS, "all")
+
+
+def render_report(result: Mapping[str, Any]) -> str:
+    """report.md for a `fit_runs` result, one section per step that has results."""
+    return report.render(result, sections={n: s.section for n, s in STEPS.items()})
 
 
 def fit_runs(
@@ -374,11 +447,11 @@ def fit_runs(
         raise ValueError(f"unknown law {law!r}; choose one of {', '.join(LAWS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    study = _Study(io.read_runs(runs_dir), out, int(bootstrap), int(seed), grid)
+    study = Study(io.read_runs(runs_dir), out, int(bootstrap), int(seed), grid)
     for name in STEPS if law == "all" else (law,):
         try:
-            STEPS[name](study)
-        except _Skip as why:
+            study.results[name] = STEPS[name].run(study, STEPS[name])
+        except Skip as why:
             if law != "all":
                 raise FitInputError(f"{name}: {why}") from None
             study.skipped[name] = str(why)
@@ -394,27 +467,14 @@ def fit_runs(
         "plots": study.plots,
         **study.results,
     }
-    (out / "fits.json").write_text(json.dumps(_json_safe(result), indent=1, allow_nan=False))
-    (out / "report.md").write_text(report.render(result))
+    (out / "fits.json").write_text(json.dumps(json_safe(result), indent=1, allow_nan=False))
+    (out / "report.md").write_text(render_report(result))
     return result
 
 
 def _clean(a) -> list[float | None]:
-    return [None if not np.isfinite(v) else float(v) for v in np.asarray(a, float)]
+    return json_safe(np.asarray(a, float).tolist())
 
 
 def _ci_json(ci: Mapping[str, tuple[float, float]]) -> dict[str, list[float]]:
     return {k: [lo, hi] for k, (lo, hi) in ci.items()}
-
-
-def _json_safe(obj: Any) -> Any:
-    """Replaces non-finite floats by None (strict JSON), recursively."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return _json_safe(obj.item())
-    return obj

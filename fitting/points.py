@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fitting.checks import FitInputError
-from fitting.io import Run
+from fitting.io import RunRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Points:
         return len(self.L)
 
 
-def _component(run: Run, lang: str) -> str | None:
+def _component(run: RunRecord, lang: str) -> str | None:
     """The mixture component that carries `lang`'s language-modelling data."""
     comps = list(run.meta.get("components") or [])
     if f"lm_{lang}" in comps:
@@ -75,7 +75,7 @@ def _component(run: Run, lang: str) -> str | None:
     return None
 
 
-def curve(run: Run, *, task: str | None = None, n_key: str = "params_non_embedding") -> Curve:
+def curve(run: RunRecord, *, task: str | None = None, n_key: str = "params_non_embedding") -> Curve:
     """A run's evaluations of `task` (default its target language's lm task) along training.
 
     Raises:
@@ -129,7 +129,7 @@ def curve(run: Run, *, task: str | None = None, n_key: str = "params_non_embeddi
 
 
 def curves(
-    runs: Iterable[Run],
+    runs: Iterable[RunRecord],
     *,
     strategies: Sequence[str],
     language: str | None = None,
@@ -219,7 +219,7 @@ def finetune_group(meta: dict) -> str:
     return steps if df is None else f"{steps} steps, Df {df}"
 
 
-def downstream_series(runs: Sequence[Run], *, metric: str) -> list[DownstreamSeries]:
+def downstream_series(runs: Sequence[RunRecord], *, metric: str) -> list[DownstreamSeries]:
     """Groups finetuning runs into (Dp, final value) series, one per pretraining run × task.
 
     Dp is read from the pretraining run named by `init_checkpoint` ('<model_dir>[@step]') at its
@@ -267,7 +267,7 @@ def downstream_series(runs: Sequence[Run], *, metric: str) -> list[DownstreamSer
     return out
 
 
-def _final_value(run: Run, task: str, metric: str) -> float | None:
+def _final_value(run: RunRecord, task: str, metric: str) -> float | None:
     """Last evaluation of `task`'s metric in a run (scores live at eval/<task>/<metric>)."""
     key = f"eval/{task}/{metric}"
     for rec in reversed(run.records):
@@ -279,7 +279,7 @@ def _final_value(run: Run, task: str, metric: str) -> float | None:
     return None
 
 
-def _tokens_at(run: Run, step: int | None) -> float:
+def _tokens_at(run: RunRecord, step: int | None) -> float:
     """Tokens a pretraining run had seen at `step` (its last record when step is None)."""
     recs = [r for r in run.records if "tokens" in r]
     if not recs:

@@ -1,23 +1,27 @@
 """Markdown report of a `fitting.pipeline.fit_runs` result.
 
-Numbers are printed unrounded (Python's shortest round-trip form), as in fits.json; a fit that did
-not converge is flagged next to its numbers and listed at the top.
+Numbers are rounded for people (`fitting.formats.fmt`, 4 significant digits); fits.json keeps them
+unrounded. A fit that did not converge is flagged next to its numbers and listed at the top. Each
+section function here is named after the `fitting.pipeline.STEPS` entry whose results it reports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+from fitting.formats import fmt
 
 
 def _n(v: Any) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
+    """A table cell: None as an em dash, floats rounded (`fmt`), everything else as it is."""
+    return "—" if v is None else fmt(v)
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A markdown table: the header, its rule, then one line per row (cells through `_n`)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(_n(v) for v in row) + " |" for row in rows]
 
 
 def _status(fit: Mapping[str, Any]) -> str:
@@ -29,12 +33,13 @@ def _status(fit: Mapping[str, Any]) -> str:
 def _param_table(fit: Mapping[str, Any]) -> list[str]:
     ci = fit.get("ci") or {}
     fixed = set(fit.get("fixed") or ())
-    rows = ["| parameter | value | CI low | CI high |", "|---|---|---|---|"]
-    for k, v in fit["params"].items():
-        lo, hi = ci.get(k, (None, None))
-        name = f"{k} (fixed from scratch fit)" if k in fixed else k
-        rows.append(f"| {name} | {_n(v)} | {_n(lo)} | {_n(hi)} |")
-    return rows
+    return _table(
+        ("parameter", "value", "CI low", "CI high"),
+        (
+            (f"{k} (fixed from scratch fit)" if k in fixed else k, v, *ci.get(k, (None, None)))
+            for k, v in fit["params"].items()
+        ),
+    )
 
 
 def _fit_block(fit: Mapping[str, Any]) -> list[str]:
@@ -67,20 +72,21 @@ def _allocation(entry: Mapping[str, Any]) -> list[str]:
         "",
     ]
     if ci:
-        lines += ["| quantity | CI low | CI high |", "|---|---|---|"]
-        lines += [f"| {k} | {_n(lo)} | {_n(hi)} |" for k, (lo, hi) in ci.items()]
+        lines += _table(("quantity", "CI low", "CI high"), ((k, *v) for k, v in ci.items()))
         lines.append("")
     return lines
 
 
-def _section_chinchilla(res: Mapping[str, Any]) -> list[str]:
+def chinchilla(res: Mapping[str, Any]) -> list[str]:
+    """The from-scratch Chinchilla fits with their compute-optimal allocations."""
     lines = ["## From-scratch Chinchilla law L = E + A/N^α + B/D^β", ""]
     for lang, e in res.items():
         lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
     return lines
 
 
-def _section_cpt(res: Mapping[str, Any]) -> list[str]:
+def cpt(res: Mapping[str, Any]) -> list[str]:
+    """The CPT law's second-stage fits, allocations and the Appendix B comparison."""
     lines = ["## CPT law L = E + A/N^α + B'/(D^β'·N^γ) (second stage)", ""]
     for lang, e in res.items():
         lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
@@ -95,7 +101,8 @@ def _section_cpt(res: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _section_compute(res: Mapping[str, Any]) -> list[str]:
+def compute(res: Mapping[str, Any]) -> list[str]:
+    """Both loss–compute frontier laws per language and run group."""
     lines = ["## Loss–compute frontier", ""]
     for lang, groups in res.items():
         for group, fr in groups.items():
@@ -106,44 +113,52 @@ def _section_compute(res: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _section_transfer(res: Mapping[str, Any]) -> list[str]:
-    lines = ["## Transfer at equal loss (FLOPs saved, effectively transferred data)", ""]
-    lines += [
-        "| language | CPT run | reference | N | FLOPs saved (min … max) | transferred at last eval |",
-        "|---|---|---|---|---|---|",
-    ]
+def transfer(res: Mapping[str, Any]) -> list[str]:
+    """FLOPs saved and transferred data at equal loss, one row per CPT run."""
+    rows = []
     for lang, e in res.items():
         for c in e["curves"]:
             saved = [v for v in c["flops_saved"] if v is not None]
             moved = [v for v in c["transferred"] if v is not None]
-            rng = f"{_n(min(saved))} … {_n(max(saved))}" if saved else "—"
-            lines.append(
-                f"| {lang} | {c['run_id']} | {c['reference_id']} | {_n(c['n_params'])} | {rng} | "
-                f"{_n(moved[-1]) if moved else '—'} |"
+            rng = f"{_n(min(saved))} … {_n(max(saved))}" if saved else None
+            rows.append(
+                (
+                    lang,
+                    c["run_id"],
+                    c["reference_id"],
+                    c["n_params"],
+                    rng,
+                    moved[-1] if moved else None,
+                )
             )
-    lines.append("")
-    return lines
-
-
-def _section_replay(res: Mapping[str, Any]) -> list[str]:
-    lines = [
-        "## Forgetting under replay",
+    header = ("language", "CPT run", "reference", "N", "FLOPs saved (min … max)")
+    return [
+        "## Transfer at equal loss (FLOPs saved, effectively transferred data)",
         "",
-        "| language | run | replay | source loss start | peak | final | tail exponent g |",
-        "|---|---|---|---|---|---|---|",
+        *_table((*header, "transferred at last eval"), rows),
+        "",
     ]
-    for lang, curves in res.items():
-        for c in curves:
-            g = c["tail_fit"]["params"]["g"] if c.get("tail_fit") else None
-            lines.append(
-                f"| {lang} | {c['run_id']} | {_n(c['replay_ratio'])} | {_n(c['source_start'])} | "
-                f"{_n(c['source_peak'])} | {_n(c['source_final'])} | {_n(g)} |"
-            )
-    lines.append("")
-    return lines
 
 
-def _section_downstream(entries: Sequence[Mapping[str, Any]], title: str) -> list[str]:
+def replay(res: Mapping[str, Any]) -> list[str]:
+    """Source-language forgetting under replay, one row per run."""
+    keys = ("replay_ratio", "source_start", "source_peak", "source_final")
+    rows = [
+        (
+            lang,
+            c["run_id"],
+            *(c[k] for k in keys),
+            c["tail_fit"]["params"]["g"] if c.get("tail_fit") else None,
+        )
+        for lang, curves in res.items()
+        for c in curves
+    ]
+    header = ("language", "run", "replay", "source loss start", "peak", "final", "tail exponent g")
+    return ["## Forgetting under replay", "", *_table(header, rows), ""]
+
+
+def downstream(entries: Sequence[Mapping[str, Any]], *, title: str) -> list[str]:
+    """The MT paper's downstream law fits (params, held-out error, valuation), one per series."""
     lines = [f"## {title}", ""]
     for e in entries:
         fit = e["fit"]
@@ -151,8 +166,7 @@ def _section_downstream(entries: Sequence[Mapping[str, Any]], title: str) -> lis
             f"### {e['pretraining']} → {e['task']} ({e['metric']}, {e['finetune_steps']} finetuning steps)",
             "",
         ]
-        lines += ["| parameter | value |", "|---|---|"]
-        lines += [f"| {k} | {_n(v)} |" for k, v in fit["params"].items()]
+        lines += _table(("parameter", "value"), fit["params"].items())
         lines += [
             "",
             f"Status: {_status(fit)}; fitted on the first {fit['n_fit']} points; held-out "
@@ -165,19 +179,9 @@ def _section_downstream(entries: Sequence[Mapping[str, Any]], title: str) -> lis
     return lines
 
 
-_SECTIONS = (
-    ("chinchilla", _section_chinchilla),
-    ("cpt", _section_cpt),
-    ("compute", _section_compute),
-    ("transfer", _section_transfer),
-    ("replay", _section_replay),
-    ("bleu", lambda r: _section_downstream(r, "Downstream translation scores (log-law)")),
-    ("ce", lambda r: _section_downstream(r, "Downstream cross-entropy (power law)")),
-)
-
-
-def render(result: Mapping[str, Any]) -> str:
-    """The report as markdown."""
+def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], list[str]]]) -> str:
+    """The report as markdown: a header, then `sections[key](result[key])` for each key present
+    (in `sections`' order; `fitting.pipeline.render_report` passes its steps' sections)."""
     lines = [
         "# xlscale fit report",
         "",
@@ -192,7 +196,7 @@ def render(result: Mapping[str, Any]) -> str:
         lines += ["All fits converged.", ""]
     if result.get("skipped"):
         lines += ["Skipped:", ""] + [f"- {k}: {v}" for k, v in result["skipped"].items()] + [""]
-    for key, section in _SECTIONS:
+    for key, section in sections.items():
         if result.get(key):
             lines += section(result[key])
     if result.get("plots"):

@@ -138,54 +138,48 @@ def write_study(
         return float(v * np.exp(sigma * rng.standard_normal()))
 
     lm_s, lm_t = f"lm_{source}", f"lm_{target}"
+
+    def cpt_losses(n: float) -> dict[str, Any]:
+        # Target loss from the CPT law; source loss forgotten and (with replay) relearned.
+        return {
+            lm_t: lambda bt, t: noisy(laws.cpt(n, bt[lm_t], **cpt)),
+            lm_s: lambda bt, t: noisy(
+                _forgetting(n, bt.get(lm_s, 0.0), t, source_law, tokens_per_param * n)
+            ),
+        }
+
+    from_scratch = (("source", source, source_law, source), ("scratch", target, scratch, None))
     for i, n in enumerate(sizes):
         total, batch = tokens_per_param * n, 2048 * 256
         name = f"{i:02d}_{n:.3g}"
-        src_id = f"source_{name}"
-        _write_run(
-            root,
-            src_id,
-            _meta(
-                name,
-                n,
-                "source",
-                languages=[source],
-                target_lang=source,
-                source_lang=source,
-                mixture_or_task=lm_s,
-                components=[lm_s],
-            ),
-            _records(
-                n,
-                total,
-                evals,
-                {lm_s: 1.0},
-                {lm_s: lambda bt, t, n=n: noisy(laws.chinchilla(n, bt[lm_s], **source_law))},
-                batch,
-            ),
-        )
-        _write_run(
-            root,
-            f"scratch_{name}",
-            _meta(
-                name,
-                n,
-                "scratch",
-                languages=[target],
-                target_lang=target,
-                source_lang=None,
-                mixture_or_task=lm_t,
-                components=[lm_t],
-            ),
-            _records(
-                n,
-                total,
-                evals,
-                {lm_t: 1.0},
-                {lm_t: lambda bt, t, n=n: noisy(laws.chinchilla(n, bt[lm_t], **scratch))},
-                batch,
-            ),
-        )
+        for strategy, lang, law, src in from_scratch:
+            task = f"lm_{lang}"
+            _write_run(
+                root,
+                f"{strategy}_{name}",
+                _meta(
+                    name,
+                    n,
+                    strategy,
+                    languages=[lang],
+                    target_lang=lang,
+                    source_lang=src,
+                    mixture_or_task=task,
+                    components=[task],
+                ),
+                _records(
+                    n,
+                    total,
+                    evals,
+                    {task: 1.0},
+                    {
+                        task: lambda bt, t, n=n, task=task, law=law: noisy(
+                            laws.chinchilla(n, bt[task], **law)
+                        )
+                    },
+                    batch,
+                ),
+            )
         _write_run(
             root,
             f"cpt_{name}",
@@ -198,22 +192,10 @@ def write_study(
                 source_lang=source,
                 mixture_or_task=lm_t,
                 components=[lm_t],
-                init_checkpoint=str(root / src_id),
+                init_checkpoint=str(root / f"source_{name}"),
                 init_step=int(total / batch),
             ),
-            _records(
-                n,
-                total,
-                evals,
-                {lm_t: 1.0},
-                {
-                    lm_t: lambda bt, t, n=n: noisy(laws.cpt(n, bt[lm_t], **cpt)),
-                    lm_s: lambda bt, t, n=n: noisy(
-                        _forgetting(n, bt.get(lm_s, 0.0), t, source_law, tokens_per_param * n)
-                    ),
-                },
-                batch,
-            ),
+            _records(n, total, evals, {lm_t: 1.0}, cpt_losses(n), batch),
         )
     n = sizes[len(sizes) // 2]
     total, batch = tokens_per_param * n, 2048 * 256
@@ -233,19 +215,7 @@ def write_study(
                 mixture_or_task=mix,
                 components=[lm_t, lm_s],
             ),
-            _records(
-                n,
-                total,
-                evals,
-                {lm_t: 1 - r, lm_s: r},
-                {
-                    lm_t: lambda bt, t, n=n: noisy(laws.cpt(n, bt[lm_t], **cpt)),
-                    lm_s: lambda bt, t, n=n: noisy(
-                        _forgetting(n, bt[lm_s], t, source_law, tokens_per_param * n)
-                    ),
-                },
-                batch,
-            ),
+            _records(n, total, evals, {lm_t: 1 - r, lm_s: r}, cpt_losses(n), batch),
         )
     if mt:
         _write_mt(root, rng, sigma)

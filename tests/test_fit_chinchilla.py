@@ -109,14 +109,14 @@ def test_non_finite_starts_are_masked_and_never_chosen():
 def test_convergence_flag_follows_the_polished_gradient():
     N, D, L = synthetic.chinchilla_points(80, seed=5, sigma=0.005)
     problem = lse.LseProblem(
-        terms=fit.CHINCHILLA.terms,
-        features=fit.CHINCHILLA.features(N, D),
+        terms=laws.fit_spec("chinchilla").terms,
+        features=laws.fit_spec("chinchilla").features(N, D),
         target=np.log(L),
         weights=np.ones(len(L)),
         delta=1e-3,
     )
     std, r = lse.standardise(problem)
-    starts = fit._starts(fit.CHINCHILLA, SMALL_GRID, {}) @ r.T
+    starts = fit._starts(laws.fit_spec("chinchilla"), SMALL_GRID, {}) @ r.T
     ok = optim.multistart(std, starts, iters=40)
     assert ok.converged
     # No float gradient is exactly zero: an impossible tolerance must report non-convergence.

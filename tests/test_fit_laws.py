@@ -43,7 +43,30 @@ def test_log_law_uses_log_A_and_is_nan_where_undefined():
 def test_predict_dispatches_by_name_and_rejects_unknown_laws():
     p = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.4, "beta": 0.3, "extra": 1.0}
     assert laws.predict("chinchilla", p, 1e9, 1e10) == laws.chinchilla(
-        1e9, 1e10, **{k: p[k] for k in laws.PARAMS["chinchilla"]}
+        1e9, 1e10, **{k: p[k] for k in laws.LAWS["chinchilla"].params}
     )
     with pytest.raises(ValueError, match="unknown law"):
         laws.predict("kaplan", p, 1.0)
+
+
+def test_every_law_record_is_consistent_and_fitted_by_a_step():
+    import inspect
+
+    from fitting import pipeline
+
+    for name, law in laws.LAWS.items():
+        assert law.name == name
+        kw = [
+            p.name
+            for p in inspect.signature(law.predict).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+        assert sorted(kw) == sorted(law.params), name
+        if law.spec is not None:
+            assert law.spec.law == name
+            mid = {v: 0.5 for v in law.spec.names}
+            assert tuple(law.spec.to_params(mid)) == law.params, name
+    fitted = {law for step in pipeline.STEPS.values() for law in step.laws}
+    assert fitted == set(laws.LAWS)
+    with pytest.raises(ValueError, match="no fit spec"):
+        laws.fit_spec("log_law")

@@ -1,11 +1,12 @@
 """`fitting.pipeline.fit_runs` and `xlscale fit` end to end on synthetic run directories."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 
-from fitting import fit, io, pipeline, points, report, synthetic
+from fitting import fit, io, pipeline, points, synthetic
 from fitting.checks import FitInputError
 from xlscale_cli.main import main
 
@@ -60,6 +61,43 @@ def test_fit_runs_writes_every_output(result):
         assert heading in text
 
 
+def _significant_digits(text: str) -> list[int]:
+    """Significant digits of every decimal number in `text` (mantissas like 3.490240591455167)."""
+    return [len(m.replace(".", "").lstrip("0")) for m in re.findall(r"\d*\.\d+", text)]
+
+
+def test_report_rounds_numbers_for_people(result):
+    out, _ = result
+    text = (out / "report.md").read_text()
+    cells = "\n".join(line for line in text.splitlines() if line.startswith("|"))
+    assert _significant_digits(cells) and max(_significant_digits(cells)) <= 4
+    assert max(_significant_digits(text)) < 10  # never a 16-digit repr (fits.json has those)
+    assert max(_significant_digits((out / "fits.json").read_text())) > 10  # unrounded there
+    # The check itself fails on a report that prints a float's full repr.
+    assert max(_significant_digits("| E | 3.490240591455167 |")) > 4
+
+
+def test_cli_law_choices_are_the_pipeline_steps():
+    import argparse
+
+    from xlscale_cli import fit as fit_cli
+
+    parser = argparse.ArgumentParser()
+    fit_cli.add_arguments(parser)
+    law = next(a for a in parser._actions if a.dest == "law")
+    assert tuple(law.choices) == pipeline.LAWS
+    assert pipeline.LAWS == (
+        "chinchilla",
+        "cpt",
+        "compute",
+        "transfer",
+        "replay",
+        "bleu",
+        "ce",
+        "all",
+    )
+
+
 def test_fits_json_is_unrounded_and_matches_a_direct_fit(study, result):
     out, _ = result
     saved = json.loads((out / "fits.json").read_text())
@@ -112,7 +150,7 @@ def test_report_flags_non_converged_fits():
             }
         },
     }
-    text = report.render(res)
+    text = pipeline.render_report(res)
     assert "did not converge" in text and "**NOT CONVERGED** (gradient 0.25)" in text
 
 
