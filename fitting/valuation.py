@@ -185,8 +185,8 @@ def assess(
         )
     preds = {float(h * dp[-1]): float(fit.predict(h * dp[-1])) for h in horizons}
     text = (
-        f"Law fits: f(Dp) = (log A + α·log Dp)^β with log A={fit.params['log_A']:.6g}, "
-        f"α={fit.params['alpha']:.6g}, β={fit.params['beta']:.6g} fits all {n} checkpoints within "
+        f"Law fits: f(Dp) = (log A + α·log Dp)^β with log A={fit.params['log_A']:.4g}, "
+        f"α={fit.params['alpha']:.4g}, β={fit.params['beta']:.4g} fits all {n} checkpoints within "
         f"{tolerance:.0%}. Predicted: "
         + ", ".join(f"{v:.4g} at Dp={d:.4g}" for d, v in preds.items())
         + "."

@@ -1,6 +1,6 @@
 """What the translation study's runs say: per-(mixture, Df) series and the paper's four questions.
 
-Pure functions over `fitting.io.Run`s (and fits.json), used by `studies.mt_report`:
+Pure functions over `fitting.io.RunRecord`s (and fits.json), used by `studies.mt_report`:
 `collect` groups finetuning runs into cells (one per pretraining data × task × finetuning size,
 every metric aligned by checkpoint, the same grouping as the fits); `aligned_vs_english`,
 `pretraining_gain`, `co_movement` and `verdicts` measure what the MT paper (Isik et al. 2024)
