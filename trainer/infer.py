@@ -119,9 +119,9 @@ def infer(
       `inputs`, `prediction` and `target` where known.
     """
     from pipelines import vocab as vocab_lib
-    from trainer.setup import build_model
+    from trainer.jobs import build_partitioned_model
 
-    wrapper, partitioner, abstract = build_model(model, mesh)
+    wrapper, partitioner, abstract = build_partitioned_model(model, mesh)
     if "inputs" in wrapper.feature_keys:
         return _infer_encdec(
             wrapper,
