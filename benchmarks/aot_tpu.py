@@ -3,7 +3,7 @@
 Uses `jax.experimental.topologies.get_topology_desc` (needs `libtpu`, e.g.
 `pip install 'jax[tpu]==0.10.2'`; no TPU is needed) to get compile-only TPU devices, builds the
 `('data', 'fsdp', 'model')` mesh over them, compiles the trainer's own train and eval steps
-(`trainer.setup.compile_job`: forward + backward + AdamW, parameters and optimizer state sharded by
+(`trainer.jobs.compile_job`: forward + backward + AdamW, parameters and optimizer state sharded by
 their logical axes) for a paper size, and prints XLA's per-device memory analysis and FLOP
 estimate. Without libtpu it says so and exits 0.
 
@@ -28,7 +28,7 @@ def _gib(n: int) -> str:
 def compile_step(args: argparse.Namespace) -> None:
     """Compiles the trainer's own train and eval steps for `args.topology`; prints memory, FLOPs.
 
-    The same `trainer.setup.compile_job` as a training run (model wrapper, logical-axis
+    The same `trainer.jobs.compile_job` as a training run (model wrapper, logical-axis
     partitioner, AdamW + cosine, optimizer state sharded like the parameters, donated state), on
     a mesh of compile-only TPU devices, so what is checked here is what a pod would run.
     """
@@ -38,7 +38,7 @@ def compile_step(args: argparse.Namespace) -> None:
 
     from llama_jax.counting import matmul_flops_per_token
     from modeling import axes
-    from trainer import models, partitioning, setup, steps
+    from trainer import jobs, models, partitioning, steps
     from trainer.optimizers import OptimizerConfig
     from trainer.partitioning import MeshConfig, Partitioner
     from trainer.schedules import ScheduleConfig
@@ -72,7 +72,7 @@ def compile_step(args: argparse.Namespace) -> None:
         f"model {model}; global batch {args.batch} x {args.seq_len}"
     )
     start = time.perf_counter()
-    job = setup.compile_job(
+    job = jobs.compile_job(
         model=wrapper,
         partitioner=partitioner,
         abstract_params=abstract,

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/t5_train.py [--sizes t5_tiny t5_small] [--steps 5] [--json out.json]
 
-For each size it builds the trainer's own step (`trainer.setup.compile_job`: mesh over all
+For each size it builds the trainer's own step (`trainer.jobs.compile_job`: mesh over all
 devices, `NamedSharding`s, AOT-compiled `jax.jit` with donation, Adafactor with the inverse square
 root schedule as in span-corruption pretraining, z-loss 1e-4, non-finite guard, token counters),
 feeds it a synthetic packed encoder-decoder batch (one example per row, every position real)
@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from t5_jax import counting
-from trainer import models, setup, steps
+from trainer import jobs, models, steps
 from trainer.optimizers import adafactor_defaults
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
@@ -82,9 +82,9 @@ def benchmark(size: str, *, dtype: str, steps_: int, seed: int = 0) -> dict:
     spec = models.ModelSpec(
         family="t5", size=base, overrides={**overrides, "dtype": dtype}, dropout_rate=0.0
     )
-    wrapper, partitioner, abstract = setup.build_model(spec, MeshConfig())
+    wrapper, partitioner, abstract = jobs.build_partitioned_model(spec, MeshConfig())
     start = time.perf_counter()
-    job = setup.compile_job(
+    job = jobs.compile_job(
         model=wrapper,
         partitioner=partitioner,
         abstract_params=abstract,

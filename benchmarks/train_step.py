@@ -2,7 +2,7 @@
 
 For each config it runs, in the same process and on the same random tokens:
 
-- **trainer**: `trainer.setup.compile_job` (mesh over all devices, `NamedSharding`s from the
+- **trainer**: `trainer.jobs.compile_job` (mesh over all devices, `NamedSharding`s from the
   logical axis rules, AOT-compiled `jax.jit` with donation, AdamW with clipping and weight-decay
   mask, per-token loss over packed rows with segment ids, non-finite guard, per-component token
   counts), fed through `Partitioner.shard_batch` and with the host-side metrics path of the
@@ -34,7 +34,7 @@ import optax
 from llama_jax.config import LlamaConfig
 from llama_jax.counting import matmul_flops_per_token
 from llama_jax.model import Llama
-from trainer import metrics, models, setup, steps
+from trainer import jobs, metrics, models, steps
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
@@ -78,8 +78,8 @@ def trainer_step(config: LlamaConfig, *, seq_len: int, batch: int, host: dict):
     spec = models.ModelSpec(
         size="llama2_tiny", overrides={**fields, "num_kv_heads": None, "max_len": seq_len}
     )
-    wrapper, partitioner, abstract = setup.build_model(spec, MeshConfig())
-    job = setup.compile_job(
+    wrapper, partitioner, abstract = jobs.build_partitioned_model(spec, MeshConfig())
+    job = jobs.compile_job(
         model=wrapper,
         partitioner=partitioner,
         abstract_params=abstract,

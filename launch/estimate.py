@@ -13,8 +13,9 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from launch.strategies import FAMILIES
+from launch import strategies
 from launch.sweep import Run
+from modeling import family as family_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,7 @@ def from_step_time(run: Run, seconds: float) -> Throughput:
 def measure(run: Run, *, seq_len: int = 256, batch_size: int = 1, steps: int = 3) -> Throughput:
     """Times `steps` jitted training steps of `run`'s model on `batch_size × seq_len` tokens
     (after one compile step) on the default JAX device, through the trainer's model wrapper
-    (`trainer.models`: its loss over a batch of every feature the family reads, inputs and
+    (`modeling.models`: its loss over a batch of every feature the family reads, inputs and
     targets both `seq_len` long for an encoder-decoder).
 
     Raises:
@@ -94,7 +95,7 @@ def measure(run: Run, *, seq_len: int = 256, batch_size: int = 1, steps: int = 3
         params, loss = step(params, batch)
     jnp.asarray(loss).block_until_ready()
     elapsed = time.perf_counter() - start
-    counts = FAMILIES[run.family].counts(base, shape, seq_len=length)
+    counts = strategies.counts(family_lib.get(run.family), base, shape, seq_len=length)
     flops = counts.cost_per_token * batch_size * length * steps
     device = jax.devices()[0]
     return Throughput(

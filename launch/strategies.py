@@ -1,14 +1,13 @@
 """The sweep's registries: training strategies, manifest axes, and model families.
 
 A strategy names the experiment gin file a run uses, the coordinates it expands over (each set
-through its gin macro) and the strategy whose checkpoint initialises it. A family says where its
-size table and parameter/FLOP counting live (imported only when a sweep needs counts).
+through its gin macro) and the strategy whose checkpoint initialises it. Model families are
+`modeling.family`'s registry; `counts` asks one for a shape's parameters and FLOPs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,10 +89,9 @@ COORD_MACROS: dict[str, str] = {
 }
 
 
-# Macros the sweep computes itself; a manifest sets them through [budget] or the axes instead.
 @dataclasses.dataclass(frozen=True)
 class Counts:
-    """Sizes and per-token training FLOPs of one model shape, from its family's counting module."""
+    """Sizes and per-token training FLOPs of one model shape, as its family counts them."""
 
     params_non_embedding: int
     params_total: int
@@ -102,49 +100,11 @@ class Counts:
     cost_per_token: float  # what a step actually computes: attention and output projection too
 
 
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """A model family: where its size table and counting live, and its feature lengths."""
-
-    name: str
-    sizes_module: str
-    counting_module: str
-    feature_keys: tuple[str, ...]
-
-    def config(self, size: str, shape: Mapping[str, Any]):
-        """The model config of a table size with `shape` fields replaced (imports lazily)."""
-        return importlib.import_module(self.sizes_module).get_config(size, **dict(shape))
-
-    def nominal_params(self, size: str) -> float | None:
-        """The paper's nominal parameter count of a table size (`SizeRow.nominal_m`), if any."""
-        try:
-            row = importlib.import_module(self.sizes_module).SIZES.get(size)
-        except ImportError:
-            return None
-        nominal = getattr(row, "nominal_m", None)
-        return None if nominal is None else nominal * 1e6
-
-    def counts(self, size: str, shape: Mapping[str, Any], *, seq_len: int) -> Counts | None:
-        """Parameter and FLOP counts; None when the family's packages are not importable."""
-        try:
-            counting = importlib.import_module(self.counting_module)
-            config = self.config(size, shape)
-        except ImportError:
-            return None
-        params = counting.param_counts(config)
-        if hasattr(counting, "flops_per_token"):
-            fpt = counting.flops_per_token(config, seq_len=seq_len)
-            six_n, attn = float(fpt.six_n), float(fpt.with_attention)
-            output = 6.0 * config.d_model * config.vocab_size
-            cost = attn + output
-        else:  # encoder-decoder: FLOPs per example, inputs and targets both `seq_len` long
-            fpe = counting.flops_per_example(config, inputs_length=seq_len, targets_length=seq_len)
-            six_n, attn = fpe.six_n / seq_len, fpe.with_attention / seq_len
-            cost = attn
-        return Counts(params.non_embedding, params.total, six_n, attn, cost)
-
-
-FAMILIES: dict[str, Family] = {
-    "llama2": Family("llama2", "llama_jax.sizes", "llama_jax.counting", ("targets",)),
-    "t5": Family("t5", "t5_jax.sizes", "t5_jax.counting", ("inputs", "targets")),
-}
+def counts(family: Any, size: str, shape: Mapping[str, Any], *, seq_len: int) -> Counts:
+    """Parameter and FLOP counts of `size` with `shape` fields replaced, asked of `family` (a
+    `modeling.family.ModelFamily`; an encoder-decoder's inputs are `seq_len` long too)."""
+    config = family.get_config(size, **dict(shape))
+    total, non_embedding = family.param_counts(config)
+    six_n, attn = family.flops_per_token(config, seq_len=seq_len)
+    cost = family.cost_per_token(config, seq_len=seq_len)
+    return Counts(non_embedding, total, six_n, attn, cost)

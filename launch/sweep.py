@@ -43,7 +43,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch.strategies import AXES, COORD_MACROS, FAMILIES, STRATEGIES, Counts, Strategy
+from launch import strategies as strategies_lib
+from launch.strategies import AXES, COORD_MACROS, STRATEGIES, Counts, Strategy
+from modeling import family as family_lib
 
 MANIFESTS_DIR = Path(__file__).parent / "manifests"
 TRAIN_MODULE = "trainer.train"
@@ -240,7 +242,11 @@ def parse_manifest(
     _check_keys(sweep, sweep_keys, f"{path} [sweep]")
     _require("name" in sweep, f"{path} [sweep]", "missing 'name'")
     family = sweep.get("family", "llama2")
-    _require(family in FAMILIES, f"{path} [sweep] family", f"choose one of {sorted(FAMILIES)}")
+    _require(
+        family in family_lib.FAMILIES,
+        f"{path} [sweep] family",
+        f"choose one of {family_lib.names()}",
+    )
     declared = {k: str(v) for k, v in data.get("vars", {}).items()}
     given = dict(variables or {})
     unknown_vars = sorted(set(given) - set(declared))
@@ -277,7 +283,9 @@ def parse_manifest(
         description=sweep.get("description", ""),
         family=family,
         runs_dir=runs_dir or sweep.get("runs_dir", f"runs/{sweep['name']}"),
-        seq_len=int(sweep.get("seq_len", 2048 if family == "llama2" else 512)),
+        seq_len=int(
+            sweep["seq_len"] if "seq_len" in sweep else family_lib.get(family).default_seq_len
+        ),
         gin_files=tuple(sweep.get("gin_files", ())),
         gin_search_paths=tuple(sweep.get("gin_search_paths", ())),
         variables={**declared, **given},
@@ -399,7 +407,7 @@ class _Expander:
 
     def __init__(self, manifest: Manifest):
         self.m = manifest
-        self.family = FAMILIES[manifest.family]
+        self.family = family_lib.get(manifest.family)
         self.runs: dict[tuple, Run] = {}
         self._counts: dict[tuple, Counts | None] = {}
 
@@ -408,7 +416,9 @@ class _Expander:
         key = (base, json.dumps(dict(overrides), sort_keys=True, default=str))
         if key not in self._counts:
             try:
-                self._counts[key] = self.family.counts(base, overrides, seq_len=self.m.seq_len)
+                self._counts[key] = strategies_lib.counts(
+                    self.family, base, overrides, seq_len=self.m.seq_len
+                )
             except (TypeError, ValueError) as e:  # unknown size or config field
                 raise ValueError(f"{where}: model {base!r} with {dict(overrides)}: {e}") from e
         return self._counts[key]

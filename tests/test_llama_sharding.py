@@ -107,18 +107,22 @@ def test_sharded_forward_backward_equals_unsharded():
 
 
 _COMPILE_SHARDED_STEP = """
-from trainer import models, setup, steps
+import json
+import sys
+from trainer import jobs, models, steps
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
 
-spec = models.ModelSpec(
-    family="llama2", size="llama2_cpu_d64", overrides={"vocab_size": 512, "max_len": 128}
+family, size = sys.argv[1], sys.argv[2]
+overrides, lengths = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+spec = models.ModelSpec(family=family, size=size, overrides=overrides)
+wrapper, partitioner, abstract = jobs.build_partitioned_model(
+    spec, MeshConfig(data=2, fsdp=2, model=2)
 )
-wrapper, partitioner, abstract = setup.build_model(spec, MeshConfig(data=2, fsdp=2, model=2))
-setup.compile_job(
+jobs.compile_job(
     model=wrapper, partitioner=partitioner, abstract_params=abstract, components=["lm"],
-    total_steps=10, batch_size=8, seq_len=16, eval_batch_size=8,
+    total_steps=10, batch_size=8, seq_len=16, eval_batch_size=8, feature_lengths=lengths,
     optimizer=OptimizerConfig(), schedule=ScheduleConfig(),
     step_config=steps.StepConfig(num_microbatches=1, z_loss=0.0, num_components=1),
 )
@@ -126,11 +130,19 @@ print("compiled")
 """
 
 
-def test_trainer_step_partitions_without_full_rematerialization():
+@pytest.mark.parametrize(
+    "family, size, overrides, lengths",
+    [
+        ("llama2", "llama2_cpu_d64", {"vocab_size": 512, "max_len": 128}, {"targets": 16}),
+        ("t5", "t5_tiny", {"vocab_size": 512}, {"inputs": 24, "targets": 16}),
+    ],
+)
+def test_trainer_step_partitions_without_full_rematerialization(family, size, overrides, lengths):
     # The SPMD partitioner falls back to replicating a whole array ("involuntary full
     # rematerialization") when it cannot reshard efficiently; the embedding lookup in a
     # vocab/embed-sharded table did that. XLA only says so in its C++ log, which the test process
     # silences (TF_CPP_MIN_LOG_LEVEL), so the real trainer step compiles in a child process.
+    import json
     import os
     import subprocess
     import sys
@@ -143,7 +155,15 @@ def test_trainer_step_partitions_without_full_rematerialization():
         "JAX_PLATFORMS": "cpu",
     }
     done = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SHARDED_STEP],
+        [
+            sys.executable,
+            "-c",
+            _COMPILE_SHARDED_STEP,
+            family,
+            size,
+            json.dumps(overrides),
+            json.dumps(lengths),
+        ],
         env=env,
         cwd=Path(__file__).resolve().parent.parent,
         capture_output=True,

@@ -139,7 +139,7 @@ def test_constant_lr_finetunes_of_any_length_lower_to_the_same_program():
     """Nothing run-specific but the shapes is baked into a constant-LR train step, so runs of
     one shape share one compiled program (and the persistent compilation cache)."""
     from trainer import partitioning
-    from trainer.setup import batch_abstract
+    from trainer.jobs import batch_abstract
 
     model = models.build_model(T5_TINY)
     partitioner = partitioning.Partitioner(
@@ -262,12 +262,12 @@ def test_pretraining_keeps_the_checkpoint_grid_with_token_counts(mt_runs):
 
 @pytest.mark.slow
 def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_data):  # noqa: F811
-    from trainer import setup
+    from trainer import jobs
 
     source = f"{mt_runs['root'] / 'pre'}@10"
     saved = _seqio_snapshot()
     try:
-        job = setup.build_job(
+        job = jobs.build_job(
             model=T5_TINY,
             data=dataclasses.replace(
                 _pretrain_kwargs(tiny_data)["data"], mixture_or_task="mt_en_fr", pairs=None

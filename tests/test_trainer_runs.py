@@ -188,7 +188,7 @@ def test_eight_device_mesh_matches_one_device(runs):
 def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
     runs, tiny_data, tmp_path, seqio_registry
 ):
-    from trainer import setup
+    from trainer import jobs
 
     source = f"{runs['root'] / 'full'}@8"
     kwargs = tiny_kwargs(
@@ -203,7 +203,7 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
         train_steps=4,
         mesh=MeshConfig(num_devices=1),  # the single-device run's eval step is reused
     )
-    job = setup.build_job(
+    job = jobs.build_job(
         model=kwargs["model"],
         data=kwargs["data"],
         evaluation=EvalConfig(),

@@ -353,7 +353,7 @@ def test_cli_forwards_remaining_arguments(monkeypatch):
 def test_compiled_steps_are_shared_by_identical_jobs_of_one_process():
     # The demos run many jobs of one shape in one process; tracing and lowering their steps again
     # costs seconds each. Steps are shared only when nothing they depend on differs.
-    from trainer import models, setup, steps
+    from trainer import jobs, models, steps
     from trainer.optimizers import OptimizerConfig
     from trainer.partitioning import MeshConfig
     from trainer.schedules import ScheduleConfig
@@ -363,8 +363,8 @@ def test_compiled_steps_are_shared_by_identical_jobs_of_one_process():
     )
 
     def job(total_steps, schedule="cosine", batch_size=8):
-        wrapper, partitioner, abstract = setup.build_model(spec, MeshConfig())
-        return setup.compile_job(
+        wrapper, partitioner, abstract = jobs.build_partitioned_model(spec, MeshConfig())
+        return jobs.compile_job(
             model=wrapper,
             partitioner=partitioner,
             abstract_params=abstract,

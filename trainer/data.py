@@ -144,14 +144,26 @@ def replay_mixture(*, target_lang: str, source_lang: str, replay_ratio: float) -
     return mixtures.cpt_name(target_lang, source_lang, pct)
 
 
-def paper_batch_size(*, model_size: str, seq_len: int) -> int:
-    """The CPT paper's batch (in sequences of `seq_len`) for a size: 1M, 2M or 4M tokens by
-    parameter band (its Table 1; `llama_jax.sizes.paper_recipe`)."""
-    from llama_jax import sizes
+def paper_batch_size(*, model_size: str, seq_len: int, family: str = "llama2") -> int:
+    """The family's paper batch (in sequences of `seq_len`) for a size, from its
+    `paper_recipe` (LLaMA2: the CPT paper's 1M, 2M or 4M tokens by parameter band, its Table 1).
+
+    Raises:
+      trainer.validation.ConfigError: unknown family or size, or a family whose paper fixes no
+        batch per size (set `BATCH_SIZE` instead).
+    """
+    from modeling import family as family_lib
     from trainer import validation
 
-    validation.check_model_size(family="llama2", size=model_size, allowed=list(sizes.SIZES))
-    return sizes.paper_recipe(model_size, seq_len=seq_len).batch_size
+    validation.check_choice(name="family", value=family, allowed=family_lib.names())
+    spec = family_lib.get(family)
+    validation.check_model_size(family=family, size=model_size, allowed=spec.sizes())
+    recipe = spec.paper_recipe(model_size, seq_len=seq_len)
+    if recipe is None:
+        raise validation.ConfigError(
+            f"the {family} paper fixes no batch per size; set {validation.BINDINGS['batch_size']}"
+        )
+    return recipe.batch_size
 
 
 def finetune_steps(

@@ -306,7 +306,7 @@ def evaluate(
     """Decodes and scores every task of `config`; writes the predictions files (chief only).
 
     Args:
-      model: an encoder-decoder wrapper (`trainer.models.EncoderDecoderModel`).
+      model: an encoder-decoder wrapper (`modeling.models.EncoderDecoderModel`).
       params: its parameters.
       config: tasks, split, decoding method and caps.
       feature_lengths: `{"inputs": Li, "targets": Lt}`: inputs are truncated to Li; outputs are

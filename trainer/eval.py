@@ -134,7 +134,7 @@ def evaluate(
     Returns:
       The records written, one per step.
     """
-    from trainer.setup import build_job
+    from trainer.jobs import build_job
 
     if not evaluation.enabled:
         raise ValueError(

@@ -24,6 +24,7 @@ a local `comet_model`) as in `trainer.downstream`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -69,6 +70,52 @@ def continuation_ids(sequence: np.ndarray, *, prompt_len: int, eos_id: int) -> l
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class InferSource:
+    """What to decode.
+
+    Attributes:
+      prompts: the prompts (encoder-decoders: `source[<TAB>reference]` lines).
+      prompts_file: a file of more prompts, one per non-blank line.
+      task: encoder-decoders: a translation task (`TASK`) whose split is decoded when no prompts
+        are given, and whose prompt prefixes bare source lines.
+      split: the task's split (`DECODE_SPLIT`; `validation` where the task has no such split).
+      data_dir: the corpora (`DATA_DIR`) to register `task` from.
+      max_examples: decode at most this many examples of the task's split.
+    """
+
+    prompts: tuple[str, ...] = ()
+    prompts_file: str | None = None
+    task: str | None = None
+    split: str = "test"
+    data_dir: str | None = None
+    max_examples: int | None = None
+
+    def lines(self) -> list[str]:
+        """`prompts` followed by the non-blank lines of `prompts_file`."""
+        return _lines(self.prompts, self.prompts_file)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferDecoding:
+    """How to decode.
+
+    Attributes:
+      max_decode_len: total tokens per row, prompt included (encoder-decoders: output tokens).
+      batch_size: rows decoded together (padded to a multiple of the data-parallel size).
+      inputs_len: encoder-decoders: inputs are truncated to this many tokens (EOS kept).
+      method: encoder-decoders: `beam` (4 beams, brevity penalty 0.6) or `greedy`.
+      extra_ids: sentinels appended to the vocabulary (None: 100 for encoder-decoders, as in
+        span-corruption pretraining; 0 for language models).
+    """
+
+    max_decode_len: int = 64
+    batch_size: int = 8
+    inputs_len: int = 512
+    method: str = "beam"
+    extra_ids: int | None = None
+
+
 def infer(
     *,
     model_dir: str | os.PathLike,
@@ -90,28 +137,62 @@ def infer(
     max_examples: int | None = None,
     comet_model: str | None = None,
 ) -> list[dict]:
-    """Decodes continuations of `prompts` (and of each line of `prompts_file`), or, for an
-    encoder-decoder, translations of a task's split or of the given lines.
+    """The gin-facing `infer` (`runs/infer.gin` binds each keyword to its macro): gathers the
+    keywords into an `InferSource` and an `InferDecoding` and calls `run_inference`.
+
+    Args: as the fields of `InferSource` and `InferDecoding` (`decode_method` is
+    `InferDecoding.method`), and those of `run_inference`.
+    """
+    return run_inference(
+        model_dir=model_dir,
+        model=model,
+        vocab_path=vocab_path,
+        checkpoint=checkpoint,
+        mesh=mesh,
+        source=InferSource(
+            prompts=tuple(prompts),
+            prompts_file=prompts_file,
+            task=task,
+            split=split,
+            data_dir=data_dir,
+            max_examples=max_examples,
+        ),
+        decoding=InferDecoding(
+            max_decode_len=max_decode_len,
+            batch_size=batch_size,
+            inputs_len=inputs_len,
+            method=decode_method,
+            extra_ids=extra_ids,
+        ),
+        output_file=output_file,
+        comet_model=comet_model,
+    )
+
+
+def run_inference(
+    *,
+    model_dir: str | os.PathLike,
+    model: models.ModelSpec,
+    vocab_path: str,
+    source: InferSource,
+    decoding: InferDecoding = InferDecoding(),
+    checkpoint: str | None = None,
+    mesh: MeshConfig = MeshConfig(),
+    output_file: str = INFER_FILE,
+    comet_model: str | None = None,
+) -> list[dict]:
+    """Decodes continuations of the source's prompts, or, for an encoder-decoder, translations
+    of a task's split or of the given lines.
 
     Args:
       model_dir: where the results go (`MODEL_DIR`).
       model: the model the checkpoint was trained as.
       vocab_path: SentencePiece model (`VOCAB_PATH`).
-      prompts, prompts_file: the prompts (encoder-decoders: `source[<TAB>reference]` lines).
+      source: what to decode.
+      decoding: how to decode.
       checkpoint: `'<dir>[@step]'` (default: `model_dir`, latest step).
-      max_decode_len: total tokens per row, prompt included (encoder-decoders: output tokens).
-      batch_size: rows decoded together (padded to a multiple of the data-parallel size).
-      output_file: file name under `model_dir`.
       mesh: mesh axis sizes.
-      task: encoder-decoders: a translation task (`TASK`) whose split is decoded when no prompts
-        are given, and whose prompt prefixes bare source lines.
-      split: the task's split (`DECODE_SPLIT`; `validation` where the task has no such split).
-      data_dir: the corpora (`DATA_DIR`) to register `task` from.
-      extra_ids: sentinels appended to the vocabulary (None: 100 for encoder-decoders, as in
-        span-corruption pretraining; 0 for language models).
-      inputs_len: encoder-decoders: inputs are truncated to this many tokens (EOS kept).
-      decode_method: encoder-decoders: `beam` (4 beams, brevity penalty 0.6) or `greedy`.
-      max_examples: decode at most this many examples of the task's split.
+      output_file: file name under `model_dir`.
       comet_model: a local COMET checkpoint for `scores.json` (see `trainer.downstream`).
 
     Returns:
@@ -119,9 +200,9 @@ def infer(
       `inputs`, `prediction` and `target` where known.
     """
     from pipelines import vocab as vocab_lib
-    from trainer.setup import build_model
+    from trainer.jobs import build_partitioned_model
 
-    wrapper, partitioner, abstract = build_model(model, mesh)
+    wrapper, partitioner, abstract = build_partitioned_model(model, mesh)
     if "inputs" in wrapper.feature_keys:
         return _infer_encdec(
             wrapper,
@@ -129,23 +210,16 @@ def infer(
             model_dir=Path(model_dir),
             checkpoint=os.fspath(checkpoint or model_dir),
             vocab_path=vocab_path,
-            lines=_lines(prompts, prompts_file),
-            task=task,
-            split=split,
-            data_dir=data_dir,
-            extra_ids=100 if extra_ids is None else extra_ids,
-            inputs_len=inputs_len,
-            max_decode_len=max_decode_len,
-            batch_size=batch_size,
-            decode_method=decode_method,
-            max_examples=max_examples,
+            source=source,
+            decoding=decoding,
             comet_model=comet_model,
             output_file=output_file,
         )
-    texts = _lines(prompts, prompts_file)
+    texts = source.lines()
     if not texts:
         raise ValueError("no prompts: set infer.prompts (PROMPTS) or infer.prompts_file")
-    vocabulary = vocab_lib.load_vocab(vocab_path, extra_ids=extra_ids or 0)
+    max_decode_len, batch_size = decoding.max_decode_len, decoding.batch_size
+    vocabulary = vocab_lib.load_vocab(vocab_path, extra_ids=decoding.extra_ids or 0)
     params, _, _ = ckpt_lib.restore_init_params(
         os.fspath(checkpoint or model_dir), abstract_params=abstract
     )
@@ -210,28 +284,24 @@ def _infer_encdec(
     model_dir: Path,
     checkpoint: str,
     vocab_path: str,
-    lines: list[str],
-    task: str | None,
-    split: str,
-    data_dir: str | None,
-    extra_ids: int,
-    inputs_len: int,
-    max_decode_len: int,
-    batch_size: int,
-    decode_method: str,
-    max_examples: int | None,
+    source: InferSource,
+    decoding: InferDecoding,
     comet_model: str | None,
     output_file: str,
 ) -> list[dict]:
-    """`infer` for encoder-decoders: examples, decoding, predictions file and `scores.json`."""
+    """`run_inference` for encoder-decoders: examples, decoding, predictions file and
+    `scores.json`."""
     from trainer import data as data_lib
     from trainer import downstream
 
+    lines, task, split = source.lines(), source.task, source.split
+    extra_ids = 100 if decoding.extra_ids is None else decoding.extra_ids
+    decode_method = decoding.method
     if not lines and not task:
         raise ValueError("nothing to decode: set TASK (infer.task), PROMPTS or PROMPTS_FILE")
     vocabulary = data_lib.register(
         data_lib.DataConfig(
-            vocab_path=vocab_path, corpora_dir=data_dir, extra_ids=extra_ids, pairs=None
+            vocab_path=vocab_path, corpora_dir=source.data_dir, extra_ids=extra_ids, pairs=None
         )
         if task and not lines
         else data_lib.DataConfig(vocab_path=None)
@@ -245,13 +315,15 @@ def _infer_encdec(
         prefix = task_prompt(task) if task else ""
         examples, has_target = [], True
         for line in lines:
-            source, sep, target = line.partition("\t")
+            text, sep, target = line.partition("\t")
             has_target &= bool(sep)
-            inputs = source if (not prefix or source.startswith("translate ")) else prefix + source
-            examples.append(downstream.TextExample(inputs=inputs, target=target, source=source))
+            inputs = text if (not prefix or text.startswith("translate ")) else prefix + text
+            examples.append(downstream.TextExample(inputs=inputs, target=target, source=text))
     else:
         used_split = downstream.held_out_split(task, split)
-        examples = downstream.text_examples(task, split=used_split, max_examples=max_examples)
+        examples = downstream.text_examples(
+            task, split=used_split, max_examples=source.max_examples
+        )
         has_target = True
     params, directory, step = ckpt_lib.restore_init_params(checkpoint, abstract_params=abstract)
     predictions = downstream.predict_texts(
@@ -259,10 +331,10 @@ def _infer_encdec(
         params,
         vocabulary,
         [ex.inputs for ex in examples],
-        inputs_len=inputs_len,
-        max_decode_len=max_decode_len,
+        inputs_len=decoding.inputs_len,
+        max_decode_len=decoding.max_decode_len,
         method=decode_method,
-        batch_size=batch_size,
+        batch_size=decoding.batch_size,
     )
     results = []
     for ex, prediction in zip(examples, predictions, strict=True):

@@ -37,10 +37,10 @@ from trainer import metrics as metrics_lib
 from trainer import models, validation
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
+from trainer.jobs import Job, build_job
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
-from trainer.setup import Job, build_job
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from modeling import family as family_lib
 from trainer import data as data_lib
 from trainer import models, partitioning, steps, validation
 from trainer.data import DataConfig, EvalConfig
@@ -31,7 +32,7 @@ class Job:
     """Everything compiled for one run.
 
     Attributes:
-      model: the model wrapper (`trainer.models`).
+      model: the model wrapper (`modeling.models`).
       partitioner: mesh and logical-axis shardings.
       optimizer, schedule: the optax transformation and learning-rate schedule.
       total_steps: optimizer steps of the whole run.
@@ -182,19 +183,17 @@ def batch_abstract(
     }
 
 
-def build_model(spec: models.ModelSpec, mesh: MeshConfig) -> tuple[Any, Partitioner, Any]:
-    """The model wrapper, the partitioner, and its parameters' abstract tree with shardings
-    (a restore target), after checking the family and size."""
-    if spec.family not in models.MODEL_FAMILIES:
-        validation.check_choice(
-            name="family", value=spec.family, allowed=list(models.MODEL_FAMILIES)
-        )
-    family = models.MODEL_FAMILIES[spec.family]
+def build_partitioned_model(
+    spec: models.ModelSpec, mesh: MeshConfig
+) -> tuple[Any, Partitioner, Any]:
+    """The model wrapper, the partitioner (the family's logical-axis rules over the mesh), and
+    its parameters' abstract tree with shardings (a restore target), after checking the family
+    and size."""
+    validation.check_choice(name="family", value=spec.family, allowed=family_lib.names())
+    family = family_lib.get(spec.family)
     validation.check_model_size(family=spec.family, size=spec.size, allowed=family.sizes())
-    wrapper = models.build_model(spec)
-    from modeling import axes
-
-    partitioner = Partitioner(mesh=partitioning.build_mesh(mesh), rules=axes.logical_axis_rules())
+    wrapper = family.build(spec)
+    partitioner = Partitioner(mesh=partitioning.build_mesh(mesh), rules=family.axis_rules())
     variables = wrapper.abstract_variables()
     shardings = partitioner.params_shardings(variables)
     abstract = jax.tree.map(
@@ -231,7 +230,7 @@ def build_job(
     Raises:
       trainer.validation.ConfigError: before compiling, for any invalid setting.
     """
-    wrapper, partitioner, abstract_params = build_model(model, mesh)
+    wrapper, partitioner, abstract_params = build_partitioned_model(model, mesh)
     if register:
         data_lib.register(data)
     _check(
@@ -317,7 +316,7 @@ def compile_job(
     part of `build_job` that needs no data; the benchmark calls it directly).
 
     Args:
-      abstract_params: parameter shapes with shardings (from `build_model`).
+      abstract_params: parameter shapes with shardings (from `build_partitioned_model`).
       eval_batch_size: compile the eval step for this global batch (None: no eval step).
       feature_lengths: the task feature lengths; None: `{"targets": seq_len}` (decoder-only).
     """

@@ -1,0 +1,110 @@
+"""The model-family protocol, and the registry that finds a family by name.
+
+Everything above the model packages (the trainer, the sweep, estimates, `xlscale sizes`) asks a
+family these questions instead of testing its name: which features its batches carry, its
+paper's context length, its size table, how to build and count a model of a size, its logical
+axis rules and its paper's training recipe. A new family is one module that defines `FAMILY`
+(an object satisfying `ModelFamily`) plus one line in `FAMILIES`; importing this registry
+imports no family (t5x's `BaseTransformerModel` plays the same role for its models).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+# Family name -> the module that defines its `FAMILY`, imported only by `get`.
+FAMILIES: dict[str, str] = {
+    "llama2": "llama_jax.family",
+    "t5": "t5_jax.family",
+}
+
+
+@runtime_checkable
+class ModelFamily(Protocol):
+    """What a model family answers.
+
+    Attributes:
+      name: the registry key (`ModelSpec.family`, a manifest's `[sweep] family`).
+      feature_keys: the task features its batches read: `("targets",)` for a decoder-only
+        model, `("inputs", "targets")` for an encoder-decoder.
+      default_seq_len: its paper's context (targets) length: 2048 for LLaMA2 (CPT paper), 512
+        for T5 (MT paper).
+    """
+
+    name: str
+    feature_keys: tuple[str, ...]
+    default_seq_len: int
+
+    def sizes(self) -> list[str]:
+        """The size names of the family's table."""
+        ...
+
+    def get_config(self, size: str, **overrides: Any) -> Any:
+        """The frozen config of table size `size` with fields replaced by `overrides`.
+
+        Raises:
+          ValueError: unknown size (listing the valid ones) or unknown field.
+        """
+        ...
+
+    def nominal_params(self, size: str) -> float | None:
+        """The paper's nominal parameter count of `size` (None when the paper has none)."""
+        ...
+
+    def build(self, spec: Any) -> Any:
+        """The model wrapper (`modeling.models`) of a spec with `size`, `overrides` and
+        `dropout_rate` attributes (`trainer.models.ModelSpec`)."""
+        ...
+
+    def param_counts(self, config: Any) -> tuple[int, int]:
+        """(total, non-embedding) parameter counts of `config`, equal to its initialised tree."""
+        ...
+
+    def flops_per_token(
+        self, config: Any, *, seq_len: int, inputs_len: int | None = None
+    ) -> tuple[float, float]:
+        """(6·N, attention-inclusive) training FLOPs per target token at these lengths
+        (`inputs_len` defaults to `seq_len` where the family has inputs)."""
+        ...
+
+    def cost_per_token(self, config: Any, *, seq_len: int, inputs_len: int | None = None) -> float:
+        """FLOPs a training step computes per target token (matmuls, attention and the output
+        projection): what run-time estimates scale a measured throughput by."""
+        ...
+
+    def axis_rules(self) -> tuple[tuple[str, Any], ...]:
+        """The logical-axis -> mesh-axis rules its parameters and activations are sharded by."""
+        ...
+
+    def paper_recipe(self, size: str, *, seq_len: int) -> Any | None:
+        """The paper's training recipe of `size` (an object with at least `batch_size`, in
+        sequences of `seq_len`), or None where the paper fixes none per size."""
+        ...
+
+
+def names() -> list[str]:
+    """The registered family names, sorted (no family is imported)."""
+    return sorted(FAMILIES)
+
+
+def check_name(name: str) -> None:
+    """Raises ValueError naming `name` and the registered families unless it is one of them."""
+    if name not in FAMILIES:
+        raise ValueError(f"unknown model family {name!r}; allowed: {', '.join(names())}")
+
+
+def get(name: str, *, registry: Mapping[str, str] | None = None) -> ModelFamily:
+    """The family registered as `name`, importing its module now.
+
+    Args:
+      name: a key of `FAMILIES`.
+      registry: name -> module path to look in instead of `FAMILIES` (tests).
+    Raises:
+      ValueError: unknown name (listing the registered ones).
+    """
+    registry = FAMILIES if registry is None else registry
+    if name not in registry:
+        raise ValueError(f"unknown model family {name!r}; allowed: {', '.join(sorted(registry))}")
+    return importlib.import_module(registry[name]).FAMILY
