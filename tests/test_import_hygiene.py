@@ -9,6 +9,10 @@ import pytest
 LIGHT_MODULES = [
     "modeling.axes",
     "modeling.decoding",
+    "modeling.family",
+    "modeling.models",
+    "fitting.pipeline",
+    "studies.registry",
     "llama_jax.model",
     "llama_jax.sizes",
     "llama_jax.counting",
