@@ -46,8 +46,6 @@ def test_manifest_runs_are_consistent(name):
         seen.add(run.run_id)
         assert run.steps >= 1 and run.batch_size >= 1
         for gin_file in run.gin_files:
-            if not (CONFIGS / gin_file).exists() and run.family == "t5":
-                pytest.skip(f"{gin_file} is not written yet (MT issue)")
             assert (CONFIGS / gin_file).exists(), gin_file
 
 
