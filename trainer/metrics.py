@@ -139,7 +139,7 @@ class MetricsWriter:
             self._tb = None
 
 
-class Progress:
+class StepRate:
     """Throughput between logged steps and the progress log line.
 
     Args:

@@ -313,7 +313,7 @@ def _loop(
     """Runs steps `start+1 .. total`, logging, evaluating and saving along the way."""
     counters = metrics_lib.Counters(job.components, saved)
     total = job.total_steps
-    progress = metrics_lib.Progress(
+    progress = metrics_lib.StepRate(
         total_steps=total,
         tokens_per_step=data.batch_size * data.seq_len,
         flops_per_token=job.flops_per_token_attn,
