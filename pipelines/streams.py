@@ -1,9 +1,10 @@
 """Trainer-facing batch streams: packed, per-host, deterministic and resumable.
 
-`decoder_batches`, `encdec_batches` and `eval_batches` implement "Batches for the trainer" of
-docs/interfaces.md: iterators of numpy dicts of int32 `[batch_size, length]` arrays, where
-`batch_size` is this host's share of the global batch (global batch / `num_shards`) and
-`shard_index`/`num_shards` select this host's `seqio.ShardInfo` shard of every component.
+`batches` (also named `decoder_batches` and `encdec_batches`) and `eval_batches` implement
+"Batches for the trainer" of docs/interfaces.md: iterators of numpy dicts of int32
+`[batch_size, length]` arrays, where `batch_size` is this host's share of the global batch
+(global batch / `num_shards`) and `shard_index`/`num_shards` select this host's
+`seqio.ShardInfo` shard of every component.
 
 Pipeline. Each mixture component `i` (a seqio task) gives its examples (`task_dataset`: seqio's
 `Task.get_dataset`, or for local text files the same preprocessors over all lines held in memory
@@ -415,9 +416,19 @@ def _task_lengths(sequence_length: int | Mapping[str, int], *, encdec: bool) -> 
     return {"targets": int(sequence_length)}
 
 
-def batch_dataset(
+def _converted(ds: tf.data.Dataset, lengths: Mapping[str, int], *, pack: bool) -> tf.data.Dataset:
+    """Examples -> packed model features, with `decoder_task_ids` from the `component` feature."""
+    encdec = "inputs" in lengths
+    converter = (
+        prep.EncDecTaskIdsFeatureConverter if encdec else prep.DecoderTaskIdsFeatureConverter
+    )
+    return converter(pack=pack, apply_length_check=False)(
+        ds, {**lengths, "component": lengths["targets"]}
+    )
+
+
+def batches(
     *,
-    encdec: bool,
     mixture_or_task: str,
     split: str,
     sequence_length: int | Mapping[str, int],
@@ -430,10 +441,37 @@ def batch_dataset(
     repeat: bool = True,
     pack: bool = True,
     subset_tokens: int | None = None,
-) -> tf.data.Dataset:
-    """The `tf.data.Dataset` behind `decoder_batches` (`encdec=False`) and `encdec_batches`
-    (`encdec=True`), with the same arguments; built afresh on every call, since a tf.data
-    shuffle reshuffles when its dataset is iterated again."""
+) -> Iterator[dict[str, np.ndarray]]:
+    """Packed training batches of a mixture or task: decoder-only or encoder-decoder, as
+    `sequence_length` says.
+
+    The pipeline is built afresh on every call, since a tf.data shuffle reshuffles when its
+    dataset is iterated again.
+
+    Args:
+      mixture_or_task: a registered seqio mixture or task: of `lm_*` tasks (targets only) for an
+        int `sequence_length`, of inputs/targets tasks (`span_*`, `mt_*`) for a mapping.
+      split: `"train"`, `"validation"`, ...
+      sequence_length: the targets length (decoder-only batches), or `{"inputs": Li,
+        "targets": Lt}` (encoder-decoder batches).
+      batch_size: rows per batch on this host (the global batch divided by `num_shards`).
+      seed: seeds every random choice; the same seed gives the same stream.
+      shard_index, num_shards: this host's shard (`seqio.ShardInfo`).
+      start_step: number of batches already consumed; the stream continues from there.
+      shuffle, repeat, pack: as in seqio.
+      subset_tokens: train on a fixed sample of about this many target tokens of a single task
+        (the MT paper's finetuning set size Df), repeated; None: the whole split.
+
+    Returns:
+      An iterator of dicts with int32 `[batch, Lt]` arrays `decoder_input_tokens,
+      decoder_target_tokens, decoder_loss_weights, decoder_segment_ids, decoder_positions,
+      decoder_task_ids` (the last is the component index, -1 on padding); encoder-decoder
+      batches add `encoder_input_tokens, encoder_segment_ids, encoder_positions` (`[batch, Li]`).
+
+    Raises:
+      ValueError: a component's features do not match the kind (`inputs` or not).
+    """
+    encdec = isinstance(sequence_length, Mapping)
     _check_features(mixture_or_task, encdec=encdec)
     lengths = _task_lengths(sequence_length, encdec=encdec)
     ds = mixed_examples(
@@ -447,105 +485,16 @@ def batch_dataset(
         repeat=repeat,
         subset_tokens=subset_tokens,
     )
-    converter = (
-        prep.EncDecTaskIdsFeatureConverter if encdec else prep.DecoderTaskIdsFeatureConverter
-    )
-    ds = converter(pack=pack, apply_length_check=False)(
-        ds, {**lengths, "component": lengths["targets"]}
-    )
-    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = _converted(ds, lengths, pack=pack).batch(batch_size, drop_remainder=True)
     if start_step:
         ds = ds.skip(start_step)
-    return _options(ds.prefetch(tf.data.AUTOTUNE))
+    return _options(ds.prefetch(tf.data.AUTOTUNE)).as_numpy_iterator()
 
 
-def decoder_batches(
-    *,
-    mixture_or_task: str,
-    split: str,
-    sequence_length: int,
-    batch_size: int,
-    seed: int | None,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    start_step: int = 0,
-    shuffle: bool = True,
-    repeat: bool = True,
-    pack: bool = True,
-    subset_tokens: int | None = None,
-) -> Iterator[dict[str, np.ndarray]]:
-    """Packed decoder-only batches of a targets-only mixture or task.
-
-    Args:
-      mixture_or_task: a registered seqio mixture or task of `lm_*` tasks.
-      split: `"train"`, `"validation"`, ...
-      sequence_length: targets length.
-      batch_size: rows per batch on this host (the global batch divided by `num_shards`).
-      seed: seeds every random choice; the same seed gives the same stream.
-      shard_index, num_shards: this host's shard (`seqio.ShardInfo`).
-      start_step: number of batches already consumed; the stream continues from there.
-      shuffle, repeat, pack: as in seqio.
-      subset_tokens: train on a fixed sample of about this many target tokens of a single task
-        (the MT paper's finetuning set size Df), repeated; None: the whole split.
-
-    Returns:
-      An iterator of dicts with int32 `[batch, sequence_length]` arrays `decoder_input_tokens,
-      decoder_target_tokens, decoder_loss_weights, decoder_segment_ids, decoder_positions,
-      decoder_task_ids` (the last is the component index, -1 on padding).
-    """
-    return batch_dataset(
-        encdec=False,
-        mixture_or_task=mixture_or_task,
-        split=split,
-        sequence_length=sequence_length,
-        batch_size=batch_size,
-        seed=seed,
-        shard_index=shard_index,
-        num_shards=num_shards,
-        start_step=start_step,
-        shuffle=shuffle,
-        repeat=repeat,
-        pack=pack,
-        subset_tokens=subset_tokens,
-    ).as_numpy_iterator()
-
-
-def encdec_batches(
-    *,
-    mixture_or_task: str,
-    split: str,
-    sequence_length: Mapping[str, int],
-    batch_size: int,
-    seed: int | None,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    start_step: int = 0,
-    shuffle: bool = True,
-    repeat: bool = True,
-    pack: bool = True,
-    subset_tokens: int | None = None,
-) -> Iterator[dict[str, np.ndarray]]:
-    """Packed encoder-decoder batches of an inputs/targets mixture or task (`span_*`, `mt_*`).
-
-    Same arguments as `decoder_batches`, with `sequence_length = {"inputs": Li, "targets": Lt}`.
-    The dicts add `encoder_input_tokens, encoder_segment_ids, encoder_positions` (`[batch, Li]`)
-    to the decoder keys (`[batch, Lt]`, `decoder_task_ids` included).
-    """
-    return batch_dataset(
-        encdec=True,
-        mixture_or_task=mixture_or_task,
-        split=split,
-        sequence_length=sequence_length,
-        batch_size=batch_size,
-        seed=seed,
-        shard_index=shard_index,
-        num_shards=num_shards,
-        start_step=start_step,
-        shuffle=shuffle,
-        repeat=repeat,
-        pack=pack,
-        subset_tokens=subset_tokens,
-    ).as_numpy_iterator()
+# The names of docs/interfaces.md ("Batches for the trainer"): one builder, whose kind follows
+# `sequence_length` (an int: decoder-only; a mapping: encoder-decoder).
+decoder_batches = batches
+encdec_batches = batches
 
 
 def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
@@ -580,7 +529,7 @@ def eval_batches(
     served from memory (read-only arrays), so periodic evaluation costs no pipeline time.
 
     Returns:
-      A list (re-iterable) of dicts as in `decoder_batches` / `encdec_batches`, with
+      A list (re-iterable) of dicts as in `batches`, with
       `decoder_task_ids` 0 on real tokens.
     """
     encdec = "inputs" in seqio.TaskRegistry.get(task).output_features
@@ -599,13 +548,8 @@ def eval_batches(
         shuffle=False,
         repeat=False,
     )
-    converter = (
-        prep.EncDecTaskIdsFeatureConverter if encdec else prep.DecoderTaskIdsFeatureConverter
-    )
-    ds = converter(pack=True, apply_length_check=False)(
-        ds, {**lengths, "component": lengths["targets"]}
-    )
-    ds = _options(ds.batch(batch_size, drop_remainder=False).prefetch(tf.data.AUTOTUNE))
+    ds = _converted(ds, lengths, pack=True).batch(batch_size, drop_remainder=False)
+    ds = _options(ds.prefetch(tf.data.AUTOTUNE))
     batches, tokens = [], 0
     limit = math.inf if max_tokens is None else max_tokens
     for batch in ds.as_numpy_iterator():

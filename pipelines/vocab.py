@@ -288,6 +288,12 @@ def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
 
     Returns:
       A `seqio.SentencePieceVocabulary`; its `vocab_size` includes the extra ids.
+
+    Loading and Python-side encoding print nothing (training passes SentencePiece's
+    `minloglevel`). seqio's `encode_tf`, which task pipelines use, runs tf_text's own statically
+    linked SentencePiece: it prints `normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty`
+    for each tokenizing op of a pipeline (identity-normalised models like ours), and tf_text
+    exposes no log level.
     """
     import seqio
 

@@ -26,3 +26,29 @@ def seqio_registry():
     seqio.MixtureRegistry.reset()
     seqio.TaskRegistry._REGISTRY.update(saved_tasks)
     seqio.MixtureRegistry._REGISTRY.update(saved_mixtures)
+
+
+@pytest.fixture(scope="session")
+def fixture_data(tmp_path_factory):
+    """`build(langs=..., vocab_size=...) -> (corpora_dir, vocabulary)`: the UDHR fixture corpora
+    and a SentencePiece vocabulary trained on them (with T5's 100 sentinel ids), built once per
+    session for each `(langs, vocab_size)`."""
+    from pipelines import vocab
+    from pipelines.corpora.fixture import write_fixture_corpora
+
+    corpora = write_fixture_corpora(tmp_path_factory.mktemp("data"))
+    built = {}
+
+    def build(*, langs, vocab_size):
+        key = (tuple(langs), vocab_size)
+        if key not in built:
+            model = vocab.train_vocab(
+                corpora_dir=corpora,
+                langs=langs,
+                out_prefix=tmp_path_factory.mktemp("v") / "v",
+                vocab_size=vocab_size,
+            )
+            built[key] = corpora, vocab.load_vocab(model, extra_ids=100)
+        return built[key]
+
+    return build

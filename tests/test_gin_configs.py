@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import gin
@@ -142,6 +143,66 @@ def test_includes_resolve_with_a_runs_directory_on_sys_path(tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     config = parse("experiments/cpt_source_en.gin")
     assert "train_script.train.model_dir = %MODEL_DIR" in config.config_str
+
+
+RUNS = sorted(p.name for p in (CONFIGS / "runs").glob("*.gin"))
+MACRO = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=", re.MULTILINE)
+
+
+def includes(path: Path) -> list[str]:
+    """The `include` targets of a gin file, as written."""
+    return re.findall(r"^include\s+'([^']+)'", path.read_text(), re.MULTILINE)
+
+
+def include_closure(name: str) -> list[Path]:
+    """A gin file under t5x_configs/ and every file it includes, recursively."""
+    path = CONFIGS / name
+    return [path] + [p for inc in includes(path) for p in include_closure(inc)]
+
+
+def test_run_files_stand_alone():
+    # STYLE.md item 2: a run file reads top to bottom; it may include shared fragments
+    # (runs/common/*.gin) but never another run file it would then override.
+    assert {"pretrain.gin", "cpt.gin", "span_pretrain.gin", "finetune.gin"} <= set(RUNS)
+    for run in RUNS:
+        text = (CONFIGS / "runs" / run).read_text()
+        assert "# Required to be set:" in text.split("\nfrom ", 1)[0], run
+        for path in include_closure(f"runs/{run}"):
+            for inc in includes(path):
+                assert inc.startswith("runs/common/"), f"{path.name} includes {inc}"
+
+
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("model", ["models/llama2.gin", "models/t5.gin"])
+def test_no_macro_is_set_twice_between_model_and_run_files(model, run):
+    # No include-order tricks: within a model file plus a run file and its fragments, each macro
+    # is set in one place, so the result does not depend on which file gin reads last.
+    where: dict[str, list[str]] = {}
+    for path in [CONFIGS / model, *include_closure(f"runs/{run}")]:
+        for macro in MACRO.findall(path.read_text()):
+            where.setdefault(macro, []).append(path.relative_to(CONFIGS).as_posix())
+    assert {m: files for m, files in where.items() if len(files) > 1} == {}
+
+
+def test_includes_are_resolved_on_the_search_path_and_checked(tmp_path):
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "exp.gin").write_text(
+        "include 'models/llama2.gin'\ninclude 'runs/pretrain.gin'\nMIXTURE_OR_TASK_NAME = 'lm_fr'\n"
+    )
+    parse("exp.gin", f"--gin_search_paths={user}")
+    assert resolve("MIXTURE_OR_TASK_NAME") == "lm_fr"
+    gin.clear_config()
+    (user / "late.gin").write_text("SEED = 1\ninclude 'runs/pretrain.gin'\n")
+    with pytest.raises(validation.ConfigError, match="late.gin:2: put includes before"):
+        parse(str(user / "late.gin"))
+    gin.clear_config()
+    (user / "loop.gin").write_text(f"include '{user / 'loop.gin'}'\n")
+    with pytest.raises(validation.ConfigError, match="include cycle"):
+        parse(str(user / "loop.gin"))
+    gin.clear_config()
+    with pytest.raises(validation.ConfigError, match="'runs/nothing.gin' not found"):
+        parse("runs/nothing.gin")
 
 
 MT_BASE = [

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import seqio
 
-from pipelines import mixtures, streams, tasks, vocab
-from pipelines.corpora.fixture import write_fixture_corpora
+from pipelines import mixtures, streams, tasks
 
 DECODER_KEYS = {
     "decoder_input_tokens",
@@ -28,15 +27,8 @@ LANGS = ["en", "zh", "de"]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    corpora = write_fixture_corpora(tmp_path_factory.mktemp("data"))
-    model = vocab.train_vocab(
-        corpora_dir=corpora,
-        langs=LANGS,
-        out_prefix=tmp_path_factory.mktemp("v") / "v",
-        vocab_size=700,
-    )
-    return corpora, vocab.load_vocab(model, extra_ids=100)
+def data(fixture_data):
+    return fixture_data(langs=LANGS, vocab_size=700)
 
 
 def _register(data):

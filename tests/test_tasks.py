@@ -10,22 +10,14 @@ import tensorflow as tf
 
 from pipelines import preprocessors as prep
 from pipelines import tasks, vocab
-from pipelines.corpora.fixture import write_fixture_corpora
 
 LANGS = ["en", "zh", "fr", "ru", "de", "ro"]
 SPAN_LENGTHS = {"inputs": 64, "targets": 16}
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    corpora = write_fixture_corpora(tmp_path_factory.mktemp("data"))
-    model = vocab.train_vocab(
-        corpora_dir=corpora,
-        langs=LANGS,
-        out_prefix=tmp_path_factory.mktemp("v") / "v",
-        vocab_size=800,
-    )
-    return corpora, vocab.load_vocab(model, extra_ids=100)
+def data(fixture_data):
+    return fixture_data(langs=LANGS, vocab_size=800)
 
 
 @pytest.fixture

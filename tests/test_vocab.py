@@ -162,3 +162,23 @@ def test_cli_trains_and_prints(corpora, tmp_path, capsys):
     assert out.with_suffix(".model").exists() and out.with_suffix(".json").exists()
     printed = capsys.readouterr().out
     assert "tokens/char" in printed and "zh" in printed
+
+
+def test_training_and_loading_print_no_sentencepiece_logs(corpora, tmp_path, capfd):
+    # SentencePiece logs at INFO unless told not to (absl lines from `sentencepiece_trainer.cc`
+    # and `trainer_interface.cc` when training, `normalizer.cc(51) LOG(INFO) precompiled_charsmap
+    # is empty` when loading an identity-normalised model); a run's output must not drown in them.
+    # (tf_text's own copy of SentencePiece, which seqio's `encode_tf` uses, has no such switch.)
+    path = vocab.train_vocab(
+        corpora_dir=corpora, langs=["en", "fr"], out_prefix=tmp_path / "v", vocab_size=400
+    )
+    loaded = vocab.load_vocab(path, extra_ids=100)
+    assert loaded.decode(loaded.encode("Hello, world")) == "Hello, world"
+    err = capfd.readouterr().err
+    for marker in (
+        "sentencepiece_trainer.cc",
+        "trainer_interface.cc",
+        "normalizer.cc",
+        "LOG(INFO)",
+    ):
+        assert marker not in err, err[:2000]

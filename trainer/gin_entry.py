@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import io
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -84,36 +86,74 @@ def macro_value(name: str) -> Any:
     return value
 
 
-_SEARCH_PATHS: set[str] = set()
+_INCLUDE = re.compile(r"""^include\s+(['"])(?P<name>[^'"]+)\1\s*(#.*)?$""")
+_IMPORT = re.compile(r"^(from\s+\S+\s+)?import\s")
 
 
-def _tolerant(existence_check: Callable[[str], bool]) -> Callable[[str], bool]:
-    """Wraps a gin existence check so that an unusable candidate answers False.
+def find_config_file(name: str, search_paths: Sequence[str]) -> Path:
+    """The gin file `name` as given (absolute, or relative to the working directory) or under
+    the first of `search_paths` that has it.
 
-    gin's package-path reader treats `runs/pretrain.gin` as file `pretrain.gin` of a Python
-    package `runs`; a plain `runs/` directory on `sys.path` (e.g. a sweep's output directory in
-    the working directory) is a namespace package without a file, and the check raised TypeError
-    instead of moving on to the next search path.
+    Raises:
+      trainer.validation.ConfigError: no such file (names the paths searched).
     """
+    candidates = (
+        [name] if os.path.isabs(name) else [name, *(os.path.join(p, name) for p in search_paths)]
+    )
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return Path(candidate).resolve()
+    raise validation.ConfigError(
+        f"gin file {name!r} not found; searched the working directory and {list(search_paths)} "
+        "(add a directory with --gin_search_paths)"
+    )
 
-    def check(path: str) -> bool:
-        try:
-            return existence_check(path)
-        except TypeError:
-            return False
 
-    check.tolerant = True  # type: ignore[attr-defined]
-    return check
+def parse_config_text(
+    text: str, *, name: str, search_paths: Sequence[str], including: tuple[Path, ...] = ()
+) -> None:
+    """Parses gin `text` with gin's public `gin.parse_config`, resolving its `include`s here.
 
+    Each `include 'F'` is looked up with `find_config_file` and parsed (recursively) before the
+    text's own statements, which is what gin does when includes come before the bindings, as they
+    must here. gin's own lookup is avoided: it also treats `runs/pretrain.gin` as file
+    `pretrain.gin` of a Python package `runs`, and a plain `runs/` directory on `sys.path` (a
+    sweep's output directory in the working directory of `python -m trainer.train`) made it fail
+    with TypeError before reaching the search path.
 
-def _harden_file_readers() -> None:
-    """Makes every registered gin file reader's existence check tolerant (idempotent)."""
-    from gin import config as gin_config
+    Args:
+      text: gin statements (a file's contents, or command-line bindings one per line).
+      name: where `text` comes from, for error messages.
+      search_paths: directories `include`s are looked up in, after the working directory.
+      including: the files whose includes led here (an include cycle is an error).
 
-    readers = gin_config._FILE_READERS  # gin has no public API to wrap a registered reader
-    for i, (reader, check) in enumerate(readers):
-        if not getattr(check, "tolerant", False):
-            readers[i] = (reader, _tolerant(check))
+    Raises:
+      trainer.validation.ConfigError: an include after a binding, an include cycle, or a missing
+        file.
+    """
+    body, bound = [], False
+    for lineno, line in enumerate(text.splitlines(keepends=True), 1):
+        stripped = line.strip()
+        match = _INCLUDE.match(stripped)
+        if match is None:
+            bound = bound or bool(stripped and stripped[0] != "#" and not _IMPORT.match(stripped))
+            body.append(line)
+            continue
+        if bound:
+            raise validation.ConfigError(f"{name}:{lineno}: put includes before the bindings")
+        path = find_config_file(match["name"], search_paths)
+        if path in including:
+            raise validation.ConfigError(f"{name}:{lineno}: include cycle through {path}")
+        parse_config_text(
+            path.read_text(),
+            name=os.fspath(path),
+            search_paths=search_paths,
+            including=(*including, path),
+        )
+        body.append("\n")  # keeps gin's line numbers right
+    source = io.StringIO("".join(body))
+    source.name = name  # gin's parser names the file in its error messages
+    gin.parse_config(source)
 
 
 def _show_progress() -> None:
@@ -128,11 +168,6 @@ def _show_progress() -> None:
         logger.propagate = False
 
 
-def _quiet_search(record: logging.LogRecord) -> bool:
-    """Drops gin's "Path not found" errors, logged for every search path it tries in vain."""
-    return not str(record.msg).startswith("Path not found")
-
-
 def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> ParsedConfig:
     """Starts multi-host JAX if needed, parses gin files and bindings, checks required macros.
 
@@ -145,19 +180,15 @@ def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> Parsed
     )
     compile_cache.enable()
     files, bindings, paths = split_flags(argv)
-    _harden_file_readers()
     if not files:
         raise validation.ConfigError("no --gin_file given; e.g. --gin_file=experiments/cpt.gin")
-    for path in (*paths, os.getcwd(), os.fspath(CONFIGS_DIR)):
-        if path not in _SEARCH_PATHS:
-            _SEARCH_PATHS.add(path)
-            gin.add_config_file_search_path(path)
-    root = logging.getLogger()
-    root.addFilter(_quiet_search)
-    try:
-        gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
-    finally:
-        root.removeFilter(_quiet_search)
+    search_paths = (*paths, os.getcwd(), os.fspath(CONFIGS_DIR))
+    for file in files:
+        path = find_config_file(file, search_paths)
+        parse_config_text(
+            path.read_text(), name=os.fspath(path), search_paths=search_paths, including=(path,)
+        )
+    parse_config_text("\n".join(bindings), name="<bindings>", search_paths=search_paths)
     validation.check_required({name: macro_value(name) for name in REQUIRED_MACROS[job]})
     try:
         gin.finalize()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help). A dict registry: adding a command is one line here.
@@ -36,7 +37,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit status after the reader of stdout went away: the shell's for a SIGPIPE death (128 + 13).
+BROKEN_PIPE_EXIT = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs `xlscale <command> ...`; stops quietly when stdout's reader has gone away.
+
+    `xlscale sizes | head` closes the pipe early; Python then raises BrokenPipeError on the next
+    write (and again when it flushes stdout at exit). As the Python docs recommend, the error is
+    caught here and stdout pointed at /dev/null, so no traceback is printed, whatever the command.
+    """
+    try:
+        status = _dispatch(argv)
+        sys.stdout.flush()  # a closed pipe shows here rather than at interpreter exit
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
+    return status
+
+
+def _dispatch(argv: list[str] | None) -> int:
     """Dispatches `xlscale <command> ...` to the command's module."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
