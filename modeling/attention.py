@@ -6,8 +6,11 @@ such as T5's relative positions, the query offset of a cached decoding step) and
 
 - `xla`: einsum logits in float32 (or wider), masked softmax, einsum. The reference, and the only
   kernel for cached decoding, attention-weight dropout and anything else a fused kernel refuses.
-- `cudnn`: cuDNN fused (flash) attention on GPU, bf16/fp16; packed self-attention via segment
-  offsets (`jax._src.cudnn.fused_attention_stablehlo`, as `jax.nn.dot_product_attention` uses).
+- `cudnn`: cuDNN fused (flash) attention on GPU, bf16/fp16 (`jax._src.cudnn.
+  fused_attention_stablehlo`, what `jax.nn.dot_product_attention(implementation="cudnn")` calls);
+  segment ids become a boolean `[B, 1, Q, K]` mask folded into its bias. (jax 0.10's packed
+  layout, `q_offsets`/`kv_offsets`, is not used: its softmax statistics take `B * max_segments`
+  rows, and it strides key offsets by the query heads, which breaks grouped-query attention.)
 - `splash`: Pallas splash attention (TPU) with `SegmentIds`; on other backends it runs in Pallas
   interpret mode, which is slow and meant for tests.
 - `auto` (the default): `cudnn` on GPU, `splash` on TPU, `xla` elsewhere.
@@ -48,9 +51,7 @@ class Problem:
     kv_length: int
     causal: bool
     segmented: bool
-    self_segments: bool  # q and kv segment ids are the same array (self-attention)
     has_bias: bool
-    grouped: bool  # fewer key/value heads than query heads
     decoding: bool  # a nonzero (or traced) query offset: a cached decoding step
     dropout: bool
 
@@ -144,53 +145,29 @@ def _xla_why_not(problem: Problem) -> str | None:
     return None
 
 
-def segment_offsets(segment_ids: Array) -> tuple[Array, Array]:
-    """Runs of equal ids per row as cuDNN's packed layout: `(seqlens [B, L], offsets [B, L+1])`.
-
-    Each maximal run of one id (padding included) is one segment; unused entries are -1.
-    """
-    length = segment_ids.shape[-1]
-
-    def row(ids):
-        starts = jnp.concatenate([jnp.ones((1,), bool), ids[1:] != ids[:-1]])
-        count = jnp.sum(starts)
-        begin = jnp.nonzero(starts, size=length, fill_value=length)[0].astype(jnp.int32)
-        end = jnp.concatenate([begin[1:], jnp.full((1,), length, jnp.int32)])
-        used = jnp.arange(length) < count
-        seqlens = jnp.where(used, end - begin, -1)
-        offsets = jnp.concatenate([jnp.where(used, begin, -1), jnp.full((1,), -1, jnp.int32)])
-        return seqlens.astype(jnp.int32), offsets.astype(jnp.int32)
-
-    return jax.vmap(row)(segment_ids)
-
-
 def _cudnn(
     query, key, value, *, causal, q_segment_ids, kv_segment_ids, bias, q_offset, scale, dropout
 ):
-    """cuDNN fused attention; packed self-attention passes per-row segment runs as offsets."""
-    del kv_segment_ids, q_offset, dropout  # refused by `_cudnn_why_not` unless self-attention
+    """cuDNN fused attention. Causality is cuDNN's own mask; segments enter as a boolean
+    `[B, 1, Q, K]` mask that cuDNN folds into its bias (bf16/fp16 and shared by the heads, rather
+    than the float32 `[B, H, Q, K]` softmax of the xla kernel)."""
+    del q_offset, dropout  # refused by `_cudnn_why_not`
     from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
-    scale = 1.0 if scale is None else scale
-    if q_segment_ids is None:
-        mask_type = cudnn.MaskType.CAUSAL if causal else cudnn.MaskType.NO_MASK
-        return cudnn.dot_product_attention(
-            query, key, value, bias, scale=scale, mask_type=mask_type
+    mask = None
+    if q_segment_ids is not None:
+        mask = reference_mask(
+            q_length=query.shape[1],
+            kv_length=key.shape[1],
+            causal=False,
+            q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
         )
-    seqlens, offsets = segment_offsets(q_segment_ids)
-    mask_type = cudnn.MaskType.PADDING_CAUSAL if causal else cudnn.MaskType.PADDING
+    if bias is not None:
+        bias = bias.astype(query.dtype)
+    mask_type = cudnn.MaskType.CAUSAL if causal else cudnn.MaskType.NO_MASK
     return cudnn.dot_product_attention(
-        query,
-        key,
-        value,
-        bias,
-        None,
-        seqlens,
-        seqlens,
-        offsets,
-        offsets,
-        scale=scale,
-        mask_type=mask_type,
+        query, key, value, bias, mask, scale=1.0 if scale is None else scale, mask_type=mask_type
     )
 
 
@@ -205,15 +182,8 @@ def _cudnn_why_not(problem: Problem) -> str | None:
         return "cudnn is not used for cached decoding"
     if problem.dropout:
         return "cudnn is not used with attention dropout"
-    if problem.segmented and not problem.self_segments:
-        return "cudnn cannot keep segments apart across two different segment-id arrays"
-    if problem.segmented and problem.has_bias:
-        return "cudnn's packed layout takes no bias"
-    if problem.segmented and problem.grouped:
-        # jax 0.10's packed layout strides key offsets by the query heads.
-        return "cudnn's packed layout takes no grouped-query attention"
-    if problem.has_bias and (problem.q_length % 2 or problem.kv_length % 2):
-        return "cudnn with a bias needs even sequence lengths"
+    if (problem.has_bias or problem.segmented) and (problem.q_length % 2 or problem.kv_length % 2):
+        return "cudnn with a bias or segment ids needs even sequence lengths"
     return None
 
 
@@ -398,9 +368,7 @@ def attend(
         kv_length=key.shape[1],
         causal=causal,
         segmented=q_segment_ids is not None,
-        self_segments=q_segment_ids is not None and q_segment_ids is kv_segment_ids,
         has_bias=bias is not None,
-        grouped=key.shape[2] != query.shape[2],
         decoding=not (isinstance(q_offset, int) and q_offset == 0),
         dropout=dropout is not None,
     )

@@ -226,11 +226,11 @@ def test_llama_with_splash_kernel_computes_the_xla_function():
 # ---------------------------------------------------------------- cudnn (GPU only)
 
 CUDNN_CASES = {
-    "causal_gqa": dict(heads=4, kv_heads=2, causal=True, packed=False, bias=False),
-    "packed_causal": dict(heads=4, kv_heads=4, causal=True, packed=True, bias=False),
-    "packed_bidirectional": dict(heads=4, kv_heads=4, causal=False, packed=True, bias=False),
-    "t5_bias": dict(heads=4, kv_heads=4, causal=False, packed=False, bias=True),
-    "t5_bias_causal": dict(heads=4, kv_heads=4, causal=True, packed=False, bias=True),
+    "causal_gqa": dict(kv_heads=2, causal=True, packed=False, bias=False, kv_len=256),
+    "packed_causal_gqa": dict(kv_heads=2, causal=True, packed=True, bias=False, kv_len=256),
+    "t5_encoder": dict(kv_heads=4, causal=False, packed=True, bias=True, kv_len=256),
+    "t5_decoder_self": dict(kv_heads=4, causal=True, packed=True, bias=True, kv_len=256),
+    "t5_cross": dict(kv_heads=4, causal=False, packed=True, bias=False, kv_len=384),
 }
 
 
@@ -239,33 +239,38 @@ CUDNN_CASES = {
 @pytest.mark.parametrize("case", list(CUDNN_CASES))
 def test_cudnn_equals_xla_forward_and_gradients(case):
     spec = CUDNN_CASES[case]
-    length, heads = 256, spec["heads"]
+    q_len, kv_len, heads = 256, spec["kv_len"], 4
     q, k, v, cot = _inputs(
         4,
-        q_len=length,
-        kv_len=length,
+        q_len=q_len,
+        kv_len=kv_len,
         heads=heads,
         kv_heads=spec["kv_heads"],
         head_dim=64,
         dtype=jnp.bfloat16,
     )
-    seg = _packed_ids(length, [(100, 200), (170, 250)]) if spec["packed"] else None
-    kw = dict(causal=spec["causal"], q_segment_ids=None if seg is None else jnp.asarray(seg))
+    q_seg = kv_seg = None
+    if spec["packed"]:
+        q_seg = _packed_ids(q_len, [(100, 200), (170, 250)])
+        kv_seg = q_seg if kv_len == q_len else _packed_ids(kv_len, [(150, 300), (200, 384)])
+    kw = dict(causal=spec["causal"])
+    if q_seg is not None:
+        kw.update(q_segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg))
     if spec["bias"]:
         kw["bias"] = jnp.asarray(
-            np.random.RandomState(5).normal(size=(1, heads, length, length)), jnp.float32
+            np.random.RandomState(5).normal(size=(1, heads, q_len, kv_len)), jnp.float32
         )
     problem = _problem(
         backend="gpu",
         dtype=jnp.bfloat16,
         head_dim=64,
-        q_length=length,
+        q_length=q_len,
+        kv_length=kv_len,
         segmented=spec["packed"],
         has_bias=spec["bias"],
-        grouped=spec["heads"] != spec["kv_heads"],
     )
     assert choose_kernel("cudnn", problem) == "cudnn"
-    weight = _valid(seg, length)
+    weight = _valid(q_seg, q_len)
     out_x, grads_x = _forward_and_grads("xla", q, k, v, cot, weight, **kw)
     out_c, grads_c = _forward_and_grads("cudnn", q, k, v, cot, weight, **kw)
     f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
@@ -298,9 +303,7 @@ def _problem(**changes) -> Problem:
         kv_length=256,
         causal=True,
         segmented=False,
-        self_segments=True,
         has_bias=False,
-        grouped=False,
         decoding=False,
         dropout=False,
     )
@@ -358,12 +361,11 @@ def test_packed_batch_never_reaches_a_kernel_that_ignores_segments(monkeypatch, 
         attend(q, k, v, causal=True, q_segment_ids=seg, kernel="naive")
     assert ran == ["naive", "xla"]
     assert "naive ignores segment ids" in caplog.text
-    # Every real kernel keeps segments apart, and cudnn refuses what it could not keep apart.
+    # Every real kernel keeps segments apart.
     assert all(KERNELS[n].keeps_segments_apart for n in ("xla", "cudnn", "splash"))
     gpu_packed = dict(backend="gpu", segmented=True)
-    assert choose_kernel("cudnn", _problem(**gpu_packed, self_segments=False)) == "xla"
-    assert choose_kernel("cudnn", _problem(**gpu_packed, grouped=True)) == "xla"
     assert choose_kernel("cudnn", _problem(**gpu_packed)) == "cudnn"
+    assert choose_kernel("splash", _problem(**gpu_packed)) == "splash"
 
 
 @pytest.mark.parametrize(
@@ -373,7 +375,7 @@ def test_packed_batch_never_reaches_a_kernel_that_ignores_segments(monkeypatch, 
         ("cudnn", dict(backend="gpu", dtype=jnp.float32), "bfloat16/float16"),
         ("cudnn", dict(backend="gpu", head_dim=320), "head_dim"),
         ("cudnn", dict(backend="gpu", decoding=True), "cached decoding"),
-        ("cudnn", dict(backend="gpu", has_bias=True, segmented=True), "takes no bias"),
+        ("cudnn", dict(backend="gpu", segmented=True, q_length=255), "even sequence lengths"),
         ("cudnn", dict(backend="gpu", dropout=True), "dropout"),
         ("splash", dict(backend="tpu", has_bias=True), "no additive bias"),
         ("splash", dict(backend="tpu", q_length=100), "multiples of 128"),
