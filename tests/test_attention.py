@@ -20,6 +20,8 @@ from llama_jax.model import Llama
 from modeling import attention
 from modeling.attention import KERNELS, Problem, attend, choose_kernel, reference_mask
 from t5_jax.config import T5Config
+from t5_jax.model import Transformer
+from t5_jax.sizes import get_config
 
 ON_GPU = jax.default_backend() == "gpu"
 gpu = pytest.mark.gpu
@@ -221,6 +223,35 @@ def test_llama_with_splash_kernel_computes_the_xla_function():
     got, want = (run[n]({"params": params}, tokens, segment_ids=seg) for n in ("splash", "xla"))
     valid = (seg > 0)[:, :, None]
     np.testing.assert_allclose(got * valid, want * valid, atol=1e-4, rtol=1e-4)
+
+
+def test_t5_with_splash_kernel_computes_the_xla_function(caplog):
+    """Cross-attention (no bias) runs splash with packed encoder/decoder ids; self-attention
+    carries the relative-position bias, so it falls back to xla and says so."""
+    cfg = get_config("t5_tiny", num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0)
+    rs = np.random.RandomState(0)
+    enc = jnp.asarray(rs.randint(2, cfg.vocab_size, (2, 128)), jnp.int32)
+    tgt = jnp.asarray(rs.randint(2, cfg.vocab_size, (2, 128)), jnp.int32)
+    enc_seg = jnp.asarray(_packed_ids(128, [(50, 100), (64, 128)]))
+    dec_seg = jnp.asarray(_packed_ids(128, [(40, 90), (70, 120)]))
+    enc, tgt = enc * (enc_seg > 0), tgt * (dec_seg > 0)
+    dec_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)))
+    params = Transformer(cfg).init(jax.random.PRNGKey(0), enc[:, :4], dec_in[:, :4])["params"]
+    out = {}
+    with caplog.at_level(logging.WARNING, logger=attention.__name__):
+        for name in ("splash", "xla"):
+            model = Transformer(dataclasses.replace(cfg, attention_kernel=name))
+            out[name] = jax.jit(model.apply)(
+                {"params": params},
+                enc,
+                dec_in,
+                tgt,
+                encoder_segment_ids=enc_seg,
+                decoder_segment_ids=dec_seg,
+            )
+    assert "splash takes no additive bias" in caplog.text
+    valid = (dec_seg > 0)[:, :, None]
+    np.testing.assert_allclose(out["splash"] * valid, out["xla"] * valid, atol=1e-4, rtol=1e-4)
 
 
 # ---------------------------------------------------------------- cudnn (GPU only)
