@@ -7,6 +7,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from modeling.attention import check_kernel_name
 from modeling.remat import REMAT_POLICIES
 
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -36,6 +37,9 @@ class LlamaConfig:
       remat_policy: a key of `REMAT_POLICIES`, applied per decoder block in training.
       scan_layers: stack the blocks' parameters along a leading `layers` axis and run them with
         `nn.scan` (faster compiles for deep models) instead of a Python loop.
+      attention_kernel: a name from `modeling.attention.kernel_names()`: "auto" (cudnn on GPU,
+        splash on TPU, xla elsewhere), "xla", "cudnn" or "splash"; a kernel that cannot take a
+        call falls back to "xla" and logs why.
     """
 
     vocab_size: int = 36152
@@ -52,6 +56,7 @@ class LlamaConfig:
     param_dtype: str = "float32"
     remat_policy: str = "none"
     scan_layers: bool = False
+    attention_kernel: str = "auto"
 
     def __post_init__(self):
         for field in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_len"):
@@ -70,6 +75,7 @@ class LlamaConfig:
             raise ValueError(
                 f"unknown remat_policy {self.remat_policy!r}; valid: {', '.join(REMAT_POLICIES)}"
             )
+        check_kernel_name(self.attention_kernel, field="attention_kernel")
         for field in ("dtype", "param_dtype"):
             if getattr(self, field) not in _DTYPES:
                 raise ValueError(f"{field} must be one of {_DTYPES}, got {getattr(self, field)!r}")

@@ -14,12 +14,10 @@ from flax.linen import partitioning as nn_partitioning
 
 from llama_jax.config import LlamaConfig
 from modeling import axes
+from modeling.attention import attend
 
 param_with_axes = nn_partitioning.param_with_axes
 constrain = nn_partitioning.with_sharding_constraint
-
-# Masked attention logits get this value rather than -inf, so a fully masked row stays finite.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def accum_dtype(dtype: jnp.dtype) -> jnp.dtype:
@@ -85,51 +83,6 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
     )
     start_index = jax.lax.cummax(jnp.where(starts, index, 0), axis=segment_ids.ndim - 1)
     return index - start_index
-
-
-def attention_mask(
-    segment_ids: jax.Array | None, *, q_length: int, k_length: int, q_offset: jax.Array | int = 0
-) -> jax.Array:
-    """Boolean mask `[batch or 1, 1, q_length, k_length]`: True where a query may attend a key.
-
-    A query at row index `q_offset + i` sees keys at row index <= its own (causal) and, when
-    `segment_ids` is given, only keys of its own packed document. Causality is by index in the
-    row, not by `positions` (those restart per document).
-    """
-    q_index = q_offset + jnp.arange(q_length, dtype=jnp.int32)
-    k_index = jnp.arange(k_length, dtype=jnp.int32)
-    mask = (k_index[None, :] <= q_index[:, None])[None, None]
-    if segment_ids is not None:
-        same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-        mask = jnp.logical_and(mask, same)
-    return mask
-
-
-def dot_product_attention(
-    query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array
-) -> jax.Array:
-    """Softmax attention with grouped key/value heads; logits and softmax in float32.
-
-    Args:
-      query: `[batch, q_length, heads, head_dim]`, already scaled by `head_dim ** -0.5`.
-      key, value: `[batch, k_length, kv_heads, head_dim]`; `kv_heads` divides `heads` and query
-        head `h` uses key/value head `h // (heads // kv_heads)`.
-      mask: boolean, broadcastable to `[batch, 1, q_length, k_length]`.
-
-    Returns:
-      `[batch, q_length, heads, head_dim]` in `query`'s dtype.
-    """
-    batch, q_length, heads, head_dim = query.shape
-    kv_heads = key.shape[2]
-    group = heads // kv_heads
-    q = query.reshape(batch, q_length, kv_heads, group, head_dim)
-    logits = jnp.einsum(
-        "bqkgd,bskd->bkgqs", q, key, preferred_element_type=accum_dtype(query.dtype)
-    )
-    logits = jnp.where(mask[:, :, None], logits, _MASK_VALUE)
-    weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-    out = jnp.einsum("bkgqs,bskd->bqkgd", weights, value)
-    return out.reshape(batch, q_length, heads, head_dim)
 
 
 class RMSNorm(nn.Module):
@@ -209,9 +162,7 @@ class Attention(nn.Module):
                 offset + jnp.arange(length, dtype=jnp.int32), (batch, length)
             )
 
-        query = apply_rope(query, positions, theta=cfg.rope_theta) * jnp.asarray(
-            head_dim**-0.5, dtype
-        )
+        query = apply_rope(query, positions, theta=cfg.rope_theta)
         key = apply_rope(key, positions, theta=cfg.rope_theta)
 
         if cache_ready:
@@ -220,11 +171,18 @@ class Attention(nn.Module):
             cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, start)
             cache_index.value = offset + length
             key, value = cached_key.value, cached_value.value
-            mask = attention_mask(None, q_length=length, k_length=key.shape[1], q_offset=offset)
-        else:
-            mask = attention_mask(segment_ids, q_length=length, k_length=length)
-
-        out = constrain(dot_product_attention(query, key, value, mask), axes.ACT_HEADS)
+            segment_ids = None  # a cache holds one sequence per row
+        out = attend(
+            query,
+            key,
+            value,
+            causal=True,
+            q_segment_ids=segment_ids,
+            q_offset=offset,
+            scale=head_dim**-0.5,
+            kernel=cfg.attention_kernel,
+        )
+        out = constrain(out, axes.ACT_HEADS)
         out_kernel = param_with_axes(
             "out",
             kernel_init((0, 1), 2),

@@ -11,6 +11,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from modeling.attention import check_kernel_name
 from modeling.remat import REMAT_POLICIES
 
 # Activation names usable in `T5Config.mlp_activations`; "linear" is the identity (the gate's
@@ -47,9 +48,13 @@ class T5Config:
       layer_norm_eps: epsilon of the RMS layer norm.
       dtype: activation dtype name ("float32", "bfloat16").
       param_dtype: parameter dtype name.
-      float32_attention_logits: compute attention logits and softmax in float32.
+      float32_attention_logits: kept for T5X configs; the attention seam always computes logits
+        and softmax in float32 (or wider), so False changes nothing.
       remat_policy: a key of `modeling.remat.REMAT_POLICIES` (the one registry), applied per
         layer in training calls, never while decoding.
+      attention_kernel: a name from `modeling.attention.kernel_names()`: "auto" (cudnn on GPU,
+        splash on TPU, xla elsewhere), "xla", "cudnn" or "splash"; a kernel that cannot take a
+        call (relative-position bias on splash, cached decoding, dropout) falls back to "xla".
     """
 
     vocab_size: int = 32128
@@ -69,6 +74,7 @@ class T5Config:
     param_dtype: str = "float32"
     float32_attention_logits: bool = True
     remat_policy: str = "none"
+    attention_kernel: str = "auto"
 
     def __post_init__(self):
         # Gin and TOML hand lists over; keep the dataclass hashable.
@@ -88,6 +94,7 @@ class T5Config:
                 raise ValueError(f"T5Config.{name} must be one of {sorted(_DTYPES)}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"remat_policy must be one of {sorted(REMAT_POLICIES)}")
+        check_kernel_name(self.attention_kernel, field="T5Config.attention_kernel")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError("dropout_rate must be in [0, 1)")
         if self.relpos_num_buckets < 4 or self.relpos_max_distance <= self.relpos_num_buckets // 4:

@@ -1,5 +1,5 @@
 """T5's building blocks: RMS layer norm, relative-position biases, attention with a decode
-cache, the (gated) MLP, the token embedding, and attention-mask helpers.
+cache (over the shared seam `modeling.attention.attend`), the (gated) MLP, the token embedding.
 
 Parameters are created with `param_with_axes` under logical axis names, and activations carry
 logical sharding constraints, so a partitioner maps both onto any mesh. Names follow T5X
@@ -9,6 +9,7 @@ Attention kernels are stored 2-D (`embed` x `joined_kv`) as T5X stores them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 from flax.linen import partitioning as nn_partitioning
 from jax import lax
 
+from modeling.attention import attend
 from modeling.axes import ACT_EMBED, ACT_HEADS, ACT_MLP, EMBED, HEADS, JOINED_KV, MLP, VOCAB
 
 # T5-only logical axis (the relative-position bucket table); T5X's name, never sharded.
@@ -24,7 +26,6 @@ RELPOS_BUCKETS = "relpos_buckets"
 
 param_with_axes = nn_partitioning.param_with_axes
 Array = jax.Array
-NEG_INF_BIAS = -1e10  # T5X's additive bias for masked attention logits
 
 # T5X's initialisers. Module-level objects, so each (initialiser, shape) compiles once.
 DENSE_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
@@ -199,6 +200,7 @@ class MultiHeadDotProductAttention(nn.Module):
     """Multi-head attention with T5's conventions and a `cache` collection for decoding.
 
     No 1/sqrt(head_dim) on the logits: it is folded into the query initialiser (as in T5).
+    The mask is described to the seam (causal flag, segment ids), never materialised here.
     With `decode=True` the first call (no cache yet) creates zero caches sized by its inputs and
     otherwise computes as usual; later calls take one query position each. Self-attention
     (`cross=False`) writes the new key/value at `cache_index` and attends to positions
@@ -211,7 +213,7 @@ class MultiHeadDotProductAttention(nn.Module):
     out_features: int
     cross: bool = False
     dropout_rate: float = 0.0
-    float32_logits: bool = True
+    kernel: str = "auto"
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
@@ -241,9 +243,11 @@ class MultiHeadDotProductAttention(nn.Module):
         self,
         inputs_q: Array,
         inputs_kv: Array,
-        mask: Array | None = None,
         bias: Array | None = None,
         *,
+        causal: bool = False,
+        q_segment_ids: Array | None = None,
+        kv_segment_ids: Array | None = None,
         relpos: RelativePositionBiases | None = None,
         decode: bool = False,
         deterministic: bool = True,
@@ -251,8 +255,10 @@ class MultiHeadDotProductAttention(nn.Module):
         """Attends `inputs_q` [b, q, d] to `inputs_kv` [b, k, d]; returns [b, q, out_features].
 
         Args:
-          mask: [b or 1, 1 or heads, q, k], nonzero where attention is allowed.
           bias: added to the logits, [1 or b, heads, q, k] (relative positions).
+          causal: query i attends keys 0..i only (decoder self-attention).
+          q_segment_ids, kv_segment_ids: int [b, q] and [b, k]; a query attends only keys with
+            its id (0 marks padding). None: no segment mask.
           relpos: the stack's relative-position module; only used for the one-row bias of a
             cached self-attention decode step.
           decode: use and update the `cache` collection.
@@ -262,27 +268,34 @@ class MultiHeadDotProductAttention(nn.Module):
         query_init = scaled_query_init(self.head_dim)
         query = self._heads(self._dense("query", hd, (EMBED, JOINED_KV), query_init)(inputs_q))
         cache_ready = decode and self.has_variable("cache", "cached_key")
+        q_offset = 0
         if cache_ready and self.cross:
             key, value = self._cross_step(inputs_kv)
         elif cache_ready:
-            key, value, mask, step_bias = self._self_step(inputs_kv, relpos)
+            key, value, q_offset, step_bias = self._self_step(inputs_kv, relpos)
             bias = step_bias if relpos is not None else bias
+            causal, q_segment_ids, kv_segment_ids = True, None, None
         else:
             key, value = self._project_kv(inputs_kv)
             if decode:  # first call: create the (zero) caches
                 self._cache_variables(key.shape, key.dtype)
 
-        if self.float32_logits:
-            query, key = query.astype(jnp.float32), key.astype(jnp.float32)
-        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
-        if mask is not None:
-            logits = logits + jnp.where(mask > 0, 0.0, NEG_INF_BIAS).astype(logits.dtype)
-        if bias is not None:
-            logits = logits + bias.astype(logits.dtype)
-        weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(self.dtype)
+        dropout = None
         if not deterministic and self.dropout_rate > 0.0:
-            weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=False)
-        x = jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(self.dtype))
+            dropout = functools.partial(nn.Dropout(rate=self.dropout_rate), deterministic=False)
+        x = attend(
+            query,
+            key,
+            value.astype(self.dtype),
+            causal=causal,
+            q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
+            bias=bias,
+            q_offset=q_offset,
+            scale=1.0,
+            dropout=dropout,
+            kernel=self.kernel,
+        )
         x = x.reshape(x.shape[:2] + (hd,))
         out = self._dense("out", self.out_features, (JOINED_KV, EMBED), ATTENTION_INIT)(x)
         return constrain(out, ACT_EMBED)
@@ -294,10 +307,11 @@ class MultiHeadDotProductAttention(nn.Module):
         return cached_key, cached_value, cache_index
 
     def _self_step(self, inputs_kv: Array, relpos: RelativePositionBiases | None):
-        """One cached self-attention step: key, value, mask and bias over the whole cache."""
+        """One cached self-attention step: key and value over the whole cache, the step's index
+        (the query offset) and its relative-position bias row."""
         key, value = self._project_kv(inputs_kv)
         cached_key, cached_value, cache_index = self._cache_variables(None, None)
-        batch, length = cached_key.value.shape[:2]
+        length = cached_key.value.shape[1]
         if key.shape[1] != 1:
             raise ValueError(f"a cached decode step takes one position, got {key.shape[1]}")
         index = cache_index.value
@@ -310,9 +324,8 @@ class MultiHeadDotProductAttention(nn.Module):
         cached_key.value, cached_value.value = key, value
         cache_index.value = index + 1
         positions = jnp.arange(length)
-        mask = jnp.broadcast_to(positions <= index, (batch, 1, 1, length))
         bias = None if relpos is None else relpos(index[None], positions, bidirectional=False)
-        return key, value, mask, bias
+        return key, value, index, bias
 
     def _cross_step(self, encoded: Array) -> tuple[Array, Array]:
         """Cross-attention keys/values: projected at the first step, read from the cache after."""
@@ -359,26 +372,10 @@ class MlpBlock(nn.Module):
         return constrain(out, ACT_EMBED)
 
 
-def make_attention_mask(
-    query_input: Array, key_input: Array, pairwise_fn: Callable = jnp.multiply
-) -> Array:
-    """[b, q], [b, k] -> [b, 1, q, k] mask from a pairwise function (e.g. both non-padding)."""
-    mask = pairwise_fn(query_input[:, :, None], key_input[:, None, :])
-    return mask[:, None].astype(jnp.float32)
+def attention_segments(valid: Array, segment_ids: Array | None) -> Array:
+    """Segment ids for the attention seam: the packed id (or 1) where `valid`, 0 on padding.
 
-
-def make_causal_mask(length: int) -> Array:
-    """[1, 1, length, length]: query i may attend to keys 0..i."""
-    idx = jnp.arange(length)
-    return (idx[None, :] <= idx[:, None]).astype(jnp.float32)[None, None]
-
-
-def combine_masks(*masks: Array | None) -> Array | None:
-    """Logical AND of the masks that are not None (None when all are)."""
-    masks = [m for m in masks if m is not None]
-    if not masks:
-        return None
-    out = masks[0]
-    for m in masks[1:]:
-        out = jnp.logical_and(out, m)
-    return out.astype(jnp.float32)
+    T5X masked padding and packing with two materialised masks; one id array says both.
+    """
+    ids = jnp.ones_like(valid, jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+    return jnp.where(valid, ids, 0)

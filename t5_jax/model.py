@@ -11,9 +11,12 @@ prefilled); then each `decode(encoded, encoder_input_tokens, token[:, None], tok
 decode=True, mutable=["cache"])` step feeds one decoder token and returns the next-token logits.
 Cross-attention keys/values are projected from `encoded` on the first step and cached.
 
-Packed sequences: segment ids make block-diagonal masks (encoder, decoder and cross). As in T5X,
-relative positions come from the array index, which equals the in-segment distance wherever the
-mask allows attention, so `*_positions` are accepted for the contract and not needed.
+Packed sequences and padding: no mask is materialised. Each attention gets segment ids (0 for
+padding, the packed-example id or 1 elsewhere) and a causal flag, and the seam
+`modeling.attention.attend` keeps segments apart; the relative-position bias is computed once per
+stack. As in T5X, relative positions come from the array index, which equals the in-segment
+distance wherever attention is allowed, so `*_positions` are accepted for the contract and not
+needed.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def _attention(cfg: T5Config, name: str, cross: bool = False):
         out_features=cfg.d_model,
         cross=cross,
         dropout_rate=cfg.dropout_rate,
-        float32_logits=cfg.float32_attention_logits,
+        kernel=cfg.attention_kernel,
         dtype=cfg.activation_dtype,
         param_dtype=cfg.weight_dtype,
         name=name,
@@ -81,11 +84,13 @@ class EncoderLayer(nn.Module):
     config: T5Config
 
     @nn.compact
-    def __call__(self, inputs, mask, bias, deterministic: bool = True):
-        """[b, l, d] -> [b, l, d]."""
+    def __call__(self, inputs, segment_ids, bias, deterministic: bool = True):
+        """[b, l, d] -> [b, l, d]; `segment_ids` [b, l] (0 = padding) keep examples apart."""
         cfg = self.config
         x = _norm(cfg, "pre_attention_layer_norm")(inputs)
-        x = _attention(cfg, "attention")(x, x, mask, bias, deterministic=deterministic)
+        x = _attention(cfg, "attention")(
+            x, x, bias, q_segment_ids=segment_ids, deterministic=deterministic
+        )
         x = _dropout(cfg, x, deterministic) + inputs
         y = _norm(cfg, "pre_mlp_layer_norm")(x)
         y = _mlp(cfg)(y, deterministic=deterministic)
@@ -104,20 +109,25 @@ class DecoderLayer(nn.Module):
         self,
         inputs,
         encoded,
-        self_mask,
-        cross_mask,
+        segments,
+        cross_segments,
         bias,
         deterministic: bool = True,
         decode: bool = False,
     ):
-        """[b, l, d] (and encoder output [b, le, d]) -> [b, l, d]."""
+        """[b, l, d] (and encoder output [b, le, d]) -> [b, l, d].
+
+        `segments` [b, l] are the decoder's own segment ids (or None); `cross_segments` the
+        (decoder [b, l], encoder [b, le]) pair for cross-attention.
+        """
         cfg = self.config
         x = _norm(cfg, "pre_self_attention_layer_norm")(inputs)
         x = _attention(cfg, "self_attention")(
             x,
             x,
-            self_mask,
             bias,
+            causal=True,
+            q_segment_ids=segments,
             relpos=self.relative_embedding,
             decode=decode,
             deterministic=deterministic,
@@ -125,7 +135,12 @@ class DecoderLayer(nn.Module):
         x = _dropout(cfg, x, deterministic) + inputs
         y = _norm(cfg, "pre_cross_attention_layer_norm")(x)
         y = _attention(cfg, "encoder_decoder_attention", cross=True)(
-            y, encoded, cross_mask, decode=decode, deterministic=deterministic
+            y,
+            encoded,
+            q_segment_ids=cross_segments[0],
+            kv_segment_ids=cross_segments[1],
+            decode=decode,
+            deterministic=deterministic,
         )
         y = _dropout(cfg, y, deterministic) + x
         z = _norm(cfg, "pre_mlp_layer_norm")(y)
@@ -152,8 +167,8 @@ class Encoder(nn.Module):
     shared_embedding: nn.Module
 
     @nn.compact
-    def __call__(self, tokens, mask, deterministic: bool = True):
-        """Tokens [b, l] -> encodings [b, l, d]."""
+    def __call__(self, tokens, segment_ids, deterministic: bool = True):
+        """Tokens [b, l] and segment ids [b, l] (0 = padding) -> encodings [b, l, d]."""
         cfg = self.config
         length = tokens.shape[1]
         bias = _relpos(cfg).full(length, length, bidirectional=True)
@@ -161,7 +176,7 @@ class Encoder(nn.Module):
         x = _dropout(cfg, x, deterministic).astype(cfg.activation_dtype)
         layer_cls = _maybe_remat(cfg, EncoderLayer, static_argnums=(4,))
         for i in range(cfg.num_encoder_layers):
-            x = layer_cls(config=cfg, name=f"layers_{i}")(x, mask, bias, deterministic)
+            x = layer_cls(config=cfg, name=f"layers_{i}")(x, segment_ids, bias, deterministic)
         x = _norm(cfg, "encoder_norm")(x)
         return _dropout(cfg, x, deterministic, broadcast=False)
 
@@ -177,12 +192,13 @@ class Decoder(nn.Module):
         self,
         encoded,
         tokens,
-        self_mask,
-        cross_mask,
+        segments,
+        cross_segments,
         deterministic: bool = True,
         decode: bool = False,
     ):
-        """Decoder input tokens [b, l] -> float32 logits [b, l, vocab]."""
+        """Decoder input tokens [b, l] -> float32 logits [b, l, vocab]; segment ids as in
+        `DecoderLayer`."""
         cfg = self.config
         length = tokens.shape[1]
         relpos = _relpos(cfg)
@@ -193,7 +209,7 @@ class Decoder(nn.Module):
         layer_cls = DecoderLayer if decode else _maybe_remat(cfg, DecoderLayer, (6, 7))
         for i in range(cfg.num_decoder_layers):
             y = layer_cls(config=cfg, relative_embedding=relpos, name=f"layers_{i}")(
-                y, encoded, self_mask, cross_mask, bias, deterministic, decode
+                y, encoded, segments, cross_segments, bias, deterministic, decode
             )
         y = _norm(cfg, "decoder_norm")(y)
         y = _dropout(cfg, y, deterministic)
@@ -243,14 +259,8 @@ class Transformer(nn.Module):
           enable_dropout: apply dropout (needs a `dropout` rng).
         """
         del encoder_positions
-        valid = encoder_input_tokens > 0
-        mask = layers.make_attention_mask(valid, valid)
-        if encoder_segment_ids is not None:
-            mask = layers.combine_masks(
-                mask,
-                layers.make_attention_mask(encoder_segment_ids, encoder_segment_ids, jnp.equal),
-            )
-        return self.encoder(encoder_input_tokens, mask, deterministic=not enable_dropout)
+        segments = layers.attention_segments(encoder_input_tokens > 0, encoder_segment_ids)
+        return self.encoder(encoder_input_tokens, segments, deterministic=not enable_dropout)
 
     def decode(
         self,
@@ -280,42 +290,31 @@ class Transformer(nn.Module):
           max_decode_length: accepted for T5X's contract; the cache knows its length.
         """
         del decoder_positions, max_decode_length
-        length = decoder_input_tokens.shape[1]
-        causal = layers.make_causal_mask(length)
         enc_valid = encoder_input_tokens > 0
         if decode:
             if encoder_segment_ids is not None or decoder_segment_ids is not None:
                 raise ValueError("packed (segmented) inputs cannot be decoded with a cache")
-            self_mask = causal
-            cross_mask = layers.make_attention_mask(
-                jnp.ones_like(decoder_input_tokens, dtype=bool), enc_valid
-            )
+            segments = None  # causal only
+            dec_valid = jnp.ones_like(decoder_input_tokens, dtype=bool)
         else:
+            if encoder_segment_ids is not None and decoder_segment_ids is None:
+                raise ValueError("encoder_segment_ids need decoder_segment_ids")
             if decoder_target_tokens is None:
                 dec_valid = jnp.ones_like(decoder_input_tokens, dtype=bool)
             else:
                 dec_valid = decoder_target_tokens > 0
-            self_mask = layers.combine_masks(
-                causal, layers.make_attention_mask(dec_valid, dec_valid)
-            )
-            cross_mask = layers.make_attention_mask(dec_valid, enc_valid)
-            if decoder_segment_ids is not None:
-                self_mask = layers.combine_masks(
-                    self_mask,
-                    layers.make_attention_mask(decoder_segment_ids, decoder_segment_ids, jnp.equal),
-                )
-            if encoder_segment_ids is not None:
-                if decoder_segment_ids is None:
-                    raise ValueError("encoder_segment_ids need decoder_segment_ids")
-                cross_mask = layers.combine_masks(
-                    cross_mask,
-                    layers.make_attention_mask(decoder_segment_ids, encoder_segment_ids, jnp.equal),
-                )
+            segments = layers.attention_segments(dec_valid, decoder_segment_ids)
+        # Cross-attention matches packed examples only when the encoder side is packed too.
+        cross_ids = None if encoder_segment_ids is None else decoder_segment_ids
+        cross_segments = (
+            layers.attention_segments(dec_valid, cross_ids),
+            layers.attention_segments(enc_valid, encoder_segment_ids),
+        )
         return self.decoder(
             encoded,
             decoder_input_tokens,
-            self_mask,
-            cross_mask,
+            segments,
+            cross_segments,
             deterministic=not enable_dropout,
             decode=decode,
         )

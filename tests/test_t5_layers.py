@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from modeling.attention import reference_mask
 from t5_jax import layers
 
 
@@ -121,12 +122,14 @@ def test_mlp_variants(activations, names):
 
 
 def test_masks():
-    causal = layers.make_causal_mask(3)[0, 0]
+    causal = reference_mask(q_length=3, kv_length=3, causal=True)[0, 0]
     np.testing.assert_array_equal(causal, [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
     seg = jnp.array([[1, 1, 2]])
     pad = jnp.array([[1, 1, 0]]) > 0
-    mask = layers.combine_masks(
-        layers.make_attention_mask(seg, seg, jnp.equal), layers.make_attention_mask(pad, pad)
+    ids = layers.attention_segments(pad, seg)
+    mask = reference_mask(
+        q_length=3, kv_length=3, causal=False, q_segment_ids=ids, kv_segment_ids=ids
     )
     np.testing.assert_array_equal(mask[0, 0], [[1, 1, 0], [1, 1, 0], [0, 0, 0]])
-    assert layers.combine_masks(None, None) is None
+    # No causal flag and no segment ids: nothing is masked.
+    assert bool(jnp.all(reference_mask(q_length=2, kv_length=3, causal=False)))
