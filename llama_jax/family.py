@@ -36,7 +36,7 @@ class LlamaFamily:
 
     def build(self, spec: Any) -> Any:
         """A `DecoderOnlyModel` over `llama_jax.model.Llama` of `spec.size` with
-        `spec.overrides` applied.
+        `spec.attention_kernel` and then `spec.overrides` applied.
 
         Raises:
           ValueError: a non-zero `spec.dropout_rate` (LLaMA2 has no dropout) or an unknown size.
@@ -49,7 +49,11 @@ class LlamaFamily:
                 f"ModelSpec.dropout_rate = {spec.dropout_rate} (DROPOUT_RATE): llama2 has no "
                 "dropout; allowed: None or 0"
             )
-        config = self.get_config(spec.size, **dict(spec.overrides))
+        fields = (
+            {} if spec.attention_kernel is None else {"attention_kernel": spec.attention_kernel}
+        )
+        fields.update(spec.overrides)
+        config = self.get_config(spec.size, **fields)
         return models.DecoderOnlyModel(
             module=model.Llama(config), config=config, name=spec.size, family=self
         )

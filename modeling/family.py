@@ -54,8 +54,8 @@ class ModelFamily(Protocol):
         ...
 
     def build(self, spec: Any) -> Any:
-        """The model wrapper (`modeling.models`) of a spec with `size`, `overrides` and
-        `dropout_rate` attributes (`trainer.models.ModelSpec`)."""
+        """The model wrapper (`modeling.models`) of a spec with `size`, `overrides`,
+        `dropout_rate` and `attention_kernel` attributes (`trainer.models.ModelSpec`)."""
         ...
 
     def param_counts(self, config: Any) -> tuple[int, int]:

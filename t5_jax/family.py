@@ -37,12 +37,14 @@ class T5Family:
 
     def build(self, spec: Any) -> Any:
         """An `EncoderDecoderModel` over `t5_jax.model.Transformer` of `spec.size` with
-        `spec.dropout_rate` and then `spec.overrides` applied (an explicit
+        `spec.dropout_rate`, `spec.attention_kernel` and then `spec.overrides` applied (an explicit
         `overrides["dropout_rate"]` wins)."""
         from modeling import models
         from t5_jax import model, predict
 
         fields = {} if spec.dropout_rate is None else {"dropout_rate": float(spec.dropout_rate)}
+        if spec.attention_kernel is not None:
+            fields["attention_kernel"] = spec.attention_kernel
         fields.update(spec.overrides)
         config = self.get_config(spec.size, **fields)
         return models.EncoderDecoderModel(

@@ -126,3 +126,20 @@ def test_wrappers_share_one_loss_over_their_logits():
         assert cls._logits is not TransformerModel._logits
     out = LossOutput(loss_sum=jnp.ones(()), z_loss_sum=jnp.zeros(()), weight_sum=jnp.ones(()))
     assert len(jax.tree_util.tree_leaves(out)) == 3  # a pytree, as the jitted steps return it
+
+
+def test_attention_kernel_reaches_both_configs_and_overrides_win():
+    from trainer import models
+
+    for family, size in (("llama2", "llama2_tiny"), ("t5", "t5_tiny")):
+        spec = models.ModelSpec(family=family, size=size, attention_kernel="splash")
+        assert models.build_model(spec).config.attention_kernel == "splash"
+        spec = models.ModelSpec(
+            family=family,
+            size=size,
+            attention_kernel="splash",
+            overrides={"attention_kernel": "xla"},
+        )
+        assert models.build_model(spec).config.attention_kernel == "xla"
+        with pytest.raises(ValueError, match="attention_kernel must be one of"):
+            models.build_model(models.ModelSpec(family=family, size=size, attention_kernel="flash"))

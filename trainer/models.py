@@ -26,12 +26,16 @@ class ModelSpec:
         size table's value). Kept apart from `overrides` so that a run kind (T5X: pretraining
         0.0, finetuning 0.1) and a model shape can be set independently; an explicit
         `overrides["dropout_rate"]` wins. Families without dropout (LLaMA2) accept only 0/None.
+      attention_kernel: the attention seam's kernel (gin macro `ATTENTION_KERNEL`: `auto`,
+        `xla`, `cudnn`, `splash`; see `modeling.attention`); None: the config's default
+        (`auto`). An explicit `overrides["attention_kernel"]` wins.
     """
 
     family: str = "llama2"
     size: str = ""
     overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dropout_rate: float | None = None
+    attention_kernel: str | None = None
 
 
 def build_model(spec: ModelSpec) -> Any:
