@@ -223,8 +223,44 @@ def _splash_kernel(q_length, kv_length, heads, causal, mqa, interpret):
 def _splash(
     query, key, value, *, causal, q_segment_ids, kv_segment_ids, bias, q_offset, scale, dropout
 ):
-    """Pallas splash attention per batch row; GQA runs the MQA kernel once per key/value head."""
+    """Pallas splash attention, run per device shard under the current mesh.
+
+    A Pallas call is opaque to XLA's SPMD partitioner, which would gather a sharded operand to
+    every device; so under a mesh (`jax.set_mesh`, as the trainer traces its steps) the kernel
+    runs in a `shard_map` over the batch's mesh axes and, where the head counts divide, the
+    heads' (the activation rules of `modeling.axes` in scope), as MaxText wraps it.
+    """
     del bias, q_offset, dropout  # refused by `_splash_why_not`
+    local = functools.partial(_splash_local, causal=causal, scale=scale)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return local(query, key, value, q_segment_ids, kv_segment_ids)
+    from flax import linen as nn
+    from jax.sharding import PartitionSpec
+
+    from modeling import axes
+
+    batch_axes, _, heads_axes, _ = nn.logical_to_mesh_axes(axes.ACT_HEADS)
+
+    def size(names) -> int:
+        names = (names,) if isinstance(names, str) else names or ()
+        return int(np.prod([mesh.shape[n] for n in names]))
+
+    if query.shape[0] % size(batch_axes):
+        batch_axes = None
+    if query.shape[2] % size(heads_axes) or key.shape[2] % size(heads_axes):
+        heads_axes = None
+    qkv = PartitionSpec(batch_axes, None, heads_axes, None)
+    seg = None if q_segment_ids is None else PartitionSpec(batch_axes, None)
+    sharded = jax.shard_map(
+        local, mesh=mesh, in_specs=(qkv, qkv, qkv, seg, seg), out_specs=qkv, check_vma=False
+    )
+    return sharded(query, key, value, q_segment_ids, kv_segment_ids)
+
+
+def _splash_local(query, key, value, q_segment_ids, kv_segment_ids, *, causal, scale):
+    """Splash attention on one device's arrays, per batch row; GQA runs the MQA kernel once per
+    key/value head."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     batch, q_length, heads, head_dim = query.shape

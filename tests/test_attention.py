@@ -204,6 +204,30 @@ def test_splash_equals_xla_forward_and_gradients(case):
         np.testing.assert_allclose(g_s, g_x, atol=5e-5, rtol=1e-4)
 
 
+def test_splash_under_a_mesh_runs_per_shard_and_equals_xla():
+    """Under the trainer's mesh context (batch over data x fsdp, heads over model) splash runs in a
+    shard_map, one kernel per device's rows and heads, and still computes the xla function."""
+    from flax import linen as nn
+    from jax.sharding import Mesh
+
+    from modeling import axes
+
+    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(2, 2, 2), axes.MESH_AXES)
+    q, k, v, cot = _inputs(5, batch=4, q_len=128, kv_len=128, heads=4, kv_heads=2, head_dim=16)
+    q_seg = jnp.asarray(_packed_ids(128, [(50, 100), (70, 128), (128, 128), (10, 120)]))
+    weight = _valid(q_seg, 128, batch=4)
+    kw = dict(causal=True, q_segment_ids=q_seg)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(axes.logical_axis_rules()):
+        out_s, grads_s = _forward_and_grads("splash", q, k, v, cot, weight, **kw)
+        text = jax.jit(lambda q, k, v: attend(q, k, v, kernel="splash", **kw)).lower(q, k, v)
+        text = text.as_text()
+    out_x, grads_x = _forward_and_grads("xla", q, k, v, cot, weight, **kw)
+    assert "shard_map" in text or "sdy.manual_computation" in text
+    np.testing.assert_allclose(out_s * weight, out_x * weight, atol=2e-5, rtol=1e-5)
+    for g_s, g_x in zip(grads_s, grads_x, strict=True):
+        np.testing.assert_allclose(g_s, g_x, atol=5e-5, rtol=1e-4)
+
+
 def test_llama_with_splash_kernel_computes_the_xla_function():
     cfg = LlamaConfig(
         vocab_size=37,
