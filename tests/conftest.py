@@ -52,3 +52,46 @@ def fixture_data(tmp_path_factory):
         return built[key]
 
     return build
+
+
+class SeqioState:
+    """Snapshot and restore of seqio's task and mixture registries, for fixtures that register
+    tasks for a whole module (the function-scoped `seqio_registry` cannot serve them)."""
+
+    @staticmethod
+    def snapshot():
+        """The registries' current contents."""
+        import seqio
+
+        return dict(seqio.TaskRegistry._REGISTRY), dict(seqio.MixtureRegistry._REGISTRY)
+
+    @staticmethod
+    def restore(saved):
+        """Puts back what `snapshot` returned, dropping everything registered since."""
+        import seqio
+
+        seqio.TaskRegistry.reset()
+        seqio.MixtureRegistry.reset()
+        seqio.TaskRegistry._REGISTRY.update(saved[0])
+        seqio.MixtureRegistry._REGISTRY.update(saved[1])
+
+
+@pytest.fixture(scope="session")
+def seqio_state():
+    """`SeqioState`: `saved = seqio_state.snapshot()` ... `seqio_state.restore(saved)`."""
+    return SeqioState
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """Fixture corpora and a 320-piece English/French vocabulary, built once (the trainer tests
+    of both families share them)."""
+    from pipelines import vocab
+    from pipelines.corpora.fixture import write_fixture_corpora
+
+    root = tmp_path_factory.mktemp("xl_data")
+    corpora = write_fixture_corpora(root)
+    model = vocab.train_vocab(
+        corpora_dir=corpora, langs=["en", "fr"], out_prefix=root / "vocab" / "tiny", vocab_size=320
+    )
+    return {"corpora": os.fspath(corpora), "vocab": os.fspath(model)}

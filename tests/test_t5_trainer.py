@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sacrebleu
-from test_trainer_runs import _seqio_restore, _seqio_snapshot, tiny_data  # noqa: F401
 
 from trainer import checkpoints, data, downstream, metrics, models, steps
 from trainer import train as train_lib
@@ -210,10 +209,10 @@ def _train_with_gin(argv):
 
 
 @pytest.fixture(scope="module")
-def mt_runs(tiny_data, tmp_path_factory):  # noqa: F811
+def mt_runs(tiny_data, tmp_path_factory, seqio_state):
     """A pretraining run, a finetune from its step 10 (through the gin files, beam search) and
     the non-pretrained baseline (greedy)."""
-    saved = _seqio_snapshot()
+    saved = seqio_state.snapshot()
     root = tmp_path_factory.mktemp("mt_runs")
     out = {"root": root}
     try:
@@ -230,7 +229,7 @@ def mt_runs(tiny_data, tmp_path_factory):  # noqa: F811
             )
         )
     finally:
-        _seqio_restore(saved)
+        seqio_state.restore(saved)
     return out
 
 
@@ -261,11 +260,11 @@ def test_pretraining_keeps_the_checkpoint_grid_with_token_counts(mt_runs):
 
 
 @pytest.mark.slow
-def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_data):  # noqa: F811
+def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_data, seqio_state):
     from trainer import jobs
 
     source = f"{mt_runs['root'] / 'pre'}@10"
-    saved = _seqio_snapshot()
+    saved = seqio_state.snapshot()
     try:
         job = jobs.build_job(
             model=T5_TINY,
@@ -282,7 +281,7 @@ def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_
             compile_train=False,
         )
     finally:
-        _seqio_restore(saved)
+        seqio_state.restore(saved)
     store = checkpoints.CheckpointStore(mt_runs["root"] / "empty", CheckpointConfig())
     state, _, init = train_lib._initial_state(job, store, init_checkpoint=source, seed=3)
     store.close()
@@ -362,10 +361,10 @@ def test_strategies_check_their_init_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_infer_translates_a_task_split_and_given_lines(mt_runs, tiny_data, tmp_path):  # noqa: F811
+def test_infer_translates_a_task_split_and_given_lines(mt_runs, tiny_data, tmp_path, seqio_state):
     from trainer import infer as infer_lib
 
-    saved = _seqio_snapshot()
+    saved = seqio_state.snapshot()
     try:
         results = infer_lib.infer(
             model_dir=tmp_path / "task",
@@ -401,7 +400,7 @@ def test_infer_translates_a_task_split_and_given_lines(mt_runs, tiny_data, tmp_p
             mesh=MeshConfig(num_devices=1),
         )
     finally:
-        _seqio_restore(saved)
+        seqio_state.restore(saved)
     assert [r["inputs"] for r in lines] == [
         "translate English to French: Everyone has the right to life.",
         "translate English to French: Hello",
@@ -434,7 +433,7 @@ def test_feature_lengths_and_decode_tasks_must_fit_the_model():
         downstream.DecodeConfig(method="sample")
 
 
-def test_downstream_helpers_tokenise_and_detokenise_as_seqio_does(tiny_data):  # noqa: F811
+def test_downstream_helpers_tokenise_and_detokenise_as_seqio_does(tiny_data):
     from pipelines import vocab
 
     vocabulary = vocab.load_vocab(tiny_data["vocab"], extra_ids=100)

@@ -32,20 +32,6 @@ REPO = Path(__file__).resolve().parent.parent
 TRAIN_STEPS = 12
 
 
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory):
-    """Fixture corpora and a 320-piece English/French vocabulary, built once."""
-    from pipelines import vocab
-    from pipelines.corpora.fixture import write_fixture_corpora
-
-    root = tmp_path_factory.mktemp("xl_data")
-    corpora = write_fixture_corpora(root)
-    model = vocab.train_vocab(
-        corpora_dir=corpora, langs=["en", "fr"], out_prefix=root / "vocab" / "tiny", vocab_size=320
-    )
-    return {"corpora": os.fspath(corpora), "vocab": os.fspath(model)}
-
-
 @pytest.fixture(scope="module", autouse=True)
 def compilation_cache(tmp_path_factory):
     """A persistent compilation cache for this module: runs of one configuration (full, stopped,
@@ -58,21 +44,6 @@ def compilation_cache(tmp_path_factory):
     yield
     jax.config.update("jax_compilation_cache_dir", None)
     cc.reset_cache()
-
-
-def _seqio_snapshot():
-    import seqio
-
-    return dict(seqio.TaskRegistry._REGISTRY), dict(seqio.MixtureRegistry._REGISTRY)
-
-
-def _seqio_restore(saved):
-    import seqio
-
-    seqio.TaskRegistry.reset()
-    seqio.MixtureRegistry.reset()
-    seqio.TaskRegistry._REGISTRY.update(saved[0])
-    seqio.MixtureRegistry._REGISTRY.update(saved[1])
 
 
 def tiny_kwargs(tiny_data, **overrides):
@@ -102,9 +73,9 @@ def tiny_kwargs(tiny_data, **overrides):
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_data, tmp_path_factory):
+def runs(tiny_data, tmp_path_factory, seqio_state):
     """Full run, stopped-then-resumed run, and single-device run of the same configuration."""
-    saved = _seqio_snapshot()
+    saved = seqio_state.snapshot()
     root = tmp_path_factory.mktemp("runs")
     out = {"root": root}
     try:
@@ -118,7 +89,7 @@ def runs(tiny_data, tmp_path_factory):
             model_dir=root / "single", **tiny_kwargs(tiny_data, mesh=MeshConfig(num_devices=1))
         )
     finally:
-        _seqio_restore(saved)
+        seqio_state.restore(saved)
     return out
 
 
