@@ -36,8 +36,18 @@ logger = logging.getLogger(__name__)
 # Masked logits get this value rather than -inf, so a fully masked row stays finite.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
-# What `auto` picks per `jax.default_backend()`; any other backend gets `xla`.
+# What `auto` picks per target backend (`target_backend()`); any other backend gets `xla`.
 AUTO_BY_BACKEND = {"gpu": "cudnn", "tpu": "splash"}
+
+
+def target_backend() -> str:
+    """The platform the program being traced is for: that of the mesh in scope
+    (`jax.set_mesh`), so that compiling ahead of time for a TPU topology on a CPU host picks the
+    TPU kernels (not Pallas's interpreter), else `jax.default_backend()`."""
+    mesh = jax.sharding.get_abstract_mesh()  # usable inside `jax.jit`, unlike `get_mesh`
+    device = None if mesh.empty else mesh.abstract_device
+    platform = getattr(device, "platform", None)
+    return platform or jax.default_backend()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -192,7 +202,6 @@ def _splash_block(length: int) -> int:
     return next(b for b in (512, 256, 128) if length % b == 0)
 
 
-@functools.lru_cache(maxsize=64)
 def _splash_kernel(q_length, kv_length, heads, causal, mqa, interpret):
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
@@ -210,14 +219,16 @@ def _splash_kernel(q_length, kv_length, heads, causal, mqa, interpret):
     shape = (q_length, kv_length)
     mask = splash.CausalMask(shape) if causal else splash.FullMask(shape)
     make = splash.make_splash_mqa_single_device if mqa else splash.make_splash_mha_single_device
-    # Concrete mask tables even when first built under a trace, so the cached kernel is reusable.
-    with jax.ensure_compile_time_eval():
-        return make(
-            mask=splash.MultiHeadMask([mask] * heads),
-            block_sizes=blocks,
-            mask_value=MASK_VALUE,
-            interpret=interpret,
-        )
+    # Built per trace, not cached: its mask tables become constants of the program being
+    # traced (made eagerly, they would need a device, and a mesh of compile-only devices -- a
+    # TPU topology compiled ahead of time -- has none to place them on). Splash caches the
+    # numpy mask processing itself.
+    return make(
+        mask=splash.MultiHeadMask([mask] * heads),
+        block_sizes=blocks,
+        mask_value=MASK_VALUE,
+        interpret=interpret,
+    )
 
 
 def _splash(
@@ -266,7 +277,7 @@ def _splash_local(query, key, value, q_segment_ids, kv_segment_ids, *, causal, s
     batch, q_length, heads, head_dim = query.shape
     kv_length, kv_heads = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    interpret = jax.default_backend() != "tpu"
+    interpret = target_backend() != "tpu"
     q = _scale_query(query, scale).transpose(0, 2, 1, 3)  # [B, H, Q, D]
     k, v = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
     segments = None
@@ -397,7 +408,7 @@ def attend(
     if scale is None:
         scale = query.shape[-1] ** -0.5
     problem = Problem(
-        backend=jax.default_backend(),
+        backend=target_backend(),
         dtype=jnp.dtype(query.dtype),
         head_dim=query.shape[-1],
         q_length=query.shape[1],

@@ -395,7 +395,7 @@ def test_auto_dispatch_follows_the_monkeypatched_backend(monkeypatch):
         7, q_len=128, kv_len=128, heads=2, kv_heads=2, head_dim=16, dtype=jnp.bfloat16
     )
     for backend in ("gpu", "tpu", "cpu"):
-        monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+        monkeypatch.setattr(attention, "target_backend", lambda b=backend: b)
         attend(q, k, v, causal=True)
     assert ran == ["cudnn", "splash", "xla"]
 
@@ -466,3 +466,15 @@ def test_unknown_kernel_name_raises_naming_the_field_and_choices():
         T5Config(attention_kernel="flash")
     assert LlamaConfig(d_model=8, d_ff=8, num_heads=2, num_layers=1).attention_kernel == "auto"
     assert T5Config().attention_kernel == "auto"
+
+
+def test_target_backend_is_the_mesh_platform():
+    from jax.sharding import Mesh
+
+    assert attention.target_backend() == jax.default_backend()
+    mesh = Mesh(np.asarray(jax.devices()[:2]), ("data",))
+    with jax.set_mesh(mesh):
+        assert attention.target_backend() == mesh.devices.flat[0].platform
+        seen = []
+        jax.jit(lambda x: seen.append(attention.target_backend()) or x)(1.0)
+        assert seen == [mesh.devices.flat[0].platform]
