@@ -37,6 +37,25 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:8.3f} GiB"
 
 
+def _partitioned(wrapper, mesh):
+    """The partitioner of `mesh` (the family's axis rules) and the wrapper's abstract parameters
+    with their shardings (what `compile_job` takes)."""
+    import jax
+
+    from modeling import family
+    from trainer import partitioning
+    from trainer.partitioning import Partitioner
+
+    partitioner = Partitioner(mesh=mesh, rules=family.get(wrapper.family).axis_rules())
+    variables = wrapper.abstract_variables()
+    abstract = jax.tree.map(
+        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+        partitioning.unbox(variables["params"]),
+        partitioner.params_shardings(variables),
+    )
+    return partitioner, abstract
+
+
 def compile_step(args: argparse.Namespace) -> None:
     """Compiles the trainer's own train and eval steps for `args.topology`; prints memory, FLOPs.
 
@@ -49,10 +68,9 @@ def compile_step(args: argparse.Namespace) -> None:
     from jax.experimental import topologies
 
     from llama_jax.counting import matmul_flops_per_token
-    from modeling import axes
     from trainer import jobs, models, partitioning, steps
     from trainer.optimizers import OptimizerConfig
-    from trainer.partitioning import MeshConfig, Partitioner
+    from trainer.partitioning import MeshConfig
     from trainer.schedules import ScheduleConfig
 
     spec = models.ModelSpec(
@@ -71,13 +89,7 @@ def compile_step(args: argparse.Namespace) -> None:
             f"topology {args.topology} has {len(devices)}"
         )
     mesh = partitioning.build_mesh(MeshConfig(data=data, fsdp=fsdp, model=model), devices)
-    partitioner = Partitioner(mesh=mesh, rules=axes.logical_axis_rules())
-    variables = wrapper.abstract_variables()
-    abstract = jax.tree.map(
-        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-        partitioning.unbox(variables["params"]),
-        partitioner.params_shardings(variables),
-    )
+    partitioner, abstract = _partitioned(wrapper, mesh)
     total, non_embedding = wrapper.param_counts()
     print(
         f"{args.size}: {total:,} parameters ({non_embedding:,} non-embedding) on {args.topology} "
@@ -152,23 +164,14 @@ def _topology_mesh(topology: str):
 
 def _compile_train(size: str, mesh, *, batch: int, seq_len: int, microbatches: int, **overrides):
     """The trainer's compiled train step for `size` (config `overrides`) on `mesh`."""
-    import jax
 
-    from modeling import axes
-    from trainer import jobs, models, partitioning, steps
+    from trainer import jobs, models, steps
     from trainer.optimizers import OptimizerConfig
-    from trainer.partitioning import Partitioner
     from trainer.schedules import ScheduleConfig
 
     spec = models.ModelSpec(family="llama2", size=size, overrides=overrides)
     wrapper = models.build_model(spec)
-    partitioner = Partitioner(mesh=mesh, rules=axes.logical_axis_rules())
-    variables = wrapper.abstract_variables()
-    abstract = jax.tree.map(
-        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-        partitioning.unbox(variables["params"]),
-        partitioner.params_shardings(variables),
-    )
+    partitioner, abstract = _partitioned(wrapper, mesh)
     job = jobs.compile_job(
         model=wrapper,
         partitioner=partitioner,

@@ -21,7 +21,7 @@ from studies.skeleton import (
     Stages,
     debian_corpora,
     fixture_corpora,
-    run_study,
+    run_profile,
     study_vocabulary,
 )
 
@@ -106,13 +106,11 @@ def run_cpt_demo(
       ValueError: an unknown profile.
       RuntimeError: a run failed or was blocked (its train.log says why).
     """
-    if profile not in PROFILES:
-        raise ValueError(f"unknown demo profile {profile!r}; choose one of {sorted(PROFILES)}")
-    spec = PROFILES[profile]
-    return run_study(
-        stages(spec, log),
+    return run_profile(
+        PROFILES,
+        stages,
         profile=profile,
-        description=spec.description,
+        label="demo",
         out_dir=out_dir,
         data_dir=data_dir,
         log=log,

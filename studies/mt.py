@@ -31,7 +31,7 @@ from studies.skeleton import (
     Stages,
     debian_corpora,
     fixture_corpora,
-    run_study,
+    run_profile,
     study_vocabulary,
 )
 
@@ -173,13 +173,11 @@ def run_mt_demo(
       ValueError: an unknown profile, or a manifest whose model vocabulary is too small.
       RuntimeError: a run failed or was blocked (its train.log says why).
     """
-    if profile not in PROFILES:
-        raise ValueError(f"unknown MT demo profile {profile!r}; choose one of {sorted(PROFILES)}")
-    spec = PROFILES[profile]
-    return run_study(
-        stages(spec, log),
+    return run_profile(
+        PROFILES,
+        stages,
         profile=profile,
-        description=spec.description,
+        label="MT demo",
         out_dir=out_dir,
         data_dir=data_dir,
         log=log,

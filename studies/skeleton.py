@@ -231,3 +231,27 @@ def run_study(
         f"{times['fit_s']:.0f} s): {out / 'report.md'}"
     )
     return summary
+
+
+def run_profile(
+    profiles: dict[str, Any],
+    make_stages: Callable[[Any, Log], Stages],
+    *,
+    profile: str,
+    label: str,
+    log: Log = print,
+    **kwargs: Any,
+) -> dict:
+    """Runs a study's profile: checks `profile` against `profiles` (each with a `description`),
+    builds the study's stages for it and runs them (`run_study`; `kwargs`: `out_dir`,
+    `data_dir`, `jobs`).
+
+    Raises:
+      ValueError: an unknown profile, naming `label` and the allowed profiles.
+    """
+    if profile not in profiles:
+        raise ValueError(f"unknown {label} profile {profile!r}; choose one of {sorted(profiles)}")
+    spec = profiles[profile]
+    return run_study(
+        make_stages(spec, log), profile=profile, description=spec.description, log=log, **kwargs
+    )
