@@ -7,7 +7,7 @@ and (when torch and transformers import) the Hugging Face peer on the same shape
 
 Shapes: on an accelerator `llama2_1085m` at seq 2048 (batch 8) and `t5_770m` at inputs 512 /
 targets 114 (batch 64), bf16 compute with float32 parameters, AdamW (LLaMA) or Adafactor (T5),
-as in the issue's measurements; on CPU small shapes (`llama2_cpu_d128` at seq 256, `t5_tiny` at
+as in the issue's measurements; on CPU tiny shapes (`llama2_tiny` at seq 128, `t5_tiny` at
 64/32) so the script stays testable. Each row compiles the trainer's step
 (`trainer.jobs.compile_job`: mesh over all devices, `NamedSharding`s, donation, the non-finite
 guard, token counters), feeds synthetic batches through `Partitioner.shard_batch` and reports the
@@ -75,7 +75,7 @@ SHAPES: dict[tuple[str, bool], Shape] = {
     ("llama", True): Shape("llama2", "llama2_1085m", batch=8, targets=2048),
     ("t5", True): Shape("t5", "t5_770m", batch=64, targets=114, inputs=512),
     ("llama", False): Shape(
-        "llama2", "llama2_cpu_d128", batch=8, targets=256, overrides=(("vocab_size", 2048),)
+        "llama2", "llama2_tiny", batch=8, targets=128, overrides=(("vocab_size", 512),)
     ),
     ("t5", False): Shape(
         "t5", "t5_tiny", batch=8, targets=32, inputs=64, overrides=(("vocab_size", 512),)
