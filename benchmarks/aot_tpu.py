@@ -18,7 +18,9 @@ aliased + temporaries), whether that fits the chip's HBM (`HBM_GIB`), and XLA's 
 ÷ model FLOPs (6·N + causal attention + the output projection per token, PaLM appendix B). The
 layers run in a scan whose body XLA's cost analysis counts once, so the FLOPs come from two small
 unscanned compiles with 1 and 2 layers: `f(L) = f(1) + (L-1)·(f(2) - f(1))`, without remat (the
-program's FLOPs; `full` remat adds one forward, +1/3).
+program's FLOPs; `full` remat adds one forward, +1/3). Those two use the `xla` attention kernel:
+a Pallas (splash) call is opaque to XLA's cost analysis, so with splash the attention FLOPs (and,
+on libtpu 0.0.42, some of the projections around it) go uncounted and the ratio would read low.
 """
 
 from __future__ import annotations
@@ -248,7 +250,7 @@ def table(args: argparse.Namespace) -> list[dict]:
                 microbatches=1,
                 remat_policy="none",
                 num_layers=layers,
-                **common,
+                **{**common, "attention_kernel": "xla"},
             )
             cost = small.cost_analysis()
             cost = cost[0] if isinstance(cost, list) else cost
