@@ -33,6 +33,7 @@ import numpy as np
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
 from trainer import eval as eval_lib
+from trainer import fingerprint as fingerprint_lib
 from trainer import metrics as metrics_lib
 from trainer import models, validation
 from trainer.checkpoints import CheckpointConfig
@@ -141,6 +142,28 @@ def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict
     }
 
 
+def _write_run_files(
+    model_dir: Path, *, info, fingerprint, amendment, resumed: bool, step: int, gin_config: str
+) -> None:
+    """`config.gin` and `run.json` (with the fingerprint) of a fresh run; on an amended resume
+    the old `config.gin` is kept as `config.<step>.gin` and `run.json` records the amendment."""
+    info = {**info, "fingerprint": fingerprint}
+    has_run_json = (model_dir / metrics_lib.RUN_FILE).exists()
+    if amendment is not None and has_run_json:
+        info = fingerprint_lib.record_resume(
+            model_dir,
+            old_info=metrics_lib.read_run_json(model_dir),
+            new_info=info,
+            amendment=amendment,
+            step=step,
+        )
+    (model_dir / fingerprint_lib.CONFIG_FILE).write_text(
+        gin_config or "# trainer.train called directly\n"
+    )
+    if not resumed or not has_run_json or amendment is not None:
+        metrics_lib.write_run_json(model_dir, info)
+
+
 def train(
     *,
     model_dir: str | os.PathLike,
@@ -162,6 +185,7 @@ def train(
     on_nonfinite: str = "stop",
     stop_after: int | None = None,
     gin_config: str = "",
+    resume_policy: str | Sequence[str] | None = None,
 ) -> TrainResult:
     """Trains (or resumes) one run and writes its outputs into `model_dir`.
 
@@ -185,6 +209,8 @@ def train(
       on_nonfinite: "stop" raises `NonFiniteError`; "skip" drops such updates and goes on.
       stop_after: stop (saving a checkpoint) after this step, as a preemption would.
       gin_config: the resolved gin config, written to `config.gin` and `run.json`.
+      resume_policy: settings that may differ from the run's fingerprint when `model_dir` is
+        resumed (`RESUME_POLICY`; see `trainer.fingerprint`); None: nothing may change.
 
     Returns:
       Where the run ended. A SIGTERM or `stop_after` ends it early with a checkpoint.
@@ -199,9 +225,36 @@ def train(
         ckpt_lib.checkpoints_dir(model_dir).iterdir()
     )
 
+    checked = {}
+
     def precheck(abstract_params):
         if init_checkpoint and not resuming:
             ckpt_lib.check_init_checkpoint(init_checkpoint, abstract_params=abstract_params)
+        # Compare with the run being resumed before anything is compiled or written.
+        sections = dict(data=data, optimizer=optimizer, schedule=schedule, run=run)
+        checked["fingerprint"] = fingerprint_lib.run_fingerprint(
+            model=model,
+            **sections,
+            evaluation=evaluation,
+            train_steps=train_steps,
+            tokens_per_param=tokens_per_param,
+            total_steps=resolve_train_steps(
+                train_steps=train_steps,
+                tokens_per_param=tokens_per_param,
+                params=models.build_model(model).param_counts()[1],
+                tokens_per_step=data.batch_size * data.seq_len,
+            ),
+            seed=seed,
+            num_microbatches=num_microbatches,
+            z_loss=z_loss,
+            init_checkpoint=init_checkpoint,
+        )
+        checked["amendment"] = fingerprint_lib.check_model_dir(
+            model_dir,
+            new=checked["fingerprint"],
+            policy=resume_policy,
+            defaults=fingerprint_lib.fingerprint_defaults(**sections),
+        )
 
     job = build_job(
         model=model,
@@ -223,16 +276,22 @@ def train(
     is_chief = jax.process_index() == 0
     if is_chief:
         model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "config.gin").write_text(gin_config or "# trainer.train called directly\n")
     store = ckpt_lib.CheckpointStore(ckpt_lib.checkpoints_dir(model_dir), checkpoint)
     writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
     watcher = ckpt_lib.PreemptionWatcher(store)
     try:
         state, saved, init = _initial_state(job, store, init_checkpoint=init_checkpoint, seed=seed)
-        if is_chief and (not saved or not (model_dir / metrics_lib.RUN_FILE).exists()):
-            info = _run_json(job, run=run, data=data, seed=seed, init=init, gin=gin_config)
-            metrics_lib.write_run_json(model_dir, info)
         start = int(saved.get("step", 0))
+        if is_chief:
+            _write_run_files(
+                model_dir,
+                info=_run_json(job, run=run, data=data, seed=seed, init=init, gin=gin_config),
+                fingerprint=checked["fingerprint"],
+                amendment=checked["amendment"] if saved else None,
+                resumed=bool(saved),
+                step=start,
+                gin_config=gin_config,
+            )
         writer.truncate_after(start)
         return _loop(
             job,

@@ -1,0 +1,261 @@
+"""Resume checks what it resumes: the run fingerprint and `RESUME_POLICY` (issue 14, failure 1).
+
+One module-scoped finished 4-step constant-LR run on one device serves every test (compiling is
+what costs time): the refusal tests fail before anything is compiled or written, and the others
+resume copies of it, which reuse its compiled step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+
+import pytest
+from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401  (module fixture)
+
+from trainer import fingerprint, metrics, models, validation
+from trainer import train as train_lib
+from trainer.checkpoints import CheckpointConfig
+from trainer.data import EvalConfig
+from trainer.partitioning import MeshConfig
+from trainer.schedules import ScheduleConfig
+
+STEPS = 4
+CONSTANT = ScheduleConfig(name="constant", peak=3e-3)
+
+
+def base_kwargs(tiny_data, **overrides):
+    """A 4-step single-device constant-LR run checkpointed every 2 steps, no evaluation."""
+    kwargs = tiny_kwargs(
+        tiny_data,
+        train_steps=STEPS,
+        schedule=CONSTANT,
+        checkpoint=CheckpointConfig(period=2, keep_last=10),
+        mesh=MeshConfig(num_devices=1),
+        evaluation=EvalConfig(),
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def snapshot(model_dir):
+    """The files a refused resume must leave alone."""
+    names = ("config.gin", "run.json", "metrics.jsonl", "COMPLETED")
+    files = {name: (model_dir / name).read_bytes() for name in names}
+    files["checkpoints"] = sorted(p.name for p in (model_dir / "checkpoints").iterdir())
+    return files
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_data, tmp_path_factory, seqio_state):
+    saved = seqio_state.snapshot()
+    model_dir = tmp_path_factory.mktemp("resume") / "finished"
+    try:
+        result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
+    finally:
+        seqio_state.restore(saved)
+    assert result.completed and result.step == STEPS
+    return model_dir
+
+
+def test_fingerprint_is_stored_with_what_defines_the_run(finished):
+    fp = metrics.read_run_json(finished)["fingerprint"]
+    assert fp["model"]["size"] == "llama2_tiny" and fp["total_steps"] == STEPS
+    assert fp["data"]["mixture_or_task"] == "lm_en" and fp["data"]["batch_size"] == 8
+    assert fp["schedule"] == dataclasses.asdict(CONSTANT) and fp["optimizer"]["name"] == "adamw"
+    assert fp["process_count"] == 1 and fp["seed"] == 0
+    assert "mesh" not in fp and "log_every" not in fp and "checkpoint" not in fp
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ("mixture", "data.mixture_or_task [MIXTURE_OR_TASK_NAME"),
+        ("lr", "schedule.peak: 0.003 -> 0.001"),
+        ("batch", "data.batch_size [BATCH_SIZE (data.DataConfig.batch_size)]: 8 -> 16"),
+    ],
+)
+def test_changed_settings_are_refused_and_nothing_is_written(
+    finished, tiny_data, seqio_registry, change, expected
+):
+    kwargs = base_kwargs(tiny_data)
+    changes = {
+        "mixture": {"data": dataclasses.replace(kwargs["data"], mixture_or_task="lm_fr")},
+        "lr": {"schedule": dataclasses.replace(CONSTANT, peak=1e-3)},
+        "batch": {"data": dataclasses.replace(kwargs["data"], batch_size=16)},
+    }
+    before = snapshot(finished)
+    with pytest.raises(validation.ConfigError) as e:
+        train_lib.train(model_dir=finished, **{**kwargs, **changes[change]})
+    message = str(e.value)
+    assert expected in message, message
+    assert "resume refused" in message and "--gin.RESUME_POLICY=" in message
+    assert snapshot(finished) == before
+
+
+def test_all_changes_are_listed_together(finished, tiny_data, seqio_registry):
+    kwargs = base_kwargs(tiny_data)
+    data = dataclasses.replace(kwargs["data"], mixture_or_task="lm_fr", batch_size=16)
+    with pytest.raises(validation.ConfigError) as e:
+        train_lib.train(
+            model_dir=finished,
+            **{**kwargs, "data": data, "schedule": dataclasses.replace(CONSTANT, peak=1e-3)},
+        )
+    message = str(e.value)
+    for line in ("'lm_en' -> 'lm_fr'", "8 -> 16", "0.003 -> 0.001"):
+        assert line in message, message
+    assert "data.batch_size,data.mixture_or_task,schedule.peak" in message
+
+
+def test_different_model_size_is_refused_before_restoring(finished, tiny_data, seqio_registry):
+    before = snapshot(finished)
+    model = models.ModelSpec(size="llama2_cpu_d64", overrides={"vocab_size": 512, "max_len": 128})
+    with pytest.raises(validation.ConfigError) as e:
+        train_lib.train(model_dir=finished, **base_kwargs(tiny_data, model=model))
+    message = str(e.value)
+    assert "model.size [MODEL_SIZE (models.ModelSpec.size)]: 'llama2_tiny' -> 'llama2_cpu_d64'" in (
+        message
+    )
+    assert "another model" in message
+    assert snapshot(finished) == before
+
+
+def test_more_steps_of_a_cosine_run_are_refused_even_with_the_policy(
+    finished, tiny_data, seqio_registry, tmp_path
+):
+    # A cosine run's directory: the check reads only run.json's fingerprint, so the finished
+    # run's copy with its schedule renamed serves without compiling a second step.
+    model_dir = tmp_path / "cosine"
+    shutil.copytree(finished, model_dir)
+    info = metrics.read_run_json(model_dir)
+    info["fingerprint"]["schedule"]["name"] = "cosine"
+    metrics.write_run_json(model_dir, info)
+    before = snapshot(model_dir)
+    cosine = dataclasses.replace(CONSTANT, name="cosine")
+    for policy in (None, "train_steps"):
+        with pytest.raises(validation.ConfigError) as e:
+            train_lib.train(
+                model_dir=model_dir,
+                resume_policy=policy,
+                **base_kwargs(tiny_data, train_steps=6, schedule=cosine),
+            )
+        message = str(e.value)
+        assert "total_steps: 4 -> 6" in message and "learning rate would jump" in message
+        assert "'cosine' schedule" in message and "--gin.RESUME_POLICY" not in message
+    assert snapshot(model_dir) == before
+
+
+def test_unknown_policy_name_is_an_error(finished, tiny_data, seqio_registry):
+    with pytest.raises(validation.ConfigError, match="'train_step'.*allowed: policies"):
+        train_lib.train(model_dir=finished, resume_policy="train_step", **base_kwargs(tiny_data))
+
+
+def test_identical_configuration_resumes_as_before(finished, tiny_data, seqio_registry, tmp_path):
+    model_dir = tmp_path / "copy"
+    shutil.copytree(finished, model_dir)
+    before = snapshot(model_dir)
+    result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
+    assert result.completed and result.step == STEPS
+    assert snapshot(model_dir) == before
+
+
+def test_run_without_fingerprint_resumes_with_a_warning(
+    finished, tiny_data, seqio_registry, tmp_path, caplog
+):
+    model_dir = tmp_path / "old"
+    shutil.copytree(finished, model_dir)
+    info = metrics.read_run_json(model_dir)
+    del info["fingerprint"]
+    metrics.write_run_json(model_dir, info)
+    with caplog.at_level(logging.WARNING, logger="trainer.fingerprint"):
+        result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data, seed=1))
+    assert result.completed
+    assert "has no fingerprint" in caplog.text
+    assert "fingerprint" not in metrics.read_run_json(model_dir)
+
+
+def test_extending_a_constant_lr_run_is_recorded_as_an_amendment(
+    finished, tiny_data, seqio_registry, tmp_path
+):
+    model_dir = tmp_path / "constant"
+    shutil.copytree(finished, model_dir)
+    config_before = (model_dir / "config.gin").read_text()
+    longer = base_kwargs(tiny_data, train_steps=6)
+    with pytest.raises(validation.ConfigError, match="RESUME_POLICY=\"'train_steps'\""):
+        train_lib.train(model_dir=model_dir, **longer)
+
+    result = train_lib.train(model_dir=model_dir, resume_policy="train_steps", **longer)
+    assert result.completed and result.step == 6
+    run = metrics.read_run_json(model_dir)
+    assert run["train_steps"] == 6 and run["fingerprint"]["total_steps"] == 6
+    assert run["amendments"] == [
+        {
+            "step": STEPS,
+            "changes": {
+                "train_steps": {"old": 4, "new": 6},
+                "total_steps": {"old": 4, "new": 6},
+            },
+            "policy": "train_steps",
+        }
+    ]
+    assert (model_dir / f"config.{STEPS}.gin").read_text() == config_before
+    records = metrics.read_metrics(model_dir)
+    assert [r["step"] for r in records] == [2, 4, 6]
+    assert records[-1]["learning_rate"] == pytest.approx(3e-3)
+    assert json.loads((model_dir / "COMPLETED").read_text())["step"] == 6
+
+    # The amended run resumes as it now is; the old settings are refused.
+    again = train_lib.train(model_dir=model_dir, **longer)
+    assert again.completed and again.step == 6
+    with pytest.raises(validation.ConfigError, match="total_steps: 6 -> 4"):
+        train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
+
+
+def _fp(**changes):
+    fp = {
+        "model": {"family": "llama2", "size": "s", "overrides": {}, "dropout_rate": None},
+        "data": {"mixture_or_task": "lm_en", "batch_size": 8},
+        "schedule": {"name": "constant", "peak": 1e-3},
+        "total_steps": 10,
+        "process_count": 2,
+    }
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            fp[section] = {**fp[section], field: value}
+        else:
+            fp[key] = value
+    return fp
+
+
+def test_diff_uses_dotted_keys_and_compares_values_whole():
+    old, new = _fp(), _fp(data__batch_size=16, model__overrides={"d_ff": 96}, seed=1)
+    assert fingerprint.diff_fingerprints(old, new) == [
+        ("data.batch_size", 8, 16),
+        ("model.overrides", {}, {"d_ff": 96}),
+        ("seed", "<absent>", 1),
+    ]
+    assert fingerprint.diff_fingerprints(new, new) == []
+
+
+def test_host_count_may_change_only_with_global_host_sharding(tmp_path):
+    with pytest.raises(validation.ConfigError, match="process_count: 2 -> 1"):
+        fingerprint.check_resume(
+            stored=_fp(), new=_fp(process_count=1), policy=None, model_dir=tmp_path, step=4
+        )
+    old = _fp(data__host_sharding="global")
+    amendment = fingerprint.check_resume(
+        stored=old, new={**old, "process_count": 1}, policy=None, model_dir=tmp_path, step=4
+    )
+    assert amendment.changes == (("process_count", 2, 1),)
+
+
+def test_setting_added_since_the_run_started_is_accepted_at_its_default(tmp_path):
+    new = _fp(data__host_sharding="per_host")
+    defaults = {"data": {"host_sharding": "per_host", "batch_size": 512}}
+    kwargs = dict(stored=_fp(), model_dir=tmp_path, step=4, policy=None, defaults=defaults)
+    assert fingerprint.check_resume(new=new, **kwargs) is None
+    with pytest.raises(validation.ConfigError, match="data.host_sharding: '<absent>' -> 'global'"):
+        fingerprint.check_resume(new=_fp(data__host_sharding="global"), **kwargs)

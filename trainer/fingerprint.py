@@ -1,0 +1,457 @@
+"""A run's fingerprint (the settings that define it) and the resume policy that guards it.
+
+A `MODEL_DIR` holds one run. Its `run.json` stores `fingerprint`: the model, every `DataConfig`
+field, optimizer and schedule, the step budget and the resolved total steps, seed, microbatches,
+z-loss, initial checkpoint, run info, evaluation tasks and the host count. Settings that do not
+change results (mesh shape, logging and checkpoint periods, the attention kernel, remat, eval
+period) are left out. Resuming compares the stored fingerprint with the new configuration before
+anything is written, and refuses any difference unless `RESUME_POLICY` (`train.resume_policy`)
+names it; an allowed change is recorded in `run.json` as an entry of `amendments`.
+
+A policy is a comma-separated string or a list of names, each a key of `RESUME_POLICIES` or a
+fingerprint key (dotted, e.g. `data.corpora_dir`) or section (`evaluation`). Some changes are
+refused even when named (`GUARDS`): the model's family or size (the checkpoint holds other
+shapes), and the total steps of a schedule whose shape depends on the run's length (cosine: the
+learning rate would jump).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer import metrics as metrics_lib
+from trainer import validation
+from trainer.checkpoints import CHECKPOINTS_SUBDIR
+from trainer.schedules import LENGTH_FREE, ScheduleConfig, build_schedule
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.gin"
+_ABSENT = "<absent>"
+# ModelSpec overrides that change speed or memory, not results.
+NEUTRAL_OVERRIDES = ("attention_kernel", "remat_policy")
+
+# Named policies -> the fingerprint keys (or sections) they allow to change.
+RESUME_POLICIES: dict[str, tuple[str, ...]] = {
+    # Extend (or shorten) a run whose schedule does not depend on its length (constant, rsqrt).
+    "train_steps": ("train_steps", "tokens_per_param", "total_steps"),
+    # The corpora, vocabulary or initial checkpoint moved (same contents, new paths).
+    "paths": ("data.corpora_dir", "data.vocab_path", "init_checkpoint"),
+    # Evaluate other tasks or more tokens from now on (training is unaffected).
+    "evaluation": ("evaluation",),
+    # Continue on another number of hosts (data order then follows neither host count unless
+    # `data.host_sharding` is 'global', which allows this without a policy).
+    "process_count": ("process_count",),
+}
+
+# Fingerprint keys -> the gin macro that sets them, for messages.
+_MACROS: dict[str, str] = {
+    "model.size": "model_size",
+    "data.batch_size": "batch_size",
+    "data.mixture_or_task": "mixture_or_task",
+    "data.task_feature_lengths": "feature_lengths",
+    "data.vocab_path": "vocab_path",
+    "evaluation.tasks": "eval_tasks",
+    "train_steps": "train_steps",
+    "tokens_per_param": "tokens_per_param",
+    "num_microbatches": "num_microbatches",
+}
+
+
+def _jsonable(value: Any) -> Any:
+    """`value` as it reads back from JSON (tuples become lists, mappings dicts)."""
+
+    def default(obj):
+        if isinstance(obj, Mapping):
+            return dict(obj)
+        if isinstance(obj, set | frozenset):
+            return sorted(obj)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return dataclasses.asdict(obj)
+        return repr(obj)
+
+    return json.loads(json.dumps(value, default=default, sort_keys=True))
+
+
+def _sections(*, data: Any, optimizer: Any, schedule: Any, run: Any) -> dict[str, Any]:
+    """The dataclass-valued sections, every field included (fields added later enter too)."""
+    return {
+        "data": dataclasses.asdict(data),
+        "optimizer": dataclasses.asdict(optimizer),
+        "schedule": dataclasses.asdict(schedule),
+        "run": dataclasses.asdict(run),
+    }
+
+
+def fingerprint_defaults(*, data: Any, optimizer: Any, schedule: Any, run: Any) -> dict[str, Any]:
+    """The sections of a fingerprint at their dataclasses' defaults (`check_resume`'s
+    `defaults`: a setting added to the code after a run started is accepted at its default)."""
+    return _jsonable(
+        _sections(
+            data=type(data)(),
+            optimizer=type(optimizer)(),
+            schedule=type(schedule)(),
+            run=type(run)(),
+        )
+    )
+
+
+def run_fingerprint(
+    *,
+    model: Any,
+    data: Any,
+    optimizer: Any,
+    schedule: Any,
+    evaluation: Any,
+    run: Any,
+    train_steps: int | None,
+    tokens_per_param: float | None,
+    total_steps: int,
+    seed: int,
+    num_microbatches: int,
+    z_loss: float,
+    init_checkpoint: str | None,
+    process_count: int | None = None,
+) -> dict[str, Any]:
+    """The settings that define a run, as a JSON-able dict (stored in `run.json`).
+
+    Args:
+      model: a `trainer.models.ModelSpec` (family, size, overrides minus `NEUTRAL_OVERRIDES`,
+        dropout).
+      data, optimizer, schedule, run: the run's dataclasses, every field included.
+      evaluation: an `EvalConfig`; its tasks, split and token budget (not its period).
+      total_steps: the resolved number of optimizer steps.
+      process_count: hosts (default: `jax.process_count()`): per-host data sharding makes the
+        data order depend on it.
+    """
+    if process_count is None:
+        import jax
+
+        process_count = jax.process_count()
+    overrides = {k: v for k, v in dict(model.overrides).items() if k not in NEUTRAL_OVERRIDES}
+    fingerprint = {
+        "model": {
+            "family": model.family,
+            "size": model.size,
+            "overrides": overrides,
+            "dropout_rate": model.dropout_rate,
+        },
+        **_sections(data=data, optimizer=optimizer, schedule=schedule, run=run),
+        "evaluation": {
+            "tasks": list(evaluation.tasks),
+            "split": evaluation.split,
+            "max_tokens": evaluation.max_tokens,
+        },
+        "train_steps": train_steps,
+        "tokens_per_param": tokens_per_param,
+        "total_steps": int(total_steps),
+        "seed": seed,
+        "num_microbatches": num_microbatches,
+        "z_loss": z_loss,
+        "init_checkpoint": init_checkpoint,
+        "process_count": int(process_count),
+    }
+    return _jsonable(fingerprint)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and prefix.count(".") < 1:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def diff_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Settings that differ, as `(dotted key, old, new)` sorted by key (a key only one side has
+    gets `'<absent>'` on the other; those only the old one has come last).
+
+    Sections (`data`, `model`, ...) are compared field by field; a field's value (a list, a
+    dict such as `task_feature_lengths`) is compared whole.
+    """
+    a, b = _flatten(_jsonable(old)), _flatten(_jsonable(new))
+    changes = [(k, a.get(k, _ABSENT), v) for k, v in b.items() if a.get(k, _ABSENT) != v]
+    return changes + [(k, v, _ABSENT) for k, v in a.items() if k not in b]
+
+
+def parse_resume_policy(spec: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The names in a policy spec (`None`/'' = none; 'a,b' or ['a', 'b'])."""
+    if not spec:
+        return ()
+    names = spec.split(",") if isinstance(spec, str) else list(spec)
+    return tuple(n.strip() for n in names if n and n.strip())
+
+
+def _allowed_keys(names: Sequence[str], keys: Sequence[str]) -> tuple[str, ...]:
+    """Fingerprint keys/sections the policy `names` allow; unknown names are errors."""
+    sections = {k.split(".", 1)[0] for k in keys}
+    allowed = []
+    for name in names:
+        if name in RESUME_POLICIES:
+            allowed += RESUME_POLICIES[name]
+        elif name in keys or name in sections:
+            allowed.append(name)
+        else:
+            raise validation.ConfigError(
+                f"RESUME_POLICY (train.resume_policy) names {name!r}, which is neither a policy "
+                f"nor a fingerprint setting; allowed: policies {sorted(RESUME_POLICIES)} or "
+                f"settings such as {sorted(keys)[:12]} ... (see run.json 'fingerprint')"
+            )
+    return tuple(allowed)
+
+
+def _covers(allowed: Sequence[str], key: str) -> bool:
+    return any(key == a or key.startswith(a + ".") for a in allowed)
+
+
+def _shape_guard(key, old, new, *, old_fp, new_fp, step) -> str | None:
+    del key, old, new, old_fp, new_fp, step
+    return "cannot change: the checkpoint holds parameters of another model; use a new MODEL_DIR"
+
+
+def _length_guard(key, old, new, *, old_fp, new_fp, step) -> str | None:
+    """A length-dependent schedule (cosine) cannot change its total steps mid-run."""
+    del key
+    old_s, new_s = old_fp.get("schedule", {}), new_fp.get("schedule", {})
+    if old_s.get("name") in LENGTH_FREE and new_s.get("name") in LENGTH_FREE:
+        return None
+    why = (
+        f"cannot change: the {old_s.get('name')!r} schedule depends on the run's length, so the "
+        "learning rate would jump"
+    )
+    try:
+        fields = {f.name for f in dataclasses.fields(ScheduleConfig)}
+        at = max(int(step or 0) - 1, 0)  # the last update applied
+        lr_old = float(
+            build_schedule(
+                ScheduleConfig(**{k: v for k, v in old_s.items() if k in fields}),
+                total_steps=int(old),
+            )(at)
+        )
+        lr_new = float(
+            build_schedule(
+                ScheduleConfig(**{k: v for k, v in new_s.items() if k in fields}),
+                total_steps=int(new),
+            )(at)
+        )
+        why += f" (at step {step}: {lr_old:.3g} -> {lr_new:.3g})"
+    except (TypeError, ValueError):
+        pass
+    return why + f"; only {sorted(LENGTH_FREE)} schedules can be extended: start a new MODEL_DIR"
+
+
+def _resumed_too_far(key, old, new, *, old_fp, new_fp, step) -> str | None:
+    del key, old, old_fp, new_fp
+    if step is not None and isinstance(new, int) and new < step:
+        return f"cannot change: the run is already at step {step}"
+    return None
+
+
+# Fingerprint key -> checks that refuse a change even when a policy allows it (a reason or None).
+GUARDS: dict[str, tuple[Callable[..., str | None], ...]] = {
+    "model.family": (_shape_guard,),
+    "model.size": (_shape_guard,),
+    "total_steps": (_length_guard, _resumed_too_far),
+}
+
+# Changes allowed without a policy: key -> predicate on the new fingerprint.
+IMPLICIT: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    # Global packing gives the same global batches whatever the host count.
+    "process_count": lambda fp: fp.get("data", {}).get("host_sharding", "per_host") == "global",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Amendment:
+    """Allowed changes of a resumed run (recorded in `run.json` under `amendments`)."""
+
+    changes: tuple[tuple[str, Any, Any], ...]
+    policy: str
+
+    def to_json(self, *, step: int) -> dict[str, Any]:
+        """The `amendments` entry: from which step the new settings apply, and what changed."""
+        return {
+            "step": int(step),
+            "changes": {key: {"old": old, "new": new} for key, old, new in self.changes},
+            "policy": self.policy,
+        }
+
+
+def _label(key: str) -> str:
+    binding = validation.BINDINGS.get(_MACROS.get(key, ""))
+    return f"{key} [{binding}]" if binding else key
+
+
+def check_resume(
+    *,
+    stored: Mapping[str, Any] | None,
+    new: Mapping[str, Any],
+    policy: str | Sequence[str] | None,
+    model_dir: str | os.PathLike,
+    step: int | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> Amendment | None:
+    """Compares a resumed run's stored fingerprint with the new one.
+
+    Args:
+      stored: the fingerprint in `run.json` (None: an older run without one; resumes with a
+        warning).
+      new: the fingerprint of the configuration now given.
+      policy: `RESUME_POLICY` (see `parse_resume_policy`).
+      step: the checkpoint step being resumed (for messages and guards).
+      defaults: a fingerprint of default settings: a key missing from `stored` (a setting added
+        to the code since the run started) is accepted when its new value is the default.
+    Returns:
+      None when nothing that matters changed, else the `Amendment` to record.
+    Raises:
+      trainer.validation.ConfigError: listing each change not allowed (`key: old -> new`) and
+        how to allow it.
+    """
+    names = parse_resume_policy(policy)
+    allowed = _allowed_keys(names, list(_flatten(new)))
+    if stored is None:
+        log.warning(
+            "%s: run.json has no fingerprint (a run from an older version); resuming without "
+            "checking that the configuration matches",
+            model_dir,
+        )
+        return None
+    flat_defaults = _flatten(_jsonable(defaults or {}))
+    recorded, refused, implicit = [], [], []
+    for key, old, new_value in diff_fingerprints(stored, new):
+        if old == _ABSENT and flat_defaults.get(key, _ABSENT) == new_value:
+            log.info("%s: setting %s added since the run started, at its default", model_dir, key)
+            continue
+        if new_value == _ABSENT:
+            log.warning("%s: setting %s (%r) no longer exists; ignored", model_dir, key, old)
+            continue
+        reasons = [
+            r
+            for guard in GUARDS.get(key, ())
+            if (r := guard(key, old, new_value, old_fp=stored, new_fp=new, step=step))
+        ]
+        if reasons:
+            refused.append((key, old, new_value, reasons[0]))
+        elif key in IMPLICIT and IMPLICIT[key](new):
+            implicit.append(key)
+            recorded.append((key, old, new_value))
+        elif _covers(allowed, key):
+            recorded.append((key, old, new_value))
+        else:
+            refused.append((key, old, new_value, None))
+    if refused:
+        raise validation.ConfigError(_refusal(refused, model_dir=model_dir, step=step))
+    if not recorded:
+        return None
+    policy_text = ",".join(names) + (
+        f" (implicit: {', '.join(implicit)}; data.host_sharding='global')" if implicit else ""
+    )
+    log.warning(
+        "%s: resuming with amended settings (RESUME_POLICY %s): %s",
+        model_dir,
+        policy_text.strip() or "-",
+        "; ".join(f"{k}: {o!r} -> {n!r}" for k, o, n in recorded),
+    )
+    return Amendment(changes=tuple(recorded), policy=policy_text.strip())
+
+
+def _refusal(refused, *, model_dir, step) -> str:
+    at = f" (checkpoint step {step})" if step is not None else ""
+    lines = [
+        f"MODEL_DIR {os.fspath(model_dir)} holds a run{at} whose settings differ from this "
+        "configuration; resume refused, nothing was written:"
+    ]
+    for key, old, new, reason in refused:
+        lines.append(f"  {_label(key)}: {old!r} -> {new!r}" + (f" ({reason})" if reason else ""))
+    fixed = [key for key, _, _, reason in refused if reason is not None]
+    allowable = [
+        key
+        for key, _, _, reason in refused
+        if reason is None
+        and not any(_covers(RESUME_POLICIES.get(_policy_for(key), ()), f) for f in fixed)
+    ]
+    if allowable:
+        named = sorted({_policy_for(key) for key in allowable})
+        lines.append(
+            "A MODEL_DIR holds one run: start a new MODEL_DIR for a new configuration, or allow "
+            f"these changes with --gin.RESUME_POLICY=\"'{','.join(named)}'\" (train.resume_policy;"
+            f" named policies: {', '.join(sorted(RESUME_POLICIES))}); they are then recorded in "
+            "run.json under 'amendments'."
+        )
+    return "\n".join(lines)
+
+
+def _policy_for(key: str) -> str:
+    """The named policy that allows `key`, else the key itself."""
+    for name, keys in RESUME_POLICIES.items():
+        if _covers(keys, key):
+            return name
+    return key
+
+
+def latest_checkpoint_step(model_dir: str | os.PathLike) -> int | None:
+    """The newest committed checkpoint step under `MODEL_DIR/checkpoints` (orbax renames a step
+    directory to its number only once it is complete), or None."""
+    directory = Path(model_dir) / CHECKPOINTS_SUBDIR
+    if not directory.is_dir():
+        return None
+    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir()]
+    return max(steps, default=None)
+
+
+def check_model_dir(
+    model_dir: str | os.PathLike,
+    *,
+    new: Mapping[str, Any],
+    policy: str | Sequence[str] | None,
+    defaults: Mapping[str, Any] | None = None,
+) -> Amendment | None:
+    """`check_resume` against the fingerprint in `model_dir`'s `run.json`, when `model_dir`
+    holds a checkpoint to resume (else None: a fresh run). The policy is checked either way."""
+    _allowed_keys(parse_resume_policy(policy), list(_flatten(new)))
+    step = latest_checkpoint_step(model_dir)
+    if step is None:
+        return None
+    path = Path(model_dir) / metrics_lib.RUN_FILE
+    stored = metrics_lib.read_run_json(model_dir).get("fingerprint") if path.exists() else None
+    return check_resume(
+        stored=stored, new=new, policy=policy, model_dir=model_dir, step=step, defaults=defaults
+    )
+
+
+def record_resume(
+    model_dir: str | os.PathLike,
+    *,
+    old_info: Mapping[str, Any],
+    new_info: Mapping[str, Any],
+    amendment: Amendment,
+    step: int,
+) -> dict[str, Any]:
+    """`run.json` of an amended run: the fields `fitting` reads take the new values (those of
+    the initialisation stay), the new fingerprint, and the amendment appended. Also keeps the
+    old `config.gin` as `config.<step>.gin` and removes a `COMPLETED` the run no longer meets.
+
+    Returns:
+      The new `run.json` contents (the caller writes it).
+    """
+    model_dir = Path(model_dir)
+    config = model_dir / CONFIG_FILE
+    if config.exists():
+        os.replace(config, model_dir / f"config.{int(step)}.gin")
+    (model_dir / metrics_lib.COMPLETED_FILE).unlink(missing_ok=True)
+    kept = {k: v for k, v in old_info.items() if k.startswith("init_")}
+    return {
+        **old_info,
+        **new_info,
+        **kept,
+        "amendments": [*old_info.get("amendments", []), amendment.to_json(step=step)],
+    }
