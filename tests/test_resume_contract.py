@@ -259,3 +259,26 @@ def test_setting_added_since_the_run_started_is_accepted_at_its_default(tmp_path
     assert fingerprint.check_resume(new=new, **kwargs) is None
     with pytest.raises(validation.ConfigError, match="data.host_sharding: '<absent>' -> 'global'"):
         fingerprint.check_resume(new=_fp(data__host_sharding="global"), **kwargs)
+
+
+def test_resume_policy_macro_reaches_train(tiny_data):
+    import gin
+
+    from trainer import gin_entry
+
+    try:
+        config = gin_entry.parse(
+            [
+                "--gin_file=experiments/cpt_source_en.gin",
+                "--gin_file=experiments/tiny.gin",
+                "--gin.MODEL_DIR='/xl/run'",
+                f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
+                f"--gin.DATA_DIR='{tiny_data['corpora']}'",
+                "--gin.RESUME_POLICY='train_steps'",
+            ],
+            job="train",
+        )
+        assert "train_script.train.resume_policy = %RESUME_POLICY" in config.config_str
+        assert gin_entry.macro_value("RESUME_POLICY") == "train_steps"
+    finally:
+        gin.clear_config()

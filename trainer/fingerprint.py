@@ -134,7 +134,7 @@ def run_fingerprint(
         import jax
 
         process_count = jax.process_count()
-    overrides = {k: v for k, v in dict(model.overrides).items() if k not in NEUTRAL_OVERRIDES}
+    overrides = {k: v for k, v in dict(model.overrides or {}).items() if k not in NEUTRAL_OVERRIDES}
     fingerprint = {
         "model": {
             "family": model.family,

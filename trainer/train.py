@@ -9,7 +9,8 @@ files in `t5x_configs/` (see `trainer.gin_entry`). A run writes into `model_dir`
 `run.json`, `metrics.jsonl`, TensorBoard events under `tb/`, orbax checkpoints under
 `checkpoints/`, and `COMPLETED` last (docs/interfaces.md, "Training outputs"). Starting a run whose
 `model_dir` holds checkpoints resumes it exactly: parameters, optimizer state, step, RNG,
-data-stream position and the token counters all come back.
+data-stream position and the token counters all come back, once the settings are checked
+against the run's fingerprint in `run.json` (`trainer.fingerprint`, `resume_policy`).
 
 A `metrics.jsonl` record is written every `log_every` steps, at every eval step and at the end;
 its `train/loss` is the token-weighted mean cross-entropy over the steps since the previous record
