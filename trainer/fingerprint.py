@@ -230,12 +230,12 @@ def _length_guard(key, old, new, *, old_fp, new_fp, step) -> str | None:
     )
     try:
         fields = {f.name for f in dataclasses.fields(ScheduleConfig)}
-        at = max(int(step or 0) - 1, 0)  # the last update applied
+        at = int(step or 0)  # optimizer step of the next update (metrics step `step + 1`)
         lr_old = float(
             build_schedule(
                 ScheduleConfig(**{k: v for k, v in old_s.items() if k in fields}),
                 total_steps=int(old),
-            )(at)
+            )(max(at - 1, 0))
         )
         lr_new = float(
             build_schedule(
@@ -243,7 +243,7 @@ def _length_guard(key, old, new, *, old_fp, new_fp, step) -> str | None:
                 total_steps=int(new),
             )(at)
         )
-        why += f" (at step {step}: {lr_old:.3g} -> {lr_new:.3g})"
+        why += f" from {lr_old:.3g} at step {at} to {lr_new:.3g} at step {at + 1}"
     except (TypeError, ValueError):
         pass
     return why + f"; only {sorted(LENGTH_FREE)} schedules can be extended: start a new MODEL_DIR"
@@ -383,7 +383,7 @@ def _refusal(refused, *, model_dir, step) -> str:
         named = sorted({_policy_for(key) for key in allowable})
         lines.append(
             "A MODEL_DIR holds one run: start a new MODEL_DIR for a new configuration, or allow "
-            f"these changes with --gin.RESUME_POLICY=\"'{','.join(named)}'\" (train.resume_policy;"
+            f"{'the other' if fixed else 'these'} changes with --gin.RESUME_POLICY=\"'{','.join(named)}'\" (train.resume_policy;"
             f" named policies: {', '.join(sorted(RESUME_POLICIES))}); they are then recorded in "
             "run.json under 'amendments'."
         )
