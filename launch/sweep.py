@@ -307,7 +307,7 @@ def parse_manifest(
 
 def _check_gin_macros(data: Mapping[str, Any], *, path: str, variables: Mapping[str, str]) -> None:
     """Every macro a manifest sets (`[gin]`, `[strategies.X] gin`, `[[override]] gin`) must be
-    read by some gin file (the shipped configs, the manifest's gin files and search paths), so a
+    read by some gin file (the shipped configs, the manifest's gin files and their includes), so a
     misspelt one fails here instead of running the whole sweep on defaults.
 
     Raises:
@@ -327,8 +327,7 @@ def _check_gin_macros(data: Mapping[str, Any], *, path: str, variables: Mapping[
     for i, table in enumerate(data.get("override", [])):
         names += list(table.get("gin_files", ()))
         tables.append((f"[[override]] {i} gin", table.get("gin", {})))
-    names = [substitute(n, variables, allow_missing=True) for n in names if n]
-    files = [Path(d) / n for n in names for d in ("", *search_paths)]
+    files = [substitute(n, variables, allow_missing=True) for n in names if n]
     for where, settings in tables:
         gin_checks.check_bindings_mapping(
             settings, where=f"{path} {where}", files=files, search_paths=search_paths

@@ -6,9 +6,8 @@ typo of `TRAIN_STEPS`) used to run the default number of steps and exit 0. This 
 gin texts the entry points parse (with gin's own parser, `gin.config_parser`) and
 
 - `check_macros`: a macro that is set but that no gin file reads (no `%NAME` in the parsed files,
-  the bindings, the shipped `t5x_configs/` or the user's search paths) is a `ConfigError` naming
-  the macro, where it was set and the nearest macros the configuration reads. A macro that only
-  another job reads (an eval-only default in a train job) is logged, not refused: run files
+  the bindings or the shipped `t5x_configs/`) is a `ConfigError` naming the macro, where it was
+  set and the nearest macros the configuration reads. A macro that only another job reads (an eval-only default in a train job) is logged, not refused: run files
   document defaults that a given job may not use, and a sweep's `[gin]` table serves every
   strategy of the sweep.
 - `explain_gin_error`: turns gin's unknown-configurable and unknown-parameter errors into a
@@ -44,11 +43,13 @@ class TextScan:
         or the command-line flag).
       referenced: macros the text reads (`%NAME`, scoped names included).
       selectors: configurables the text binds parameters of (e.g. `partitioning.MeshConfig`).
+      includes: the files the text includes, as written.
     """
 
     defined: tuple[tuple[str, str], ...] = ()
     referenced: frozenset[str] = frozenset()
     selectors: frozenset[str] = frozenset()
+    includes: tuple[str, ...] = ()
 
 
 class _Recorder(config_parser.ParserDelegate):
@@ -66,16 +67,18 @@ class _Recorder(config_parser.ParserDelegate):
 
 
 def scan_text(text: str, *, name: str, labels: Sequence[str] | None = None) -> TextScan:
-    """The macros `text` sets and reads, by gin's own parser.
+    """The macros `text` sets and reads, and the files it includes, by gin's own parser.
 
     Args:
-      text: gin statements (`include`s are allowed and ignored: the caller scans included files).
+      text: gin statements.
       name: the file the text comes from; a macro set on line `i` is "set in `name:i`".
       labels: what to call each line instead (the command-line flag of each binding line).
     """
     recorder = _Recorder()
-    defined, selectors = [], set()
+    defined, selectors, includes = [], set(), []
     for statement in config_parser.ConfigParser(text, recorder):
+        if isinstance(statement, config_parser.IncludeStatement):
+            includes.append(statement.filename)
         if not isinstance(statement, config_parser.BindingStatement):
             continue
         line = statement.location.line_num
@@ -92,33 +95,50 @@ def scan_text(text: str, *, name: str, labels: Sequence[str] | None = None) -> T
         defined=tuple(defined),
         referenced=frozenset(recorder.macros),
         selectors=frozenset(selectors),
+        includes=tuple(includes),
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _file_references(path: Path, mtime_ns: int) -> frozenset[str]:
-    """Macros a gin file reads (nothing when it does not parse: gin reports that itself)."""
+@functools.lru_cache(maxsize=256)
+def _file_scan(path: Path, mtime_ns: int) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The macros a gin file reads and the files it includes (nothing when it does not parse:
+    gin reports that itself when a job parses it)."""
     del mtime_ns  # part of the cache key only
     try:
-        return scan_text(path.read_text(), name=str(path)).referenced
+        scan = scan_text(path.read_text(), name=str(path))
     except (OSError, SyntaxError, ValueError):
-        return frozenset()
+        return frozenset(), ()
+    return scan.referenced, scan.includes
 
 
-def _gin_files(directory: Path) -> list[Path]:
-    return sorted(directory.rglob("*.gin")) if directory.is_dir() else []
+def _find(name: str | Path, search_paths: Sequence[str | Path]) -> Path | None:
+    """`name` as given or under the first search path that has it (as `gin_entry` looks)."""
+    for directory in ("", *search_paths):
+        candidate = Path(directory) / name
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
 
 
-def known_macros(*, files: Iterable[str | Path] = (), search_paths: Iterable[str] = ()) -> set[str]:
-    """Macros that some gin file reads: the shipped `t5x_configs/`, `files`, and every `*.gin`
-    under `search_paths` (the user's own configuration library)."""
-    paths = _gin_files(CONFIGS_DIR)
-    for directory in search_paths:
-        paths += _gin_files(Path(directory))
-    paths += [Path(f) for f in files if Path(f).is_file()]
+def known_macros(*, files: Iterable[str | Path] = (), search_paths: Sequence[str] = ()) -> set[str]:
+    """Macros that some gin file reads: the shipped `t5x_configs/` (the documented library of
+    macros), and `files` (found under `search_paths` as the trainer looks) with their includes.
+    """
+    paths = sorted(CONFIGS_DIR.rglob("*.gin"))
+    lookup = (*search_paths, CONFIGS_DIR)
+    pending = [found for name in files if (found := _find(name, lookup)) is not None]
     known: set[str] = set()
+    seen: set[Path] = set()
     for path in paths:
-        known |= _file_references(path.resolve(), path.stat().st_mtime_ns)
+        known |= _file_scan(path, path.stat().st_mtime_ns)[0]
+    while pending:
+        path = pending.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        referenced, includes = _file_scan(path, path.stat().st_mtime_ns)
+        known |= referenced
+        pending += [found for name in includes if (found := _find(name, lookup)) is not None]
     return known
 
 
@@ -138,7 +158,7 @@ def _did_you_mean(name: str, candidates: Collection[str], what: str) -> str:
 
 def unknown_macro_message(*, macro: str, where: Sequence[str], candidates: Collection[str]) -> str:
     """The message for a macro nothing reads: the macro, where it was set, the nearest names."""
-    hint = _did_you_mean(macro, candidates - {macro}, "macro the configuration reads")
+    hint = _did_you_mean(macro, set(candidates) - {macro}, "macro the configuration reads")
     return f"gin macro {macro} ({'; '.join(where)}) is used by nothing in the configuration; {hint}"
 
 
@@ -150,7 +170,7 @@ def check_defined(
     Args:
       defined: `(macro, where it is set)` pairs.
       known: macros some gin file reads.
-      used: macros this job reads (the nearest names come from these first).
+      used: macros this job reads (the nearest names come from these, else from `known`).
 
     Raises:
       trainer.validation.ConfigError: naming each unknown macro, where it was set and the
@@ -161,28 +181,28 @@ def check_defined(
         where.setdefault(macro, []).append(place)
     unknown = [macro for macro in where if macro not in known and not macro.startswith("gin.")]
     if unknown:
-        candidates = set(used) or set(known)
         raise validation.ConfigError(
             "\n".join(
-                unknown_macro_message(macro=m, where=where[m], candidates=candidates)
+                unknown_macro_message(
+                    macro=m, where=where[m], candidates=used if nearest(m, used) else known
+                )
                 for m in unknown
             )
         )
 
 
-def check_macros(scans: Sequence[TextScan], *, search_paths: Sequence[str] = ()) -> None:
+def check_macros(scans: Sequence[TextScan]) -> None:
     """Refuses macros no gin file reads; logs command-line macros only other jobs read.
 
     Args:
       scans: every text the job parsed (its files, their includes, the bindings).
-      search_paths: the user's `--gin_search_paths` (their files count as readers too).
 
     Raises:
       trainer.validation.ConfigError: a macro is set but nothing reads it (see `check_defined`).
     """
     used = set().union(*(scan.referenced for scan in scans))
     defined = [pair for scan in scans for pair in scan.defined]
-    check_defined(defined, known=used | known_macros(search_paths=search_paths), used=used)
+    check_defined(defined, known=used | known_macros(), used=used)
     for macro, where in defined:
         if macro not in used and where.startswith("set by "):
             _LOG.warning("gin macro %s (%s) is not read by this job's configuration", macro, where)
@@ -253,7 +273,7 @@ def check_bindings_mapping(
     *,
     where: str,
     files: Iterable[str | Path] = (),
-    search_paths: Iterable[str] = (),
+    search_paths: Sequence[str] = (),
 ) -> None:
     """The macros of a `{KEY: value}` table (a sweep manifest's `[gin]`) must be read by some gin
     file; keys with a dot bind configurables and are checked by gin when the job parses them.

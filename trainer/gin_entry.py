@@ -221,7 +221,7 @@ def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> Parsed
         labels=[f"--gin.{binding}" for binding in bindings],
         parsed=scans,
     )
-    gin_checks.check_macros(scans, search_paths=paths)
+    gin_checks.check_macros(scans)
     validation.check_required({name: macro_value(name) for name in REQUIRED_MACROS[job]})
     try:
         gin.finalize()
