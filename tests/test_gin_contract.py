@@ -63,11 +63,21 @@ def test_macros_only_another_job_reads_are_logged_not_refused(caplog):
         ),
         (
             "--gin.partitioning.MeshConfg.fsdp=8",
-            r"no configurable 'partitioning.MeshConfg'; did you mean partitioning.MeshConfig\?",
+            r"no configurable 'partitioning.MeshConfg'; did you mean partitioning.MeshConfig ",
+        ),
+        (
+            "--gin.MIXTURE_OR_TASK_NAME=@data.lm_tsk()",
+            r"data.lm_tsk \(set by --gin.MIXTURE_OR_TASK_NAME=@data.lm_tsk\(\)\).*"
+            r"did you mean data.lm_task ",
+        ),
+        (
+            "--gin.EVAL_PERIOD=%CHECKPOINT_PERIODD",
+            r"CHECKPOINT_PERIODD \(read by --gin.EVAL_PERIOD=%CHECKPOINT_PERIODD\) is set nowhere; "
+            r"did you mean CHECKPOINT_PERIOD ",
         ),
     ],
 )
-def test_bindings_to_unknown_configurables_or_parameters_name_the_flag(flag, expected):
+def test_unknown_configurables_parameters_and_macros_name_the_flag(flag, expected):
     with pytest.raises(validation.ConfigError, match=expected):
         parse(flag)
 

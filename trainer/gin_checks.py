@@ -22,6 +22,7 @@ import functools
 import inspect
 import logging
 import re
+import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -39,31 +40,47 @@ class TextScan:
     """What one parsed gin text sets and reads.
 
     Attributes:
-      defined: `(macro, where it is set)` for each macro binding, in order (`where` is a file line
-        or the command-line flag).
-      referenced: macros the text reads (`%NAME`, scoped names included).
+      defined: `(macro, place)` for each macro the text sets, in order; `place` is
+        `by <flag>` for a command-line binding, `in <file>:<line>` otherwise.
+      reads: `(macro, place)` for each macro the text reads (`%NAME`, scoped names included).
       selectors: configurables the text binds parameters of (e.g. `partitioning.MeshConfig`).
       includes: the files the text includes, as written.
+      modules: `(name, module)` for each Python module the text imports (`from trainer import
+        data` binds `data` to `trainer.data`).
     """
 
     defined: tuple[tuple[str, str], ...] = ()
-    referenced: frozenset[str] = frozenset()
+    reads: tuple[tuple[str, str], ...] = ()
     selectors: frozenset[str] = frozenset()
     includes: tuple[str, ...] = ()
+    modules: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def referenced(self) -> frozenset[str]:
+        """The macros the text reads."""
+        return frozenset(macro for macro, _ in self.reads)
 
 
 class _Recorder(config_parser.ParserDelegate):
     """A parser delegate that records the macros a text reads instead of resolving them."""
 
     def __init__(self) -> None:
-        self.macros: set[str] = set()
+        self.macros: list[str] = []
 
     def configurable_reference(self, scoped_configurable_name, evaluate):  # noqa: D102
         return scoped_configurable_name
 
     def macro(self, macro_name):  # noqa: D102
-        self.macros.add(macro_name)
+        self.macros.append(macro_name)
         return macro_name
+
+
+def place(*, name: str, line: int, labels: Sequence[str] | None = None) -> str:
+    """Where line `line` of text `name` comes from: `by <flag>` when `labels` names the
+    command-line flag of each line, else `in <name>:<line>`."""
+    if labels is not None and 0 < line <= len(labels):
+        return f"by {labels[line - 1]}"
+    return f"in {name}:{line}" if line else f"in {name}"
 
 
 def scan_text(text: str, *, name: str, labels: Sequence[str] | None = None) -> TextScan:
@@ -71,31 +88,32 @@ def scan_text(text: str, *, name: str, labels: Sequence[str] | None = None) -> T
 
     Args:
       text: gin statements.
-      name: the file the text comes from; a macro set on line `i` is "set in `name:i`".
-      labels: what to call each line instead (the command-line flag of each binding line).
+      name: the file the text comes from (places are `in <name>:<line>`).
+      labels: the command-line flag of each line, for the bindings text (places `by <flag>`).
     """
     recorder = _Recorder()
-    defined, selectors, includes = [], set(), []
+    defined, reads, selectors, includes, modules = [], [], set(), [], []
     for statement in config_parser.ConfigParser(text, recorder):
+        where = place(name=name, line=statement.location.line_num, labels=labels)
+        reads += [(macro, where) for macro in recorder.macros]
+        recorder.macros.clear()
         if isinstance(statement, config_parser.IncludeStatement):
             includes.append(statement.filename)
+        if isinstance(statement, config_parser.ImportStatement):
+            modules.append((statement.bound_name(), statement.module))
         if not isinstance(statement, config_parser.BindingStatement):
             continue
-        line = statement.location.line_num
         if statement.arg_name:
             selectors.add(statement.selector)
             continue
         macro = f"{statement.scope}/{statement.selector}" if statement.scope else statement.selector
-        if labels is not None and 0 < line <= len(labels):
-            where = f"set by {labels[line - 1]}"
-        else:
-            where = f"set in {name}:{line}"
         defined.append((macro, where))
     return TextScan(
         defined=tuple(defined),
-        referenced=frozenset(recorder.macros),
+        reads=tuple(reads),
         selectors=frozenset(selectors),
         includes=tuple(includes),
+        modules=tuple(modules),
     )
 
 
@@ -159,7 +177,8 @@ def _did_you_mean(name: str, candidates: Collection[str], what: str) -> str:
 def unknown_macro_message(*, macro: str, where: Sequence[str], candidates: Collection[str]) -> str:
     """The message for a macro nothing reads: the macro, where it was set, the nearest names."""
     hint = _did_you_mean(macro, set(candidates) - {macro}, "macro the configuration reads")
-    return f"gin macro {macro} ({'; '.join(where)}) is used by nothing in the configuration; {hint}"
+    places = "; ".join(f"set {p}" for p in where)
+    return f"gin macro {macro} ({places}) is used by nothing in the configuration; {hint}"
 
 
 def check_defined(
@@ -168,7 +187,7 @@ def check_defined(
     """Every macro in `defined` must be in `known` (read by some gin file).
 
     Args:
-      defined: `(macro, where it is set)` pairs.
+      defined: `(macro, place)` pairs (`TextScan.defined`).
       known: macros some gin file reads.
       used: macros this job reads (the nearest names come from these, else from `known`).
 
@@ -204,8 +223,10 @@ def check_macros(scans: Sequence[TextScan]) -> None:
     defined = [pair for scan in scans for pair in scan.defined]
     check_defined(defined, known=used | known_macros(), used=used)
     for macro, where in defined:
-        if macro not in used and where.startswith("set by "):
-            _LOG.warning("gin macro %s (%s) is not read by this job's configuration", macro, where)
+        if macro not in used and where.startswith("by "):
+            _LOG.warning(
+                "gin macro %s (set %s) is not read by this job's configuration", macro, where
+            )
 
 
 _UNKNOWN_PARAMETER = re.compile(
@@ -231,8 +252,26 @@ def _parameters(selector: str) -> list[str]:
         return []
 
 
+def _configurables(scans: Sequence[TextScan]) -> set[str]:
+    """Configurable names a misspelt one may have meant: those the texts bind, and the public
+    callables of the modules they import (`from trainer import data` -> `data.lm_task`, ...)."""
+    names = set().union(*(scan.selectors for scan in scans))
+    for scan in scans:
+        for alias, module_name in scan.modules:
+            module = sys.modules.get(module_name)
+            if module is not None:
+                names |= {
+                    f"{alias}.{attr}"
+                    for attr, value in vars(module).items()
+                    if not attr.startswith("_")
+                    and callable(value)
+                    and getattr(value, "__module__", None) == module_name
+                }
+    return names
+
+
 def explain_gin_error(
-    error: ValueError, *, name: str, labels: Sequence[str] | None, selectors: Collection[str]
+    error: ValueError, *, name: str, labels: Sequence[str] | None, scans: Sequence[TextScan]
 ) -> validation.ConfigError | None:
     """gin's error for an unknown configurable or parameter, as a `ConfigError` naming the flag
     (or file line) and the nearest valid names; None for any other error.
@@ -241,15 +280,12 @@ def explain_gin_error(
       error: what `gin.parse_config` raised.
       name: the text's file name (as given to gin).
       labels: the command-line flag of each line, for the bindings text.
-      selectors: configurables the configuration binds (candidates for a misspelt one).
+      scans: the texts parsed so far (their configurables and modules are the candidates for a
+        misspelt configurable).
     """
     message = str(error)
     line = _LINE.search(message)
-    number = int(line["line"]) if line else 0
-    if labels is not None and 0 < number <= len(labels):
-        where = f"set by {labels[number - 1]}"
-    else:
-        where = f"set in {name}:{number}" if number else f"set in {name}"
+    where = "set " + place(name=name, line=int(line["line"]) if line else 0, labels=labels)
     if match := _UNKNOWN_PARAMETER.search(message):
         selector, param = match["selector"], match["param"]
         params = _parameters(selector)
@@ -261,9 +297,10 @@ def explain_gin_error(
         )
     if match := _UNKNOWN_CONFIGURABLE.search(message):
         selector = match["selector"]
-        hint = _did_you_mean(selector, set(selectors) - {selector}, "configurable bound here")
+        candidates = _configurables(scans) - {selector}
+        hint = _did_you_mean(selector, candidates, "configurable of the imported modules")
         return validation.ConfigError(
-            f"gin binding {selector} ({where}): no configurable {selector!r}; {hint}"
+            f"gin configurable {selector} ({where}): no configurable {selector!r}; {hint}"
         )
     return None
 
@@ -281,7 +318,27 @@ def check_bindings_mapping(
     Raises:
       trainer.validation.ConfigError: naming each unknown key, `where` and the nearest macros.
     """
-    defined = [(key, f"set in {where}") for key in settings if "." not in key]
+    defined = [(key, f"in {where}") for key in settings if "." not in key]
     known = known_macros(files=files, search_paths=search_paths)
     known |= {v[1:] for v in settings.values() if isinstance(v, str) and v.startswith("%")}
     check_defined(defined, known=known)
+
+
+_UNBOUND_MACRO = re.compile(r"No bindings specified for '(?P<macro>[^']+)/gin\.macro'")
+
+
+def explain_unbound_macro(
+    error: ValueError, *, scans: Sequence[TextScan]
+) -> validation.ConfigError | None:
+    """gin's error for a macro that is read (`%NAME`) but set nowhere (raised by
+    `gin.finalize` together with the whole config), as a `ConfigError` naming the macro, where it
+    is read and the nearest macros that are set; None for any other error."""
+    match = _UNBOUND_MACRO.search(str(error))
+    if match is None:
+        return None
+    macro = match["macro"]
+    places = [where for scan in scans for name, where in scan.reads if name == macro]
+    read = "; ".join(f"read {where}" for where in places) or "read by the configuration"
+    defined = {name for scan in scans for name, _ in scan.defined}
+    hint = _did_you_mean(macro, defined, "macro of the configuration")
+    return validation.ConfigError(f"gin macro {macro} ({read}) is set nowhere; {hint}")

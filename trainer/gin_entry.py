@@ -170,8 +170,9 @@ def parse_config_text(
     try:
         gin.parse_config(source)
     except ValueError as e:
-        selectors = set(scan.selectors).union(*(s.selectors for s in [*parsed, *scans]))
-        error = gin_checks.explain_gin_error(e, name=name, labels=labels, selectors=selectors)
+        error = gin_checks.explain_gin_error(
+            e, name=name, labels=labels, scans=[*parsed, *scans, scan]
+        )
         if error is None:
             raise
         raise error from None
@@ -226,6 +227,8 @@ def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> Parsed
     try:
         gin.finalize()
     except ValueError as e:
+        if (error := gin_checks.explain_unbound_macro(e, scans=scans)) is not None:
+            raise error from None
         message = str(e)
         if "gin.REQUIRED" in message:
             name = message.split("/", 1)[0]
