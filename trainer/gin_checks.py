@@ -7,11 +7,13 @@ gin texts the entry points parse (with gin's own parser, `gin.config_parser`) an
 
 - `check_macros`: a macro that is set but that no gin file reads (no `%NAME` in the parsed files,
   the bindings or the shipped `t5x_configs/`) is a `ConfigError` naming the macro, where it was
-  set and the nearest macros the configuration reads. A macro that only another job reads (an eval-only default in a train job) is logged, not refused: run files
-  document defaults that a given job may not use, and a sweep's `[gin]` table serves every
-  strategy of the sweep.
-- `explain_gin_error`: turns gin's unknown-configurable and unknown-parameter errors into a
-  `ConfigError` naming the flag or file line and the nearest valid names.
+  set and the nearest macros the configuration reads. A macro that only another job reads (an
+  eval-only default in a train job) is logged, not refused: run files document defaults that a
+  given job may not use, and a sweep's `[gin]` table serves every strategy of the sweep
+  (`check_bindings_mapping` checks such a table).
+- `explain_gin_error`, `explain_unbound_macro`: turn gin's errors for an unknown configurable or
+  parameter, and for a macro read but set nowhere, into a `ConfigError` naming the flag or file
+  line and the nearest valid names.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import io
 import logging
 import re
 import sys
@@ -93,7 +96,9 @@ def scan_text(text: str, *, name: str, labels: Sequence[str] | None = None) -> T
     """
     recorder = _Recorder()
     defined, reads, selectors, includes, modules = [], [], set(), [], []
-    for statement in config_parser.ConfigParser(text, recorder):
+    source = io.StringIO(text)
+    source.name = name  # syntax errors name the file, as gin's own do
+    for statement in config_parser.ConfigParser(source, recorder):
         where = place(name=name, line=statement.location.line_num, labels=labels)
         reads += [(macro, where) for macro in recorder.macros]
         recorder.macros.clear()
