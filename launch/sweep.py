@@ -329,7 +329,7 @@ def _check_gin_macros(data: Mapping[str, Any], *, path: str, variables: Mapping[
         tables.append((f"[[override]] {i} gin", table.get("gin", {})))
     files = [substitute(n, variables, allow_missing=True) for n in names if n]
     for where, settings in tables:
-        gin_checks.check_bindings_mapping(
+        gin_checks.check_macro_table(
             settings, where=f"{path} {where}", files=files, search_paths=search_paths
         )
 

@@ -10,7 +10,7 @@ gin texts the entry points parse (with gin's own parser, `gin.config_parser`) an
   set and the nearest macros the configuration reads. A macro that only another job reads (an
   eval-only default in a train job) is logged, not refused: run files document defaults that a
   given job may not use, and a sweep's `[gin]` table serves every strategy of the sweep
-  (`check_bindings_mapping` checks such a table).
+  (`check_macro_table` checks such a table).
 - `explain_gin_error`, `explain_unbound_macro`: turn gin's errors for an unknown configurable or
   parameter, and for a macro read but set nowhere, into a `ConfigError` naming the flag or file
   line and the nearest valid names.
@@ -310,7 +310,7 @@ def explain_gin_error(
     return None
 
 
-def check_bindings_mapping(
+def check_macro_table(
     settings: Mapping[str, object],
     *,
     where: str,
