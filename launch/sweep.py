@@ -46,6 +46,7 @@ from typing import Any
 from launch import strategies as strategies_lib
 from launch.strategies import AXES, COORD_MACROS, STRATEGIES, Counts, Strategy
 from modeling import family as family_lib
+from trainer import gin_checks
 
 MANIFESTS_DIR = Path(__file__).parent / "manifests"
 TRAIN_MODULE = "trainer.train"
@@ -277,6 +278,7 @@ def parse_manifest(
         _check_keys(table, ("where",), f"{path} [[exclude]]")
     for key in data.get("gin", {}):
         _require(key not in COMPUTED_MACROS, f"{path} [gin]", f"{key} is set by the sweep itself")
+    _check_gin_macros(data, path=path, variables={**declared, **given})
     manifest = Manifest(
         name=sweep["name"],
         path=path,
@@ -301,6 +303,35 @@ def parse_manifest(
     if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
         _resolve_budget(manifest.budget, where=f"{path} [budget]")
     return manifest
+
+
+def _check_gin_macros(data: Mapping[str, Any], *, path: str, variables: Mapping[str, str]) -> None:
+    """Every macro a manifest sets (`[gin]`, `[strategies.X] gin`, `[[override]] gin`) must be
+    read by some gin file (the shipped configs, the manifest's gin files and their includes), so a
+    misspelt one fails here instead of running the whole sweep on defaults.
+
+    Raises:
+      trainer.validation.ConfigError: naming the manifest, the table, the key and the nearest
+        macros.
+    """
+    sweep_table = data.get("sweep", {})
+    search_paths = [
+        substitute(p, variables, allow_missing=True)
+        for p in sweep_table.get("gin_search_paths", ())
+    ]
+    names = list(sweep_table.get("gin_files", ()))
+    tables = [("[gin]", data.get("gin", {}))]
+    for name, settings in data.get("strategies", {}).items():
+        names += [settings.get("gin_file", ""), *settings.get("gin_files", ())]
+        tables.append((f"[strategies.{name}] gin", settings.get("gin", {})))
+    for i, table in enumerate(data.get("override", [])):
+        names += list(table.get("gin_files", ()))
+        tables.append((f"[[override]] {i} gin", table.get("gin", {})))
+    files = [substitute(n, variables, allow_missing=True) for n in names if n]
+    for where, settings in tables:
+        gin_checks.check_macro_table(
+            settings, where=f"{path} {where}", files=files, search_paths=search_paths
+        )
 
 
 def _merge_budget(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

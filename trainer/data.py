@@ -135,12 +135,35 @@ def lm_tasks(*, langs: Sequence[str]) -> list[str]:
 
 def replay_mixture(*, target_lang: str, source_lang: str, replay_ratio: float) -> str:
     """The CPT replay mixture `cpt_<target>_replay_<source>_<pct>`: `replay_ratio` (0-1) of the
-    tokens from the source language, the rest from the target."""
-    from pipelines import mixtures
+    tokens from the source language, the rest from the target.
 
+    Raises:
+      trainer.validation.ConfigError: no such mixture in `pipelines.mixtures.RATIOS`, naming
+        `REPLAY_RATIO` and its allowed values (or `TARGET_LANG`/`SOURCE_LANG` and theirs), rather
+        than an unregistered mixture name later on.
+    """
+    from pipelines import mixtures
+    from trainer import validation
+
+    allowed = [
+        p for p in range(101) if mixtures.cpt_name(target_lang, source_lang, p) in mixtures.RATIOS
+    ]
+    if not allowed:
+        pairs = sorted(
+            {tuple(name.split("_")[1:4:2]) for name in mixtures.RATIOS if "_replay_" in name}
+        )
+        raise validation.ConfigError(
+            f"no replay mixtures for TARGET_LANG = {target_lang!r} with SOURCE_LANG = "
+            f"{source_lang!r} (data.replay_mixture); allowed (target, source): "
+            + ", ".join(f"({t!r}, {s!r})" for t, s in pairs)
+        )
     pct = round(100 * replay_ratio)
-    if abs(pct - 100 * replay_ratio) > 1e-6 or not 0 <= pct <= 100:
-        raise ValueError(f"REPLAY_RATIO = {replay_ratio}: allowed: a whole percentage in [0, 1]")
+    if abs(pct - 100 * replay_ratio) > 1e-6 or pct not in allowed:
+        raise validation.ConfigError(
+            f"REPLAY_RATIO = {replay_ratio!r} (data.replay_mixture.replay_ratio) names no replay "
+            f"mixture of {target_lang!r} with {source_lang!r}; allowed: "
+            + ", ".join(f"{p / 100:g}" for p in allowed)
+        )
     return mixtures.cpt_name(target_lang, source_lang, pct)
 
 
@@ -191,11 +214,23 @@ def finetune_steps(
 
 def register(config: DataConfig) -> Any:
     """Registers the tasks and mixtures of `config.vocab_path`; returns the vocabulary (or None
-    when `vocab_path` is None and the caller registered the tasks)."""
+    when `vocab_path` is None and the caller registered the tasks).
+
+    Raises:
+      trainer.validation.ConfigError: `vocab_path` does not exist (naming `VOCAB_PATH`).
+    """
     if config.vocab_path is None:
         return None
-    from pipelines import mixtures, tasks, vocab
+    import tensorflow as tf
 
+    from pipelines import mixtures, tasks, vocab
+    from trainer import validation
+
+    if not tf.io.gfile.exists(config.vocab_path):  # gfile: local paths and gs:// alike
+        raise validation.ConfigError(
+            f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: no such file; "
+            "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
+        )
     vocabulary = vocab.load_vocab(config.vocab_path, extra_ids=config.extra_ids)
     tasks.register_tasks(
         vocabulary=vocabulary,

@@ -23,7 +23,7 @@ from typing import Any
 
 import gin
 
-from trainer import compile_cache, partitioning, validation
+from trainer import compile_cache, gin_checks, partitioning, validation
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "t5x_configs"
 # Macros each job needs (beyond what its gin files default).
@@ -110,8 +110,14 @@ def find_config_file(name: str, search_paths: Sequence[str]) -> Path:
 
 
 def parse_config_text(
-    text: str, *, name: str, search_paths: Sequence[str], including: tuple[Path, ...] = ()
-) -> None:
+    text: str,
+    *,
+    name: str,
+    search_paths: Sequence[str],
+    including: tuple[Path, ...] = (),
+    labels: Sequence[str] | None = None,
+    parsed: Sequence[gin_checks.TextScan] = (),
+) -> list[gin_checks.TextScan]:
     """Parses gin `text` with gin's public `gin.parse_config`, resolving its `include`s here.
 
     Each `include 'F'` is looked up with `find_config_file` and parsed (recursively) before the
@@ -126,12 +132,19 @@ def parse_config_text(
       name: where `text` comes from, for error messages.
       search_paths: directories `include`s are looked up in, after the working directory.
       including: the files whose includes led here (an include cycle is an error).
+      labels: what to call each line of `text` in messages (the flag of each binding line).
+      parsed: the scans of texts parsed before (their configurables are the candidates for a
+        misspelt one).
+
+    Returns:
+      What each parsed text (the included files first) sets and reads, for
+      `gin_checks.check_macros`.
 
     Raises:
-      trainer.validation.ConfigError: an include after a binding, an include cycle, or a missing
-        file.
+      trainer.validation.ConfigError: an include after a binding, an include cycle, a missing
+        file, or a binding to a configurable or parameter that does not exist.
     """
-    body, bound = [], False
+    body, bound, scans = [], False, []
     for lineno, line in enumerate(text.splitlines(keepends=True), 1):
         stripped = line.strip()
         match = _INCLUDE.match(stripped)
@@ -144,16 +157,26 @@ def parse_config_text(
         path = find_config_file(match["name"], search_paths)
         if path in including:
             raise validation.ConfigError(f"{name}:{lineno}: include cycle through {path}")
-        parse_config_text(
+        scans += parse_config_text(
             path.read_text(),
             name=os.fspath(path),
             search_paths=search_paths,
             including=(*including, path),
         )
         body.append("\n")  # keeps gin's line numbers right
+    scan = gin_checks.scan_text("".join(body), name=name, labels=labels)
     source = io.StringIO("".join(body))
     source.name = name  # gin's parser names the file in its error messages
-    gin.parse_config(source)
+    try:
+        gin.parse_config(source)
+    except ValueError as e:
+        error = gin_checks.explain_gin_error(
+            e, name=name, labels=labels, scans=[*parsed, *scans, scan]
+        )
+        if error is None:
+            raise
+        raise error from None
+    return [*scans, scan]
 
 
 def _show_progress() -> None:
@@ -169,10 +192,13 @@ def _show_progress() -> None:
 
 
 def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> ParsedConfig:
-    """Starts multi-host JAX if needed, parses gin files and bindings, checks required macros.
+    """Starts multi-host JAX if needed, parses gin files and bindings, checks that every macro
+    set is read by some gin file (`gin_checks`) and that the required macros are set.
 
     Raises:
-      trainer.validation.ConfigError: a required macro is unset (names it and the flag to pass).
+      trainer.validation.ConfigError: a required macro is unset (names it and the flag to pass),
+        or a macro or binding that nothing uses (names it, where it was set and the nearest
+        valid names).
     """
     _show_progress()
     partitioning.maybe_initialize_distributed(
@@ -183,16 +209,26 @@ def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> Parsed
     if not files:
         raise validation.ConfigError("no --gin_file given; e.g. --gin_file=experiments/cpt.gin")
     search_paths = (*paths, os.getcwd(), os.fspath(CONFIGS_DIR))
+    scans = []
     for file in files:
         path = find_config_file(file, search_paths)
-        parse_config_text(
+        scans += parse_config_text(
             path.read_text(), name=os.fspath(path), search_paths=search_paths, including=(path,)
         )
-    parse_config_text("\n".join(bindings), name="<bindings>", search_paths=search_paths)
+    scans += parse_config_text(
+        "\n".join(bindings),
+        name="<bindings>",
+        search_paths=search_paths,
+        labels=[f"--gin.{binding}" for binding in bindings],
+        parsed=scans,
+    )
+    gin_checks.check_macros(scans)
     validation.check_required({name: macro_value(name) for name in REQUIRED_MACROS[job]})
     try:
         gin.finalize()
     except ValueError as e:
+        if (error := gin_checks.explain_unbound_macro(e, scans=scans)) is not None:
+            raise error from None
         message = str(e)
         if "gin.REQUIRED" in message:
             name = message.split("/", 1)[0]
