@@ -38,7 +38,8 @@ TOLERANCE = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """Every metric of one (pretraining data, task, finetuning size) series of finetuned checkpoints.
+    """Every metric of one (model, pretraining data, task, finetuning size) series of finetuned
+    checkpoints.
 
     Attributes:
       mixture: the pretraining mixture (`mix_en_50_fr_50`).
@@ -51,6 +52,8 @@ class Cell:
       baseline: metric → the non-pretrained model's value at the same Df.
       runs: the finetuning run ids, in Dp order.
       alignment: the translation alignment score of the mixture for the task (eq. 2).
+      model: the finetuned model (`fitting.model_keys.model_label`); cells of two models are
+        never merged.
     """
 
     mixture: str
@@ -63,6 +66,7 @@ class Cell:
     baseline: Mapping[str, float]
     runs: tuple[str, ...]
     alignment: float | None
+    model: str = "?"
 
     @property
     def label(self) -> str:
@@ -97,21 +101,21 @@ def score_metrics(runs: Sequence[Any]) -> list[str]:
 
 
 def collect(runs: Sequence[Any]) -> list[Cell]:
-    """Groups the finetuning runs into cells, one per (pretraining data, task, Df), each with all
-    metrics aligned by checkpoint (the same grouping as the fits in fits.json)."""
+    """Groups the finetuning runs into cells, one per (model, pretraining data, task, Df), each
+    with all metrics aligned by checkpoint (the same grouping as the fits in fits.json)."""
     by_id = {r.run_id: r for r in runs}
     metrics = [*score_metrics(runs), CE]
-    per_key: dict[tuple[str, str, str], dict[str, Any]] = {}
+    per_key: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for metric in metrics:
         for s in points.downstream_series(runs, metric=metric):
-            cell = per_key.setdefault(s.key, {"Dp": {}, "values": {}, "baseline": {}})
+            cell = per_key.setdefault((s.model, *s.key), {"Dp": {}, "values": {}, "baseline": {}})
             for dp, v, rid in zip(s.Dp, s.values, s.runs, strict=True):
                 cell["Dp"][rid] = float(dp)
                 cell["values"].setdefault(metric, {})[rid] = float(v)
             if s.baseline is not None:
                 cell["baseline"][metric] = float(s.baseline)
     cells = []
-    for (mixture, task, steps), c in sorted(per_key.items()):
+    for (model, mixture, task, steps), c in sorted(per_key.items()):
         order = sorted(c["Dp"], key=lambda rid: c["Dp"][rid])
         dfs = {points.finetune_tokens(by_id[rid].meta) for rid in order}
         init = tuple(
@@ -133,9 +137,12 @@ def collect(runs: Sequence[Any]) -> list[Cell]:
                 baseline=dict(c["baseline"]),
                 runs=tuple(order),
                 alignment=alignment_of(mixture, task),
+                model=model,
             )
         )
-    return sorted(cells, key=lambda c: (c.task, -(c.alignment or 0.0), c.mixture, c.df or 0))
+    return sorted(
+        cells, key=lambda c: (c.task, -(c.alignment or 0.0), c.mixture, c.df or 0, c.model)
+    )
 
 
 def _better(metric: str, a: float, b: float) -> bool:
