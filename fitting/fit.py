@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fitting import laws, lse, optim
-from fitting.checks import FitInputError, as_points, require_distinct
+from fitting.checks import FitInputError, Unidentifiable, as_points, require_distinct
 
 CI_LEVEL = 0.95
 _BOOT_STARTS = 8  # starts per bootstrap resample: the fit's optimum plus its best other basins
@@ -413,7 +413,8 @@ def fit_cpt(
     if base.law != "chinchilla":
         raise FitInputError(f"cpt: base must be a chinchilla fit, got {base.law!r}")
     if not all(np.isfinite(base.params[k]) for k in ("E", "A", "alpha")):
-        raise FitInputError("cpt: base fit has non-finite E, A or alpha")
+        where = f"cpt/{series}" if series else "cpt"
+        raise Unidentifiable(f"{where}: base fit has non-finite E, A or alpha")
     fixed = {
         "e": math.log(base.params["E"]),
         "a": math.log(base.params["A"]),

@@ -190,6 +190,7 @@ def _chinchilla(study: Study, step: Step) -> dict[str, Any]:
         pts = points.pool(study.curves(FROM_SCRATCH, lang))
         alloc = compute_optimal(fit)
         out[lang] = {
+            "models": sorted(set(pts.models)),
             "fit": fit.to_dict(),
             "allocation": alloc.to_dict(),
             "allocation_ci": _ci_json(allocation_cis(fit, budgets=_budgets(pts))),
@@ -216,6 +217,7 @@ def _cpt(study: Study, step: Step) -> dict[str, Any]:
         base = study.scratch_fit(lang)
         pts = points.pool(study.curves(("cpt",), lang))
         out[lang] = {
+            "models": sorted(set(pts.models)),
             "fit": fit.to_dict(),
             "allocation": compute_optimal(fit).to_dict(),
             "allocation_ci": _ci_json(allocation_cis(fit, budgets=_budgets(pts))),

@@ -86,11 +86,17 @@ def _allocation(entry: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _models(entry: Mapping[str, Any]) -> list[str]:
+    """The models a fit pooled (one line), where fits.json lists them."""
+    models = entry.get("models")
+    return [f"Models ({len(models)}): {', '.join(models)}.", ""] if models else []
+
+
 def chinchilla(res: Mapping[str, Any]) -> list[str]:
     """The from-scratch Chinchilla fits with their compute-optimal allocations."""
     lines = ["## From-scratch Chinchilla law L = E + A/N^α + B/D^β", ""]
     for lang, e in res.items():
-        lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
+        lines += [f"### {lang}", ""] + _models(e) + _fit_block(e["fit"]) + _allocation(e)
     return lines
 
 
@@ -98,7 +104,7 @@ def cpt(res: Mapping[str, Any]) -> list[str]:
     """The CPT law's second-stage fits, allocations and the Appendix B comparison."""
     lines = ["## CPT law L = E + A/N^α + B'/(D^β'·N^γ) (second stage)", ""]
     for lang, e in res.items():
-        lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
+        lines += [f"### {lang}", ""] + _models(e) + _fit_block(e["fit"]) + _allocation(e)
         b = e.get("appendix_b")
         if b:
             lines += [

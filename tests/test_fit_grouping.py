@@ -58,6 +58,7 @@ def test_nominal_basis_recovers_table_2_and_eqs_8_9_and_exact_does_not(paper_run
     assert saved["n_basis"] == "nominal"
     assert "the paper's nominal sizes" in (tmp_path / "nominal" / "report.md").read_text()
     zh = saved["chinchilla"]["zh"]
+    assert zh["models"] == sorted(PAPER_MODELS)  # the row names the models it pooled
     # Tolerances: noise-free data, so the paper's values come back to 0.5% (A, α) and to the
     # rounding of its printed prefactors (1%; 2% for eq. 9's 0.035) in eqs. 8-9.
     assert zh["fit"]["converged"]
