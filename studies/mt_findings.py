@@ -160,8 +160,9 @@ def _best(metric: str, values: np.ndarray) -> float:
 def aligned_vs_english(
     cells: Sequence[Cell], metric: str, *, noise: Mapping[str, float] | None = None
 ) -> list[dict[str, Any]]:
-    """Per (task, Df): the most and least aligned mixtures compared checkpoint by checkpoint
-    (same pretraining step), counting where the aligned one is better (the paper: always).
+    """Per (model, task, Df): the most and least aligned mixtures compared checkpoint by
+    checkpoint (same pretraining step), counting where the aligned one is better (the paper:
+    always). Mixtures are compared within one model, never across models.
 
     Args:
       cells: from `collect`.
@@ -171,10 +172,12 @@ def aligned_vs_english(
         half-widths combined (None where a run has no estimate).
     """
     rows = []
-    groups: dict[tuple[str, Any], list[Cell]] = {}
+    groups: dict[tuple[str, Any, str], list[Cell]] = {}
     for c in cells:
-        groups.setdefault((c.task, c.df), []).append(c)
-    for (task, df), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        groups.setdefault((c.task, c.df, c.model), []).append(c)
+    for (task, df, model), group in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0, kv[0][2])
+    ):
         ranked = sorted(
             (c for c in group if c.alignment is not None and metric in c.values),
             key=lambda c: -(c.alignment or 0.0),
@@ -199,6 +202,7 @@ def aligned_vs_english(
             )
         rows.append(
             {
+                "model": model,
                 "task": task,
                 "df": df,
                 "aligned": hi.mixture,
@@ -227,6 +231,7 @@ def pretraining_gain(cells: Sequence[Cell], metric: str) -> list[dict[str, Any]]
         sign = -1.0 if metric == CE else 1.0
         rows.append(
             {
+                "model": c.model,
                 "mixture": c.mixture,
                 "task": c.task,
                 "df": c.df,
@@ -260,6 +265,7 @@ def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, An
         dce = np.diff(ce)
         rows.append(
             {
+                "model": c.model,
                 "mixture": c.mixture,
                 "task": c.task,
                 "df": c.df,

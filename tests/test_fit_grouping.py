@@ -143,6 +143,8 @@ def test_two_models_in_one_runs_dir_are_two_series_with_their_own_baselines(tmp_
         ("t5_3b", 8, True),
         ("t5_770m", 8, False),
     ]
+    gains = {r["model"]: r["baseline"] for r in mt_findings.pretraining_gain(cells, "bleu")}
+    assert gains["t5_3b"] == 99.0 and gains["t5_770m"] != 99.0
 
 
 def test_fit_rows_and_report_name_their_model(tmp_path):
