@@ -90,6 +90,15 @@ def test_nominal_basis_names_a_run_without_a_paper_size(tmp_path, capsys):
     args = ["fit", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "c")]
     assert main([*args, "--law", "chinchilla", "--n-basis", "nominal"]) == 1
     assert "(model llama2/00_3e+07): no nominal parameter count" in capsys.readouterr().err
+    import argparse
+
+    from fitting import model_keys
+    from xlscale_cli import fit as fit_cli
+
+    parser = argparse.ArgumentParser()
+    fit_cli.add_arguments(parser)
+    flag = next(a for a in parser._actions if a.dest == "n_basis")
+    assert tuple(flag.choices) == tuple(model_keys.N_BASES) and flag.default == "exact"
     with pytest.raises(
         FitInputError,
         match=r"run 'source_00_3e\+07' \(model llama2/00_3e\+07\): no nominal parameter",
