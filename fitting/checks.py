@@ -16,6 +16,43 @@ class FitInputError(ValueError):
     a run directory without metrics); the message names the run or point."""
 
 
+class Unidentifiable(FitInputError):
+    """The data cannot determine the law's parameters (fewer points than parameters, one model
+    size for a law with an N term, ...); the message names the law, the series and what is
+    missing. A pipeline skips such a fit (with the message) instead of reporting nonsense."""
+
+
+def require_distinct(
+    *,
+    law: str,
+    series: str,
+    what: str,
+    values: Sequence[object],
+    minimum: int,
+    names: Sequence[str] | None = None,
+) -> None:
+    """Raises `Unidentifiable` unless `values` hold at least `minimum` distinct entries.
+
+    Args:
+      law: the law's name, for the message.
+      series: what is being fitted (a language, a model, a run group), for the message.
+      what: what the values are ("model sizes", "distinct D"), for the message.
+      values: one value per point (or per run).
+      minimum: distinct values the law needs.
+      names: a readable name per value (e.g. the model names), listed in the message.
+    """
+    distinct = sorted(set(np.asarray(values, dtype=object).tolist()), key=str)
+    if len(distinct) >= minimum:
+        return
+    if names is not None:
+        shown = sorted({str(n) for n in names})
+    else:
+        shown = [f"{float(v):.4g}" if isinstance(v, (int, float)) else str(v) for v in distinct]
+    where = f"{law}/{series}" if series else law
+    listed = f" ({', '.join(shown)})" if shown else ""
+    raise Unidentifiable(f"{where}: needs >= {minimum} {what}, got {len(distinct)}{listed}")
+
+
 def point_label(i: int, runs: Sequence[str] | None) -> str:
     """Human-readable name of point i: its index and, when known, its run."""
     if runs is not None and i < len(runs):
@@ -60,7 +97,7 @@ def as_points(
         raise FitInputError(f"{law}: inputs have mismatched lengths ({desc})")
     n = next(iter(out.values())).shape[0] if out else 0
     if n < n_params:
-        raise FitInputError(
+        raise Unidentifiable(
             f"{law}: {n} points cannot determine {n_params} parameters; need at least {n_params}"
         )
     for name in positive if positive is not None else list(out):

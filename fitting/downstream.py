@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from fitting import laws, optim
-from fitting.checks import FitInputError, as_points
+from fitting.checks import FitInputError, as_points, require_distinct
 from fitting.fit import LawFit, fit_univariate
 from fitting.formats import json_safe
 
@@ -133,7 +133,17 @@ def _sorted_points(Dp, y, name: str, n_fit: int, law: str):
     if len(pts["Dp"]) < n_fit:
         raise FitInputError(f"{law}: {len(pts['Dp'])} points, fewer than n_fit={n_fit}")
     order = np.argsort(pts["Dp"], kind="stable")
-    return pts["Dp"][order], pts[name][order]
+    Dp = pts["Dp"][order]
+    # Three coefficients need three distinct checkpoints among the fitted ones (a merged series,
+    # two models at one Dp, would otherwise "fit" a zig-zag).
+    require_distinct(
+        law=law,
+        series="",
+        what=f"distinct Dp among the first {n_fit}",
+        values=Dp[:n_fit],
+        minimum=3,
+    )
+    return Dp, pts[name][order]
 
 
 def _checked(

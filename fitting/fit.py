@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fitting import laws, lse, optim
-from fitting.checks import FitInputError, as_points
+from fitting.checks import FitInputError, Unidentifiable, as_points, require_distinct
 
 CI_LEVEL = 0.95
 _BOOT_STARTS = 8  # starts per bootstrap resample: the fit's optimum plus its best other basins
@@ -145,6 +145,7 @@ def fit_law(
     iters: int = 40,
     input_names: Sequence[str] | None = None,
     starts: np.ndarray | None = None,
+    series: str = "",
 ) -> FitResult:
     """Fits an LSE-affine law by the batched multi-start screen plus polish (optionally bootstrapped).
 
@@ -165,13 +166,29 @@ def fit_law(
       input_names: names of the inputs, for messages.
       starts: explicit [S, n] starts in the variables' internal order, instead of the grid
         (e.g. a previous optimum when refitting resampled data).
+      series: what is fitted (a language, a run group), named in messages.
+
+    Raises:
+      FitInputError: bad inputs (naming the point or run); `Unidentifiable` when the data cannot
+        determine the parameters (fewer points than parameters, or fewer distinct values of an
+        input than the law's `min_distinct`, e.g. one model size for the Chinchilla law).
     """
     names = list(input_names or [f"x{i}" for i in range(len(inputs))])
     n_free = sum(spec.free) if spec.free is not None else len(spec.names)
+    where = f"{spec.law}/{series}" if series else spec.law
     pts = as_points(
-        {**dict(zip(names, inputs, strict=True)), "L": y}, runs=runs, n_params=n_free, law=spec.law
+        {**dict(zip(names, inputs, strict=True)), "L": y}, runs=runs, n_params=n_free, law=where
     )
     xs = [pts[n] for n in names]
+    law = laws.LAWS.get(spec.law)
+    for name, x, minimum in zip(names, xs, law.min_distinct if law else (), strict=False):
+        require_distinct(
+            law=spec.law,
+            series=series,
+            what=f"distinct values of {name}",
+            values=x,
+            minimum=minimum,
+        )
     fixed = dict(fixed or {})
     problem = lse.LseProblem(
         terms=spec.terms,
@@ -193,11 +210,13 @@ def fit_law(
     grad = r.T @ res.grad
     free_idx = [i for i in range(len(spec.names)) if spec.free is None or spec.free[i]]
     codes, n_runs = _run_codes(runs, xs[0])
+    params = spec.to_params(values)
     result = FitResult(
         law=spec.law,
-        params=spec.to_params(values),
+        params=params,
         objective=res.objective,
-        converged=res.converged,
+        # A runaway optimum (a parameter past float range) is never called converged.
+        converged=res.converged and all(math.isfinite(v) for v in params.values()),
         grad_norm=float(np.max(np.abs(grad[free_idx]))) if np.all(np.isfinite(grad)) else math.inf,
         n_starts=res.n_starts,
         n_finite=res.n_finite,
@@ -323,6 +342,7 @@ def fit_chinchilla(
     seed: int = 0,
     runs: Sequence[str] | None = None,
     iters: int = 40,
+    series: str = "",
 ) -> FitResult:
     """Fits L = E + A/N^α + B/D^β (CPT paper eqs. 1 and 6) from the Hoffmann grid of starts.
 
@@ -337,6 +357,11 @@ def fit_chinchilla(
       seed: bootstrap seed.
       runs: run id of each point (default: one run per distinct N).
       iters: the most batched LM iterations a start runs (each stops once it stalls).
+      series: what is fitted (e.g. the language), named in messages.
+
+    Raises:
+      Unidentifiable: fewer than 3 model sizes (distinct N) or 3 distinct D, or fewer points
+        than parameters.
     """
     return fit_law(
         laws.fit_spec("chinchilla"),
@@ -349,6 +374,7 @@ def fit_chinchilla(
         runs=runs,
         iters=iters,
         input_names=("N", "D"),
+        series=series,
     )
 
 
@@ -364,6 +390,7 @@ def fit_cpt(
     seed: int = 0,
     runs: Sequence[str] | None = None,
     iters: int = 40,
+    series: str = "",
 ) -> FitResult:
     """Second stage of the CPT paper's fit (eq. 7): L = E + A/N^α + B'/(D^β'·N^γ) with E, A, α
     taken from the from-scratch fit `base`; only B' (B), β' (beta) and γ (gamma) are fitted.
@@ -375,13 +402,19 @@ def fit_cpt(
     Args:
       N, D, L: points of the CPT runs.
       base: a `fit_chinchilla` result on the from-scratch runs.
-      delta, grid, bootstrap, seed, runs, iters: as for `fit_chinchilla`; the grid's variables
-        are `b, beta, gamma` (default b ∈ {0, 5, …, 25}, β' ∈ {0, 0.25, …, 2}, γ ∈ {−1, …, 1}).
+      delta, grid, bootstrap, seed, runs, iters, series: as for `fit_chinchilla`; the grid's
+        variables are `b, beta, gamma` (default b ∈ {0, 5, …, 25}, β' ∈ {0, 0.25, …, 2},
+        γ ∈ {−1, …, 1}).
+
+    Raises:
+      Unidentifiable: fewer than 2 model sizes (γ) or 2 distinct D (β'), or fewer points than
+        the 3 fitted parameters.
     """
     if base.law != "chinchilla":
         raise FitInputError(f"cpt: base must be a chinchilla fit, got {base.law!r}")
     if not all(np.isfinite(base.params[k]) for k in ("E", "A", "alpha")):
-        raise FitInputError("cpt: base fit has non-finite E, A or alpha")
+        where = f"cpt/{series}" if series else "cpt"
+        raise Unidentifiable(f"{where}: base fit has non-finite E, A or alpha")
     fixed = {
         "e": math.log(base.params["E"]),
         "a": math.log(base.params["A"]),
@@ -400,6 +433,7 @@ def fit_cpt(
         fixed_samples=list(base.samples) or None,
         iters=iters,
         input_names=("N", "D"),
+        series=series,
     )
     # Report stage one's values bit for bit (not their exp(log(·)) round trip).
     params = {**res.params, **{k: base.params[k] for k in laws.fit_spec("cpt").fixed_params}}

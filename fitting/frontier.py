@@ -95,8 +95,9 @@ def fit_frontier(
             f"frontier: mismatched lengths (C={len(C)}, L={len(L)}, runs={len(runs)})"
         )
     fc, fl, fr = frontier_points(C, L, runs, bins_per_decade=bins_per_decade)
-    lc = fit_mod.fit_loss_compute(fc, fl, delta=delta, runs=fr) if len(fc) >= 3 else None
-    pw = fit_mod.fit_power(fc, fl, delta=delta, runs=fr) if len(fc) >= 2 else None
+    distinct = len(np.unique(fc))  # each law needs as many distinct C as it has parameters
+    lc = fit_mod.fit_loss_compute(fc, fl, delta=delta, runs=fr) if distinct >= 3 else None
+    pw = fit_mod.fit_power(fc, fl, delta=delta, runs=fr) if distinct >= 2 else None
     if bootstrap > 0 and (lc or pw):
         lc, pw = _bootstrap(C, L, list(runs), lc, pw, delta, bootstrap, seed, bins_per_decade)
     return Frontier(fc, fl, fr, lc, pw)
@@ -121,7 +122,7 @@ def _bootstrap(C, L, runs, lc, pw, delta, n_boot, seed, bins_per_decade):
             ("loss_compute", lc, laws.fit_spec("loss_compute")),
             ("power", pw, laws.fit_spec("power")),
         ):
-            if base is None or len(fc) < len(spec.names):
+            if base is None or len(np.unique(fc)) < len(spec.names):
                 continue
             start = np.array([[base.log_params[n] for n in spec.names]])
             try:

@@ -70,7 +70,11 @@ def power_law(Dp, *, E: float, A: float, alpha: float) -> np.ndarray:
 
 
 def _exp(v: float) -> float:
-    return float(math.exp(v))
+    """exp(v), inf past float range (a runaway fit is reported as such, never an OverflowError)."""
+    try:
+        return float(math.exp(v))
+    except OverflowError:
+        return math.inf
 
 
 HOFFMANN_GRID = {
@@ -92,12 +96,20 @@ class Law:
       predict: the pure, vectorised formula (inputs positional, parameters by keyword).
       spec: how `fitting.fit.fit_law` fits it as an LSE-affine law (None: fitted otherwise, e.g.
         the log-law by `fitting.downstream.fit_bleu_law`).
+      inputs: the names of its inputs, in `predict`'s order.
+      min_distinct: the fewest distinct values of each input that identify the parameters. The
+        Chinchilla law needs 3 model sizes: each size's curve along D pins only its offset
+        E + A/N^α, and two offsets leave E, A, α a one-parameter family of exact fits (the same
+        along D). The CPT law's second stage (E, A, α fixed) needs 2 sizes for γ and 2 values
+        of D for β'. A one-input law with k parameters needs k distinct inputs.
     """
 
     name: str
     params: tuple[str, ...]
     predict: Callable[..., np.ndarray]
     spec: LawSpec | None = None
+    inputs: tuple[str, ...] = ()
+    min_distinct: tuple[int, ...] = ()
 
 
 def _register(*entries: Law) -> Mapping[str, Law]:
@@ -111,6 +123,8 @@ LAWS: Mapping[str, Law] = _register(
         name="chinchilla",
         params=("E", "A", "B", "alpha", "beta"),
         predict=chinchilla,
+        inputs=("N", "D"),
+        min_distinct=(3, 3),
         spec=LawSpec(
             law="chinchilla",
             names=("a", "b", "e", "alpha", "beta"),
@@ -131,6 +145,8 @@ LAWS: Mapping[str, Law] = _register(
         name="cpt",
         params=("E", "A", "alpha", "B", "beta", "gamma"),
         predict=cpt,
+        inputs=("N", "D"),
+        min_distinct=(2, 2),
         # The paper's second stage: E, A, alpha come from the from-scratch fit.
         spec=LawSpec(
             law="cpt",
@@ -159,6 +175,8 @@ LAWS: Mapping[str, Law] = _register(
         name="loss_compute",
         params=("E", "A", "gamma"),
         predict=loss_compute,
+        inputs=("C",),
+        min_distinct=(3,),
         spec=LawSpec(
             law="loss_compute",
             names=("a", "gamma", "e"),
@@ -180,6 +198,8 @@ LAWS: Mapping[str, Law] = _register(
         name="power",
         params=("k", "g"),
         predict=power,
+        inputs=("C",),
+        min_distinct=(2,),
         spec=LawSpec(
             law="power",
             names=("log_k", "g"),
@@ -192,11 +212,19 @@ LAWS: Mapping[str, Law] = _register(
             },
         ),
     ),
-    Law(name="log_law", params=("log_A", "alpha", "beta"), predict=log_law),
+    Law(
+        name="log_law",
+        params=("log_A", "alpha", "beta"),
+        predict=log_law,
+        inputs=("Dp",),
+        min_distinct=(3,),
+    ),
     Law(
         name="power_law",
         params=("E", "A", "alpha"),
         predict=power_law,
+        inputs=("Dp",),
+        min_distinct=(3,),
         spec=LawSpec(
             law="power_law",
             names=("a", "alpha", "e"),

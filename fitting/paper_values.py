@@ -1,7 +1,9 @@
 """The papers' published values the study reports compare with (kept in one place, as printed).
 
 `CPT_TABLE2`: the CPT paper's (Zheng et al. 2024) Table 2, fits on 40 LLaMA2 sizes (50M-5.5B,
-zh target), and its compute-optimal allocation exponents (a, b) for scratch and CPT.
+zh target), its compute-optimal allocation exponents (a, b) for scratch and CPT, and the
+prefactors of its eqs. 8-9 (N_opt = n_coef·C^a, D_opt = d_coef·C^b). All of them are on the
+paper's N basis, its Table 4 nominal sizes: compare fits made with `n_basis="nominal"`.
 `MT_EN_FR`: the MT paper's (Isik et al. 2024) numbers for T5-3B en-fr (Tables 3-6, §5).
 """
 
@@ -11,6 +13,9 @@ CPT_TABLE2 = {
     "scratch": {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.40, "beta": 0.30},
     "cpt": {"B": 433.3, "beta": 0.20, "gamma": 0.08},
     "allocation": {"scratch": (0.429, 0.571), "cpt": (0.385, 0.615)},
+    # eqs. 8-9: (n_coef, a, d_coef, b)
+    "eq8_9": {"scratch": (0.324, 0.429, 0.514, 0.571), "cpt": (4.79, 0.385, 0.035, 0.615)},
+    "n_basis": "nominal",
 }
 
 MT_EN_FR = {

@@ -9,6 +9,14 @@ downstream laws with the data-valuation verdicts.
 fits, the function that fits them, its report section and its plot, so a new law is one `Law`
 entry plus one `Step` entry. A step without suitable runs is skipped (and recorded) under
 law="all" and is an error when asked for by name.
+
+A fit the data cannot identify (`fitting.checks.Unidentifiable`: one model size for a language's
+Chinchilla law, fewer points than parameters) is skipped with a message naming the law, the
+language or series and what is missing; it is never reported, let alone as converged.
+Downstream series are one model's each (family + size; `fitting.points.downstream_series`), and
+every row names its model. N is on the basis `n_basis` names (`fitting.model_keys.N_BASES`:
+"exact" non-embedding counts, or the paper's "nominal" sizes, the basis of the CPT paper's
+Table 2 and eqs. 8-9); fits.json and report.md record it.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from fitting import (
     frontier,
     io,
     laws,
+    model_keys,
     plots,
     points,
     report,
@@ -36,7 +45,7 @@ from fitting import (
     valuation,
 )
 from fitting.allocation import allocation_cis, compute_optimal
-from fitting.checks import FitInputError
+from fitting.checks import FitInputError, Unidentifiable, require_distinct
 from fitting.fit import FitResult, fit_chinchilla, fit_cpt
 from fitting.formats import json_safe
 from pipelines.names import mt_pair
@@ -53,15 +62,53 @@ class Study:
     bootstrap: int
     seed: int
     grid: Mapping[str, Sequence[float]] | None
+    n_basis: str = model_keys.DEFAULT_BASIS
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
     plots: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
-    cache: dict[tuple[str, str], FitResult | None] = dataclasses.field(default_factory=dict)
+    cache: dict[tuple[str, str], FitResult | Unidentifiable | None] = dataclasses.field(
+        default_factory=dict
+    )
 
     def languages(self, strategies: Sequence[str]) -> list[str]:
         """Target languages of the runs with one of `strategies`."""
         return sorted({r.target_lang for r in self.runs if r.strategy in strategies})
+
+    def curves(
+        self, strategies: Sequence[str], lang: str, *, task: str | None = None
+    ) -> list[points.Curve]:
+        """`fitting.points.curves` of a language's runs, N on the study's basis."""
+        return points.curves(
+            self.runs, strategies=strategies, language=lang, task=task, n_basis=self.n_basis
+        )
+
+    def pooled(self, law: str, strategies: Sequence[str], lang: str) -> points.Points:
+        """The language's points for `law`, refused (`Unidentifiable`, naming the law, the
+        language and the models) when they hold fewer model sizes than the law needs."""
+        pts = points.pool(self.curves(strategies, lang))
+        if len(pts):
+            require_distinct(
+                law=law,
+                series=lang,
+                what="model sizes",
+                values=pts.N,
+                minimum=laws.LAWS[law].min_distinct[0],
+                names=pts.models,
+            )
+        return pts
+
+    def _cached(self, key: tuple[str, str], make: Callable[[], FitResult | None]):
+        """A cached fit; an unidentifiable one is remembered and raised again."""
+        if key not in self.cache:
+            try:
+                self.cache[key] = make()
+            except Unidentifiable as why:
+                self.cache[key] = why
+        got = self.cache[key]
+        if isinstance(got, Unidentifiable):
+            raise got
+        return got
 
     def check(self, name: str, fit: Any) -> None:
         """Records a warning for a fit that did not converge (it is never silently reported)."""
@@ -69,45 +116,54 @@ class Study:
             self.warnings.append(f"{name}: fit did NOT converge (gradient {fit.grad_norm:.3g})")
 
     def scratch_fit(self, lang: str) -> FitResult | None:
-        """The from-scratch Chinchilla fit of a language (source + scratch runs), cached."""
-        key = ("chinchilla", lang)
-        if key not in self.cache:
-            pts = points.pool(points.curves(self.runs, strategies=FROM_SCRATCH, language=lang))
-            self.cache[key] = (
-                fit_chinchilla(
-                    pts.N,
-                    pts.D,
-                    pts.L,
-                    runs=pts.runs,
-                    grid=self.grid,
-                    bootstrap=self.bootstrap,
-                    seed=self.seed,
-                )
-                if len(pts)
-                else None
+        """The from-scratch Chinchilla fit of a language (source + scratch runs), cached.
+
+        Raises:
+          Unidentifiable: the runs cannot determine the law (e.g. one model size).
+        """
+
+        def make() -> FitResult | None:
+            pts = self.pooled("chinchilla", FROM_SCRATCH, lang)
+            if not len(pts):
+                return None
+            return fit_chinchilla(
+                pts.N,
+                pts.D,
+                pts.L,
+                runs=pts.runs,
+                grid=self.grid,
+                bootstrap=self.bootstrap,
+                seed=self.seed,
+                series=lang,
             )
-        return self.cache[key]
+
+        return self._cached(("chinchilla", lang), make)
 
     def cpt_fit(self, lang: str) -> FitResult | None:
-        """The CPT law's second-stage fit of a language on its cpt runs, cached."""
-        key = ("cpt", lang)
-        if key not in self.cache:
+        """The CPT law's second-stage fit of a language on its cpt runs, cached.
+
+        Raises:
+          Unidentifiable: the cpt runs, or the from-scratch runs of its first stage, cannot
+            determine their law.
+        """
+
+        def make() -> FitResult | None:
             base = self.scratch_fit(lang)
-            pts = points.pool(points.curves(self.runs, strategies=("cpt",), language=lang))
-            self.cache[key] = (
-                fit_cpt(
-                    pts.N,
-                    pts.D,
-                    pts.L,
-                    base=base,
-                    runs=pts.runs,
-                    bootstrap=self.bootstrap,
-                    seed=self.seed + 1,
-                )
-                if len(pts) and base is not None
-                else None
+            pts = self.pooled("cpt", ("cpt",), lang)
+            if not len(pts) or base is None:
+                return None
+            return fit_cpt(
+                pts.N,
+                pts.D,
+                pts.L,
+                base=base,
+                runs=pts.runs,
+                bootstrap=self.bootstrap,
+                seed=self.seed + 1,
+                series=lang,
             )
-        return self.cache[key]
+
+        return self._cached(("cpt", lang), make)
 
     def draw(self, plot: Callable[..., Path], name: str, *args: Any, **kwargs: Any) -> None:
         """Draws `plot(*args, out/name, **kwargs)` (a `fitting.plots` figure) and records it."""
@@ -123,26 +179,35 @@ def _budgets(pts: points.Points) -> list[float]:
 def _chinchilla(study: Study, step: Step) -> dict[str, Any]:
     out = {}
     for lang in study.languages(FROM_SCRATCH):
-        fit = study.scratch_fit(lang)
+        try:
+            fit = study.scratch_fit(lang)
+        except Unidentifiable as why:
+            study.skipped[f"chinchilla/{lang}"] = str(why)
+            continue
         if fit is None:
             continue
         study.check(f"chinchilla/{lang}", fit)
-        pts = points.pool(points.curves(study.runs, strategies=FROM_SCRATCH, language=lang))
+        pts = points.pool(study.curves(FROM_SCRATCH, lang))
         alloc = compute_optimal(fit)
         out[lang] = {
+            "models": sorted(set(pts.models)),
             "fit": fit.to_dict(),
             "allocation": alloc.to_dict(),
             "allocation_ci": _ci_json(allocation_cis(fit, budgets=_budgets(pts))),
         }
     if not out:
-        raise Skip("no source or scratch runs")
+        raise Skip(_why_none("no source or scratch runs", study, "chinchilla/"))
     return out
 
 
 def _cpt(study: Study, step: Step) -> dict[str, Any]:
     out = {}
     for lang in study.languages(("cpt",)):
-        fit = study.cpt_fit(lang)
+        try:
+            fit = study.cpt_fit(lang)
+        except Unidentifiable as why:
+            study.skipped[f"cpt/{lang}"] = str(why)
+            continue
         if fit is None:
             study.skipped[f"cpt/{lang}"] = (
                 "no from-scratch runs of this language for the first stage"
@@ -150,20 +215,26 @@ def _cpt(study: Study, step: Step) -> dict[str, Any]:
             continue
         study.check(f"cpt/{lang}", fit)
         base = study.scratch_fit(lang)
-        pts = points.pool(points.curves(study.runs, strategies=("cpt",), language=lang))
-        chin = fit_chinchilla(pts.N, pts.D, pts.L, runs=pts.runs, grid=study.grid)
-        study.check(f"cpt/{lang} (Chinchilla law on CPT runs)", chin)
+        pts = points.pool(study.curves(("cpt",), lang))
         out[lang] = {
+            "models": sorted(set(pts.models)),
             "fit": fit.to_dict(),
             "allocation": compute_optimal(fit).to_dict(),
             "allocation_ci": _ci_json(allocation_cis(fit, budgets=_budgets(pts))),
+        }
+        try:
+            study.pooled("chinchilla", ("cpt",), lang)
+            chin = fit_chinchilla(pts.N, pts.D, pts.L, runs=pts.runs, grid=study.grid, series=lang)
+        except Unidentifiable as why:
+            study.skipped[f"cpt/{lang} (Chinchilla law on CPT runs)"] = str(why)
+        else:
+            study.check(f"cpt/{lang} (Chinchilla law on CPT runs)", chin)
             # CPT paper Appendix B: mean Huber per point of both laws on the CPT runs.
-            "appendix_b": {
+            out[lang]["appendix_b"] = {
                 "chinchilla_fit": chin.to_dict(),
                 "mean_huber_chinchilla": chin.objective / chin.n_points,
                 "mean_huber_cpt": fit.objective / fit.n_points,
-            },
-        }
+            }
         study.draw(
             step.plot,
             f"isoloss_{lang}.png",
@@ -172,7 +243,9 @@ def _cpt(study: Study, step: Step) -> dict[str, Any]:
             title=lang,
         )
     if not out:
-        raise Skip("no cpt runs with from-scratch runs of the same language")
+        raise Skip(
+            _why_none("no cpt runs with from-scratch runs of the same language", study, "cpt/")
+        )
     return out
 
 
@@ -182,13 +255,17 @@ def _compute(study: Study, step: Step) -> dict[str, Any]:
     for lang in study.languages(FROM_SCRATCH + ("cpt",)):
         curves, fronts = {}, {}
         for name, strategies in groups.items():
-            cs = points.curves(study.runs, strategies=strategies, language=lang)
+            cs = study.curves(strategies, lang)
             pts = points.pool(cs)
             if not len(pts):
                 continue
-            fr = frontier.fit_frontier(
-                pts.C, pts.L, pts.runs, bootstrap=study.bootstrap, seed=study.seed + 2
-            )
+            try:
+                fr = frontier.fit_frontier(
+                    pts.C, pts.L, pts.runs, bootstrap=study.bootstrap, seed=study.seed + 2
+                )
+            except Unidentifiable as why:
+                study.skipped[f"compute/{lang}/{name}"] = str(why)
+                continue
             study.check(f"compute/{lang}/{name} (E'+A'/C^γ)", fr.loss_compute)
             study.check(f"compute/{lang}/{name} (k·C^-g)", fr.power)
             curves[name], fronts[name] = cs, fr
@@ -209,13 +286,17 @@ def _compute(study: Study, step: Step) -> dict[str, Any]:
 def _transfer(study: Study, step: Step) -> dict[str, Any]:
     out = {}
     for lang in study.languages(("cpt",)):
-        cpt_c = points.curves(study.runs, strategies=("cpt",), language=lang)
-        ref_c = points.curves(study.runs, strategies=FROM_SCRATCH, language=lang)
+        cpt_c = study.curves(("cpt",), lang)
+        ref_c = study.curves(FROM_SCRATCH, lang)
         pairs = transfer.transfer_pairs(cpt_c, ref_c)
         if not pairs:
             continue
         entry: dict[str, Any] = {"curves": [p.to_dict() for p in pairs]}
-        base, cpt = study.scratch_fit(lang), study.cpt_fit(lang)
+        try:
+            base, cpt = study.scratch_fit(lang), study.cpt_fit(lang)
+        except Unidentifiable as why:  # the curves stand; the law-based measures need the laws
+            study.skipped[f"transfer/{lang} (law)"] = str(why)
+            base = cpt = None
         if base is not None and cpt is not None:
             law = []
             for c in cpt_c:
@@ -264,8 +345,8 @@ def _replay(study: Study, step: Step) -> dict[str, Any]:
             src = run.meta.get("source_lang")
             if not src:
                 continue
-            s = points.curve(run, task=f"lm_{src}")
-            t = points.curve(run, task=f"lm_{lang}")
+            s = points.curve(run, task=f"lm_{src}", n_basis=study.n_basis)
+            t = points.curve(run, task=f"lm_{lang}", n_basis=study.n_basis)
             if len(s.loss) and len(t.loss):
                 rc = transfer.replay_curve(s, t)
                 study.check(f"replay/{lang}/{run.run_id} (forgetting tail)", rc.tail_fit)
@@ -289,17 +370,19 @@ def _downstream(study: Study, step: Step, metrics: Sequence[str]) -> list[dict[s
     entries, figures = [], {}
     for metric in metrics:
         for s in points.downstream_series(study.runs, metric=metric):
+            where = f"{name}/{s.label}/{metric}"
             if len(s.Dp) < 3:
-                study.skipped[f"{name}/{'/'.join(s.key)}/{metric}"] = f"{len(s.Dp)} points (< 3)"
+                study.skipped[where] = f"{len(s.Dp)} points (< 3)"
                 continue
             n_fit = min(4, len(s.Dp))
             try:
                 fit = downstream.fit_series(s.Dp, s.values, metric=metric, n_fit=n_fit)
             except FitInputError as why:  # e.g. a BLEU of 0: no log-law; the other series go on
-                study.skipped[f"{name}/{'/'.join(s.key)}/{metric}"] = str(why)
+                study.skipped[where] = str(why)
                 continue
-            study.check(f"{name}/{'/'.join(s.key)}/{metric}", fit)
+            study.check(where, fit)
             entry: dict[str, Any] = {
+                "model": s.model,
                 "pretraining": s.key[0],
                 "task": s.key[1],
                 "finetune_steps": s.key[2],
@@ -319,7 +402,7 @@ def _downstream(study: Study, step: Step, metrics: Sequence[str]) -> list[dict[s
             entries.append(entry)
             figures.setdefault((metric, s.key[1]), []).append(
                 (
-                    f"{s.key[0]} ({s.key[2]}{' steps' if s.key[2].isdigit() else ''})",
+                    f"{s.model}: {s.key[0]} ({s.key[2]}{' steps' if s.key[2].isdigit() else ''})",
                     fit,
                     s.baseline,
                 )
@@ -425,6 +508,7 @@ def fit_runs(
     bootstrap: int = 100,
     seed: int = 0,
     grid: Mapping[str, Sequence[float]] | None = None,
+    n_basis: str = model_keys.DEFAULT_BASIS,
 ) -> dict[str, Any]:
     """Fits the papers' laws to a directory of runs and writes fits.json, report.md and PNGs.
 
@@ -435,6 +519,9 @@ def fit_runs(
       bootstrap: resamples of whole runs for the intervals (0: none).
       seed: bootstrap seed.
       grid: start values for the Chinchilla fits (default: the 4,500-start Hoffmann grid).
+      n_basis: N of the upstream fits (`fitting.model_keys.N_BASES`): "exact" non-embedding
+        counts, or "nominal", the paper's sizes (CPT paper Table 4), the basis its Table 2 and
+        eqs. 8-9 were fitted on; C = 6·N·D follows it.
 
     Returns:
       The dict written to fits.json.
@@ -445,9 +532,10 @@ def fit_runs(
     """
     if law not in LAWS:
         raise ValueError(f"unknown law {law!r}; choose one of {', '.join(LAWS)}")
+    model_keys.check_basis(n_basis)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    study = Study(io.read_runs(runs_dir), out, int(bootstrap), int(seed), grid)
+    study = Study(io.read_runs(runs_dir), out, int(bootstrap), int(seed), grid, n_basis)
     for name in STEPS if law == "all" else (law,):
         try:
             study.results[name] = STEPS[name].run(study, STEPS[name])
@@ -461,6 +549,7 @@ def fit_runs(
         "law": law,
         "bootstrap": study.bootstrap,
         "seed": study.seed,
+        "n_basis": study.n_basis,
         "converged": not study.warnings,
         "warnings": study.warnings,
         "skipped": study.skipped,
@@ -470,6 +559,12 @@ def fit_runs(
     (out / "fits.json").write_text(json.dumps(json_safe(result), indent=1, allow_nan=False))
     (out / "report.md").write_text(render_report(result))
     return result
+
+
+def _why_none(default: str, study: Study, prefix: str) -> str:
+    """Why a step has no result: the fits it refused (unidentifiable), else `default`."""
+    refused = [f"{k}: {v}" for k, v in study.skipped.items() if k.startswith(prefix)]
+    return "; ".join(refused) if refused else default
 
 
 def _clean(a) -> list[float | None]:

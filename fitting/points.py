@@ -5,6 +5,11 @@ The loss is the run's target-language eval loss (`eval/lm_<lang>/loss`); D is to
 run, for replay runs only the target language's component (`tokens_by_task`); C is the run's
 cumulative 6·N·D FLOPs. An evaluation before any token was seen (D = 0) cannot be a point of a
 power law and is skipped; a NaN or non-positive loss is an error naming the run and step.
+
+N is on the basis the caller picks (`fitting.model_keys.N_BASES`: exact non-embedding counts or
+the paper's nominal sizes; C follows it). Curves and downstream series carry their model
+(family + size, `fitting.model_keys.model_label`): a downstream series and its baseline are one
+model's, never a mix.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from fitting import model_keys
 from fitting.checks import FitInputError
 from fitting.io import RunRecord
 
@@ -28,12 +34,14 @@ class Curve:
 
     Attributes:
       run_id, strategy, language, replay_ratio: from run.json.
-      n_params: non-embedding parameters (N).
+      n_params: N on the curve's basis (`n_basis`).
       task: the evaluated task (lm_<lang>).
       steps, tokens, flops, loss: per evaluation; tokens counts only the target language's
         component for replay runs (D of the CPT law), flops the whole run's 6·N·tokens.
       fraction: share of the run's tokens that went to `task`'s language (1 without replay), so
         that compute "allocated to the language" is flops × fraction (CPT paper Fig. 4).
+      model: the run's model (`fitting.model_keys.model_label`).
+      n_basis: the basis of `n_params` and `flops` ("exact" or "nominal").
     """
 
     run_id: str
@@ -47,11 +55,13 @@ class Curve:
     flops: np.ndarray
     loss: np.ndarray
     fraction: np.ndarray
+    model: str = "?"
+    n_basis: str = model_keys.DEFAULT_BASIS
 
 
 @dataclasses.dataclass(frozen=True)
 class Points:
-    """Fit inputs pooled over runs (one entry per evaluation)."""
+    """Fit inputs pooled over runs (one entry per evaluation; `models`: each point's model)."""
 
     N: np.ndarray
     D: np.ndarray
@@ -59,6 +69,7 @@ class Points:
     C: np.ndarray
     runs: tuple[str, ...]
     steps: np.ndarray
+    models: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.L)
@@ -75,8 +86,20 @@ def _component(run: RunRecord, lang: str) -> str | None:
     return None
 
 
-def curve(run: RunRecord, *, task: str | None = None, n_key: str = "params_non_embedding") -> Curve:
+def curve(
+    run: RunRecord,
+    *,
+    task: str | None = None,
+    n_key: str = "params_non_embedding",
+    n_basis: str = model_keys.DEFAULT_BASIS,
+) -> Curve:
     """A run's evaluations of `task` (default its target language's lm task) along training.
+
+    Args:
+      run: the run.
+      task: the evaluated task (default `lm_<target language>`).
+      n_key: the run.json count N is on the exact basis.
+      n_basis: "exact" (`n_key`) or "nominal" (the paper's size; FLOPs rescaled to it).
 
     Raises:
       FitInputError: missing parameter count, or a NaN / non-positive loss (naming run and step).
@@ -87,6 +110,11 @@ def curve(run: RunRecord, *, task: str | None = None, n_key: str = "params_non_e
     n = _float(run.meta.get(n_key))
     if not (np.isfinite(n) and n > 0):
         raise FitInputError(f"run {run.run_id!r}: run.json has no positive {n_key}")
+    # FLOPs were counted with the exact N: on another basis they follow N (C = 6·N·D).
+    flops_scale = 1.0
+    if n_basis != "exact":
+        basis_n = model_keys.n_params(run.meta, basis=n_basis, run_id=run.run_id)
+        n, flops_scale = basis_n, basis_n / n
     comp = _component(run, task_lang)
     comps = list(run.meta.get("components") or [])
     ratio = _float(run.meta.get("replay_ratio") or 0.0)
@@ -110,7 +138,7 @@ def curve(run: RunRecord, *, task: str | None = None, n_key: str = "params_non_e
             f = 1.0 - ratio if task_lang == lang else ratio
         steps.append(int(rec["step"]))
         tokens.append(total * f)
-        flops.append(_float(rec.get("flops")))
+        flops.append(_float(rec.get("flops")) * flops_scale)
         loss.append(value)
         frac.append(f)
     return Curve(
@@ -125,6 +153,8 @@ def curve(run: RunRecord, *, task: str | None = None, n_key: str = "params_non_e
         flops=np.asarray(flops, np.float64),
         loss=np.asarray(loss, np.float64),
         fraction=np.asarray(frac, np.float64),
+        model=model_keys.model_label(run.meta),
+        n_basis=n_basis,
     )
 
 
@@ -134,12 +164,13 @@ def curves(
     strategies: Sequence[str],
     language: str | None = None,
     task: str | None = None,
+    n_basis: str = model_keys.DEFAULT_BASIS,
 ) -> list[Curve]:
-    """Curves of the runs with one of `strategies` (and `language`, if given)."""
+    """Curves of the runs with one of `strategies` (and `language`, if given), N on `n_basis`."""
     out = []
     for run in runs:
         if run.strategy in strategies and (language is None or run.target_lang == language):
-            c = curve(run, task=task)
+            c = curve(run, task=task, n_basis=n_basis)
             if len(c.loss):
                 out.append(c)
     return out
@@ -151,7 +182,7 @@ def pool(curves_: Sequence[Curve], *, min_tokens: float = 0.0) -> Points:
     Raises:
       FitInputError: a kept point has a non-finite token or FLOP count (naming run and step).
     """
-    N, D, L, C, runs, steps = [], [], [], [], [], []
+    N, D, L, C, runs, steps, models = [], [], [], [], [], [], []
     for c in curves_:
         for i in range(len(c.loss)):
             if not (c.tokens[i] > min_tokens):
@@ -166,8 +197,15 @@ def pool(curves_: Sequence[Curve], *, min_tokens: float = 0.0) -> Points:
             C.append(c.flops[i] if np.isfinite(c.flops[i]) else 6.0 * c.n_params * c.tokens[i])
             runs.append(c.run_id)
             steps.append(c.steps[i])
+            models.append(c.model)
     return Points(
-        np.asarray(N), np.asarray(D), np.asarray(L), np.asarray(C), tuple(runs), np.asarray(steps)
+        np.asarray(N),
+        np.asarray(D),
+        np.asarray(L),
+        np.asarray(C),
+        tuple(runs),
+        np.asarray(steps),
+        tuple(models),
     )
 
 
@@ -180,15 +218,18 @@ def _float(v: Any) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class DownstreamSeries:
-    """Downstream results of finetuning checkpoints of one pretraining run (MT paper §4).
+    """Downstream results of finetuning checkpoints of one model's pretraining run (MT paper §4).
 
     Attributes:
-      key: (pretraining mixture, finetuning task, finetuning steps) describing the series.
+      key: (pretraining mixture, finetuning task, finetuning steps) describing the series; with
+        `model`, what identifies it (two models' series may share a key, never a series).
       metric: the score's name ("bleu", ...) or "loss" for downstream cross-entropy.
       Dp: pretraining tokens of each checkpoint (sorted).
       values: the finetuned model's final score (or cross-entropy) per checkpoint.
       runs: the finetuning run ids.
-      baseline: the same finetuning from random initialisation (finetune_scratch), if present.
+      baseline: the same model's same finetuning from random initialisation
+        (finetune_scratch), if present.
+      model: the finetuned model (`fitting.model_keys.model_label`: family + size).
     """
 
     key: tuple[str, str, str]
@@ -197,6 +238,13 @@ class DownstreamSeries:
     values: np.ndarray
     runs: tuple[str, ...]
     baseline: float | None = None
+    model: str = "?"
+
+    @property
+    def label(self) -> str:
+        """`<model>/<mixture>/<task>/<finetuning group>`: names the series in skips, warnings
+        and reports."""
+        return "/".join((self.model, *self.key))
 
 
 _GIN_DF = re.compile(r"^\s*FINETUNE_TOKENS\s*=\s*([0-9_eE.+]+)", re.MULTILINE)
@@ -220,15 +268,18 @@ def finetune_group(meta: dict) -> str:
 
 
 def downstream_series(runs: Sequence[RunRecord], *, metric: str) -> list[DownstreamSeries]:
-    """Groups finetuning runs into (Dp, final value) series, one per pretraining run × task.
+    """Groups finetuning runs into (Dp, final value) series, one per model × pretraining run ×
+    task × finetuning recipe.
 
     Dp is read from the pretraining run named by `init_checkpoint` ('<model_dir>[@step]') at its
     `init_step`. `metric` is a score name ("bleu", "rouge", "comet") or "loss". A series (and
-    its non-pretrained baseline) shares the finetuning recipe: steps and Df (`finetune_group`).
+    its non-pretrained baseline) shares the model (family + size: a runs directory holding
+    T5-770M and T5-3B gives one series per model, each with its own baseline) and the finetuning
+    recipe: steps and Df (`finetune_group`).
     """
     by_id = {r.run_id: r for r in runs}
-    groups: dict[tuple[str, str, str], list[tuple[float, float, str]]] = {}
-    baselines: dict[tuple[str, str], float] = {}
+    groups: dict[tuple[str, str, str, str], list[tuple[float, float, str]]] = {}
+    baselines: dict[tuple[str, str, str], float] = {}
     for run in runs:
         if run.strategy not in ("finetune", "finetune_scratch"):
             continue
@@ -237,8 +288,9 @@ def downstream_series(runs: Sequence[RunRecord], *, metric: str) -> list[Downstr
         if value is None:
             continue
         steps = finetune_group(run.meta)
+        model = model_keys.model_label(run.meta)
         if run.strategy == "finetune_scratch":
-            baselines[(task, steps)] = value
+            baselines[(model, task, steps)] = value
             continue
         ckpt = str(run.meta.get("init_checkpoint") or "")
         src_dir, _, at = ckpt.partition("@")
@@ -249,19 +301,20 @@ def downstream_series(runs: Sequence[RunRecord], *, metric: str) -> list[Downstr
             )
         step = run.meta.get("init_step", at or None)
         dp = _tokens_at(src, int(step) if step not in (None, "") else None)
-        key = (str(src.meta.get("mixture_or_task", src.run_id)), task, steps)
-        groups.setdefault(key, []).append((dp, value, run.run_id))
+        mixture = str(src.meta.get("mixture_or_task", src.run_id))
+        groups.setdefault((model, mixture, task, steps), []).append((dp, value, run.run_id))
     out = []
-    for key, items in sorted(groups.items()):
+    for (model, *key), items in sorted(groups.items()):
         items.sort()
         out.append(
             DownstreamSeries(
-                key=key,
+                key=(key[0], key[1], key[2]),
                 metric=metric,
                 Dp=np.asarray([i[0] for i in items]),
                 values=np.asarray([i[1] for i in items]),
                 runs=tuple(i[2] for i in items),
-                baseline=baselines.get((key[1], key[2])),
+                baseline=baselines.get((model, key[1], key[2])),
+                model=model,
             )
         )
     return out

@@ -12,6 +12,15 @@ from typing import Any
 
 from fitting.formats import fmt
 
+# fits.json's `n_basis` -> the sentence report.md states it in.
+N_BASIS_NOTES = {
+    "exact": "N basis: exact non-embedding parameter counts (run.json `params_non_embedding`); "
+    "not the CPT paper's basis (its Table 4 nominal sizes), so A, α and the allocation "
+    "prefactors are not comparable with its Table 2 and eqs. 8-9.",
+    "nominal": "N basis: the paper's nominal sizes (CPT paper Table 4), the basis of its "
+    "Table 2 and eqs. 8-9; C = 6·N·D on the same N.",
+}
+
 
 def _n(v: Any) -> str:
     """A table cell: None as an em dash, floats rounded (`fmt`), everything else as it is."""
@@ -77,11 +86,17 @@ def _allocation(entry: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _models(entry: Mapping[str, Any]) -> list[str]:
+    """The models a fit pooled (one line), where fits.json lists them."""
+    models = entry.get("models")
+    return [f"Models ({len(models)}): {', '.join(models)}.", ""] if models else []
+
+
 def chinchilla(res: Mapping[str, Any]) -> list[str]:
     """The from-scratch Chinchilla fits with their compute-optimal allocations."""
     lines = ["## From-scratch Chinchilla law L = E + A/N^α + B/D^β", ""]
     for lang, e in res.items():
-        lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
+        lines += [f"### {lang}", ""] + _models(e) + _fit_block(e["fit"]) + _allocation(e)
     return lines
 
 
@@ -89,7 +104,7 @@ def cpt(res: Mapping[str, Any]) -> list[str]:
     """The CPT law's second-stage fits, allocations and the Appendix B comparison."""
     lines = ["## CPT law L = E + A/N^α + B'/(D^β'·N^γ) (second stage)", ""]
     for lang, e in res.items():
-        lines += [f"### {lang}", ""] + _fit_block(e["fit"]) + _allocation(e)
+        lines += [f"### {lang}", ""] + _models(e) + _fit_block(e["fit"]) + _allocation(e)
         b = e.get("appendix_b")
         if b:
             lines += [
@@ -163,7 +178,8 @@ def downstream(entries: Sequence[Mapping[str, Any]], *, title: str) -> list[str]
     for e in entries:
         fit = e["fit"]
         lines += [
-            f"### {e['pretraining']} → {e['task']} ({e['metric']}, {e['finetune_steps']} finetuning steps)",
+            f"### {e.get('model', '?')}: {e['pretraining']} → {e['task']} "
+            f"({e['metric']}, {e['finetune_steps']} finetuning steps)",
             "",
         ]
         lines += _table(("parameter", "value"), fit["params"].items())
@@ -187,6 +203,8 @@ def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], 
         "",
         f"Runs: `{result['runs_dir']}` ({result['n_runs']} runs); law: {result['law']}; "
         f"bootstrap resamples: {result['bootstrap']} (seed {result['seed']}).",
+        "",
+        N_BASIS_NOTES.get(result.get("n_basis", "exact"), f"N basis: {result.get('n_basis')}."),
         "",
     ]
     if result["warnings"]:

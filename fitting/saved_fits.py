@@ -13,12 +13,17 @@ import numpy as np
 DOWNSTREAM_SECTIONS = ("bleu", "ce")
 
 
-def fit_entries(fits: Mapping[str, Any]) -> dict[tuple[str, str, str, str], Mapping[str, Any]]:
-    """fits.json's downstream entries keyed by (pretraining, task, finetuning steps, metric)."""
+def fit_entries(
+    fits: Mapping[str, Any],
+) -> dict[tuple[str, str, str, str, str], Mapping[str, Any]]:
+    """fits.json's downstream entries keyed by (model, pretraining, task, finetuning steps,
+    metric): two models' fits of the same mixture and task are two entries ("?" for the model
+    of an entry written before fits named it)."""
     out = {}
     for name in DOWNSTREAM_SECTIONS:
         for e in fits.get(name) or []:
-            out[(e["pretraining"], e["task"], str(e["finetune_steps"]), e["metric"])] = e
+            key = (e.get("model", "?"), e["pretraining"], e["task"], str(e["finetune_steps"]))
+            out[(*key, e["metric"])] = e
     return out
 
 

@@ -5,6 +5,11 @@ Tests, the benchmark and a smoke demo need runs whose true law is known, without
 scratch, CPT, replay, pretraining and finetuning run directories (run.json + metrics.jsonl, as in
 docs/interfaces.md) whose eval losses follow the CPT paper's laws (its Table 2 values by default)
 times lognormal noise, and whose BLEU and downstream cross-entropy follow the MT paper's laws.
+
+With `models` (size names of the CPT paper's Table 4, e.g. `llama2_49m`), the runs are the
+paper's models: losses follow the laws at the paper's nominal N (the basis its Table 2 was
+fitted on) while run.json records the exact non-embedding counts, as the trainer does, so a fit
+on the nominal basis must recover Table 2 and one on the exact basis need not.
 """
 
 from __future__ import annotations
@@ -52,6 +57,23 @@ def _write_run(root: Path, run_id: str, meta: dict[str, Any], records: list[dict
     last = records[-1]
     (path / "COMPLETED").write_text(json.dumps({"step": last["step"], "tokens": last["tokens"]}))
     return path
+
+
+def paper_model(name: str) -> tuple[float, float, float]:
+    """(nominal N, exact non-embedding N, exact total) of a size of the LLaMA2 table; the
+    nominal N is the CPT paper's Table 4 size.
+
+    Raises:
+      ValueError: a size with no nominal count (not a Table 4 row).
+    """
+    from modeling import family
+
+    llama = family.get("llama2")
+    nominal = llama.nominal_params(name)
+    if nominal is None:
+        raise ValueError(f"{name!r} is not a size of the CPT paper's Table 4 (no nominal count)")
+    total, non_embedding = llama.param_counts(llama.get_config(name))
+    return float(nominal), float(non_embedding), float(total)
 
 
 def _meta(model: str, n: float, strategy: str, **extra: Any) -> dict[str, Any]:
@@ -121,6 +143,7 @@ def write_study(
     cpt: Mapping[str, float] = CPT,
     source_law: Mapping[str, float] = SOURCE,
     mt: bool = True,
+    models: Sequence[str] | None = None,
 ) -> Path:
     """Writes a CPT study (and an MT pretrain/finetune study) as run directories under `root`.
 
@@ -129,6 +152,11 @@ def write_study(
     middle size with source replay), and with `mt` a 50/50 en–fr pretraining run whose checkpoints
     are finetuned on mt_en_fr (BLEU and cross-entropy follow the MT paper's laws), plus a
     finetune-from-scratch baseline.
+
+    With `models` (Table 4 size names; `sizes` is then ignored) the runs are named after the
+    models (`scratch_llama2_49m`), losses follow the laws at the nominal N, tokens are 20 ×
+    the nominal N (the paper's and the manifests' budget), and run.json records the family,
+    the model and its exact counts (`paper_model`).
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -149,9 +177,17 @@ def write_study(
         }
 
     from_scratch = (("source", source, source_law, source), ("scratch", target, scratch, None))
-    for i, n in enumerate(sizes):
+    if models is None:
+        # name, N of the law, exact N recorded; _meta's default total (1.25 N)
+        table = [(f"{i:02d}_{n:.3g}", n, n, {}) for i, n in enumerate(sizes)]
+    else:
+        table = []
+        for name in models:
+            nominal, exact, total_params = paper_model(name)
+            counts = {"params_non_embedding": exact, "params_total": total_params}
+            table.append((name, nominal, exact, counts))
+    for name, n, n_exact, counts in table:
         total, batch = tokens_per_param * n, 2048 * 256
-        name = f"{i:02d}_{n:.3g}"
         for strategy, lang, law, src in from_scratch:
             task = f"lm_{lang}"
             _write_run(
@@ -159,16 +195,17 @@ def write_study(
                 f"{strategy}_{name}",
                 _meta(
                     name,
-                    n,
+                    n_exact,
                     strategy,
                     languages=[lang],
                     target_lang=lang,
                     source_lang=src,
                     mixture_or_task=task,
                     components=[task],
+                    **counts,
                 ),
                 _records(
-                    n,
+                    n_exact,
                     total,
                     evals,
                     {task: 1.0},
@@ -185,7 +222,7 @@ def write_study(
             f"cpt_{name}",
             _meta(
                 name,
-                n,
+                n_exact,
                 "cpt",
                 languages=[target],
                 target_lang=target,
@@ -194,10 +231,12 @@ def write_study(
                 components=[lm_t],
                 init_checkpoint=str(root / f"source_{name}"),
                 init_step=int(total / batch),
+                **counts,
             ),
-            _records(n, total, evals, {lm_t: 1.0}, cpt_losses(n), batch),
+            _records(n_exact, total, evals, {lm_t: 1.0}, cpt_losses(n), batch),
         )
-    n = sizes[len(sizes) // 2]
+    name, n, n_exact, counts = table[len(table) // 2]
+    model = name if models is not None else f"replay_{n:.3g}"
     total, batch = tokens_per_param * n, 2048 * 256
     for r in replay_ratios:
         mix = f"cpt_{target}_replay_{source}_{r * 100:g}"
@@ -205,8 +244,8 @@ def write_study(
             root,
             f"replay_{r * 100:g}",
             _meta(
-                f"replay_{n:.3g}",
-                n,
+                model,
+                n_exact,
                 "cpt_replay",
                 languages=[target, source],
                 target_lang=target,
@@ -214,8 +253,9 @@ def write_study(
                 replay_ratio=r,
                 mixture_or_task=mix,
                 components=[lm_t, lm_s],
+                **counts,
             ),
-            _records(n, total, evals, {lm_t: 1 - r, lm_s: r}, cpt_losses(n), batch),
+            _records(n_exact, total, evals, {lm_t: 1 - r, lm_s: r}, cpt_losses(n), batch),
         )
     if mt:
         _write_mt(root, rng, sigma)

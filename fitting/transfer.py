@@ -224,7 +224,7 @@ def replay_curve(source: Curve, target: Curve) -> ReplayCurve:
         peak = int(np.argmax(source.loss))
         c_tail, l_tail = src_c[peak:], source.loss[peak:]
         ok = np.isfinite(c_tail) & (c_tail > 0)
-        if ok.sum() >= 3:
+        if len(np.unique(c_tail[ok])) >= 3:
             tail = fit_mod.fit_power(c_tail[ok], l_tail[ok], runs=[source.run_id] * int(ok.sum()))
     nan = float("nan")
     return ReplayCurve(

@@ -38,7 +38,8 @@ TOLERANCE = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """Every metric of one (pretraining data, task, finetuning size) series of finetuned checkpoints.
+    """Every metric of one (model, pretraining data, task, finetuning size) series of finetuned
+    checkpoints.
 
     Attributes:
       mixture: the pretraining mixture (`mix_en_50_fr_50`).
@@ -51,6 +52,8 @@ class Cell:
       baseline: metric → the non-pretrained model's value at the same Df.
       runs: the finetuning run ids, in Dp order.
       alignment: the translation alignment score of the mixture for the task (eq. 2).
+      model: the finetuned model (`fitting.model_keys.model_label`); cells of two models are
+        never merged.
     """
 
     mixture: str
@@ -63,6 +66,7 @@ class Cell:
     baseline: Mapping[str, float]
     runs: tuple[str, ...]
     alignment: float | None
+    model: str = "?"
 
     @property
     def label(self) -> str:
@@ -97,21 +101,21 @@ def score_metrics(runs: Sequence[Any]) -> list[str]:
 
 
 def collect(runs: Sequence[Any]) -> list[Cell]:
-    """Groups the finetuning runs into cells, one per (pretraining data, task, Df), each with all
-    metrics aligned by checkpoint (the same grouping as the fits in fits.json)."""
+    """Groups the finetuning runs into cells, one per (model, pretraining data, task, Df), each
+    with all metrics aligned by checkpoint (the same grouping as the fits in fits.json)."""
     by_id = {r.run_id: r for r in runs}
     metrics = [*score_metrics(runs), CE]
-    per_key: dict[tuple[str, str, str], dict[str, Any]] = {}
+    per_key: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for metric in metrics:
         for s in points.downstream_series(runs, metric=metric):
-            cell = per_key.setdefault(s.key, {"Dp": {}, "values": {}, "baseline": {}})
+            cell = per_key.setdefault((s.model, *s.key), {"Dp": {}, "values": {}, "baseline": {}})
             for dp, v, rid in zip(s.Dp, s.values, s.runs, strict=True):
                 cell["Dp"][rid] = float(dp)
                 cell["values"].setdefault(metric, {})[rid] = float(v)
             if s.baseline is not None:
                 cell["baseline"][metric] = float(s.baseline)
     cells = []
-    for (mixture, task, steps), c in sorted(per_key.items()):
+    for (model, mixture, task, steps), c in sorted(per_key.items()):
         order = sorted(c["Dp"], key=lambda rid: c["Dp"][rid])
         dfs = {points.finetune_tokens(by_id[rid].meta) for rid in order}
         init = tuple(
@@ -133,9 +137,12 @@ def collect(runs: Sequence[Any]) -> list[Cell]:
                 baseline=dict(c["baseline"]),
                 runs=tuple(order),
                 alignment=alignment_of(mixture, task),
+                model=model,
             )
         )
-    return sorted(cells, key=lambda c: (c.task, -(c.alignment or 0.0), c.mixture, c.df or 0))
+    return sorted(
+        cells, key=lambda c: (c.task, -(c.alignment or 0.0), c.mixture, c.df or 0, c.model)
+    )
 
 
 def _better(metric: str, a: float, b: float) -> bool:
@@ -153,8 +160,9 @@ def _best(metric: str, values: np.ndarray) -> float:
 def aligned_vs_english(
     cells: Sequence[Cell], metric: str, *, noise: Mapping[str, float] | None = None
 ) -> list[dict[str, Any]]:
-    """Per (task, Df): the most and least aligned mixtures compared checkpoint by checkpoint
-    (same pretraining step), counting where the aligned one is better (the paper: always).
+    """Per (model, task, Df): the most and least aligned mixtures compared checkpoint by
+    checkpoint (same pretraining step), counting where the aligned one is better (the paper:
+    always). Mixtures are compared within one model, never across models.
 
     Args:
       cells: from `collect`.
@@ -164,10 +172,12 @@ def aligned_vs_english(
         half-widths combined (None where a run has no estimate).
     """
     rows = []
-    groups: dict[tuple[str, Any], list[Cell]] = {}
+    groups: dict[tuple[str, Any, str], list[Cell]] = {}
     for c in cells:
-        groups.setdefault((c.task, c.df), []).append(c)
-    for (task, df), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        groups.setdefault((c.task, c.df, c.model), []).append(c)
+    for (task, df, model), group in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0, kv[0][2])
+    ):
         ranked = sorted(
             (c for c in group if c.alignment is not None and metric in c.values),
             key=lambda c: -(c.alignment or 0.0),
@@ -192,6 +202,7 @@ def aligned_vs_english(
             )
         rows.append(
             {
+                "model": model,
                 "task": task,
                 "df": df,
                 "aligned": hi.mixture,
@@ -220,6 +231,7 @@ def pretraining_gain(cells: Sequence[Cell], metric: str) -> list[dict[str, Any]]
         sign = -1.0 if metric == CE else 1.0
         rows.append(
             {
+                "model": c.model,
                 "mixture": c.mixture,
                 "task": c.task,
                 "df": c.df,
@@ -253,6 +265,7 @@ def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, An
         dce = np.diff(ce)
         rows.append(
             {
+                "model": c.model,
                 "mixture": c.mixture,
                 "task": c.task,
                 "df": c.df,

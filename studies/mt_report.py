@@ -117,7 +117,7 @@ def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
     skipped = fits.get("skipped") or {}
     for c in cells:
         for metric in [m for m in c.values if m != CE] + [CE]:
-            e = entries.get((c.mixture, c.task, c.steps, metric))
+            e = entries.get((c.model, c.mixture, c.task, c.steps, metric))
             label = LABELS.get(metric, metric)
             head = f"| {c.mixture} ({fmt(c.alignment, 2)}) | {count_label(c.df)} | {label} |"
             if e is None:
@@ -125,7 +125,7 @@ def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
                     (
                         v
                         for k, v in skipped.items()
-                        if k.endswith(f"/{c.mixture}/{c.task}/{c.steps}/{metric}")
+                        if k.endswith(f"/{c.model}/{c.mixture}/{c.task}/{c.steps}/{metric}")
                     ),
                     "no fit",
                 )
@@ -288,7 +288,7 @@ def _q_laws(
     flagged = {s_label: 0, "CE": 0}
     for name, metric in ((s_label, score), ("CE", CE)):
         for c in cells:
-            e = entries.get((c.mixture, c.task, c.steps, metric))
+            e = entries.get((c.model, c.mixture, c.task, c.steps, metric))
             if not e:
                 out.append(f"- {name}, {c.label}: not fitted (see the fitted-laws table).")
                 continue
@@ -451,7 +451,7 @@ def figures(cells: Sequence[Cell], fits: Mapping[str, Any], out_dir: Path) -> li
             for mix in mixtures:
                 series = []
                 for c in (c for c in tc if c.mixture == mix and metric in c.values):
-                    e = entries.get((c.mixture, c.task, c.steps, metric))
+                    e = entries.get((c.model, c.mixture, c.task, c.steps, metric))
                     series.append(
                         plots.SeriesStyle(
                             label=f"Df={count_label(c.df)}",

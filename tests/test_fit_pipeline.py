@@ -211,7 +211,7 @@ def test_a_zero_score_skips_only_its_series(tmp_path):
             r["eval/mt_en_fr/chrf"] = 20.0 + 10 * np.log10(float(d.name.rsplit("_", 1)[1]))
             (d / "metrics.jsonl").write_text(json.dumps(r) + "\n")
     res = pipeline.fit_runs(root, tmp_path / "out", law="all", bootstrap=0)
-    reason = res["skipped"]["bleu/mix_en_50_fr_50/mt_en_fr/300/bleu"]
+    reason = res["skipped"]["bleu/t5_770m/mix_en_50_fr_50/mt_en_fr/300/bleu"]
     assert "score = 0.0; it must be positive" in reason
     assert [e["metric"] for e in res["bleu"]] == ["chrf"]
     assert [e["metric"] for e in res["ce"]] == ["loss"]

@@ -70,3 +70,17 @@ def test_comparison_tables_print_rounded_numbers():
 def max_significant_digits(text: str) -> int:
     """The most significant digits of any decimal number in `text` (reports round to 4)."""
     return max(len(m.replace(".", "").lstrip("0")) for m in re.findall(r"\d+\.\d+", text))
+
+
+def test_table_2_comparison_says_which_n_basis_it_is_on():
+    from fitting import model_keys
+
+    fits = {"chinchilla": {"zh": {"fit": {"params": {"alpha": 0.4, "beta": 0.3, "E": 1.5}}}}}
+    exact = cpt_report.comparison(fits, _runs(), "zh")
+    assert "Fitted on exact non-embedding N, not the paper's basis" in exact
+    nominal = cpt_report.comparison({**fits, "n_basis": "nominal"}, _runs(), "zh")
+    assert "Fitted on the paper's own N basis (its Table 4 nominal sizes)" in nominal
+    # The demo fits on the paper's basis wherever every upstream run has a Table 4 size.
+    assert model_keys.paper_basis(_runs()) == "exact"
+    paper = [_run("scratch", "zh", 4.6e7, {}, family="llama2", model="llama2_49m")]
+    assert model_keys.paper_basis(paper) == "nominal"

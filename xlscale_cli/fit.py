@@ -20,6 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bootstrap", type=int, default=100, help="resamples of whole runs (0: none)"
     )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument(
+        "--n-basis",
+        default="exact",
+        choices=("exact", "nominal"),
+        help="N of the upstream fits: exact non-embedding counts (default) or the paper's "
+        "nominal sizes (CPT paper Table 4, the basis of its Table 2 and eqs. 8-9)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +37,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = fit_runs(
-            args.runs, args.out, law=args.law, bootstrap=args.bootstrap, seed=args.seed
+            args.runs,
+            args.out,
+            law=args.law,
+            bootstrap=args.bootstrap,
+            seed=args.seed,
+            n_basis=args.n_basis,
         )
     except FitInputError as e:
         print(f"xlscale fit: {e}", file=sys.stderr)
@@ -39,5 +51,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"xlscale fit: WARNING {warning}", file=sys.stderr)
     for step, why in result["skipped"].items():
         print(f"xlscale fit: skipped {step}: {why}")
-    print(f"xlscale fit: wrote {args.out}/fits.json, report.md and {len(result['plots'])} plots")
+    print(
+        f"xlscale fit: wrote {args.out}/fits.json, report.md and {len(result['plots'])} plots "
+        f"(N basis: {result['n_basis']})"
+    )
     return 0 if result["converged"] else 3
