@@ -116,10 +116,12 @@ def test_skip_mode_fails_when_most_updates_diverge(tiny_data, tmp_path, seqio_re
     with pytest.raises(train_lib.NonFiniteError, match="MAX_SKIPPED_FRACTION") as e:
         train_lib.train(model_dir=model_dir, on_nonfinite="skip", **short(tiny_data, schedule=HUGE))
     assert "2 of 3 updates were skipped" in str(e.value)
+    assert "resumes from step 2" in str(e.value)
     assert not (model_dir / metrics.COMPLETED_FILE).exists()
+    assert saved_steps(model_dir) == [1, 2]  # step 2's update was skipped: its state is step 1's
     assert all(all_finite(restore(model_dir, s)[:2]) for s in saved_steps(model_dir))
     records = metrics.read_metrics(model_dir)
-    assert records and max(r["step"] for r in records) <= max(saved_steps(model_dir))
+    assert [(r["step"], r["train/skipped_updates"]) for r in records] == [(1, 0), (2, 1)]
 
 
 def test_skip_mode_counts_only_applied_updates(tiny_data, tmp_path, monkeypatch, seqio_registry):

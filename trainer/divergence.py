@@ -67,18 +67,31 @@ def stop_message(
     )
 
 
-def check_skipped(*, step: int, skipped: int, max_fraction: float) -> None:
-    """In "skip" mode, fails once more than `max_fraction` of the first `step` steps were skipped
-    (beyond `MIN_SKIPS_TOLERATED`).
+def too_many_skipped(*, step: int, skipped: int, max_fraction: float) -> bool:
+    """Whether `skipped` of the first `step` updates exceed `max_fraction` of them (beyond
+    `MIN_SKIPS_TOLERATED`, so one early skip in a short run is fine)."""
+    return skipped > max(MIN_SKIPS_TOLERATED, max_fraction * step)
+
+
+def check_skipped(
+    *, step: int, skipped: int, max_fraction: float, rollback_step: int | None = None
+) -> None:
+    """In "skip" mode, fails once `too_many_skipped`.
 
     Raises:
-      NonFiniteError: naming the counts and what to change.
+      NonFiniteError: naming the counts, the step a rerun resumes from and what to change.
     """
-    if skipped > max(MIN_SKIPS_TOLERATED, max_fraction * step):
+    if too_many_skipped(step=step, skipped=skipped, max_fraction=max_fraction):
+        resume = (
+            f"step {rollback_step}, its last checkpoint (metrics.jsonl was truncated to it)"
+            if rollback_step is not None
+            else "step 0 (no checkpoint was written yet)"
+        )
         raise NonFiniteError(
             f"{skipped} of {step} updates were skipped as non-finite, more than "
             f"MAX_SKIPPED_FRACTION = {max_fraction} (train.max_skipped_fraction) allows: the run "
-            f"is diverging. Stopped without saving; {ADVICE}."
+            f"is diverging. It stopped without saving; a rerun resumes from {resume}. "
+            f"To go on, {ADVICE}."
         )
 
 
@@ -136,8 +149,6 @@ def on_nonfinite(
         step,
     )
     counters.nonfinite = []
-    try:
-        check_skipped(step=step, skipped=counters.skipped, max_fraction=max_skipped_fraction)
-    except NonFiniteError:
-        rollback()
-        raise
+    counts = dict(step=step, skipped=counters.skipped, max_fraction=max_skipped_fraction)
+    if too_many_skipped(**counts):
+        check_skipped(**counts, rollback_step=rollback())
