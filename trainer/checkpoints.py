@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Mapping
@@ -26,10 +27,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from trainer.steps import tree_finite
+
 log = logging.getLogger(__name__)
 
 ITEMS = ("params", "opt_state", "train_state")
 CHECKPOINTS_SUBDIR = "checkpoints"
+# Checkpoints that must not be resumed (e.g. non-finite ones written by older code) are moved
+# here, beside `checkpoints/`, as `<step>.<reason>`: kept for inspection, invisible to resume.
+SET_ASIDE_SUBDIR = "checkpoints_set_aside"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +145,29 @@ class CheckpointStore:
         metadata = self._manager.item_metadata(step)["params"]
         return getattr(metadata, "tree", metadata)
 
+    def set_aside(self, step: int, *, reason: str) -> int | None:
+        """Moves checkpoint `step` out of the run (to `SET_ASIDE_SUBDIR/<step>.<reason>` beside
+        the checkpoints directory), so that resume no longer sees it and a later save of the same
+        step is not skipped as already on disk.
+
+        Returns:
+          The newest remaining step, or None.
+        """
+        self.wait()
+        if jax.process_index() == 0:
+            target = self.directory.parent / SET_ASIDE_SUBDIR / f"{step}.{reason}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(self.directory / str(step), target)
+            log.warning("checkpoint step %d set aside (%s) to %s", step, reason, target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"xlscale_set_aside_{step}")
+        self._manager.reload()
+        return self.latest_step()
+
     def wait(self) -> None:
         """Blocks until background saves are committed."""
         self._manager.wait_until_finished()
@@ -245,6 +274,13 @@ def restore_init_params(spec: str, *, abstract_params: Any) -> tuple[Any, Path, 
     finally:
         store.close()
     return params, directory, step
+
+
+def params_finite(tree: Any) -> bool:
+    """Whether every floating-point value of `tree` (params, optimizer state: any sharding) is
+    finite. Resume checks restored checkpoints with it: older code could write infinite
+    parameters after a divergent update, and resuming them would fail again at once."""
+    return bool(jax.jit(tree_finite)(tree))
 
 
 def params_hash(params: Any) -> str:

@@ -222,6 +222,10 @@ class Counters:
 
     Per-step metrics stay on the device until a logging or checkpoint step fetches them, so the
     host never waits for a step it does not need to look at.
+
+    Only applied updates count: a step whose update was skipped as non-finite adds no tokens (its
+    batch trained nothing) and no loss; it is counted in `skipped` (`train/skipped_updates` in
+    records) and listed in `nonfinite` until the loop has dealt with it.
     """
 
     def __init__(self, components: Sequence[str], saved: dict | None = None):
@@ -231,24 +235,27 @@ class Counters:
         # Encoder-decoder runs also count non-padding encoder tokens (None: a decoder-only run).
         self.input_tokens = saved.get("input_tokens")
         self.by_task = [int(saved.get("tokens_by_task", {}).get(c, 0)) for c in components]
+        self.skipped = int(saved.get("skipped", 0))  # saved from `TrainState.skipped`
         window = saved.get("window", {})
         self.loss_sum = float(window.get("loss_sum", 0.0))
         self.z_loss_sum = float(window.get("z_loss_sum", 0.0))
         self.weight_sum = float(window.get("weight_sum", 0.0))
         self.last = dict(window.get("last", {}))
-        self.nonfinite_steps: list[int] = []
+        # (step, metrics) of skipped steps not yet reported by the loop.
+        self.nonfinite: list[tuple[int, dict]] = []
 
     def absorb(self, pending: list[tuple[int, dict]]) -> None:
         """Adds fetched per-step metrics (`(step, metrics)` in step order)."""
         for step, m in pending:
+            if not bool(m["finite"]):
+                self.skipped += 1
+                self.nonfinite.append((step, m))
+                continue
             counts = np.asarray(m["tokens_by_task"]).astype(np.int64)
             self.by_task = [a + int(b) for a, b in zip(self.by_task, counts, strict=True)]
             self.tokens += int(counts.sum())
             if "input_tokens" in m:
                 self.input_tokens = int(self.input_tokens or 0) + int(m["input_tokens"])
-            if not bool(m["finite"]):
-                self.nonfinite_steps.append(step)
-                continue
             self.loss_sum += float(m["loss_sum"])
             self.z_loss_sum += float(m["z_loss_sum"])
             self.weight_sum += float(m["weight_sum"])
@@ -284,8 +291,9 @@ class Counters:
             "flops_attn": flops_per_token_attn * self.tokens,
             "learning_rate": self.last.get("learning_rate", 0.0),
             "train/grad_norm": self.last.get("grad_norm", 0.0),
+            "train/skipped_updates": self.skipped,
         }
-        if self.weight_sum:  # no finite step since the last record (or step 0): no loss
+        if self.weight_sum:  # no applied step since the last record (or step 0): no loss
             record["train/loss"] = self.loss_sum / denom
         if self.z_loss_sum:
             record["train/z_loss"] = self.z_loss_sum / denom

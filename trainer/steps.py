@@ -26,7 +26,8 @@ class TrainState:
       params: the parameter tree.
       opt_state: the optax state.
       rng: base RNG key data (uint32[2]); step `s` uses `fold_in(rng, s)`.
-      skipped: number of updates skipped because the loss or gradients were not finite.
+      skipped: number of updates skipped because the loss, the gradients or the updated
+        parameters/optimizer state were not finite.
     """
 
     step: jax.Array
@@ -68,6 +69,17 @@ def tokens_by_component(batch: Mapping[str, jax.Array], num_components: int) -> 
     return counts[:num_components]
 
 
+def tree_finite(tree: Any) -> jax.Array:
+    """Whether every floating-point leaf of `tree` is finite (a bool scalar; integer leaves such as
+    optimizer step counts are ignored). One fused reduction per leaf, cheap beside the update."""
+    checks = [
+        jnp.isfinite(leaf).all()
+        for leaf in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact)
+    ]
+    return jnp.stack(checks).all() if checks else jnp.asarray(True)
+
+
 def _split_microbatches(batch: Mapping[str, jax.Array], num: int) -> dict[str, jax.Array]:
     """`[B, ...]` -> `[num, B/num, ...]`, microbatch m holding rows m, m+num, ...
 
@@ -90,8 +102,11 @@ def make_train_step(
     """Builds `train_step(state, batch) -> (state, metrics)`.
 
     The loss is normalised per target token of the whole global batch (microbatches included).
-    A step whose loss or gradient norm is not finite leaves params and optimizer state untouched
-    (and counts it in `skipped`), so a non-finite state can never be checkpointed.
+    A step whose loss, gradient norm, updated parameters or updated optimizer state is not finite
+    leaves params and optimizer state untouched (and counts it in `skipped`), so a non-finite
+    state can never be checkpointed: a huge learning rate can turn finite gradients into infinite
+    parameters, which only the updated state shows. The metrics `finite_loss`, `finite_grads` and
+    `finite_update` say which part failed, `finite` whether the update was applied.
 
     Dropout (models that have it) draws from `fold_in(rng, s)` at the s-th update (1-based, so
     never the key that initialised the parameters), folded with the microbatch index.
@@ -128,10 +143,13 @@ def make_train_step(
         grads = jax.tree.map(lambda g: g / denom, grads)
         grad_norm = optax.global_norm(grads)
         loss = out.loss_sum / denom
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        finite_loss = jnp.isfinite(loss)
+        finite_grads = jnp.isfinite(grad_norm)
 
         updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
+        finite_update = tree_finite(new_params) & tree_finite(new_opt_state)
+        finite = finite_loss & finite_grads & finite_update
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         new_state = TrainState(
             step=state.step + 1,
@@ -147,6 +165,9 @@ def make_train_step(
             "grad_norm": grad_norm,
             "learning_rate": jnp.asarray(schedule(state.step), jnp.float32),
             "finite": finite,
+            "finite_loss": finite_loss,
+            "finite_grads": finite_grads,
+            "finite_update": finite_update,
             "tokens_by_task": tokens_by_component(batch, config.num_components),
         }
         if "encoder_input_tokens" in batch:  # encoder-decoder: also count the inputs

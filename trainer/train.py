@@ -33,10 +33,10 @@ import numpy as np
 
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
+from trainer import divergence, models, validation
 from trainer import eval as eval_lib
 from trainer import fingerprint as fingerprint_lib
 from trainer import metrics as metrics_lib
-from trainer import models, validation
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
 from trainer.jobs import Job, build_job
@@ -81,8 +81,8 @@ class TrainResult:
     completed: bool
 
 
-class NonFiniteError(RuntimeError):
-    """The loss or the gradients became NaN/Inf (no checkpoint was written after that step)."""
+# Raised when training diverges (no non-finite state is ever checkpointed); see `divergence`.
+NonFiniteError = divergence.NonFiniteError
 
 
 def resolve_train_steps(
@@ -184,6 +184,7 @@ def train(
     num_microbatches: int = 1,
     z_loss: float = 0.0,
     on_nonfinite: str = "stop",
+    max_skipped_fraction: float = 0.05,
     stop_after: int | None = None,
     gin_config: str = "",
     resume_policy: str | Sequence[str] | None = None,
@@ -207,7 +208,12 @@ def train(
       log_every: write a `metrics.jsonl` record every this many steps (and at eval steps).
       num_microbatches: gradient accumulation over this many microbatches per step.
       z_loss: weight of the auxiliary z-loss.
-      on_nonfinite: "stop" raises `NonFiniteError`; "skip" drops such updates and goes on.
+      on_nonfinite: what a non-finite loss, gradient or update does: "stop" raises
+        `NonFiniteError` and rolls back to the last checkpoint (all checkpoints are finite);
+        "skip" drops such updates (counting neither their tokens nor their loss) and goes on.
+      max_skipped_fraction: in "skip" mode, fail with `NonFiniteError` once more than this
+        fraction of the steps so far were skipped (one skip is always tolerated); a run that
+        applied no update never counts as completed.
       stop_after: stop (saving a checkpoint) after this step, as a preemption would.
       gin_config: the resolved gin config, written to `config.gin` and `run.json`.
       resume_policy: settings that may differ from the run's fingerprint when `model_dir` is
@@ -217,6 +223,7 @@ def train(
       Where the run ended. A SIGTERM or `stop_after` ends it early with a checkpoint.
     """
     validation.check_choice(name="on_nonfinite", value=on_nonfinite, allowed=NONFINITE_MODES)
+    validation.check_fraction(name="max_skipped_fraction", value=max_skipped_fraction)
     validation.check_choice(name="strategy", value=run.strategy, allowed=STRATEGIES)
     validation.check_init_for_strategy(strategy=run.strategy, init_checkpoint=init_checkpoint)
     if not os.fspath(model_dir):
@@ -306,6 +313,7 @@ def train(
             seed=seed,
             log_every=log_every,
             on_nonfinite=on_nonfinite,
+            max_skipped_fraction=max_skipped_fraction,
             stop_after=stop_after,
             store=store,
             writer=writer,
@@ -320,11 +328,14 @@ def train(
 def _initial_state(job: Job, store, *, init_checkpoint: str | None, seed: int):
     """Resumed state (with its saved JSON), or a fresh one (from `init_checkpoint` if given)."""
     latest = store.latest_step()
-    if latest is not None:
+    while latest is not None:
         abstract = job.abstract_state_with_shardings()
         params, opt_state, saved = store.restore(
             latest, abstract_params=abstract.params, abstract_opt_state=abstract.opt_state
         )
+        if not ckpt_lib.params_finite((params, opt_state)):  # written by older code
+            latest = store.set_aside(latest, reason="nonfinite")
+            continue
         state = job.assemble_state(
             params=params,
             opt_state=opt_state,
@@ -365,6 +376,7 @@ def _loop(
     seed,
     log_every,
     on_nonfinite,
+    max_skipped_fraction,
     stop_after,
     store,
     writer,
@@ -435,16 +447,16 @@ def _loop(
             continue
         counters.absorb(jax.device_get(pending))
         pending = []
-        if counters.nonfinite_steps and on_nonfinite == "stop":
-            first = counters.nonfinite_steps[0]
-            raise NonFiniteError(
-                f"non-finite loss or gradients at step {first}; stopping without saving "
-                f"(latest checkpoint: step {store.latest_step()}). Set train.on_nonfinite='skip' "
-                "to drop such updates instead."
+        if counters.nonfinite:
+            divergence.on_nonfinite(
+                counters,
+                step=step,
+                mode=on_nonfinite,
+                max_skipped_fraction=max_skipped_fraction,
+                model_dir=model_dir,
+                store=store,
+                writer=writer,
             )
-        if counters.nonfinite_steps:
-            log.warning("skipped non-finite updates at steps %s", counters.nonfinite_steps)
-            counters.nonfinite_steps = []
         if do_log:
             timing = progress.timing(step)
             record = counters.record(step, **job.flops_kwargs())
@@ -466,6 +478,8 @@ def _loop(
             break
     store.wait()
     completed = step >= total
+    if completed:
+        divergence.check_applied(step=step, skipped=counters.skipped)
     if completed and jax.process_index() == 0:
         metrics_lib.write_completed(model_dir, step=step, tokens=counters.tokens)
     return TrainResult(

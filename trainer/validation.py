@@ -25,7 +25,8 @@ BINDINGS: dict[str, str] = {
     "tokens_per_param": "TOKENS_PER_PARAM (train.tokens_per_param)",
     "num_microbatches": "train.num_microbatches",
     "mesh": "partitioning.MeshConfig (data, fsdp, model)",
-    "on_nonfinite": "train.on_nonfinite",
+    "on_nonfinite": "ON_NONFINITE (train.on_nonfinite)",
+    "max_skipped_fraction": "MAX_SKIPPED_FRACTION (train.max_skipped_fraction)",
     "decode_tasks": "DECODE_TASKS (downstream.DecodeConfig.tasks)",
 }
 
@@ -174,6 +175,12 @@ def check_init_for_strategy(*, strategy: str, init_checkpoint: str | None) -> No
             f"strategy {strategy!r} trains from random initialisation, but INIT_CHECKPOINT = "
             f"{init_checkpoint!r} (train.init_checkpoint); allowed: None"
         )
+
+
+def check_fraction(*, name: str, value: float) -> None:
+    """A fraction option must be a number in [0, 1]."""
+    if not 0.0 <= float(value) <= 1.0:
+        raise ConfigError(f"{BINDINGS.get(name, name)} = {value!r}; allowed: a number in [0, 1]")
 
 
 def check_choice(*, name: str, value: str, allowed: Sequence[str]) -> None:
