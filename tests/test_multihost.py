@@ -67,7 +67,7 @@ def test_unknown_host_sharding_names_the_macro_and_the_choices():
         data.DataConfig(host_sharding="per_process")
 
 
-def test_explicit_distributed_variables_are_passed_and_checked():
+def test_explicit_distributed_variables_are_passed_and_checked(monkeypatch):
     args = partitioning.explicit_process_args
     assert args({}) == {}
     env = {
@@ -89,6 +89,12 @@ def test_explicit_distributed_variables_are_passed_and_checked():
     # SLURM gives the count and the id; the coordinator address alone is then enough.
     slurm = {"SLURM_NTASKS": "2", "JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}
     assert args(slurm) == {"coordinator_address": "10.0.0.1:1234"}
+    # The job entry point refuses a partial description before starting anything.
+    for name in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1234")
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES, JAX_PROCESS_ID missing"):
+        partitioning.maybe_initialize_distributed()
 
 
 # --- real 2-process runs ---------------------------------------------------------------------
