@@ -2,8 +2,9 @@
 
 Everything about corpora, vocabularies and mixtures lives in `pipelines`; this module only wires
 it to a run: it registers the tasks and mixtures a run names (from `VOCAB_PATH` and `DATA_DIR`),
-opens this host's shard of the training stream at the checkpointed position, and produces
-fixed-shape eval batches. The name helpers are what gin files use to build task names from macros
+opens the training stream at the checkpointed position and keeps this host's rows of it (by
+default every host builds the global stream, so the batches do not depend on the host count;
+`DataConfig.host_sharding`), and produces fixed-shape eval batches. The name helpers are what gin files use to build task names from macros
 (`TARGET_LANG`, `REPLAY_RATIO`) and step counts from token budgets (`FINETUNE_TOKENS`), since
 gin cannot compute.
 
@@ -62,6 +63,11 @@ class DataConfig:
       subset_tokens: train on a fixed sample of about this many target tokens of the task,
         repeated (the MT paper's finetuning set of size Df, `FINETUNE_TOKENS`); None: the whole
         split.
+      host_sharding: how hosts split the input (`HOST_SHARDING`, a key of `HOST_SHARDINGS`):
+        `"global"` builds the one global stream on every host and each host keeps its rows of
+        every batch, so the global batches are those of one host whatever the host count;
+        `"per_host"` packs a separate seqio shard on each host (the input pipeline costs 1/n
+        per host, for input-bound scale), whose batches differ from one host's.
     """
 
     mixture_or_task: str = ""
@@ -78,6 +84,16 @@ class DataConfig:
     pack: bool = True
     shuffle: bool = True
     subset_tokens: int | None = None
+    host_sharding: str = "global"
+
+    def __post_init__(self):
+        from trainer import validation
+
+        validation.check_choice(
+            name="HOST_SHARDING (data.DataConfig.host_sharding)",
+            value=self.host_sharding,
+            allowed=tuple(HOST_SHARDINGS),
+        )
 
     @property
     def seq_len(self) -> int:
@@ -265,18 +281,52 @@ def components(name: str) -> list[str]:
     return list(mixtures.component_names(name))
 
 
-def train_batches(
-    config: DataConfig,
-    *,
-    seed: int,
-    start_step: int,
-    shard_index: int,
-    num_shards: int,
-) -> Iterator[dict[str, np.ndarray]]:
-    """This host's rows of each global batch, starting after `start_step` batches (encoder-
-    decoder batches when the feature lengths have `inputs`)."""
+def even_rows(*, batch_size: int, shard_index: int, num_shards: int) -> tuple[tuple[int, int], ...]:
+    """Rows `[i*B/n, (i+1)*B/n)` of a global batch of `B` for host `i` of `n`: a host's rows when
+    its devices hold one contiguous block of the batch, in process order."""
+    per_host = batch_size // num_shards
+    return ((shard_index * per_host, (shard_index + 1) * per_host),)
+
+
+def take_rows(
+    batch: Mapping[str, np.ndarray], rows: Sequence[tuple[int, int]]
+) -> dict[str, np.ndarray]:
+    """The rows `[start, stop)` of each range in `rows` of every array, concatenated in order
+    (how `jax.make_array_from_process_local_data` reads a host's share)."""
+    if len(rows) == 1:
+        (start, stop), *_ = rows
+        return {key: value[start:stop] for key, value in batch.items()}
+    return {
+        key: np.concatenate([value[start:stop] for start, stop in rows])
+        for key, value in batch.items()
+    }
+
+
+def _global_stream(config, *, seed, start_step, shard_index, num_shards, host_rows):
+    """Every host builds the one-host stream and keeps its rows of each global batch."""
+    rows = host_rows or even_rows(
+        batch_size=config.batch_size, shard_index=shard_index, num_shards=num_shards
+    )
+    for batch in _packed_stream(config, seed=seed, start_step=start_step, shard=(0, 1)):
+        yield take_rows(batch, rows)
+
+
+def _per_host_stream(config, *, seed, start_step, shard_index, num_shards, host_rows):
+    """Each host packs its own seqio shard into batches of `batch_size / num_shards` rows."""
+    del host_rows
+    yield from _packed_stream(
+        config, seed=seed, start_step=start_step, shard=(shard_index, num_shards)
+    )
+
+
+# How hosts split the training input (`DataConfig.host_sharding`).
+HOST_SHARDINGS = {"global": _global_stream, "per_host": _per_host_stream}
+
+
+def _packed_stream(config, *, seed, start_step, shard):
     from pipelines import streams
 
+    shard_index, num_shards = shard
     make = streams.encdec_batches if config.has_inputs else streams.decoder_batches
     stream = make(
         mixture_or_task=config.mixture_or_task,
@@ -296,6 +346,34 @@ def train_batches(
         yield _model_arrays(batch)
 
 
+def train_batches(
+    config: DataConfig,
+    *,
+    seed: int,
+    start_step: int,
+    shard_index: int,
+    num_shards: int,
+    host_rows: Sequence[tuple[int, int]] | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
+    """This host's rows of each global batch, starting after `start_step` batches (encoder-
+    decoder batches when the feature lengths have `inputs`), split as `config.host_sharding`
+    says.
+
+    Args:
+      shard_index, num_shards: this host (`jax.process_index()`) of how many.
+      host_rows: the `[start, stop)` row ranges of the global batch that this host's devices
+        hold (`Partitioner.host_rows`), for `"global"` sharding; None: `even_rows`.
+    """
+    return HOST_SHARDINGS[config.host_sharding](
+        config,
+        seed=seed,
+        start_step=start_step,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        host_rows=host_rows,
+    )
+
+
 def _model_arrays(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The model features of a batch (decoder, and encoder where present) as int32 arrays
     (other keys dropped)."""
@@ -312,10 +390,15 @@ def eval_batches(
     max_tokens: int,
     shard_index: int,
     num_shards: int,
+    host_rows: Sequence[tuple[int, int]] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Fixed-shape eval batches of `task` (this host's rows); the last one is padded with rows of
     zero weight, so every batch compiles to the same program. `seq_len` is the targets length,
-    or the feature lengths `{"inputs": Li, "targets": Lt}` of an inputs/targets task."""
+    or the feature lengths `{"inputs": Li, "targets": Lt}` of an inputs/targets task.
+
+    Every host reads the same global batches (whatever the host count) and keeps its rows
+    (`host_rows`, as in `train_batches`), so the token-weighted loss summed over the global batch
+    does not depend on the host count."""
     from pipelines import streams
 
     for batch in streams.eval_batches(
@@ -332,7 +415,8 @@ def eval_batches(
                 k: np.concatenate([v, np.zeros((batch_size - rows,) + v.shape[1:], v.dtype)])
                 for k, v in batch.items()
             }
-        per_host = batch_size // num_shards
-        yield {
-            k: v[shard_index * per_host : (shard_index + 1) * per_host] for k, v in batch.items()
-        }
+        yield take_rows(
+            batch,
+            host_rows
+            or even_rows(batch_size=batch_size, shard_index=shard_index, num_shards=num_shards),
+        )

@@ -83,6 +83,7 @@ def evaluate_params(
                     max_tokens=evaluation.max_tokens,
                     shard_index=jax.process_index(),
                     num_shards=jax.process_count(),
+                    host_rows=job.partitioner.host_rows(job.eval_batch_size),
                 )
             )
         sums = [

@@ -54,22 +54,75 @@ class MeshConfig:
 def maybe_initialize_distributed(*, mode: str = "auto") -> bool:
     """Starts `jax.distributed` for multi-host jobs; must run before JAX touches a backend.
 
+    Outside TPU pods, SLURM and Open MPI (whose environments JAX reads itself), a job is
+    described by `JAX_COORDINATOR_ADDRESS` (`host:port` of process 0), `JAX_NUM_PROCESSES` and
+    `JAX_PROCESS_ID`, which are passed to `jax.distributed.initialize`.
+
     Args:
       mode: "auto" initialises when the environment shows several processes (TPU pod slices,
         SLURM, Open MPI, or an explicit `JAX_COORDINATOR_ADDRESS`); "always" and "never" force it.
 
     Returns:
       Whether `jax.distributed.initialize()` was called (not again when it already ran).
+
+    Raises:
+      ValueError: only some of the explicit variables are set (naming the missing ones), or
+        they are not integers.
     """
     if mode not in ("auto", "always", "never"):
         raise ValueError(f"distributed mode {mode!r}: choose one of auto, always, never")
     if mode == "never" or jax.distributed.is_initialized():
         return False
-    if mode == "auto" and not _several_processes(os.environ):
+    explicit = explicit_process_args(os.environ)
+    if mode == "auto" and not explicit and not _several_processes(os.environ):
         return False
-    jax.distributed.initialize()
+    jax.distributed.initialize(**explicit)
     log.info("jax.distributed: process %d of %d", jax.process_index(), jax.process_count())
     return True
+
+
+# The explicit description of a multi-process job: environment variable -> argument of
+# `jax.distributed.initialize`.
+EXPLICIT_PROCESS_VARS = {
+    "JAX_COORDINATOR_ADDRESS": "coordinator_address",
+    "JAX_NUM_PROCESSES": "num_processes",
+    "JAX_PROCESS_ID": "process_id",
+}
+
+
+def explicit_process_args(env: Mapping[str, str]) -> dict[str, Any]:
+    """`jax.distributed.initialize` arguments from `JAX_COORDINATOR_ADDRESS`,
+    `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` ({} when none is set). A coordinator address alone
+    is allowed where a cluster environment (SLURM, Open MPI, TPU) gives the process count and
+    id; otherwise all three are required.
+
+    Raises:
+      ValueError: naming the missing variables, or one that is not an integer.
+    """
+    given = {name: env[name] for name in EXPLICIT_PROCESS_VARS if env.get(name)}
+    if not given:
+        return {}
+    cluster = any(env.get(name) for name in _MULTIPROCESS_SIZES) or env.get("TPU_WORKER_HOSTNAMES")
+    if not (cluster and list(given) == ["JAX_COORDINATOR_ADDRESS"]):
+        missing = [name for name in EXPLICIT_PROCESS_VARS if name not in given]
+        if missing:
+            raise ValueError(
+                f"jax.distributed: {', '.join(sorted(given))} set but {', '.join(missing)} "
+                f"missing; set all of {', '.join(EXPLICIT_PROCESS_VARS)} (outside SLURM, Open "
+                "MPI and TPU pods), e.g. JAX_COORDINATOR_ADDRESS=10.0.0.1:1234 "
+                "JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=0"
+            )
+    out: dict[str, Any] = {}
+    for name, value in given.items():
+        arg = EXPLICIT_PROCESS_VARS[name]
+        if arg == "coordinator_address":
+            out[arg] = value
+            continue
+        try:
+            out[arg] = int(value)
+        except ValueError:
+            raise ValueError(f"{name} = {value!r}: must be an integer") from None
+    return out
 
 
 def _several_processes(env: Mapping[str, str]) -> bool:
@@ -231,6 +284,25 @@ class Partitioner:
     def batch_sharding(self) -> NamedSharding:
         """Sharding of `[batch, ...]` arrays: the batch split over all data-parallel axes."""
         return NamedSharding(self.mesh, PartitionSpec(DATA_AXES))
+
+    def host_rows(self, batch_size: int) -> tuple[tuple[int, int], ...]:
+        """The `[start, stop)` row ranges of a global batch of `batch_size` rows that this
+        process's devices hold, merged and in order: the rows `shard_batch` expects from this
+        host, so that the assembled global array is the global batch row for row."""
+        index_map = self.batch_sharding().addressable_devices_indices_map((batch_size,))
+        blocks = sorted(
+            {
+                (s[0].start or 0, batch_size if s[0].stop is None else s[0].stop)
+                for s in index_map.values()
+            }
+        )
+        merged: list[list[int]] = []
+        for start, stop in blocks:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], stop)
+            else:
+                merged.append([start, stop])
+        return tuple((start, stop) for start, stop in merged)
 
     def shard_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """Assembles global arrays from this host's rows of the batch (every host calls this)."""

@@ -398,6 +398,7 @@ def _loop(
         start_step=int(saved.get("data_position", start)),
         shard_index=jax.process_index(),
         num_shards=jax.process_count(),
+        host_rows=job.partitioner.host_rows(data.batch_size),
     )
 
     def evaluate(step):
