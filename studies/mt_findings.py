@@ -279,8 +279,9 @@ def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, An
     return rows
 
 
-def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str, Any], Any]:
-    """The §3.5 valuation verdict of each cell's score series (`fitting.valuation.assess`)."""
+def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str, str, Any], Any]:
+    """The §3.5 valuation verdict of each cell's score series (`fitting.valuation.assess`), keyed
+    by (model, mixture, task, Df): two models' series of one mixture are two verdicts."""
     from fitting import valuation
 
     out = {}
@@ -288,7 +289,7 @@ def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str,
         v = c.values.get(score)
         if v is None or not np.all(np.isfinite(v)):
             continue
-        out[(c.mixture, c.task, c.df)] = valuation.assess(
+        out[(c.model, c.mixture, c.task, c.df)] = valuation.assess(
             c.Dp, v, baseline=c.baseline.get(score), tolerance=TOLERANCE
         )
     return out

@@ -165,7 +165,7 @@ def verdict_table(cells: Sequence[Cell], found: Mapping[tuple, Any]) -> list[str
     """Markdown: the §3.5 verdict per (mixture, Df) with its explanation."""
     lines = ["| pretraining data (A) | Df | verdict | explanation |", "|---|---|---|---|"]
     for c in cells:
-        v = found.get((c.mixture, c.task, c.df))
+        v = found.get((c.model, c.mixture, c.task, c.df))
         if v is None:
             continue
         text = v.explanation.replace("|", "/")
@@ -580,7 +580,10 @@ def write(
         ]
     lines += ["---", "", body.replace("# xlscale fit report", "# Appendix: the fitting report", 1)]
     (out_dir / "report.md").write_text("\n".join(lines))
-    table = [{"mixture": k[0], "task": k[1], "df": k[2], **v.to_dict()} for k, v in found.items()]
+    table = [
+        {"model": k[0], "mixture": k[1], "task": k[2], "df": k[3], **v.to_dict()}
+        for k, v in found.items()
+    ]
     (out_dir / "verdicts.json").write_text(json.dumps(json_safe(table), indent=1, allow_nan=False))
     if not fits.get("converged", True):
         log("[demo-mt] WARNING: some fits did not converge; see report.md")

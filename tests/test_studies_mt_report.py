@@ -166,8 +166,19 @@ def test_co_movement_finds_bleu_falling_while_ce_falls(cells):
 
 def test_verdicts_follow_the_valuation_guide(cells):
     found = find.verdicts(cells)
-    assert found[("mix_en_50_fr_50", "mt_en_fr", 40_000)].kind == "law_fits"
-    assert found[("mix_en_100", "mt_en_fr", 40_000)].kind == "law_breaks"
+    assert found[("t5/mt_tiny", "mix_en_50_fr_50", "mt_en_fr", 40_000)].kind == "law_fits"
+    assert found[("t5/mt_tiny", "mix_en_100", "mt_en_fr", 40_000)].kind == "law_breaks"
+    assert len(found) == 4
+
+
+def test_verdicts_of_two_models_do_not_collide(cells):
+    """The same mixture, task and Df finetuned on two models gives two verdicts, one each."""
+    import dataclasses
+
+    other = [dataclasses.replace(c, model="t5/other") for c in cells]
+    found = find.verdicts([*cells, *other])
+    assert len(found) == 8
+    assert {k[0] for k in found} == {"t5/mt_tiny", "t5/other"}
 
 
 def test_write_produces_the_report_figures_and_fits(runs_dir, tmp_path):
