@@ -84,3 +84,22 @@ def test_table_2_comparison_says_which_n_basis_it_is_on():
     assert model_keys.paper_basis(_runs()) == "exact"
     paper = [_run("scratch", "zh", 4.6e7, {}, family="llama2", model="llama2_49m")]
     assert model_keys.paper_basis(paper) == "nominal"
+
+
+def test_step_zero_is_not_counted_as_cpt_being_lower():
+    """At step 0 CPT is the source model and lower by construction: only trained evals count."""
+    n = 1e6
+    runs = [
+        _run("scratch", "zh", n, {0: {"zh": 9.0}, 5: {"zh": 4.0}, 10: {"zh": 3.0}}),
+        _run("cpt", "zh", n, {0: {"zh": 6.0}, 5: {"zh": 4.5}, 10: {"zh": 2.9}}),
+    ]
+    rows = cpt_report.cpt_vs_scratch(runs, "zh")
+    assert [(r["evals_lower"], r["evals"]) for r in rows] == [(1, 2)]
+    text = cpt_report.comparison({}, runs, "zh")
+    assert "| 1e+06 | 2.9 | 3 | 1/2 |" in text and "(after step 0)" in text
+
+
+def test_replay_wording_is_the_papers():
+    """The paper says 10–30% replay mitigates forgetting and ~30% suffices (not 5–30%)."""
+    text = cpt_report.comparison({}, _runs(), "zh")
+    assert "10–30%" in text and "about 30%" in text and "5–30%" not in text
