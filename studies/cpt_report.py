@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fitting import report
 from fitting.formats import fmt
-from fitting.paper_values import CPT_TABLE2
+from fitting.paper_values import CPT_TABLE2, ERROR_DEFINITIONS
 
 
 def _final_eval(run, task: str) -> tuple[float, float] | None:
@@ -197,6 +198,15 @@ def comparison(fits: Mapping[str, Any], runs: Sequence[Any], lang: str = "zh") -
             if fit and not fit.get("converged", False):
                 out.append(f"\n**Warning: the {name} fit did NOT converge**; treat it as such.")
         out.append("")
+    b = (fits.get("cpt") or {}).get(lang, {}).get("appendix_b")
+    if b:
+        out += [
+            "**Does the extended law fit the CPT runs better than the Chinchilla law?** (the "
+            "paper, Appendix B: yes on CPT runs, γ = 0.08; about the same on runs from scratch, "
+            "γ ≈ 0.) " + ERROR_DEFINITIONS["cpt_appendix_b"],
+            "",
+            *report.appendix_b(b),
+        ]
     return "\n".join(out)
 
 
