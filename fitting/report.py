@@ -86,6 +86,20 @@ def _allocation(entry: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _points_per_run(entry: Mapping[str, Any]) -> list[str]:
+    """The spread of fit points over runs (one line), where fits.json records it."""
+    counts = entry.get("points_per_run")
+    if not counts:
+        return []
+    lo = min(counts, key=lambda r: (counts[r], r))
+    hi = max(counts, key=lambda r: (counts[r], r))
+    return [
+        f"Fit points per run: {counts[lo]} ({lo}) to {counts[hi]} ({hi}), "
+        f"{sum(counts.values())} from {len(counts)} runs.",
+        "",
+    ]
+
+
 def _models(entry: Mapping[str, Any]) -> list[str]:
     """The models a fit pooled (one line), where fits.json lists them."""
     models = entry.get("models")
@@ -96,7 +110,8 @@ def chinchilla(res: Mapping[str, Any]) -> list[str]:
     """The from-scratch Chinchilla fits with their compute-optimal allocations."""
     lines = ["## From-scratch Chinchilla law L = E + A/N^α + B/D^β", ""]
     for lang, e in res.items():
-        lines += [f"### {lang}", ""] + _models(e) + _fit_block(e["fit"]) + _allocation(e)
+        lines += [f"### {lang}", ""] + _models(e) + _points_per_run(e)
+        lines += _fit_block(e["fit"]) + _allocation(e)
     return lines
 
 
@@ -104,7 +119,8 @@ def cpt(res: Mapping[str, Any]) -> list[str]:
     """The CPT law's second-stage fits, allocations and the Appendix B comparison."""
     lines = ["## CPT law L = E + A/N^α + B'/(D^β'·N^γ) (second stage)", ""]
     for lang, e in res.items():
-        lines += [f"### {lang}", ""] + _models(e) + _fit_block(e["fit"]) + _allocation(e)
+        lines += [f"### {lang}", ""] + _models(e) + _points_per_run(e)
+        lines += _fit_block(e["fit"]) + _allocation(e)
         b = e.get("appendix_b")
         if b:
             lines += appendix_b(b)
@@ -225,6 +241,15 @@ def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], 
         N_BASIS_NOTES.get(result.get("n_basis", "exact"), f"N basis: {result.get('n_basis')}."),
         "",
     ]
+    rule = result.get("fit_points")
+    if rule:
+        lines += [
+            f"Fit points of the L(N, D) laws (Chinchilla, CPT, Appendix B): {rule['text']} "
+            "(`xlscale fit --points-per-run/--points-min-fraction/--points-min-tokens`); runs "
+            "are evaluated every EVAL_PERIOD steps, so with every evaluation a point, longer "
+            "runs weigh more. The loss–compute frontier takes every evaluation.",
+            "",
+        ]
     if result["warnings"]:
         lines += ["**Warning — fits that did not converge:**", ""]
         lines += [f"- {w}" for w in result["warnings"]] + [""]
