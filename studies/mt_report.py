@@ -41,6 +41,7 @@ from studies.mt_findings import (
     co_movement,
     collect,
     count_label,
+    finetune_design,
     pretraining_gain,
     score_metrics,
     verdicts,
@@ -239,10 +240,11 @@ def _q_alignment(cells: Sequence[Cell], score: str, noise: Mapping[str, float]) 
 
 
 def _q_finetune_size(cells: Sequence[Cell], score: str) -> list[str]:
+    design, fixed = finetune_design(cells)
     out = [
         "**2. Does pretraining help more at small Df, and little at large Df?** The paper (§5): "
         "the gain over the non-pretrained model shrinks as Df grows and almost vanishes for the "
-        "largest Df.",
+        "largest Df (every Df finetuned for the same 300 steps). " + design,
         "",
         "| pretraining data | Df | metric | baseline (no pretraining) | best checkpoint | "
         "last checkpoint | gain of the best (relative) |",
@@ -270,7 +272,12 @@ def _q_finetune_size(cells: Sequence[Cell], score: str) -> list[str]:
             )
     if not verdict:
         return [*out, "", "→ not measurable: no baselines or a single Df.", ""]
-    return [*out, "", "→ " + "; ".join(verdict) + ".", ""]
+    caveat = (
+        ""
+        if fixed
+        else " Df and the finetuning steps vary together here, so this mixes the two effects."
+    )
+    return [*out, "", "→ " + "; ".join(verdict) + "." + caveat, ""]
 
 
 def _q_laws(

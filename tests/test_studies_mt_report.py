@@ -273,3 +273,19 @@ def test_no_error_value_is_set_against_the_papers_undefined_prediction_error(cel
     assert "the paper's measure" not in text
     assert "Held-out Huber (ours)" in text and "not set against them" in text
     assert "held-out Huber, ours: 0.0123" in text
+
+
+def test_the_df_finding_says_whether_df_or_training_length_varies(cells):
+    """This fixture finetunes Df=40k for 20 steps and Df=400k for 200: the Df finding must say
+    the two vary together; at fixed steps (the paper's design) it says Df alone varies."""
+    import dataclasses
+
+    assert {(c.df, c.train_steps) for c in cells} == {(40_000, 20), (400_000, 200)}
+    text = "\n".join(rep._q_finetune_size(cells, "bleu"))
+    assert "Df and the finetuning length vary together (Df=40k: 20 steps; Df=400k: 200 steps)" in (
+        text
+    )
+    assert "so this mixes the two effects." in text
+    fixed = [dataclasses.replace(c, train_steps=300) for c in cells]
+    text = "\n".join(rep._q_finetune_size(fixed, "bleu"))
+    assert "varies at a fixed 300 finetuning steps" in text and "mixes" not in text
