@@ -93,9 +93,13 @@ def _points_per_run(entry: Mapping[str, Any]) -> list[str]:
         return []
     lo = min(counts, key=lambda r: (counts[r], r))
     hi = max(counts, key=lambda r: (counts[r], r))
+    spread = (
+        f"{counts[lo]} each"
+        if counts[lo] == counts[hi]
+        else f"{counts[lo]} ({lo}) to {counts[hi]} ({hi})"
+    )
     return [
-        f"Fit points per run: {counts[lo]} ({lo}) to {counts[hi]} ({hi}), "
-        f"{sum(counts.values())} from {len(counts)} runs.",
+        f"Fit points per run: {spread}, {sum(counts.values())} from {len(counts)} runs.",
         "",
     ]
 
