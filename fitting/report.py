@@ -246,7 +246,7 @@ def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], 
         "",
     ]
     rule = result.get("fit_points")
-    if rule:
+    if rule and (result.get("chinchilla") or result.get("cpt")):
         lines += [
             f"Fit points of the L(N, D) laws (Chinchilla, CPT, Appendix B): {rule['text']} "
             "(`xlscale fit --points-per-run/--points-min-fraction/--points-min-tokens`); runs "

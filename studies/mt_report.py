@@ -145,7 +145,7 @@ def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
         "rest (filled and hollow markers in the figures). Held-out Huber (ours): the Huber "
         "loss of the held-out log residuals, summed (δ = 0.1 for scores, 1e-3 for CE); max "
         "held-out dev.: the largest |log(observed / predicted)| among them (0.05 ≈ 5%). "
-        "Neither is the paper's 'prediction error', which is not set against them: "
+        "Neither is the paper's 'prediction error', which is not set against them. "
         + ERROR_DEFINITIONS["mt"],
         "",
         "For reference, the paper's en-fr BLEU log-laws (T5-3B, Tables 3 and 5: Df, log A, α, "
