@@ -16,7 +16,11 @@ language or series and what is missing; it is never reported, let alone as conve
 Downstream series are one model's each (family + size; `fitting.points.downstream_series`), and
 every row names its model. N is on the basis `n_basis` names (`fitting.model_keys.N_BASES`:
 "exact" non-embedding counts, or the paper's "nominal" sizes, the basis of the CPT paper's
-Table 2 and eqs. 8-9); fits.json and report.md record it.
+Table 2 and eqs. 8-9); fits.json and report.md record it. Which evaluations of a run are points
+of the L(N, D) laws (Chinchilla, CPT, Appendix B) is `point_rule` (`fitting.points.PointRule`;
+default every evaluation after the first token); fits.json (`fit_points`, and `points_per_run`
+per fit) and report.md state it. The loss–compute frontier is an envelope over whole training
+curves and always takes every evaluation.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class Study:
     seed: int
     grid: Mapping[str, Sequence[float]] | None
     n_basis: str = model_keys.DEFAULT_BASIS
+    point_rule: points.PointRule = points.PointRule()
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
     plots: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -85,8 +90,9 @@ class Study:
 
     def pooled(self, law: str, strategies: Sequence[str], lang: str) -> points.Points:
         """The language's points for `law`, refused (`Unidentifiable`, naming the law, the
-        language and the models) when they hold fewer model sizes than the law needs."""
-        pts = points.pool(self.curves(strategies, lang))
+        language and the models) when they hold fewer model sizes than the law needs; the
+        evaluations of each run that are points are the study's `point_rule`."""
+        pts = points.pool(self.curves(strategies, lang), rule=self.point_rule)
         if len(pts):
             require_distinct(
                 law=law,
@@ -187,10 +193,11 @@ def _chinchilla(study: Study, step: Step) -> dict[str, Any]:
         if fit is None:
             continue
         study.check(f"chinchilla/{lang}", fit)
-        pts = points.pool(study.curves(FROM_SCRATCH, lang))
+        pts = points.pool(study.curves(FROM_SCRATCH, lang), rule=study.point_rule)
         alloc = compute_optimal(fit)
         out[lang] = {
             "models": sorted(set(pts.models)),
+            "points_per_run": _per_run(pts),
             "fit": fit.to_dict(),
             "allocation": alloc.to_dict(),
             "allocation_ci": _ci_json(allocation_cis(fit, budgets=_budgets(pts))),
@@ -215,9 +222,10 @@ def _cpt(study: Study, step: Step) -> dict[str, Any]:
             continue
         study.check(f"cpt/{lang}", fit)
         base = study.scratch_fit(lang)
-        pts = points.pool(study.curves(("cpt",), lang))
+        pts = points.pool(study.curves(("cpt",), lang), rule=study.point_rule)
         out[lang] = {
             "models": sorted(set(pts.models)),
+            "points_per_run": _per_run(pts),
             "fit": fit.to_dict(),
             "allocation": compute_optimal(fit).to_dict(),
             "allocation_ci": _ci_json(allocation_cis(fit, budgets=_budgets(pts))),
@@ -509,6 +517,7 @@ def fit_runs(
     seed: int = 0,
     grid: Mapping[str, Sequence[float]] | None = None,
     n_basis: str = model_keys.DEFAULT_BASIS,
+    point_rule: points.PointRule | None = None,
 ) -> dict[str, Any]:
     """Fits the papers' laws to a directory of runs and writes fits.json, report.md and PNGs.
 
@@ -522,6 +531,8 @@ def fit_runs(
       n_basis: N of the upstream fits (`fitting.model_keys.N_BASES`): "exact" non-embedding
         counts, or "nominal", the paper's sizes (CPT paper Table 4), the basis its Table 2 and
         eqs. 8-9 were fitted on; C = 6·N·D follows it.
+      point_rule: which evaluations of each run are points of the L(N, D) laws (default
+        `fitting.points.PointRule()`: every one after the first token).
 
     Returns:
       The dict written to fits.json.
@@ -535,7 +546,8 @@ def fit_runs(
     model_keys.check_basis(n_basis)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    study = Study(io.read_runs(runs_dir), out, int(bootstrap), int(seed), grid, n_basis)
+    rule = point_rule if point_rule is not None else points.PointRule()
+    study = Study(io.read_runs(runs_dir), out, int(bootstrap), int(seed), grid, n_basis, rule)
     for name in STEPS if law == "all" else (law,):
         try:
             study.results[name] = STEPS[name].run(study, STEPS[name])
@@ -550,6 +562,7 @@ def fit_runs(
         "bootstrap": study.bootstrap,
         "seed": study.seed,
         "n_basis": study.n_basis,
+        "fit_points": rule.to_dict(),
         "converged": not study.warnings,
         "warnings": study.warnings,
         "skipped": study.skipped,
@@ -565,6 +578,14 @@ def _why_none(default: str, study: Study, prefix: str) -> str:
     """Why a step has no result: the fits it refused (unidentifiable), else `default`."""
     refused = [f"{k}: {v}" for k, v in study.skipped.items() if k.startswith(prefix)]
     return "; ".join(refused) if refused else default
+
+
+def _per_run(pts: points.Points) -> dict[str, int]:
+    """How many fit points each run gave (report.md states the spread)."""
+    counts: dict[str, int] = {}
+    for run in pts.runs:
+        counts[run] = counts.get(run, 0) + 1
+    return counts
 
 
 def _clean(a) -> list[float | None]:

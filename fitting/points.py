@@ -1,10 +1,16 @@
 """From runs to fit inputs: (N, D, L) points, training curves, and downstream (Dp, score) series.
 
-Every intermediate evaluation is a point, as in the CPT paper, which fits along training curves.
+The fit-point rule (`PointRule`, default: every evaluation after the first token) decides which
+evaluations of a run become points of the L(N, D) laws; by default every intermediate evaluation
+is one, as in the CPT paper, which fits along training curves. Runs are evaluated every
+EVAL_PERIOD steps, so a run's share of the points follows its length in steps: at paper scale the
+49M run gives 1 point and the 5534M run 27. `PointRule(per_run=k)` evens that out (at most k
+points per run, evenly spaced, its last evaluation always kept; k = 1: final losses only),
+`min_fraction` drops a run's early evaluations and `min_tokens` those before a token count.
 The loss is the run's target-language eval loss (`eval/lm_<lang>/loss`); D is tokens seen in this
 run, for replay runs only the target language's component (`tokens_by_task`); C is the run's
 cumulative 6·N·D FLOPs. An evaluation before any token was seen (D = 0) cannot be a point of a
-power law and is skipped; a NaN or non-positive loss is an error naming the run and step.
+power law and is always skipped; a NaN or non-positive loss is an error naming the run and step.
 
 N is on the basis the caller picks (`fitting.model_keys.N_BASES`: exact non-embedding counts or
 the paper's nominal sizes; C follows it). Curves and downstream series carry their model
@@ -176,21 +182,81 @@ def curves(
     return out
 
 
-def pool(curves_: Sequence[Curve], *, min_tokens: float = 0.0) -> Points:
-    """Pools curves into fit points, skipping evaluations with no tokens seen yet.
+@dataclasses.dataclass(frozen=True)
+class PointRule:
+    """Which evaluations of a run become fit points of the L(N, D) laws (`pool`).
+
+    Attributes:
+      min_tokens: keep evaluations after more than this many tokens D (0: all but the step-0
+        evaluation, which no power law can take).
+      min_fraction: keep evaluations at or after this fraction of the run's largest evaluated
+        D (0: from the start; 0.5: the second half of each run).
+      per_run: at most this many points per run, evenly spaced over the evaluations the two
+        bounds keep, the run's last one always among them (None: all; 1: its final loss only).
+    """
+
+    min_tokens: float = 0.0
+    min_fraction: float = 0.0
+    per_run: int | None = None
+
+    def __post_init__(self):
+        if not (self.min_tokens >= 0):
+            raise ValueError(f"min_tokens = {self.min_tokens}: allowed: >= 0")
+        if not (0.0 <= self.min_fraction <= 1.0):
+            raise ValueError(f"min_fraction = {self.min_fraction}: allowed: 0 to 1")
+        if self.per_run is not None and int(self.per_run) < 1:
+            raise ValueError(f"per_run = {self.per_run}: allowed: None or >= 1")
+
+    def select(self, tokens: np.ndarray) -> np.ndarray:
+        """Indices (increasing) of the evaluations at token counts `tokens` that are points."""
+        tokens = np.asarray(tokens, np.float64)
+        keep = np.flatnonzero(tokens > self.min_tokens)
+        if self.min_fraction > 0 and keep.size:
+            keep = keep[tokens[keep] >= self.min_fraction * tokens[keep].max()]
+        if self.per_run is not None and keep.size > self.per_run:
+            pos = np.round(np.linspace(keep.size - 1, 0, int(self.per_run))).astype(int)
+            keep = keep[np.unique(pos)]
+        return keep
+
+    def describe(self) -> str:
+        """The rule in words, for report.md."""
+        text = "every evaluation of a run after " + (
+            f"more than {self.min_tokens:.4g} tokens" if self.min_tokens else "its first token"
+        )
+        if self.min_fraction:
+            text += f", from {self.min_fraction:.0%} of the run's tokens on"
+        if self.per_run is not None:
+            text += (
+                ", only its last one"
+                if self.per_run == 1
+                else f", at most {self.per_run} per run (evenly spaced, the last always kept)"
+            )
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """fits.json's record of the rule."""
+        return {**dataclasses.asdict(self), "text": self.describe()}
+
+
+def pool(
+    curves_: Sequence[Curve], *, min_tokens: float = 0.0, rule: PointRule | None = None
+) -> Points:
+    """Pools curves into fit points: the evaluations `rule` selects of each (default: every one
+    after more than `min_tokens` tokens, so never the step-0 evaluation).
 
     Raises:
-      FitInputError: a kept point has a non-finite token or FLOP count (naming run and step).
+      FitInputError: an evaluation has a NaN token count, or a kept point a non-finite token
+        or FLOP count (naming run and step).
     """
+    rule = rule if rule is not None else PointRule(min_tokens=min_tokens)
     N, D, L, C, runs, steps, models = [], [], [], [], [], [], []
     for c in curves_:
-        for i in range(len(c.loss)):
-            if not (c.tokens[i] > min_tokens):
-                if not np.isfinite(c.tokens[i]):
-                    raise FitInputError(
-                        f"run {c.run_id!r} step {c.steps[i]}: token count is not a number"
-                    )
-                continue
+        bad = np.flatnonzero(np.isnan(c.tokens))
+        if bad.size:
+            raise FitInputError(
+                f"run {c.run_id!r} step {c.steps[bad[0]]}: token count is not a number"
+            )
+        for i in rule.select(c.tokens):
             N.append(c.n_params)
             D.append(c.tokens[i])
             L.append(c.loss[i])

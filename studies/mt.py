@@ -10,8 +10,9 @@ The five stages of `studies.skeleton`, each cached so that a re-run reuses what 
   3. the sweep of the profile's manifest (`launch/manifests/{mt_demo,mt_smoke}.toml`): a T5
      pretrained by span corruption on `mix_en_50_fr_50` (alignment 1.0) and `mix_en_100` (0.7),
      keeping checkpoints along the way; each kept checkpoint finetuned on `mt_en_fr` at two
-     finetuning sizes Df, plus the same finetuning from random initialisation (the paper's black
-     lines); run in dependency order, two at a time in worker processes on a machine with 2 or
+     finetuning sizes Df for the same number of steps (as the paper's 300 steps at every Df, so
+     that Df, not the training length, is what differs), plus the same finetuning from random
+     initialisation (the paper's black lines); run in dependency order, two at a time in worker processes on a machine with 2 or
      more cores, with progress lines and an ETA;
   4. the fits (`fitting.pipeline.fit_runs`: BLEU log-law, CE power law, valuation) and `report.md`
      with the comparison against the paper (`studies.mt_report`).

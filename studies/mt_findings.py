@@ -54,6 +54,8 @@ class Cell:
       alignment: the translation alignment score of the mixture for the task (eq. 2).
       model: the finetuned model (`fitting.model_keys.model_label`); cells of two models are
         never merged.
+      train_steps: finetuning steps of every run of the cell (None when they differ or the
+        runs do not say), to tell a change of Df from a change of training length.
     """
 
     mixture: str
@@ -67,6 +69,7 @@ class Cell:
     runs: tuple[str, ...]
     alignment: float | None
     model: str = "?"
+    train_steps: int | None = None
 
     @property
     def label(self) -> str:
@@ -118,6 +121,7 @@ def collect(runs: Sequence[Any]) -> list[Cell]:
     for (model, mixture, task, steps), c in sorted(per_key.items()):
         order = sorted(c["Dp"], key=lambda rid: c["Dp"][rid])
         dfs = {points.finetune_tokens(by_id[rid].meta) for rid in order}
+        n_steps = {_int(by_id[rid].meta.get("train_steps")) for rid in order}
         init = tuple(
             None if by_id[rid].meta.get("init_step") is None else int(by_id[rid].meta["init_step"])
             for rid in order
@@ -138,10 +142,50 @@ def collect(runs: Sequence[Any]) -> list[Cell]:
                 runs=tuple(order),
                 alignment=alignment_of(mixture, task),
                 model=model,
+                train_steps=n_steps.pop() if len(n_steps) == 1 else None,
             )
         )
     return sorted(
         cells, key=lambda c: (c.task, -(c.alignment or 0.0), c.mixture, c.df or 0, c.model)
+    )
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def finetune_design(cells: Sequence[Cell]) -> tuple[str, bool]:
+    """What varies between the finetuning sizes Df of the cells, in words, and whether it is Df
+    alone: (text, fixed). The MT paper finetunes every Df for the same 300 steps, so a gain that
+    shrinks with Df is the set's size; where a larger Df also trains for more steps (one pass
+    over each set), the two effects are mixed and the text says so."""
+    steps_by_df: dict[Any, set] = {}
+    for c in cells:
+        steps_by_df.setdefault(c.df, set()).add(c.train_steps)
+    if len(steps_by_df) < 2:
+        return "One finetuning size Df only: the effect of Df cannot be measured.", False
+    steps = set().union(*steps_by_df.values())
+    dfs = ", ".join(count_label(d) for d in sorted(steps_by_df, key=lambda d: d or 0))
+    if len(steps) == 1 and None not in steps:
+        n = steps.pop()
+        return (
+            f"Here Df ({dfs} tokens) varies at a fixed {n} finetuning steps, as in the paper "
+            "(300 steps for every Df): a smaller set is repeated more often, so a change "
+            "between Df is the finetuning set's size, not the training length.",
+            True,
+        )
+    per = "; ".join(
+        f"Df={count_label(d)}: {', '.join(str(s) for s in sorted(v, key=lambda s: s or 0))} steps"
+        for d, v in sorted(steps_by_df.items(), key=lambda kv: kv[0] or 0)
+    )
+    return (
+        f"Here Df and the finetuning length vary together ({per}): a change between Df mixes "
+        "the finetuning set's size with the number of training steps (the paper fixes 300 "
+        "steps for every Df).",
+        False,
     )
 
 
@@ -279,8 +323,9 @@ def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, An
     return rows
 
 
-def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str, Any], Any]:
-    """The §3.5 valuation verdict of each cell's score series (`fitting.valuation.assess`)."""
+def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str, str, Any], Any]:
+    """The §3.5 valuation verdict of each cell's score series (`fitting.valuation.assess`), keyed
+    by (model, mixture, task, Df): two models' series of one mixture are two verdicts."""
     from fitting import valuation
 
     out = {}
@@ -288,7 +333,7 @@ def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str,
         v = c.values.get(score)
         if v is None or not np.all(np.isfinite(v)):
             continue
-        out[(c.mixture, c.task, c.df)] = valuation.assess(
+        out[(c.model, c.mixture, c.task, c.df)] = valuation.assess(
             c.Dp, v, baseline=c.baseline.get(score), tolerance=TOLERANCE
         )
     return out

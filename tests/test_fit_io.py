@@ -199,3 +199,29 @@ def test_finetunes_of_several_df_at_equal_steps_are_separate_series(study, tmp_p
     ]
     assert all(len(s.Dp) == 8 and s.baseline is not None for s in series)
     assert points.finetune_group({"train_steps": 300}) == "300"
+
+
+def test_the_fit_point_rule_is_stated_and_configurable(study):
+    """Default: every evaluation after the first token (today's rule, unchanged); `per_run`
+    evens out the runs' shares (1: final losses only), `min_fraction` drops early evaluations."""
+    runs = io.read_runs(study)
+    cs = points.curves(runs, strategies=("scratch",), language="zh")
+    default = points.pool(cs, rule=points.PointRule())
+    assert len(default) == len(points.pool(cs)) == 3 * 5
+    last = points.pool(cs, rule=points.PointRule(per_run=1))
+    assert len(last) == 3 and sorted(last.D) == sorted(c.tokens[-1] for c in cs)
+    two = points.pool(cs, rule=points.PointRule(per_run=2))
+    assert len(two) == 6 and set(last.D) <= set(two.D)
+    late = points.pool(cs, rule=points.PointRule(min_fraction=0.5))
+    top = {c.run_id: c.tokens.max() for c in cs}
+    assert 3 <= len(late) < 15
+    assert all(d >= 0.5 * top[r] for d, r in zip(late.D, late.runs, strict=True))
+    rule = points.PointRule(per_run=3)
+    assert rule.select(np.array([0.0, 10, 20, 30, 40])).tolist() == [1, 3, 4]
+    assert points.PointRule().select(np.array([0.0, 10, 20])).tolist() == [1, 2]
+    assert points.PointRule().describe() == "every evaluation of a run after its first token"
+    assert "only its last one" in points.PointRule(per_run=1).describe()
+    assert points.PointRule(per_run=2).to_dict()["per_run"] == 2
+    for bad in ({"per_run": 0}, {"min_fraction": 1.5}, {"min_tokens": -1.0}):
+        with pytest.raises(ValueError):
+            points.PointRule(**bad)

@@ -279,3 +279,34 @@ def test_short_log_axes_get_compact_labels_and_titles_count_unconverged_laws(tmp
     with mock.patch.object(Figure, "add_subplot", spy):
         plots.downstream_grid([[("mix A", "BLEU", series)]], tmp_path / "g.png", title="t")
     assert axes[0].get_title() == "mix A [1 of 2 fits NOT CONVERGED]"
+
+
+def test_fits_json_and_report_state_the_fit_point_rule(result):
+    out, res = result
+    saved = json.loads((out / "fits.json").read_text())
+    assert saved["fit_points"] == {
+        "min_tokens": 0.0,
+        "min_fraction": 0.0,
+        "per_run": None,
+        "text": "every evaluation of a run after its first token",
+    }
+    per_run = saved["chinchilla"]["zh"]["points_per_run"]
+    assert sum(per_run.values()) == saved["chinchilla"]["zh"]["fit"]["n_points"]
+    text = (out / "report.md").read_text()
+    assert "Fit points of the L(N, D) laws (Chinchilla, CPT, Appendix B): every evaluation" in text
+    assert "Fit points per run: " in text
+
+
+def test_cli_passes_the_fit_point_rule(study, tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake(runs, out, **kw):
+        seen.update(kw)
+        return {"warnings": [], "skipped": {}, "plots": [], "n_basis": "exact", "converged": True}
+
+    monkeypatch.setattr(pipeline, "fit_runs", fake)
+    args = ["fit", "--runs", str(study), "--out", str(tmp_path / "o")]
+    assert main([*args, "--points-per-run", "1", "--points-min-fraction", "0.25"]) == 0
+    assert seen["point_rule"] == points.PointRule(per_run=1, min_fraction=0.25)
+    assert main([*args, "--points-per-run", "0"]) == 2
+    assert "per_run = 0" in capsys.readouterr().err

@@ -27,14 +27,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="N of the upstream fits: exact non-embedding counts (default) or the paper's "
         "nominal sizes (CPT paper Table 4, the basis of its Table 2 and eqs. 8-9)",
     )
+    parser.add_argument(
+        "--points-per-run",
+        type=int,
+        default=None,
+        help="fit points of the L(N, D) laws: at most this many evaluations per run, evenly "
+        "spaced, the last always kept (default: every evaluation; 1: final losses only)",
+    )
+    parser.add_argument(
+        "--points-min-fraction",
+        type=float,
+        default=0.0,
+        help="fit points: only evaluations at or after this fraction of each run's tokens",
+    )
+    parser.add_argument(
+        "--points-min-tokens",
+        type=float,
+        default=0.0,
+        help="fit points: only evaluations after more than this many tokens (default 0)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the fits; exits 1 on bad input (the message names the run or point), 3 if a fit
-    did not converge (the outputs are still written and say so)."""
+    """Runs the fits; exits 1 on bad input (the message names the run or point), 2 on a bad
+    fit-point rule, 3 if a fit did not converge (the outputs are still written and say so)."""
     from fitting.checks import FitInputError
     from fitting.pipeline import fit_runs
+    from fitting.points import PointRule
 
+    try:
+        rule = PointRule(
+            min_tokens=args.points_min_tokens,
+            min_fraction=args.points_min_fraction,
+            per_run=args.points_per_run,
+        )
+    except ValueError as e:
+        print(f"xlscale fit: {e}", file=sys.stderr)
+        return 2
     try:
         result = fit_runs(
             args.runs,
@@ -43,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             bootstrap=args.bootstrap,
             seed=args.seed,
             n_basis=args.n_basis,
+            point_rule=rule,
         )
     except FitInputError as e:
         print(f"xlscale fit: {e}", file=sys.stderr)
