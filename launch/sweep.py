@@ -160,7 +160,17 @@ class Run:
         return {k: substitute(v, dict(self.variables)) for k, v in self.env}
 
     def gin_args(self, *, allow_missing: bool = False) -> list[str]:
-        """The trainer's flags: `--gin_search_paths`, `--gin_file`s and `--gin.KEY=VALUE`s."""
+        """The trainer's flags: `--gin_search_paths`, `--gin_file`s and `--gin.KEY=VALUE`s.
+
+        Raises:
+          ValueError: a manifest variable without a value, or a run that starts from a selected
+            run not chosen yet (neither with `allow_missing`, for dry runs and plans).
+        """
+        if self.waits_for_selection and not allow_missing:
+            raise ValueError(
+                f"run {self.run_id} starts from the run chosen by [[select]] {self.selected_from}"
+                ", which is not chosen yet; run its candidates, then `xlscale sweep select`"
+            )
         variables = dict(self.variables)
         args = [f"--gin_search_paths={','.join(self.gin_search_paths)}"]
         args = args if self.gin_search_paths else []
@@ -175,14 +185,8 @@ class Run:
         """The exact command line: `python -m trainer.train --gin_file=... --gin.K=V ...`.
 
         Raises:
-          ValueError: the run starts from a selected run not chosen yet (unless
-            `allow_missing`, for dry runs and plans).
+          ValueError: see `gin_args`.
         """
-        if self.waits_for_selection and not allow_missing:
-            raise ValueError(
-                f"run {self.run_id} starts from the run chosen by [[select]] {self.selected_from}"
-                ", which is not chosen yet; run its candidates, then `xlscale sweep select`"
-            )
         python = python or sys.executable
         return [python, "-m", TRAIN_MODULE, *self.gin_args(allow_missing=allow_missing)]
 
@@ -605,7 +609,8 @@ class _Expander:
         model_dir = f"{m.runs_dir.rstrip('/')}/{run_id}"
         if parent is not None or selected_from is not None:
             step = coords.get("init_step")
-            start = parent.model_dir if parent else f"<the run [[select]] {selected_from} chooses>"
+            name, group = (selected_from or ": ").split(": ", 1)
+            start = parent.model_dir if parent else f"<chosen-by-select:{name}[{group}]>"
             checkpoint = start + (f"@{step}" if step is not None else "")
             bindings["INIT_CHECKPOINT"] = gin_literal(checkpoint)
         bindings = {"MODEL_DIR": gin_literal(model_dir), **bindings}

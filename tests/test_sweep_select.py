@@ -190,6 +190,8 @@ def test_cli_select_and_plan(tmp_path, capsys):
     assert (tmp_path / "runs" / "selection.json").is_file()
     assert main(["sweep", "plan", path, "--runs-dir", runs_dir, "--no-measure"]) == 0
     assert "wait for its choices" not in capsys.readouterr().out
+    assert main(["sweep", "status", path, "--runs-dir", runs_dir]) == 0
+    assert "# [[select]] source_lr: 1 groups chosen" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -289,4 +289,12 @@ def status(args) -> int:
     print(_table(header, rows))
     counts = run_states.count_states(states)
     print("# " + ", ".join(f"{k} {n}" for k, n in counts.items()) + f" (of {len(runs)})")
+    waiting = sum(r.waits_for_selection for r in runs)
+    if manifest.selects:
+        document = selection.read(manifest.runs_dir) or {}
+        for spec in manifest.selects:
+            groups = (document.get("selections") or {}).get(spec.name, {}).get("groups") or {}
+            print(f"# [[select]] {spec.name}: {len(groups)} groups chosen (selection.json)")
+    if waiting:
+        print(f"# {waiting} pending runs wait for a [[select]] choice")
     return 0
