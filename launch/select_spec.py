@@ -152,6 +152,9 @@ def parse_selects(
         where_table = table.get("where", {})
         if not isinstance(where_table, Mapping):
             _fail(where, "where must be a table {coordinate = value or [values]}")
+        bad = sorted(set(where_table) - known)
+        if bad:
+            _fail(where, f"where {bad}: not coordinates of {strategy} runs; valid: {sorted(known)}")
         name = table.get("name", f"{strategy}_{'_'.join(o.lower() for o in over)}")
         if any(s.name == name for s in specs):
             _fail(where, f"name {name!r} is used by another [[select]]; give each its own name")

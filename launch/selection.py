@@ -10,7 +10,8 @@ loses), picks the best by the stage's rule, and returns the document that `write
          "strategy": "pretrain", "over": ["BASE_LR"], "metric": "train/loss", "rule": "min",
          "groups": {"<group>": {"chosen": "<run id>", "model_dir": "...", "metric": "train/loss",
                                 "candidates": [{"run_id", "coords", "state", "step", "value"}]}},
-         "pending": {"<group>": ["<run id not finished>", ...]}}}}
+         "pending": {"<group>": ["<run id not finished>", ...]},
+         "failed": {"<group>": "why no candidate could be chosen"}}}}
 
 `launch.sweep.expand(manifest, selection=read(runs_dir))` then starts dependent runs from the
 chosen run's checkpoint, and `fitting.selection` makes fits skip the runs not chosen.
@@ -83,13 +84,15 @@ def _candidate(spec: SelectSpec, run: Run, state: str) -> dict[str, Any]:
     entry = {"run_id": run.run_id, "coords": coords, "state": state, "step": None, "value": None}
     if state == "done":
         value, step = final_value(run.model_dir, spec.metric_for(coords))
-        entry.update(value=value, step=step)
+        finite = value is not None and math.isfinite(value)
+        entry.update(value=value if finite else None, step=step)  # JSON has no NaN
     return entry
 
 
 def _decide_group(
-    spec: SelectSpec, group: str, candidates: list[dict[str, Any]], runs: Mapping[str, Run]
-) -> dict[str, Any]:
+    spec: SelectSpec, candidates: list[dict[str, Any]], runs: Mapping[str, Run]
+) -> dict[str, Any] | None:
+    """The decided group (None when no candidate has a finite value of the metric)."""
     best = None
     for c in candidates:
         value = c["value"]
@@ -98,11 +101,7 @@ def _decide_group(
         if best is None or spec.better(value, best["value"]):
             best = c
     if best is None or not math.isfinite(best["value"]):
-        raise ValueError(
-            f"[[select]] {spec.name} group {group}: no candidate has a finite "
-            f"{spec.metric!r} in its metrics.jsonl "
-            f"({', '.join(c['run_id'] + ' ' + c['state'] for c in candidates)})"
-        )
+        return None
     return {
         "chosen": best["run_id"],
         "model_dir": runs[best["run_id"]].model_dir,
@@ -122,16 +121,14 @@ def decide(
     """The selection.json document of `manifest` for `runs` (its expansion).
 
     Every group of every `[[select]]` whose candidates have all finished (done or failed) is
-    decided; the others are listed under `pending` with the runs still to finish.
+    decided; the others are listed under `pending` with the runs still to finish, and groups
+    where no candidate logged a finite value of the metric under `failed` with the reason.
 
     Args:
       manifest: the manifest (its `selects`).
       runs: the manifest's runs.
       stale_s: seconds without new metrics before a run counts as stopped (`launch.status`).
       status: run -> state ("done", "failed", ...), for tests; default `launch.status`.
-
-    Raises:
-      ValueError: a finished group where no candidate logged a finite value of the metric.
     """
     by_id = {r.run_id: r for r in runs}
     state_of = status or (lambda r: run_states.run_status(r, stale_s=stale_s).state)
@@ -142,7 +139,7 @@ def decide(
             coords = dict(run.coords)
             if run.strategy == spec.strategy and matches(coords, dict(spec.where)):
                 groups.setdefault(group_key(coords, spec.over), []).append(run)
-        decided, pending = {}, {}
+        decided, pending, failed = {}, {}, {}
         for group, members in groups.items():
             states = {r.run_id: state_of(r) for r in members}
             waiting = [i for i, s in states.items() if s not in ("done", "failed")]
@@ -150,7 +147,15 @@ def decide(
                 pending[group] = waiting
                 continue
             candidates = [_candidate(spec, r, states[r.run_id]) for r in members]
-            decided[group] = _decide_group(spec, group, candidates, by_id)
+            chosen = _decide_group(spec, candidates, by_id)
+            if chosen is None:
+                failed[group] = (
+                    f"no candidate has a finite {spec.metric!r} in its metrics.jsonl ("
+                    + ", ".join(f"{c['run_id']} {c['state']}" for c in candidates)
+                    + ")"
+                )
+            else:
+                decided[group] = chosen
         out[spec.name] = {
             "strategy": spec.strategy,
             "over": list(spec.over),
@@ -159,6 +164,7 @@ def decide(
             "where": dict(spec.where),
             "groups": decided,
             "pending": pending,
+            "failed": failed,
         }
     return {
         "manifest": manifest.name,
@@ -185,11 +191,12 @@ def launch_in_stages(
 ) -> tuple[list[Any], list[Run]]:
     """Launches a sweep's runs stage by stage around its `[[select]]`s.
 
-    Each round launches the runs that do not wait for a choice, then (unless `dry_run`, or a
-    run failed) decides the selections whose candidates have all finished, writes
-    selection.json and expands again, so that the runs they unblock launch next. It stops when
-    nothing waits or a round decides nothing new (asynchronous launchers: run again once the
-    candidates have finished).
+    Each round launches the runs that do not wait for a choice (less those that failed or were
+    blocked in an earlier round: a diverged learning rate is not retried), then (unless
+    `dry_run`) decides the selections whose candidates have all finished (a failed candidate
+    loses), writes selection.json and expands again, so that the runs they unblock launch next.
+    It stops when nothing waits or a round unblocks nothing (asynchronous launchers: run again
+    once the candidates have finished).
 
     Args:
       manifest: the manifest.
@@ -204,21 +211,28 @@ def launch_in_stages(
       The launch reports of the rounds, and the runs still waiting for a selection.
     """
     reports: list[Any] = []
+    given_up: set[str] = set()
     while True:
         runs = only(expand(manifest, selection=read(manifest.runs_dir)))
-        ready = [r for r in runs if dry_run or not r.waits_for_selection]
         waiting = [r for r in runs if r.waits_for_selection]
+        ready = [
+            r for r in runs if (dry_run or not r.waits_for_selection) and r.run_id not in given_up
+        ]
         progress = progress_factory(ready) if progress_factory else None
         report = launcher.launch(ready, dry_run=dry_run, progress=progress)
         reports.append(report)
-        if dry_run or not waiting or not report.ok:
+        given_up.update(report.failed, report.blocked)
+        if dry_run or not waiting:
             return reports, ([] if dry_run else waiting)
         document = select_and_write(manifest, runs)
         still = [r for r in only(expand(manifest, selection=document)) if r.waits_for_selection]
         if len(still) == len(waiting):
+            for name, stage in document["selections"].items():
+                for group, why in stage["failed"].items():
+                    note(f"[[select]] {name} [{group}] cannot choose: {why}")
             note(
-                f"{len(waiting)} runs wait for a [[select]] whose candidates have not finished; "
-                "run the sweep again once they have"
+                f"{len(waiting)} runs wait for a [[select]] choice that their candidates have not "
+                "made yet; run the sweep again once they have finished"
             )
             return reports, waiting
         note(f"selection.json: {len(waiting) - len(still)} waiting runs can start")

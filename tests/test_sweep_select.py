@@ -151,25 +151,43 @@ def test_max_rule_failed_and_pending_candidates(tmp_path):
     ]["source_lr"]
     (decided,) = stage["groups"].values()
     assert decided["chosen"] == sources[0.001].run_id  # max of 3.2 and 2.9
+    for run in sources.values():
+        fake_train(run, loss=float("nan"))
+    stage = selection.decide(manifest, runs)["selections"]["source_lr"]
+    assert not stage["groups"] and "no candidate has a finite" in next(
+        iter(stage["failed"].values())
+    )
+
+
+def diverging_train(run, log_path=None):
+    """`fake_train`, except that the largest learning rate diverges (the job fails)."""
+    if run.coord("PEAK_LR") == 0.01:
+        raise FloatingPointError("loss is nan")
+    return fake_train(run, log_path)
 
 
 def test_a_sweep_runs_in_stages_and_fits_skip_the_runs_not_chosen(tmp_path, caplog):
     manifest = load(tmp_path)
     reports, waiting = selection.launch_in_stages(
-        manifest, LocalLauncher(runner=fake_train), note=lambda _: None
+        manifest, LocalLauncher(runner=diverging_train), note=lambda _: None
     )
-    assert not waiting and all(r.ok for r in reports) and len(reports) == 2
     runs = sweep.expand(manifest, selection=selection.read(manifest.runs_dir))
     best = next(r for r in runs if r.strategy == "source" and r.coord("PEAK_LR") == 0.003)
+    diverged = next(r for r in runs if r.strategy == "source" and r.coord("PEAK_LR") == 0.01)
     (cpt,) = [r for r in runs if r.strategy == "cpt"]
-    assert cpt.run_id in reports[1].completed
+    assert not waiting and len(reports) == 2
+    assert reports[0].failed == [diverged.run_id] and not reports[1].failed  # not retried
+    assert reports[1].completed == [cpt.run_id]
+    (decided,) = selection.read(manifest.runs_dir)["selections"]["source_lr"]["groups"].values()
+    states = {c["run_id"]: (c["state"], c["value"]) for c in decided["candidates"]}
+    assert states[diverged.run_id] == ("failed", None) and decided["chosen"] == best.run_id
     meta = json.loads((tmp_path / "runs" / cpt.run_id / "run.json").read_text())
     assert meta["init_checkpoint"] == repr(best.model_dir)
     with caplog.at_level(logging.INFO, logger="fitting.io"):
         read = {r.run_id for r in fit_io.read_runs(tmp_path / "runs")}
     assert read == {best.run_id, cpt.run_id, *(r.run_id for r in runs if r.strategy == "scratch")}
-    assert "skipping 2 runs that selection.json did not choose" in caplog.text
-    assert len(fit_io.read_runs(tmp_path / "runs", use_selection=False)) == 5
+    assert "skipping 1 runs that selection.json did not choose" in caplog.text
+    assert len(fit_io.read_runs(tmp_path / "runs", use_selection=False)) == 4
 
 
 def test_cli_select_and_plan(tmp_path, capsys):
@@ -205,6 +223,7 @@ def test_cli_select_and_plan(tmp_path, capsys):
         (('over = ["PEAK_LR"]', 'over = ["LR"]'), r"over \['LR'\]: not coordinates of source"),
         (('strategy = "source"\nover', 'strategy = "cpt_replay"\nover'), "has no runs"),
         (('rule = "min"', 'rule = "min"\nby = 1'), r"unknown keys \['by'\]"),
+        (('rule = "min"', 'rule = "min"\nwhere = { lang = "zh" }'), r"where \['lang'\]: not coord"),
         (('metric = "eval/lm_en/loss"\n', ""), "missing 'metric'"),
         (("eval/lm_en/loss", "eval/{task}/loss"), r"names \['task'\], not coordinates of source"),
     ],

@@ -214,6 +214,7 @@ def choose(args) -> int:
             [group, "(pending)", f"{len(ids)} runs not finished"]
             for group, ids in stage["pending"].items()
         ]
+        rows += [[group, "(none)", why] for group, why in stage["failed"].items()]
         print(_table(["group", "chosen", "candidates"], rows))
     return 0
 
