@@ -41,7 +41,6 @@ import hashlib
 import heapq
 import itertools
 import json
-import math
 import re
 import sys
 import tomllib
@@ -49,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch import select_spec
+from launch import budgets, select_spec
 from launch import strategies as strategies_lib
 from launch.select_spec import SelectSpec
 from launch.strategies import AXES, COORD_MACROS, STRATEGIES, Counts, Strategy
@@ -61,9 +60,7 @@ TRAIN_MODULE = "trainer.train"
 COMPUTED_MACROS = frozenset(
     {"MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "INIT_CHECKPOINT", *COORD_MACROS.values()}
 )
-_AMOUNT_KEYS = ("tokens_per_param", "tokens", "steps")
-_BATCH_KEYS = ("batch_tokens", "batch_size", "batch_tokens_bands")
-PARAM_BASES = ("non_embedding", "total", "nominal")
+PARAM_BASES = budgets.PARAM_BASES
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TOP_KEYS = frozenset(
     "sweep vars env gin axes grid budget sizes strategies override exclude select".split()
@@ -347,7 +344,7 @@ def parse_manifest(
         selects=selects,
     )
     if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
-        _resolve_budget(manifest.budget, where=f"{path} [budget]")
+        budgets.resolve(manifest.budget, where=f"{path} [budget]")
     return manifest
 
 
@@ -388,64 +385,6 @@ def _check_gin_macros(
         gin_checks.check_macro_table(
             settings, where=f"{path} {where}", files=files, search_paths=search_paths
         )
-
-
-def _merge_budget(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Layers budgets: setting one amount (or batch) key clears the others of its group."""
-    merged = dict(base)
-    for group in (_AMOUNT_KEYS, _BATCH_KEYS):
-        if any(k in update for k in group):
-            for k in group:
-                merged.pop(k, None)
-    merged.update(update)
-    return merged
-
-
-def _resolve_budget(budget: Mapping[str, Any], *, where: str) -> tuple[str, str, str]:
-    """Validates a budget; returns its amount key, batch key and parameter basis."""
-    _check_keys(budget, (*_AMOUNT_KEYS, *_BATCH_KEYS, "param_basis"), where)
-    amounts = [k for k in _AMOUNT_KEYS if k in budget]
-    batches = [k for k in _BATCH_KEYS if k in budget]
-    _require(len(amounts) == 1, where, f"set exactly one of {_AMOUNT_KEYS}, got {amounts}")
-    _require(len(batches) == 1, where, f"set exactly one of {_BATCH_KEYS}, got {batches}")
-    basis = budget.get("param_basis", "non_embedding")
-    _require(basis in PARAM_BASES, where, f"param_basis must be one of {PARAM_BASES}")
-    if batches[0] == "batch_tokens_bands":
-        bands = budget["batch_tokens_bands"]
-        ok = all(isinstance(b, list) and len(b) == 2 for b in bands) and bands
-        _require(bool(ok), where, "batch_tokens_bands is a list of [max_params, batch_tokens]")
-        bounds = [float(b[0]) for b in bands]
-        _require(bounds == sorted(bounds), where, "batch_tokens_bands must be in increasing order")
-    return amounts[0], batches[0], basis
-
-
-def _steps_and_batch(
-    budget: Mapping[str, Any], *, params: float | None, seq_len: int, where: str
-) -> tuple[int, int]:
-    """(train steps, batch size in sequences) for a budget; `params` is N on the budget's basis
-    (None when unknown, which only rules that need N reject)."""
-    amount_key, batch_key, basis = _resolve_budget(budget, where=where)
-    needs_params = amount_key == "tokens_per_param" or batch_key == "batch_tokens_bands"
-    _require(
-        params is not None or not needs_params,
-        where,
-        f"{amount_key}/{batch_key} need the {basis} parameter count, which is unavailable",
-    )
-    if batch_key == "batch_size":
-        batch_size = int(budget["batch_size"])
-    else:
-        tokens = budget.get("batch_tokens")
-        if batch_key == "batch_tokens_bands":
-            fitting = [int(t) for bound, t in budget[batch_key] if params <= float(bound)]
-            _require(bool(fitting), where, f"no batch_tokens_bands entry covers N={params:.4g}")
-            tokens = fitting[0]
-        batch_size = max(1, int(tokens) // seq_len)
-    amount = float(budget[amount_key])
-    if amount_key == "steps":
-        return int(amount), batch_size
-    if amount_key == "tokens_per_param":
-        amount *= params
-    return max(1, math.ceil(amount / (batch_size * seq_len))), batch_size
 
 
 def matches(coords: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
@@ -548,11 +487,11 @@ class _Expander:
         gin_files = [settings.get("gin_file", strategy.gin_file), *m.gin_files]
         gin_files += list(settings.get("gin_files", ()))
         gin = {**dict(strategy.macros), **m.gin, **settings.get("gin", {})}
-        budget = _merge_budget(m.budget, settings.get("budget", {}))
+        budget = budgets.merge(m.budget, settings.get("budget", {}))
         for o in matching:
             gin_files += list(o.get("gin_files", ()))
             gin.update(o.get("gin", {}))
-            budget = _merge_budget(budget, o.get("budget", {}))
+            budget = budgets.merge(budget, o.get("budget", {}))
         clash = sorted(set(gin) & COMPUTED_MACROS)
         _require(not clash, where, f"gin sets {clash}, which the sweep computes")
 
@@ -572,7 +511,9 @@ class _Expander:
             params = (
                 counts.params_non_embedding if basis == "non_embedding" else counts.params_total
             )
-        steps, batch_size = _steps_and_batch(budget, params=params, seq_len=m.seq_len, where=where)
+        steps, batch_size = budgets.steps_and_batch(
+            budget, params=params, seq_len=m.seq_len, where=where
+        )
 
         parent, selected_from, candidates = None, None, ()
         if strategy.parent:
