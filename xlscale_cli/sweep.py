@@ -185,6 +185,14 @@ def _plan_notes(manifest, runs, rows) -> list[str]:
     return lines
 
 
+def _candidate_values(candidates, over) -> str:
+    """`0.001=3.2 0.003=2.9 ...`: each candidate's grid value(s) and metric value."""
+    return " ".join(
+        f"{'/'.join(str(c['coords'][o]) for o in over)}={_fmt(c['value'], '.4g')}"
+        for c in candidates
+    )
+
+
 def choose(args) -> int:
     """Decides the [[select]] groups whose candidates have finished; writes selection.json."""
     manifest = _manifest(args)
@@ -200,14 +208,7 @@ def choose(args) -> int:
     for name, stage in document["selections"].items():
         print(f"# [[select]] {name}: {stage['rule']} {stage['metric']} over {stage['over']}")
         rows = [
-            [
-                group,
-                decided["chosen"],
-                " ".join(
-                    f"{'/'.join(str(c['coords'][o]) for o in stage['over'])}={_fmt(c['value'], '.4g')}"
-                    for c in decided["candidates"]
-                ),
-            ]
+            [group, decided["chosen"], _candidate_values(decided["candidates"], stage["over"])]
             for group, decided in sorted(stage["groups"].items())
         ]
         rows += [
