@@ -1,7 +1,8 @@
 """Readers of training outputs: run directories (`run.json` + `metrics.jsonl`) and TensorBoard events.
 
 The run format is the contract of docs/interfaces.md ("Training outputs"); nothing else is needed
-to fit. `read_runs` reads a directory of runs, `tidy` flattens them into one row per run ×
+to fit. `read_runs` reads a directory of runs (less the runs a sweep's `[[select]]` stage
+rejected, see `fitting.selection`), `tidy` flattens them into one row per run ×
 evaluation, and `read_tensorboard` reads scalar summaries from event files (T5X's own layout
 included) without TensorFlow: the TFRecord framing is parsed here and the records are decoded with
 TensorBoard's protobuf classes. Every error names the run (and line or step) at fault.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,11 +23,13 @@ import numpy as np
 
 from fitting.checks import FitInputError
 from fitting.formats import num
+from fitting.selection import read_selection, rejected_runs
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 COMPLETED_FILE = "COMPLETED"
 EVAL_PREFIX = "eval/"
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,11 +128,17 @@ def _read_jsonl(path: Path, run_id: str) -> list[dict[str, Any]]:
     return out
 
 
-def read_runs(root: str | Path, *, pattern: str = "*") -> list[RunRecord]:
+def read_runs(
+    root: str | Path, *, pattern: str = "*", use_selection: bool = True
+) -> list[RunRecord]:
     """Reads every run directory directly under `root` (a directory holding run.json).
 
     A subdirectory with metrics.jsonl but no run.json, or with run.json but no metrics, is an error
     naming it; other subdirectories (e.g. plots) are ignored. `root` may itself be a run.
+
+    When `root` holds a sweep's `selection.json` (and `use_selection`), the candidates its
+    `[[select]]` stages did not choose (the other learning rates of a grid) are skipped, with a
+    log line saying how many and why, so that fits use only the selected runs.
 
     Raises:
       FitInputError: `root` missing, no runs found, or a broken run directory.
@@ -139,11 +149,23 @@ def read_runs(root: str | Path, *, pattern: str = "*") -> list[RunRecord]:
     if (root / RUN_FILE).is_file():
         return [read_run(root)]
     runs = []
+    rejected = rejected_runs(read_selection(root)) if use_selection else {}
+    skipped = []
     for sub in sorted(p for p in root.glob(pattern) if p.is_dir()):
-        if (sub / RUN_FILE).is_file():
+        if sub.name in rejected and (sub / RUN_FILE).is_file():
+            skipped.append(sub.name)
+        elif (sub / RUN_FILE).is_file():
             runs.append(read_run(sub))
         elif (sub / METRICS_FILE).is_file():
             raise FitInputError(f"run {sub.name!r} ({sub}): {METRICS_FILE} but no {RUN_FILE}")
+    if skipped:
+        log.warning(
+            "%s: skipping %d runs that selection.json did not choose (e.g. %s: %s)",
+            root,
+            len(skipped),
+            skipped[0],
+            rejected[skipped[0]],
+        )
     if not runs:
         raise FitInputError(f"no run directories (with {RUN_FILE}) under {root}")
     return runs

@@ -134,6 +134,15 @@ def throughput_for(
         return None, f"{type(e).__name__}: {e}; pass --step-time to estimate anyway"
 
 
+def vocab_size(run: Run) -> int | None:
+    """The model vocabulary of a run (its MODEL_OVERRIDES or the size table's), None if unknown."""
+    try:
+        config = family_lib.get(run.family).get_config(run.base_size, **dict(run.overrides))
+    except (TypeError, ValueError, KeyError):
+        return None
+    return getattr(config, "vocab_size", None)
+
+
 def plan_rows(runs: Sequence[Run], throughput: Throughput | None) -> list[dict]:
     """One dict per run: id, strategy, size, N, tokens, FLOPs (6ND), steps, batch, dependencies
     and the estimated seconds (None without a throughput)."""
@@ -143,11 +152,15 @@ def plan_rows(runs: Sequence[Run], throughput: Throughput | None) -> list[dict]:
             "strategy": r.strategy,
             "size": r.size,
             "params_non_embedding": r.counts.params_non_embedding if r.counts else None,
+            "params_total": r.counts.params_total if r.counts else None,
+            "vocab_size": vocab_size(r),
             "tokens": r.tokens,
             "flops": r.flops,
             "steps": r.steps,
             "batch_size": r.batch_size,
             "depends_on": list(r.depends_on),
+            "selected_from": r.selected_from,
+            "waits_for_selection": r.waits_for_selection,
             "estimated_s": estimate_seconds(r, throughput),
         }
         for r in runs

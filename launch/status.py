@@ -49,7 +49,8 @@ def local_path(path: str) -> Path | None:
     return None if "://" in path else Path(path)
 
 
-def _any_path(path: str):
+def any_path(path: str):
+    """`path` as a local Path, or an `etils.epath.Path` for a URL (gs://...)."""
     local = local_path(path)
     if local is not None:
         return local
@@ -61,7 +62,7 @@ def _any_path(path: str):
 def is_completed(run: Run) -> bool:
     """Whether `MODEL_DIR/COMPLETED` exists (unreadable remote storage counts as not done)."""
     try:
-        return (_any_path(run.model_dir) / "COMPLETED").exists()
+        return (any_path(run.model_dir) / "COMPLETED").exists()
     except Exception:  # noqa: BLE001 -- no filesystem for that scheme here
         return False
 

@@ -14,7 +14,8 @@ Schema (every table optional unless said):
     [env]       environment for every launched job
     [gin]       KEY = value       -- `--gin.KEY=value` for every run
     [axes]      sizes, strategies, seeds, target_langs, replay_ratios, mixtures, tasks,
-                finetune_tokens, init_steps   -- the grid (or the defaults of each [[grid]])
+                finetune_tokens, init_steps, gin_axes = {MACRO = [values]} (a grid over any
+                gin macro, e.g. a learning rate)  -- the grid (or the defaults of each [[grid]])
     [[grid]]    the same keys as [axes]; the runs are the union of the grids' products
     [budget]    one of tokens_per_param | tokens | steps; one of batch_tokens | batch_size |
                 batch_tokens_bands ([[max_params, batch_tokens], ...], first band that fits);
@@ -23,6 +24,10 @@ Schema (every table optional unless said):
     [strategies.X]  gin_file, gin_files, gin, budget  -- per-strategy settings
     [[override]]    where = {coordinate = value or [values]}, budget, gin, gin_files
     [[exclude]]     where = {...}
+    [[select]]      name, strategy, over (coordinates), metric (metrics.jsonl key, `{task}` filled
+                    from the run), rule ("min" | "max"), where -- pick one run per group of runs
+                    that differ only in `over`; dependents of that strategy start from the chosen
+                    run (`launch.select_spec`, `launch.selection`)
 
 Manifest variables name the environment (data and vocabulary locations): ids hash them by name,
 not by value, so the same study has the same run ids on every machine.
@@ -33,9 +38,9 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import hashlib
+import heapq
 import itertools
 import json
-import math
 import re
 import sys
 import tomllib
@@ -43,7 +48,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from launch import budgets, select_spec
 from launch import strategies as strategies_lib
+from launch.select_spec import SelectSpec
 from launch.strategies import AXES, COORD_MACROS, STRATEGIES, Counts, Strategy
 from modeling import family as family_lib
 from trainer import gin_checks
@@ -53,12 +60,10 @@ TRAIN_MODULE = "trainer.train"
 COMPUTED_MACROS = frozenset(
     {"MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "INIT_CHECKPOINT", *COORD_MACROS.values()}
 )
-_AMOUNT_KEYS = ("tokens_per_param", "tokens", "steps")
-_BATCH_KEYS = ("batch_tokens", "batch_size", "batch_tokens_bands")
-PARAM_BASES = ("non_embedding", "total", "nominal")
+PARAM_BASES = budgets.PARAM_BASES
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TOP_KEYS = frozenset(
-    "sweep vars env gin axes grid budget sizes strategies override exclude".split()
+    "sweep vars env gin axes grid budget sizes strategies override exclude select".split()
 )
 
 
@@ -83,6 +88,7 @@ class Manifest:
     strategies: Mapping[str, Mapping[str, Any]]
     overrides: tuple[Mapping[str, Any], ...]
     excludes: tuple[Mapping[str, Any], ...]
+    selects: tuple[SelectSpec, ...] = ()
 
     def missing_variables(self) -> list[str]:
         """Variables that have no value yet (declared as "" and not given)."""
@@ -111,6 +117,15 @@ class Run:
     parent: str | None
     variables: tuple[tuple[str, str], ...]
     env: tuple[tuple[str, str], ...]
+    # A run that starts from the run a [[select]] chooses: "<select name>: <group>". Until the
+    # choice is made (selection.json), `parent` is None and the run waits for all `candidates`.
+    selected_from: str | None = None
+    candidates: tuple[str, ...] = ()
+
+    @property
+    def waits_for_selection(self) -> bool:
+        """Whether the run starts from a selected run that is not chosen yet."""
+        return self.selected_from is not None and self.parent is None
 
     @property
     def tokens(self) -> int:
@@ -119,8 +134,9 @@ class Run:
 
     @property
     def depends_on(self) -> tuple[str, ...]:
-        """Ids of the runs whose checkpoints this run needs."""
-        return (self.parent,) if self.parent else ()
+        """Ids of the runs whose checkpoints this run needs (all candidates of a pending
+        selection)."""
+        return (self.parent,) if self.parent else self.candidates
 
     @property
     def flops(self) -> float | None:
@@ -141,7 +157,17 @@ class Run:
         return {k: substitute(v, dict(self.variables)) for k, v in self.env}
 
     def gin_args(self, *, allow_missing: bool = False) -> list[str]:
-        """The trainer's flags: `--gin_search_paths`, `--gin_file`s and `--gin.KEY=VALUE`s."""
+        """The trainer's flags: `--gin_search_paths`, `--gin_file`s and `--gin.KEY=VALUE`s.
+
+        Raises:
+          ValueError: a manifest variable without a value, or a run that starts from a selected
+            run not chosen yet (neither with `allow_missing`, for dry runs and plans).
+        """
+        if self.waits_for_selection and not allow_missing:
+            raise ValueError(
+                f"run {self.run_id} starts from the run chosen by [[select]] {self.selected_from}"
+                ", which is not chosen yet; run its candidates, then `xlscale sweep select`"
+            )
         variables = dict(self.variables)
         args = [f"--gin_search_paths={','.join(self.gin_search_paths)}"]
         args = args if self.gin_search_paths else []
@@ -153,7 +179,11 @@ class Run:
         return args
 
     def argv(self, python: str | None = None, *, allow_missing: bool = False) -> list[str]:
-        """The exact command line: `python -m trainer.train --gin_file=... --gin.K=V ...`."""
+        """The exact command line: `python -m trainer.train --gin_file=... --gin.K=V ...`.
+
+        Raises:
+          ValueError: see `gin_args`.
+        """
         python = python or sys.executable
         return [python, "-m", TRAIN_MODULE, *self.gin_args(allow_missing=allow_missing)]
 
@@ -267,18 +297,30 @@ def parse_manifest(
     grids = [{**axes, **grid} for grid in data.get("grid", [])] or [axes]
     for i, grid in enumerate(grids):
         where = f"{path} grid {i}"
-        _check_keys(grid, ("strategies", *AXES), where)
+        _check_keys(grid, ("strategies", "gin_axes", *AXES), where)
         for key in ("strategies", "sizes"):
             _require(bool(grid.get(key)), where, f"needs a non-empty '{key}' list")
         for s in grid["strategies"]:
             _require(s in STRATEGIES, where, f"unknown strategy {s!r}; valid: {sorted(STRATEGIES)}")
+        if "gin_axes" in grid:
+            grid["gin_axes"] = select_spec.parse_gin_axes(
+                grid["gin_axes"], where=f"{where} gin_axes", computed=COMPUTED_MACROS
+            )
     for table in data.get("override", []):
         _check_keys(table, ("where", "budget", "gin", "gin_files"), f"{path} [[override]]")
     for table in data.get("exclude", []):
         _check_keys(table, ("where",), f"{path} [[exclude]]")
     for key in data.get("gin", {}):
         _require(key not in COMPUTED_MACROS, f"{path} [gin]", f"{key} is set by the sweep itself")
-    _check_gin_macros(data, path=path, variables={**declared, **given})
+    _check_gin_macros(data, path=path, variables={**declared, **given}, grids=grids)
+    coordinates: dict[str, set[str]] = {}
+    for grid in grids:
+        for s in grid["strategies"]:
+            names = {"size", "seed", *STRATEGIES[s].axes, *grid.get("gin_axes", {})}
+            coordinates.setdefault(s, set()).update(names)
+    selects = select_spec.parse_selects(
+        data.get("select", []), path=path, strategies=STRATEGIES, coordinates=coordinates
+    )
     manifest = Manifest(
         name=sweep["name"],
         path=path,
@@ -293,20 +335,28 @@ def parse_manifest(
         variables={**declared, **given},
         env={k: str(v) for k, v in data.get("env", {}).items()},
         gin=dict(data.get("gin", {})),
-        grids=tuple({k: tuple(v) for k, v in g.items()} for g in grids),
+        grids=tuple({k: (v if k == "gin_axes" else tuple(v)) for k, v in g.items()} for g in grids),
         budget=dict(data.get("budget", {})),
         sizes={k: dict(v) for k, v in sizes.items()},
         strategies={k: dict(v) for k, v in strategies.items()},
         overrides=tuple(data.get("override", [])),
         excludes=tuple(data.get("exclude", [])),
+        selects=selects,
     )
     if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
-        _resolve_budget(manifest.budget, where=f"{path} [budget]")
+        budgets.resolve(manifest.budget, where=f"{path} [budget]")
     return manifest
 
 
-def _check_gin_macros(data: Mapping[str, Any], *, path: str, variables: Mapping[str, str]) -> None:
-    """Every macro a manifest sets (`[gin]`, `[strategies.X] gin`, `[[override]] gin`) must be
+def _check_gin_macros(
+    data: Mapping[str, Any],
+    *,
+    path: str,
+    variables: Mapping[str, str],
+    grids: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """Every macro a manifest sets (`[gin]`, `[strategies.X] gin`, `[[override]] gin`, the
+    `gin_axes` of its grids) must be
     read by some gin file (the shipped configs, the manifest's gin files and their includes), so a
     misspelt one fails here instead of running the whole sweep on defaults.
 
@@ -327,6 +377,9 @@ def _check_gin_macros(data: Mapping[str, Any], *, path: str, variables: Mapping[
     for i, table in enumerate(data.get("override", [])):
         names += list(table.get("gin_files", ()))
         tables.append((f"[[override]] {i} gin", table.get("gin", {})))
+    for i, grid in enumerate(grids):
+        axes = {macro: values[0] for macro, values in grid.get("gin_axes", {}).items()}
+        tables.append((f"grid {i} gin_axes", axes))
     files = [substitute(n, variables, allow_missing=True) for n in names if n]
     for where, settings in tables:
         gin_checks.check_macro_table(
@@ -334,65 +387,8 @@ def _check_gin_macros(data: Mapping[str, Any], *, path: str, variables: Mapping[
         )
 
 
-def _merge_budget(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Layers budgets: setting one amount (or batch) key clears the others of its group."""
-    merged = dict(base)
-    for group in (_AMOUNT_KEYS, _BATCH_KEYS):
-        if any(k in update for k in group):
-            for k in group:
-                merged.pop(k, None)
-    merged.update(update)
-    return merged
-
-
-def _resolve_budget(budget: Mapping[str, Any], *, where: str) -> tuple[str, str, str]:
-    """Validates a budget; returns its amount key, batch key and parameter basis."""
-    _check_keys(budget, (*_AMOUNT_KEYS, *_BATCH_KEYS, "param_basis"), where)
-    amounts = [k for k in _AMOUNT_KEYS if k in budget]
-    batches = [k for k in _BATCH_KEYS if k in budget]
-    _require(len(amounts) == 1, where, f"set exactly one of {_AMOUNT_KEYS}, got {amounts}")
-    _require(len(batches) == 1, where, f"set exactly one of {_BATCH_KEYS}, got {batches}")
-    basis = budget.get("param_basis", "non_embedding")
-    _require(basis in PARAM_BASES, where, f"param_basis must be one of {PARAM_BASES}")
-    if batches[0] == "batch_tokens_bands":
-        bands = budget["batch_tokens_bands"]
-        ok = all(isinstance(b, list) and len(b) == 2 for b in bands) and bands
-        _require(bool(ok), where, "batch_tokens_bands is a list of [max_params, batch_tokens]")
-        bounds = [float(b[0]) for b in bands]
-        _require(bounds == sorted(bounds), where, "batch_tokens_bands must be in increasing order")
-    return amounts[0], batches[0], basis
-
-
-def _steps_and_batch(
-    budget: Mapping[str, Any], *, params: float | None, seq_len: int, where: str
-) -> tuple[int, int]:
-    """(train steps, batch size in sequences) for a budget; `params` is N on the budget's basis
-    (None when unknown, which only rules that need N reject)."""
-    amount_key, batch_key, basis = _resolve_budget(budget, where=where)
-    needs_params = amount_key == "tokens_per_param" or batch_key == "batch_tokens_bands"
-    _require(
-        params is not None or not needs_params,
-        where,
-        f"{amount_key}/{batch_key} need the {basis} parameter count, which is unavailable",
-    )
-    if batch_key == "batch_size":
-        batch_size = int(budget["batch_size"])
-    else:
-        tokens = budget.get("batch_tokens")
-        if batch_key == "batch_tokens_bands":
-            fitting = [int(t) for bound, t in budget[batch_key] if params <= float(bound)]
-            _require(bool(fitting), where, f"no batch_tokens_bands entry covers N={params:.4g}")
-            tokens = fitting[0]
-        batch_size = max(1, int(tokens) // seq_len)
-    amount = float(budget[amount_key])
-    if amount_key == "steps":
-        return int(amount), batch_size
-    if amount_key == "tokens_per_param":
-        amount *= params
-    return max(1, math.ceil(amount / (batch_size * seq_len))), batch_size
-
-
-def _matches(coords: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
+def matches(coords: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
+    """Whether `coords` match a `where` table (each key equal to its value or one of a list)."""
     for key, wanted in where.items():
         values = wanted if isinstance(wanted, list) else [wanted]
         if key not in coords or coords[key] not in values:
@@ -425,10 +421,18 @@ _SLUG_PARTS: dict[str, Any] = {
 }
 
 
+_STANDARD_COORDS = frozenset(AXES.values())
+
+
 def _slug(strategy: str, coords: Mapping[str, Any]) -> str:
     """The readable part of a run id: strategy, size, the other coordinates, seed."""
     parts = [strategy, str(coords["size"])]
     parts += [fmt(coords[key]) for key, fmt in _SLUG_PARTS.items() if key in coords]
+    parts += [
+        select_spec.axis_slug(key, value)
+        for key, value in sorted(coords.items())
+        if key not in _STANDARD_COORDS
+    ]
     parts.append(f"s{coords['seed']}")
     return re.sub(r"[^A-Za-z0-9_.]+", "-", "_".join(parts))
 
@@ -436,11 +440,21 @@ def _slug(strategy: str, coords: Mapping[str, Any]) -> str:
 class _Expander:
     """Builds runs from a manifest, creating parents on demand and caching by coordinates."""
 
-    def __init__(self, manifest: Manifest):
+    def __init__(
+        self,
+        manifest: Manifest,
+        *,
+        wanted: Sequence[tuple[str, Mapping[str, Any]]] = (),
+        chosen: Mapping[tuple[str, str], str] | None = None,
+    ):
         self.m = manifest
         self.family = family_lib.get(manifest.family)
         self.runs: dict[tuple, Run] = {}
         self._counts: dict[tuple, Counts | None] = {}
+        self.wanted: dict[str, list[Mapping[str, Any]]] = {}
+        for name, coords in wanted:
+            self.wanted.setdefault(name, []).append(coords)
+        self.chosen = dict(chosen or {})  # (select name, group) -> chosen run id
 
     def counts(self, base: str, overrides: Mapping[str, Any], where: str) -> Counts | None:
         """Counts of a model shape, computed once per shape."""
@@ -468,16 +482,16 @@ class _Expander:
         matching = [
             o
             for o in m.overrides
-            if _matches({"strategy": strategy.name, **coords}, o.get("where", {}))
+            if matches({"strategy": strategy.name, **coords}, o.get("where", {}))
         ]
         gin_files = [settings.get("gin_file", strategy.gin_file), *m.gin_files]
         gin_files += list(settings.get("gin_files", ()))
         gin = {**dict(strategy.macros), **m.gin, **settings.get("gin", {})}
-        budget = _merge_budget(m.budget, settings.get("budget", {}))
+        budget = budgets.merge(m.budget, settings.get("budget", {}))
         for o in matching:
             gin_files += list(o.get("gin_files", ()))
             gin.update(o.get("gin", {}))
-            budget = _merge_budget(budget, o.get("budget", {}))
+            budget = budgets.merge(budget, o.get("budget", {}))
         clash = sorted(set(gin) & COMPUTED_MACROS)
         _require(not clash, where, f"gin sets {clash}, which the sweep computes")
 
@@ -497,13 +511,13 @@ class _Expander:
             params = (
                 counts.params_non_embedding if basis == "non_embedding" else counts.params_total
             )
-        steps, batch_size = _steps_and_batch(budget, params=params, seq_len=m.seq_len, where=where)
+        steps, batch_size = budgets.steps_and_batch(
+            budget, params=params, seq_len=m.seq_len, where=where
+        )
 
-        parent = None
+        parent, selected_from, candidates = None, None, ()
         if strategy.parent:
-            parent_strategy = STRATEGIES[strategy.parent]
-            shared = ("size", "seed", *parent_strategy.axes)
-            parent = self.run(strategy.parent, {k: coords[k] for k in shared})
+            parent, selected_from, candidates = self._parent(strategy, coords, where)
 
         bindings: dict[str, str] = {"MODEL_SIZE": gin_literal(base)}
         if overrides:
@@ -517,6 +531,10 @@ class _Expander:
             lengths = {k: m.seq_len for k in self.family.feature_keys}
             bindings["TASK_FEATURE_LENGTHS"] = gin_literal(lengths)
         bindings.update({k: gin_literal(v) for k, v in sorted(gin.items())})
+        for name, value in sorted(coords.items()):
+            if name not in _STANDARD_COORDS:  # a gin_axes coordinate
+                _require(name not in gin, where, f"{name} is a grid dimension and also set in gin")
+                bindings[name] = gin_literal(value)
         identity = {
             "family": m.family,
             "strategy": strategy.name,
@@ -525,14 +543,16 @@ class _Expander:
             "gin_files": gin_files,
             "bindings": sorted(bindings.items()),
             "seq_len": m.seq_len,
-            "parent": parent.run_id if parent else None,
+            "parent": selected_from or (parent.run_id if parent else None),
         }
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode())
         run_id = f"{_slug(strategy.name, coords)}-{digest.hexdigest()[:10]}"
         model_dir = f"{m.runs_dir.rstrip('/')}/{run_id}"
-        if parent is not None:
+        if parent is not None or selected_from is not None:
             step = coords.get("init_step")
-            checkpoint = parent.model_dir + (f"@{step}" if step is not None else "")
+            name, group = (selected_from or ": ").split(": ", 1)
+            start = parent.model_dir if parent else f"<chosen-by-select:{name}[{group}]>"
+            checkpoint = start + (f"@{step}" if step is not None else "")
             bindings["INIT_CHECKPOINT"] = gin_literal(checkpoint)
         bindings = {"MODEL_DIR": gin_literal(model_dir), **bindings}
         return Run(
@@ -554,39 +574,115 @@ class _Expander:
             parent=parent.run_id if parent else None,
             variables=tuple(sorted(m.variables.items())),
             env=tuple(sorted(m.env.items())),
+            selected_from=selected_from,
+            candidates=candidates,
         )
 
+    def _parent(
+        self, strategy: Strategy, coords: Mapping[str, Any], where: str
+    ) -> tuple[Run | None, str | None, tuple[str, ...]]:
+        """The run whose checkpoint starts `strategy` at `coords`: (parent, selection, candidates).
 
-def expand(manifest: Manifest) -> list[Run]:
+        The parent shares the child's size, seed and the parent strategy's axes. When the
+        manifest's parent runs also vary over gin axes the child lacks (a learning-rate grid),
+        a `[[select]]` on the parent strategy over those axes picks one: the parent is the chosen
+        run once selection.json names it, else None and the child waits for every candidate.
+        """
+        name = strategy.parent
+        shared = {k: coords[k] for k in ("size", "seed", *STRATEGIES[name].axes)}
+        candidates = [
+            c for c in self.wanted.get(name, ()) if all(c.get(k) == v for k, v in shared.items())
+        ]
+        extra = {k for c in candidates for k in c if k not in shared}
+        shared.update({k: coords[k] for k in extra if k in coords})  # the child's own value
+        extra = {k for k in extra if k not in coords}
+        if not extra:
+            return self.run(name, shared), None, ()
+        candidates = [c for c in candidates if all(c.get(k) == v for k, v in shared.items())]
+        specs = [
+            s
+            for s in self.m.selects
+            if s.strategy == name and extra <= set(s.over) and matches(shared, dict(s.where))
+        ]
+        _require(
+            len(specs) == 1,
+            where,
+            f"starts from {name} runs that vary over {sorted(extra)}; "
+            + (
+                f"[[select]] tables {[s.name for s in specs]} all choose among them; keep one"
+                if specs
+                else f"add a [[select]] with strategy = {name!r}, over = {sorted(extra)} "
+                "(or give this run the same grid)"
+            ),
+        )
+        spec = specs[0]
+        group = select_spec.group_key({**shared, **candidates[0]}, spec.over)
+        runs = [self.run(name, c) for c in candidates]
+        chosen = self.chosen.get((spec.name, group))
+        parent = next((r for r in runs if r.run_id == chosen), None)
+        return parent, f"{spec.name}: {group}", tuple(r.run_id for r in runs)
+
+
+def expand(manifest: Manifest, *, selection: Mapping[str, Any] | None = None) -> list[Run]:
     """All runs of a manifest in dependency order (parents first, then manifest order), with
-    missing parents (e.g. the source run of a replay-only study) added. Duplicates collapse."""
-    expander = _Expander(manifest)
-    wanted: list[Run] = []
-    for grid in manifest.grids:
-        for strategy_name in grid["strategies"]:
-            strategy = STRATEGIES[strategy_name]
-            axes = ("size", "seed", *strategy.axes)
-            plural = {v: k for k, v in AXES.items()}
-            values = []
-            for coord in axes:
-                default = (0,) if coord == "seed" else None
-                given = grid.get(plural[coord], default)
-                _require(
-                    given is not None and len(given) > 0,
-                    f"{manifest.path}",
-                    f"strategy {strategy_name!r} needs axis '{plural[coord]}'",
-                )
-                values.append(given)
-            for combo in itertools.product(*values):
-                coords = {k: _COORD_TYPES.get(k, str)(v) for k, v in zip(axes, combo, strict=True)}
-                if any(
-                    _matches({"strategy": strategy_name, **coords}, e["where"])
-                    for e in manifest.excludes
-                ):
-                    continue
-                wanted.append(expander.run(strategy_name, coords))
-    unique = {r.run_id: r for r in [*wanted, *expander.runs.values()]}
+    missing parents (e.g. the source run of a replay-only study) added. Duplicates collapse.
+
+    Args:
+      manifest: the parsed manifest.
+      selection: the contents of the sweep's selection.json (`launch.selection.read`), whose
+        chosen runs start the runs that depend on a `[[select]]`; without it (or for a group it
+        has not decided) those runs wait for the choice (`Run.waits_for_selection`).
+    """
+    wanted = [
+        (strategy_name, coords)
+        for grid in manifest.grids
+        for strategy_name in grid["strategies"]
+        for coords in _grid_coords(manifest, grid, strategy_name)
+    ]
+    expander = _Expander(manifest, wanted=wanted, chosen=chosen_runs(selection))
+    runs = [expander.run(name, coords) for name, coords in wanted]
+    unique = {r.run_id: r for r in [*runs, *expander.runs.values()]}
     return topological_order(list(unique.values()))
+
+
+def _grid_coords(
+    manifest: Manifest, grid: Mapping[str, Any], strategy_name: str
+) -> list[dict[str, Any]]:
+    """The coordinates of a strategy's runs in one grid (the product of its axes and gin axes,
+    less the excluded)."""
+    strategy = STRATEGIES[strategy_name]
+    axes = ("size", "seed", *strategy.axes)
+    plural = {v: k for k, v in AXES.items()}
+    values = []
+    for coord in axes:
+        default = (0,) if coord == "seed" else None
+        given = grid.get(plural[coord], default)
+        _require(
+            given is not None and len(given) > 0,
+            f"{manifest.path}",
+            f"strategy {strategy_name!r} needs axis '{plural[coord]}'",
+        )
+        values.append(given)
+    gin_axes = grid.get("gin_axes", {})
+    out = []
+    for combo in itertools.product(*values, *gin_axes.values()):
+        coords = {k: _COORD_TYPES.get(k, str)(v) for k, v in zip(axes, combo, strict=False)}
+        coords.update(zip(gin_axes, combo[len(axes) :], strict=True))
+        if not any(
+            matches({"strategy": strategy_name, **coords}, e["where"]) for e in manifest.excludes
+        ):
+            out.append(coords)
+    return out
+
+
+def chosen_runs(selection: Mapping[str, Any] | None) -> dict[tuple[str, str], str]:
+    """(select name, group) -> chosen run id, from a selection.json document (None: none)."""
+    out = {}
+    for name, stage in ((selection or {}).get("selections") or {}).items():
+        for group, decided in (stage.get("groups") or {}).items():
+            if decided.get("chosen"):
+                out[(name, group)] = decided["chosen"]
+    return out
 
 
 def topological_order(runs: Sequence[Run]) -> list[Run]:
@@ -596,16 +692,26 @@ def topological_order(runs: Sequence[Run]) -> list[Run]:
     for r in runs:
         for dep in r.depends_on:
             _require(dep in by_id, r.run_id, f"depends on {dep}, which is not in the sweep")
-    done: set[str] = set()
+    # Kahn's algorithm, always taking the earliest ready run (linear-ish in runs, not quadratic).
+    order = {run_id: i for i, run_id in enumerate(by_id)}
+    waiting = {run_id: len(set(r.depends_on)) for run_id, r in by_id.items()}
+    children: dict[str, list[str]] = {}
+    for run_id, r in by_id.items():
+        for dep in set(r.depends_on):
+            children.setdefault(dep, []).append(run_id)
+    ready = [order[i] for i, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    ids = list(by_id)
     ordered: list[Run] = []
-    remaining = list(by_id.values())
-    while remaining:
-        ready = [r for r in remaining if all(d in done for d in r.depends_on)]
-        _require(bool(ready), "sweep", f"dependency cycle among {[r.run_id for r in remaining]}")
-        first = ready[0]
-        ordered.append(first)
-        done.add(first.run_id)
-        remaining.remove(first)
+    while ready:
+        run_id = ids[heapq.heappop(ready)]
+        ordered.append(by_id[run_id])
+        for child in children.get(run_id, ()):
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(ready, order[child])
+    left = [i for i in ids if waiting[i] > 0]
+    _require(not left, "sweep", f"dependency cycle among {left}")
     return ordered
 
 

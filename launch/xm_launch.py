@@ -185,7 +185,8 @@ class XManagerLauncher:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m launch.xm_launch MANIFEST [--var K=V] [--runs-dir D] [--dry-run] [xm options]`."""
-    from launch.sweep import expand, load_manifest
+    from launch.selection import launch_in_stages
+    from launch.sweep import load_manifest
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("manifest")
@@ -197,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     variables = dict(v.split("=", 1) for v in args.var)
     manifest = load_manifest(args.manifest, variables=variables, runs_dir=args.runs_dir)
     args.manifest_name = manifest.name
-    report = XManagerLauncher.from_args(args).launch(expand(manifest), dry_run=args.dry_run)
-    return 0 if report.ok else 1
+    launcher = XManagerLauncher.from_args(args)
+    reports, _ = launch_in_stages(manifest, launcher, dry_run=args.dry_run)  # around [[select]]s
+    return 0 if all(r.ok for r in reports) else 1
 
 
 if __name__ == "__main__":

@@ -103,14 +103,59 @@ def test_cpt_languages_and_replay_share_the_paper_source_run():
     assert all(r.depends_on == (source.run_id,) for r in grouped["cpt_replay"])
 
 
+PRETRAIN_LRS = [0.05, 0.1, 0.5, 1.0, 2.0, 5.0]  # the MT paper's base-LR grid (§4)
+FINETUNE_LRS = [0.001, 0.005, 0.01, 0.05, 0.1]  # its constant finetuning-LR grid
+
+
 def test_mt_paper_grid():
-    runs = runs_of("mt_paper", variables={"DATA_DIR": "/tfds", "VOCAB_PATH": "/v.model"})
-    grouped = by_strategy(runs)
+    """The paper's design, learning-rate grids and vocabulary. Each pretraining run is repeated
+    over the base-LR grid and each finetune over the finetuning grid; the finetunes start from the
+    pretraining run a [[select]] chooses (here: as if 0.5 had won every group)."""
+    from launch import estimate, select_spec
+
+    variables = {"DATA_DIR": "/tfds", "VOCAB_PATH": "/v.model"}
+    manifest = sweep.load_manifest("mt_paper", variables=variables)
+    pending = sweep.expand(manifest)
+    grouped = by_strategy(pending)
+    per_lr = {"pretrain": 12, "finetune": 388, "finetune_scratch": 13}
+    grids = {"pretrain": PRETRAIN_LRS, "finetune": FINETUNE_LRS, "finetune_scratch": FINETUNE_LRS}
     assert {k: len(v) for k, v in grouped.items()} == {
-        "pretrain": 12,
-        "finetune": 388,
-        "finetune_scratch": 13,
+        k: n * len(grids[k]) for k, n in per_lr.items()
     }
+    for strategy, runs in grouped.items():
+        macro = "BASE_LR" if strategy == "pretrain" else "PEAK_LR"
+        lrs = collections.Counter(r.coord(macro) for r in runs)
+        assert lrs == {lr: per_lr[strategy] for lr in grids[strategy]}
+        for run in runs:
+            assert f"--gin.{macro}={run.coord(macro)!r}" in run.argv(allow_missing=True)
+    # The paper's 250,112-token vocabulary in every run and in the plan.
+    assert {dict(r.overrides)["vocab_size"] for r in pending} == {250_112}
+    assert {row["vocab_size"] for row in estimate.plan_rows(pending, None)} == {250_112}
+    assert {(s.name, s.strategy, s.over, s.rule) for s in manifest.selects} == {
+        ("pretrain_lr", "pretrain", ("BASE_LR",), "min"),
+        ("finetune_lr", "finetune", ("PEAK_LR",), "min"),
+        ("finetune_scratch_lr", "finetune_scratch", ("PEAK_LR",), "min"),
+    }
+    finetune_lr = next(s for s in manifest.selects if s.name == "finetune_lr")
+    assert finetune_lr.metric_for({"task": "mt_en_de"}) == "eval/mt_en_de/loss"
+    pending_by_id = {r.run_id: r for r in pending}
+    for run in grouped["finetune"]:  # until a base LR is chosen, a finetune waits for all six
+        assert run.waits_for_selection and len(run.depends_on) == len(PRETRAIN_LRS)
+        parents = [pending_by_id[d] for d in run.depends_on]
+        assert {(p.size, p.coord("mixture")) for p in parents} == {(run.size, run.coord("mixture"))}
+        assert sorted(p.coord("BASE_LR") for p in parents) == PRETRAIN_LRS
+
+    chosen = {
+        select_spec.group_key(dict(r.coords), ["BASE_LR"]): r.run_id
+        for r in grouped["pretrain"]
+        if r.coord("BASE_LR") == 0.5
+    }
+    document = {
+        "selections": {"pretrain_lr": {"groups": {g: {"chosen": i} for g, i in chosen.items()}}}
+    }
+    runs = sweep.expand(manifest, selection=document)
+    assert [r.run_id for r in runs] == [r.run_id for r in pending]
+    grouped = by_strategy(runs)
     pretrain = {(r.size, r.coord("mixture")): r for r in grouped["pretrain"]}
     assert pretrain[("t5_3b", "mix_ro_100")].steps == 510_000
     assert pretrain[("t5_3b", "mix_en_50_de_50")].steps == 1_000_000
@@ -119,6 +164,7 @@ def test_mt_paper_grid():
     by_id = {r.run_id: r for r in runs}
     for run in grouped["finetune"]:
         parent = by_id[run.depends_on[0]]
+        assert run.depends_on == (parent.run_id,) and parent.coord("BASE_LR") == 0.5
         assert (parent.size, parent.coord("mixture")) == (run.size, run.coord("mixture"))
         assert run.coord("init_step") <= parent.steps
         argv = run.argv()

@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("xlscale_cli.train", "run trainer.eval (gin-configured)"),
     "infer": ("xlscale_cli.train", "run trainer.infer (gin-configured)"),
     "fit": ("xlscale_cli.fit", "fit the papers' laws to a directory of runs"),
-    "sweep": ("xlscale_cli.sweep", "plan, run and summarise sweep manifests"),
+    "sweep": ("xlscale_cli.sweep", "plan, run, summarise and select among sweep manifests' runs"),
     "demo": (
         "xlscale_cli.demo",
         "run the main job: the CPT study (default) or, with --study mt, the translation study",

@@ -1,9 +1,11 @@
-"""`xlscale sweep plan|run|status MANIFEST`: plan, launch and summarise a sweep manifest.
+"""`xlscale sweep plan|run|status|select MANIFEST`: plan, launch, summarise a sweep manifest,
+and make its `[[select]]` choices (selection.json; `xlscale sweep run` makes them itself).
 
     xlscale sweep plan cpt_paper                       # runs, N, tokens, FLOPs, steps, est. time
     xlscale sweep run demo --var DATA_DIR=... --var VOCAB_PATH=... --launcher local
     xlscale sweep run cpt_paper --launcher tpu_vm --tpu my-v4 --zone us-central2-b --dry-run
     xlscale sweep status demo --runs-dir demo_out/runs
+    xlscale sweep select mt_paper --var DATA_DIR=... --var VOCAB_PATH=...   # writes selection.json
 
 MANIFEST is a path or the name of a manifest shipped in `launch/manifests/`.
 """
@@ -14,13 +16,13 @@ import argparse
 import json
 import sys
 
-from launch import estimate, launchers
+from launch import estimate, launchers, selection
 from launch import status as run_states
 from launch.sweep import expand, load_manifest, select
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the `plan`, `run` and `status` actions and their options."""
+    """Adds the `plan`, `run`, `status` and `select` actions and their options."""
     actions = parser.add_subparsers(dest="action", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("manifest", help="manifest path or shipped name (e.g. cpt_paper)")
@@ -65,17 +67,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=900.0,
         help="seconds without new metrics before a run counts as stopped",
     )
+    choose = actions.add_parser(
+        "select",
+        parents=[common],
+        help="choose the best run of each [[select]] group; write <runs_dir>/selection.json",
+    )
+    choose.add_argument(
+        "--stale",
+        type=float,
+        default=900.0,
+        help="seconds without new metrics before a run counts as stopped",
+    )
 
 
-def _runs(args):
+def _manifest(args):
     variables = dict(v.split("=", 1) for v in args.var)
-    manifest = load_manifest(args.manifest, variables=variables, runs_dir=args.runs_dir)
-    runs = expand(manifest)
-    if args.only:
+    return load_manifest(args.manifest, variables=variables, runs_dir=args.runs_dir)
+
+
+def _only(args, manifest):
+    def narrow(runs):
+        if not args.only:
+            return runs
         runs = select(runs, args.only)
         if not runs:
             raise ValueError(f"no run id of {manifest.name} matches {args.only}")
-    return manifest, runs
+        return runs
+
+    return narrow
+
+
+def _runs(args):
+    manifest = _manifest(args)
+    runs = expand(manifest, selection=selection.read(manifest.runs_dir))
+    return manifest, _only(args, manifest)(runs)
 
 
 def _fmt(value: float | None, spec: str = ".3g") -> str:
@@ -120,6 +145,8 @@ def plan(args) -> int:
         for row in rows
     ]
     print(_table(header, table))
+    for line in _plan_notes(manifest, runs, rows):
+        print(line)
     flops = [r.flops for r in runs]
     total_s = [row["estimated_s"] for row in rows]
     total_flops = "?" if None in flops else f"{sum(flops):.3g}"
@@ -131,9 +158,71 @@ def plan(args) -> int:
     return 0
 
 
+def _plan_notes(manifest, runs, rows) -> list[str]:
+    """Comment lines under the plan: model vocabularies, gin-axis grids, [[select]] stages."""
+    vocab: dict[int | None, set[str]] = {}
+    for row in rows:
+        vocab.setdefault(row["vocab_size"], set()).add(row["size"])
+    lines = [f"# vocab_size {v}: {', '.join(sorted(s))}" for v, s in sorted(vocab.items(), key=str)]
+    grids: dict[tuple, list[int]] = {}
+    for i, grid in enumerate(manifest.grids):
+        for macro, values in grid.get("gin_axes", {}).items():
+            grids.setdefault((macro, tuple(values), tuple(grid["strategies"])), []).append(i)
+    for (macro, values, strategies), where in grids.items():
+        lines.append(
+            f"# grid over {macro} = {list(values)} ({', '.join(strategies)}; "
+            f"grid {', '.join(map(str, where))})"
+        )
+    for spec in manifest.selects:
+        waiting = sum(
+            r.waits_for_selection and r.selected_from.startswith(f"{spec.name}:") for r in runs
+        )
+        lines.append(
+            f"# [[select]] {spec.name}: {spec.rule} {spec.metric} over {list(spec.over)} "
+            f"of {spec.strategy} runs"
+            + (f"; {waiting} runs wait for its choices" if waiting else "")
+        )
+    return lines
+
+
+def _candidate_values(candidates, over) -> str:
+    """`0.001=3.2 0.003=2.9 ...`: each candidate's grid value(s) and metric value."""
+    return " ".join(
+        f"{'/'.join(str(c['coords'][o]) for o in over)}={_fmt(c['value'], '.4g')}"
+        for c in candidates
+    )
+
+
+def choose(args) -> int:
+    """Decides the [[select]] groups whose candidates have finished; writes selection.json."""
+    manifest = _manifest(args)
+    runs = expand(manifest, selection=selection.read(manifest.runs_dir))
+    if not manifest.selects:
+        raise ValueError(f"{manifest.path} has no [[select]] tables; nothing to choose")
+    document = selection.decide(manifest, runs, stale_s=args.stale)
+    path = selection.write(manifest.runs_dir, document)
+    if args.json:
+        print(json.dumps(document, indent=1, default=str))
+        return 0
+    print(f"# {manifest.name}: wrote {path}")
+    for name, stage in document["selections"].items():
+        print(f"# [[select]] {name}: {stage['rule']} {stage['metric']} over {stage['over']}")
+        rows = [
+            [group, decided["chosen"], _candidate_values(decided["candidates"], stage["over"])]
+            for group, decided in sorted(stage["groups"].items())
+        ]
+        rows += [
+            [group, "(pending)", f"{len(ids)} runs not finished"]
+            for group, ids in stage["pending"].items()
+        ]
+        rows += [[group, "(none)", why] for group, why in stage["failed"].items()]
+        print(_table(["group", "chosen", "candidates"], rows))
+    return 0
+
+
 def run(args) -> int:
     """Dispatches to the action; `run` itself launches the sweep."""
-    actions = {"plan": plan, "run": launch, "status": status}
+    actions = {"plan": plan, "run": launch, "status": status, "select": choose}
     try:
         return actions[args.action](args)
     except (ValueError, FileNotFoundError) as e:
@@ -145,7 +234,8 @@ def run(args) -> int:
 
 
 def launch(args) -> int:
-    """Runs (or dry-runs) the manifest's runs with the chosen launcher."""
+    """Runs (or dry-runs) the manifest's runs with the chosen launcher, stage by stage around
+    its [[select]]s (`launch.selection.launch_in_stages`)."""
     manifest, runs = _runs(args)
     args.manifest_name = manifest.name
     launcher = launchers.get_launcher(args.launcher).from_args(args)
@@ -157,13 +247,26 @@ def launch(args) -> int:
         f"{manifest.name}: {len(runs)} runs with the {args.launcher} launcher"
         + (" (dry run)" if args.dry_run else "")
     )
-    report = launcher.launch(runs, dry_run=args.dry_run, progress=progress)
-    progress.note(
-        f"completed {len(report.completed)}, already done {len(report.skipped)}, "
-        f"submitted {len(report.submitted)}, failed {len(report.failed)}, "
-        f"blocked {len(report.blocked)}"
+    reports, waiting = selection.launch_in_stages(
+        manifest,
+        launcher,
+        only=_only(args, manifest),
+        dry_run=args.dry_run,
+        progress_factory=run_states.Progress,
+        note=progress.note,
     )
-    return 0 if report.ok else 1
+    done = {i for r in reports for i in r.completed}
+    ids = {
+        key: {i for r in reports for i in getattr(r, key)} - (done if key == "skipped" else set())
+        for key in ("skipped", "submitted", "failed", "blocked")
+    }
+    progress.note(
+        f"completed {len(done)}, already done {len(ids['skipped'])}, "
+        f"submitted {len(ids['submitted'])}, failed {len(ids['failed'])}, "
+        f"blocked {len(ids['blocked'])}"
+        + (f", waiting for a [[select]] {len(waiting)}" if waiting else "")
+    )
+    return 0 if all(r.ok for r in reports) else 1
 
 
 def status(args) -> int:
@@ -188,4 +291,12 @@ def status(args) -> int:
     print(_table(header, rows))
     counts = run_states.count_states(states)
     print("# " + ", ".join(f"{k} {n}" for k, n in counts.items()) + f" (of {len(runs)})")
+    waiting = sum(r.waits_for_selection for r in runs)
+    if manifest.selects:
+        document = selection.read(manifest.runs_dir) or {}
+        for spec in manifest.selects:
+            groups = (document.get("selections") or {}).get(spec.name, {}).get("groups") or {}
+            print(f"# [[select]] {spec.name}: {len(groups)} groups chosen (selection.json)")
+    if waiting:
+        print(f"# {waiting} pending runs wait for a [[select]] choice")
     return 0

@@ -1,0 +1,86 @@
+"""Token-budget rules of sweep manifests: how many steps, and how big a batch, a run gets.
+
+A budget names one amount (`tokens_per_param` | `tokens` | `steps`), one batch rule
+(`batch_tokens` | `batch_size` | `batch_tokens_bands`, the first band whose max_params covers N)
+and the basis of N for the rules that need it (`param_basis`). Budgets layer ([budget], then
+`[strategies.X] budget`, then matching `[[override]] budget`s): `merge` lets a later layer's amount
+or batch key replace the earlier one's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+AMOUNT_KEYS = ("tokens_per_param", "tokens", "steps")
+BATCH_KEYS = ("batch_tokens", "batch_size", "batch_tokens_bands")
+PARAM_BASES = ("non_embedding", "total", "nominal")
+
+
+def _require(ok: bool, where: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{where}: {message}")
+
+
+def _check_keys(table: Mapping, allowed: Iterable[str], where: str) -> None:
+    unknown = sorted(set(table) - set(allowed))
+    _require(not unknown, where, f"unknown keys {unknown}; valid: {sorted(allowed)}")
+
+
+def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Layers budgets: setting one amount (or batch) key clears the others of its group."""
+    merged = dict(base)
+    for group in (AMOUNT_KEYS, BATCH_KEYS):
+        if any(k in update for k in group):
+            for k in group:
+                merged.pop(k, None)
+    merged.update(update)
+    return merged
+
+
+def resolve(budget: Mapping[str, Any], *, where: str) -> tuple[str, str, str]:
+    """Validates a budget; returns its amount key, batch key and parameter basis."""
+    _check_keys(budget, (*AMOUNT_KEYS, *BATCH_KEYS, "param_basis"), where)
+    amounts = [k for k in AMOUNT_KEYS if k in budget]
+    batches = [k for k in BATCH_KEYS if k in budget]
+    _require(len(amounts) == 1, where, f"set exactly one of {AMOUNT_KEYS}, got {amounts}")
+    _require(len(batches) == 1, where, f"set exactly one of {BATCH_KEYS}, got {batches}")
+    basis = budget.get("param_basis", "non_embedding")
+    _require(basis in PARAM_BASES, where, f"param_basis must be one of {PARAM_BASES}")
+    if batches[0] == "batch_tokens_bands":
+        bands = budget["batch_tokens_bands"]
+        ok = all(isinstance(b, list) and len(b) == 2 for b in bands) and bands
+        _require(bool(ok), where, "batch_tokens_bands is a list of [max_params, batch_tokens]")
+        bounds = [float(b[0]) for b in bands]
+        _require(bounds == sorted(bounds), where, "batch_tokens_bands must be in increasing order")
+    return amounts[0], batches[0], basis
+
+
+def steps_and_batch(
+    budget: Mapping[str, Any], *, params: float | None, seq_len: int, where: str
+) -> tuple[int, int]:
+    """(train steps, batch size in sequences) for a budget; `params` is N on the budget's basis
+    (None when unknown, which only rules that need N reject)."""
+    amount_key, batch_key, basis = resolve(budget, where=where)
+    needs_params = amount_key == "tokens_per_param" or batch_key == "batch_tokens_bands"
+    _require(
+        params is not None or not needs_params,
+        where,
+        f"{amount_key}/{batch_key} need the {basis} parameter count, which is unavailable",
+    )
+    if batch_key == "batch_size":
+        batch_size = int(budget["batch_size"])
+    else:
+        tokens = budget.get("batch_tokens")
+        if batch_key == "batch_tokens_bands":
+            fitting = [int(t) for bound, t in budget[batch_key] if params <= float(bound)]
+            _require(bool(fitting), where, f"no batch_tokens_bands entry covers N={params:.4g}")
+            tokens = fitting[0]
+        batch_size = max(1, int(tokens) // seq_len)
+    amount = float(budget[amount_key])
+    if amount_key == "steps":
+        return int(amount), batch_size
+    if amount_key == "tokens_per_param":
+        amount *= params
+    return max(1, math.ceil(amount / (batch_size * seq_len))), batch_size
