@@ -7,6 +7,10 @@ a killed save never leaves a latest step that cannot load.
 
 `INIT_CHECKPOINT = '<dir>[@step]'` (CPT, finetuning) restores parameters only, after checking
 every parameter's presence and shape against the model.
+
+Integrity: after a step is committed, a background thread writes its checksums
+(`trainer.checkpoint_manifest`); restores verify them. `INIT_CHECKPOINT` refuses a corrupt step;
+resume (`CheckpointStore.restore_latest_intact`) falls back to the newest intact step.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Mapping
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +32,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from trainer import checkpoint_manifest
+from trainer.checkpoint_manifest import CheckpointCorruptError
+
 log = logging.getLogger(__name__)
 
 ITEMS = ("params", "opt_state", "train_state")
 CHECKPOINTS_SUBDIR = "checkpoints"
+CORRUPT_SUBDIR = "corrupt_checkpoints"  # beside checkpoints/: steps that failed verification
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +98,42 @@ class CheckpointStore:
         self._manager = ocp.CheckpointManager(
             os.fspath(self.directory), options=options, item_handlers=_handlers()
         )
+        # Checksums are written by process 0 off the training thread, one step at a time.
+        self._hasher = None
+        if not read_only and jax.process_index() == 0:
+            self._hasher = futures.ThreadPoolExecutor(1, thread_name_prefix="xlscale-checksums")
+        self._hashed: set[int] = set()
+        self._hashing: list[futures.Future] = []
+
+    def step_dir(self, step: int) -> Path:
+        """A committed step's directory."""
+        return self.directory / str(step)
+
+    def _hash_committed(self, *, exclude: int | None = None) -> None:
+        """Queues the checksums of committed steps that have none (all but `exclude`, the save
+        in flight)."""
+        if self._hasher is None:
+            return
+        for step in self._manager.all_steps():
+            if step == exclude or step in self._hashed or not self.step_dir(step).is_dir():
+                continue
+            self._hashed.add(step)
+            if not checkpoint_manifest.has_manifest(self.step_dir(step)):
+                self._hashing.append(self._hasher.submit(self._write_manifest, step))
+
+    def _write_manifest(self, step: int) -> None:
+        try:
+            checkpoint_manifest.write_manifest(self.step_dir(step))
+        except FileNotFoundError:  # deleted by the keep policy meanwhile
+            pass
+        except OSError as e:
+            log.warning("could not write the checksums of checkpoint step %d: %s", step, e)
+
+    def _finish_hashing(self) -> None:
+        self._hash_committed()
+        for future in self._hashing:
+            future.result()
+        self._hashing = []
 
     def latest_step(self) -> int | None:
         """Step of the newest complete checkpoint, or None."""
@@ -112,6 +158,77 @@ class CheckpointStore:
             ),
             force=True,
         )
+        # `save` returns once the previous save has committed: hash the steps finished so far.
+        self._hash_committed(exclude=step)
+
+    def verify(self, step: int) -> bool:
+        """Verifies a step's checksums: True when verified, False when it has none.
+
+        Raises:
+          CheckpointCorruptError: naming the file and the step.
+        """
+        return checkpoint_manifest.verify_manifest(
+            self.step_dir(step), step=step, source=f"checkpoint {self.directory}"
+        )
+
+    def restore_latest_intact(
+        self, *, abstract_params: Any, abstract_opt_state: Any
+    ) -> tuple[int, Any, Any, dict[str, Any]] | None:
+        """Restores the newest step that verifies and loads, for resume; None without steps.
+
+        A newer step that fails its checksums, or (without checksums) fails to load while an
+        older one loads, is corrupt: it is logged and moved to `MODEL_DIR/corrupt_checkpoints/`
+        so the run re-saves it and the keep policy never counts it. When no step loads, nothing
+        is moved (the cause is more likely the configuration than the files).
+
+        Returns:
+          (step, params, opt_state, train_state), or None when there is no checkpoint.
+        Raises:
+          CheckpointCorruptError: when no step verifies and loads, listing each step's problem.
+        """
+        failed: list[tuple[int, Exception]] = []
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                verified = self.verify(step)
+                restored = self.restore(
+                    step, abstract_params=abstract_params, abstract_opt_state=abstract_opt_state
+                )
+            except Exception as e:  # noqa: BLE001 - TensorStore raises many kinds on bad files
+                log.warning(
+                    "checkpoint step %d in %s is unusable (%s); falling back to the previous step",
+                    step,
+                    self.directory,
+                    e,
+                )
+                failed.append((step, e))
+                continue
+            if failed:
+                self._set_aside([s for s, _ in failed])
+            log.info(
+                "restored checkpoint step %d (%s)", step, "verified" if verified else "no checksums"
+            )
+            return (step, *restored)
+        if failed:
+            problems = "\n".join(f"  step {s}: {e}" for s, e in failed)
+            raise CheckpointCorruptError(
+                f"no checkpoint in {self.directory} could be restored:\n{problems}"
+            )
+        return None
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Moves corrupt steps out of the checkpoints directory (kept for inspection)."""
+        if jax.process_index() == 0:
+            aside = self.directory.parent / CORRUPT_SUBDIR
+            aside.mkdir(parents=True, exist_ok=True)
+            for step in steps:
+                target = aside / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+                os.replace(self.step_dir(step), target)
+                log.warning("moved corrupt checkpoint step %d to %s", step, target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("xlscale_corrupt_checkpoints_moved")
+        self._manager.reload()
 
     def restore(
         self, step: int, *, abstract_params: Any, abstract_opt_state: Any
@@ -140,17 +257,24 @@ class CheckpointStore:
         return getattr(metadata, "tree", metadata)
 
     def wait(self) -> None:
-        """Blocks until background saves are committed."""
+        """Blocks until background saves are committed and their checksums written."""
         self._manager.wait_until_finished()
+        self._finish_hashing()
 
     def reached_preemption(self, step: int) -> bool:
         """Whether JAX's multi-host preemption service asks every host to stop at `step`."""
         return self._manager.reached_preemption(step)
 
     def close(self) -> None:
-        """Waits for pending saves and releases the manager."""
+        """Waits for pending saves and their checksums, and releases the manager."""
         self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self._finish_hashing()
+        finally:
+            if self._hasher is not None:
+                self._hasher.shutdown(wait=True)
+                self._hasher = None
+            self._manager.close()
 
 
 def parse_init_checkpoint(spec: str) -> tuple[Path, int | None]:
@@ -210,6 +334,7 @@ def check_init_checkpoint(spec: str, *, abstract_params: Any) -> tuple[Path, int
     Raises:
       FileNotFoundError: when the directory holds no (such) checkpoint.
       ValueError: when parameters are missing or have other shapes (each one named).
+      CheckpointCorruptError: when a file of the step fails its checksums (named, with the step).
     """
     directory, step = parse_init_checkpoint(spec)
     if not directory.is_dir():
@@ -225,6 +350,10 @@ def check_init_checkpoint(spec: str, *, abstract_params: Any) -> tuple[Path, int
             raise FileNotFoundError(
                 f"INIT_CHECKPOINT {spec!r}: no step {step} in {directory} (steps: {steps})"
             )
+        if not checkpoint_manifest.verify_manifest(
+            store.step_dir(step), step=step, source=f"INIT_CHECKPOINT {spec!r}"
+        ):
+            log.info("INIT_CHECKPOINT %r step %d has no checksums to verify", spec, step)
         check_params_compatible(store.params_metadata(step), abstract_params, source=repr(spec))
     finally:
         store.close()

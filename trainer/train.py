@@ -33,11 +33,13 @@ import numpy as np
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
 from trainer import eval as eval_lib
+from trainer import lease as lease_lib
 from trainer import metrics as metrics_lib
 from trainer import models, validation
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
 from trainer.jobs import Job, build_job
+from trainer.lease import LeaseConfig
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
@@ -162,6 +164,7 @@ def train(
     on_nonfinite: str = "stop",
     stop_after: int | None = None,
     gin_config: str = "",
+    lease: LeaseConfig = LeaseConfig(),
 ) -> TrainResult:
     """Trains (or resumes) one run and writes its outputs into `model_dir`.
 
@@ -185,6 +188,8 @@ def train(
       on_nonfinite: "stop" raises `NonFiniteError`; "skip" drops such updates and goes on.
       stop_after: stop (saving a checkpoint) after this step, as a preemption would.
       gin_config: the resolved gin config, written to `config.gin` and `run.json`.
+      lease: heartbeat and staleness of the exclusive lease on `model_dir` (`trainer.lease`),
+        taken before anything is written there and released when the call ends.
 
     Returns:
       Where the run ended. A SIGTERM or `stop_after` ends it early with a checkpoint.
@@ -195,6 +200,38 @@ def train(
     if not os.fspath(model_dir):
         raise validation.ConfigError(f"{validation.BINDINGS['model_dir']} must be set")
     model_dir = Path(model_dir)
+    held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails here if not writable
+    try:
+        # Every argument of `train` (a new one must be added to `_train_holding_lease` too).
+        return _train_holding_lease(**locals())
+    finally:
+        held.release()
+
+
+def _train_holding_lease(
+    *,
+    model_dir: Path,
+    model,
+    data,
+    train_steps,
+    tokens_per_param,
+    optimizer,
+    schedule,
+    checkpoint,
+    mesh,
+    evaluation,
+    run,
+    init_checkpoint,
+    seed,
+    log_every,
+    num_microbatches,
+    z_loss,
+    on_nonfinite,
+    stop_after,
+    gin_config,
+    **_,
+) -> TrainResult:
+    """`train` once it holds the lease on `model_dir` (same arguments; `**_` takes the lease's)."""
     resuming = ckpt_lib.checkpoints_dir(model_dir).is_dir() and any(
         ckpt_lib.checkpoints_dir(model_dir).iterdir()
     )
@@ -259,11 +296,11 @@ def train(
 
 def _initial_state(job: Job, store, *, init_checkpoint: str | None, seed: int):
     """Resumed state (with its saved JSON), or a fresh one (from `init_checkpoint` if given)."""
-    latest = store.latest_step()
-    if latest is not None:
+    if store.latest_step() is not None:
         abstract = job.abstract_state_with_shardings()
-        params, opt_state, saved = store.restore(
-            latest, abstract_params=abstract.params, abstract_opt_state=abstract.opt_state
+        # The newest step that verifies and loads (a corrupt one is logged and set aside).
+        latest, params, opt_state, saved = store.restore_latest_intact(
+            abstract_params=abstract.params, abstract_opt_state=abstract.opt_state
         )
         state = job.assemble_state(
             params=params,
