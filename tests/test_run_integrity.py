@@ -274,7 +274,7 @@ def _in_flight(checkpoints_dir: Path) -> bool:
 def test_kill_9_loop_during_async_saves_keeps_the_run_intact(tiny_data, tmp_path):
     model_dir = tmp_path / "killed"
     ckpt_dir = checkpoints.checkpoints_dir(model_dir)
-    steps, kills, killed_pids = 400, 10, []
+    steps, kills, killed_pids = 60, 10, []
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="")
     env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"

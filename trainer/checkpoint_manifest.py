@@ -31,7 +31,10 @@ def _sha256(path: Path) -> str:
 
 
 def _files(step_dir: Path) -> list[Path]:
-    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+    # Not the manifest, nor its temporary file left by a job killed while writing it.
+    return sorted(
+        p for p in step_dir.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST_FILE)
+    )
 
 
 def write_manifest(step_dir: str | os.PathLike) -> Path:
