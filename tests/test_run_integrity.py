@@ -111,6 +111,36 @@ def test_stale_lease_is_taken_over_and_refreshed_and_released(tmp_path, caplog):
     assert not path.exists()
 
 
+def test_multi_host_lease_outcome_reaches_every_host(tmp_path, monkeypatch):
+    """Process 0 takes the lease and broadcasts the outcome (the broadcast is replayed here from
+    what process 0 sent); the others raise the same error without touching the directory."""
+    from jax.experimental import multihost_utils
+
+    sent = []
+
+    def broadcast(buf):
+        if jax.process_index() == 0:
+            sent.append(np.array(buf))
+        return sent[-1]
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", broadcast)
+    _write_lease(tmp_path / "run", _holder(4242, host="elsewhere.example"))
+    for index in (0, 1):
+        monkeypatch.setattr(jax, "process_index", lambda index=index: index)
+        with pytest.raises(lease_lib.LeaseHeldError, match="host elsewhere.example, pid 4242"):
+            lease_lib.acquire(tmp_path / "run")
+    monkeypatch.setattr(jax, "process_index", lambda: 0)
+    held = lease_lib.acquire(tmp_path / "free")
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    follower = lease_lib.acquire(tmp_path / "free")
+    assert follower.path is None and held.path == lease_lib.lease_path(tmp_path / "free")
+    follower.release()
+    assert held.path.exists()
+    held.release()
+    assert not lease_lib.lease_path(tmp_path / "free").exists()
+
+
 def test_unwritable_model_dir_fails_before_compiling(tiny_data, tmp_path, no_compile):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -185,6 +215,7 @@ def test_bit_flipped_init_checkpoint_is_refused_naming_the_file(
         train_lib.train(model_dir=tmp_path / "cpt", init_checkpoint=os.fspath(source), **kwargs)
     assert f"step 2: file {victim} does not match its SHA-256" in str(e.value)
     assert "INIT_CHECKPOINT" in str(e.value) and not compiled
+    assert not lease_lib.lease_path(tmp_path / "cpt").exists()  # released on the exception
 
 
 @pytest.mark.parametrize("with_checksums", [True, False])

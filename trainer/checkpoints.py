@@ -171,6 +171,25 @@ class CheckpointStore:
             self.step_dir(step), step=step, source=f"checkpoint {self.directory}"
         )
 
+    def _verify_agreed(self, step: int) -> bool:
+        """`verify` on process 0 only (it reads every file), its verdict shared by all hosts."""
+        if jax.process_count() == 1:
+            return self.verify(step)
+        from jax.experimental import multihost_utils
+
+        verdict, error = 0, None
+        if jax.process_index() == 0:
+            try:
+                verdict = 1 if self.verify(step) else 0
+            except CheckpointCorruptError as e:
+                verdict, error = 2, e
+        verdict = int(multihost_utils.broadcast_one_to_all(np.int32(verdict)))
+        if verdict == 2:
+            raise error or CheckpointCorruptError(
+                f"checkpoint {self.directory}: step {step} failed its checksums on process 0"
+            )
+        return verdict == 1
+
     def restore_latest_intact(
         self, *, abstract_params: Any, abstract_opt_state: Any
     ) -> tuple[int, Any, Any, dict[str, Any]] | None:
@@ -189,7 +208,7 @@ class CheckpointStore:
         failed: list[tuple[int, Exception]] = []
         for step in sorted(self._manager.all_steps(), reverse=True):
             try:
-                verified = self.verify(step)
+                verified = self._verify_agreed(step)
                 restored = self.restore(
                     step, abstract_params=abstract_params, abstract_opt_state=abstract_opt_state
                 )

@@ -48,8 +48,8 @@ class LeaseConfig:
         (on the holder's own host a dead pid makes it stale at once).
     """
 
-    heartbeat_s: float = 30.0
-    stale_after_s: float = 600.0
+    heartbeat_s: float = 15.0
+    stale_after_s: float = 120.0
 
 
 class LeaseHeldError(RuntimeError):
@@ -119,10 +119,10 @@ def _stale_reason(holder: dict[str, Any], config: LeaseConfig) -> str | None:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    """The lease's holder, or None when the file is empty or unreadable (torn)."""
+    """The lease's holder, or None when the file is gone, empty or unreadable (torn)."""
     try:
         holder = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
         return None
     return holder if isinstance(holder, dict) else None
 
@@ -147,7 +147,7 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(self._config.heartbeat_s):
-            current = _read(self.path) if self.path.exists() else None
+            current = _read(self.path)
             if current is None or current.get("token") != self.holder["token"]:
                 self.lost = True
                 log.error(
@@ -175,7 +175,7 @@ class Lease:
             return
         with _HELD_LOCK:
             _HELD.discard(self.holder["token"])
-        current = _read(self.path) if self.path.exists() else None
+        current = _read(self.path)
         if current is not None and current.get("token") == self.holder["token"]:
             self.path.unlink(missing_ok=True)
         self.path = None
