@@ -28,6 +28,7 @@ from trainer import checkpoint_manifest, checkpoints, metrics
 from trainer import lease as lease_lib
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig, CheckpointStore
+from trainer.data import EvalConfig
 from trainer.partitioning import MeshConfig
 
 
@@ -258,6 +259,43 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(
         assert store.all_steps() == [1]
     finally:
         store.close()
+
+
+def test_resume_skips_a_truncated_latest_step_and_a_torn_metrics_line(
+    tiny_data, tmp_path, caplog, seqio_registry
+):
+    """Through `train`: a run whose latest step (4) was truncated and whose metrics end in a torn
+    line resumes from step 2, re-saves step 4 and ends with the same metrics as before."""
+    kwargs = tiny_kwargs(
+        tiny_data,
+        train_steps=4,
+        checkpoint=CheckpointConfig(period=2, keep_last=10),
+        mesh=MeshConfig(num_devices=1),
+        evaluation=EvalConfig(),
+        log_every=1,
+    )
+    model_dir = tmp_path / "run"
+    train_lib.train(model_dir=model_dir, **kwargs)
+    before = [metrics.without_timing(r) for r in metrics.read_metrics(model_dir)]
+    ckpt_dir = checkpoints.checkpoints_dir(model_dir)
+    victim = _largest_data_file(ckpt_dir / "4")
+    victim.write_bytes(victim.read_bytes()[:7])
+    with (model_dir / metrics.METRICS_FILE).open("a") as f:
+        f.write('{"step": 5, "tok')  # a later job killed mid-write
+    with caplog.at_level(logging.WARNING):
+        result = train_lib.train(model_dir=model_dir, **kwargs)
+    assert result.completed and result.step == 4
+    assert f"file {victim} has 7 bytes" in caplog.text and "falling back" in caplog.text
+    assert "truncating a torn last line" in caplog.text
+    after = [metrics.without_timing(r) for r in metrics.read_metrics(model_dir)]
+    assert [r["step"] for r in after] == [1, 2, 3, 4] and after == before
+    assert [p.name.split("-")[0] for p in (model_dir / "corrupt_checkpoints").iterdir()] == ["4"]
+    store = CheckpointStore(ckpt_dir, CheckpointConfig(), read_only=True)
+    try:
+        assert store.all_steps() == [2, 4] and store.verify(4)
+    finally:
+        store.close()
+    assert not lease_lib.lease_path(model_dir).exists()
 
 
 def test_torn_metrics_tail_is_truncated_with_a_warning(tmp_path, caplog):
