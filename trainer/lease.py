@@ -187,10 +187,14 @@ def _create(path: Path, holder: dict[str, Any]) -> bool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(holder) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(holder) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:  # e.g. a full disk: leave no empty lease behind
+        path.unlink(missing_ok=True)
+        raise
     return True
 
 
@@ -252,8 +256,11 @@ def _take(model_dir: Path, config: LeaseConfig) -> Lease:
                     f"than {config.stale_after_s:g} s). Delete {path} only if you are sure that "
                     "job is gone."
                 )
-        if not _set_aside(path, current):
-            continue
+        try:
+            if not _set_aside(path, current):
+                continue
+        except OSError as e:
+            raise _not_writable(model_dir, path, e) from e
         log.warning(
             "taking over the stale lease %s of %s: %s",
             path,
