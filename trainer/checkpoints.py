@@ -230,7 +230,8 @@ class CheckpointStore:
         if failed:
             problems = "\n".join(f"  step {s}: {e}" for s, e in failed)
             raise CheckpointCorruptError(
-                f"no checkpoint in {self.directory} could be restored:\n{problems}"
+                f"no checkpoint in {self.directory} could be restored (corrupt files, or a model "
+                f"or optimizer other than the one that saved them):\n{problems}"
             )
         return None
 
