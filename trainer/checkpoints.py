@@ -7,6 +7,10 @@ a killed save never leaves a latest step that cannot load.
 
 `INIT_CHECKPOINT = '<dir>[@step]'` (CPT, finetuning) restores parameters only, after checking
 every parameter's presence and shape against the model.
+
+Integrity: after a step is committed, a background thread writes its checksums
+(`trainer.checkpoint_manifest`); restores verify them. `INIT_CHECKPOINT` refuses a corrupt step;
+resume (`CheckpointStore.restore_latest_intact`) falls back to the newest intact step.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import shutil
 import signal
 import threading
 from collections.abc import Mapping
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +32,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from trainer import checkpoint_manifest
+from trainer.checkpoint_manifest import CheckpointCorruptError
 from trainer.steps import tree_finite
 
 log = logging.getLogger(__name__)
 
 ITEMS = ("params", "opt_state", "train_state")
 CHECKPOINTS_SUBDIR = "checkpoints"
-# Checkpoints that must not be resumed (e.g. non-finite ones written by older code) are moved
-# here, beside `checkpoints/`, as `<step>.<reason>`: kept for inspection, invisible to resume.
+# Checkpoints that must not be resumed (corrupt files; non-finite values written by older code)
+# are moved here, beside `checkpoints/`, as `<step>.<reason>`: kept for inspection, invisible to
+# resume, and a later save of the same step is not skipped as already on disk.
 SET_ASIDE_SUBDIR = "checkpoints_set_aside"
 
 
@@ -94,6 +102,42 @@ class CheckpointStore:
         self._manager = ocp.CheckpointManager(
             os.fspath(self.directory), options=options, item_handlers=_handlers()
         )
+        # Checksums are written by process 0 off the training thread, one step at a time.
+        self._hasher = None
+        if not read_only and jax.process_index() == 0:
+            self._hasher = futures.ThreadPoolExecutor(1, thread_name_prefix="xlscale-checksums")
+        self._hashed: set[int] = set()
+        self._hashing: list[futures.Future] = []
+
+    def step_dir(self, step: int) -> Path:
+        """A committed step's directory."""
+        return self.directory / str(step)
+
+    def _hash_committed(self, *, exclude: int | None = None) -> None:
+        """Queues the checksums of committed steps that have none (all but `exclude`, the save
+        in flight)."""
+        if self._hasher is None:
+            return
+        for step in self._manager.all_steps():
+            if step == exclude or step in self._hashed or not self.step_dir(step).is_dir():
+                continue
+            self._hashed.add(step)
+            if not checkpoint_manifest.has_manifest(self.step_dir(step)):
+                self._hashing.append(self._hasher.submit(self._write_manifest, step))
+
+    def _write_manifest(self, step: int) -> None:
+        try:
+            checkpoint_manifest.write_manifest(self.step_dir(step))
+        except FileNotFoundError:  # deleted by the keep policy meanwhile
+            pass
+        except OSError as e:
+            log.warning("could not write the checksums of checkpoint step %d: %s", step, e)
+
+    def _finish_hashing(self) -> None:
+        self._hash_committed()
+        for future in self._hashing:
+            future.result()
+        self._hashing = []
 
     def latest_step(self) -> int | None:
         """Step of the newest complete checkpoint, or None."""
@@ -118,6 +162,92 @@ class CheckpointStore:
             ),
             force=True,
         )
+        # `save` returns once the previous save has committed: hash the steps finished so far.
+        self._hash_committed(exclude=step)
+
+    def verify(self, step: int) -> bool:
+        """Verifies a step's checksums: True when verified, False when it has none.
+
+        Raises:
+          CheckpointCorruptError: naming the file and the step.
+        """
+        return checkpoint_manifest.verify_manifest(
+            self.step_dir(step), step=step, source=f"checkpoint {self.directory}"
+        )
+
+    def _verify_agreed(self, step: int) -> bool:
+        """`verify` on process 0 only (it reads every file), its verdict shared by all hosts."""
+        if jax.process_count() == 1:
+            return self.verify(step)
+        from jax.experimental import multihost_utils
+
+        verdict, error = 0, None
+        if jax.process_index() == 0:
+            try:
+                verdict = 1 if self.verify(step) else 0
+            except CheckpointCorruptError as e:
+                verdict, error = 2, e
+        verdict = int(multihost_utils.broadcast_one_to_all(np.int32(verdict)))
+        if verdict == 2:
+            raise error or CheckpointCorruptError(
+                f"checkpoint {self.directory}: step {step} failed its checksums on process 0"
+            )
+        return verdict == 1
+
+    def restore_latest_intact(
+        self, *, abstract_params: Any, abstract_opt_state: Any
+    ) -> tuple[int, Any, Any, dict[str, Any]] | None:
+        """Restores the newest step that verifies and loads, for resume; None without steps.
+
+        A newer step that fails its checksums, or (without checksums) fails to load while an
+        older one loads, is corrupt; a step holding non-finite values (written by older code) is
+        unusable too. Each is logged and moved to `SET_ASIDE_SUBDIR` (`set_aside`) so the run
+        re-saves it and the keep policy never counts it. When no step is usable, nothing is moved
+        (the cause is more likely the configuration than the files).
+
+        Returns:
+          (step, params, opt_state, train_state), or None when there is no checkpoint.
+        Raises:
+          CheckpointCorruptError: when no step verifies and loads, listing each step's problem.
+        """
+        failed: list[tuple[int, Exception]] = []
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                verified = self._verify_agreed(step)
+                restored = self.restore(
+                    step, abstract_params=abstract_params, abstract_opt_state=abstract_opt_state
+                )
+            except Exception as e:  # noqa: BLE001 - TensorStore raises many kinds on bad files
+                log.warning(
+                    "checkpoint step %d in %s is unusable (%s); falling back to the previous step",
+                    step,
+                    self.directory,
+                    e,
+                )
+                failed.append((step, "corrupt", e))
+                continue
+            if not params_finite(restored[:2]):  # written by code without the update guard
+                log.warning(
+                    "checkpoint step %d in %s holds non-finite values; falling back to the "
+                    "previous step",
+                    step,
+                    self.directory,
+                )
+                failed.append((step, "nonfinite", "non-finite parameters or optimizer state"))
+                continue
+            for failed_step, reason, _ in failed:
+                self.set_aside(failed_step, reason=reason)
+            log.info(
+                "restored checkpoint step %d (%s)", step, "verified" if verified else "no checksums"
+            )
+            return (step, *restored)
+        if failed:
+            problems = "\n".join(f"  step {s}: {e}" for s, _, e in failed)
+            raise CheckpointCorruptError(
+                f"no checkpoint in {self.directory} could be restored (corrupt files, or a model "
+                f"or optimizer other than the one that saved them):\n{problems}"
+            )
+        return None
 
     def restore(
         self, step: int, *, abstract_params: Any, abstract_opt_state: Any
@@ -169,17 +299,24 @@ class CheckpointStore:
         return self.latest_step()
 
     def wait(self) -> None:
-        """Blocks until background saves are committed."""
+        """Blocks until background saves are committed and their checksums written."""
         self._manager.wait_until_finished()
+        self._finish_hashing()
 
     def reached_preemption(self, step: int) -> bool:
         """Whether JAX's multi-host preemption service asks every host to stop at `step`."""
         return self._manager.reached_preemption(step)
 
     def close(self) -> None:
-        """Waits for pending saves and releases the manager."""
+        """Waits for pending saves and their checksums, and releases the manager."""
         self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self._finish_hashing()
+        finally:
+            if self._hasher is not None:
+                self._hasher.shutdown(wait=True)
+                self._hasher = None
+            self._manager.close()
 
 
 def parse_init_checkpoint(spec: str) -> tuple[Path, int | None]:
@@ -239,6 +376,7 @@ def check_init_checkpoint(spec: str, *, abstract_params: Any) -> tuple[Path, int
     Raises:
       FileNotFoundError: when the directory holds no (such) checkpoint.
       ValueError: when parameters are missing or have other shapes (each one named).
+      CheckpointCorruptError: when a file of the step fails its checksums (named, with the step).
     """
     directory, step = parse_init_checkpoint(spec)
     if not directory.is_dir():
@@ -254,6 +392,10 @@ def check_init_checkpoint(spec: str, *, abstract_params: Any) -> tuple[Path, int
             raise FileNotFoundError(
                 f"INIT_CHECKPOINT {spec!r}: no step {step} in {directory} (steps: {steps})"
             )
+        if not checkpoint_manifest.verify_manifest(
+            store.step_dir(step), step=step, source=f"INIT_CHECKPOINT {spec!r}"
+        ):
+            log.info("INIT_CHECKPOINT %r step %d has no checksums to verify", spec, step)
         check_params_compatible(store.params_metadata(step), abstract_params, source=repr(spec))
     finally:
         store.close()

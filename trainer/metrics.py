@@ -77,12 +77,48 @@ def write_completed(model_dir: str | os.PathLike, *, step: int, tokens: int) -> 
     )
 
 
+class MetricsFileError(ValueError):
+    """A line of `metrics.jsonl` other than the last is not JSON (the file was damaged)."""
+
+
+def _parse_metrics(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """(records, whether the last line was torn and left out).
+
+    A job killed while appending leaves a torn last line: it is left out. Any other line that
+    does not parse means damage nobody can repair automatically.
+    """
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as e:
+            if number == len(lines):
+                return records, True
+            raise MetricsFileError(
+                f"{path}: line {number} is not a JSON record ({e}); the file was damaged "
+                "other than by an interrupted write (only a torn last line is repaired)"
+            ) from e
+    return records, False
+
+
 def read_metrics(model_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records of a run's `metrics.jsonl` (empty when there is none)."""
+    """All records of a run's `metrics.jsonl` (empty when there is none).
+
+    A torn last line (a job killed mid-write) is left out with a warning naming the file.
+
+    Raises:
+      MetricsFileError: when another line is not JSON (naming the file and the line).
+    """
     path = Path(model_dir) / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    records, torn = _parse_metrics(path)
+    if torn:
+        log.warning("%s: ignoring a torn last line (a job was killed while writing it)", path)
+    return records
 
 
 def without_timing(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,10 +144,21 @@ class MetricsWriter:
             self._tb = SummaryWriter(os.fspath(self.model_dir / TB_SUBDIR))
 
     def truncate_after(self, step: int) -> None:
-        """Keeps only the records with `step <= step`."""
+        """Keeps only the records with `step <= step`, and truncates a torn last line (a job
+        killed mid-write) with a warning naming the file.
+
+        Raises:
+          MetricsFileError: when a line other than the last is not JSON.
+        """
         if not self.is_chief or not self._path.exists():
             return
-        kept = [r for r in read_metrics(self.model_dir) if r["step"] <= step]
+        records, torn = _parse_metrics(self._path)
+        if torn:
+            log.warning(
+                "%s: truncating a torn last line (the previous job was killed while writing it)",
+                self._path,
+            )
+        kept = [r for r in records if r["step"] <= step]
         _atomic_write_text(self._path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, record: Mapping[str, Any]) -> None:

@@ -36,10 +36,12 @@ from trainer import data as data_lib
 from trainer import divergence, models, validation
 from trainer import eval as eval_lib
 from trainer import fingerprint as fingerprint_lib
+from trainer import lease as lease_lib
 from trainer import metrics as metrics_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
 from trainer.jobs import Job, build_job
+from trainer.lease import LeaseConfig
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
@@ -188,6 +190,7 @@ def train(
     stop_after: int | None = None,
     gin_config: str = "",
     resume_policy: str | Sequence[str] | None = None,
+    lease: LeaseConfig = LeaseConfig(),
 ) -> TrainResult:
     """Trains (or resumes) one run and writes its outputs into `model_dir`.
 
@@ -218,6 +221,8 @@ def train(
       gin_config: the resolved gin config, written to `config.gin` and `run.json`.
       resume_policy: settings that may differ from the run's fingerprint when `model_dir` is
         resumed (`RESUME_POLICY`; see `trainer.fingerprint`); None: nothing may change.
+      lease: heartbeat and staleness of the exclusive lease on `model_dir` (`trainer.lease`),
+        taken before anything is written there and released when the call ends.
 
     Returns:
       Where the run ended. A SIGTERM or `stop_after` ends it early with a checkpoint.
@@ -229,6 +234,41 @@ def train(
     if not os.fspath(model_dir):
         raise validation.ConfigError(f"{validation.BINDINGS['model_dir']} must be set")
     model_dir = Path(model_dir)
+    held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails here if not writable
+    try:
+        # Every argument of `train` but the lease (`_train_holding_lease` lists them all, so a
+        # new argument missing there fails at once).
+        arguments = {k: v for k, v in locals().items() if k not in ("lease", "held")}
+        return _train_holding_lease(**arguments)
+    finally:
+        held.release()
+
+
+def _train_holding_lease(
+    *,
+    model_dir: Path,
+    model,
+    data,
+    train_steps,
+    tokens_per_param,
+    optimizer,
+    schedule,
+    checkpoint,
+    mesh,
+    evaluation,
+    run,
+    init_checkpoint,
+    seed,
+    log_every,
+    num_microbatches,
+    z_loss,
+    on_nonfinite,
+    max_skipped_fraction,
+    stop_after,
+    gin_config,
+    resume_policy,
+) -> TrainResult:
+    """`train` once it holds the lease on `model_dir` (the same arguments but the lease)."""
     resuming = ckpt_lib.checkpoints_dir(model_dir).is_dir() and any(
         ckpt_lib.checkpoints_dir(model_dir).iterdir()
     )
@@ -327,15 +367,13 @@ def train(
 
 def _initial_state(job: Job, store, *, init_checkpoint: str | None, seed: int):
     """Resumed state (with its saved JSON), or a fresh one (from `init_checkpoint` if given)."""
-    latest = store.latest_step()
-    while latest is not None:
+    if store.latest_step() is not None:
         abstract = job.abstract_state_with_shardings()
-        params, opt_state, saved = store.restore(
-            latest, abstract_params=abstract.params, abstract_opt_state=abstract.opt_state
+        # The newest step that verifies, loads and is finite (newer ones are logged and set aside:
+        # corrupt files, or non-finite values written by older code).
+        latest, params, opt_state, saved = store.restore_latest_intact(
+            abstract_params=abstract.params, abstract_opt_state=abstract.opt_state
         )
-        if not ckpt_lib.params_finite((params, opt_state)):  # written by older code
-            latest = store.set_aside(latest, reason="nonfinite")
-            continue
         state = job.assemble_state(
             params=params,
             opt_state=opt_state,
