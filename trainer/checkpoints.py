@@ -283,7 +283,13 @@ class CheckpointStore:
         Returns:
           The newest remaining step, or None.
         """
-        self.wait()
+        # Finish what is in flight without hashing this step: the step re-saved later under the
+        # same number must get its own checksums.
+        self._manager.wait_until_finished()
+        for future in self._hashing:
+            future.result()
+        self._hashing = []
+        self._hashed.discard(step)
         if jax.process_index() == 0:
             target = self.directory.parent / SET_ASIDE_SUBDIR / f"{step}.{reason}"
             target.parent.mkdir(parents=True, exist_ok=True)
