@@ -16,6 +16,11 @@ N is on the basis the caller picks (`fitting.model_keys.N_BASES`: exact non-embe
 the paper's nominal sizes; C follows it). Curves and downstream series carry their model
 (family + size, `fitting.model_keys.model_label`): a downstream series and its baseline are one
 model's, never a mix.
+
+Downstream Dp and Df are in the MT paper's units by default: Dp = pretraining steps × batch ×
+inputs length (its steps × 256 × 512, the records' `tokens_paper`; real span-corruption target
+tokens are ~114/512 of that), Df = finetuning pairs × 512 (run.json's `finetune_tokens_paper`).
+So fitted constants such as A, and the valuation guide's "Dp needed", read on the paper's scale.
 """
 
 from __future__ import annotations
@@ -290,12 +295,13 @@ class DownstreamSeries:
       key: (pretraining mixture, finetuning task, finetuning steps) describing the series; with
         `model`, what identifies it (two models' series may share a key, never a series).
       metric: the score's name ("bleu", ...) or "loss" for downstream cross-entropy.
-      Dp: pretraining tokens of each checkpoint (sorted).
+      Dp: pretraining tokens of each checkpoint (sorted), in `dp_unit`.
       values: the finetuned model's final score (or cross-entropy) per checkpoint.
       runs: the finetuning run ids.
       baseline: the same model's same finetuning from random initialisation
         (finetune_scratch), if present.
       model: the finetuned model (`fitting.model_keys.model_label`: family + size).
+      dp_unit: what `Dp` counts (a key of `DP_UNITS`).
     """
 
     key: tuple[str, str, str]
@@ -305,6 +311,7 @@ class DownstreamSeries:
     runs: tuple[str, ...]
     baseline: float | None = None
     model: str = "?"
+    dp_unit: str = "paper"
 
     @property
     def label(self) -> str:
@@ -317,9 +324,13 @@ _GIN_DF = re.compile(r"^\s*FINETUNE_TOKENS\s*=\s*([0-9_eE.+]+)", re.MULTILINE)
 
 
 def finetune_tokens(meta: dict) -> int | None:
-    """Df of a finetuning run: run.json's `finetune_tokens`, else FINETUNE_TOKENS in its gin."""
-    if meta.get("finetune_tokens") not in (None, ""):
-        return int(float(meta["finetune_tokens"]))
+    """Df of a finetuning run, in the MT paper's unit where the run has it: run.json's
+    `finetune_tokens_paper` (pairs × 512, a set given with `FINETUNE_UNIT = 'paper'`), else its
+    `finetune_tokens` (the `FINETUNE_TOKENS` it was given: about that many target tokens), else
+    FINETUNE_TOKENS in its gin."""
+    for key in ("finetune_tokens_paper", "finetune_tokens"):
+        if meta.get(key) not in (None, ""):
+            return int(float(meta[key]))
     m = _GIN_DF.search(str(meta.get("gin_config") or ""))
     return int(float(m.group(1).replace("_", ""))) if m else None
 
@@ -333,16 +344,23 @@ def finetune_group(meta: dict) -> str:
     return steps if df is None else f"{steps} steps, Df {df}"
 
 
-def downstream_series(runs: Sequence[RunRecord], *, metric: str) -> list[DownstreamSeries]:
+def downstream_series(
+    runs: Sequence[RunRecord], *, metric: str, dp_unit: str = "paper"
+) -> list[DownstreamSeries]:
     """Groups finetuning runs into (Dp, final value) series, one per model × pretraining run ×
     task × finetuning recipe.
 
     Dp is read from the pretraining run named by `init_checkpoint` ('<model_dir>[@step]') at its
-    `init_step`. `metric` is a score name ("bleu", "rouge", "comet") or "loss". A series (and
+    `init_step`, in `dp_unit` (a key of `DP_UNITS`; default the MT paper's steps × batch × 512,
+    so that fitted A and the valuation guide's "Dp needed" are on the paper's scale).
+    `metric` is a score name ("bleu", "rouge", "comet") or "loss". A series (and
     its non-pretrained baseline) shares the model (family + size: a runs directory holding
     T5-770M and T5-3B gives one series per model, each with its own baseline) and the finetuning
     recipe: steps and Df (`finetune_group`).
     """
+    if dp_unit not in DP_UNITS:
+        raise ValueError(f"unknown Dp unit {dp_unit!r}; allowed: {', '.join(DP_UNITS)}")
+    tokens_at = DP_UNITS[dp_unit]
     by_id = {r.run_id: r for r in runs}
     groups: dict[tuple[str, str, str, str], list[tuple[float, float, str]]] = {}
     baselines: dict[tuple[str, str, str], float] = {}
@@ -366,7 +384,7 @@ def downstream_series(runs: Sequence[RunRecord], *, metric: str) -> list[Downstr
                 f"run {run.run_id!r}: init_checkpoint {ckpt!r} names no run in this directory"
             )
         step = run.meta.get("init_step", at or None)
-        dp = _tokens_at(src, int(step) if step not in (None, "") else None)
+        dp = tokens_at(src, int(step) if step not in (None, "") else None)
         mixture = str(src.meta.get("mixture_or_task", src.run_id))
         groups.setdefault((model, mixture, task, steps), []).append((dp, value, run.run_id))
     out = []
@@ -381,6 +399,7 @@ def downstream_series(runs: Sequence[RunRecord], *, metric: str) -> list[Downstr
                 runs=tuple(i[2] for i in items),
                 baseline=baselines.get((model, key[1], key[2])),
                 model=model,
+                dp_unit=dp_unit,
             )
         )
     return out
@@ -398,18 +417,57 @@ def _final_value(run: RunRecord, task: str, metric: str) -> float | None:
     return None
 
 
-def _tokens_at(run: RunRecord, step: int | None) -> float:
-    """Tokens a pretraining run had seen at `step` (its last record when step is None)."""
-    recs = [r for r in run.records if "tokens" in r]
+def _tokens_at(run: RunRecord, step: int | None, *, key: str = "tokens") -> float:
+    """The cumulative count `key` of a pretraining run at `step` (its last record when step is
+    None), from its records."""
+    recs = [r for r in run.records if key in r]
     if not recs:
         raise FitInputError(f"run {run.run_id!r}: no token counts to date its checkpoints")
     if step is None:
-        return _float(recs[-1]["tokens"])
+        return _float(recs[-1][key])
     before = [r for r in recs if r["step"] <= step]
     if not before:
         raise FitInputError(f"run {run.run_id!r}: no record at or before step {step}")
     last = before[-1]
     if last["step"] == step:
-        return _float(last["tokens"])
+        return _float(last[key])
     # Tokens grow linearly in steps at a fixed batch: scale the last count to the step.
-    return _float(last["tokens"]) * step / max(int(last["step"]), 1)
+    return _float(last[key]) * step / max(int(last["step"]), 1)
+
+
+def paper_tokens_per_step(meta: dict) -> float | None:
+    """A run's paper tokens per step from run.json: `tokens_paper_per_step`, else batch_size ×
+    the paper's row length (the `inputs` feature length of an encoder-decoder, else `targets`;
+    `trainer.paper_units`), else None (a run.json that says neither)."""
+    if meta.get("tokens_paper_per_step") not in (None, ""):
+        return _float(meta["tokens_paper_per_step"])
+    lengths = meta.get("task_feature_lengths") or {}
+    length = lengths.get("inputs", lengths.get("targets"))
+    if meta.get("batch_size") and length:
+        return _float(meta["batch_size"]) * _float(length)
+    return None
+
+
+def paper_tokens_at(run: RunRecord, step: int | None) -> float:
+    """Dp of a pretraining run's checkpoint at `step` in the papers' unit (the MT paper's steps ×
+    batch 256 × 512): its records' `tokens_paper`; for runs written before that field, step ×
+    `paper_tokens_per_step`; for run directories that record neither (T5X's, whose `tokens` are
+    already step × batch × length, or synthetic ones), their `tokens`."""
+    if any("tokens_paper" in r for r in run.records):
+        return _tokens_at(run, step, key="tokens_paper")
+    per_step = paper_tokens_per_step(run.meta)
+    if per_step is None:
+        return _tokens_at(run, step)
+    if step is None:
+        steps = [int(r["step"]) for r in run.records if "step" in r]
+        if not steps:
+            raise FitInputError(f"run {run.run_id!r}: no records to date its checkpoints")
+        step = max(steps)
+    return float(step) * per_step
+
+
+# What the Dp of a downstream series counts -> how it is read off the pretraining run.
+DP_UNITS = {
+    "paper": paper_tokens_at,  # the MT paper's Dp: steps × batch × inputs length (512)
+    "target": _tokens_at,  # real target tokens (span-corruption targets: ~114/512 of the above)
+}

@@ -309,6 +309,27 @@ def subset_examples(
     return max(1, math.ceil(subset_tokens / num_shards / max(mean, 1e-9)))
 
 
+def shard_examples(
+    task_name: str, *, subset_size: int, shard_index: int = 0, num_shards: int = 1
+) -> int:
+    """This host's share of a subset of exactly `subset_size` examples of a single task: the
+    shares of all hosts add up to `subset_size` (the first `subset_size % num_shards` hosts take
+    one more).
+
+    Raises:
+      ValueError: a mixture, a non-positive size, or fewer examples than hosts.
+    """
+    if subset_size < num_shards or subset_size <= 0:
+        raise ValueError(
+            f"subset of {subset_size} examples: allowed: a positive count, at least one per host "
+            f"({num_shards})"
+        )
+    names = component_names(task_name)
+    if names != [task_name]:
+        raise ValueError(f"a subset needs a single task, got mixture {task_name!r} of {names}")
+    return subset_size // num_shards + int(shard_index < subset_size % num_shards)
+
+
 def mixed_examples(
     mixture_or_task: str,
     *,
@@ -320,17 +341,22 @@ def mixed_examples(
     shuffle: bool = True,
     repeat: bool = True,
     subset_tokens: int | None = None,
+    subset_size: int | None = None,
 ) -> tf.data.Dataset:
     """Unpacked examples of a mixture (or task) in the token proportions of its rates, each with
     the scalar `component` feature (its index into `component_names(...)`).
 
     `subset_tokens` (tasks only) restricts the split to a fixed sample of about that many target
-    tokens (`subset_examples`), shuffled and repeated like the whole split.
+    tokens (`subset_examples`), `subset_size` to one of exactly that many examples over all
+    hosts (`shard_examples`; the MT paper's Df pairs); either is shuffled and repeated like the
+    whole split.
     """
     names = component_names(mixture_or_task)
     fractions = token_fractions(mixture_or_task)
     shard_info = _shard(shard_index, num_shards)
     max_examples = None
+    if subset_tokens is not None and subset_size is not None:
+        raise ValueError("give subset_tokens or subset_size (examples), not both")
     if subset_tokens is not None:
         max_examples = subset_examples(
             mixture_or_task,
@@ -339,6 +365,10 @@ def mixed_examples(
             subset_tokens=subset_tokens,
             shard_index=shard_index,
             num_shards=num_shards,
+        )
+    if subset_size is not None:
+        max_examples = shard_examples(
+            mixture_or_task, subset_size=subset_size, shard_index=shard_index, num_shards=num_shards
         )
     datasets = [
         component_dataset(
@@ -441,6 +471,7 @@ def batches(
     repeat: bool = True,
     pack: bool = True,
     subset_tokens: int | None = None,
+    subset_examples: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Packed training batches of a mixture or task: decoder-only or encoder-decoder, as
     `sequence_length` says.
@@ -460,7 +491,10 @@ def batches(
       start_step: number of batches already consumed; the stream continues from there.
       shuffle, repeat, pack: as in seqio.
       subset_tokens: train on a fixed sample of about this many target tokens of a single task
-        (the MT paper's finetuning set size Df), repeated; None: the whole split.
+        (a finetuning set of Df target tokens), repeated; None: the whole split.
+      subset_examples: train on a fixed sample of exactly this many examples of a single task,
+        over all hosts (the MT paper's finetuning set of Df / 512 pairs), repeated; None: the
+        whole split. Not with `subset_tokens`.
 
     Returns:
       An iterator of dicts with int32 `[batch, Lt]` arrays `decoder_input_tokens,
@@ -484,6 +518,7 @@ def batches(
         shuffle=shuffle,
         repeat=repeat,
         subset_tokens=subset_tokens,
+        subset_size=subset_examples,
     )
     ds = _converted(ds, lengths, pack=pack).batch(batch_size, drop_remainder=True)
     if start_step:

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from fitting.checks import FitInputError
 from fitting.formats import fmt, json_safe, num
 from fitting.paper_values import ERROR_DEFINITIONS, MT_EN_FR
-from fitting.points import finetune_tokens
+from fitting.points import finetune_tokens, paper_tokens_at
 from fitting.saved_fits import fit_entries, fit_object, held_out_max
 from fitting.task_alignment import alignment_of
 from studies.mt_findings import (
@@ -55,6 +56,14 @@ DEBIAN_NOTE = (
 )
 
 
+def _paper_dp(run: Any) -> float | None:
+    """A pretraining run's last Dp in the unit its finetunes' Dp is in (the MT paper's)."""
+    try:
+        return paper_tokens_at(run, None)
+    except FitInputError:
+        return None
+
+
 def runs_table(runs: Sequence[Any], cells: Sequence[Cell]) -> list[str]:
     """Markdown: every run with what it is and what it scored."""
     dp = {rid: (float(d), c) for c in cells for rid, d in zip(c.runs, c.Dp, strict=True)}
@@ -75,7 +84,7 @@ def runs_table(runs: Sequence[Any], cells: Sequence[Cell]) -> list[str]:
         last = r.records[-1] if r.records else {}
         if r.strategy == "pretrain":
             ce = last.get("train/loss")
-            row = [r.run_id, "pretrain", task, "–", count_label(last.get("tokens")), "–"]
+            row = [r.run_id, "pretrain", task, "–", count_label(_paper_dp(r)), "–"]
         else:
             mix = dp[r.run_id][1].mixture if r.run_id in dp else "none (random init)"
             d = dp.get(r.run_id, (math.nan,))[0]

@@ -197,6 +197,34 @@ def test_token_subset_is_a_fixed_repeated_sample(registered):
         )
 
 
+def test_pair_subset_holds_exactly_that_many_examples(registered):
+    # The MT paper's Df = pairs × 512: a set of exactly Df / 512 pairs, whatever their lengths;
+    # over hosts, the shares add up to it.
+    args = dict(
+        mixture_or_task="mt_en_de",
+        split="train",
+        sequence_length={"inputs": 64, "targets": 64},
+        batch_size=2,
+        pack=False,
+    )
+
+    def examples(seed, n, **kw):
+        rows = _take(streams.encdec_batches(**args, seed=seed, subset_examples=n, **kw), 3 * n)
+        return [tuple(r) for b in rows for r in b["encoder_input_tokens"]]
+
+    seen = examples(0, 5)
+    assert len(set(seen)) == 5  # exactly 5 pairs, each seen repeatedly
+    assert set(examples(1, 5)) == set(seen)  # the run's seed reorders, never resamples
+    assert [
+        streams.shard_examples("mt_en_de", subset_size=7, shard_index=i, num_shards=3)
+        for i in range(3)
+    ] == [3, 2, 2]
+    with pytest.raises(ValueError, match="not both"):
+        examples(0, 5, subset_tokens=60)
+    with pytest.raises(ValueError, match="single task"):
+        streams.shard_examples("mix_en_50_de_50", subset_size=5)
+
+
 def test_wrong_stream_kind_is_refused(registered):
     with pytest.raises(ValueError, match="inputs"):
         _decoder(mixture_or_task="span_en")

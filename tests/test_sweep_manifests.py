@@ -183,6 +183,49 @@ def test_mt_paper_grid():
         assert not any(a.startswith("--gin.INIT_CHECKPOINT") for a in run.argv())
 
 
+# The MT paper's Df conditions (§4, Figs. 2-4, 8-9) as training pairs (Df = pairs × 512):
+# 1/500 and ~1/100 samples of each WMT training split, and the whole split (WMT17 en-de:
+# 5,906,184 pairs; WMT16 en-ro: 610,320; WMT15 en-fr's 21B is more than its split: all of it).
+PAPER_PAIRS = {
+    "mt_en_de": {11_719, 60_547, 5_906_184},
+    "mt_en_fr": {82_031, 410_156, 41_015_625},
+    "mt_en_ro": {1_221, 5_859, 610_320},
+}
+
+
+def test_mt_paper_df_conditions_are_pairs_at_300_steps():
+    """Every finetune and baseline of mt_paper sizes its set in the paper's unit (a fixed set of
+    Df / 512 pairs) and trains 300 steps of 128 whatever Df, and the plan says so."""
+    import gin
+
+    from launch import estimate
+    from tests.test_gin_configs import _evaluate
+    from trainer import data, gin_entry
+
+    runs = sweep.expand(sweep.load_manifest("mt_paper"))
+    finetunes = [r for r in runs if r.strategy in ("finetune", "finetune_scratch")]
+    pairs = collections.defaultdict(set)
+    for run in finetunes:
+        assert "--gin.FINETUNE_UNIT='paper'" in run.argv(allow_missing=True)
+        assert (run.steps, run.batch_size) == (300, 128)
+        df = run.coord("finetune_tokens")
+        pairs[run.coord("task")].add(data.finetune_pairs(finetune_tokens=df, unit="paper"))
+    assert dict(pairs) == PAPER_PAIRS
+    rows = {row["run_id"]: row for row in estimate.plan_rows(runs, None)}
+    assert {rows[r.run_id]["steps"] for r in finetunes} == {300}
+    pretrain = [rows[r.run_id] for r in runs if r.strategy == "pretrain"]
+    assert {row["steps"] for row in pretrain} == {1_000_000, 510_000}
+    run = next(r for r in finetunes if r.coord("finetune_tokens") == 312_483_840)
+    gin.clear_config()
+    try:
+        gin_entry.parse(run.gin_args(allow_missing=True), job="train")
+        assert _evaluate(gin.query_parameter("data.DataConfig.subset_examples")) == 610_320
+        assert _evaluate(gin.query_parameter("data.DataConfig.subset_tokens")) is None
+        assert _evaluate(gin_entry.macro_value("TRAIN_STEPS")) == 300
+    finally:
+        gin.clear_config()
+
+
 @pytest.mark.parametrize("name", ["demo", "smoke"])
 def test_cpu_studies(name):
     manifest = sweep.load_manifest(name)

@@ -5,8 +5,8 @@ it to a run: it registers the tasks and mixtures a run names (from `VOCAB_PATH` 
 opens the training stream at the checkpointed position and keeps this host's rows of it (by
 default every host builds the global stream, so the batches do not depend on the host count;
 `DataConfig.host_sharding`), and produces fixed-shape eval batches. The name helpers are what gin files use to build task names from macros
-(`TARGET_LANG`, `REPLAY_RATIO`) and step counts from token budgets (`FINETUNE_TOKENS`), since
-gin cannot compute.
+(`TARGET_LANG`, `REPLAY_RATIO`) and step counts and finetuning sets from token budgets
+(`FINETUNE_TOKENS` in `FINETUNE_UNIT`, `trainer.paper_units`), since gin cannot compute.
 
 Decoder-only runs read `{"targets": L}` tasks as `DECODER_KEYS` arrays `[batch, L]`; encoder-
 decoder runs (`task_feature_lengths = {"inputs": Li, "targets": Lt}`) add `ENCODER_KEYS` arrays
@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from trainer import paper_units
 
 DECODER_KEYS = (
     "decoder_input_tokens",
@@ -61,8 +63,11 @@ class DataConfig:
       pack: pack several documents per row.
       shuffle: shuffle the training stream (seeded).
       subset_tokens: train on a fixed sample of about this many target tokens of the task,
-        repeated (the MT paper's finetuning set of size Df, `FINETUNE_TOKENS`); None: the whole
-        split.
+        repeated (a finetuning set of Df target tokens, `FINETUNE_TOKENS` with `FINETUNE_UNIT =
+        'target'`); None: the whole split (or `subset_examples`).
+      subset_examples: train on a fixed sample of exactly this many examples of the task,
+        repeated (the MT paper's finetuning set of Df / 512 pairs, `FINETUNE_TOKENS` with
+        `FINETUNE_UNIT = 'paper'`); None: the whole split (or `subset_tokens`).
       host_sharding: how hosts split the input (`HOST_SHARDING`, a key of `HOST_SHARDINGS`):
         `"global"` builds the one global stream on every host and each host keeps its rows of
         every batch, so the global batches are those of one host whatever the host count;
@@ -84,11 +89,17 @@ class DataConfig:
     pack: bool = True
     shuffle: bool = True
     subset_tokens: int | None = None
+    subset_examples: int | None = None
     host_sharding: str = "global"
 
     def __post_init__(self):
         from trainer import validation
 
+        if self.subset_tokens is not None and self.subset_examples is not None:
+            raise validation.ConfigError(
+                "data.DataConfig: set subset_tokens or subset_examples, not both (a finetuning "
+                "set is sized in target tokens or in pairs; FINETUNE_UNIT picks one)"
+            )
         validation.check_choice(
             name="HOST_SHARDING (data.DataConfig.host_sharding)",
             value=self.host_sharding,
@@ -211,21 +222,37 @@ def finetune_steps(
     batch_size: int,
     task_feature_lengths: Mapping[str, int],
     default_steps: int = 300,
+    unit: str = "target",
 ) -> int:
-    """Steps of a finetuning run that sees `finetune_tokens` target tokens (the MT paper's Df):
-    `ceil(Df / (batch × targets length))`, at least 1; `default_steps` (the paper's 300) when
-    Df is None. Packed rows are not completely full, so a run sees slightly fewer real tokens;
-    `metrics.jsonl` counts the exact number (`tokens`).
+    """Steps of a finetuning run on a set of size `finetune_tokens` (Df, `FINETUNE_TOKENS`) in
+    `unit` (`FINETUNE_UNIT`, a key of `paper_units.DF_UNITS`).
+
+    `'target'`: one pass over about Df target tokens, `ceil(Df / (batch × targets length))`, at
+    least 1 (packed rows are not completely full, so a run sees slightly fewer real tokens;
+    `metrics.jsonl` counts the exact number, `tokens`). `'paper'`: `default_steps` (the MT
+    paper's 300) whatever Df, so that small and large sets differ in how often their pairs
+    repeat, not in training length. `default_steps` too when Df is None.
 
     Raises:
-      ValueError: a non-positive budget (naming `FINETUNE_TOKENS`).
+      ValueError: a non-positive budget (naming `FINETUNE_TOKENS`) or an unknown unit.
     """
-    if finetune_tokens is None:
+    chosen = paper_units.finetune_set(finetune_tokens=finetune_tokens, unit=unit)
+    if chosen.subset_tokens is None:
         return int(default_steps)
-    if finetune_tokens <= 0:
-        raise ValueError(f"FINETUNE_TOKENS = {finetune_tokens}: allowed: a positive token count")
     per_step = int(batch_size) * int(task_feature_lengths["targets"])
-    return max(1, math.ceil(finetune_tokens / per_step))
+    return max(1, math.ceil(chosen.subset_tokens / per_step))
+
+
+def finetune_subset_tokens(*, finetune_tokens: int | None, unit: str = "target") -> int | None:
+    """`DataConfig.subset_tokens` of a finetuning set of size Df in `unit`: Df for `'target'`,
+    else None (gin cannot compute; `runs/finetune.gin` binds it)."""
+    return paper_units.finetune_set(finetune_tokens=finetune_tokens, unit=unit).subset_tokens
+
+
+def finetune_pairs(*, finetune_tokens: int | None, unit: str = "target") -> int | None:
+    """`DataConfig.subset_examples` of a finetuning set of size Df in `unit`: for `'paper'` the
+    MT paper's pair count `round(Df / 512)`, else None."""
+    return paper_units.finetune_set(finetune_tokens=finetune_tokens, unit=unit).pairs
 
 
 def register(config: DataConfig) -> Any:
@@ -341,6 +368,7 @@ def _packed_stream(config, *, seed, start_step, shard):
         repeat=True,
         pack=config.pack,
         subset_tokens=config.subset_tokens,
+        subset_examples=config.subset_examples,
     )
     for batch in stream:
         yield _model_arrays(batch)

@@ -275,9 +275,17 @@ class Counters:
     records) and listed in `nonfinite` until the loop has dealt with it.
     """
 
-    def __init__(self, components: Sequence[str], saved: dict | None = None):
+    def __init__(
+        self,
+        components: Sequence[str],
+        saved: dict | None = None,
+        *,
+        tokens_paper_per_step: int | None = None,
+    ):
         saved = saved or {}
         self.components = list(components)
+        # Paper tokens of one applied step (`trainer.paper_units`); None: no `tokens_paper`.
+        self.tokens_paper_per_step = tokens_paper_per_step
         self.tokens = int(saved.get("tokens", 0))
         # Encoder-decoder runs also count non-padding encoder tokens (None: a decoder-only run).
         self.input_tokens = saved.get("input_tokens")
@@ -327,11 +335,17 @@ class Counters:
         }
 
     def record(self, step: int, *, flops_per_token: float, flops_per_token_attn: float) -> dict:
-        """The deterministic part of a `metrics.jsonl` record; starts a new window."""
+        """The deterministic part of a `metrics.jsonl` record; starts a new window.
+
+        `tokens_paper` (when the counters know `tokens_paper_per_step`) is the papers' count of
+        the data seen so far, applied steps × batch × row length (`trainer.paper_units`), beside
+        the real `tokens`."""
         denom = max(self.weight_sum, 1.0)
+        paper = self.tokens_paper_per_step
         record = {
             "step": step,
             "tokens": self.tokens,
+            **({} if paper is None else {"tokens_paper": (step - self.skipped) * int(paper)}),
             **({} if self.input_tokens is None else {"input_tokens": self.input_tokens}),
             "tokens_by_task": component_counts(self.components, self.by_task),
             "flops": flops_per_token * self.tokens,

@@ -33,7 +33,7 @@ import numpy as np
 
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import divergence, models, validation
+from trainer import divergence, models, paper_units, validation
 from trainer import eval as eval_lib
 from trainer import fingerprint as fingerprint_lib
 from trainer import lease as lease_lib
@@ -62,7 +62,10 @@ class RunInfo:
       languages: languages trained on (default: derived from the mixture's components).
       target_lang, source_lang: CPT's target and source languages.
       replay_ratio: fraction of source-language tokens replayed during CPT (0-1).
-      finetune_tokens: the finetuning budget Df in target tokens (MT paper), if one was given.
+      finetune_tokens: the finetuning set size Df as given (`FINETUNE_TOKENS`), if one was.
+      finetune_unit: what `finetune_tokens` counts (`FINETUNE_UNIT`, a key of
+        `trainer.paper_units.DF_UNITS`): `"target"` real target tokens, `"paper"` the MT
+        paper's pairs × 512.
     """
 
     strategy: str = "pretrain"
@@ -71,6 +74,7 @@ class RunInfo:
     source_lang: str | None = None
     replay_ratio: float = 0.0
     finetune_tokens: int | None = None
+    finetune_unit: str = "target"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +141,12 @@ def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict
         "seq_len": data.seq_len,
         "task_feature_lengths": dict(data.task_feature_lengths),
         "finetune_tokens": run.finetune_tokens,
+        **paper_units.run_fields(
+            batch_size=data.batch_size,
+            task_feature_lengths=data.task_feature_lengths,
+            subset_examples=data.subset_examples,
+            finetune_unit=run.finetune_unit,
+        ),
         "batch_size": data.batch_size,
         "train_steps": job.total_steps,
         "flops_per_token": job.flops_per_token,
@@ -421,7 +431,13 @@ def _loop(
     watcher,
 ) -> TrainResult:
     """Runs steps `start+1 .. total`, logging, evaluating and saving along the way."""
-    counters = metrics_lib.Counters(job.components, saved)
+    counters = metrics_lib.Counters(
+        job.components,
+        saved,
+        tokens_paper_per_step=paper_units.tokens_paper_per_step(
+            batch_size=data.batch_size, task_feature_lengths=data.task_feature_lengths
+        ),
+    )
     total = job.total_steps
     progress = metrics_lib.StepRate(
         total_steps=total,
