@@ -172,7 +172,7 @@ def write_study(
         return {
             lm_t: lambda bt, t: noisy(laws.cpt(n, bt[lm_t], **cpt)),
             lm_s: lambda bt, t: noisy(
-                _forgetting(n, bt.get(lm_s, 0.0), t, source_law, tokens_per_param * n)
+                forgetting(n, bt.get(lm_s, 0.0), t, source_law, tokens_per_param * n)
             ),
         }
 
@@ -262,7 +262,7 @@ def write_study(
     return root
 
 
-def _forgetting(
+def forgetting(
     n: float, source_tokens: float, tokens: float, law: Mapping[str, float], total: float
 ) -> float:
     """Source-language loss during CPT: a bump that replayed source tokens pull back down."""
