@@ -75,7 +75,7 @@ class Truth:
     )
     cpt: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(synthetic.CPT))
     source: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(synthetic.SOURCE))
-    sigma: float = 0.005
+    sigma: float = 0.001
     mt_sigma: float = 5e-5
 
 
@@ -397,6 +397,29 @@ def _mixture_shares(mixture: str) -> dict[str, float]:
     }
 
 
+def pretraining_runs(runs: Sequence[sweep.Run]) -> dict[str, sweep.Run]:
+    """Finetune id -> the pretraining run it starts from: its parent, or, where a select stage
+    picks it (a learning-rate grid: no parent until the choice), the run of its model and
+    mixture that the stage will choose, the one at the grid's best learning rate (`BEST_LR`)."""
+    by_id = {r.run_id: r for r in runs}
+    grids = _lr_grids(runs)
+    best: dict[tuple, sweep.Run] = {}
+    for r in runs:
+        if r.strategy == "pretrain":
+            key = (r.base_size, r.coord("mixture"), r.coord("seed"))
+            if key not in best or _lr_factor(r, grids) < _lr_factor(best[key], grids):
+                best[key] = r
+    out = {}
+    for r in runs:
+        if r.strategy != "finetune":
+            continue
+        key = (r.base_size, r.coord("mixture"), r.coord("seed"))
+        if not r.parent and key not in best:
+            raise ValueError(f"{r.run_id}: no pretraining run of its model and mixture")
+        out[r.run_id] = by_id[r.parent] if r.parent else best[key]
+    return out
+
+
 def paper_dp(run: sweep.Run, parent: sweep.Run) -> float:
     """The MT paper's Dp of a finetune's checkpoint: steps × batch × 512 input tokens."""
     return float(run.coord("init_step")) * parent.batch_size * MT_INPUT_LENGTH
@@ -407,13 +430,13 @@ def write_mt_runs(
 ) -> None:
     """Writes the MT study's runs (pretrain, finetune, finetune_scratch) into their model dirs."""
     rng = np.random.default_rng(seed + 1)
-    by_id = {r.run_id: r for r in runs}
     grids = _lr_grids(runs)
+    parents = pretraining_runs(runs)
     first_step = {}
     for run in runs:  # each (model, task, Df)'s smallest checkpoint: where the baselines sit
         if run.strategy == "finetune":
             key = (run.base_size, run.coord("task"), run.coord("finetune_tokens"))
-            dp = paper_dp(run, by_id[run.parent])
+            dp = paper_dp(run, parents[run.run_id])
             first_step[key] = min(first_step.get(key, dp), dp)
 
     def noise() -> float:
@@ -461,7 +484,7 @@ def write_mt_runs(
                 "finetune_tokens": df,
             }
             if run.strategy == "finetune":
-                parent = by_id[run.parent]
+                parent = parents[run.run_id]
                 fields.update(init_checkpoint=parent.model_dir, init_step=run.coord("init_step"))
                 dp, mixture = paper_dp(run, parent), run.coord("mixture")
                 bleu = mt_truth(run.base_size, mixture, task, df, "bleu")(dp) / worse

@@ -20,30 +20,38 @@ def en_de_study(tmp_path_factory):
     runs and baselines), written by the study writer."""
     root = tmp_path_factory.mktemp("mt")
     runs = paper_study.expand_manifests(paper_study.MT_MANIFESTS, runs_dir=root)
+    # The grid's best learning rates only, where the manifest has LR grids (the select stage's
+    # choice; the other candidates would be further points at the same Dp).
+    best = [r for r in runs if all(r.coord(k) in (None, v) for k, v in paper_study.BEST_LR.items())]
     keep = [
         r
-        for r in runs
-        if r.coord("task") == "mt_en_de"
-        and r.coord("finetune_tokens") == 6_000_000
-        and (r.strategy == "finetune_scratch" or r.coord("mixture") == "mix_en_50_de_50")
+        for r in best
+        if (r.strategy == "pretrain" and r.coord("mixture") == "mix_en_50_de_50")
+        or (
+            r.coord("task") == "mt_en_de"
+            and r.coord("finetune_tokens") == 6_000_000
+            and r.coord("mixture") in (None, "mix_en_50_de_50")
+        )
     ]
-    ids = {r.run_id for r in keep}
-    keep = [r for r in runs if r.run_id in {p for r in keep for p in (r.parent,) if p}] + keep
     assert {r.base_size for r in keep} == {"t5_3b", "t5_770m"}
-    assert ids
     paper_study.write_mt_runs(keep, log=lambda _: None)
     return root, keep
 
 
 def test_mt_runs_are_trainer_run_dirs_with_the_family_counts(en_de_study):
     root, runs = en_de_study
-    finetune = next(r for r in runs if r.strategy == "finetune" and r.base_size == "t5_3b")
+    finetune = next(
+        r
+        for r in runs
+        if r.strategy == "finetune" and r.base_size == "t5_3b" and r.coord("init_step") == 25000
+    )
     meta = json.loads((root / finetune.run_id / "run.json").read_text())
     for key in ("params_total", "params_non_embedding", "flops_per_token", "batch_size"):
         assert meta[key] > 0
     assert meta["params_non_embedding"] == finetune.counts.params_non_embedding
     assert meta["finetune_tokens"] == 6_000_000 and meta["train_steps"] == 300
-    assert meta["init_checkpoint"].endswith(finetune.parent)
+    parent = paper_study.pretraining_runs(runs)[finetune.run_id]
+    assert meta["init_checkpoint"] == parent.model_dir and meta["init_step"] == 25000
     assert (root / finetune.run_id / "COMPLETED").is_file()
 
 
