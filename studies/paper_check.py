@@ -29,7 +29,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import math
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -164,9 +163,6 @@ def cpt_rows(fits: Mapping[str, Any]) -> list[Row]:
 # --- MT -------------------------------------------------------------------------------------------
 
 
-_DF = re.compile(r"Df (\d+)")
-
-
 def _relative_jacobian(law: paper_study.MTLaw, dp: np.ndarray) -> np.ndarray:
     """∂ log f / ∂ log|θ| at `dp`, by central differences (one column per coefficient)."""
     cols = []
@@ -222,7 +218,7 @@ def mt_rows(fits: Mapping[str, Any], runs: Sequence[Any], *, sigma: float) -> li
             if entry["metric"] != metric:
                 continue
             model, mixture, task = entry["model"], entry["pretraining"], entry["task"]
-            df = int(_DF.search(entry["finetune_steps"]).group(1))
+            df = int(by_id[entry["runs"][0]].coord("finetune_tokens"))  # as the manifest gives it
             found.setdefault((model, metric), set()).add((mixture, task, df))
             truth = paper_study.mt_truth(model, mixture, task, df, metric)
             fit = entry["fit"]
@@ -304,12 +300,13 @@ def _baseline_rows(fits: Mapping[str, Any], runs: Sequence[Any]) -> list[Row]:
     for r in runs:
         if r.strategy == "finetune_scratch":
             own[(r.base_size, r.coord("task"), int(r.coord("finetune_tokens")))] = r.run_id
+    by_id = {r.run_id: r for r in runs}
     wrong, total = 0, 0
     values: dict[tuple, float] = {}
     for entry in fits.get("bleu", []):
         if entry["metric"] != "bleu":
             continue
-        df = int(_DF.search(entry["finetune_steps"]).group(1))
+        df = int(by_id[entry["runs"][0]].coord("finetune_tokens"))
         key = (entry["model"], entry["task"], df)
         total += 1
         values.setdefault(key, entry["baseline"])

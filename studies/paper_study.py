@@ -41,6 +41,7 @@ SOURCE_LANG = "en"  # the CPT study's source language (runs/cpt.gin SOURCE_LANG)
 EVAL_PERIOD = 1000
 # The paper's Dp: pretraining steps × batch × 512 input tokens (MT paper §4).
 MT_INPUT_LENGTH = 512
+PAIR_TOKENS = 512  # the MT paper's Df counts each finetuning pair as 512 tokens
 # Learning-rate grid coordinate -> the value the synthetic runs make best (the gin defaults).
 BEST_LR = {"BASE_LR": 1.0, "PEAK_LR": 1e-3}
 # Stand-ins where the MT paper prints no coefficients: score factor of a pretraining mixture
@@ -132,11 +133,18 @@ def _scaled(law: str, params: Mapping[str, float], factor: float) -> dict[str, f
     return {"E": p["E"] * factor, "A": p["A"] * factor, "alpha": p["alpha"]}
 
 
+def _paper_row(mixture: str, task: str, df: int) -> dict[str, Any]:
+    """The paper's row for a condition; Df matches a printed size within 5% (a manifest may give
+    the exact pairs × 512, e.g. 3,023,966,208 for the printed 3B)."""
+    for (m, t, printed), row in paper_values.MT_T5_3B_LAWS.items():
+        if (m, t) == (mixture, task) and abs(df / printed - 1) < 0.05:
+            return row
+    return {}
+
+
 def _paper_law(mixture: str, task: str, df: int, metric: str) -> MTLaw | None:
     law, names = MT_LAWS[metric]
-    row = paper_values.MT_T5_3B_LAWS.get((mixture, task, df), {}).get(
-        "bleu" if metric == "bleu" else "ce"
-    )
+    row = _paper_row(mixture, task, df).get("bleu" if metric == "bleu" else "ce")
     if row is None:
         return None
     table = {("bleu", True): 3, ("bleu", False): 5, ("loss", True): 4, ("loss", False): 6}
@@ -205,6 +213,35 @@ def _counts(run: sweep.Run) -> dict[str, float]:
     }
 
 
+def _unit_fields(run: sweep.Run) -> dict[str, Any]:
+    """run.json's paper-unit fields, as `trainer.paper_units.run_fields` records them: tokens per
+    step in the papers' count (batch × the `inputs` length of an encoder-decoder, else the
+    `targets` length) and, for a finetune whose Df is in the paper's unit (`FINETUNE_UNIT =
+    'paper'`), its exact pairs and Df = pairs × 512."""
+    lengths = _lengths(run) or {"targets": run.seq_len}
+    paper_len = lengths.get("inputs", lengths["targets"])
+    unit = _gin_value(run, "FINETUNE_UNIT", "target")
+    df = run.coord("finetune_tokens")
+    pairs = max(1, round(int(df) / PAIR_TOKENS)) if df is not None and unit == "paper" else None
+    units = {"tokens": "target tokens with loss", "tokens_paper": "steps x batch x row length"}
+    if "inputs" in lengths:
+        units.update(input_tokens="non-padding encoder input tokens")
+        units.update(finetune_tokens_paper=f"finetuning pairs x {PAIR_TOKENS}: the MT paper's Df")
+    return {
+        "token_units": units,
+        "tokens_paper_per_step": run.batch_size * paper_len,
+        "finetune_unit": unit,
+        "finetune_pairs": pairs,
+        "finetune_tokens_paper": None if pairs is None else pairs * PAIR_TOKENS,
+    }
+
+
+def _gin_value(run: sweep.Run, macro: str, default: Any) -> Any:
+    """A macro's value among the run's bindings (a gin literal), else `default`."""
+    bound = dict(run.bindings).get(macro)
+    return default if bound is None else ast.literal_eval(bound)
+
+
 def _gin_config(run: sweep.Run) -> str:
     variables = dict(run.variables)
     lines = [f"# synthetic run (studies.paper_study); gin files: {', '.join(run.gin_files)}"]
@@ -237,6 +274,7 @@ def _meta(run: sweep.Run, **fields: Any) -> dict[str, Any]:
         "finetune_tokens": None,
         "batch_size": run.batch_size,
         "train_steps": run.steps,
+        **_unit_fields(run),
     }
     meta.update(fields)
     meta["gin_config"] = _gin_config(run)
@@ -369,6 +407,7 @@ def write_cpt_runs(
             rec = {
                 "step": step,
                 "tokens": tokens,
+                "tokens_paper": step * meta["tokens_paper_per_step"],
                 "tokens_by_task": by_task,
                 "flops": meta["flops_per_token"] * tokens,
                 "flops_attn": meta["flops_per_token_attn"] * tokens,
@@ -461,6 +500,7 @@ def write_mt_runs(
                 rec = {
                     "step": step,
                     "tokens": tokens,
+                    "tokens_paper": step * meta["tokens_paper_per_step"],
                     "tokens_by_task": {c: tokens * s for c, s in shares.items()},
                     "input_tokens": float(step * run.batch_size * lengths["inputs"]),
                     "flops": meta["flops_per_token"] * tokens,
@@ -501,6 +541,7 @@ def write_mt_runs(
                     {
                         "step": step,
                         "tokens": tokens,
+                        "tokens_paper": step * meta["tokens_paper_per_step"],
                         "tokens_by_task": {task: tokens},
                         "input_tokens": float(step * run.batch_size * lengths["inputs"]),
                         "flops": meta["flops_per_token"] * tokens,
@@ -523,6 +564,17 @@ def write_mt_runs(
             log(f"  mt: {i + 1}/{len(runs)} runs written")
 
 
+def run_select_stages(names: Sequence[str], *, runs_dir: str | Path, runs: Sequence[sweep.Run]):
+    """Runs the manifests' `[[select]]` stages (if they declare any) on the written runs, as
+    `xlscale sweep select` would: `<runs_dir>/selection.json`, which the fits read."""
+    for name in names:
+        manifest = sweep.load_manifest(name, runs_dir=str(runs_dir))
+        if getattr(manifest, "selects", ()):
+            from launch import selection  # only manifests with select stages need it
+
+            selection.select_and_write(manifest, runs, status=lambda _run: "done")
+
+
 def write_paper_study(
     out: str | Path, *, truth: Truth = Truth(), seed: int = 0, log: Callable = print
 ) -> StudyDirs:
@@ -536,4 +588,6 @@ def write_paper_study(
     write_cpt_runs(cpt_runs, truth=truth, seed=seed, log=log)
     log(f"writing {len(mt_runs)} MT runs ({', '.join(MT_MANIFESTS)}) under {mt_dir}")
     write_mt_runs(mt_runs, truth=truth, seed=seed, log=log)
+    run_select_stages(CPT_MANIFESTS, runs_dir=cpt_dir, runs=cpt_runs)
+    run_select_stages(MT_MANIFESTS, runs_dir=mt_dir, runs=mt_runs)
     return StudyDirs(cpt_dir, mt_dir, tuple(cpt_runs), tuple(mt_runs))

@@ -10,8 +10,9 @@ from fitting import io, laws, points
 from studies import paper_check, paper_study
 
 # Rows that wait on another change of issue 15: Dp in the paper's units (steps × 256 × 512; the
-# trainer counts span-corruption target tokens, 114/512 of them). Remove once that lands.
-PENDING = {("MT Dp unit", "fitted Dp / paper Dp")}
+# trainer counts span-corruption target tokens, 114/512 of them): `fitting.points.paper_tokens_at`.
+# Remove once that is merged.
+PENDING = set() if hasattr(points, "paper_tokens_at") else {("MT Dp unit", "fitted Dp / paper Dp")}
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +59,15 @@ def test_mt_runs_are_trainer_run_dirs_with_the_family_counts(en_de_study):
 def test_mixed_t5_770m_and_t5_3b_runs_give_one_series_per_model(en_de_study):
     root, runs = en_de_study
     read = io.read_runs(root)
+    by_id = {r.run_id: r for r in runs}
+    parents = paper_study.pretraining_runs(runs)
     for metric in ("bleu", "loss"):
         series = points.downstream_series(read, metric=metric)
         assert sorted(s.model for s in series) == ["t5_3b", "t5_770m"]
         for s in series:
             assert len(s.Dp) == 8 and np.all(np.diff(s.Dp) > 0)  # no zig-zag of two models
             truth = paper_study.mt_truth(s.model, "mix_en_50_de_50", "mt_en_de", 6_000_000, metric)
-            dp_paper = np.asarray(s.Dp) * (512 / 114)  # the trainer counts target tokens
+            dp_paper = [paper_study.paper_dp(by_id[i], parents[i]) for i in s.runs]
             np.testing.assert_allclose(s.values, truth(dp_paper), rtol=1e-3)
             assert s.baseline is not None
         base = {s.model: s.baseline for s in series}
