@@ -4,7 +4,8 @@
 runs are exactly those `xlscale sweep run` would launch: every size, strategy, replay ratio,
 language, model, mixture, checkpoint and Df) and writes each as a finished run directory in the
 trainer's format (docs/interfaces.md "Training outputs": run.json with the trainer's fields and the
-family's own parameter and FLOP counts, metrics.jsonl at the runs' evaluation steps, COMPLETED):
+family's own parameter and FLOP counts and the paper-unit fields, metrics.jsonl at the runs'
+evaluation steps with `tokens` and `tokens_paper`, COMPLETED):
 
 - `cpt_paper` + `cpt_replay` + `cpt_languages` under `<out>/cpt` (one runs_dir, as the manifests
   share one: the 1.4B source run is written once). Eval losses follow the CPT paper's Table 2 laws
@@ -14,7 +15,9 @@ family's own parameter and FLOP counts, metrics.jsonl at the runs' evaluation st
   paper's laws (`mt_truth`) at the paper's Dp (pretraining steps × 256 × 512) with noise.
 
 A manifest with a learning-rate grid (a `BASE_LR` / `PEAK_LR` coordinate) gets worse losses and
-scores away from the grid's best value (`BEST_LR`), so that a select stage has a clear winner.
+scores away from the grid's best value (`BEST_LR`), so that its `[[select]]` stages, run on the
+written runs as `xlscale sweep select` would (`run_select_stages`), choose that value; finetunes
+start from the pretraining run the stage chooses (`pretraining_runs`).
 """
 
 from __future__ import annotations
