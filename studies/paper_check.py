@@ -29,6 +29,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import math
+import multiprocessing
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -345,7 +346,11 @@ def run_paper_check(
     log(f"[{time.time() - t0:.0f}s] fitting (xlscale fit) the {' and the '.join(jobs_)}")
     common = dict(bootstrap=0, seed=seed)
     if jobs > 1:
-        with concurrent.futures.ProcessPoolExecutor(min(jobs, len(jobs_))) as pool:
+        # Spawned, not forked: expanding the manifests imported JAX, which must not be forked.
+        spawn = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(
+            min(jobs, len(jobs_)), mp_context=spawn
+        ) as pool:
             futures = [pool.submit(pipeline.fit_runs, **kw, **common) for kw in jobs_.values()]
             cpt, mt = (f.result() for f in futures)
     else:
