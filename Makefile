@@ -1,11 +1,13 @@
 # xlscale: `make demo` runs the main job (the CPT study), `make demo-mt` the translation study
-# (MT paper), `make test` runs the checks. All set themselves up.
+# (MT paper), `make test` runs the checks, `make paper-check` fits a synthetic paper-scale study
+# (every run of the papers' manifests, from their own laws) and prints fitted vs paper values.
+# All set themselves up.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint format demo demo-smoke demo-mt demo-mt-smoke clean
+.PHONY: setup test lint format demo demo-smoke demo-mt demo-mt-smoke paper-check clean
 
 setup: $(STAMP)
 
@@ -38,5 +40,9 @@ demo-mt: setup
 demo-mt-smoke: setup
 	$(BIN)/xlscale demo --study mt --profile smoke
 
+# Writes paper_check_out/ (runs, fits), prints the table; exits non-zero on a FAIL row.
+paper-check: setup
+	$(BIN)/python -m studies.paper_check --out paper_check_out
+
 clean:
-	rm -rf $(VENV) demo_out .pytest_cache
+	rm -rf $(VENV) demo_out paper_check_out .pytest_cache

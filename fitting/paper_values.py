@@ -64,3 +64,84 @@ ERROR_DEFINITIONS = {
         "of that normalisation; that ratio is what is compared."
     ),
 }
+
+# The MT paper's fitted downstream laws for T5-3B (its Tables 3-6, Appendix C.3), as printed:
+# (pretraining mixture, WMT task, Df tokens) -> {"bleu": (log A, α, β) of f(Dp) = (log(A·Dp^α))^β,
+# "ce": (E, A, α) of L(Dp) = E + A/Dp^α}; None where the table prints no usable row (the reason in
+# MT_T5_3B_UNUSABLE). Dp is pretraining steps × 256 × 512 tokens. The paper gives no T5-770M
+# coefficients (Figs. 8-9 only).
+MT_T5_3B_LAWS = {
+    ("mix_en_50_de_50", "mt_en_de", 6_000_000): {
+        "bleu": (-180.75, 9.00, 0.75),
+        "ce": (3.21e-5, 35.45, 0.64),
+    },
+    ("mix_en_50_de_50", "mt_en_de", 31_000_000): {
+        "bleu": (-1.68e3, 84.04, 0.49),
+        "ce": (3.28e-5, 4.70e2, 0.78),
+    },
+    ("mix_en_50_de_50", "mt_en_de", 3_000_000_000): {
+        "bleu": (-1.64e8, 9.91e6, 0.19),
+        "ce": (2.24e-5, 2.56e-2, 0.36),
+    },
+    ("mix_en_50_fr_50", "mt_en_fr", 42_000_000): {
+        "bleu": (-1.82e4, 8.98e2, 0.42),
+        "ce": (2.72e-5, 2.01e6, 1.18),
+    },
+    ("mix_en_50_fr_50", "mt_en_fr", 210_000_000): {
+        "bleu": (-2.33e4, 1.21e3, 0.40),
+        "ce": (2.57e-5, 1.75e7, 1.30),
+    },
+    ("mix_en_50_fr_50", "mt_en_fr", 21_000_000_000): {
+        "bleu": (5.08e3, 4.61e8, 0.16),
+        "ce": (1.11e-7, 3.41e-5, 1.82e-2),
+    },
+    ("mix_en_50_ro_50", "mt_en_ro", 625_000): {
+        "bleu": (-36.02, 1.77, 1.28),
+        "ce": (2.45e-5, 0.49, 0.41),
+    },
+    ("mix_en_50_ro_50", "mt_en_ro", 3_000_000): {"bleu": None, "ce": (2.62e-5, 2.40, 0.49)},
+    ("mix_en_50_ro_50", "mt_en_ro", 312_000_000): {
+        "bleu": (-1.82e4, 9.04e2, 0.40),
+        "ce": (2.08e-5, 3.94, 0.53),
+    },
+    ("mix_en_100", "mt_en_de", 6_000_000): {
+        "bleu": (-1.88, 0.15, 3.30),
+        "ce": (3.22e-13, 3.18e-3, 0.15),
+    },
+    ("mix_en_100", "mt_en_de", 31_000_000): {
+        "bleu": (-1.81e4, 896.12, 0.28),
+        "ce": (3.24e-5, 5.20e-3, 0.20),
+    },
+    ("mix_en_100", "mt_en_de", 3_000_000_000): {
+        "bleu": (1.02e-7, 104.92, 0.42),
+        "ce": (2.24e-5, 2.56e-2, 0.36),
+    },
+    ("mix_en_100", "mt_en_fr", 42_000_000): {"bleu": None, "ce": (3.49e-5, 1.05e-2, 0.25)},
+    ("mix_en_100", "mt_en_fr", 210_000_000): {
+        "bleu": (-6.38e7, 3.43e6, 0.20),
+        "ce": (4.24e-5, 19.39, 0.66),
+    },
+    ("mix_en_100", "mt_en_fr", 21_000_000_000): {
+        "bleu": None,
+        "ce": (1.26e-7, 2.59e-5, 4.81e-3),
+    },
+    ("mix_en_100", "mt_en_ro", 625_000): {
+        "bleu": (-10.54, 0.55, 1.12),
+        "ce": (5.79e-12, 1.03e-3, 7.76e-2),
+    },
+    ("mix_en_100", "mt_en_ro", 3_000_000): {
+        "bleu": (-40.41, 2.11, 0.79),
+        "ce": (1.78e-12, 9.98e-4, 8.33e-2),
+    },
+    ("mix_en_100", "mt_en_ro", 312_000_000): {"bleu": (3.61, 8.17e5, 0.19), "ce": None},
+}
+MT_T5_3B_UNUSABLE = {
+    ("mix_en_50_ro_50", "mt_en_ro", 3_000_000, "bleu"): "Table 3 prints log A as '-0.115.03'",
+    ("mix_en_100", "mt_en_fr", 42_000_000, "bleu"): (
+        "Table 5's (1.00, 2.57e-5, 1.11e4) gives BLEU > 500 over the paper's Dp range"
+    ),
+    ("mix_en_100", "mt_en_fr", 21_000_000_000, "bleu"): (
+        "Table 5's (204.81, 3.80e14, 9.97e-3) gives a flat BLEU of 1.4 (no law to recover)"
+    ),
+    ("mix_en_100", "mt_en_ro", 312_000_000, "ce"): "Table 6 has no such row",
+}

@@ -10,6 +10,9 @@ With `models` (size names of the CPT paper's Table 4, e.g. `llama2_49m`), the ru
 paper's models: losses follow the laws at the paper's nominal N (the basis its Table 2 was
 fitted on) while run.json records the exact non-embedding counts, as the trainer does, so a fit
 on the nominal basis must recover Table 2 and one on the exact basis need not.
+
+The full paper-scale study (every run of the papers' manifests, as `xlscale sweep` expands them)
+is `studies.paper_study`, which needs `launch` and so lives a layer up; it uses `forgetting`.
 """
 
 from __future__ import annotations
@@ -172,7 +175,7 @@ def write_study(
         return {
             lm_t: lambda bt, t: noisy(laws.cpt(n, bt[lm_t], **cpt)),
             lm_s: lambda bt, t: noisy(
-                _forgetting(n, bt.get(lm_s, 0.0), t, source_law, tokens_per_param * n)
+                forgetting(n, bt.get(lm_s, 0.0), t, source_law, tokens_per_param * n)
             ),
         }
 
@@ -262,10 +265,18 @@ def write_study(
     return root
 
 
-def _forgetting(
+def forgetting(
     n: float, source_tokens: float, tokens: float, law: Mapping[str, float], total: float
 ) -> float:
-    """Source-language loss during CPT: a bump that replayed source tokens pull back down."""
+    """Source-language loss during CPT: a bump that replayed source tokens pull back down.
+
+    Args:
+      n: the model's N (of the law).
+      source_tokens: source-language tokens replayed so far (0 without replay).
+      tokens: all tokens of the CPT run so far.
+      law: the source language's Chinchilla law (its loss at 20·n tokens is the start).
+      total: the run's total tokens.
+    """
     start = laws.chinchilla(n, 20 * n, **law)
     frac = tokens / total
     bump = 0.6 * frac / (0.15 + frac)

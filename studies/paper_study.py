@@ -1,0 +1,596 @@
+"""A synthetic paper-scale study: every run of the papers' manifests, written from their own laws.
+
+`write_paper_study(out)` expands the shipped manifests with `launch.sweep`'s own expansion (so the
+runs are exactly those `xlscale sweep run` would launch: every size, strategy, replay ratio,
+language, model, mixture, checkpoint and Df) and writes each as a finished run directory in the
+trainer's format (docs/interfaces.md "Training outputs": run.json with the trainer's fields and the
+family's own parameter and FLOP counts and the paper-unit fields, metrics.jsonl at the runs'
+evaluation steps with `tokens` and `tokens_paper`, COMPLETED):
+
+- `cpt_paper` + `cpt_replay` + `cpt_languages` under `<out>/cpt` (one runs_dir, as the manifests
+  share one: the 1.4B source run is written once). Eval losses follow the CPT paper's Table 2 laws
+  at the paper's nominal N (Table 4; the basis Table 2 was fitted on), times lognormal noise.
+  French and Russian (Fig. 3 only, no coefficients) follow the Chinese laws.
+- `mt_paper` under `<out>/mt`: finetunes whose BLEU and downstream cross-entropy follow the MT
+  paper's laws (`mt_truth`) at the paper's Dp (pretraining steps × 256 × 512) with noise.
+
+A manifest with a learning-rate grid (a `BASE_LR` / `PEAK_LR` coordinate) gets worse losses and
+scores away from the grid's best value (`BEST_LR`), so that its `[[select]]` stages, run on the
+written runs as `xlscale sweep select` would (`run_select_stages`), choose that value; finetunes
+start from the pretraining run the stage chooses (`pretraining_runs`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fitting import laws, paper_values, synthetic
+from launch import sweep
+from modeling import family as family_lib
+
+CPT_MANIFESTS = ("cpt_paper", "cpt_replay", "cpt_languages")
+MT_MANIFESTS = ("mt_paper",)
+SOURCE_LANG = "en"  # the CPT study's source language (runs/cpt.gin SOURCE_LANG)
+# Evaluation period in steps (runs/common/cpt_paper.gin, runs/span_pretrain.gin); finetunes
+# evaluate at their last step only (runs/finetune.gin EVAL_PERIOD = 0).
+EVAL_PERIOD = 1000
+# The paper's Dp: pretraining steps × batch × 512 input tokens (MT paper §4).
+MT_INPUT_LENGTH = 512
+PAIR_TOKENS = 512  # the MT paper's Df counts each finetuning pair as 512 tokens
+# Learning-rate grid coordinate -> the value the synthetic runs make best (the gin defaults).
+BEST_LR = {"BASE_LR": 1.0, "PEAK_LR": 1e-3}
+# Stand-ins where the MT paper prints no coefficients: score factor of a pretraining mixture
+# against the task's balanced mixture, and of T5-770M against T5-3B (cross-entropy: 1/factor).
+MIXTURE_FACTOR = {
+    "mix_en_100": 0.8,
+    "mix_de_100": 0.7,
+    "mix_fr_100": 0.6,
+    "mix_ro_100": 0.5,
+    "mix_en_30_fr_70": 0.95,
+    "mix_en_70_fr_30": 0.9,
+}
+MODEL_FACTOR = {"t5_3b": 1.0, "t5_770m": 0.85}
+BALANCED = {
+    "mt_en_de": "mix_en_50_de_50",
+    "mt_en_fr": "mix_en_50_fr_50",
+    "mt_en_ro": "mix_en_50_ro_50",
+}
+# metric -> law name in fitting.laws, and its parameter names in the paper's order.
+MT_LAWS = {
+    "bleu": ("log_law", ("log_A", "alpha", "beta")),
+    "loss": ("power_law", ("E", "A", "alpha")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Truth:
+    """The laws the synthetic runs follow, and their noise (σ of the lognormal factor)."""
+
+    scratch: Mapping[str, float] = dataclasses.field(
+        default_factory=lambda: dict(synthetic.SCRATCH)
+    )
+    cpt: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(synthetic.CPT))
+    source: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(synthetic.SOURCE))
+    sigma: float = 0.001
+    mt_sigma: float = 5e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class MTLaw:
+    """A downstream law a synthetic series follows: `params` of `law`, and where they come from
+    (`source`: "paper Table N" or a stand-in's description)."""
+
+    law: str
+    params: Mapping[str, float]
+    source: str
+
+    @property
+    def from_paper(self) -> bool:
+        """Whether the coefficients are the paper's own (not a stand-in)."""
+        return self.source.startswith("paper")
+
+    def __call__(self, dp: float | np.ndarray) -> np.ndarray:
+        return laws.predict(self.law, dict(self.params), dp)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyDirs:
+    """Where `write_paper_study` put the runs, and which runs it wrote."""
+
+    cpt: Path
+    mt: Path
+    cpt_runs: tuple[sweep.Run, ...]
+    mt_runs: tuple[sweep.Run, ...]
+
+
+def expand_manifests(names: Sequence[str], *, runs_dir: str | Path) -> list[sweep.Run]:
+    """The union of the manifests' runs (a run shared by two manifests once), parents first,
+    with `runs_dir` as their runs directory (placeholder variables: ids do not depend on them)."""
+    runs: dict[str, sweep.Run] = {}
+    for name in names:
+        manifest = sweep.load_manifest(name, runs_dir=str(runs_dir))
+        values = {k: f"synthetic_{k.lower()}" for k in manifest.missing_variables()}
+        manifest = sweep.load_manifest(name, runs_dir=str(runs_dir), variables=values)
+        for run in sweep.expand(manifest):
+            runs.setdefault(run.run_id, run)
+    return sweep.topological_order(list(runs.values()))
+
+
+# --- the MT paper's laws -------------------------------------------------------------------------
+
+
+def _scaled(law: str, params: Mapping[str, float], factor: float) -> dict[str, float]:
+    """The same law times `factor`: (log A·k^(1/β), α·k^(1/β), β) for scores, (kE, kA, α) for CE."""
+    p = dict(params)
+    if law == "log_law":
+        s = factor ** (1.0 / p["beta"])
+        return {"log_A": p["log_A"] * s, "alpha": p["alpha"] * s, "beta": p["beta"]}
+    return {"E": p["E"] * factor, "A": p["A"] * factor, "alpha": p["alpha"]}
+
+
+def _paper_row(mixture: str, task: str, df: int) -> dict[str, Any]:
+    """The paper's row for a condition; Df matches a printed size within 5% (a manifest may give
+    the exact pairs × 512, e.g. 3,023,966,208 for the printed 3B)."""
+    for (m, t, printed), row in paper_values.MT_T5_3B_LAWS.items():
+        if (m, t) == (mixture, task) and abs(df / printed - 1) < 0.05:
+            return row
+    return {}
+
+
+def _paper_law(mixture: str, task: str, df: int, metric: str) -> MTLaw | None:
+    law, names = MT_LAWS[metric]
+    row = _paper_row(mixture, task, df).get("bleu" if metric == "bleu" else "ce")
+    if row is None:
+        return None
+    table = {("bleu", True): 3, ("bleu", False): 5, ("loss", True): 4, ("loss", False): 6}
+    return MTLaw(
+        law,
+        dict(zip(names, row, strict=True)),
+        f"paper Table {table[metric, mixture != 'mix_en_100']}",
+    )
+
+
+def mt_truth(size: str, mixture: str, task: str, df: int, metric: str) -> MTLaw:
+    """The law a synthetic (model, pretraining mixture, task, Df) series follows for `metric`
+    ("bleu" or "loss"): the MT paper's T5-3B coefficients (Tables 3-6) where it prints usable
+    ones; otherwise a stand-in, the balanced mixture's law scaled by `MIXTURE_FACTOR`; T5-770M
+    (no coefficients in the paper) is T5-3B's law scaled by `MODEL_FACTOR`."""
+    base = _paper_law(mixture, task, df, metric)
+    if base is None:
+        balanced = _paper_law(BALANCED[task], task, df, metric)
+        if balanced is not None:
+            factor, via = MIXTURE_FACTOR.get(mixture, 1.0), balanced
+        else:  # no balanced row: the English-only one, rescaled to the mixture
+            via = _paper_law("mix_en_100", task, df, metric)
+            factor = MIXTURE_FACTOR.get(mixture, 1.0) / MIXTURE_FACTOR["mix_en_100"]
+        k = factor if metric == "bleu" else 1.0 / factor
+        base = MTLaw(via.law, _scaled(via.law, via.params, k), f"stand-in ({via.source} × {k:.3g})")
+    model_k = MODEL_FACTOR[size] if metric == "bleu" else 1.0 / MODEL_FACTOR[size]
+    if model_k == 1.0:
+        return base
+    return MTLaw(
+        base.law,
+        _scaled(base.law, base.params, model_k),
+        f"stand-in (T5-3B's {base.source} × {model_k:.3g})",
+    )
+
+
+# --- run directories -------------------------------------------------------------------------------
+
+
+def _write_run(path: Path, meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "run.json").write_text(json.dumps(meta, indent=1))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    last = records[-1]
+    (path / "COMPLETED").write_text(json.dumps({"step": last["step"], "tokens": last["tokens"]}))
+
+
+def _lengths(run: sweep.Run) -> dict[str, int]:
+    bound = dict(run.bindings).get("TASK_FEATURE_LENGTHS")
+    return {k: int(v) for k, v in ast.literal_eval(bound).items()} if bound else {}
+
+
+def _counts(run: sweep.Run) -> dict[str, float]:
+    """The run's counts as the trainer records them (the family's own counting; an
+    encoder-decoder's FLOPs per target token at its feature lengths)."""
+    fam = family_lib.get(run.family)
+    config = fam.get_config(run.base_size, **dict(run.overrides))
+    total, non_embedding = fam.param_counts(config)
+    lengths = _lengths(run)
+    seq_len = lengths.get("targets", run.seq_len)
+    six_n, attn = fam.flops_per_token(config, seq_len=seq_len, inputs_len=lengths.get("inputs"))
+    return {
+        "params_total": total,
+        "params_non_embedding": non_embedding,
+        "flops_per_token": six_n,
+        "flops_per_token_attn": attn,
+    }
+
+
+def _unit_fields(run: sweep.Run) -> dict[str, Any]:
+    """run.json's paper-unit fields, as `trainer.paper_units.run_fields` records them: tokens per
+    step in the papers' count (batch × the `inputs` length of an encoder-decoder, else the
+    `targets` length) and, for a finetune whose Df is in the paper's unit (`FINETUNE_UNIT =
+    'paper'`), its exact pairs and Df = pairs × 512."""
+    lengths = _lengths(run) or {"targets": run.seq_len}
+    paper_len = lengths.get("inputs", lengths["targets"])
+    unit = _gin_value(run, "FINETUNE_UNIT", "target")
+    df = run.coord("finetune_tokens")
+    pairs = max(1, round(int(df) / PAIR_TOKENS)) if df is not None and unit == "paper" else None
+    units = {"tokens": "target tokens with loss", "tokens_paper": "steps x batch x row length"}
+    if "inputs" in lengths:
+        units.update(input_tokens="non-padding encoder input tokens")
+        units.update(finetune_tokens_paper=f"finetuning pairs x {PAIR_TOKENS}: the MT paper's Df")
+    return {
+        "token_units": units,
+        "tokens_paper_per_step": run.batch_size * paper_len,
+        "finetune_unit": unit,
+        "finetune_pairs": pairs,
+        "finetune_tokens_paper": None if pairs is None else pairs * PAIR_TOKENS,
+    }
+
+
+def _gin_value(run: sweep.Run, macro: str, default: Any) -> Any:
+    """A macro's value among the run's bindings (a gin literal), else `default`."""
+    bound = dict(run.bindings).get(macro)
+    return default if bound is None else ast.literal_eval(bound)
+
+
+def _gin_config(run: sweep.Run) -> str:
+    variables = dict(run.variables)
+    lines = [f"# synthetic run (studies.paper_study); gin files: {', '.join(run.gin_files)}"]
+    lines += [
+        f"{k} = {sweep.substitute(v, variables, allow_missing=True)}" for k, v in run.bindings
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _meta(run: sweep.Run, **fields: Any) -> dict[str, Any]:
+    """run.json as trainer.train writes it (`_run_json`)."""
+    lengths = _lengths(run)
+    meta = {
+        "model": run.base_size,
+        "family": run.family,
+        **_counts(run),
+        "strategy": run.strategy,
+        "languages": [],
+        "target_lang": None,
+        "source_lang": None,
+        "replay_ratio": float(run.coord("replay_ratio", 0.0)),
+        "mixture_or_task": "",
+        "components": [],
+        "init_checkpoint": None,
+        "init_step": None,
+        "init_params_hash": None,
+        "seed": int(run.coord("seed", 0)),
+        "seq_len": lengths.get("targets", run.seq_len),
+        "task_feature_lengths": lengths,
+        "finetune_tokens": None,
+        "batch_size": run.batch_size,
+        "train_steps": run.steps,
+        **_unit_fields(run),
+    }
+    meta.update(fields)
+    meta["gin_config"] = _gin_config(run)
+    return meta
+
+
+def _eval_steps(steps: int) -> list[int]:
+    return sorted({*range(EVAL_PERIOD, steps + 1, EVAL_PERIOD), steps})
+
+
+def _lr_factor(run: sweep.Run, grids: Mapping[str, Sequence[float]]) -> float:
+    """≥ 1: how much worse the run is for its learning-rate coordinates (1 at the best value)."""
+    factor = 1.0
+    for name, values in grids.items():
+        lr = run.coord(name)
+        if lr is None:
+            continue
+        best = min(values, key=lambda v: abs(math.log(v / BEST_LR[name])))
+        factor *= 1.0 + 0.05 * abs(math.log10(float(lr) / best))
+    return factor
+
+
+def _lr_grids(runs: Iterable[sweep.Run]) -> dict[str, list[float]]:
+    grids: dict[str, set[float]] = {}
+    for run in runs:
+        for name in BEST_LR:
+            if run.coord(name) is not None:
+                grids.setdefault(name, set()).add(float(run.coord(name)))
+    return {k: sorted(v) for k, v in grids.items()}
+
+
+def _cosine_lr(step: int, steps: int, *, peak: float = 2e-4, warmup: float = 0.05) -> float:
+    """runs/common/cpt_paper.gin's schedule: 5% linear warm-up, cosine to 10% of the peak."""
+    w = max(1, int(warmup * steps))
+    if step < w:
+        return peak * step / w
+    frac = (step - w) / max(1, steps - w)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _cpt_layout(run: sweep.Run) -> dict[str, Any]:
+    """Languages, mixture, components and eval tasks of a CPT-study run (the gin files')."""
+    target, source = run.coord("target_lang"), SOURCE_LANG
+    if run.strategy == "source":
+        return {
+            "languages": [source],
+            "source_lang": source,
+            "mixture_or_task": f"lm_{source}",
+            "components": [f"lm_{source}"],
+            "evals": [f"lm_{source}"],
+        }
+    if run.strategy == "scratch":
+        return {
+            "languages": [target],
+            "target_lang": target,
+            "mixture_or_task": f"lm_{target}",
+            "components": [f"lm_{target}"],
+            "evals": [f"lm_{target}"],
+        }
+    both = [f"lm_{target}", f"lm_{source}"]
+    if run.strategy == "cpt":
+        return {
+            "languages": [target],
+            "target_lang": target,
+            "source_lang": source,
+            "mixture_or_task": f"lm_{target}",
+            "components": [f"lm_{target}"],
+            "evals": both,
+        }
+    pct = round(100 * float(run.coord("replay_ratio")))
+    return {
+        "languages": [target, source],
+        "target_lang": target,
+        "source_lang": source,
+        "mixture_or_task": f"cpt_{target}_replay_{source}_{pct}",
+        "components": both,
+        "evals": both,
+    }
+
+
+def _cpt_loss(
+    strategy: str,
+    task: str,
+    by_task: Mapping[str, float],
+    tokens: float,
+    *,
+    n: float,
+    total: float,
+    truth: Truth,
+) -> float:
+    """The noiseless eval loss of `task` for a CPT-study run of nominal size `n` (`total` tokens)
+    after `tokens` (`by_task` per component): Table 2's laws for the target language, the
+    source law for source runs, forgetting (relieved by replay) for the source language in CPT."""
+    if strategy in ("source", "scratch"):
+        law = truth.source if strategy == "source" else truth.scratch
+        return float(laws.chinchilla(n, by_task[task], **law))
+    if task != f"lm_{SOURCE_LANG}":
+        return float(laws.cpt(n, by_task[task], **truth.cpt))
+    return synthetic.forgetting(n, by_task.get(task, 0.0), tokens, truth.source, total)
+
+
+def write_cpt_runs(
+    runs: Sequence[sweep.Run], *, truth: Truth = Truth(), seed: int = 0, log: Callable = print
+) -> None:
+    """Writes the CPT study's runs (source, scratch, cpt, cpt_replay) into their model dirs."""
+    rng = np.random.default_rng(seed)
+    llama = family_lib.get("llama2")
+    by_id = {r.run_id: r for r in runs}
+    grids = _lr_grids(runs)
+    for i, run in enumerate(runs):
+        n = float(llama.nominal_params(run.base_size))
+        layout = _cpt_layout(run)
+        evals = layout.pop("evals")
+        comps = layout["components"]
+        ratio = float(run.coord("replay_ratio", 0.0))
+        share = {comps[0]: 1.0 - ratio, **({comps[1]: ratio} if len(comps) > 1 else {})}
+        tokens_per_step = run.batch_size * run.seq_len
+        total = run.steps * tokens_per_step
+        worse = _lr_factor(run, grids)
+        fields = dict(layout)
+        if run.parent:
+            parent = by_id[run.parent]
+            fields.update(init_checkpoint=parent.model_dir, init_step=parent.steps)
+        meta = _meta(run, **fields)
+
+        records = []
+        for step in _eval_steps(run.steps):
+            tokens = float(step * tokens_per_step)
+            by_task = {c: tokens * s for c, s in share.items()}
+            rec = {
+                "step": step,
+                "tokens": tokens,
+                "tokens_paper": step * meta["tokens_paper_per_step"],
+                "tokens_by_task": by_task,
+                "flops": meta["flops_per_token"] * tokens,
+                "flops_attn": meta["flops_per_token_attn"] * tokens,
+                "learning_rate": _cosine_lr(step, run.steps),
+                "tokens_per_s": 1e6,
+            }
+            for task in evals:
+                value = _cpt_loss(
+                    run.strategy, task, by_task, tokens, n=n, total=total, truth=truth
+                )
+                noise = math.exp(truth.sigma * rng.standard_normal())
+                rec[f"eval/{task}/loss"] = value * worse * noise
+                rec[f"eval/{task}/tokens"] = 1048576
+            rec["train/loss"] = rec[f"eval/{evals[0]}/loss"]
+            records.append(rec)
+        _write_run(Path(run.model_dir), meta, records)
+        if (i + 1) % 25 == 0 or i + 1 == len(runs):
+            log(f"  cpt: {i + 1}/{len(runs)} runs written")
+
+
+def _mixture_shares(mixture: str) -> dict[str, float]:
+    """`mix_en_50_de_50` -> {"span_en": 0.5, "span_de": 0.5}."""
+    parts = mixture.split("_")[1:]
+    return {
+        f"span_{lang}": int(pct) / 100 for lang, pct in zip(parts[::2], parts[1::2], strict=True)
+    }
+
+
+def pretraining_runs(runs: Sequence[sweep.Run]) -> dict[str, sweep.Run]:
+    """Finetune id -> the pretraining run it starts from: its parent, or, where a select stage
+    picks it (a learning-rate grid: no parent until the choice), the run of its model and
+    mixture that the stage will choose, the one at the grid's best learning rate (`BEST_LR`)."""
+    by_id = {r.run_id: r for r in runs}
+    grids = _lr_grids(runs)
+    best: dict[tuple, sweep.Run] = {}
+    for r in runs:
+        if r.strategy == "pretrain":
+            key = (r.base_size, r.coord("mixture"), r.coord("seed"))
+            if key not in best or _lr_factor(r, grids) < _lr_factor(best[key], grids):
+                best[key] = r
+    out = {}
+    for r in runs:
+        if r.strategy != "finetune":
+            continue
+        key = (r.base_size, r.coord("mixture"), r.coord("seed"))
+        if not r.parent and key not in best:
+            raise ValueError(f"{r.run_id}: no pretraining run of its model and mixture")
+        out[r.run_id] = by_id[r.parent] if r.parent else best[key]
+    return out
+
+
+def paper_dp(run: sweep.Run, parent: sweep.Run) -> float:
+    """The MT paper's Dp of a finetune's checkpoint: steps × batch × 512 input tokens."""
+    return float(run.coord("init_step")) * parent.batch_size * MT_INPUT_LENGTH
+
+
+def write_mt_runs(
+    runs: Sequence[sweep.Run], *, truth: Truth = Truth(), seed: int = 0, log: Callable = print
+) -> None:
+    """Writes the MT study's runs (pretrain, finetune, finetune_scratch) into their model dirs."""
+    rng = np.random.default_rng(seed + 1)
+    grids = _lr_grids(runs)
+    parents = pretraining_runs(runs)
+    first_step = {}
+    for run in runs:  # each (model, task, Df)'s smallest checkpoint: where the baselines sit
+        if run.strategy == "finetune":
+            key = (run.base_size, run.coord("task"), run.coord("finetune_tokens"))
+            dp = paper_dp(run, parents[run.run_id])
+            first_step[key] = min(first_step.get(key, dp), dp)
+
+    def noise() -> float:
+        return math.exp(truth.mt_sigma * rng.standard_normal())
+
+    for i, run in enumerate(runs):
+        lengths = _lengths(run)
+        worse = _lr_factor(run, grids)
+        if run.strategy == "pretrain":
+            mixture = run.coord("mixture")
+            shares = _mixture_shares(mixture)
+            meta = _meta(
+                run,
+                languages=[c.split("_", 1)[1] for c in shares],
+                mixture_or_task=mixture,
+                components=list(shares),
+            )
+            records = []
+            for step in _eval_steps(run.steps):
+                tokens = float(step * run.batch_size * lengths["targets"])
+                ce = (1.6 + 40.0 * step**-0.35) * worse
+                rec = {
+                    "step": step,
+                    "tokens": tokens,
+                    "tokens_paper": step * meta["tokens_paper_per_step"],
+                    "tokens_by_task": {c: tokens * s for c, s in shares.items()},
+                    "input_tokens": float(step * run.batch_size * lengths["inputs"]),
+                    "flops": meta["flops_per_token"] * tokens,
+                    "flops_attn": meta["flops_per_token_attn"] * tokens,
+                    "learning_rate": float(run.coord("BASE_LR", 1.0)) / math.sqrt(max(step, 1e4)),
+                    "tokens_per_s": 1e6,
+                    "train/loss": ce,
+                }
+                rec.update({f"eval/{c}/loss": ce * noise() for c in shares})
+                records.append(rec)
+        else:
+            task = run.coord("task")
+            src, tgt = task.split("_")[1:]
+            df = int(run.coord("finetune_tokens"))
+            fields = {
+                "languages": [src, tgt],
+                "source_lang": src,
+                "target_lang": tgt,
+                "mixture_or_task": task,
+                "components": [task],
+                "finetune_tokens": df,
+            }
+            if run.strategy == "finetune":
+                parent = parents[run.run_id]
+                fields.update(init_checkpoint=parent.model_dir, init_step=run.coord("init_step"))
+                dp, mixture = paper_dp(run, parent), run.coord("mixture")
+                bleu = mt_truth(run.base_size, mixture, task, df, "bleu")(dp) / worse
+                ce = mt_truth(run.base_size, mixture, task, df, "loss")(dp) * worse
+            else:  # not pretrained: below the balanced mixture's law at the first checkpoint
+                dp = first_step[(run.base_size, task, df)]
+                bleu = 0.8 * mt_truth(run.base_size, BALANCED[task], task, df, "bleu")(dp) / worse
+                ce = 1.25 * mt_truth(run.base_size, BALANCED[task], task, df, "loss")(dp) * worse
+            meta = _meta(run, **fields)
+            records = []
+            for step in (run.steps // 3, 2 * run.steps // 3, run.steps):
+                tokens = float(step * run.batch_size * lengths["targets"])
+                records.append(
+                    {
+                        "step": step,
+                        "tokens": tokens,
+                        "tokens_paper": step * meta["tokens_paper_per_step"],
+                        "tokens_by_task": {task: tokens},
+                        "input_tokens": float(step * run.batch_size * lengths["inputs"]),
+                        "flops": meta["flops_per_token"] * tokens,
+                        "flops_attn": meta["flops_per_token_attn"] * tokens,
+                        "learning_rate": float(run.coord("PEAK_LR", 1e-3)),
+                        "tokens_per_s": 1e6,
+                        "train/loss": 1.0,
+                    }
+                )
+            records[-1].update(
+                {
+                    f"eval/{task}/loss": float(ce) * noise(),
+                    f"eval/{task}/tokens": 1e6,
+                    f"eval/{task}/bleu": float(bleu) * noise(),
+                    f"eval/{task}/decoded": 3000,
+                }
+            )
+        _write_run(Path(run.model_dir), meta, records)
+        if (i + 1) % 100 == 0 or i + 1 == len(runs):
+            log(f"  mt: {i + 1}/{len(runs)} runs written")
+
+
+def run_select_stages(names: Sequence[str], *, runs_dir: str | Path, runs: Sequence[sweep.Run]):
+    """Runs the manifests' `[[select]]` stages (if they declare any) on the written runs, as
+    `xlscale sweep select` would: `<runs_dir>/selection.json`, which the fits read."""
+    for name in names:
+        manifest = sweep.load_manifest(name, runs_dir=str(runs_dir))
+        if getattr(manifest, "selects", ()):
+            from launch import selection  # only manifests with select stages need it
+
+            selection.select_and_write(manifest, runs, status=lambda _run: "done")
+
+
+def write_paper_study(
+    out: str | Path, *, truth: Truth = Truth(), seed: int = 0, log: Callable = print
+) -> StudyDirs:
+    """Writes the synthetic paper-scale study: `<out>/cpt` (the CPT manifests' runs) and
+    `<out>/mt` (mt_paper's), every run finished, metrics from the papers' laws (`Truth`)."""
+    out = Path(out).resolve()
+    cpt_dir, mt_dir = out / "cpt", out / "mt"
+    cpt_runs = expand_manifests(CPT_MANIFESTS, runs_dir=cpt_dir)
+    mt_runs = expand_manifests(MT_MANIFESTS, runs_dir=mt_dir)
+    log(f"writing {len(cpt_runs)} CPT runs ({', '.join(CPT_MANIFESTS)}) under {cpt_dir}")
+    write_cpt_runs(cpt_runs, truth=truth, seed=seed, log=log)
+    log(f"writing {len(mt_runs)} MT runs ({', '.join(MT_MANIFESTS)}) under {mt_dir}")
+    write_mt_runs(mt_runs, truth=truth, seed=seed, log=log)
+    run_select_stages(CPT_MANIFESTS, runs_dir=cpt_dir, runs=cpt_runs)
+    run_select_stages(MT_MANIFESTS, runs_dir=mt_dir, runs=mt_runs)
+    return StudyDirs(cpt_dir, mt_dir, tuple(cpt_runs), tuple(mt_runs))

@@ -1,0 +1,106 @@
+"""Issue 15 (synthetic paper-scale study): the papers' manifests written as trainer run dirs from
+the papers' laws; fitted, they give back Table 2, eqs. 8-9 and the MT laws, one series per model."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fitting import io, laws, points
+from studies import paper_check, paper_study
+
+# Rows that wait on another change of issue 15: Dp in the paper's units (steps × 256 × 512; the
+# trainer counts span-corruption target tokens, 114/512 of them): `fitting.points.paper_tokens_at`.
+# Remove once that is merged.
+PENDING = set() if hasattr(points, "paper_tokens_at") else {("MT Dp unit", "fitted Dp / paper Dp")}
+
+
+@pytest.fixture(scope="module")
+def en_de_study(tmp_path_factory):
+    """mt_paper's en-de runs of both models with the balanced mixture (and their pretraining
+    runs and baselines), written by the study writer."""
+    root = tmp_path_factory.mktemp("mt")
+    runs = paper_study.expand_manifests(paper_study.MT_MANIFESTS, runs_dir=root)
+    # The grid's best learning rates only, where the manifest has LR grids (the select stage's
+    # choice; the other candidates would be further points at the same Dp).
+    best = [r for r in runs if all(r.coord(k) in (None, v) for k, v in paper_study.BEST_LR.items())]
+    keep = [
+        r
+        for r in best
+        if (r.strategy == "pretrain" and r.coord("mixture") == "mix_en_50_de_50")
+        or (
+            r.coord("task") == "mt_en_de"
+            and r.coord("finetune_tokens") == 6_000_000
+            and r.coord("mixture") in (None, "mix_en_50_de_50")
+        )
+    ]
+    assert {r.base_size for r in keep} == {"t5_3b", "t5_770m"}
+    paper_study.write_mt_runs(keep, log=lambda _: None)
+    return root, keep
+
+
+def test_mt_runs_are_trainer_run_dirs_with_the_family_counts(en_de_study):
+    root, runs = en_de_study
+    finetune = next(
+        r
+        for r in runs
+        if r.strategy == "finetune" and r.base_size == "t5_3b" and r.coord("init_step") == 25000
+    )
+    meta = json.loads((root / finetune.run_id / "run.json").read_text())
+    for key in ("params_total", "params_non_embedding", "flops_per_token", "batch_size"):
+        assert meta[key] > 0
+    assert meta["params_non_embedding"] == finetune.counts.params_non_embedding
+    assert meta["finetune_tokens"] == 6_000_000 and meta["train_steps"] == 300
+    parent = paper_study.pretraining_runs(runs)[finetune.run_id]
+    assert meta["init_checkpoint"] == parent.model_dir and meta["init_step"] == 25000
+    assert (root / finetune.run_id / "COMPLETED").is_file()
+
+
+def test_mixed_t5_770m_and_t5_3b_runs_give_one_series_per_model(en_de_study):
+    root, runs = en_de_study
+    read = io.read_runs(root)
+    by_id = {r.run_id: r for r in runs}
+    parents = paper_study.pretraining_runs(runs)
+    for metric in ("bleu", "loss"):
+        series = points.downstream_series(read, metric=metric)
+        assert sorted(s.model for s in series) == ["t5_3b", "t5_770m"]
+        for s in series:
+            assert len(s.Dp) == 8 and np.all(np.diff(s.Dp) > 0)  # no zig-zag of two models
+            truth = paper_study.mt_truth(s.model, "mix_en_50_de_50", "mt_en_de", 6_000_000, metric)
+            dp_paper = [paper_study.paper_dp(by_id[i], parents[i]) for i in s.runs]
+            np.testing.assert_allclose(s.values, truth(dp_paper), rtol=1e-3)
+            assert s.baseline is not None
+        base = {s.model: s.baseline for s in series}
+        assert base["t5_3b"] != base["t5_770m"]  # each model's own non-pretrained run
+    # T5-3B's balanced en-de 6M law is the paper's Table 3 row; T5-770M's a stand-in below it.
+    assert paper_study.mt_truth(
+        "t5_3b", "mix_en_50_de_50", "mt_en_de", 6_000_000, "bleu"
+    ).from_paper
+    dp = np.asarray([3.3e9, 1.3e11])
+    small = paper_study.mt_truth("t5_770m", "mix_en_50_de_50", "mt_en_de", 6_000_000, "bleu")(dp)
+    big = laws.log_law(dp, log_A=-180.75, alpha=9.0, beta=0.75)
+    np.testing.assert_allclose(small, 0.85 * big, rtol=1e-9)
+
+
+def test_rows_fail_outside_tolerance_and_the_table_says_so():
+    good = paper_check.Row("Table 2", "alpha", 0.40, 0.41, 0.03)
+    bad = paper_check.Row("Table 2", "alpha", 0.40, 0.344, 0.03)  # finding 2's exact-basis alpha
+    exact = paper_check.Row("fits", "N basis", "nominal", "exact", None)
+    assert good.ok and not bad.ok and not exact.ok
+    table = paper_check.format_table([good, bad, exact])
+    assert table.count("FAIL") == 2 and "14.00%" in table
+
+
+@pytest.mark.slow
+def test_paper_check_recovers_the_papers_laws(tmp_path):
+    rows = paper_check.run_paper_check(tmp_path, log=lambda _: None)
+    table = paper_check.format_table(rows)
+    failed = [r for r in rows if not r.ok and (r.law, r.parameter) not in PENDING]
+    assert not failed, table
+    names = {(r.law, r.parameter) for r in rows}
+    for name in ("E", "A", "B", "alpha", "beta"):
+        assert ("Table 2 scratch (zh, nominal N)", name) in names
+    assert ("eq. 9 D_opt cpt", "d_coef") in names
+    assert ("MT series of t5_770m", "bleu series") in names
+    assert sum(r.parameter == "log_A" for r in rows) >= 8  # paper rows compared coefficient-wise
+    assert json.loads((tmp_path / "fits_cpt" / "fits.json").read_text())["n_basis"] == "nominal"
