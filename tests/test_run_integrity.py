@@ -2,8 +2,9 @@
 
 The lease on `MODEL_DIR` (`trainer.lease`), checkpoint checksums verified on restore
 (`trainer.checkpoint_manifest`), the fallback from a corrupt latest step, and the repair of a
-torn `metrics.jsonl` tail. The slow test kills the real command line with SIGKILL while async
-saves are in flight, ten times, and checks that the run still completes with intact outputs.
+torn `metrics.jsonl` tail. The slow test kills the trainer's command line (forked from a
+process that imported it once) with SIGKILL while async saves are in flight, ten times, and
+checks that the run still completes with intact outputs.
 """
 
 from __future__ import annotations
@@ -320,11 +321,8 @@ def test_torn_metrics_tail_is_truncated_with_a_warning(tmp_path, caplog):
         metrics.read_metrics(tmp_path)
 
 
-def _command(model_dir, tiny_data, *, steps):
+def _argv(model_dir, tiny_data, *, steps):
     return [
-        sys.executable,
-        "-m",
-        "trainer.train",
         "--gin_file=experiments/cpt_source_en.gin",
         "--gin_file=experiments/tiny.gin",
         f"--gin.MODEL_DIR='{model_dir}'",
@@ -335,6 +333,35 @@ def _command(model_dir, tiny_data, *, steps):
         "--gin.EVAL_TASKS=[]",
         "--gin.LOG_EVERY=1",
     ]
+
+
+# A fork server: imports the trainer once (8 of a launch's 15 s are imports), then for each JSON
+# line `[log path, argv]` on stdin forks a child that runs `python -m trainer.train argv` with
+# stderr in the log, prints the child's pid, waits for it and prints its exit status. A child is
+# the same command line as a fresh process from the first line of `trainer.train.main` on, and
+# SIGKILL ends it just as abruptly.
+FORK_SERVER = """
+import json, os, sys
+import trainer.train
+import pipelines.streams
+print("ready", flush=True)
+for line in sys.stdin:
+    log_path, argv = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 2)
+        try:
+            code = trainer.train.main(argv)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 1
+        sys.stderr.flush()
+        os._exit(code)
+    print(pid, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
 
 
 def _in_flight(checkpoints_dir: Path) -> bool:
@@ -350,28 +377,42 @@ def test_kill_9_loop_during_async_saves_keeps_the_run_intact(tiny_data, tmp_path
     env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
     env["PYTHONPATH"] = os.pathsep.join([os.fspath(REPO), env.get("PYTHONPATH", "")])
+    server = subprocess.Popen(
+        [sys.executable, "-c", FORK_SERVER],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     logs = []
-    for attempt in range(kills + 1):
-        log_path = tmp_path / f"attempt_{attempt}.log"
-        logs.append(log_path)
-        with log_path.open("w") as err:
-            proc = subprocess.Popen(
-                _command(model_dir, tiny_data, steps=steps), cwd=REPO, env=env, stderr=err
-            )
-        if attempt == kills:
-            assert proc.wait(timeout=300) == 0, log_path.read_text()[-3000:]
-            break
-        start = len(metrics.read_metrics(model_dir))
-        deadline = time.time() + 120
-        # Kill once training is under way and an async save is in flight.
-        while proc.poll() is None and time.time() < deadline:
-            if len(metrics.read_metrics(model_dir)) >= start + 2 and _in_flight(ckpt_dir):
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        for attempt in range(kills + 1):
+            log_path = tmp_path / f"attempt_{attempt}.log"
+            logs.append(log_path)
+            argv = _argv(model_dir, tiny_data, steps=steps)
+            server.stdin.write(json.dumps([os.fspath(log_path), argv]) + "\n")
+            server.stdin.flush()
+            pid = int(server.stdout.readline())
+            if attempt == kills:
+                assert int(server.stdout.readline()) == 0, log_path.read_text()[-3000:]
                 break
-            time.sleep(0.002)
-        assert proc.poll() is None, log_path.read_text()[-3000:]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        killed_pids.append(proc.pid)
+            start = len(metrics.read_metrics(model_dir))
+            deadline = time.time() + 120
+            # Kill once training is under way and an async save is in flight.
+            while time.time() < deadline:
+                if len(metrics.read_metrics(model_dir)) >= start + 2 and _in_flight(ckpt_dir):
+                    break
+                time.sleep(0.002)
+            assert Path(f"/proc/{pid}").exists(), log_path.read_text()[-3000:]  # still running
+            os.kill(pid, signal.SIGKILL)
+            code = int(server.stdout.readline())
+            assert code == -signal.SIGKILL, (code, log_path.read_text()[-3000:])
+            killed_pids.append(pid)
+    finally:
+        server.stdin.close()
+        server.wait(timeout=60)
     # Each restart took over the lease of the process killed before it.
     for pid, log_path in zip(killed_pids, logs[1:], strict=True):
         text = log_path.read_text()
