@@ -120,6 +120,16 @@ def test_growth_keeps_old_logits_and_averages_subword_rows(extended):
     sources = vocab_extend.old_ids_of_new_pieces(old=extended["vocab"], new=extended["extended"])
     base = len(_proto(extended["vocab"]).pieces)
     assert min(sources) == base and any(len(ids) > 1 for ids in sources.values())
+    old_sp = spm.SentencePieceProcessor(model_file=extended["vocab"])
+    new_sp = spm.SentencePieceProcessor(model_file=extended["extended"])
+    for new_id, old_ids in sources.items():  # the old ids spell the new piece, bytes included
+        spelled = b"".join(
+            bytes([int(old_sp.id_to_piece(i)[3:5], 16)])
+            if old_sp.is_byte(i)
+            else old_sp.id_to_piece(i).encode()
+            for i in old_ids
+        )
+        assert spelled.decode() == new_sp.id_to_piece(new_id), new_id
     old_cfg = sizes.get_config("llama2_tiny", vocab_size=base, max_len=64)
     tokens = jnp.asarray(np.random.default_rng(0).integers(3, base, (2, 16)), jnp.int32)
     params = _random_params(old_cfg, 0)
