@@ -33,7 +33,7 @@ import numpy as np
 
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import divergence, models, paper_units, validation
+from trainer import divergence, models, paper_units, validation, vocab_growth_init
 from trainer import eval as eval_lib
 from trainer import fingerprint as fingerprint_lib
 from trainer import lease as lease_lib
@@ -137,6 +137,7 @@ def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict
         "init_checkpoint": init.get("init_checkpoint"),
         "init_step": init.get("init_step"),
         "init_params_hash": init.get("init_params_hash"),
+        **vocab_growth_init.run_fields(init),  # a grown INIT_CHECKPOINT's vocabulary extension
         "seed": seed,
         "seq_len": data.seq_len,
         "task_feature_lengths": dict(data.task_feature_lengths),

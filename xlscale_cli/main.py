@@ -17,7 +17,10 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "sizes": ("xlscale_cli.sizes", "print the LLaMA2 size table of the CPT paper (Table 4)"),
     "data": ("xlscale_cli.data", "build the local corpora from Debian packages"),
-    "tokenizer": ("xlscale_cli.tokenizer", "train a SentencePiece vocabulary"),
+    "tokenizer": (
+        "xlscale_cli.tokenizer",
+        "train or extend a SentencePiece vocabulary; grow a checkpoint to an extended one",
+    ),
     "train": ("xlscale_cli.train", "run trainer.train (gin-configured)"),
     "eval": ("xlscale_cli.train", "run trainer.eval (gin-configured)"),
     "infer": ("xlscale_cli.train", "run trainer.infer (gin-configured)"),
