@@ -142,6 +142,20 @@ class TransformerModel(abc.ABC):
         ce, _ = token_cross_entropy(logits, batch["decoder_target_tokens"], weights)
         return ce.sum(axis=-1), weights.sum(axis=-1)
 
+    def token_scores(
+        self, params: Any, batch: Mapping[str, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
+        """Per-row log-likelihood of the weighted target tokens (`-score_batch`'s cross-entropy,
+        the same computation) and whether each weighted token is the arg-max prediction,
+        `[batch]` each: what lm-evaluation-harness's `loglikelihood` returns per request.
+        """
+        logits = self._logits(params, batch)
+        weights = batch["decoder_loss_weights"].astype(jnp.float32)
+        targets = batch["decoder_target_tokens"]
+        ce, _ = token_cross_entropy(logits, targets, weights)
+        greedy = (jnp.argmax(logits, axis=-1) == targets) | (weights == 0)
+        return -ce.sum(axis=-1), greedy.all(axis=-1)
+
     @abc.abstractmethod
     def predict_batch(
         self, params: Any, inputs: jax.Array, *, max_decode_len: int, eos_id: int = 1

@@ -4,8 +4,9 @@ On the skeleton (`studies.skeleton`): the Debian en/zh corpora (UDHR fixture for
 profile), an en+zh SentencePiece vocabulary, the sweep of `launch/manifests/{demo,smoke}.toml`
 (LLaMA2-shaped sizes × {source en, scratch zh, CPT zh} + CPT with en replay), then the fits
 (Chinchilla on scratch, two-stage extended law on CPT, allocation, loss–compute frontiers, FLOPs
-saved, transferred data, replay curves) and `report.md` with the comparison against the paper
-(`studies.cpt_report`).
+saved, transferred data, replay curves), zero-shot accuracy of the final checkpoints on local
+multiple-choice tasks through lm-evaluation-harness (`studies.cpt_zeroshot`), and `report.md`
+with the comparison against the paper (`studies.cpt_report`, `studies.zeroshot_report`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from studies import cpt_report
+from studies import cpt_report, cpt_zeroshot
 from studies.skeleton import (
     Log,
     Stages,
@@ -38,6 +39,7 @@ class Profile:
     vocab_size: int
     description: str
     bootstrap: int = 100  # resamples of whole runs for the fits' intervals
+    zeroshot_items: int = 100  # items per local zero-shot task (at most; fewer held-out passages)
 
 
 PROFILES: dict[str, Profile] = {
@@ -53,6 +55,7 @@ PROFILES: dict[str, Profile] = {
         vocab_size=512,
         description="the same pipeline at toy size on the committed UDHR fixture; ~3 min",
         bootstrap=20,
+        zeroshot_items=24,
     ),
 }
 
@@ -84,6 +87,14 @@ def stages(spec: Profile, log: Log) -> Stages:
         ),
         report=lambda runs_dir, out: cpt_report.write(
             runs_dir=runs_dir, out_dir=out, bootstrap=spec.bootstrap, log=log
+        ),
+        zeroshot=lambda runs_dir, corpora, out: cpt_zeroshot.evaluate_study_runs(
+            runs_dir=runs_dir,
+            corpora=corpora,
+            out_dir=out,
+            langs=LANGS,
+            items=spec.zeroshot_items,
+            log=log,
         ),
     )
 

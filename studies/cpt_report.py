@@ -17,6 +17,7 @@ from typing import Any
 from fitting import report
 from fitting.formats import fmt
 from fitting.paper_values import CPT_TABLE2, ERROR_DEFINITIONS
+from studies import zeroshot_report
 
 
 def _final_eval(run, task: str) -> tuple[float, float] | None:
@@ -229,6 +230,7 @@ def write(
             f"{len(runs)} runs from `{runs_dir}`; every number below is measured on them.",
             "",
             comparison(fits, runs),
+            zeroshot_report.section(runs, Path(out_dir)),
             plots,
             "",
             body,

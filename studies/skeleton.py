@@ -43,6 +43,8 @@ class Stages:
       report: `(runs_dir, out_dir) -> fits.json path`: fits and writes report.md (stages 4-5).
       check_runs: `(runs, vocab_path) -> anything`, raising when the sweep cannot run as
         configured (checked before any training), or None.
+      zeroshot: `(runs_dir, corpora, out_dir) -> anything`: scores trained runs on zero-shot
+        tasks after training and before the report (`studies.cpt_zeroshot`), or None.
     """
 
     study: str
@@ -52,6 +54,7 @@ class Stages:
     vocabulary: Callable[[Path, Path], Path]
     report: Callable[[Path, Path], Path]
     check_runs: Callable[[Sequence[Run], Path], Any] | None = None
+    zeroshot: Callable[[Path, Path, Path], Any] | None = None
 
 
 def debian_corpora(
@@ -207,6 +210,11 @@ def run_study(
             f"train.log under {out / 'runs'}"
         )
 
+    if stages.zeroshot is not None:
+        t = time.monotonic()
+        stages.zeroshot(out / "runs", corpora, out)
+        times["zeroshot_s"] = time.monotonic() - t
+
     t = time.monotonic()
     fits = stages.report(out / "runs", out)
     times["fit_s"] = time.monotonic() - t
@@ -227,7 +235,9 @@ def run_study(
     (out / "demo.json").write_text(json.dumps(summary, indent=1))
     log(
         f"[{tag}] done in {times['total_s']:.0f} s (corpora {times['corpora_s']:.0f} s, vocab "
-        f"{times['vocab_s']:.0f} s, training {times['train_s']:.0f} s, fits "
+        f"{times['vocab_s']:.0f} s, training {times['train_s']:.0f} s, "
+        + (f"zero-shot {times['zeroshot_s']:.0f} s, " if "zeroshot_s" in times else "")
+        + "fits "
         f"{times['fit_s']:.0f} s): {out / 'report.md'}"
     )
     return summary

@@ -22,6 +22,12 @@ def test_smoke_demo_end_to_end(tmp_path, monkeypatch):
     assert fits["cpt"]["zh"]["fit"]["converged"]
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert {"loss_compute_zh.png", "transfer_zh.png", "replay_zh.png"} <= set(pngs)
+    # Zero-shot (issue 16): the Fig. 3 and Fig. 6 analogues, from the runs' zero-shot JSON.
+    assert {"zeroshot_by_strategy.png", "zeroshot_vs_replay.png"} <= set(pngs)
+    assert "Zero-shot accuracy" in report and "Wilson" in report
+    scored = sorted(p.parent.parent.name for p in out.glob("runs/*/zeroshot/*.json"))
+    # source, scratch, CPT of the largest size; source, CPT and 3 replay runs of the replay size
+    assert len(scored) == 8, scored
     # Re-running reuses every finished run and refits.
     again = run_demo(profile="smoke", out_dir=out, log=lambda line: None)
     assert again["times"]["train_s"] < summary["times"]["train_s"]

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--update",
         action="store_true",
         help="refresh the private APT indices first (may change versions)",
+    )
+    build.add_argument(
+        "--zeroshot-items",
+        type=int,
+        default=200,
+        help="items per local zero-shot task written under DATA/zeroshot_tasks (default 200)",
     )
     fixture = actions.add_parser("fixture", help="write the committed UDHR fixture corpora")
     fixture.add_argument("--out", required=True, help="root directory; writes OUT/corpora/...")
@@ -56,8 +63,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - start:7.1f}s] {line}", flush=True)
 
     try:
-        build.build_corpora(data_dir=args.data_dir, langs=args.langs, update=args.update, log=log)
+        corpora = build.build_corpora(
+            data_dir=args.data_dir, langs=args.langs, update=args.update, log=log
+        )
     except build.BuildError as err:
         print(f"xlscale data build: {err}", file=sys.stderr)
         return 1
+    return write_zeroshot_tasks(
+        corpora, data_dir=args.data_dir, langs=args.langs, items=args.zeroshot_items, log=log
+    )
+
+
+def write_zeroshot_tasks(corpora: Path, *, data_dir: str | None, langs, items: int, log) -> int:
+    """Writes the local zero-shot tasks of the built languages (`evals.local_tasks`) under
+    `<data root>/zeroshot_tasks`, where `xlscale zeroshot` looks for them; returns the exit status."""
+    from evals import job, local_tasks
+    from pipelines.corpora import paths
+
+    root = Path(data_dir).expanduser() if data_dir else paths.data_root()
+    try:
+        tasks = local_tasks.write_local_tasks(
+            corpora, root / job.LOCAL_TASKS_SUBDIR, langs=list(langs), items=items
+        )
+    except ValueError as err:
+        print(
+            f"xlscale data build: corpora built at {corpora}; zero-shot tasks: {err}",
+            file=sys.stderr,
+        )
+        return 1
+    for task, why in tasks.skipped.items():
+        log(f"zero-shot task {task} not written: {why}")
+    log(f"zero-shot tasks ({', '.join(sorted(tasks.tasks)) or 'none'}): {tasks.dir}")
     return 0

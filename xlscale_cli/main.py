@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("xlscale_cli.train", "run trainer.eval (gin-configured)"),
     "infer": ("xlscale_cli.train", "run trainer.infer (gin-configured)"),
     "fit": ("xlscale_cli.fit", "fit the papers' laws to a directory of runs"),
+    "zeroshot": (
+        "xlscale_cli.zeroshot",
+        "score a checkpoint on zero-shot benchmarks through lm-evaluation-harness",
+    ),
     "sweep": ("xlscale_cli.sweep", "plan, run, summarise and select among sweep manifests' runs"),
     "demo": (
         "xlscale_cli.demo",

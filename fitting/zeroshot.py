@@ -1,0 +1,116 @@
+"""Reader of a run's zero-shot results: `MODEL_DIR/zeroshot/<step>.json`, written by
+`xlscale zeroshot` (`evals.results`), one file per scored checkpoint.
+
+The file holds, per lm-eval task, `acc`, `acc_norm` (lm-evaluation-harness's length-normalised
+accuracy, the CPT paper's metric), their standard errors, the item count `n`, the task's
+`language` and its `chance` level; `fitting` and the reports read them through `read_zeroshot`
+without importing lm-eval or JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+ZEROSHOT_SUBDIR = "zeroshot"
+FORMAT = "xlscale-zeroshot/1"
+METRIC_PREFIX = "zeroshot/"  # metrics.jsonl keys: zeroshot/<task>/<metric>
+
+
+class ZeroshotFormatError(ValueError):
+    """A zero-shot JSON that is not in `FORMAT` (naming the file and what is wrong)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroshotScore:
+    """One task's score at one checkpoint of a run.
+
+    Attributes:
+      step: the checkpoint step.
+      task: the lm-eval task name.
+      language: ISO 639-1 code of the task's language ("" when unknown).
+      acc, acc_norm: accuracy and length-normalised accuracy (nan when the task has none).
+      n: items scored.
+      chance: accuracy of guessing (None when unknown).
+      kind: what the task is (`continuation`, `translation`, or the benchmark's name).
+    """
+
+    step: int
+    task: str
+    language: str
+    acc: float
+    acc_norm: float
+    n: int
+    chance: float | None
+    kind: str = ""
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def parse_zeroshot(data: dict[str, Any], *, source: str = "<memory>") -> list[ZeroshotScore]:
+    """The scores of one zero-shot JSON object.
+
+    Raises:
+      ZeroshotFormatError: another format, or a task entry without `n` (naming `source`).
+    """
+    if data.get("format") != FORMAT:
+        raise ZeroshotFormatError(f"{source}: format {data.get('format')!r}, expected {FORMAT!r}")
+    out = []
+    for task, row in sorted((data.get("tasks") or {}).items()):
+        if "n" not in row:
+            raise ZeroshotFormatError(f"{source}: task {task!r} has no item count 'n'")
+        chance = row.get("chance")
+        out.append(
+            ZeroshotScore(
+                step=int(data["step"]),
+                task=task,
+                language=str(row.get("language") or ""),
+                acc=_number(row.get("acc")),
+                acc_norm=_number(row.get("acc_norm")),
+                n=int(row["n"]),
+                chance=None if chance is None else float(chance),
+                kind=str(row.get("kind") or ""),
+            )
+        )
+    return out
+
+
+def read_zeroshot(run_dir: str | Path) -> list[ZeroshotScore]:
+    """Every score under `run_dir/zeroshot/*.json`, by step then task (empty when none)."""
+    directory = Path(run_dir) / ZEROSHOT_SUBDIR
+    scores: list[ZeroshotScore] = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ZeroshotFormatError(f"{path}: not JSON ({e})") from e
+        scores += parse_zeroshot(data, source=str(path))
+    return sorted(scores, key=lambda s: (s.step, s.task))
+
+
+def latest(scores: list[ZeroshotScore]) -> list[ZeroshotScore]:
+    """The scores of the latest scored step."""
+    if not scores:
+        return []
+    last = max(s.step for s in scores)
+    return [s for s in scores if s.step == last]
+
+
+def from_records(records: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, float]]]:
+    """`{step: {task: {metric: value}}}` from metrics.jsonl records' `zeroshot/<task>/<metric>`
+    keys (the same numbers as the JSON, for readers that only have metrics)."""
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    for rec in records:
+        for key, value in rec.items():
+            if key.startswith(METRIC_PREFIX):
+                task, _, metric = key[len(METRIC_PREFIX) :].rpartition("/")
+                out.setdefault(int(rec["step"]), {}).setdefault(task, {})[metric] = value
+    return out

@@ -1,0 +1,278 @@
+"""The `xlscale` lm-evaluation-harness model (issue 16): its log-likelihoods are the trainer's eval
+loss, its accuracies are lm-eval's from those log-likelihoods, the context/continuation boundary
+is lm-eval's, and the results round-trip into `fitting`.
+
+One module-scoped 4-step `llama2_tiny` run (trained on the 2x2x2 mesh of 8 host devices) serves
+every test; the scorer restores it with the trainer's shardings over all 8 devices.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401  (module fixture)
+
+pytest.importorskip("lm_eval")
+
+from evals import harness, results, scorer  # noqa: E402
+from fitting import io as fit_io  # noqa: E402
+from fitting import zeroshot as zeroshot_lib  # noqa: E402
+from trainer import checkpoints, jobs  # noqa: E402
+from trainer import data as data_lib  # noqa: E402
+from trainer import eval as eval_lib  # noqa: E402
+from trainer import train as train_lib  # noqa: E402
+from trainer.checkpoints import CheckpointConfig  # noqa: E402
+from trainer.data import EvalConfig  # noqa: E402
+from trainer.partitioning import MeshConfig  # noqa: E402
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_data, tmp_path_factory, seqio_state):
+    saved = seqio_state.snapshot()
+    model_dir = tmp_path_factory.mktemp("zeroshot") / "source_en"
+    try:
+        result = train_lib.train(
+            model_dir=model_dir,
+            **tiny_kwargs(
+                tiny_data,
+                train_steps=STEPS,
+                checkpoint=CheckpointConfig(period=2, keep_last=10),
+                evaluation=EvalConfig(),
+            ),
+        )
+    finally:
+        seqio_state.restore(saved)
+    assert result.completed
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def lm(run_dir):
+    return harness.XlscaleLM(model_dir=str(run_dir), batch_size=8)
+
+
+class Req:
+    """lm-eval's `Instance` as the model sees it (only `.args` is read)."""
+
+    def __init__(self, *args):
+        self.args = args
+
+
+def test_scores_equal_the_trainers_eval_loss(run_dir, lm, tiny_data, seqio_state):
+    # The trainer's own packed eval rows of lm_en: each segment is one document (or a piece of
+    # one) starting at position 0; scoring each alone must give the trainer's eval loss.
+    saved = seqio_state.snapshot()
+    try:
+        kwargs = tiny_kwargs(tiny_data, mesh=MeshConfig(num_devices=1))
+        evaluation = EvalConfig(tasks=("lm_en",), max_tokens=384)
+        job = jobs.build_job(
+            model=kwargs["model"],
+            data=kwargs["data"],
+            evaluation=evaluation,
+            optimizer=train_lib.OptimizerConfig(),
+            schedule=kwargs["schedule"],
+            mesh=MeshConfig(num_devices=1),
+            num_microbatches=1,
+            z_loss=0.0,
+            steps_fn=lambda *_: 1,
+            compile_train=False,
+        )
+        params, _, _ = checkpoints.restore_init_params(
+            str(run_dir), abstract_params=job.abstract_state_with_shardings().params
+        )
+        trainer_loss = eval_lib.evaluate_params(job, params, evaluation, seq_len=64)
+        batches = list(
+            data_lib.eval_batches(
+                task="lm_en",
+                split="validation",
+                seq_len=64,
+                batch_size=job.eval_batch_size,
+                max_tokens=384,
+                shard_index=0,
+                num_shards=1,
+            )
+        )
+    finally:
+        seqio_state.restore(saved)
+    docs = []
+    for batch in batches:
+        for row in range(batch["decoder_target_tokens"].shape[0]):
+            seg = batch["decoder_segment_ids"][row]
+            weights = batch["decoder_loss_weights"][row]
+            for s in sorted(set(seg[weights > 0].tolist())):
+                where = (seg == s) & (weights > 0)
+                assert batch["decoder_positions"][row][where][0] == 0
+                docs.append(batch["decoder_target_tokens"][row][where].tolist())
+    assert len(docs) >= 3
+    scored = lm.scorer.score([([scorer.START_ID], doc) for doc in docs])
+    tokens = sum(len(d) for d in docs)
+    assert tokens == trainer_loss["eval/lm_en/tokens"]
+    ours = -sum(lp for lp, _ in scored) / tokens
+    np.testing.assert_allclose(ours, trainer_loss["eval/lm_en/loss"], rtol=2e-5)
+
+
+def test_rolling_loglikelihood_is_the_document_score(lm):
+    text = "All human beings are born free and equal in dignity and rights."
+    ids = lm.scorer.encode(text)
+    (whole,) = lm.scorer.score([([scorer.START_ID], ids)])
+    (rolling,) = lm.loglikelihood_rolling([Req(text)])
+    np.testing.assert_allclose(rolling, whole[0], rtol=1e-6)
+    # A text longer than the context goes through several disjoint windows; each token is
+    # scored exactly once, so the per-window sums add up over the whole text.
+    long_text = " ".join([text] * 12)
+    long_ids = lm.scorer.encode(long_text)
+    assert len(long_ids) > lm.scorer.max_len
+    (total,) = lm.loglikelihood_rolling([Req(long_text)])
+    assert math.isfinite(total) and total < whole[0] * 2
+
+
+def test_context_continuation_boundary(lm):
+    # lm-eval's causal split: trailing context spaces move to the continuation, the pair is
+    # encoded whole and cut at the context's length; the context starts with the start token.
+    context, continuation = "Everyone has the right to", " life"
+    ctx, cont = lm.encode_pair(context + " ", "life")
+    assert ctx == [scorer.START_ID, *lm.scorer.encode(context)]
+    whole = lm.scorer.encode(context + continuation)
+    assert ctx[1:] + cont == whole
+    # Scoring the continuation equals the difference of the two prefixes' rolling scores.
+    ((ll, _),) = lm.loglikelihood([Req(context, continuation)])
+    (full,) = lm.scorer.score([([scorer.START_ID], whole)])
+    (prefix,) = lm.scorer.score([([scorer.START_ID], ctx[1:])])
+    np.testing.assert_allclose(ll, full[0] - prefix[0], rtol=1e-5, atol=1e-5)
+    # An empty context conditions on the start token alone.
+    ((empty, _),) = lm.loglikelihood([Req("", "life")])
+    (direct,) = lm.scorer.score([([scorer.START_ID], lm.scorer.encode("life"))])
+    np.testing.assert_allclose(empty, direct[0], rtol=1e-6)
+
+
+def test_is_greedy_matches_argmax(lm):
+    # The greedy continuation (decoded by the model's cached decoder) is greedy when scored.
+    context = "Everyone has the right"
+    (generated,) = lm.scorer.generate([lm.scorer.encode(context)], max_new_tokens=4)
+    assert generated, "the tiny model produced EOS at once"
+    ((_, greedy),) = lm.scorer.score([([scorer.START_ID, *lm.scorer.encode(context)], generated)])
+    assert greedy
+    other = [(generated[0] + 1) % 300 + 3]
+    ((_, not_greedy),) = lm.scorer.score([([scorer.START_ID, *lm.scorer.encode(context)], other)])
+    assert not not_greedy
+
+
+def test_bucketing_changes_cost_not_scores(run_dir):
+    spec = scorer.read_run_spec(run_dir)
+    # 8 rows per batch (the 8 data-parallel devices): the 8 long requests fill one batch, the
+    # 8 short ones another, which buckets to 16 positions instead of 64.
+    lengths = (5, 9, 12, 7, 16, 3, 11, 8, 20, 40, 63, 33, 50, 62, 45, 30)
+    pairs = [([scorer.START_ID], list(range(3, 3 + n))) for n in lengths]
+    bucketed = scorer.Scorer(spec, batch_size=8, bucket=True)
+    full = scorer.Scorer(spec, batch_size=8, bucket=False)
+    np.testing.assert_allclose(
+        [s for s, _ in bucketed.score(pairs)], [s for s, _ in full.score(pairs)], rtol=1e-5
+    )
+    assert bucketed.stats.tokens_padded < full.stats.tokens_padded
+    assert full.stats.shapes == {64} and bucketed.stats.shapes == {16, 64}
+    assert scorer.bucket_length(17, max_len=64, bucket=True) == 32
+    assert scorer.bucket_length(90, max_len=64, bucket=True) == 64
+
+
+def _hand_task(tmp_path):
+    """A 4-item, 3-choice multiple-choice task as lm-eval YAML over a local JSON file."""
+    docs = [
+        {"ctx": "Everyone has the right to", "choices": [" life", " freedom of", " a"], "gold": 0},
+        {"ctx": "All human beings are", "choices": [" born free", " equal", " the"], "gold": 1},
+        {"ctx": "No one shall be", "choices": [" held", " subjected to torture", " x"], "gold": 2},
+        {"ctx": "Everyone is entitled", "choices": [" to all", " rights", " freedoms"], "gold": 0},
+    ]
+    data = tmp_path / "hand.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "hand.yaml").write_text(
+        "task: xl_hand_en\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        "doc_to_text: '{{ctx}}'\n"
+        "doc_to_choice: '{{choices}}'\n"
+        "doc_to_target: gold\n"
+        "target_delimiter: ''\n"
+        # Only acc, as lm-eval 0.4.13's XNLI/XCOPA/XStoryCloze/XWinograd: the harness adds
+        # acc_norm for the tasks it is told to normalise.
+        "metric_list:\n"
+        "  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+        "metadata:\n  version: 1.0\n"
+    )
+    return docs
+
+
+def test_acc_and_acc_norm_by_hand(run_dir, lm, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    docs = _hand_task(tmp_path)
+    out = harness.evaluate(
+        model_dir=str(run_dir),
+        step=None,
+        tasks=["xl_hand_en"],
+        include_path=str(tmp_path),
+        include_defaults=False,
+        normalise={"xl_hand_en"},
+    )
+    row = out["results"]["xl_hand_en"]
+    acc, acc_norm = [], []
+    for doc in docs:
+        lls = [ll for ll, _ in lm.loglikelihood([Req(doc["ctx"], c) for c in doc["choices"]])]
+        acc.append(int(np.argmax(lls)) == doc["gold"])
+        norm = [ll / len(c) for ll, c in zip(lls, doc["choices"], strict=True)]
+        acc_norm.append(int(np.argmax(norm)) == doc["gold"])
+    assert row["acc,none"] == pytest.approx(np.mean(acc))
+    assert row["acc_norm,none"] == pytest.approx(np.mean(acc_norm))
+    assert out["n-samples"]["xl_hand_en"]["effective"] == 4
+    assert out["step"] == STEPS and out["scorer"]["requests"] == 12
+
+    # Written where fitting reads it: zeroshot/<step>.json and metrics.jsonl.
+    path = results.write_results(
+        run_dir, step=out["step"], results=out, checkpoint=f"{run_dir}@{STEPS}", extra={}
+    )
+    assert path == run_dir / "zeroshot" / f"{STEPS}.json"
+    (score,) = zeroshot_lib.read_zeroshot(run_dir)
+    assert (score.step, score.task, score.language, score.n) == (STEPS, "xl_hand_en", "en", 4)
+    assert score.acc_norm == pytest.approx(np.mean(acc_norm))
+    (run,) = [r for r in fit_io.read_runs(run_dir.parent) if r.run_id == run_dir.name]
+    found = zeroshot_lib.from_records(list(run.records))
+    assert found[STEPS]["xl_hand_en"]["acc_norm"] == pytest.approx(np.mean(acc_norm))
+
+
+def test_bad_model_args_name_the_argument(run_dir):
+    with pytest.raises(ValueError, match="--model_args temperature"):
+        harness.XlscaleLM(model_dir=str(run_dir), temperature=0.5)
+    with pytest.raises(FileNotFoundError, match="vocab_path="):
+        harness.XlscaleLM(model_dir=str(run_dir), vocab_path="/nonexistent.model")
+    with pytest.raises(FileNotFoundError, match="run.json"):
+        scorer.read_run_spec(run_dir / "nope")
+
+
+def test_registered_with_lm_eval():
+    from lm_eval.api.registry import get_model
+
+    assert get_model("xlscale") is harness.XlscaleLM
+    assert jax.device_count() == 8
+
+
+def test_paper_tasks_get_acc_norm_on_their_own_config():
+    # lm-eval 0.4.13's XNLI lists only acc; the paper reports acc_norm. The spec keeps the
+    # task's dataset and prompt (its YAML with includes resolved) and adds acc_norm.
+    from lm_eval.tasks import TaskManager
+
+    spec = harness.with_acc_norm(TaskManager(), "xnli_zh")
+    assert (spec["task"], spec["dataset_path"], spec["dataset_name"]) == (
+        "xnli_zh",
+        "facebook/xnli",
+        "zh",
+    )
+    assert [m["metric"] for m in spec["metric_list"]] == ["acc", "acc_norm"]
+    assert spec["output_type"] == "multiple_choice" and "doc_to_choice" in spec
+    assert harness.with_acc_norm(TaskManager(include_defaults=False), "nope") == "nope"
