@@ -276,3 +276,45 @@ def test_paper_tasks_get_acc_norm_on_their_own_config():
     assert [m["metric"] for m in spec["metric_list"]] == ["acc", "acc_norm"]
     assert spec["output_type"] == "multiple_choice" and "doc_to_choice" in spec
     assert harness.with_acc_norm(TaskManager(include_defaults=False), "nope") == "nope"
+
+
+def test_xlscale_zeroshot_command(run_dir, tiny_data, tmp_path, capsys):
+    from pathlib import Path
+
+    from evals import local_tasks
+    from xlscale_cli import main as cli
+
+    tasks = local_tasks.write_local_tasks(
+        Path(tiny_data["corpora"]), tmp_path / "tasks", langs=["en", "fr"], items=6
+    )
+    assert "xl_cont_en" in tasks.tasks
+    # The run's languages (en) pick the local tasks; step 2 is a kept checkpoint.
+    status = cli.main(
+        ["zeroshot", "--model-dir", str(run_dir), "--local", str(tasks.dir), "--step", "2"]
+    )
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "xl_cont_en" in out and "requests in" in out and "xl_cont_fr" not in out
+    (score,) = [s for s in zeroshot_lib.read_zeroshot(run_dir) if s.step == 2]
+    assert (score.task, score.language, score.chance) == ("xl_cont_en", "en", 0.25)
+    assert score.n == tasks_n(tasks.dir, "xl_cont_en")
+    saved = json.loads((run_dir / "zeroshot" / "2.json").read_text())
+    assert saved["checkpoint"].endswith("@2") and saved["tasks_source"] == "local"
+
+    # Bad input names the flag, the value and what is allowed; nothing is written.
+    assert cli.main(["zeroshot", "--model-dir", str(run_dir), "--step", "3"]) == 2
+    assert "--step 3: not a kept checkpoint" in capsys.readouterr().err
+    assert cli.main(["zeroshot", "--model-dir", str(run_dir), "--local", str(tmp_path)]) == 2
+    assert f"local tasks {tmp_path}: no tasks.json" in capsys.readouterr().err
+    french = local_tasks.write_local_tasks(
+        Path(tiny_data["corpora"]), tmp_path / "fr", langs=["fr"], items=6
+    )
+    assert cli.main(["zeroshot", "--model-dir", str(run_dir), "--local", str(french.dir)]) == 2
+    assert "no local zero-shot task for languages ['en']" in capsys.readouterr().err
+    assert not (run_dir / "zeroshot" / "3.json").exists()
+
+
+def tasks_n(directory, task):
+    from evals import local_tasks
+
+    return local_tasks.task_info(directory, task)["n"]

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from evals import job
 
     try:
+        job.resolve_step(args.model_dir, args.step)  # a bad --step fails before anything loads
         choice = job.choose_tasks(
             args.model_dir,
             tasks=args.tasks,
