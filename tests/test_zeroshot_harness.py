@@ -158,6 +158,11 @@ def test_is_greedy_matches_argmax(lm):
     assert generated, "the tiny model produced EOS at once"
     ((_, greedy),) = lm.scorer.score([([scorer.START_ID, *lm.scorer.encode(context)], generated)])
     assert greedy
+    # generate_until is the same decoder, cut at the first stop string.
+    text = lm.scorer.decode(generated)
+    stop = text[len(text) // 2 :] or "\n"
+    (out,) = lm.generate_until([Req(context, {"until": [stop], "max_gen_toks": 4})])
+    assert out == harness.cut_at_stop(text, [stop]) and len(out) < len(text)
     other = [(generated[0] + 1) % 300 + 3]
     ((_, not_greedy),) = lm.scorer.score([([scorer.START_ID, *lm.scorer.encode(context)], other)])
     assert not not_greedy
@@ -244,6 +249,19 @@ def test_acc_and_acc_norm_by_hand(run_dir, lm, tmp_path, monkeypatch):
     (run,) = [r for r in fit_io.read_runs(run_dir.parent) if r.run_id == run_dir.name]
     found = zeroshot_lib.from_records(list(run.records))
     assert found[STEPS]["xl_hand_en"]["acc_norm"] == pytest.approx(np.mean(acc_norm))
+
+
+def test_lm_eval_command_line_runs_the_model(run_dir, tmp_path, monkeypatch, capsys):
+    # lm-eval's own CLI (`python -m evals.lm_eval_cli`), every flag its own.
+    from evals import lm_eval_cli
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    _hand_task(tmp_path)
+    args = ["run", "--model", "xlscale", "--model_args", f"model_dir={run_dir},step=2"]
+    args += ["--tasks", "xl_hand_en", "--include_path", str(tmp_path), "--batch_size", "8"]
+    assert lm_eval_cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "xl_hand_en" in out and "acc" in out and "'step': 2" in out
 
 
 def test_bad_model_args_name_the_argument(run_dir):
