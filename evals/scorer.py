@@ -61,9 +61,7 @@ def read_run_spec(model_dir: str | os.PathLike, *, vocab_path: str | None = None
     Raises:
       FileNotFoundError: no `run.json`, or the vocabulary file is missing (naming it and the
         `vocab_path=` model argument that overrides it).
-      ValueError: the run is not a decoder-only model (zero-shot scoring scores continuations).
     """
-    from modeling import family as family_lib
     from trainer import metrics
     from trainer.models import ModelSpec
 
@@ -79,12 +77,6 @@ def read_run_spec(model_dir: str | os.PathLike, *, vocab_path: str | None = None
         overrides=dict(model.get("overrides") or {}),
         dropout_rate=model.get("dropout_rate"),
     )
-    wrapper_kind = family_lib.get(spec.family)
-    if "inputs" in getattr(wrapper_kind, "feature_keys", ()) or spec.family == "t5":
-        raise ValueError(
-            f"model_dir={model_dir}: family {spec.family!r} is an encoder-decoder; zero-shot "
-            "multiple-choice scoring needs a decoder-only model (llama2)"
-        )
     vocab = vocab_path or (fingerprint.get("data") or {}).get("vocab_path")
     if not vocab or not Path(vocab).is_file():
         raise FileNotFoundError(
@@ -170,6 +162,9 @@ class Scorer:
       bucket: pad batches to power-of-two lengths (True) or to the full context (False).
       mesh: mesh axis sizes (`trainer.partitioning.MeshConfig`; default: data parallel).
       progress: called with a line of progress (count, rate, ETA) during long scoring.
+
+    Raises:
+      ValueError: an encoder-decoder run (its continuations are not scored this way).
     """
 
     def __init__(
@@ -191,6 +186,11 @@ class Scorer:
         self.wrapper, self.partitioner, abstract = build_partitioned_model(
             spec.model, mesh or MeshConfig()
         )
+        if "inputs" in self.wrapper.feature_keys:
+            raise ValueError(
+                f"model_dir={spec.model_dir}: {spec.model.family} {spec.model.size} is an "
+                "encoder-decoder; zero-shot scoring of continuations needs a decoder-only model"
+            )
         self.max_len = spec.seq_len or int(self.wrapper.max_len)
         checkpoint = spec.model_dir if step is None else f"{spec.model_dir}@{int(step)}"
         self.params, _, self.step = checkpoints.restore_init_params(
