@@ -189,11 +189,13 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> str:
 
 
 def register() -> None:
-    """Registers `XlscaleLM` as lm-eval's model `xlscale` (once per process; a lazy
-    placeholder `evals.harness:XlscaleLM` registered earlier is upgraded to the class)."""
-    current = model_registry._objs.get(MODEL_NAME) if hasattr(model_registry, "_objs") else None
-    if current is None or isinstance(current, str):
+    """Registers `XlscaleLM` as lm-eval's model `xlscale` (a lazy placeholder
+    `evals.harness:XlscaleLM` registered earlier, by `evals.lm_eval_cli`, is upgraded to the
+    class); an existing registration of another class is left alone with a log line."""
+    try:
         model_registry.register(MODEL_NAME)(XlscaleLM)
+    except ValueError as err:
+        log.info("lm-eval model %r already registered: %s", MODEL_NAME, err)
 
 
 register()
