@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipelines.names import LANG_NAMES
+
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "tasks.json"
@@ -40,14 +42,6 @@ MAX_TRANSLATION_CHARS = 256
 # Distractors are drawn at random from this many candidates of the nearest lengths.
 NEAREST_POOL = 8
 TASK_PREFIXES = ("xl_cont_", "xl_trans_")
-LANGUAGE_NAMES: dict[str, str] = {
-    "en": "English",
-    "zh": "Chinese",
-    "fr": "French",
-    "ru": "Russian",
-    "de": "German",
-    "ro": "Romanian",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +190,7 @@ def _translation_pairs(corpora: Path, lang: str) -> tuple[list[tuple[str, str]],
 
 
 def _translation_candidates(pairs: Sequence[tuple[str, str]], lang: str) -> list[_Candidate]:
-    name = LANGUAGE_NAMES.get(lang, lang)
+    name = LANG_NAMES.get(lang, lang)
     return [
         _Candidate(f"English: {en}\n{name}:", xx, group) for group, (en, xx) in enumerate(pairs)
     ]

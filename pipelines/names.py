@@ -9,6 +9,16 @@ from __future__ import annotations
 
 import re
 
+# ISO 639-1 code -> the language's English name (translation prompts, local zero-shot tasks).
+LANG_NAMES: dict[str, str] = {
+    "en": "English",
+    "zh": "Chinese",
+    "fr": "French",
+    "ru": "Russian",
+    "de": "German",
+    "ro": "Romanian",
+}
+
 _MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
 
 

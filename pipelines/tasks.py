@@ -33,15 +33,8 @@ import seqio
 from pipelines import metrics
 from pipelines import preprocessors as prep
 from pipelines.corpora import paths
+from pipelines.names import LANG_NAMES
 
-LANG_NAMES: dict[str, str] = {
-    "en": "English",
-    "zh": "Chinese",
-    "fr": "French",
-    "ru": "Russian",
-    "de": "German",
-    "ro": "Romanian",
-}
 SHUFFLE_BUFFER_SIZE = 1000
 
 TFDS_MC4 = "c4/multilingual:3.1.0"
