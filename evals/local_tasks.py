@@ -176,9 +176,8 @@ def _translation_pairs(corpora: Path, lang: str) -> tuple[list[tuple[str, str]],
         if f.is_file()
     ]
     rows: list[tuple[str, str]] = []
-    seen: set[tuple[str, str]] = (
-        set()
-    )  # each English and each translation once, so no distractor is right
+    # Each English sentence and each translation once, so no distractor is also right.
+    seen: set[tuple[str, str]] = set()
     for f in files:
         for row in layout.read_pairs(f):
             en, xx = (row[0].strip(), row[1].strip()) if len(row) == 2 else ("", "")
