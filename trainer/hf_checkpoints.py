@@ -257,14 +257,21 @@ def _source_config(run_info: Mapping[str, Any], *, model_size: str | None) -> Ll
     )
 
 
-def _token_ids(tokenizer: Path | None) -> tuple[int | None, int | None]:
-    """(bos, eos) ids of a SentencePiece model (None where it has none)."""
+# The token xlscale's language models see first: seqio's decoder-only feature converter shifts
+# targets right behind a 0, and `trainer.infer` feeds 0 before the prompt.
+START_TOKEN_ID = 0
+
+
+def _token_ids(tokenizer: Path | None) -> tuple[int, int | None]:
+    """(bos, eos) ids for `config.json`: bos is the tokenizer's, or `START_TOKEN_ID` where it has
+    none (xlscale's own vocabularies); eos is the tokenizer's (None: unknown)."""
     if tokenizer is None:
-        return None, None
+        return START_TOKEN_ID, None
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=os.fspath(tokenizer))
-    return (sp.bos_id() if sp.bos_id() >= 0 else None), (sp.eos_id() if sp.eos_id() >= 0 else None)
+    bos = sp.bos_id() if sp.bos_id() >= 0 else START_TOKEN_ID
+    return bos, (sp.eos_id() if sp.eos_id() >= 0 else None)
 
 
 def orbax_to_hf(
