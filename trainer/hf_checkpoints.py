@@ -126,7 +126,7 @@ def hf_to_orbax(
       ValueError: a config xlscale cannot represent, or a tensor whose shape the config
         contradicts (each named).
     """
-    src, dst = Path(src).resolve(), Path(dst)
+    src, dst = Path(src).resolve(), Path(dst).resolve()  # orbax wants absolute paths
     config_path = src / hf_config.CONFIG_FILE
     config_json = hf_config.read_json(config_path)
     fields = hf_config.llama_fields(config_json, source=os.fspath(config_path))
@@ -184,7 +184,7 @@ def meta_to_orbax(
         raise ImportError(
             "meta-to-orbax reads Meta's .pth files with torch: pip install 'xlscale[hf]'"
         ) from e
-    src, dst = Path(src).resolve(), Path(dst)
+    src, dst = Path(src).resolve(), Path(dst).resolve()  # orbax wants absolute paths
     params_json = hf_config.read_json(src / hf_config.META_PARAMS_FILE)
     shard_paths = sorted(src.glob("consolidated.*.pth"))
     if not shard_paths:
@@ -299,6 +299,8 @@ def orbax_to_hf(
     Raises:
       ValueError: the checkpoint's shapes do not match the recorded model (naming the tensor).
     """
+    directory, step = ckpt_lib.parse_init_checkpoint(src)  # orbax wants absolute paths
+    src = os.fspath(directory.resolve()) + ("" if step is None else f"@{step}")
     directory, step = ckpt_lib.check_init_checkpoint(src, abstract_params={})
     run_dir = vocab_growth_init.model_dir_of(directory)
     run_info = (
@@ -317,7 +319,7 @@ def orbax_to_hf(
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"export dtype {dtype!r} is not one of {sorted(EXPORT_DTYPES)}")
     out_dtype = EXPORT_DTYPES[dtype]
-    dst = Path(dst)
+    dst = Path(dst).resolve()
     specs = [
         (name, hf_convert.hf_shape(name, config), out_dtype)
         for name in hf_convert.hf_tensor_paths(config)
@@ -340,7 +342,7 @@ def orbax_to_hf(
         "params_hash": ckpt_lib.params_hash(params),
         "dtype": dtype,
         "files": [p.name for p in files],
-        "tokenizer": os.fspath(tokenizer) if tokenizer else None,
+        "tokenizer": os.fspath(tokenizer.resolve()) if tokenizer else None,
     }
     (dst / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
