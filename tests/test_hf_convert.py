@@ -401,3 +401,36 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
             expected.append(token)
         assert len(ours["tokens"]) >= 3
         assert ours["tokens"] == expected, prompt
+
+
+def test_a_llama_layout_tokenizer_can_be_a_runs_vocabulary(tmp_path):
+    import sentencepiece as spm
+
+    from pipelines import vocab as vocab_lib
+
+    text = tmp_path / "text.txt"
+    text.write_text("All human beings are born free and equal in dignity and rights.\n" * 50)
+    spm.SentencePieceTrainer.train(
+        input=os.fspath(text),
+        model_prefix=os.fspath(tmp_path / "llama"),
+        vocab_size=28,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        minloglevel=2,
+    )
+    vocabulary = vocab_lib.load_vocab(tmp_path / "llama.model")
+    assert (vocabulary.eos_id, vocabulary.unk_id) == (2, 0)
+    spm.SentencePieceTrainer.train(
+        input=os.fspath(text),
+        model_prefix=os.fspath(tmp_path / "odd"),
+        vocab_size=28,
+        unk_id=3,
+        bos_id=1,
+        eos_id=2,
+        pad_id=0,
+        minloglevel=2,
+    )
+    with pytest.raises(ValueError, match="pad/eos/unk = 0/2/3 are no known layout; allowed: t5"):
+        vocab_lib.load_vocab(tmp_path / "odd.model")
