@@ -8,11 +8,12 @@ belongs to that phase alone:
 
 1. `write`: a random HF-layout checkpoint of the size's shape (untied, `--dtype`, sharded at
    2 GiB, with an index) written tensor by tensor with `trainer.safetensors_files` (no torch);
-2. `import`: `trainer.hf_checkpoints.hf_to_orbax` to float32 orbax (what INIT_CHECKPOINT reads);
+2. `import`: `trainer.hf_checkpoints.hf_to_orbax` to orbax (what INIT_CHECKPOINT reads), stored
+   in the checkpoint's dtype or `--store-dtype`;
 3. `export`: `orbax_to_hf` back to `--dtype` safetensors.
 
 Prints one JSON line per phase: seconds, peak RSS, bytes on disk; and checks that the export
-equals the written checkpoint bit for bit (bf16 -> float32 -> bf16 is exact).
+equals the written checkpoint bit for bit.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _write(args) -> dict:
 
     config = sizes.get_config(args.size, vocab_size=args.vocab_size)
     out = Path(args.dir) / "hf"
-    dtype = hf_checkpoints.EXPORT_DTYPES[args.dtype]
+    dtype = hf_checkpoints.DTYPES[args.dtype]
     rng = np.random.default_rng(0)
 
     def tensor(name):
@@ -56,7 +57,9 @@ def _write(args) -> dict:
 def _import(args) -> dict:
     from trainer import hf_checkpoints
 
-    record = hf_checkpoints.hf_to_orbax(src=Path(args.dir) / "hf", dst=Path(args.dir) / "orbax")
+    record = hf_checkpoints.hf_to_orbax(
+        src=Path(args.dir) / "hf", dst=Path(args.dir) / "orbax", dtype=args.store_dtype
+    )
     return {"params_hash": record["params_hash"][:12]}
 
 
@@ -92,6 +95,9 @@ def main(argv=None) -> int:
     parser.add_argument("--size", default="llama2_1085m")
     parser.add_argument("--vocab-size", type=int, default=32000, help="LLaMA2's 32,000")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument(
+        "--store-dtype", default=None, choices=["bfloat16", "float32"], help="orbax dtype (keep)"
+    )
     parser.add_argument("--phase", choices=sorted(PHASES), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.phase:  # a child: run one phase and report it

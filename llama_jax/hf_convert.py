@@ -163,7 +163,7 @@ def params_from_hf(
       tensor: `name -> array` (e.g. a lazy safetensors reader's `get`).
       config: the model's `LlamaConfig`.
       tied: the checkpoint has no `lm_head.weight`; the kernel is the embedding transposed.
-      dtype: the params' dtype (None: keep each tensor's).
+      dtype: the params' dtype (None: keep each tensor's, e.g. bfloat16).
       source: the checkpoint, for messages.
 
     Raises:
@@ -178,8 +178,9 @@ def params_from_hf(
             raise ValueError(
                 f"{source}: tensor {read!r} has shape {array.shape}, config.json implies {want}"
             )
-        value = np.ascontiguousarray(_TRANSFORMS[kind][0](array, config))
-        _set(params, path, value if dtype is None else value.astype(dtype))
+        value = _TRANSFORMS[kind][0](array, config)
+        # A C-ordered copy: the result owns its memory (never a view of a memory-mapped file).
+        _set(params, path, value.astype(array.dtype if dtype is None else dtype, order="C"))
     return params
 
 

@@ -207,33 +207,48 @@ def test_hf_checkpoint_imports_to_the_same_logits(hf_dirs, tmp_path, tied):
     assert info["kind"] == hf_checkpoints.IMPORT_KIND and info["init_import"]["source"] == str(path)
 
 
-def test_bfloat16_checkpoints_import_exactly(hf_dirs, tmp_path):
+def test_bfloat16_checkpoints_import_exactly_and_restore_as_float32(hf_dirs, tmp_path):
     import copy
 
     import torch
 
     model = copy.deepcopy(hf_dirs[False][1]).to(torch.bfloat16)
     model.save_pretrained(tmp_path / "bf16", safe_serialization=True)
-    hf_checkpoints.hf_to_orbax(src=tmp_path / "bf16", dst=tmp_path / "orbax")
-    params = _restore(tmp_path / "orbax")
-    assert {p.dtype for p in jax.tree.leaves(params)} == {np.dtype(np.float32)}
+    kept = hf_checkpoints.hf_to_orbax(src=tmp_path / "bf16", dst=tmp_path / "kept")
+    wide = hf_checkpoints.hf_to_orbax(src=tmp_path / "bf16", dst=tmp_path / "f32", dtype="float32")
+    assert (kept["dtype"], wide["dtype"]) == ("bfloat16", "float32")
+    params = _restore(tmp_path / "kept")  # as stored
+    assert {p.dtype for p in jax.tree.leaves(params)} == {np.dtype(ml_dtypes.bfloat16)}
     state = {k: v.float().numpy() for k, v in model.state_dict().items()}
     config = sizes.get_config(f"hf:{tmp_path / 'bf16'}")
-    for name, value in hf_convert.hf_tensors(params, config=config):
+    for name, value in hf_convert.hf_tensors(params, config=config, dtype=np.float32):
         np.testing.assert_array_equal(value, state[name], err_msg=name)
+    # A float32 run restores either directory to the same values, and hashes them as recorded.
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, np.float32), params)
+    restored = [
+        ckpt_lib.restore_init_params(os.fspath(tmp_path / d), abstract_params=abstract)[0]
+        for d in ("kept", "f32")
+    ]
+    assert {p.dtype for p in jax.tree.leaves(restored[0])} == {np.dtype(np.float32)}
+    hashes = {ckpt_lib.params_hash(r) for r in restored}
+    assert hashes == {kept["params_hash"]} == {wide["params_hash"]}
 
 
-def test_orbax_to_hf_to_orbax_is_bit_exact_and_loads_in_transformers(hf_dirs, tmp_path):
+def test_orbax_to_hf_to_orbax_is_bit_exact_and_loads_in_transformers(hf_dirs, tmp_path, tiny_data):
     from safetensors import safe_open
     from transformers import LlamaForCausalLM
 
-    path, model, reference = hf_dirs[False]
+    source, model, reference = hf_dirs[False]
+    path = shutil.copytree(source, tmp_path / "with_tokenizer")
+    shutil.copyfile(tiny_data["vocab"], path / "tokenizer.model")
     first = hf_checkpoints.hf_to_orbax(src=path, dst=tmp_path / "a")
     export = hf_checkpoints.orbax_to_hf(
         src=os.fspath(tmp_path / "a"), dst=tmp_path / "hf", max_shard_bytes=20_000
     )
     assert len(export["files"]) > 1  # sharded, with an index
     assert (tmp_path / "hf" / safetensors_files.INDEX_FILE).is_file()
+    tokenizer = (tmp_path / "hf" / "tokenizer.model").read_bytes()
+    assert tokenizer == Path(tiny_data["vocab"]).read_bytes()  # shipped through the import dir
     second = hf_checkpoints.hf_to_orbax(src=tmp_path / "hf", dst=tmp_path / "b")
     assert first["params_hash"] == export["params_hash"] == second["params_hash"]
     # The exported tensors are the original ones, read by the safetensors library itself.

@@ -444,11 +444,12 @@ def params_finite(tree: Any) -> bool:
     return bool(jax.jit(tree_finite)(tree))
 
 
-def params_hash(params: Any) -> str:
+def params_hash(params: Any, *, as_dtype: Any = None) -> str:
     """SHA-256 over every parameter's name, dtype, shape and bytes, in sorted name order.
 
     The same values give the same hash whatever the sharding or host count (each parameter is
-    gathered to the host one at a time).
+    gathered to the host one at a time). `as_dtype` hashes the values cast to that dtype (one
+    parameter at a time): the hash of what a restore into that dtype holds.
     """
     from jax.experimental import multihost_utils
 
@@ -461,6 +462,8 @@ def params_hash(params: Any) -> str:
             value = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
         else:
             value = np.asarray(jax.device_get(leaf))
+        if as_dtype is not None:
+            value = value.astype(as_dtype)
         digest.update(f"{name}|{value.dtype}|{value.shape}|".encode())
         digest.update(np.ascontiguousarray(value).tobytes())
     return digest.hexdigest()
