@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from flax.core import meta as nn_meta
 
 from llama_jax import hf_config, hf_convert, sizes
 from llama_jax.config import LlamaConfig
@@ -92,6 +93,19 @@ def test_hf_mapping_round_trips_every_tensor_bit_exactly():
     # The documented mapping: q_proj.weight is query's kernel transposed, heads flattened.
     q = params["layers_1"]["attention"]["query"]
     np.testing.assert_array_equal(hf["model.layers.1.self_attn.q_proj.weight"], q.reshape(48, -1).T)
+
+
+def test_layer_stacking_matches_the_models_scanned_layout():
+    from llama_jax.model import stack_layer_params
+
+    config = _random_config()
+    params = _random_params(config)
+    stacked = hf_convert.stack_layers(params, config.num_layers)
+    reference = stack_layer_params(params, config.num_layers)
+    assert jax.tree.structure(stacked) == jax.tree.structure(reference)
+    assert jax.tree.all(jax.tree.map(np.array_equal, stacked, reference))
+    back = hf_convert.unstack_layers(stacked)
+    assert jax.tree.all(jax.tree.map(np.array_equal, back, params))
 
 
 def test_meta_permutation_is_the_inverse_of_transformers_permute():
@@ -205,6 +219,30 @@ def test_hf_checkpoint_imports_to_the_same_logits(hf_dirs, tmp_path, tied):
     assert sizes.get_config(f"hf:{tmp_path / 'orbax'}") == config
     info = json.loads((tmp_path / "orbax" / "run.json").read_text())
     assert info["kind"] == hf_checkpoints.IMPORT_KIND and info["init_import"]["source"] == str(path)
+
+
+def test_init_checkpoint_hf_is_cached_and_shape_checked(hf_dirs, tmp_path, monkeypatch):
+    from llama_jax.model import abstract_variables
+
+    monkeypatch.setenv(hf_checkpoints.CACHE_ENV, os.fspath(tmp_path / "cache"))
+    path, _, _ = hf_dirs[False]
+    config = sizes.get_config(f"hf:{path}")
+
+    def abstract(cfg):
+        return jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, np.float32),
+            dict(nn_meta.unbox(abstract_variables(cfg)["params"])),
+        )
+
+    directory, step = ckpt_lib.check_init_checkpoint(f"hf:{path}", abstract_params=abstract(config))
+    assert (directory.parent.parent, step) == (tmp_path / "cache", 0)
+    mtime = (directory.parent / "run.json").stat().st_mtime_ns
+    ckpt_lib.check_init_checkpoint(f"hf:{path}", abstract_params=abstract(config))
+    assert (directory.parent / "run.json").stat().st_mtime_ns == mtime  # converted once
+    with pytest.raises(ValueError, match=r"lm_head/kernel: checkpoint has shape \(48, 61\)"):
+        ckpt_lib.check_init_checkpoint(
+            f"hf:{path}", abstract_params=abstract(config.replace(vocab_size=64))
+        )
 
 
 def test_bfloat16_checkpoints_import_exactly_and_restore_as_float32(hf_dirs, tmp_path):
