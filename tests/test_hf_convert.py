@@ -300,7 +300,7 @@ def test_orbax_to_hf_to_orbax_is_bit_exact_and_loads_in_transformers(hf_dirs, tm
 
 
 @pytest.mark.parametrize("num_shards", [1, 2])
-def test_meta_layout_imports_to_the_same_logits(hf_dirs, tmp_path, num_shards):
+def test_meta_layout_imports_to_the_same_logits(hf_dirs, tmp_path, tiny_data, num_shards):
     import torch
 
     path, model, reference = hf_dirs[False]
@@ -340,8 +340,9 @@ def test_meta_layout_imports_to_the_same_logits(hf_dirs, tmp_path, num_shards):
             }
         )
     )
+    shutil.copyfile(tiny_data["vocab"], tmp_path / "tokenizer.model")  # Meta's: one folder up
     record = hf_checkpoints.meta_to_orbax(src=src, dst=tmp_path / "orbax")
-    assert record["format"] == "meta"
+    assert record["format"] == "meta" and (tmp_path / "orbax" / "tokenizer.model").is_file()
     _assert_logits_close(_logits(_restore(tmp_path / "orbax"), config), reference)
 
 

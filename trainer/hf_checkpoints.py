@@ -190,8 +190,8 @@ def _torch_numpy(tensor: Any) -> np.ndarray:
 def meta_to_orbax(
     *, src: str | os.PathLike, dst: str | os.PathLike, dtype: str | None = None
 ) -> dict[str, Any]:
-    """Converts Meta's original release (`params.json`, `consolidated.*.pth`, optional
-    `tokenizer.model`) into an `INIT_CHECKPOINT` directory `dst`.
+    """Converts Meta's original release (`params.json`, `consolidated.*.pth`, and
+    `tokenizer.model` there or one folder up, if any) into an `INIT_CHECKPOINT` directory `dst`.
 
     Needs torch (`pip install 'xlscale[hf]'`) to read the `.pth` files, which are memory-mapped;
     model-parallel shards are concatenated and `wq`/`wk` permuted to rotate-half order
@@ -243,7 +243,10 @@ def meta_to_orbax(
     params = hf_convert.params_from_hf(
         hf_tensor, config=config, tied=tied, dtype=_dtype(dtype), source=os.fspath(src)
     )
-    tokenizer = src / TOKENIZER_FILE
+    # Meta's download keeps tokenizer.model beside the model folders (llama-2-7b/..).
+    tokenizer = next(
+        (p for p in (src / TOKENIZER_FILE, src.parent / TOKENIZER_FILE) if p.is_file()), None
+    )
     record = {
         "source": os.fspath(src),
         "format": "meta",
@@ -258,7 +261,7 @@ def meta_to_orbax(
         fields=fields,
         record=record,
         config_json=hf_config.hf_config(config, dtype=record["dtype"]),
-        tokenizer=tokenizer if tokenizer.is_file() else None,
+        tokenizer=tokenizer,
     )
 
 
