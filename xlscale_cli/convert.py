@@ -1,7 +1,7 @@
 """`xlscale convert`: published LLaMA checkpoints in and out of xlscale (`trainer.hf_checkpoints`).
 
-    xlscale convert hf-to-orbax HF_DIR DST [--dtype float32]
-    xlscale convert meta-to-orbax META_DIR DST [--dtype float32]
+    xlscale convert hf-to-orbax HF_DIR DST [--dtype float32|bfloat16]   (default: as stored)
+    xlscale convert meta-to-orbax META_DIR DST [--dtype float32|bfloat16]
     xlscale convert orbax-to-hf RUN_DIR[@STEP] DST [--dtype float32|bfloat16|float16]
 
 `hf-to-orbax` and `meta-to-orbax` write DST, a directory `INIT_CHECKPOINT` accepts (and whose
@@ -15,10 +15,14 @@ import argparse
 import sys
 
 
-def _common(parser: argparse.ArgumentParser, *, src_help: str, dtypes: list[str]) -> None:
+def _common(
+    parser: argparse.ArgumentParser, *, src_help: str, dtypes: list[str], default: str | None
+) -> None:
     parser.add_argument("src", help=src_help)
     parser.add_argument("dst", help="directory to write")
-    parser.add_argument("--dtype", choices=dtypes, default="float32", help="stored dtype")
+    parser.add_argument(
+        "--dtype", choices=dtypes, default=default, help=f"stored dtype (default {default})"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,17 +32,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         directions.add_parser("hf-to-orbax", help="HF LlamaForCausalLM dir -> INIT_CHECKPOINT dir"),
         src_help="Hugging Face model directory (config.json + safetensors)",
         dtypes=["float32", "bfloat16"],
+        default=None,  # the checkpoint's own
     )
     _common(
         directions.add_parser("meta-to-orbax", help="Meta consolidated.*.pth -> INIT_CHECKPOINT"),
         src_help="Meta LLaMA directory (params.json, consolidated.*.pth)",
         dtypes=["float32", "bfloat16"],
+        default=None,
     )
     export = directions.add_parser("orbax-to-hf", help="run checkpoint -> HF model directory")
     _common(
         export,
         src_help="a run's MODEL_DIR or checkpoints dir, optionally @STEP (default latest)",
         dtypes=["float32", "bfloat16", "float16"],
+        default="float32",
     )
     export.add_argument("--model-size", default=None, help="shape, if run.json records none")
     export.add_argument(
