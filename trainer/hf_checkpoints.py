@@ -90,8 +90,8 @@ def _file_record(path: Path) -> dict[str, Any]:
 
 def _to_cpu_arrays(tree: dict[str, Any]) -> None:
     """Replaces every numpy leaf of `tree` by a CPU jax array, in place, so each numpy array is
-    freed as soon as it is copied. Orbax saves jax arrays without another copy of the whole tree
-    (numpy leaves: peak ~2.4x the tree; jax leaves: ~1.5x; measured at 1.4B parameters)."""
+    freed as soon as it is copied. Orbax saves numpy leaves through another copy of the whole
+    tree (peak 2.5x the tree at 1.4B parameters; 1.9x with jax leaves)."""
     cpu = jax.devices("cpu")[0]
     for key, value in tree.items():
         if isinstance(value, dict):
