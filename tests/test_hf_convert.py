@@ -245,6 +245,22 @@ def test_init_checkpoint_hf_is_cached_and_shape_checked(hf_dirs, tmp_path, monke
         )
 
 
+def test_scanned_import_runs_a_scan_layers_model_to_the_same_logits(hf_dirs, tmp_path):
+    path, _, reference = hf_dirs[False]
+    record = hf_checkpoints.hf_to_orbax(src=path, dst=tmp_path / "scanned", scan_layers=True)
+    params = _restore(tmp_path / "scanned")
+    assert record["scan_layers"] and "layers" in params and "layers_0" not in params
+    config = sizes.get_config(f"hf:{path}", scan_layers=True)
+    _assert_logits_close(_logits(params, config), reference)
+    # Exporting a scanned checkpoint unstacks it: the original tensors come back.
+    hf_checkpoints.orbax_to_hf(src=os.fspath(tmp_path / "scanned"), dst=tmp_path / "hf")
+    original = safetensors_files.CheckpointFiles(path)
+    exported = safetensors_files.CheckpointFiles(tmp_path / "hf")
+    assert sorted(exported.names()) == sorted(original.names())
+    for name in original.names():
+        np.testing.assert_array_equal(exported.get(name), original.get(name), err_msg=name)
+
+
 def test_bfloat16_checkpoints_import_exactly_and_restore_as_float32(hf_dirs, tmp_path):
     import copy
 

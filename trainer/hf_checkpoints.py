@@ -139,7 +139,11 @@ def _write_import(
 
 
 def hf_to_orbax(
-    *, src: str | os.PathLike, dst: str | os.PathLike, dtype: str | None = None
+    *,
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    dtype: str | None = None,
+    scan_layers: bool = False,
 ) -> dict[str, Any]:
     """Converts a Hugging Face `LlamaForCausalLM` directory (config.json + safetensors) into an
     `INIT_CHECKPOINT` directory `dst` (see the module docstring).
@@ -150,6 +154,8 @@ def hf_to_orbax(
       dtype: the stored params' dtype, a key of `DTYPES`; None keeps the checkpoint's (bf16
         for most published models: half the memory and disk of float32). Orbax casts on
         restore, so a float32 run gets the exact float32 values either way.
+      scan_layers: write the scanned layout (`layers/...`, stacked), for runs with
+        `scan_layers=True`; default: `layers_<i>/...` (as `INIT_CHECKPOINT='hf:...'` does).
 
     Returns:
       The provenance record (`source`, `format`, `files`, `tied`, `params_hash`, ...).
@@ -168,6 +174,8 @@ def hf_to_orbax(
     params = hf_convert.params_from_hf(
         files.get, config=config, tied=tied, dtype=_dtype(dtype), source=os.fspath(src)
     )
+    if scan_layers:
+        params = hf_convert.stack_layers(params, config.num_layers)
     tokenizer = src / TOKENIZER_FILE
     record = {
         "source": os.fspath(src),
@@ -175,6 +183,7 @@ def hf_to_orbax(
         "config_sha256": hashlib.sha256(config_path.read_bytes()).hexdigest(),
         "files": [_file_record(p) for p in files.files()],
         "tied": tied,
+        "scan_layers": scan_layers,
         "dtype": _stored_dtype(params),
     }
     return _write_import(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -233,14 +233,3 @@ def write_checkpoint(
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return [directory / n for n in names]
-
-
-def write_tensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> None:
-    """Writes a small dict of arrays as one `.safetensors` file (tests, benchmarks)."""
-    specs = [(name, tuple(a.shape), a.dtype) for name, a in tensors.items()]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(_header(specs))
-        for name in tensors:
-            f.write(_bytes(tensors[name]))

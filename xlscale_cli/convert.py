@@ -28,12 +28,14 @@ def _common(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the three directions and their arguments."""
     directions = parser.add_subparsers(dest="direction", required=True)
+    hf = directions.add_parser("hf-to-orbax", help="HF LlamaForCausalLM dir -> INIT_CHECKPOINT")
     _common(
-        directions.add_parser("hf-to-orbax", help="HF LlamaForCausalLM dir -> INIT_CHECKPOINT dir"),
+        hf,
         src_help="Hugging Face model directory (config.json + safetensors)",
         dtypes=["float32", "bfloat16"],
         default=None,  # the checkpoint's own
     )
+    hf.add_argument("--scan-layers", action="store_true", help="for runs with scan_layers=True")
     _common(
         directions.add_parser("meta-to-orbax", help="Meta consolidated.*.pth -> INIT_CHECKPOINT"),
         src_help="Meta LLaMA directory (params.json, consolidated.*.pth)",
@@ -56,11 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _import(args: argparse.Namespace) -> str:
     from trainer import hf_checkpoints
 
-    convert = {
-        "hf-to-orbax": hf_checkpoints.hf_to_orbax,
-        "meta-to-orbax": hf_checkpoints.meta_to_orbax,
-    }[args.direction]
-    record = convert(src=args.src, dst=args.dst, dtype=args.dtype)
+    if args.direction == "hf-to-orbax":
+        record = hf_checkpoints.hf_to_orbax(
+            src=args.src, dst=args.dst, dtype=args.dtype, scan_layers=args.scan_layers
+        )
+    else:
+        record = hf_checkpoints.meta_to_orbax(src=args.src, dst=args.dst, dtype=args.dtype)
     return (
         f"wrote {args.dst} (params_hash {record['params_hash'][:12]}); train with "
         f"INIT_CHECKPOINT='{args.dst}' MODEL_SIZE='hf:{args.dst}'"
