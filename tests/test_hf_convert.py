@@ -449,6 +449,18 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
         batch_size=2,
         mesh=MeshConfig(num_devices=1),
     )
+    # The exported directory is itself a size and an INIT_CHECKPOINT, decoding the same tokens.
+    from_export = infer_lib.infer(
+        model_dir=tmp_path / "infer_export",
+        model=models.ModelSpec(size=f"hf:{tmp_path / 'export'}"),
+        vocab_path=os.fspath(tmp_path / "export" / "tokenizer.model"),
+        prompts=prompts,
+        checkpoint=f"hf:{tmp_path / 'export'}",
+        max_decode_len=24,
+        batch_size=2,
+        mesh=MeshConfig(num_devices=1),
+    )
+    assert [r["tokens"] for r in from_export] == [r["tokens"] for r in decoded]
     vocabulary = vocab_lib.load_vocab(vocab_path)
     assert exported.config.bos_token_id == 0 and exported.config.eos_token_id == vocab_lib.EOS_ID
     for prompt, ours in zip(prompts, decoded, strict=True):

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs the chosen direction; a missing or unusable source is reported without a traceback."""
     try:
         print(DIRECTIONS[args.direction](args))
-    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:
+    except (FileNotFoundError, FileExistsError, KeyError, ValueError, ImportError) as e:
         print(f"xlscale convert {args.direction}: {e}", file=sys.stderr)
         return 2
     return 0
