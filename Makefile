@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -e '.[test,eval]'
+	$(BIN)/python -m pip install -e '.[test,eval,hf]'
 	@touch $(STAMP)
 
 lint: setup

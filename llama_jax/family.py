@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llama_jax import counting, sizes
+from llama_jax import counting, hf_config, sizes
 from modeling import axes
 
 
@@ -19,6 +19,8 @@ class LlamaFamily:
     name = "llama2"
     feature_keys = ("targets",)
     default_seq_len = sizes.PAPER_SEQ_LEN
+    # MODEL_SIZE='hf:<dir>': a shape imported from a Hugging Face config.json.
+    size_prefixes = (hf_config.HF_SIZE_PREFIX,)
 
     def sizes(self) -> list[str]:
         """The CPT paper's Table 4 sizes and our small ones."""

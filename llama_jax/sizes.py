@@ -10,6 +10,9 @@ which do not divide. We keep 22 heads and set `head_dim = 128`, the head size of
 with d_model >= 1280, so its attention width is 22·128 = 2816 (projections map 2688 -> 2816 ->
 2688).
 
+`'hf:<dir>'` names an imported shape: the fields of `<dir>/config.json` (`llama_jax.hf_config`),
+with exact parameter counts computed like any other size's.
+
 The paper's training recipe per size (§2.1): context 2048, tokens = 20 x parameters, batch tokens
 by size band (2^20 for <= 1B, 2^21 for 1B-2.5B, 2^22 above), see `paper_recipe`.
 """
@@ -20,6 +23,7 @@ import dataclasses
 import math
 from typing import Any
 
+from llama_jax import hf_config
 from llama_jax.config import LlamaConfig
 from llama_jax.counting import flops_per_token, param_counts
 
@@ -127,12 +131,23 @@ def _row(name: str) -> SizeRow:
         raise ValueError(f"unknown model size {name!r}; valid names: {', '.join(SIZES)}") from None
 
 
+def _nominal_m(name: str) -> int | None:
+    """The paper's nominal size in millions (None for small and imported sizes)."""
+    return None if hf_config.is_hf_size(name) else _row(name).nominal_m
+
+
 def get_config(name: str, **overrides: Any) -> LlamaConfig:
     """Returns the `LlamaConfig` of size `name`, with any `LlamaConfig` field overridden.
 
+    `name` is a key of `SIZES`, or `'hf:<dir>'`: an imported shape, read from `<dir>/config.json`
+    (`llama_jax.hf_config`; vocabulary, GQA, RoPE base and norm epsilon included).
+
     Raises:
       ValueError: `name` is not in `SIZES` (the message lists the valid names).
+      FileNotFoundError: an imported size's directory has no `config.json`.
     """
+    if hf_config.is_hf_size(name):
+        return LlamaConfig(**{**hf_config.size_fields(name), **overrides})
     row = _row(name)
     fields = {
         "d_model": row.d_model,
@@ -192,9 +207,9 @@ def paper_recipe(
     """
     if basis not in ("paper", "ours"):
         raise ValueError(f"basis must be 'paper' or 'ours', got {basis!r}")
-    row = _row(name)
-    if basis == "paper" and row.nominal_m is not None:
-        params = row.nominal_m * 10**6
+    nominal_m = _nominal_m(name)
+    if basis == "paper" and nominal_m is not None:
+        params = nominal_m * 10**6
     else:
         params = param_counts(get_config(name)).non_embedding
     batch_tokens = paper_batch_tokens(params)
@@ -215,14 +230,14 @@ def describe(name: str, *, seq_len: int = PAPER_SEQ_LEN, basis: str = "paper") -
     Counts follow `llama_jax.counting` (non-embedding excludes the input embedding and the untied
     output projection); FLOPs per token are at `seq_len`.
     """
-    row = _row(name)
+    nominal_m = _nominal_m(name)
     config = get_config(name)
     counts = param_counts(config)
     flops = flops_per_token(config, seq_len=seq_len)
     recipe = paper_recipe(name, seq_len=seq_len, basis=basis)
     return {
         "name": name,
-        "paper_m": row.nominal_m,
+        "paper_m": nominal_m,
         "d_model": config.d_model,
         "d_ff": config.d_ff,
         "num_heads": config.num_heads,
@@ -231,9 +246,7 @@ def describe(name: str, *, seq_len: int = PAPER_SEQ_LEN, basis: str = "paper") -
         "num_layers": config.num_layers,
         "params_non_embedding": counts.non_embedding,
         "params_total": counts.total,
-        "ratio_to_paper": (
-            None if row.nominal_m is None else counts.non_embedding / (row.nominal_m * 1e6)
-        ),
+        "ratio_to_paper": (None if nominal_m is None else counts.non_embedding / (nominal_m * 1e6)),
         "flops_per_token": flops.six_n,
         "flops_per_token_attn": flops.with_attention,
         "recipe_params": recipe.params,

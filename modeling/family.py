@@ -84,6 +84,12 @@ class ModelFamily(Protocol):
         ...
 
 
+def size_prefixes(family: ModelFamily) -> tuple[str, ...]:
+    """Name prefixes of the sizes a family resolves outside its table (an optional attribute
+    `size_prefixes`; LLaMA2: `'hf:'`, a shape read from a Hugging Face `config.json`)."""
+    return tuple(getattr(family, "size_prefixes", ()))
+
+
 def names() -> list[str]:
     """The registered family names, sorted (no family is imported)."""
     return sorted(FAMILIES)

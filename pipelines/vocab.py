@@ -46,6 +46,12 @@ import sentencepiece as spm
 from pipelines.corpora import paths
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+# Special-id layouts `load_vocab` accepts, as (pad, eos, unk) ids. `train_vocab` writes T5's;
+# LLaMA's `tokenizer.model` (unk 0, bos 1, eos 2, no pad) lets a published checkpoint keep its
+# own vocabulary (issue 17). seqio pads with 0 and masks the loss where targets are 0, so with
+# LLaMA's layout id 0 (`<unk>`, which byte fallback makes rare) doubles as padding and as the
+# start token that targets are shifted behind.
+ID_LAYOUTS: dict[str, tuple[int, int, int]] = {"t5": (PAD_ID, EOS_ID, UNK_ID), "llama": (-1, 2, 0)}
 MODEL_TYPES = ("unigram", "bpe")
 DEFAULT_MAX_SENTENCES = 300_000
 # Fixed, not os.cpu_count(): the unigram trainer's result depends on how work is split.
@@ -299,9 +305,11 @@ def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
 
     vocab = seqio.SentencePieceVocabulary(str(model_path), extra_ids=extra_ids)
     tok = vocab.tokenizer
-    if (tok.pad_id(), tok.eos_id(), tok.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+    ids = (tok.pad_id(), tok.eos_id(), tok.unk_id())
+    if ids not in ID_LAYOUTS.values():
+        allowed = "; ".join(f"{name} {v[0]}/{v[1]}/{v[2]}" for name, v in ID_LAYOUTS.items())
         raise ValueError(
-            f"{model_path}: expected T5 ids pad/eos/unk = 0/1/2, got "
-            f"{tok.pad_id()}/{tok.eos_id()}/{tok.unk_id()}"
+            f"{model_path}: special ids pad/eos/unk = {ids[0]}/{ids[1]}/{ids[2]} are no known "
+            f"layout; allowed: {allowed}"
         )
     return vocab

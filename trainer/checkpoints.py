@@ -6,7 +6,9 @@ trees. Orbax writes each step into a temporary directory and renames it only onc
 a killed save never leaves a latest step that cannot load.
 
 `INIT_CHECKPOINT = '<dir>[@step]'` (CPT, finetuning) restores parameters only, after checking
-every parameter's presence and shape against the model.
+every parameter's presence and shape against the model. `INIT_CHECKPOINT = 'hf:<dir>'` names a
+Hugging Face model directory, converted once into a cached orbax directory
+(`trainer.hf_checkpoints`) and then checked and restored like any other.
 
 Integrity: after a step is committed, a background thread writes its checksums
 (`trainer.checkpoint_manifest`); restores verify them. `INIT_CHECKPOINT` refuses a corrupt step;
@@ -339,6 +341,16 @@ def parse_init_checkpoint(spec: str) -> tuple[Path, int | None]:
     return directory, (int(step) if sep else None)
 
 
+def local_init_spec(spec: str) -> str:
+    """`spec` as a local orbax `'<dir>[@step]'`: `'hf:<dir>'` becomes its cached conversion
+    (`trainer.hf_checkpoints.cached_import`), anything else is returned as is."""
+    if not spec.startswith("hf:"):
+        return spec
+    from trainer import hf_checkpoints  # imports this module
+
+    return hf_checkpoints.local_init_spec(spec)
+
+
 def param_name(path) -> str:
     """A parameter's name as used in messages: its keys joined by '/'."""
     return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
@@ -384,6 +396,7 @@ def check_init_checkpoint(spec: str, *, abstract_params: Any) -> tuple[Path, int
       ValueError: when parameters are missing or have other shapes (each one named).
       CheckpointCorruptError: when a file of the step fails its checksums (named, with the step).
     """
+    spec = local_init_spec(spec)
     directory, step = parse_init_checkpoint(spec)
     if not directory.is_dir():
         raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no directory {directory}")
@@ -415,7 +428,7 @@ def restore_init_params(spec: str, *, abstract_params: Any) -> tuple[Any, Path, 
     Returns:
       (params sharded as `abstract_params` says, checkpoints directory, step).
     """
-    directory, step = check_init_checkpoint(spec, abstract_params=abstract_params)
+    directory, step = check_init_checkpoint(local_init_spec(spec), abstract_params=abstract_params)
     store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
     try:
         params = store.restore_params(step, abstract_params=abstract_params)
@@ -431,11 +444,12 @@ def params_finite(tree: Any) -> bool:
     return bool(jax.jit(tree_finite)(tree))
 
 
-def params_hash(params: Any) -> str:
+def params_hash(params: Any, *, as_dtype: Any = None) -> str:
     """SHA-256 over every parameter's name, dtype, shape and bytes, in sorted name order.
 
     The same values give the same hash whatever the sharding or host count (each parameter is
-    gathered to the host one at a time).
+    gathered to the host one at a time). `as_dtype` hashes the values cast to that dtype (one
+    parameter at a time): the hash of what a restore into that dtype holds.
     """
     from jax.experimental import multihost_utils
 
@@ -448,6 +462,8 @@ def params_hash(params: Any) -> str:
             value = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
         else:
             value = np.asarray(jax.device_get(leaf))
+        if as_dtype is not None:
+            value = value.astype(as_dtype)
         digest.update(f"{name}|{value.dtype}|{value.shape}|".encode())
         digest.update(np.ascontiguousarray(value).tobytes())
     return digest.hexdigest()

@@ -207,7 +207,12 @@ def paper_batch_size(*, model_size: str, seq_len: int, family: str = "llama2") -
 
     validation.check_choice(name="family", value=family, allowed=family_lib.names())
     spec = family_lib.get(family)
-    validation.check_model_size(family=family, size=model_size, allowed=spec.sizes())
+    validation.check_model_size(
+        family=family,
+        size=model_size,
+        allowed=spec.sizes(),
+        prefixes=family_lib.size_prefixes(spec),
+    )
     recipe = spec.paper_recipe(model_size, seq_len=seq_len)
     if recipe is None:
         raise validation.ConfigError(

@@ -191,7 +191,12 @@ def build_partitioned_model(
     and size."""
     validation.check_choice(name="family", value=spec.family, allowed=family_lib.names())
     family = family_lib.get(spec.family)
-    validation.check_model_size(family=spec.family, size=spec.size, allowed=family.sizes())
+    validation.check_model_size(
+        family=spec.family,
+        size=spec.size,
+        allowed=family.sizes(),
+        prefixes=family_lib.size_prefixes(family),
+    )
     wrapper = family.build(spec)
     partitioner = Partitioner(mesh=partitioning.build_mesh(mesh), rules=family.axis_rules())
     variables = wrapper.abstract_variables()

@@ -33,7 +33,7 @@ import numpy as np
 
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import divergence, models, paper_units, validation, vocab_growth_init
+from trainer import divergence, hf_checkpoints, models, paper_units, validation, vocab_growth_init
 from trainer import eval as eval_lib
 from trainer import fingerprint as fingerprint_lib
 from trainer import lease as lease_lib
@@ -138,6 +138,7 @@ def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict
         "init_step": init.get("init_step"),
         "init_params_hash": init.get("init_params_hash"),
         **vocab_growth_init.run_fields(init),  # a grown INIT_CHECKPOINT's vocabulary extension
+        **hf_checkpoints.run_fields(init),  # an imported INIT_CHECKPOINT's source (hf:, Meta)
         "seed": seed,
         "seq_len": data.seq_len,
         "task_feature_lengths": dict(data.task_feature_lengths),
@@ -216,8 +217,8 @@ def train(
       mesh: mesh axis sizes.
       evaluation: periodic validation losses.
       run: strategy and languages, recorded in `run.json`.
-      init_checkpoint: `'<dir>[@step]'` to initialise the parameters from (CPT, finetuning);
-        ignored when `model_dir` already holds a checkpoint (the run resumes instead).
+      init_checkpoint: `'<dir>[@step]'` to initialise the parameters from (CPT, finetuning), or
+        `'hf:<dir>'`, a Hugging Face LLaMA directory (`trainer.hf_checkpoints`); ignored when `model_dir` already holds a checkpoint (the run resumes instead).
       seed: parameter initialisation and data order.
       log_every: write a `metrics.jsonl` record every this many steps (and at eval steps).
       num_microbatches: gradient accumulation over this many microbatches per step.

@@ -47,12 +47,16 @@ def check_required(values: Mapping[str, Any]) -> None:
         raise ConfigError(f"required gin macros not set: {', '.join(missing)}; pass {hints}")
 
 
-def check_model_size(*, family: str, size: str, allowed: Sequence[str]) -> None:
-    """The size name must be in the family's table."""
-    if size not in allowed:
+def check_model_size(
+    *, family: str, size: str, allowed: Sequence[str], prefixes: Sequence[str] = ()
+) -> None:
+    """The size name must be in the family's table or start with one of `prefixes` (sizes the
+    family resolves elsewhere, e.g. LLaMA2's `'hf:<dir>'`)."""
+    if size not in allowed and not any(size.startswith(p) for p in prefixes):
+        imported = f", or {' / '.join(p + '...' for p in prefixes)}" if prefixes else ""
         raise ConfigError(
             f"unknown {family} size {size!r} for {BINDINGS['model_size']}; "
-            f"allowed: {', '.join(allowed)}"
+            f"allowed: {', '.join(allowed)}{imported}"
         )
 
 

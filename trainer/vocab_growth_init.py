@@ -44,19 +44,19 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _run_dir(checkpoints_directory: Path) -> Path:
+def model_dir_of(checkpoints_directory: Path) -> Path:
     """A run's MODEL_DIR from its checkpoints directory (as `trainer.train` records it)."""
     if checkpoints_directory.name == ckpt_lib.CHECKPOINTS_SUBDIR:
         return checkpoints_directory.parent
     return checkpoints_directory
 
 
-def _source_vocab(run_info: Mapping[str, Any]) -> str | None:
+def source_vocab(run_info: Mapping[str, Any]) -> str | None:
     """The `VOCAB_PATH` a run trained with, from its fingerprint."""
     return (run_info.get("fingerprint") or {}).get("data", {}).get("vocab_path")
 
 
-def _read_params(store: ckpt_lib.CheckpointStore, step: int) -> dict[str, Any]:
+def read_params(store: ckpt_lib.CheckpointStore, step: int) -> dict[str, Any]:
     """A step's params as host numpy arrays, whatever mesh saved them."""
     device = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     abstract = jax.tree.map(
@@ -67,7 +67,7 @@ def _read_params(store: ckpt_lib.CheckpointStore, step: int) -> dict[str, Any]:
     return jax.tree.map(np.asarray, params)
 
 
-def _write_params(directory: Path, *, step: int, params: Any, train_state: dict) -> None:
+def write_params(directory: Path, *, step: int, params: Any, train_state: dict) -> None:
     """Writes `directory/<step>/{params, train_state}` in `CheckpointStore`'s layout, with
     checksums."""
     manager = ocp.CheckpointManager(
@@ -131,7 +131,7 @@ def grow_checkpoint(
     if target.is_dir() and any(target.iterdir()):
         raise FileExistsError(f"{target} already holds checkpoints; choose an empty --out")
     directory, _ = ckpt_lib.parse_init_checkpoint(source)
-    run_dir = _run_dir(directory)
+    run_dir = model_dir_of(directory)
     run_info = (
         metrics_lib.read_run_json(run_dir) if (run_dir / metrics_lib.RUN_FILE).exists() else {}
     )
@@ -139,7 +139,7 @@ def grow_checkpoint(
     if vocab_path.with_suffix(".json").exists():
         with contextlib.suppress(ValueError):
             sidecar = vocab_extend.read_extension_info(vocab_path)
-    old_vocab = old_vocab_path or _source_vocab(run_info) or (sidecar or {}).get("base_model")
+    old_vocab = old_vocab_path or source_vocab(run_info) or (sidecar or {}).get("base_model")
     if not old_vocab or not Path(old_vocab).exists():
         raise FileNotFoundError(
             f"the tokenizer {source!r} was trained with is unknown or missing ({old_vocab!r}); "
@@ -153,7 +153,7 @@ def grow_checkpoint(
     directory, step = ckpt_lib.check_init_checkpoint(source, abstract_params={})
     store = ckpt_lib.CheckpointStore(directory, ckpt_lib.CheckpointConfig(), read_only=True)
     try:
-        params = _read_params(store, step)
+        params = read_params(store, step)
     finally:
         store.close()
     old_rows = vocab_growth.vocab_rows(params)
@@ -190,7 +190,7 @@ def grow_checkpoint(
         "method": method,
         "out_dir": os.fspath(out_dir),
     }
-    _write_params(target, step=step, params=grown, train_state={"step": step, RUN_FIELD: record})
+    write_params(target, step=step, params=grown, train_state={"step": step, RUN_FIELD: record})
     info = {
         "kind": GROWN_KIND,
         "model": run_info.get("model"),

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "xlscale_cli.tokenizer",
         "train or extend a SentencePiece vocabulary; grow a checkpoint to an extended one",
     ),
+    "convert": ("xlscale_cli.convert", "convert LLaMA checkpoints: HF/Meta -> orbax, orbax -> HF"),
     "train": ("xlscale_cli.train", "run trainer.train (gin-configured)"),
     "eval": ("xlscale_cli.train", "run trainer.eval (gin-configured)"),
     "infer": ("xlscale_cli.train", "run trainer.infer (gin-configured)"),
