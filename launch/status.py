@@ -68,7 +68,8 @@ def is_completed(run: Run) -> bool:
 
 
 def last_metrics(path) -> dict[str, Any] | None:
-    """The last complete JSON object of a metrics.jsonl (reads only the file's tail)."""
+    """The last complete training record of a metrics.jsonl (reads only the file's tail;
+    records that hold only zero-shot scores, appended by `xlscale zeroshot`, are passed over)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -79,9 +80,11 @@ def last_metrics(path) -> dict[str, Any] | None:
         return None
     for line in reversed(lines):
         try:
-            return json.loads(line)
+            record = json.loads(line)
         except ValueError:
             continue  # a line being written, or the cut first line of the tail
+        if any(k != "step" and not k.startswith("zeroshot/") for k in record):
+            return record
     return None
 
 

@@ -12,6 +12,7 @@ its final step is not scored again.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -89,6 +90,9 @@ def evaluate_study_runs(
         f"({', '.join(choice.tasks)}) through lm-evaluation-harness"
     )
     paths = []
+    # lm-eval logs per task (num_fewshot overrides, missing generation kwargs); the stage logs
+    # one line per run instead.
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
     for i, run in enumerate(runs, 1):
         step = job.resolve_step(run.path, None)
         path = Path(run.path) / "zeroshot" / f"{step}.json"

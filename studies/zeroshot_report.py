@@ -58,6 +58,25 @@ def _row(run, lang: str, stats: dict[str, Any], **extra) -> dict[str, Any]:
     }
 
 
+def _scale(runs: Sequence[Any]) -> str:
+    """'N1–N2 non-embedding parameters trained on T1–T2 tokens' of the scored runs."""
+    from fitting.formats import fmt
+
+    scored = [*cpt_zeroshot.fig3_runs(runs), *cpt_zeroshot.replay_runs(runs)]
+    params = [float(r.meta.get("params_non_embedding") or 0) for r in scored]
+    # Each run's last token count (zero-shot records, written after training, carry none).
+    tokens = [max(float(rec.get("tokens") or 0) for rec in r.records) for r in scored]
+    tokens = [t for t in tokens if t > 0]
+
+    def span(values: list[float]) -> str:
+        lo, hi = min(values), max(values)
+        return fmt(lo, 3) if lo == hi else f"{fmt(lo, 3)}–{fmt(hi, 3)}"
+
+    if not params or not tokens:
+        return "far fewer parameters and tokens"
+    return f"{span(params)} non-embedding parameters trained on {span(tokens)} tokens"
+
+
 def _fmt(row: dict[str, Any] | None) -> str:
     if row is None:
         return "–"
@@ -133,11 +152,11 @@ def section(runs: Sequence[Any], out_dir: Path) -> str:
         out.append(
             f"**At chance:** {len(at_chance)} of {len(scored)} scores above cannot be told apart "
             "from guessing (two-sided exact binomial test, 5%). The paper's models have 0.1–7B "
-            "parameters and billions of tokens; these have thousands of parameters and a few "
-            "thousand tokens, so their zero-shot accuracies say nothing about the paper's "
-            "Fig. 3 and Fig. 6 where they are at chance; the pipeline that produces them is the "
-            "same one that scores real checkpoints on the real benchmarks (`xlscale zeroshot "
-            "--paper`)."
+            f"parameters trained on billions of tokens; these have {_scale(runs)}, so where they "
+            "are at chance they say nothing about the paper's Fig. 3 and Fig. 6, and elsewhere "
+            "only the direction of a difference larger than its interval is worth reading. The "
+            "pipeline that produces them is the one that scores real checkpoints on the real "
+            "benchmarks (`xlscale zeroshot --paper`)."
         )
     else:
         out.append(

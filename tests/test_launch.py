@@ -437,3 +437,15 @@ def test_default_jobs_is_one_on_accelerator_hosts(monkeypatch):
     assert launchers.default_jobs() == 1
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     assert launchers.default_jobs() == 2
+
+
+def test_last_metrics_passes_over_zero_shot_records(tmp_path):
+    # `xlscale zeroshot` appends `zeroshot/<task>/...` at a checkpoint's step; status reads the
+    # last training record for the step and losses.
+    path = tmp_path / "metrics.jsonl"
+    records = [
+        {"step": 10, "train/loss": 2.5, "tokens": 640},
+        {"step": 10, "zeroshot/xl_cont_en/acc_norm": 0.3, "zeroshot/xl_cont_en/n": 100},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert status.last_metrics(path) == records[0]
