@@ -10,7 +10,7 @@ vocabulary behind lm-eval's `LM` interface, and `evaluate`, which scores tasks w
 Tokenisation follows lm-eval's HF causal model: trailing spaces of a context move to the
 continuation, the pair is encoded whole and split at the context's length, and a context gives
 way on the left when the pair is longer than the model's context. Every context starts with the
-decoder's start token (`evals.scorer.START_ID`), as every training document does.
+decoder's start token (`Scorer.start_id`), as every training document does.
 `loglikelihood_rolling` uses lm-eval's own rolling windows with that start token as prefix.
 """
 
@@ -107,7 +107,7 @@ class XlscaleLM(LM):
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Context ids (start token first) and continuation ids, split as lm-eval's HF causal
         model splits them (trailing context spaces belong to the continuation)."""
-        start = [scorer_lib.START_ID]
+        start = [self.scorer.start_id]
         if not context:
             return start, self.scorer.encode(continuation)
         n_spaces = len(context) - len(context.rstrip())
@@ -136,7 +136,7 @@ class XlscaleLM(LM):
             tokens = self.scorer.encode(req.args[0])
             for window in get_rolling_token_windows(
                 token_list=tokens,
-                prefix_token=scorer_lib.START_ID,
+                prefix_token=self.scorer.start_id,
                 max_seq_len=self.scorer.max_len,
                 context_len=1,
             ):

@@ -3,9 +3,9 @@
 A request is a pair `(context_ids, continuation_ids)`: the log-likelihood of the continuation
 given the context, and whether greedy decoding would produce it (lm-evaluation-harness's
 `loglikelihood` contract, in tokens). Contexts begin with the start token the trainer's decoder
-inputs begin with (`START_ID`, 0: seqio's autoregressive inputs shift the targets right by one
-0), so a continuation after an empty context is scored exactly as the first tokens of a
-training document, and a document scored whole equals the trainer's eval loss on it
+inputs begin with (`Scorer.start_id`, `pipelines.vocab.start_id`: 0 for the project's
+vocabularies, `<s>` for a published LLaMA's), so a continuation after an empty context is scored
+exactly as the first tokens of a training document, and a document scored whole equals the trainer's eval loss on it
 (`modeling.models.TransformerModel.token_scores` is `score_batch`'s computation).
 
 Requests are sorted by length (longest first, so an out-of-memory shows at once), cut into
@@ -31,7 +31,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-START_ID = 0  # the decoder's first input (seqio autoregressive inputs), and the padding id
+PAD_ID = 0  # padding of batch rows (weight 0; causal attention never looks right)
 MIN_BUCKET = 16
 
 
@@ -198,6 +198,7 @@ class Scorer:
         )
         self.vocabulary = vocab_lib.load_vocab(spec.vocab_path)
         self.eos_id = int(self.vocabulary.eos_id)
+        self.start_id = vocab_lib.start_id(self.vocabulary)
         dp = self.partitioner.data_parallel_size
         self.rows = -(-max(1, int(batch_size)) // dp) * dp
         self.bucket = bucket
@@ -287,7 +288,7 @@ class Scorer:
         with self.partitioner.context():
             predict = jax.jit(
                 lambda p, x: self.wrapper.predict_batch(
-                    p, x, max_decode_len=total, eos_id=self.eos_id
+                    p, x, max_decode_len=total, eos_id=self.eos_id, start_id=self.start_id
                 ),
                 in_shardings=(self._params_shardings, self.partitioner.batch_sharding()),
                 out_shardings=self.partitioner.replicated(),

@@ -77,14 +77,18 @@ def _map_batched(fn, cache: PyTree, offset: int) -> PyTree:
     return jax.tree.map(lambda x: fn(x) if jnp.ndim(x) > offset else x, cache)
 
 
-def _prompt(inputs: jax.Array, max_decode_len: int | None) -> tuple[jax.Array, int]:
-    """The prompt behind a start-token column: [b, max_decode_len + 1], and the length."""
+def _prompt(
+    inputs: jax.Array, max_decode_len: int | None, start_id: int = 0
+) -> tuple[jax.Array, int]:
+    """The prompt behind a start-token column (`start_id`), 0-padded on the right:
+    [b, max_decode_len + 1], and the length."""
     inputs = jnp.asarray(inputs, jnp.int32)
     length = inputs.shape[1] if max_decode_len is None else max_decode_len
     if inputs.shape[1] > length:
         raise ValueError(f"inputs have {inputs.shape[1]} positions, max_decode_len is {length}")
-    padded = jnp.pad(inputs, ((0, 0), (1, length - inputs.shape[1])))
-    return padded, length
+    padded = jnp.pad(inputs, ((0, 0), (0, length - inputs.shape[1])))
+    start = jnp.full((inputs.shape[0], 1), start_id, jnp.int32)
+    return jnp.concatenate([start, padded], axis=1), length
 
 
 def greedy_decode(
@@ -94,6 +98,7 @@ def greedy_decode(
     *,
     eos_id: int,
     max_decode_len: int | None = None,
+    start_id: int = 0,
 ) -> tuple[jax.Array, jax.Array]:
     """Arg-max decoding of a batch until every row has produced `eos_id` or is full.
 
@@ -103,12 +108,14 @@ def greedy_decode(
       tokens_to_logits: the model's one-step callback.
       eos_id: end-of-sequence id.
       max_decode_len: output length (default `l`).
+      start_id: the token in front of the prompt (`pipelines.vocab.start_id`: 0, or a
+        published LLaMA's `<s>`).
 
     Returns:
       sequences [b, max_decode_len] (0 after EOS) and the sum of the log-probabilities of the
       generated (non-prompt) tokens [b], float32.
     """
-    padded, length = _prompt(inputs, max_decode_len)
+    padded, length = _prompt(inputs, max_decode_len, start_id)
     batch = padded.shape[0]
 
     def cond(carry):

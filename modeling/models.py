@@ -194,9 +194,16 @@ class DecoderOnlyModel(TransformerModel):
         )
 
     def predict_batch(
-        self, params: Any, prompts: jax.Array, *, max_decode_len: int, eos_id: int = 1
+        self,
+        params: Any,
+        prompts: jax.Array,
+        *,
+        max_decode_len: int,
+        eos_id: int = 1,
+        start_id: int = 0,
     ) -> jax.Array:
-        """Greedy decoding: `prompts [batch, P]` (0-padded on the right) are forced, then the
+        """Greedy decoding: `prompts [batch, P]` (0-padded on the right) are forced behind the
+        start token `start_id` (the one training put at every document start), then the
         arg-max continuation follows until `eos_id` (kept; 0 after it) or `max_decode_len`.
 
         Returns `[batch, max_decode_len]`: prompt tokens followed by the continuation, through
@@ -219,7 +226,12 @@ class DecoderOnlyModel(TransformerModel):
             return logits[:, -1], mutated["cache"]
 
         sequences, _ = decoding.greedy_decode(
-            prompts, cache, tokens_to_logits, eos_id=eos_id, max_decode_len=max_decode_len
+            prompts,
+            cache,
+            tokens_to_logits,
+            eos_id=eos_id,
+            max_decode_len=max_decode_len,
+            start_id=start_id,
         )
         return sequences
 

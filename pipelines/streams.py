@@ -446,13 +446,26 @@ def _task_lengths(sequence_length: int | Mapping[str, int], *, encdec: bool) -> 
     return {"targets": int(sequence_length)}
 
 
-def _converted(ds: tf.data.Dataset, lengths: Mapping[str, int], *, pack: bool) -> tf.data.Dataset:
-    """Examples -> packed model features, with `decoder_task_ids` from the `component` feature."""
+def decoder_start_id(mixture_or_task: str) -> int:
+    """The start token of the decoder inputs of a task or mixture: `pipelines.vocab.start_id` of
+    its targets vocabulary (0 for T5-layout vocabularies, a published LLaMA's `<s>` for its own
+    tokenizer)."""
+    from pipelines import vocab as vocab_lib
+
+    provider = seqio.get_mixture_or_task(mixture_or_task)
+    return vocab_lib.start_id(provider.output_features["targets"].vocabulary)
+
+
+def _converted(
+    ds: tf.data.Dataset, lengths: Mapping[str, int], *, pack: bool, start_id: int = 0
+) -> tf.data.Dataset:
+    """Examples -> packed model features, with `decoder_task_ids` from the `component` feature
+    and `start_id` in front of every segment's decoder inputs."""
     encdec = "inputs" in lengths
     converter = (
         prep.EncDecTaskIdsFeatureConverter if encdec else prep.DecoderTaskIdsFeatureConverter
     )
-    return converter(pack=pack, apply_length_check=False)(
+    return converter(pack=pack, apply_length_check=False, bos_id=start_id)(
         ds, {**lengths, "component": lengths["targets"]}
     )
 
@@ -520,7 +533,8 @@ def batches(
         subset_tokens=subset_tokens,
         subset_size=subset_examples,
     )
-    ds = _converted(ds, lengths, pack=pack).batch(batch_size, drop_remainder=True)
+    start = decoder_start_id(mixture_or_task)
+    ds = _converted(ds, lengths, pack=pack, start_id=start).batch(batch_size, drop_remainder=True)
     if start_step:
         ds = ds.skip(start_step)
     return _options(ds.prefetch(tf.data.AUTOTUNE)).as_numpy_iterator()
@@ -583,7 +597,8 @@ def eval_batches(
         shuffle=False,
         repeat=False,
     )
-    ds = _converted(ds, lengths, pack=True).batch(batch_size, drop_remainder=False)
+    ds = _converted(ds, lengths, pack=True, start_id=decoder_start_id(task))
+    ds = ds.batch(batch_size, drop_remainder=False)
     ds = _options(ds.prefetch(tf.data.AUTOTUNE))
     batches, tokens = [], 0
     limit = math.inf if max_tokens is None else max_tokens

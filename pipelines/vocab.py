@@ -49,8 +49,8 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # Special-id layouts `load_vocab` accepts, as (pad, eos, unk) ids. `train_vocab` writes T5's;
 # LLaMA's `tokenizer.model` (unk 0, bos 1, eos 2, no pad) lets a published checkpoint keep its
 # own vocabulary (issue 17). seqio pads with 0 and masks the loss where targets are 0, so with
-# LLaMA's layout id 0 (`<unk>`, which byte fallback makes rare) doubles as padding and as the
-# start token that targets are shifted behind.
+# LLaMA's layout id 0 (`<unk>`, which byte fallback makes rare) doubles as padding; its `<s>` is
+# the start token that targets are shifted behind (`start_id`).
 ID_LAYOUTS: dict[str, tuple[int, int, int]] = {"t5": (PAD_ID, EOS_ID, UNK_ID), "llama": (-1, 2, 0)}
 MODEL_TYPES = ("unigram", "bpe")
 DEFAULT_MAX_SENTENCES = 300_000
@@ -282,6 +282,15 @@ def train_vocab(
 def read_vocab_info(model_path: str | os.PathLike) -> dict[str, Any]:
     """Returns the JSON written beside `model_path` by `train_vocab`."""
     return json.loads(Path(model_path).with_suffix(".json").read_text(encoding="utf-8"))
+
+
+def start_id(vocabulary) -> int:
+    """The decoder's start token for `vocabulary`: its BOS where it has one (LLaMA's `<s>`, 1:
+    a published LLaMA saw it in front of every document), else 0 (T5X's shift-right token, which
+    is also the padding id). Training batches put it at every segment start, decoding in front of
+    the prompt, and zero-shot scoring in front of every context."""
+    bos = int(vocabulary.tokenizer.bos_id())
+    return bos if bos >= 0 else 0
 
 
 def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):

@@ -405,7 +405,9 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
         max_position_embeddings=128,
     )
     source.save_pretrained(published, safe_serialization=True)
-    shutil.copyfile(tiny_data["vocab"], published / "tokenizer.model")
+    # A published LLaMA's own tokenizer layout (unk 0, <s> 1, </s> 2, no pad), trained here on
+    # the fixture: its <s> is the start token of every training document, prompt and export.
+    _llama_tokenizer(tiny_data, published / "tokenizer.model")
     spec = models.ModelSpec(size=f"hf:{published}")
     vocab_path = os.fspath(published / "tokenizer.model")
     result = train_lib.train(
@@ -428,6 +430,12 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
         log_every=1,
     )
     assert result.completed
+    from pipelines import streams
+
+    assert streams.decoder_start_id("lm_fr") == 1
+    (batch,) = streams.eval_batches(task="lm_fr", sequence_length=64, batch_size=4, max_tokens=64)
+    starts = (batch["decoder_positions"] == 0) & (batch["decoder_segment_ids"] > 0)
+    assert starts.any() and (batch["decoder_input_tokens"][starts] == 1).all()
     run = json.loads((tmp_path / "cpt" / "run.json").read_text())
     record = run["init_import"]
     assert record["source"] == os.fspath(published.resolve()) and record["format"] == "hf"
@@ -462,10 +470,11 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
     )
     assert [r["tokens"] for r in from_export] == [r["tokens"] for r in decoded]
     vocabulary = vocab_lib.load_vocab(vocab_path)
-    assert exported.config.bos_token_id == 0 and exported.config.eos_token_id == vocab_lib.EOS_ID
+    eos = int(vocabulary.eos_id)
+    assert (exported.config.bos_token_id, exported.config.eos_token_id, eos) == (1, 2, 2)
     for prompt, ours in zip(prompts, decoded, strict=True):
-        # xlscale's language models read targets shifted right behind a 0 start token (T5X's
-        # decoder-only feature converter), so a prompt is generated from after [0].
+        # Training put <s> in front of every document and trainer.infer in front of every
+        # prompt, as transformers does: generation starts from [<s>, *prompt].
         ids = [exported.config.bos_token_id, *vocabulary.encode(prompt)]
         with torch.no_grad():
             out = exported.generate(
@@ -473,16 +482,38 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
                 attention_mask=torch.ones((1, len(ids)), dtype=torch.long),  # 0 is no padding here
                 max_new_tokens=24 - (len(ids) - 1),
                 do_sample=False,
-                eos_token_id=vocab_lib.EOS_ID,
-                pad_token_id=vocab_lib.PAD_ID,
+                eos_token_id=eos,
+                pad_token_id=0,
             )[0, len(ids) :].tolist()
         expected = []
         for token in out:
-            if token in (vocab_lib.EOS_ID, vocab_lib.PAD_ID):
+            if token in (eos, 0):
                 break
             expected.append(token)
         assert len(ours["tokens"]) >= 3
         assert ours["tokens"] == expected, prompt
+
+
+def _llama_tokenizer(tiny_data, path: Path) -> Path:
+    """A SentencePiece model in LLaMA's id layout, trained on the fixture's en and fr text."""
+    import sentencepiece as spm
+
+    from pipelines.corpora import paths
+
+    files = [
+        os.fspath(paths.mono_file(tiny_data["corpora"], lang, "train")) for lang in ("en", "fr")
+    ]
+    spm.SentencePieceTrainer.train(
+        input=",".join(files),
+        model_prefix=os.fspath(path.with_suffix("")),
+        vocab_size=320,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        minloglevel=2,
+    )
+    return path
 
 
 def test_a_llama_layout_tokenizer_can_be_a_runs_vocabulary(tmp_path):

@@ -110,7 +110,7 @@ def test_scores_equal_the_trainers_eval_loss(run_dir, lm, tiny_data, seqio_state
                 assert batch["decoder_positions"][row][where][0] == 0
                 docs.append(batch["decoder_target_tokens"][row][where].tolist())
     assert len(docs) >= 3
-    scored = lm.scorer.score([([scorer.START_ID], doc) for doc in docs])
+    scored = lm.scorer.score([([lm.scorer.start_id], doc) for doc in docs])
     tokens = sum(len(d) for d in docs)
     assert tokens == trainer_loss["eval/lm_en/tokens"]
     ours = -sum(lp for lp, _ in scored) / tokens
@@ -120,7 +120,7 @@ def test_scores_equal_the_trainers_eval_loss(run_dir, lm, tiny_data, seqio_state
 def test_rolling_loglikelihood_is_the_document_score(lm):
     text = "All human beings are born free and equal in dignity and rights."
     ids = lm.scorer.encode(text)
-    (whole,) = lm.scorer.score([([scorer.START_ID], ids)])
+    (whole,) = lm.scorer.score([([lm.scorer.start_id], ids)])
     (rolling,) = lm.loglikelihood_rolling([Req(text)])
     np.testing.assert_allclose(rolling, whole[0], rtol=1e-6)
     # A text longer than the context goes through several disjoint windows; each token is
@@ -137,17 +137,17 @@ def test_context_continuation_boundary(lm):
     # encoded whole and cut at the context's length; the context starts with the start token.
     context, continuation = "Everyone has the right to", " life"
     ctx, cont = lm.encode_pair(context + " ", "life")
-    assert ctx == [scorer.START_ID, *lm.scorer.encode(context)]
+    assert ctx == [lm.scorer.start_id, *lm.scorer.encode(context)]
     whole = lm.scorer.encode(context + continuation)
     assert ctx[1:] + cont == whole
     # Scoring the continuation equals the difference of the two prefixes' rolling scores.
     ((ll, _),) = lm.loglikelihood([Req(context, continuation)])
-    (full,) = lm.scorer.score([([scorer.START_ID], whole)])
-    (prefix,) = lm.scorer.score([([scorer.START_ID], ctx[1:])])
+    (full,) = lm.scorer.score([([lm.scorer.start_id], whole)])
+    (prefix,) = lm.scorer.score([([lm.scorer.start_id], ctx[1:])])
     np.testing.assert_allclose(ll, full[0] - prefix[0], rtol=1e-5, atol=1e-5)
     # An empty context conditions on the start token alone.
     ((empty, _),) = lm.loglikelihood([Req("", "life")])
-    (direct,) = lm.scorer.score([([scorer.START_ID], lm.scorer.encode("life"))])
+    (direct,) = lm.scorer.score([([lm.scorer.start_id], lm.scorer.encode("life"))])
     np.testing.assert_allclose(empty, direct[0], rtol=1e-6)
 
 
@@ -156,7 +156,9 @@ def test_is_greedy_matches_argmax(lm):
     context = "Everyone has the right"
     (generated,) = lm.scorer.generate([lm.scorer.encode(context)], max_new_tokens=4)
     assert generated, "the tiny model produced EOS at once"
-    ((_, greedy),) = lm.scorer.score([([scorer.START_ID, *lm.scorer.encode(context)], generated)])
+    ((_, greedy),) = lm.scorer.score(
+        [([lm.scorer.start_id, *lm.scorer.encode(context)], generated)]
+    )
     assert greedy
     # generate_until is the same decoder, cut at the first stop string.
     text = lm.scorer.decode(generated)
@@ -164,7 +166,9 @@ def test_is_greedy_matches_argmax(lm):
     (out,) = lm.generate_until([Req(context, {"until": [stop], "max_gen_toks": 4})])
     assert out == harness.cut_at_stop(text, [stop]) and len(out) < len(text)
     other = [(generated[0] + 1) % 300 + 3]
-    ((_, not_greedy),) = lm.scorer.score([([scorer.START_ID, *lm.scorer.encode(context)], other)])
+    ((_, not_greedy),) = lm.scorer.score(
+        [([lm.scorer.start_id, *lm.scorer.encode(context)], other)]
+    )
     assert not not_greedy
 
 
@@ -173,9 +177,9 @@ def test_bucketing_changes_cost_not_scores(run_dir):
     # 8 rows per batch (the 8 data-parallel devices): the 8 long requests fill one batch, the
     # 8 short ones another, which buckets to 16 positions instead of 64.
     lengths = (5, 9, 12, 7, 16, 3, 11, 8, 20, 40, 63, 33, 50, 62, 45, 30)
-    pairs = [([scorer.START_ID], list(range(3, 3 + n))) for n in lengths]
     bucketed = scorer.Scorer(spec, batch_size=8, bucket=True)
     full = scorer.Scorer(spec, batch_size=8, bucket=False)
+    pairs = [([bucketed.start_id], list(range(3, 3 + n))) for n in lengths]
     np.testing.assert_allclose(
         [s for s, _ in bucketed.score(pairs)], [s for s, _ in full.score(pairs)], rtol=1e-5
     )

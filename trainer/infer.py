@@ -224,12 +224,15 @@ def run_inference(
         os.fspath(checkpoint or model_dir), abstract_params=abstract
     )
     eos_id = int(vocabulary.eos_id)
+    start_id = vocab_lib.start_id(vocabulary)
     dp = partitioner.data_parallel_size
     rows = -(-batch_size // dp) * dp
     params_shardings = jax.tree.map(lambda a: a.sharding, abstract)
     with partitioner.context():
         predict = jax.jit(
-            lambda p, x: wrapper.predict_batch(p, x, max_decode_len=max_decode_len, eos_id=eos_id),
+            lambda p, x: wrapper.predict_batch(
+                p, x, max_decode_len=max_decode_len, eos_id=eos_id, start_id=start_id
+            ),
             in_shardings=(params_shardings, partitioner.batch_sharding()),
             out_shardings=partitioner.replicated(),
         )
