@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +128,52 @@ def _read_jsonl(path: Path, run_id: str) -> list[dict[str, Any]]:
     return out
 
 
+def _is_xlscale_run(path: Path) -> bool:
+    return (path / RUN_FILE).is_file()
+
+
+def _is_t5x_run(path: Path) -> bool:
+    from fitting import t5x_runs
+
+    return not (path / RUN_FILE).is_file() and t5x_runs.is_t5x_run(path)
+
+
+def _read_t5x_run(path: Path) -> RunRecord:
+    from fitting import t5x_runs
+
+    return t5x_runs.read_t5x_run(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFormat:
+    """A kind of run directory `read_runs` recognises: `detect(path)` says whether a directory is
+    one, `read(path)` reads it (`fitting.t5x_runs` is imported only when a T5X run is met)."""
+
+    detect: Callable[[Path], bool]
+    read: Callable[[Path], RunRecord]
+
+
+# Run-directory formats, tried in order: xlscale's (run.json) and T5X's MODEL_DIR (config.gin +
+# summaries or checkpoint_<step>/, `fitting.t5x_runs`).
+RUN_FORMATS: Mapping[str, RunFormat] = {
+    "xlscale": RunFormat(_is_xlscale_run, read_run),
+    "t5x": RunFormat(_is_t5x_run, _read_t5x_run),
+}
+
+
+def run_format(path: Path) -> str | None:
+    """The `RUN_FORMATS` name of a run directory, or None for any other directory."""
+    for name, fmt in RUN_FORMATS.items():
+        if fmt.detect(path):
+            return name
+    return None
+
+
 def read_runs(
     root: str | Path, *, pattern: str = "*", use_selection: bool = True
 ) -> list[RunRecord]:
-    """Reads every run directory directly under `root` (a directory holding run.json).
+    """Reads every run directory directly under `root`: xlscale's (run.json) and T5X's
+    (`RUN_FORMATS`; a T5X MODEL_DIR is read by `fitting.t5x_runs`), mixed freely.
 
     A subdirectory with metrics.jsonl but no run.json, or with run.json but no metrics, is an error
     naming it; other subdirectories (e.g. plots) are ignored. `root` may itself be a run.
@@ -146,16 +188,18 @@ def read_runs(
     root = Path(root)
     if not root.is_dir():
         raise FitInputError(f"runs directory {root} does not exist")
-    if (root / RUN_FILE).is_file():
-        return [read_run(root)]
+    own = run_format(root)
+    if own is not None:
+        return [RUN_FORMATS[own].read(root)]
     runs = []
     rejected = rejected_runs(read_selection(root)) if use_selection else {}
     skipped = []
     for sub in sorted(p for p in root.glob(pattern) if p.is_dir()):
-        if sub.name in rejected and (sub / RUN_FILE).is_file():
+        fmt = run_format(sub)
+        if sub.name in rejected and fmt is not None:
             skipped.append(sub.name)
-        elif (sub / RUN_FILE).is_file():
-            runs.append(read_run(sub))
+        elif fmt is not None:
+            runs.append(RUN_FORMATS[fmt].read(sub))
         elif (sub / METRICS_FILE).is_file():
             raise FitInputError(f"run {sub.name!r} ({sub}): {METRICS_FILE} but no {RUN_FILE}")
     if skipped:
@@ -167,7 +211,9 @@ def read_runs(
             rejected[skipped[0]],
         )
     if not runs:
-        raise FitInputError(f"no run directories (with {RUN_FILE}) under {root}")
+        raise FitInputError(
+            f"no run directories (with {RUN_FILE}, or T5X's config.gin and summaries) under {root}"
+        )
     return runs
 
 
@@ -234,8 +280,10 @@ def read_tensorboard(path: str | Path) -> dict[str, list[tuple[int, float]]]:
     """Scalar summaries of every event file under `path`: tag → [(step, value)] by step.
 
     Layouts: our trainer's `MODEL_DIR/tb/` (tags already `eval/<task>/loss`), and T5X's
-    `MODEL_DIR/train/` and `MODEL_DIR/training_eval/<task>/` (a tag `loss` under
-    training_eval/<task> becomes `eval/<task>/loss`). A truncated final record is ignored.
+    `MODEL_DIR/train/`, `MODEL_DIR/training_eval/<task>/` (a tag `loss` under
+    training_eval/<task> becomes `eval/<task>/loss`) and `MODEL_DIR/inference_eval/<task>/`
+    (seqio's `eval/bleu` there becomes `eval/<task>/bleu`). The tags stay T5X's own here;
+    `fitting.t5x_runs` maps them onto xlscale's. A truncated final record is ignored.
     """
     from tensorboard.compat.proto import event_pb2
 
@@ -251,7 +299,10 @@ def read_tensorboard(path: str | Path) -> dict[str, list[tuple[int, float]]]:
                 scalar = _scalar(value)
                 if scalar is None:
                     continue
-                tag = value.tag if value.tag.startswith(EVAL_PREFIX) else prefix + value.tag
+                tag = value.tag
+                if prefix and tag.startswith(EVAL_PREFIX):  # seqio's `eval/<metric>` per task
+                    tag = tag[len(EVAL_PREFIX) :]
+                tag = tag if tag.startswith(EVAL_PREFIX) else prefix + tag
                 out.setdefault(tag, {})[int(event.step)] = scalar
     return {tag: sorted(points.items()) for tag, points in out.items()}
 

@@ -1,0 +1,332 @@
+"""`fitting` reads T5X run directories: config.gin → run.json's fields, T5X's summaries (their
+exact directories and tags) → records, `checkpoint_<step>/` → kept steps; fits run on them.
+
+Event files are written the way T5X writes them, without T5X or TensorFlow: one
+`events.out.tfevents.*` per summary directory, rank-0 float tensors with the `scalars` plugin's
+metadata (what `clu.metric_writers` / `tf.summary.scalar` and seqio's `TensorBoardLogger` write).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fitting import io, laws, pipeline, points, t5x_runs
+from fitting.checks import FitInputError
+from t5_jax import counting, sizes
+
+pytest.importorskip("tensorboard")
+from tensorboard.compat.proto import event_pb2  # noqa: E402
+from tensorboard.plugins.scalar.summary_v2 import scalar_pb  # noqa: E402
+from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: E402
+
+# Shaped as T5X's operative config (gin_utils.summarize_gin_config): imports, `# Macros:`, then
+# one `# Parameters for ...:` section per configurable, scoped bindings, `\` continuations.
+PRETRAIN_GIN = """\
+from __gin__ import dynamic_registration
+import __main__ as train_script
+from t5x import adafactor
+from t5x import gin_utils
+from t5x import models
+from t5x import partitioning
+from t5x import trainer
+from t5x import utils
+from t5x.examples.t5 import network
+
+# Macros:
+# ==============================================================================
+BATCH_SIZE = 256
+DROPOUT_RATE = 0.0
+MIXTURE_OR_TASK_MODULE = 't5x_configs.t5x_tasks'
+MIXTURE_OR_TASK_NAME = '{task}'
+MODEL = @models.EncoderDecoderModel()
+MODEL_DIR = '/runs/{run}'
+OPTIMIZER = @adafactor.Adafactor()
+TASK_FEATURE_LENGTHS = {{'inputs': 512, 'targets': 114}}
+TRAIN_STEPS = {steps}
+TRAIN_STEPS_RELATIVE = None
+USE_CACHED_TASKS = False
+
+# Parameters for models.EncoderDecoderModel:
+# ==============================================================================
+models.EncoderDecoderModel.loss_normalizing_factor = None
+models.EncoderDecoderModel.module = @network.Transformer()
+models.EncoderDecoderModel.optimizer_def = %OPTIMIZER
+models.EncoderDecoderModel.z_loss = 0.0001
+
+# Parameters for network.T5Config:
+# ==============================================================================
+network.T5Config.dropout_rate = %DROPOUT_RATE
+network.T5Config.emb_dim = 1024
+network.T5Config.head_dim = 64
+network.T5Config.logits_via_embedding = False
+network.T5Config.mlp_activations = ('gelu', 'linear')
+network.T5Config.mlp_dim = 2816
+network.T5Config.num_decoder_layers = 24
+network.T5Config.num_encoder_layers = 24
+network.T5Config.num_heads = 16
+network.T5Config.vocab_size = 32128
+
+# Parameters for utils.RestoreCheckpointConfig:
+# ==============================================================================
+utils.RestoreCheckpointConfig.path = []
+
+# Parameters for train_script.train:
+# ==============================================================================
+train_script.train.eval_period = 1000
+train_script.train.model = %MODEL
+train_script.train.model_dir = %MODEL_DIR
+train_script.train.total_steps = %TRAIN_STEPS
+
+# Parameters for train/utils.DatasetConfig:
+# ==============================================================================
+train/utils.DatasetConfig.batch_size = %BATCH_SIZE
+train/utils.DatasetConfig.mixture_or_task_name = %MIXTURE_OR_TASK_NAME
+train/utils.DatasetConfig.split = 'train'
+train/utils.DatasetConfig.task_feature_lengths = %TASK_FEATURE_LENGTHS
+"""
+
+FINETUNE_EXTRA = """
+INITIAL_CHECKPOINT_PATH = \\
+    '/runs/{parent}/checkpoint_{init}'
+
+# Parameters for utils.RestoreCheckpointConfig:
+# ==============================================================================
+utils.RestoreCheckpointConfig.mode = 'specific'
+utils.RestoreCheckpointConfig.path = %INITIAL_CHECKPOINT_PATH
+"""
+
+
+def write_events(directory: Path, points_by_tag: dict[str, list[tuple[int, float]]]) -> None:
+    """One event file of scalar summaries, as `tf.summary.scalar` writes them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    writer = EventFileWriter(str(directory))
+    for tag, pts in points_by_tag.items():
+        for step, value in pts:
+            writer.add_event(event_pb2.Event(step=step, summary=scalar_pb(tag, value)))
+    writer.close()
+
+
+def loss_metrics(ce: float, *, frac: float = 0.8, z: float = 1e-3) -> dict[str, float]:
+    """T5X's `compute_base_metrics` names for summed losses (loss_normalizing_factor None) whose
+    per-real-token cross-entropy is `ce`."""
+    return {
+        "loss": 1000.0 * (ce + z),
+        "cross_ent_loss": 1000.0 * ce,
+        "cross_ent_loss_per_all_target_tokens": ce * frac,
+        "non_padding_fraction/loss_weights": frac,
+        "z_loss": 1000.0 * z,
+        "accuracy": 0.5,
+        "timing/seqs_per_second": 10.0,
+    }
+
+
+def write_t5x_run(
+    root: Path,
+    run: str,
+    *,
+    task: str,
+    steps: int,
+    ckpts: list[int],
+    ce: dict[int, float],
+    parent: str | None = None,
+    init: int = 0,
+    bleu: float | None = None,
+    eval_task: str | None = None,
+) -> Path:
+    """A MODEL_DIR laid out as `t5x.train` leaves it."""
+    d = root / run
+    d.mkdir(parents=True)
+    text = PRETRAIN_GIN.format(task=task, run=run, steps=steps)
+    if parent:
+        text += FINETUNE_EXTRA.format(parent=parent, init=init)
+    (d / "config.gin").write_text(text)
+    train = {}
+    for step, value in ce.items():
+        for k, v in {**loss_metrics(value), "learning_rate": 0.01}.items():
+            train.setdefault(k, []).append((step, v))
+    write_events(d / "train", train)
+    evals = {}
+    for step, value in ce.items():
+        for k, v in loss_metrics(value + 0.1).items():
+            evals.setdefault(k, []).append((step, v))
+    write_events(d / "training_eval" / (eval_task or task), evals)
+    if bleu is not None:
+        write_events(
+            d / "inference_eval" / (eval_task or task),
+            {
+                "eval/bleu": [(steps, bleu)],
+                "eval/chrf": [(steps, 40.0)],
+                "eval/rougeL": [(steps, 50.0)],
+            },
+        )
+    for step in ckpts:
+        (d / f"checkpoint_{step}").mkdir()
+        (d / f"checkpoint_{step}" / "checkpoint").write_bytes(b"")
+    return d
+
+
+def test_operative_config_parses_macros_scopes_continuations():
+    cfg = t5x_runs.parse_config(
+        PRETRAIN_GIN.format(task="mix_en_50_de_50", run="r", steps=100)
+        + FINETUNE_EXTRA.format(parent="p", init=25)
+    )
+    assert cfg.value("TASK_FEATURE_LENGTHS") == {"inputs": 512, "targets": 114}
+    assert cfg.value("train/utils.DatasetConfig.batch_size") == 256  # %BATCH_SIZE followed
+    assert cfg.value("INITIAL_CHECKPOINT_PATH") == "/runs/p/checkpoint_25"
+    assert cfg.find("RestoreCheckpointConfig", "path") == "/runs/p/checkpoint_25"
+    assert cfg.find("T5Config", "mlp_activations") == ("gelu", "linear")
+    with pytest.raises(FitInputError, match="config.gin: not a gin config"):
+        t5x_runs.parse_config("BATCH_SIZE = = 3")
+
+
+def test_pretrain_meta_from_config_gin(tmp_path):
+    d = write_t5x_run(
+        tmp_path,
+        "pre",
+        task="mix_en_50_de_50",
+        steps=300,
+        ckpts=[0, 100, 200, 300],
+        ce={100: 3.0, 200: 2.5, 300: 2.2},
+    )
+    run = io.read_runs(d)[0]
+    m = run.meta
+    want = counting.param_counts(sizes.get_config("t5_770m"))
+    assert m["model"] == "t5_770m" and m["family"] == "t5"
+    assert m["params_non_embedding"] == want.non_embedding and m["params_total"] == want.total
+    assert m["strategy"] == "pretrain" and m["mixture_or_task"] == "mix_en_50_de_50"
+    assert m["languages"] == ["en", "de"] and m["components"] == ["span_en", "span_de"]
+    assert m["batch_size"] == 256 and m["task_feature_lengths"] == {"inputs": 512, "targets": 114}
+    assert m["train_steps"] == 300 and m["checkpoint_steps"] == [0, 100, 200, 300]
+    assert m["init_checkpoint"] is None and run.completed == {
+        "step": 300,
+        "tokens": 300 * 256 * 114,
+    }
+    by_step = {r["step"]: r for r in run.records}
+    assert by_step[200]["train/loss"] == pytest.approx(2.5)  # Σ CE / Σ real tokens
+    assert by_step[200]["eval/mix_en_50_de_50/loss"] == pytest.approx(2.6)
+    assert by_step[200]["learning_rate"] == pytest.approx(0.01)
+    assert "eval/mix_en_50_de_50/accuracy" in by_step[200]
+    assert by_step[0] == {"step": 0, "tokens": 0.0, "tokens_paper": 0.0}  # a checkpoint only
+    assert by_step[300]["tokens_paper"] == 300 * 256 * 512  # the MT paper's Dp
+    assert points.paper_tokens_at(run, 200) == 200 * 256 * 512
+    assert not any(k.startswith(("loss", "timing/", "z_loss")) for r in run.records for k in r)
+
+
+def test_finetune_meta_and_inference_eval_scores(tmp_path):
+    write_t5x_run(tmp_path, "pre", task="mix_en_100", steps=300, ckpts=[300], ce={300: 2.0})
+    write_t5x_run(
+        tmp_path,
+        "ft",
+        task="mt_en_de",
+        steps=425,
+        ckpts=[425],
+        ce={425: 1.5},
+        parent="pre",
+        init=125,
+        bleu=21.5,
+    )
+    runs = {r.run_id: r for r in io.read_runs(tmp_path)}
+    m = runs["ft"].meta
+    assert m["strategy"] == "finetune" and m["init_checkpoint"] == "/runs/pre@125"
+    assert m["init_step"] == 125 and m["train_steps"] == 300  # T5X counts on from the checkpoint
+    assert m["source_lang"] == "en" and m["target_lang"] == "de" and m["languages"] == ["en", "de"]
+    last = runs["ft"].records[-1]
+    assert last["eval/mt_en_de/bleu"] == 21.5 and last["eval/mt_en_de/chrf"] == 40.0
+    assert last["eval/mt_en_de/rouge_l"] == 50.0  # seqio's rougeL under xlscale's name
+    assert runs["ft"].completed is not None
+    rows = io.tidy([runs["ft"]])
+    assert rows[-1]["scores"]["mt_en_de/bleu"] == 21.5
+
+
+def test_loss_normalizing_factor_rules(tmp_path):
+    frac = {"cross_ent_loss_per_all_target_tokens": 1.6, "non_padding_fraction/loss_weights": 0.8}
+    assert t5x_runs._ce_rule(None, run_id="r")(frac) == pytest.approx(2.0)
+    assert t5x_runs._ce_rule(233472.0, run_id="r")(frac) == pytest.approx(2.0 * 233472)
+    assert t5x_runs._ce_rule("NUM_REAL_TARGET_TOKENS", run_id="r")({"cross_ent_loss": 2.0}) == 2.0
+    with pytest.raises(
+        FitInputError, match="loss_normalizing_factor = 'AVERAGE_PER_SEQUENCE'.*allowed"
+    ):
+        t5x_runs._ce_rule("AVERAGE_PER_SEQUENCE", run_id="r")
+
+
+def test_read_tensorboard_puts_inference_eval_scores_under_their_task(tmp_path):
+    write_events(tmp_path / "inference_eval" / "mt_en_fr", {"eval/bleu": [(10, 30.0)]})
+    write_events(tmp_path / "training_eval" / "mt_en_fr", {"loss": [(10, 2.0)]})
+    assert io.read_tensorboard(tmp_path) == {
+        "eval/mt_en_fr/bleu": [(10, 30.0)],
+        "eval/mt_en_fr/loss": [(10, 2.0)],
+    }
+
+
+def _mt_study(root: Path) -> None:
+    """2 pretraining runs (checkpoints every 100 steps) + 4 finetunes of the first one's
+    checkpoints, BLEU = log-law of Dp, downstream CE = power law of Dp."""
+    write_t5x_run(
+        root,
+        "pre_en",
+        task="mix_en_100",
+        steps=800,
+        ckpts=[200, 400, 600, 800],
+        ce={s: 3.0 - s / 1000 for s in (200, 400, 600, 800)},
+    )
+    write_t5x_run(
+        root,
+        "pre_en_de",
+        task="mix_en_50_de_50",
+        steps=800,
+        ckpts=[800],
+        ce={800: 2.4},
+    )
+    for init in (200, 400, 600, 800):
+        dp = init * 256 * 512
+        write_t5x_run(
+            root,
+            f"ft_{init}",
+            task="mt_en_de",
+            steps=init + 300,
+            ckpts=[init + 300],
+            ce={init + 300: 0.5 + 60.0 * dp**-0.2},
+            parent="pre_en",
+            init=init,
+            bleu=float(laws.log_law(dp, log_A=-5.0, alpha=0.5, beta=1.5)),
+        )
+
+
+def test_fit_pipeline_on_t5x_runs(tmp_path):
+    _mt_study(tmp_path / "runs")
+    series = points.downstream_series(io.read_runs(tmp_path / "runs"), metric="bleu")
+    assert len(series) == 1 and series[0].key == ("mix_en_100", "mt_en_de", "300")
+    np.testing.assert_array_equal(series[0].Dp, [s * 256 * 512 for s in (200, 400, 600, 800)])
+    assert series[0].model == "t5_770m"
+    result = pipeline.fit_runs(tmp_path / "runs", tmp_path / "out", law="ce", bootstrap=0)
+    (entry,) = result["ce"]
+    assert entry["fit"]["converged"] and entry["fit"]["params"]["alpha"] == pytest.approx(
+        0.2, rel=1e-2
+    )
+
+
+def test_xlscale_fit_cli_on_t5x_and_xlscale_runs(tmp_path, capsys):
+    from fitting import synthetic
+    from xlscale_cli import main as cli
+
+    _mt_study(tmp_path / "runs")
+    synthetic.write_study(tmp_path / "runs", sizes=(3e7, 1e8, 3e8), evals=3, replay_ratios=(0.5,))
+    rc = cli.main(
+        [
+            "fit",
+            "--runs",
+            str(tmp_path / "runs"),
+            "--out",
+            str(tmp_path / "out"),
+            "--law",
+            "bleu",
+            "--bootstrap",
+            "0",
+        ]
+    )
+    assert rc in (0, None)
+    fits = json.loads((tmp_path / "out" / "fits.json").read_text())
+    mine = [e for e in fits["bleu"] if e["pretraining"] == "mix_en_100" and e["model"] == "t5_770m"]
+    assert mine and mine[0]["metric"] == "bleu" and mine[0]["fit"]["converged"]
