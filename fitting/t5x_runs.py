@@ -256,7 +256,7 @@ def run_meta(config: GinConfig, *, text: str, checkpoint_steps: list[int]) -> di
     shares = names.mixture_shares(task)
     components = [f"span_{lang}" for lang in shares] if shares else [task]
     langs = names.task_languages(task)
-    df = config.value("FINETUNE_TOKENS")
+    df = config.value("FINETUNE_TOKENS")  # bound by `launch.t5x_runner` for a Df grid
     meta: dict[str, Any] = {
         "runner": "t5x",
         **model_meta(config),
@@ -274,10 +274,13 @@ def run_meta(config: GinConfig, *, text: str, checkpoint_steps: list[int]) -> di
         "seq_len": lengths.get("targets"),
         "train_steps": train_steps,
         "finetune_tokens": int(df) if df is not None else None,
+        "finetune_unit": config.value("FINETUNE_UNIT") or "target",
         "checkpoint_steps": checkpoint_steps,
         "loss_normalizing_factor": _normalizer(config),
         "gin_config": text,
     }
+    if df is not None and meta["finetune_unit"] == "paper":
+        meta["finetune_tokens_paper"] = int(df)
     if meta["batch_size"] and lengths:
         meta["tokens_paper_per_step"] = meta["batch_size"] * lengths.get(
             "inputs", lengths.get("targets", 0)

@@ -9,7 +9,8 @@ a finetuning run its pretraining checkpoint) and the exact `python -m trainer.tr
 Schema (every table optional unless said):
 
     [sweep]     name (required), description, family ("llama2" | "t5"), runs_dir, seq_len,
-                gin_files (overlays after each strategy's file), gin_search_paths
+                gin_files (overlays after each strategy's file), gin_search_paths,
+                runner ("xlscale" | "t5x": real T5X's `t5x.train`, `launch.t5x_runner`)
     [vars]      NAME = "default"  -- `${NAME}` in any string below; "" means "must be given"
     [env]       environment for every launched job
     [gin]       KEY = value       -- `--gin.KEY=value` for every run
@@ -44,11 +45,11 @@ import json
 import re
 import sys
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch import budgets, select_spec
+from launch import budgets, select_spec, t5x_runner
 from launch import strategies as strategies_lib
 from launch.select_spec import SelectSpec
 from launch.strategies import AXES, COORD_MACROS, STRATEGIES, Counts, Strategy
@@ -89,6 +90,8 @@ class Manifest:
     overrides: tuple[Mapping[str, Any], ...]
     excludes: tuple[Mapping[str, Any], ...]
     selects: tuple[SelectSpec, ...] = ()
+    runner: str = "xlscale"
+    t5x_paths: t5x_runner.T5xPaths = t5x_runner.T5xPaths()
 
     def missing_variables(self) -> list[str]:
         """Variables that have no value yet (declared as "" and not given)."""
@@ -121,6 +124,12 @@ class Run:
     # choice is made (selection.json), `parent` is None and the run waits for all `candidates`.
     selected_from: str | None = None
     candidates: tuple[str, ...] = ()
+    # What runs the job (a key of RUNNERS); for "t5x", where T5X's and our code are, the gin-axis
+    # macros passed on, and the manifest (named in errors).
+    runner: str = "xlscale"
+    t5x_paths: t5x_runner.T5xPaths = t5x_runner.T5xPaths()
+    gin_axes: tuple[str, ...] = ()
+    manifest_path: str = ""
 
     @property
     def waits_for_selection(self) -> bool:
@@ -152,12 +161,21 @@ class Run:
         """The run's value on coordinate `name` (size, seed, target_lang, ...)."""
         return dict(self.coords).get(name, default)
 
-    def environment(self) -> dict[str, str]:
-        """Environment variables for the job, with manifest variables substituted."""
-        return {k: substitute(v, dict(self.variables)) for k, v in self.env}
+    @property
+    def module(self) -> str:
+        """The Python module the job runs (`trainer.train`, or `t5x.train` for the t5x runner)."""
+        return RUNNERS[self.runner].module
+
+    def environment(self, *, allow_missing: bool = False) -> dict[str, str]:
+        """Environment variables for the job, with manifest variables substituted (the t5x
+        runner adds `XLSCALE_VOCAB_PATH` and `XLSCALE_DATA_DIR`)."""
+        env = {**dict(self.env), **RUNNERS[self.runner].environment(self)}
+        variables = dict(self.variables)
+        return {k: substitute(v, variables, allow_missing=allow_missing) for k, v in env.items()}
 
     def gin_args(self, *, allow_missing: bool = False) -> list[str]:
-        """The trainer's flags: `--gin_search_paths`, `--gin_file`s and `--gin.KEY=VALUE`s.
+        """The job's flags: `--gin_search_paths`, `--gin_file`s and `--gin.KEY=VALUE`s (the
+        trainer's, or `t5x.train`'s for the t5x runner, `launch.t5x_runner`).
 
         Raises:
           ValueError: a manifest variable without a value, or a run that starts from a selected
@@ -168,24 +186,54 @@ class Run:
                 f"run {self.run_id} starts from the run chosen by [[select]] {self.selected_from}"
                 ", which is not chosen yet; run its candidates, then `xlscale sweep select`"
             )
+        args = RUNNERS[self.runner].gin_args(self, allow_missing)
         variables = dict(self.variables)
-        args = [f"--gin_search_paths={','.join(self.gin_search_paths)}"]
-        args = args if self.gin_search_paths else []
-        args += [f"--gin_file={f}" for f in self.gin_files]
-        args += [
-            f"--gin.{key}={substitute(value, variables, allow_missing=allow_missing)}"
-            for key, value in self.bindings
-        ]
-        return args
+        return [substitute(a, variables, allow_missing=allow_missing) for a in args]
 
     def argv(self, python: str | None = None, *, allow_missing: bool = False) -> list[str]:
-        """The exact command line: `python -m trainer.train --gin_file=... --gin.K=V ...`.
+        """The exact command line: `python -m trainer.train --gin_file=... --gin.K=V ...` (or
+        `python -m t5x.train ...` for the t5x runner).
 
         Raises:
           ValueError: see `gin_args`.
         """
         python = python or sys.executable
-        return [python, "-m", TRAIN_MODULE, *self.gin_args(allow_missing=allow_missing)]
+        return [python, "-m", self.module, *self.gin_args(allow_missing=allow_missing)]
+
+
+def _trainer_args(run: Run, allow_missing: bool) -> list[str]:
+    """xlscale's trainer flags: the run's gin search paths, files and every binding."""
+    args = [f"--gin_search_paths={','.join(run.gin_search_paths)}"]
+    args = args if run.gin_search_paths else []
+    args += [f"--gin_file={f}" for f in run.gin_files]
+    return args + [f"--gin.{key}={value}" for key, value in run.bindings]
+
+
+def _t5x_args(run: Run, allow_missing: bool) -> list[str]:
+    return t5x_runner.gin_args(
+        run, paths=run.t5x_paths, gin_axes=run.gin_axes, allow_missing=allow_missing
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """What runs a sweep's jobs: the module `python -m` starts, its flags (manifest variables
+    unsubstituted) and its extra environment, each from the `Run`."""
+
+    module: str
+    gin_args: Callable[[Run, bool], list[str]]
+    environment: Callable[[Run], dict[str, str]]
+
+
+# Runner name (manifest `[sweep] runner`, `xlscale sweep ... --runner`) -> how its jobs start.
+RUNNERS: dict[str, Runner] = {
+    "xlscale": Runner(TRAIN_MODULE, _trainer_args, lambda run: {}),
+    "t5x": Runner(
+        t5x_runner.MODULE,
+        _t5x_args,
+        lambda run: t5x_runner.environment(run, manifest=run.manifest_path),
+    ),
+}
 
 
 def substitute(text: str, variables: Mapping[str, str], *, allow_missing: bool = False) -> str:
@@ -250,13 +298,23 @@ def load_manifest(
     *,
     variables: Mapping[str, str] | None = None,
     runs_dir: str | None = None,
+    runner: str | None = None,
+    t5x_paths: t5x_runner.T5xPaths | None = None,
 ) -> Manifest:
-    """Reads and validates a manifest; `variables` fill `[vars]`, `runs_dir` replaces the
-    manifest's own. Errors name the manifest and the offending key."""
+    """Reads and validates a manifest; `variables` fill `[vars]`, `runs_dir` and `runner` replace
+    the manifest's own, `t5x_paths` says where the t5x runner's code is. Errors name the manifest
+    and the offending key."""
     path = resolve_manifest_path(name_or_path)
     with open(path, "rb") as f:
         data = tomllib.load(f)
-    return parse_manifest(data, path=str(path), variables=variables, runs_dir=runs_dir)
+    return parse_manifest(
+        data,
+        path=str(path),
+        variables=variables,
+        runs_dir=runs_dir,
+        runner=runner,
+        t5x_paths=t5x_paths,
+    )
 
 
 def parse_manifest(
@@ -265,11 +323,14 @@ def parse_manifest(
     path: str = "<manifest>",
     variables: Mapping[str, str] | None = None,
     runs_dir: str | None = None,
+    runner: str | None = None,
+    t5x_paths: t5x_runner.T5xPaths | None = None,
 ) -> Manifest:
     """Validates an already-parsed TOML mapping (see `load_manifest`)."""
     _check_keys(data, _TOP_KEYS, path)
     sweep = data.get("sweep", {})
-    sweep_keys = "name description family runs_dir seq_len gin_files gin_search_paths".split()
+    sweep_keys = "name description family runs_dir seq_len gin_files gin_search_paths runner"
+    sweep_keys = sweep_keys.split()
     _check_keys(sweep, sweep_keys, f"{path} [sweep]")
     _require("name" in sweep, f"{path} [sweep]", "missing 'name'")
     family = sweep.get("family", "llama2")
@@ -277,6 +338,12 @@ def parse_manifest(
         family in family_lib.FAMILIES,
         f"{path} [sweep] family",
         f"choose one of {family_lib.names()}",
+    )
+    runner = runner or sweep.get("runner", "xlscale")
+    _require(
+        runner in RUNNERS,
+        f"{path} [sweep] runner",
+        f"unknown runner {runner!r}; choose one of {', '.join(RUNNERS)}",
     )
     declared = {k: str(v) for k, v in data.get("vars", {}).items()}
     given = dict(variables or {})
@@ -342,6 +409,8 @@ def parse_manifest(
         overrides=tuple(data.get("override", [])),
         excludes=tuple(data.get("exclude", [])),
         selects=selects,
+        runner=runner,
+        t5x_paths=t5x_paths or t5x_runner.T5xPaths.resolve(),
     )
     if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
         budgets.resolve(manifest.budget, where=f"{path} [budget]")
@@ -544,6 +613,8 @@ class _Expander:
             "bindings": sorted(bindings.items()),
             "seq_len": m.seq_len,
             "parent": selected_from or (parent.run_id if parent else None),
+            # Another runner's job is another run (its own MODEL_DIR); xlscale's ids stay as were.
+            **({"runner": m.runner} if m.runner != "xlscale" else {}),
         }
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode())
         run_id = f"{_slug(strategy.name, coords)}-{digest.hexdigest()[:10]}"
@@ -555,7 +626,8 @@ class _Expander:
             checkpoint = start + (f"@{step}" if step is not None else "")
             bindings["INIT_CHECKPOINT"] = gin_literal(checkpoint)
         bindings = {"MODEL_DIR": gin_literal(model_dir), **bindings}
-        return Run(
+        gin_axes = tuple(sorted(n for n in coords if n not in _STANDARD_COORDS))
+        run = Run(
             run_id=run_id,
             strategy=strategy.name,
             family=m.family,
@@ -576,7 +648,14 @@ class _Expander:
             env=tuple(sorted(m.env.items())),
             selected_from=selected_from,
             candidates=candidates,
+            runner=m.runner,
+            t5x_paths=m.t5x_paths,
+            gin_axes=gin_axes,
+            manifest_path=m.path,
         )
+        if m.runner == "t5x":
+            t5x_runner.check(run, manifest=m.path)
+        return run
 
     def _parent(
         self, strategy: Strategy, coords: Mapping[str, Any], where: str

@@ -24,7 +24,8 @@ def _remote_cd(directory: str) -> str:
 class TpuVmLauncher(SequentialLauncher):
     """Runs each job on every worker of a TPU VM through
     `gcloud compute tpus tpu-vm ssh NAME --zone Z --worker=all --command '...'`: change to the
-    checkout made by `launch/tpu_vm_setup.sh`, export the environment, run `trainer.train`.
+    checkout made by `launch/tpu_vm_setup.sh`, export the environment, run `trainer.train` (or
+    `t5x.train` for the t5x runner).
     MODEL_DIR should be on shared storage (gs://...) that all workers and this machine see."""
 
     name = "tpu_vm"
@@ -69,7 +70,7 @@ class TpuVmLauncher(SequentialLauncher):
 
     def remote_command(self, run: Run, *, allow_missing: bool = False) -> str:
         """The shell command each worker runs."""
-        env = {"PYTHONUNBUFFERED": "1", **run.environment()}
+        env = {"PYTHONUNBUFFERED": "1", **run.environment(allow_missing=allow_missing)}
         exports = "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         train = shlex.join(run.argv(self.python, allow_missing=allow_missing))
         return f"{_remote_cd(self.remote_dir)} && {exports} && {train}"

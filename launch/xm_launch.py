@@ -2,7 +2,8 @@
 
 Runs are added in dependency waves (every run whose parents are done), and each wave is waited
 for before the next, so a CPT work unit starts only once its source checkpoint exists. The
-container runs `python -m trainer.train` with the same gin flags as every other launcher.
+container runs `python -m trainer.train` (`t5x.train` for the t5x runner) with the same gin flags
+as every other launcher.
 
 xmanager is imported only when launching for real; `--dry-run` works without it or any
 credentials. As a script (e.g. under `xmanager launch`):
@@ -97,10 +98,11 @@ class XManagerLauncher:
 
     def plan(self, runs: Sequence[Run], *, allow_missing: bool = True) -> list[str]:
         """Human-readable description of the experiment and its work units, wave by wave."""
+        modules = sorted({run.module for run in runs}) or ["trainer.train"]
         lines = [
             f"xmanager experiment {self.title!r}: {len(runs)} work units, executor "
             f"{EXECUTORS[self.executor]}({self.accelerator}={self.accelerator_count}), "
-            f"container python -m trainer.train from {self.project_path}",
+            f"container python -m {' | '.join(modules)} from {self.project_path}",
             *(f"  docker: {line}" for line in self.docker_instructions()),
         ]
         for i, wave in enumerate(waves(runs)):
@@ -112,8 +114,9 @@ class XManagerLauncher:
             for run in wave:
                 unit = {
                     "work_unit": run.run_id,
+                    "module": run.module,
                     "args": run.gin_args(allow_missing=allow_missing),
-                    "env_vars": run.environment(),
+                    "env_vars": run.environment(allow_missing=allow_missing),
                 }
                 lines.append("  " + json.dumps(unit))
         return lines
@@ -149,7 +152,7 @@ class XManagerLauncher:
                         executor_spec=executor_cls.Spec(),
                         path=self.project_path,
                         base_image=self.base_image,
-                        entrypoint=xm.ModuleName("trainer.train"),
+                        entrypoint=xm.ModuleName(runs[0].module),  # one runner per manifest
                         docker_instructions=self.docker_instructions(),
                     )
                 ]

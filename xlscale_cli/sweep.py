@@ -6,6 +6,7 @@ and make its `[[select]]` choices (selection.json; `xlscale sweep run` makes the
     xlscale sweep run cpt_paper --launcher tpu_vm --tpu my-v4 --zone us-central2-b --dry-run
     xlscale sweep status demo --runs-dir demo_out/runs
     xlscale sweep select mt_paper --var DATA_DIR=... --var VOCAB_PATH=...   # writes selection.json
+    xlscale sweep run mt_paper --runner t5x --t5x-dir ~/t5x --launcher xmanager --dry-run
 
 MANIFEST is a path or the name of a manifest shipped in `launch/manifests/`.
 """
@@ -16,9 +17,9 @@ import argparse
 import json
 import sys
 
-from launch import estimate, launchers, selection
+from launch import estimate, launchers, selection, t5x_runner
 from launch import status as run_states
-from launch.sweep import expand, load_manifest, select
+from launch.sweep import RUNNERS, expand, load_manifest, select
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only runs whose id matches (plus their dependencies)",
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    common.add_argument(
+        "--runner",
+        choices=sorted(RUNNERS),
+        help="what runs each job: xlscale's trainer, or real T5X's t5x.train (default: the "
+        "manifest's [sweep] runner, else xlscale)",
+    )
+    common.add_argument(
+        "--t5x-dir", help="T5X's source checkout, for --runner t5x (default: $T5X_DIR)"
+    )
+    common.add_argument(
+        "--repo-dir",
+        help="the xlscale checkout where the T5X jobs run, for --runner t5x "
+        "(<repo>/t5x_configs; default: this checkout)",
+    )
 
     plan = actions.add_parser("plan", parents=[common], help="list the runs with cost estimates")
     plan.add_argument(
@@ -82,7 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _manifest(args):
     variables = dict(v.split("=", 1) for v in args.var)
-    return load_manifest(args.manifest, variables=variables, runs_dir=args.runs_dir)
+    paths = t5x_runner.T5xPaths.resolve(t5x_dir=args.t5x_dir, repo_dir=args.repo_dir)
+    return load_manifest(
+        args.manifest,
+        variables=variables,
+        runs_dir=args.runs_dir,
+        runner=args.runner,
+        t5x_paths=paths,
+    )
 
 
 def _only(args, manifest):

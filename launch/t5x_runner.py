@@ -1,0 +1,175 @@
+"""The `t5x` runner: a sweep's runs as real T5X jobs (`python -m t5x.train`), not xlscale's trainer.
+
+A manifest with `[sweep] runner = "t5x"` (or `xlscale sweep run ... --runner t5x`) keeps its grid,
+ids, dependencies and launchers; only each run's command changes, to the form agreed with the
+gin files under `t5x_configs/t5x/`:
+
+    python -m t5x.train --gin_search_paths=<repo>/t5x_configs,<T5X_DIR>
+      --gin_file=t5x/models/<t5_770m|t5_3b|tiny>.gin --gin_file=t5x/runs/<span_pretrain|finetune>.gin
+      --gin.MODEL_DIR="'<dir>'" --gin.MIXTURE_OR_TASK_NAME="'<task>'" --gin.TRAIN_STEPS=<N>
+      --gin.MIXTURE_OR_TASK_MODULE="'t5x_configs.t5x_tasks'"
+      [--gin.INITIAL_CHECKPOINT_PATH="'<pretrain dir>/checkpoint_<step>'"]
+
+with the environment `XLSCALE_VOCAB_PATH` and `XLSCALE_DATA_DIR` (the manifest's `VOCAB_PATH` and
+`DATA_DIR`, which `t5x_configs.t5x_tasks` reads). A finetune restores the checkpoint's step and
+T5X counts `TRAIN_STEPS` from 0 (its finetune.gin: "TRAIN_STEPS includes pretrain steps"), so a
+finetune's TRAIN_STEPS is its init step + its own steps; a non-pretrained baseline
+(`finetune_scratch`) binds `INITIAL_CHECKPOINT_PATH = None` (T5X then restores nothing). The
+manifest's gin-axis macros (a learning-rate grid) and a finetune's Df (`FINETUNE_TOKENS`) follow
+as `--gin.<MACRO>=<value>`, so the runs of a grid differ; the other `[gin]` settings are xlscale
+trainer macros and are not passed.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MODULE = "t5x.train"
+TASK_MODULE = "t5x_configs.t5x_tasks"
+T5X_DIR_ENV = "T5X_DIR"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Size-table name -> the model file under t5x_configs/.
+MODEL_GIN: Mapping[str, str] = {
+    "t5_770m": "t5x/models/t5_770m.gin",
+    "t5_3b": "t5x/models/t5_3b.gin",
+    "t5_tiny": "t5x/models/tiny.gin",
+}
+# Strategy -> (run file under t5x_configs/, the coordinate naming its MIXTURE_OR_TASK_NAME).
+RUN_GIN: Mapping[str, tuple[str, str]] = {
+    "pretrain": ("t5x/runs/span_pretrain.gin", "mixture"),
+    "finetune": ("t5x/runs/finetune.gin", "task"),
+    "finetune_scratch": ("t5x/runs/finetune.gin", "task"),
+}
+# Coordinates passed on as macros beyond the agreed form: the finetuning set size Df, so the runs
+# of a Df grid differ and `fitting.t5x_runs` reads Df back (T5X's config.gin is gin.config_str(),
+# every binding, used or not).
+PASSED_COORDS: Mapping[str, str] = {"finetune_tokens": "FINETUNE_TOKENS"}
+# Environment of a T5X job -> the manifest [gin] macro whose value it carries.
+ENV_FROM_GIN: Mapping[str, str] = {
+    "XLSCALE_VOCAB_PATH": "VOCAB_PATH",
+    "XLSCALE_DATA_DIR": "DATA_DIR",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class T5xPaths:
+    """Where the T5X jobs find their code.
+
+    Attributes:
+      t5x_dir: T5X's source checkout (its `t5x/configs/...` gin files); "" when not given
+        (`--t5x-dir` or `$T5X_DIR`): dry runs show `${T5X_DIR}`, real launches refuse.
+      repo_dir: the xlscale checkout on the machines that run the jobs (`<repo>/t5x_configs`).
+    """
+
+    t5x_dir: str = ""
+    repo_dir: str = str(REPO_ROOT)
+
+    @classmethod
+    def resolve(cls, *, t5x_dir: str | None = None, repo_dir: str | None = None) -> T5xPaths:
+        """The paths given, else `$T5X_DIR` and this checkout."""
+        return cls(
+            t5x_dir=t5x_dir or os.environ.get(T5X_DIR_ENV, ""),
+            repo_dir=repo_dir or str(REPO_ROOT),
+        )
+
+
+def _bindings(run: Any) -> dict[str, str]:
+    return dict(run.bindings)
+
+
+def _where(run: Any, manifest: str) -> str:
+    return f"{manifest} run {run.run_id} ({run.strategy}, size {run.base_size})"
+
+
+def check(run: Any, *, manifest: str) -> None:
+    """Raises ValueError naming the manifest, the run and the allowed values when the run has no
+    T5X form (a size or strategy without a gin file under t5x_configs/t5x/)."""
+    if run.base_size not in MODEL_GIN:
+        raise ValueError(
+            f"{_where(run, manifest)}: the t5x runner has no model file for size "
+            f"{run.base_size!r}; allowed: {', '.join(MODEL_GIN)}"
+        )
+    if run.strategy not in RUN_GIN:
+        raise ValueError(
+            f"{_where(run, manifest)}: the t5x runner has no run file for strategy "
+            f"{run.strategy!r}; allowed: {', '.join(RUN_GIN)}"
+        )
+
+
+def _literal(value: str) -> Any:
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+def _init_checkpoint(run: Any) -> str:
+    """`<pretrain dir>/checkpoint_<step>` from the run's xlscale `INIT_CHECKPOINT` (`dir@step`)."""
+    start = str(_literal(_bindings(run)["INIT_CHECKPOINT"]))
+    directory, _, step = start.partition("@")
+    return f"{directory.rstrip('/')}/checkpoint_{step or run.coord('init_step')}"
+
+
+def gin_args(
+    run: Any, *, paths: T5xPaths, gin_axes: Sequence[str], allow_missing: bool = False
+) -> list[str]:
+    """The `t5x.train` flags of one run (see the module docstring).
+
+    Raises:
+      ValueError: no T5X source directory (unless `allow_missing`, for dry runs).
+    """
+    t5x_dir = paths.t5x_dir
+    if not t5x_dir:
+        if not allow_missing:
+            raise ValueError(
+                f"run {run.run_id}: the t5x runner needs T5X's source directory; "
+                f"pass --t5x-dir DIR or set {T5X_DIR_ENV}"
+            )
+        t5x_dir = "${" + T5X_DIR_ENV + "}"
+    run_file, task_coord = RUN_GIN[run.strategy]
+    bindings = _bindings(run)
+    steps = int(run.steps)
+    if run.strategy == "finetune":
+        steps += int(run.coord("init_step") or 0)  # T5X counts on from the restored step
+    args = [
+        f"--gin_search_paths={paths.repo_dir.rstrip('/')}/t5x_configs,{t5x_dir}",
+        f"--gin_file={MODEL_GIN[run.base_size]}",
+        f"--gin_file={run_file}",
+        f"--gin.MODEL_DIR={bindings['MODEL_DIR']}",
+        f"--gin.MIXTURE_OR_TASK_NAME={run.coord(task_coord)!r}",
+        f"--gin.TRAIN_STEPS={steps}",
+        f"--gin.MIXTURE_OR_TASK_MODULE={TASK_MODULE!r}",
+    ]
+    if run.strategy == "finetune":
+        args.append(f"--gin.INITIAL_CHECKPOINT_PATH={_init_checkpoint(run)!r}")
+    elif run.strategy == "finetune_scratch":
+        args.append("--gin.INITIAL_CHECKPOINT_PATH=None")
+    args += [
+        f"--gin.{macro}={run.coord(coord)!r}"
+        for coord, macro in PASSED_COORDS.items()
+        if run.coord(coord) is not None
+    ]
+    args += [f"--gin.{name}={bindings[name]}" for name in gin_axes if name in bindings]
+    return args
+
+
+def environment(run: Any, *, manifest: str) -> dict[str, str]:
+    """`XLSCALE_VOCAB_PATH` / `XLSCALE_DATA_DIR` from the run's `VOCAB_PATH` / `DATA_DIR` macros
+    (manifest variables unsubstituted; the caller substitutes them).
+
+    Raises:
+      ValueError: the manifest binds neither macro, naming it and the run.
+    """
+    bindings = _bindings(run)
+    missing = [macro for macro in ENV_FROM_GIN.values() if macro not in bindings]
+    if missing:
+        raise ValueError(
+            f"{_where(run, manifest)}: the t5x runner passes {', '.join(ENV_FROM_GIN)} from the "
+            f"manifest's [gin] {', '.join(ENV_FROM_GIN.values())}; missing: {', '.join(missing)}"
+        )
+    return {env: str(_literal(bindings[macro])) for env, macro in ENV_FROM_GIN.items()}

@@ -1,0 +1,168 @@
+"""The `t5x` runner: a manifest's runs as real T5X jobs (`python -m t5x.train`, the command form
+agreed with `t5x_configs/t5x/`), through the same launchers; no T5X needed for any of this."""
+
+import io
+import json
+import shlex
+import tomllib
+
+import pytest
+
+from launch import status, sweep, t5x_runner, tpu_vm, xm_launch
+from xlscale_cli.main import main
+
+MANIFEST = """
+[sweep]
+name = "t5x_small"
+family = "t5"
+runs_dir = "RUNS"
+seq_len = 512
+runner = "t5x"
+
+[vars]
+DATA_DIR = ""
+VOCAB_PATH = ""
+
+[gin]
+DATA_DIR = "${DATA_DIR}"
+VOCAB_PATH = "${VOCAB_PATH}"
+
+[axes]
+seeds = [0]
+init_steps = [200]
+
+[strategies.pretrain]
+budget = { steps = 400, batch_size = 256 }
+
+[strategies.finetune]
+budget = { steps = 300, batch_size = 128 }
+
+[strategies.finetune_scratch]
+budget = { steps = 300, batch_size = 128 }
+
+[[grid]]
+strategies = ["pretrain"]
+sizes = ["t5_770m"]
+mixtures = ["mix_en_100"]
+
+[[grid]]
+strategies = ["finetune", "finetune_scratch"]
+sizes = ["t5_770m"]
+mixtures = ["mix_en_100"]
+tasks = ["mt_en_de"]
+finetune_tokens = [6_000_000]
+gin_axes = { PEAK_LR = [0.001] }
+"""
+PATHS = t5x_runner.T5xPaths(t5x_dir="/opt/t5x", repo_dir="/src/xlscale")
+VARS = {"DATA_DIR": "/data/corpora", "VOCAB_PATH": "/data/spm.model"}
+
+
+def expand(text=MANIFEST, *, paths=PATHS, runner=None):
+    manifest = sweep.parse_manifest(
+        tomllib.loads(text), path="t5x_small.toml", variables=VARS, runner=runner, t5x_paths=paths
+    )
+    return {r.strategy: r for r in sweep.expand(manifest)}
+
+
+def test_t5x_command_lines_are_the_agreed_form():
+    runs = expand()
+    pre, ft, scratch = runs["pretrain"], runs["finetune"], runs["finetune_scratch"]
+    assert pre.argv("python") == [
+        "python",
+        "-m",
+        "t5x.train",
+        "--gin_search_paths=/src/xlscale/t5x_configs,/opt/t5x",
+        "--gin_file=t5x/models/t5_770m.gin",
+        "--gin_file=t5x/runs/span_pretrain.gin",
+        f"--gin.MODEL_DIR='{pre.model_dir}'",
+        "--gin.MIXTURE_OR_TASK_NAME='mix_en_100'",
+        "--gin.TRAIN_STEPS=400",
+        "--gin.MIXTURE_OR_TASK_MODULE='t5x_configs.t5x_tasks'",
+    ]
+    assert ft.argv("python")[3:] == [
+        "--gin_search_paths=/src/xlscale/t5x_configs,/opt/t5x",
+        "--gin_file=t5x/models/t5_770m.gin",
+        "--gin_file=t5x/runs/finetune.gin",
+        f"--gin.MODEL_DIR='{ft.model_dir}'",
+        "--gin.MIXTURE_OR_TASK_NAME='mt_en_de'",
+        "--gin.TRAIN_STEPS=500",  # T5X counts on from the restored step 200
+        "--gin.MIXTURE_OR_TASK_MODULE='t5x_configs.t5x_tasks'",
+        f"--gin.INITIAL_CHECKPOINT_PATH='{pre.model_dir}/checkpoint_200'",
+        "--gin.FINETUNE_TOKENS=6000000",
+        "--gin.PEAK_LR=0.001",
+    ]
+    assert ft.parent == pre.run_id and ft.depends_on == (pre.run_id,)
+    assert "--gin.TRAIN_STEPS=300" in scratch.argv("python")
+    assert "--gin.INITIAL_CHECKPOINT_PATH=None" in scratch.argv("python")
+    assert ft.environment() == {
+        "XLSCALE_VOCAB_PATH": "/data/spm.model",
+        "XLSCALE_DATA_DIR": "/data/corpora",
+    }
+
+
+def test_runner_flag_overrides_the_manifest_and_changes_only_t5x_ids():
+    xl = expand(MANIFEST.replace('runner = "t5x"\n', ""))
+    again = expand(MANIFEST.replace('runner = "t5x"\n', ""), runner="xlscale")
+    t5x = expand(MANIFEST.replace('runner = "t5x"\n', ""), runner="t5x")
+    assert xl["pretrain"].argv("python")[2] == "trainer.train"
+    assert xl["pretrain"].run_id == again["pretrain"].run_id != t5x["pretrain"].run_id
+    assert t5x["pretrain"].module == "t5x.train"
+    with pytest.raises(ValueError, match=r"t5x_small.toml \[sweep\] runner: unknown runner 'nope'"):
+        expand(runner="nope")
+
+
+def test_unsupported_size_names_manifest_run_and_allowed_values():
+    text = MANIFEST.replace('sizes = ["t5_770m"]', 'sizes = ["t5_base"]')
+    with pytest.raises(ValueError) as err:
+        expand(text)
+    msg = str(err.value)
+    assert "t5x_small.toml run pretrain_t5_base" in msg and "size 't5_base'" in msg
+    assert "allowed: t5_770m, t5_3b, t5_tiny" in msg
+
+
+def test_missing_t5x_dir_and_vocab_macros_are_clear_errors():
+    runs = expand(paths=t5x_runner.T5xPaths(t5x_dir="", repo_dir="/src/xlscale"))
+    dry = runs["pretrain"].argv("python", allow_missing=True)
+    assert dry[3] == "--gin_search_paths=/src/xlscale/t5x_configs,${T5X_DIR}"
+    with pytest.raises(ValueError, match="pass --t5x-dir DIR or set T5X_DIR"):
+        runs["pretrain"].argv("python")
+    text = MANIFEST.replace('VOCAB_PATH = "${VOCAB_PATH}"\n', "")
+    with pytest.raises(ValueError, match="t5x_small.toml run .*missing: VOCAB_PATH"):
+        expand(text)["pretrain"].environment()
+
+
+def test_tpu_vm_and_xmanager_dry_runs_start_t5x_train():
+    runs = list(expand().values())
+    launcher = tpu_vm.TpuVmLauncher(tpu="t", zone="z")
+    remote = launcher.remote_command(runs[0])
+    assert "export PYTHONUNBUFFERED=1 XLSCALE_VOCAB_PATH=/data/spm.model" in remote
+    assert remote.endswith(shlex.join(runs[0].argv(".venv/bin/python")))
+    stream = io.StringIO()
+    report = xm_launch.XManagerLauncher(title="t").launch(
+        runs, dry_run=True, progress=status.Progress(runs, stream=stream)
+    )
+    assert "container python -m t5x.train from" in stream.getvalue()
+    units = [json.loads(line) for line in report.commands if line.startswith("  {")]
+    assert {u["module"] for u in units} == {"t5x.train"}
+    for unit in units:
+        run = next(r for r in runs if r.run_id == unit["work_unit"])
+        assert unit["args"] == run.gin_args() and unit["env_vars"] == run.environment()
+
+
+@pytest.mark.parametrize("launcher", ["tpu_vm", "xmanager"])
+def test_cli_dry_run_of_the_mt_paper_under_t5x(launcher, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("T5X_DIR", "/opt/t5x")
+    args = ["sweep", "run", "mt_paper", "--runner", "t5x", "--launcher", launcher, "--dry-run"]
+    args += [
+        "--runs-dir",
+        str(tmp_path),
+        "--only",
+        "*t5_770m_mix_en_100*mt_en_de_df6M_peak_lr0.001*",
+    ]
+    args += ["--tpu", "t", "--zone", "z"] if launcher == "tpu_vm" else []
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "t5x.train" in out and "trainer.train" not in out
+    assert "t5x/models/t5_770m.gin" in out and "t5x/runs/finetune.gin" in out
+    assert "t5x/runs/span_pretrain.gin" in out and "INITIAL_CHECKPOINT_PATH" in out
+    assert "/opt/t5x" in out and not any(tmp_path.iterdir())
