@@ -63,18 +63,33 @@ def write(runs_dir: str, document: Mapping[str, Any]) -> str:
 
 
 def final_value(model_dir: str, metric: str) -> tuple[float | None, int | None]:
-    """(value, step) of the last metrics.jsonl record of a run that has `metric`."""
+    """(value, step) of the last metrics.jsonl record of a run that has `metric` (a real T5X
+    MODEL_DIR's summaries, as `fitting.t5x_runs` maps them, where there is no metrics.jsonl)."""
     path = run_states.any_path(model_dir.rstrip("/") + "/metrics.jsonl")
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
-        return None, None
+        return _t5x_final_value(model_dir, metric)
     for line in reversed(lines):
         try:
             record = json.loads(line)
         except ValueError:
             continue  # a line being written
         if isinstance(record, dict) and metric in record and record[metric] is not None:
+            return float(record[metric]), record.get("step")
+    return None, None
+
+
+def _t5x_final_value(model_dir: str, metric: str) -> tuple[float | None, int | None]:
+    directory = run_states.local_path(model_dir)
+    if directory is None or not directory.is_dir():
+        return None, None
+    from fitting import t5x_runs
+
+    if not t5x_runs.is_t5x_run(directory):
+        return None, None
+    for record in reversed(t5x_runs.read_t5x_run(directory).records):
+        if record.get(metric) is not None:
             return float(record[metric]), record.get("step")
     return None, None
 

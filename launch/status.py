@@ -60,9 +60,10 @@ def any_path(path: str):
 
 
 def is_completed(run: Run) -> bool:
-    """Whether `MODEL_DIR/COMPLETED` exists (unreadable remote storage counts as not done)."""
+    """Whether `MODEL_DIR/COMPLETED` exists (a T5X run's last checkpoint, `Run.done_marker`;
+    unreadable remote storage counts as not done)."""
     try:
-        return (any_path(run.model_dir) / "COMPLETED").exists()
+        return (any_path(run.model_dir) / run.done_marker).exists()
     except Exception:  # noqa: BLE001 -- no filesystem for that scheme here
         return False
 
@@ -134,7 +135,7 @@ def run_status(run: Run, *, stale_s: float = 900.0, now: float | None = None) ->
     updated = metrics_path.stat().st_mtime if metrics_path.exists() else None
     record = read_json(directory / LAUNCH_FILE) or {}
     completed = read_json(directory / "COMPLETED")
-    if (directory / "COMPLETED").exists():
+    if is_completed(run):
         step = (completed or {}).get("step", step)
         return RunStatus(run.run_id, "done", step, loss, evals, updated)
     if record.get("state") == "running":

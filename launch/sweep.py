@@ -166,6 +166,12 @@ class Run:
         """The Python module the job runs (`trainer.train`, or `t5x.train` for the t5x runner)."""
         return RUNNERS[self.runner].module
 
+    @property
+    def done_marker(self) -> str:
+        """The path under MODEL_DIR that exists once the job finished (`COMPLETED`; for T5X,
+        which writes no marker, its checkpoint at the last step)."""
+        return RUNNERS[self.runner].done_marker(self)
+
     def environment(self, *, allow_missing: bool = False) -> dict[str, str]:
         """Environment variables for the job, with manifest variables substituted (the t5x
         runner adds `XLSCALE_VOCAB_PATH` and `XLSCALE_DATA_DIR`)."""
@@ -218,11 +224,13 @@ def _t5x_args(run: Run, allow_missing: bool) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class Runner:
     """What runs a sweep's jobs: the module `python -m` starts, its flags (manifest variables
-    unsubstituted) and its extra environment, each from the `Run`."""
+    unsubstituted), its extra environment, and the path under MODEL_DIR whose existence says the
+    job finished, each from the `Run`."""
 
     module: str
     gin_args: Callable[[Run, bool], list[str]]
     environment: Callable[[Run], dict[str, str]]
+    done_marker: Callable[[Run], str] = lambda run: "COMPLETED"
 
 
 # Runner name (manifest `[sweep] runner`, `xlscale sweep ... --runner`) -> how its jobs start.
@@ -232,6 +240,7 @@ RUNNERS: dict[str, Runner] = {
         t5x_runner.MODULE,
         _t5x_args,
         lambda run: t5x_runner.environment(run, manifest=run.manifest_path),
+        t5x_runner.done_marker,
     ),
 }
 

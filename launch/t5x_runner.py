@@ -115,6 +115,19 @@ def _init_checkpoint(run: Any) -> str:
     return f"{directory.rstrip('/')}/checkpoint_{step or run.coord('init_step')}"
 
 
+def total_steps(run: Any) -> int:
+    """T5X's TRAIN_STEPS of a run: its steps, plus the restored step for a finetune."""
+    steps = int(run.steps)
+    if run.strategy == "finetune":
+        steps += int(run.coord("init_step") or 0)  # T5X counts on from the restored step
+    return steps
+
+
+def done_marker(run: Any) -> str:
+    """T5X writes no COMPLETED: its checkpoint at the last step says the job finished."""
+    return f"checkpoint_{total_steps(run)}"
+
+
 def gin_args(
     run: Any, *, paths: T5xPaths, gin_axes: Sequence[str], allow_missing: bool = False
 ) -> list[str]:
@@ -133,9 +146,7 @@ def gin_args(
         t5x_dir = "${" + T5X_DIR_ENV + "}"
     run_file, task_coord = RUN_GIN[run.strategy]
     bindings = _bindings(run)
-    steps = int(run.steps)
-    if run.strategy == "finetune":
-        steps += int(run.coord("init_step") or 0)  # T5X counts on from the restored step
+    steps = total_steps(run)
     args = [
         f"--gin_search_paths={paths.repo_dir.rstrip('/')}/t5x_configs,{t5x_dir}",
         f"--gin_file={MODEL_GIN[run.base_size]}",

@@ -166,3 +166,21 @@ def test_cli_dry_run_of_the_mt_paper_under_t5x(launcher, capsys, tmp_path, monke
     assert "t5x/models/t5_770m.gin" in out and "t5x/runs/finetune.gin" in out
     assert "t5x/runs/span_pretrain.gin" in out and "INITIAL_CHECKPOINT_PATH" in out
     assert "/opt/t5x" in out and not any(tmp_path.iterdir())
+
+
+def test_t5x_runs_finish_at_their_last_checkpoint_and_select_on_their_summaries(tmp_path):
+    from launch import selection
+    from tests.test_t5x_runs import write_t5x_run
+
+    text = MANIFEST.replace('runs_dir = "RUNS"', f'runs_dir = "{tmp_path}"')
+    runs = expand(text)
+    pre, ft = runs["pretrain"], runs["finetune"]
+    assert ft.done_marker == "checkpoint_500" and pre.done_marker == "checkpoint_400"
+    assert not status.is_completed(pre)
+    write_t5x_run(
+        tmp_path, pre.run_id, task="mix_en_100", steps=400, ckpts=[200, 400], ce={400: 2.25}
+    )
+    assert status.is_completed(pre)
+    assert status.run_status(pre).state == "done"
+    assert selection.final_value(pre.model_dir, "train/loss") == (pytest.approx(2.25), 400)
+    assert selection.final_value(pre.model_dir, "eval/nope/loss") == (None, None)
