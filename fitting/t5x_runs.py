@@ -21,9 +21,10 @@ cc342d419ec3e3e9c4bf1df33c82330cafdc1e16; seqio's `TensorBoardLogger`):
 - `checkpoint_<step>/` directories (`checkpoints_utils.get_checkpoint_dir`). → one record per
   kept step (so a finetune's Dp is read at exactly its step) and `meta["checkpoint_steps"]`.
 
-Token counts: T5X logs none, so records get `tokens` = step × batch × targets length (an upper
-bound on real target tokens: the rows are packed) and `tokens_paper` = step × batch × inputs
-length, the MT paper's Dp (`trainer.paper_units`). A finetune restores the step of its
+Token counts: T5X logs none, so records get `tokens` = steps × batch × targets length × the
+logged `non_padding_fraction/loss_weights` of each window (real target tokens, as xlscale counts
+them) and `tokens_paper` = steps × batch × inputs length, the MT paper's Dp
+(`trainer.paper_units`); a finetune counts its steps from its checkpoint's. A finetune restores the step of its
 `INITIAL_CHECKPOINT_PATH` and counts `TRAIN_STEPS` from there (T5X's finetune.gin), so its
 `train_steps` is `TRAIN_STEPS` − that step.
 
@@ -148,13 +149,16 @@ def parse_config(text: str, *, where: str = CONFIG_FILE) -> GinConfig:
 
 
 def _model_from_size_name(config: GinConfig) -> tuple[str, dict[str, Any]] | None:
-    """A macro or binding naming a size of `t5_jax.sizes` (e.g. `MODEL_SIZE = 't5_770m'`)."""
+    """A macro or binding naming a size of `t5_jax.sizes` (`MODEL_SIZE = 't5_770m'`, which
+    `t5x_configs/t5x/models/t5.gin` passes to `sizes.get_config.name`), with the `vocab_size`
+    given to `sizes.get_config` (the embedding rows: part of the total count)."""
     from t5_jax import sizes
 
     for key in ("MODEL_SIZE", *config.bindings):
         value = config.value(key)
         if isinstance(value, str) and value in sizes.SIZES:
-            return value, {}
+            vocab = config.find("get_config", "vocab_size")
+            return value, {} if vocab is None else {"vocab_size": int(vocab)}
     return None
 
 
@@ -407,12 +411,40 @@ def records(path: Path, meta: Mapping[str, Any], *, run_id: str) -> list[dict[st
     for step in meta.get("checkpoint_steps") or ():
         by_step.setdefault(step, {"step": step})
     batch, lengths = meta.get("batch_size"), meta.get("task_feature_lengths") or {}
+    start = int(meta.get("init_step") or 0)  # a finetune's steps go on from its checkpoint's
+    windows = _loss_weight_windows(path, start=start)
     for step, rec in by_step.items():
         if batch and lengths.get("targets"):
-            rec["tokens"] = float(step * batch * lengths["targets"])
+            rec["tokens"] = _real_rows(windows, start=start, step=step) * batch * lengths["targets"]
         if meta.get("tokens_paper_per_step"):
-            rec["tokens_paper"] = float(step * meta["tokens_paper_per_step"])
+            rec["tokens_paper"] = float(max(step - start, 0) * meta["tokens_paper_per_step"])
     return [by_step[s] for s in sorted(by_step)]
+
+
+def _loss_weight_windows(path: Path, *, start: int) -> list[tuple[int, int, float]]:
+    """(first step, last step, non-padding fraction of the targets) of each logged training
+    window: T5X's `non_padding_fraction/loss_weights`, averaged over the steps since the last."""
+    points = read_tensorboard(path / TRAIN_DIR).get("non_padding_fraction/loss_weights", [])
+    out, prev = [], start
+    for step, frac in points:
+        if step > prev:
+            out.append((prev, int(step), float(frac)))
+            prev = int(step)
+    return out
+
+
+def _real_rows(windows: list[tuple[int, int, float]], *, start: int, step: int) -> float:
+    """Target rows' worth of real (loss-carrying) tokens from `start` to `step`: the steps of each
+    window × its non-padding fraction (the last window's past its end; 1 with no summaries)."""
+    total, last_end, frac = 0.0, start, 1.0
+    for lo, hi, frac in windows:
+        if step <= lo:
+            break
+        total += (min(step, hi) - lo) * frac
+        last_end = hi
+    if step > last_end and (not windows or step > windows[-1][1]):
+        total += (step - last_end) * frac
+    return total
 
 
 def read_t5x_run(path: str | Path) -> RunRecord:

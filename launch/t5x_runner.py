@@ -13,7 +13,9 @@ gin files under `t5x_configs/t5x/`:
 with the environment `XLSCALE_VOCAB_PATH` and `XLSCALE_DATA_DIR` (the manifest's `VOCAB_PATH` and
 `DATA_DIR`, which `t5x_configs.t5x_tasks` reads). A finetune restores the checkpoint's step and
 T5X counts `TRAIN_STEPS` from 0 (its finetune.gin: "TRAIN_STEPS includes pretrain steps"), so a
-finetune's TRAIN_STEPS is its init step + its own steps; a non-pretrained baseline
+finetune's TRAIN_STEPS is its init step + its own steps, and its own steps are also given as
+`FINETUNE_STEPS` (t5x/runs/finetune.gin's `TRAIN_STEPS_RELATIVE`, which T5X prefers); the `t5_tiny`
+size is `t5x/models/tiny.gin` as an overlay after the run file; a non-pretrained baseline
 (`finetune_scratch`) binds `INITIAL_CHECKPOINT_PATH = None` (T5X then restores nothing). The
 manifest's gin-axis macros (a learning-rate grid) and a finetune's Df (`FINETUNE_TOKENS`) follow
 as `--gin.<MACRO>=<value>`, so the runs of a grid differ; the other `[gin]` settings are xlscale
@@ -33,11 +35,12 @@ MODULE = "t5x.train"
 TASK_MODULE = "t5x_configs.t5x_tasks"
 T5X_DIR_ENV = "T5X_DIR"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# Size-table name -> the model file under t5x_configs/.
-MODEL_GIN: Mapping[str, str] = {
-    "t5_770m": "t5x/models/t5_770m.gin",
-    "t5_3b": "t5x/models/t5_3b.gin",
-    "t5_tiny": "t5x/models/tiny.gin",
+# Size-table name -> (model file under t5x_configs/, overlays given after the run file). `tiny.gin`
+# is an overlay (size, vocabulary rows, lengths, batch, periods) over a full model file.
+MODEL_GIN: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    "t5_770m": ("t5x/models/t5_770m.gin", ()),
+    "t5_3b": ("t5x/models/t5_3b.gin", ()),
+    "t5_tiny": ("t5x/models/t5_770m.gin", ("t5x/models/tiny.gin",)),
 }
 # Strategy -> (run file under t5x_configs/, the coordinate naming its MIXTURE_OR_TASK_NAME).
 RUN_GIN: Mapping[str, tuple[str, str]] = {
@@ -45,6 +48,7 @@ RUN_GIN: Mapping[str, tuple[str, str]] = {
     "finetune": ("t5x/runs/finetune.gin", "task"),
     "finetune_scratch": ("t5x/runs/finetune.gin", "task"),
 }
+FINETUNES = ("finetune", "finetune_scratch")
 # Coordinates passed on as macros beyond the agreed form: the finetuning set size Df, so the runs
 # of a Df grid differ and `fitting.t5x_runs` reads Df back (T5X's config.gin is gin.config_str(),
 # every binding, used or not).
@@ -145,12 +149,14 @@ def gin_args(
             )
         t5x_dir = "${" + T5X_DIR_ENV + "}"
     run_file, task_coord = RUN_GIN[run.strategy]
+    model_file, overlays = MODEL_GIN[run.base_size]
     bindings = _bindings(run)
     steps = total_steps(run)
     args = [
         f"--gin_search_paths={paths.repo_dir.rstrip('/')}/t5x_configs,{t5x_dir}",
-        f"--gin_file={MODEL_GIN[run.base_size]}",
+        f"--gin_file={model_file}",
         f"--gin_file={run_file}",
+        *(f"--gin_file={overlay}" for overlay in overlays),
         f"--gin.MODEL_DIR={bindings['MODEL_DIR']}",
         f"--gin.MIXTURE_OR_TASK_NAME={run.coord(task_coord)!r}",
         f"--gin.TRAIN_STEPS={steps}",
@@ -160,6 +166,9 @@ def gin_args(
         args.append(f"--gin.INITIAL_CHECKPOINT_PATH={_init_checkpoint(run)!r}")
     elif run.strategy == "finetune_scratch":
         args.append("--gin.INITIAL_CHECKPOINT_PATH=None")
+    if run.strategy in FINETUNES:
+        # t5x/runs/finetune.gin counts TRAIN_STEPS_RELATIVE = FINETUNE_STEPS from the checkpoint.
+        args.append(f"--gin.FINETUNE_STEPS={int(run.steps)}")
     args += [
         f"--gin.{macro}={run.coord(coord)!r}"
         for coord, macro in PASSED_COORDS.items()

@@ -88,12 +88,14 @@ def test_t5x_command_lines_are_the_agreed_form():
         "--gin.TRAIN_STEPS=500",  # T5X counts on from the restored step 200
         "--gin.MIXTURE_OR_TASK_MODULE='t5x_configs.t5x_tasks'",
         f"--gin.INITIAL_CHECKPOINT_PATH='{pre.model_dir}/checkpoint_200'",
+        "--gin.FINETUNE_STEPS=300",
         "--gin.FINETUNE_TOKENS=6000000",
         "--gin.PEAK_LR=0.001",
     ]
     assert ft.parent == pre.run_id and ft.depends_on == (pre.run_id,)
     assert "--gin.TRAIN_STEPS=300" in scratch.argv("python")
     assert "--gin.INITIAL_CHECKPOINT_PATH=None" in scratch.argv("python")
+    assert "--gin.FINETUNE_STEPS=300" in scratch.argv("python")
     assert ft.environment() == {
         "XLSCALE_VOCAB_PATH": "/data/spm.model",
         "XLSCALE_DATA_DIR": "/data/corpora",
@@ -109,6 +111,16 @@ def test_runner_flag_overrides_the_manifest_and_changes_only_t5x_ids():
     assert t5x["pretrain"].module == "t5x.train"
     with pytest.raises(ValueError, match=r"t5x_small.toml \[sweep\] runner: unknown runner 'nope'"):
         expand(runner="nope")
+
+
+def test_tiny_is_an_overlay_after_the_run_file():
+    runs = expand(MANIFEST.replace('sizes = ["t5_770m"]', 'sizes = ["t5_tiny"]'))
+    files = [a for a in runs["finetune"].argv("python") if a.startswith("--gin_file=")]
+    assert files == [
+        "--gin_file=t5x/models/t5_770m.gin",
+        "--gin_file=t5x/runs/finetune.gin",
+        "--gin_file=t5x/models/tiny.gin",
+    ]
 
 
 def test_unsupported_size_names_manifest_run_and_allowed_values():

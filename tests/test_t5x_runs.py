@@ -199,11 +199,13 @@ def test_pretrain_meta_from_config_gin(tmp_path):
     assert m["languages"] == ["en", "de"] and m["components"] == ["span_en", "span_de"]
     assert m["batch_size"] == 256 and m["task_feature_lengths"] == {"inputs": 512, "targets": 114}
     assert m["train_steps"] == 300 and m["checkpoint_steps"] == [0, 100, 200, 300]
+    # Real target tokens: steps x batch x 114 x the logged non-padding fraction (0.8 here).
     assert m["init_checkpoint"] is None and run.completed == {
         "step": 300,
-        "tokens": 300 * 256 * 114,
+        "tokens": pytest.approx(300 * 256 * 114 * 0.8),
     }
     by_step = {r["step"]: r for r in run.records}
+    assert by_step[200]["tokens"] == pytest.approx(200 * 256 * 114 * 0.8)
     assert by_step[200]["train/loss"] == pytest.approx(2.5)  # Σ CE / Σ real tokens
     assert by_step[200]["eval/mix_en_50_de_50/loss"] == pytest.approx(2.6)
     assert by_step[200]["learning_rate"] == pytest.approx(0.01)
@@ -212,6 +214,32 @@ def test_pretrain_meta_from_config_gin(tmp_path):
     assert by_step[300]["tokens_paper"] == 300 * 256 * 512  # the MT paper's Dp
     assert points.paper_tokens_at(run, 200) == 200 * 256 * 512
     assert not any(k.startswith(("loss", "timing/", "z_loss")) for r in run.records for k in r)
+
+
+def test_size_name_config_as_t5x_configs_writes_it():
+    # t5x_configs/t5x/models/t5.gin: MODEL_SIZE -> sizes.get_config.name, VOCAB_SIZE rows.
+    cfg = t5x_runs.parse_config(
+        "MODEL_SIZE = 't5_tiny'\nVOCAB_SIZE = 512\n"
+        "sizes.get_config.name = %MODEL_SIZE\nsizes.get_config.vocab_size = %VOCAB_SIZE\n"
+        "model.Transformer.config = @sizes.get_config()\n"
+    )
+    want = counting.param_counts(sizes.get_config("t5_tiny", vocab_size=512))
+    assert t5x_runs.model_meta(cfg) == {
+        "model": "t5_tiny",
+        "family": "t5",
+        "params_total": want.total,
+        "params_non_embedding": want.non_embedding,
+        "vocab_size": 512,
+    }
+
+
+def test_real_tokens_follow_each_windows_non_padding_fraction(tmp_path):
+    write_events(tmp_path / "train", {"non_padding_fraction/loss_weights": [(10, 0.5), (20, 1.0)]})
+    windows = t5x_runs._loss_weight_windows(tmp_path, start=0)
+    assert windows == [(0, 10, 0.5), (10, 20, 1.0)]
+    rows = [t5x_runs._real_rows(windows, start=0, step=s) for s in (0, 5, 10, 15, 20, 30)]
+    assert rows == [0.0, 2.5, 5.0, 10.0, 15.0, 25.0]
+    assert t5x_runs._real_rows([], start=20, step=30) == 10.0  # no summaries: every row real
 
 
 def test_finetune_meta_and_inference_eval_scores(tmp_path):
