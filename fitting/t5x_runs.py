@@ -14,7 +14,8 @@ cc342d419ec3e3e9c4bf1df33c82330cafdc1e16; seqio's `TensorBoardLogger`):
   `learning_rate`, `timing/*`. → `train/loss` (per-token cross-entropy, see `CE_RULES`),
   `learning_rate`.
 - `training_eval/<task>/events.*` (`MetricsManager(f"training_eval/{task}")`, the same metric
-  names on the validation split). → `eval/<task>/loss`, `eval/<task>/accuracy`.
+  names on the validation split). → `eval/<task>/loss` (not its teacher-forced `accuracy`, which
+  xlscale does not log and which `fitting` would take for a downstream score).
 - `inference_eval/<task>/events.*` (seqio's logger, tags `eval/<metric>`: the task's metric
   functions, e.g. `bleu`, `chrf`, `rougeL`). → `eval/<task>/<metric>` with xlscale's names
   (`METRIC_NAMES`: `rougeL` → `rouge_l`).
@@ -401,8 +402,6 @@ def records(path: Path, meta: Mapping[str, Any], *, run_id: str) -> list[dict[st
             loss = ce(m)
             if loss is not None:
                 put(step, f"eval/{task_dir.name}/loss", loss)
-            if "accuracy" in m:
-                put(step, f"eval/{task_dir.name}/accuracy", m["accuracy"])
     for task_dir in _subdirs(path / INFERENCE_EVAL_DIR):
         for step, m in _by_step(read_tensorboard(task_dir)).items():
             for tag, value in m.items():
