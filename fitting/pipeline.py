@@ -522,7 +522,8 @@ def fit_runs(
     """Fits the papers' laws to a directory of runs and writes fits.json, report.md and PNGs.
 
     Args:
-      runs_dir: a directory of run directories (run.json + metrics.jsonl each).
+      runs_dir: a directory of run directories (run.json + metrics.jsonl each, or real T5X
+        MODEL_DIRs, `fitting.t5x_runs`).
       out_dir: where fits.json, report.md and the plots go (created).
       law: one of `LAWS`; "all" runs every step that has suitable runs.
       bootstrap: resamples of whole runs for the intervals (0: none).
