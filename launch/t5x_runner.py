@@ -11,7 +11,9 @@ gin files under `t5x_configs/t5x/`:
       [--gin.INITIAL_CHECKPOINT_PATH="'<pretrain dir>/checkpoint_<step>'"]
 
 with the environment `XLSCALE_VOCAB_PATH` and `XLSCALE_DATA_DIR` (the manifest's `VOCAB_PATH` and
-`DATA_DIR`, which `t5x_configs.t5x_tasks` reads). A finetune restores the checkpoint's step and
+`DATA_DIR`, which `t5x_configs.t5x_tasks` reads), and for a finetune with Df in the paper's unit
+`XLSCALE_FINETUNE_PAIRS` = Df / 512 (the task module cuts the translation task's train split to
+its first that many pairs; a token-budget Df has no T5X form and is refused). A finetune restores the checkpoint's step and
 T5X counts `TRAIN_STEPS` from 0 (its finetune.gin: "TRAIN_STEPS includes pretrain steps"), so a
 finetune's TRAIN_STEPS is its init step + its own steps, and its own steps are also given as
 `FINETUNE_STEPS` (t5x/runs/finetune.gin's `TRAIN_STEPS_RELATIVE`, which T5X prefers); the `t5_tiny`
@@ -49,10 +51,11 @@ RUN_GIN: Mapping[str, tuple[str, str]] = {
     "finetune_scratch": ("t5x/runs/finetune.gin", "task"),
 }
 FINETUNES = ("finetune", "finetune_scratch")
-# Coordinates passed on as macros beyond the agreed form: the finetuning set size Df, so the runs
-# of a Df grid differ and `fitting.t5x_runs` reads Df back (T5X's config.gin is gin.config_str(),
-# every binding, used or not).
+# Coordinates passed on as macros beyond the agreed form: the finetuning set size Df (recorded in
+# T5X's config.gin, gin.config_str(), where `fitting.t5x_runs` reads it back; the set itself is
+# cut by `t5x_configs.t5x_tasks` from `XLSCALE_FINETUNE_PAIRS`, see `environment`).
 PASSED_COORDS: Mapping[str, str] = {"finetune_tokens": "FINETUNE_TOKENS"}
+PAIRS_ENV = "XLSCALE_FINETUNE_PAIRS"
 # Environment of a T5X job -> the manifest [gin] macro whose value it carries.
 ENV_FROM_GIN: Mapping[str, str] = {
     "XLSCALE_VOCAB_PATH": "VOCAB_PATH",
@@ -192,4 +195,18 @@ def environment(run: Any, *, manifest: str) -> dict[str, str]:
             f"{_where(run, manifest)}: the t5x runner passes {', '.join(ENV_FROM_GIN)} from the "
             f"manifest's [gin] {', '.join(ENV_FROM_GIN.values())}; missing: {', '.join(missing)}"
         )
-    return {env: str(_literal(bindings[macro])) for env, macro in ENV_FROM_GIN.items()}
+    env = {env: str(_literal(bindings[macro])) for env, macro in ENV_FROM_GIN.items()}
+    df = run.coord("finetune_tokens") if run.strategy in FINETUNES else None
+    if df is not None:
+        from trainer import paper_units
+
+        unit = str(_literal(bindings.get("FINETUNE_UNIT", "'target'")))
+        pairs = paper_units.finetune_set(finetune_tokens=int(df), unit=unit).pairs
+        if pairs is None:
+            raise ValueError(
+                f"{_where(run, manifest)}: FINETUNE_TOKENS {df} in FINETUNE_UNIT {unit!r} has no "
+                "T5X form (a token budget needs xlscale's trainer); allowed under the t5x "
+                "runner: FINETUNE_UNIT = 'paper' (Df = pairs x 512)"
+            )
+        env[PAIRS_ENV] = str(pairs)
+    return env

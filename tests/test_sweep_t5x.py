@@ -36,9 +36,11 @@ budget = { steps = 400, batch_size = 256 }
 
 [strategies.finetune]
 budget = { steps = 300, batch_size = 128 }
+gin = { FINETUNE_UNIT = "paper" }
 
 [strategies.finetune_scratch]
 budget = { steps = 300, batch_size = 128 }
+gin = { FINETUNE_UNIT = "paper" }
 
 [[grid]]
 strategies = ["pretrain"]
@@ -99,6 +101,7 @@ def test_t5x_command_lines_are_the_agreed_form():
     assert ft.environment() == {
         "XLSCALE_VOCAB_PATH": "/data/spm.model",
         "XLSCALE_DATA_DIR": "/data/corpora",
+        "XLSCALE_FINETUNE_PAIRS": "11719",  # Df 6,000,000 / 512, the paper's unit
     }
 
 
@@ -196,3 +199,13 @@ def test_t5x_runs_finish_at_their_last_checkpoint_and_select_on_their_summaries(
     assert status.run_status(pre).state == "done"
     assert selection.final_value(pre.model_dir, "train/loss") == (pytest.approx(2.25), 400)
     assert selection.final_value(pre.model_dir, "eval/nope/loss") == (None, None)
+
+
+def test_a_token_budget_df_has_no_t5x_form():
+    # FINETUNE_UNIT 'target' (a token budget) is the xlscale trainer's; the t5x runner refuses it
+    # naming the run and the allowed unit, instead of finetuning on the whole split.
+    text = MANIFEST.replace('gin = { FINETUNE_UNIT = "paper" }\n', "", 1)
+    runs = expand(text)
+    with pytest.raises(ValueError, match="t5x_small.toml run .*allowed under the t5x runner"):
+        runs["finetune"].environment()
+    assert "XLSCALE_FINETUNE_PAIRS" not in runs["pretrain"].environment()

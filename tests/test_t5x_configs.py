@@ -231,6 +231,8 @@ RUN_FILES = ("t5x/runs/span_pretrain.gin", "t5x/runs/finetune.gin", "t5x/runs/in
 TINY = "t5x/models/tiny.gin"
 ASSIGNED = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=", re.M)
 REFERENCED = re.compile(r"%([A-Z][A-Z0-9_]*)")
+# Macros set only to be recorded in T5X's config.gin for `fitting.t5x_runs` (Df and its unit).
+RECORDED = {"FINETUNE_TOKENS", "FINETUNE_UNIT"}
 INCLUDED = re.compile(r"^include '([^']+)'", re.M)
 
 
@@ -366,7 +368,7 @@ def test_every_macro_set_is_used_and_every_macro_used_is_set(size_file, run_file
         T5X_RUN_MACROS[{"span_pretrain": "pretrain"}.get(Path(run_file).stem, Path(run_file).stem)]
     )
     ours = set().union(*(set(ASSIGNED.findall((CONFIGS / f).read_text())) for f in stack))
-    assert not (ours - referenced - t5x_macros - {"MODEL"})
+    assert not (ours - referenced - t5x_macros - {"MODEL"} - RECORDED)
     assert not (referenced - assigned - {"MODEL"})  # MODEL is used by T5X's run files
     tiny = set(ASSIGNED.findall((CONFIGS / TINY).read_text()))
     all_assigned = set().union(
@@ -415,6 +417,40 @@ def test_task_module_registers_tasks_and_mixtures(tiny_data, monkeypatch, seqio_
     example = next(iter(task.get_dataset({"inputs": 64, "targets": 32}, split="train").take(1)))
     assert example["inputs"].shape[0] > 0
     monkeypatch.delitem(sys.modules, "t5x_configs.t5x_tasks")
+
+
+def test_finetune_pairs_cut_the_translation_train_split(tiny_data, monkeypatch, seqio_registry):
+    # A finetune's Df in the paper's unit reaches T5X as XLSCALE_FINETUNE_PAIRS: the translation
+    # tasks' train split holds its first that many pairs; other splits and tasks are whole.
+    import seqio
+
+    from pipelines import tasks
+    from t5x_configs import t5x_env
+
+    monkeypatch.setenv(t5x_env.VOCAB_ENV, tiny_data["vocab"])
+    monkeypatch.setenv(t5x_env.DATA_ENV, tiny_data["corpora"])
+    from t5x_configs import t5x_tasks  # registers at import: after the environment is set
+
+    registered = tasks.register_tasks(
+        vocabulary=t5x_env.vocabulary(), corpora_dir=t5x_env.data_dir()
+    )
+    task = "mt_en_fr"
+    whole = list(seqio.get_mixture_or_task(task).source.get_dataset("train", shuffle=False))
+    assert len(whole) > 3
+    assert t5x_tasks.limit_finetuning_sets(registered, None) == []
+    monkeypatch.setenv(t5x_env.PAIRS_ENV, "3")
+    changed = t5x_tasks.limit_finetuning_sets(registered, t5x_env.finetune_pairs())
+    assert task in changed and not any(n.startswith("span_") for n in changed)
+    cut = seqio.get_mixture_or_task(task)
+    for _ in range(2):  # the same three pairs every time
+        got = list(cut.source.get_dataset("train", shuffle=True, seed=7))
+        assert [str(x) for x in got] == [str(x) for x in whole[:3]]
+    assert len(list(cut.source.get_dataset("validation", shuffle=False))) == len(
+        list(seqio.get_mixture_or_task("mt_fr_en").source.get_dataset("validation", shuffle=False))
+    )
+    monkeypatch.setenv(t5x_env.PAIRS_ENV, "-2")
+    with pytest.raises(RuntimeError, match="XLSCALE_FINETUNE_PAIRS='-2'"):
+        t5x_env.finetune_pairs()
 
 
 @pytest.mark.slow
