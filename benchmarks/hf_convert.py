@@ -1,6 +1,6 @@
 """Conversion time and peak memory of a ~1B LLaMA between Hugging Face safetensors and orbax.
 
-    .venv/bin/python benchmarks/hf_convert.py --dir /tmp/hfbench [--size llama2_1085m]
+    .venv/bin/python benchmarks/hf_convert.py --dir DIR [--size llama2_1085m]
         [--vocab-size 32000] [--dtype bfloat16]
 
 Three phases, each in its own process so that each peak resident set (`ru_maxrss` of the child)
