@@ -177,15 +177,15 @@ def hf_to_orbax(
     if scan_layers:
         params = hf_convert.stack_layers(params, config.num_layers)
     tokenizer = src / TOKENIZER_FILE
-    record = {
-        "source": os.fspath(src),
-        "format": "hf",
-        "config_sha256": hashlib.sha256(config_path.read_bytes()).hexdigest(),
-        "files": [_file_record(p) for p in files.files()],
-        "tied": tied,
-        "scan_layers": scan_layers,
-        "dtype": _stored_dtype(params),
-    }
+    record = _import_record(
+        src,
+        fmt="hf",
+        config_file=config_path,
+        files=files.files(),
+        tied=tied,
+        params=params,
+        scan_layers=scan_layers,
+    )
     return _write_import(
         dst,
         params=params,
@@ -194,6 +194,22 @@ def hf_to_orbax(
         config_json=config_json,
         tokenizer=tokenizer if tokenizer.is_file() else None,
     )
+
+
+def _import_record(
+    src: Path, *, fmt: str, config_file: Path, files: Any, tied: bool, params: Any, **extra: Any
+) -> dict[str, Any]:
+    """The provenance of an import (`run.json` `init_import`): source, format, the config's
+    SHA-256, the weight files, tied head, stored dtype, and format-specific fields."""
+    return {
+        "source": os.fspath(src),
+        "format": fmt,
+        "config_sha256": hashlib.sha256(Path(config_file).read_bytes()).hexdigest(),
+        "files": [_file_record(p) for p in files],
+        "tied": tied,
+        **extra,
+        "dtype": _stored_dtype(params),
+    }
 
 
 def _torch_numpy(tensor: Any) -> np.ndarray:
@@ -265,14 +281,14 @@ def meta_to_orbax(
     tokenizer = next(
         (p for p in (src / TOKENIZER_FILE, src.parent / TOKENIZER_FILE) if p.is_file()), None
     )
-    record = {
-        "source": os.fspath(src),
-        "format": "meta",
-        "config_sha256": hashlib.sha256((src / "params.json").read_bytes()).hexdigest(),
-        "files": [_file_record(p) for p in shard_paths],
-        "tied": tied,
-        "dtype": _stored_dtype(params),
-    }
+    record = _import_record(
+        src,
+        fmt="meta",
+        config_file=src / "params.json",
+        files=shard_paths,
+        tied=tied,
+        params=params,
+    )
     return _write_import(
         dst,
         params=params,
