@@ -7,8 +7,8 @@ Three phases, each in its own process so that each peak resident set (`ru_maxrss
 belongs to that phase alone:
 
 1. `write`: a random HF-layout checkpoint of the size's shape (untied, `--dtype`, sharded at
-   2 GiB, with an index) written tensor by tensor with `trainer.safetensors_files` (no torch);
-2. `import`: `trainer.hf_checkpoints.hf_to_orbax` to orbax (what INIT_CHECKPOINT reads), stored
+   2 GiB, with an index) written tensor by tensor with `convert.safetensors_files` (no torch);
+2. `import`: `convert.hf_checkpoints.hf_to_orbax` to orbax (what INIT_CHECKPOINT reads), stored
    in the checkpoint's dtype or `--store-dtype`;
 3. `export`: `orbax_to_hf` back to `--dtype` safetensors.
 
@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _write(args) -> dict:
+    from convert import hf_checkpoints, safetensors_files
     from llama_jax import hf_config, hf_convert, sizes
-    from trainer import hf_checkpoints, safetensors_files
 
     config = sizes.get_config(args.size, vocab_size=args.vocab_size)
     out = Path(args.dir) / "hf"
@@ -55,7 +55,7 @@ def _write(args) -> dict:
 
 
 def _import(args) -> dict:
-    from trainer import hf_checkpoints
+    from convert import hf_checkpoints
 
     record = hf_checkpoints.hf_to_orbax(
         src=Path(args.dir) / "hf", dst=Path(args.dir) / "orbax", dtype=args.store_dtype
@@ -64,7 +64,7 @@ def _import(args) -> dict:
 
 
 def _export(args) -> dict:
-    from trainer import hf_checkpoints
+    from convert import hf_checkpoints
 
     record = hf_checkpoints.orbax_to_hf(
         src=os.fspath(Path(args.dir) / "orbax"), dst=Path(args.dir) / "export", dtype=args.dtype
@@ -80,7 +80,7 @@ def _disk_bytes(path: Path) -> int:
 
 
 def _same_checkpoint(a: Path, b: Path) -> bool:
-    from trainer import safetensors_files
+    from convert import safetensors_files
 
     left, right = safetensors_files.CheckpointFiles(a), safetensors_files.CheckpointFiles(b)
     return sorted(left.names()) == sorted(right.names()) and all(

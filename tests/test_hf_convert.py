@@ -21,12 +21,13 @@ import numpy as np
 import pytest
 from flax.core import meta as nn_meta
 
+from convert import hf_cache, hf_checkpoints, init_checkpoints, safetensors_files
 from llama_jax import hf_config, hf_convert, sizes
 from llama_jax.config import LlamaConfig
 from llama_jax.counting import param_counts
 from llama_jax.model import Llama
 from trainer import checkpoints as ckpt_lib
-from trainer import hf_checkpoints, safetensors_files, validation, vocab_growth_init
+from trainer import validation
 
 # Distinct sizes everywhere: vocab 61, d_model 48, 6 query heads of 8, 2 kv heads, d_ff 40.
 HF_SHAPE = dict(
@@ -54,13 +55,8 @@ def _assert_logits_close(ours: np.ndarray, reference: np.ndarray) -> None:
 
 
 def _restore(directory: Path) -> dict:
-    store = ckpt_lib.CheckpointStore(
-        ckpt_lib.checkpoints_dir(directory), ckpt_lib.CheckpointConfig(), read_only=True
-    )
-    try:
-        return vocab_growth_init.read_params(store, store.latest_step())
-    finally:
-        store.close()
+    """The latest step's params as stored (host numpy, the stored dtype)."""
+    return init_checkpoints.read_params(*init_checkpoints.resolve_step(os.fspath(directory)))
 
 
 # --- pure numpy: no torch needed ----------------------------------------------------------
@@ -224,7 +220,7 @@ def test_hf_checkpoint_imports_to_the_same_logits(hf_dirs, tmp_path, tied):
 def test_init_checkpoint_hf_is_cached_and_shape_checked(hf_dirs, tmp_path, monkeypatch):
     from llama_jax.model import abstract_variables
 
-    monkeypatch.setenv(hf_checkpoints.CACHE_ENV, os.fspath(tmp_path / "cache"))
+    monkeypatch.setenv(hf_cache.CACHE_ENV, os.fspath(tmp_path / "cache"))
     path, _, _ = hf_dirs[False]
     config = sizes.get_config(f"hf:{path}")
 
@@ -236,9 +232,9 @@ def test_init_checkpoint_hf_is_cached_and_shape_checked(hf_dirs, tmp_path, monke
 
     directory, step = ckpt_lib.check_init_checkpoint(f"hf:{path}", abstract_params=abstract(config))
     assert (directory.parent.parent, step) == (tmp_path / "cache", 0)
-    mtime = (directory.parent / "run.json").stat().st_mtime_ns
+    mtime = os.stat(directory.parent / "run.json").st_mtime_ns
     ckpt_lib.check_init_checkpoint(f"hf:{path}", abstract_params=abstract(config))
-    assert (directory.parent / "run.json").stat().st_mtime_ns == mtime  # converted once
+    assert os.stat(directory.parent / "run.json").st_mtime_ns == mtime  # converted once
     with pytest.raises(ValueError, match=r"lm_head/kernel: checkpoint has shape \(48, 61\)"):
         ckpt_lib.check_init_checkpoint(
             f"hf:{path}", abstract_params=abstract(config.replace(vocab_size=64))
@@ -393,7 +389,7 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
     from trainer.partitioning import MeshConfig
     from trainer.schedules import ScheduleConfig
 
-    monkeypatch.setenv(hf_checkpoints.CACHE_ENV, os.fspath(tmp_path / "cache"))
+    monkeypatch.setenv(hf_cache.CACHE_ENV, os.fspath(tmp_path / "cache"))
     published = tmp_path / "published"  # a "published" English model with its tokenizer
     source = _hf_model(
         tied=False,

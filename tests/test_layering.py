@@ -1,14 +1,21 @@
-"""Layers point down (DESIGN.md, Layout; STYLE.md 14): a package never imports one above it.
+"""Layers point down and no module imports back into a circle (DESIGN.md, Layout; STYLE.md 14).
 
-Layers, bottom to top: `modeling` (shared model pieces) < the model families `llama_jax`,
-`t5_jax` (which never import each other) < `pipelines`, `fitting`, `trainer` < `launch`, `studies`
-< `xlscale_cli`. Every import statement of every tracked module is read with `ast` (lazy imports
-inside functions included), so a hidden upward import fails here rather than in a user's process.
+Layers, bottom to top: `rundir` (the run directory; imports nothing of ours) < `modeling` (shared
+model pieces) < the model families `llama_jax`, `t5_jax` (which never import each other) <
+`pipelines`, `fitting`, `evals`, `trainer` and `convert` (conversion sits beside the trainer:
+`trainer` may import it, it never imports `trainer`) < `launch`, `studies` < `xlscale_cli`. Every
+import statement of every tracked module is read with `ast` (lazy imports inside functions
+included), so a hidden upward import fails here rather than in a user's process.
+
+Cycles: the module-level imports (statements run when a module is imported, not those inside
+functions) of every module of the project's packages form a graph that must have no cycle; a cycle
+makes the import order decide which module sees the other half-initialised.
 """
 
 from __future__ import annotations
 
 import ast
+import collections
 import pathlib
 
 import pytest
@@ -18,18 +25,22 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Package -> the packages it must never import.
 TOP = {"xlscale_cli"}
 RUNNERS = {"launch", "studies"} | TOP
-MIDDLE = {"trainer", "fitting", "pipelines", "evals"}
+MIDDLE = {"trainer", "convert", "fitting", "pipelines", "evals"}
 FORBIDDEN: dict[str, set[str]] = {
     "modeling": {"llama_jax", "t5_jax"} | MIDDLE | RUNNERS,
     "llama_jax": {"t5_jax"} | MIDDLE | RUNNERS,
     "t5_jax": {"llama_jax"} | MIDDLE | RUNNERS,
-    "pipelines": {"trainer", "fitting", "evals"} | RUNNERS,
-    "fitting": {"trainer", "evals"} | RUNNERS,
+    "pipelines": {"trainer", "convert", "fitting", "evals"} | RUNNERS,
+    "fitting": {"trainer", "convert", "evals"} | RUNNERS,
     "trainer": RUNNERS,
+    "convert": {"trainer", "fitting", "evals"} | RUNNERS,
     "evals": RUNNERS,
     "launch": {"studies"} | TOP,
     "studies": TOP,
 }
+# Every package of the project (what the cycle check reads); `rundir`, at the bottom, imports none.
+PACKAGES = set(FORBIDDEN) | {"rundir", "t5x_configs"}
+FORBIDDEN["rundir"] = PACKAGES - {"rundir"}
 
 
 def imported_packages(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -76,3 +87,176 @@ def test_every_layer_is_a_package_or_absent(package):
     assert not path.with_suffix(".py").exists()
     if path.exists():
         assert (path / "__init__.py").exists()
+
+
+# --- module-level import cycles -----------------------------------------------------------
+
+
+def _module_name(root: pathlib.Path, path: pathlib.Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _module_level_imports(body: list[ast.stmt]):
+    """The import statements that run when the module is imported: top-level ones, and those in
+    top-level `if`/`try`/`with`/loops and class bodies; not those in functions, nor under
+    `if TYPE_CHECKING:`."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            yield from _module_level_imports(node.orelse)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                yield from _module_level_imports(getattr(node, field, None) or [])
+
+
+def _imported(node: ast.stmt, *, module: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The project modules one import statement runs: each dotted name's packages and module, and
+    for `from pkg import name` the module `pkg.name` when it is one."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:  # relative: resolve against this module's package
+            package = module.split(".") if is_package else module.split(".")[:-1]
+            package = package[: len(package) - node.level + 1]
+            base = ".".join([*package, base] if base else package)
+        names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+    found = set()
+    for name in names:
+        parts = name.split(".")
+        found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & modules
+    return found - {module}
+
+
+def import_graph(root: pathlib.Path, *, lazy: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports at module level (every import when `lazy`)."""
+    paths = {
+        _module_name(root, path): path
+        for package in sorted(PACKAGES)
+        for path in sorted((root / package).rglob("*.py"))
+    }
+    modules = set(paths)
+    graph = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        nodes = (
+            [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+            if lazy
+            else _module_level_imports(tree.body)
+        )
+        is_package = path.name == "__init__.py"
+        graph[module] = set().union(
+            *(_imported(n, module=module, is_package=is_package, modules=modules) for n in nodes)
+        )
+    return graph
+
+
+def _components(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components (Tarjan) with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _shortest_cycle(graph: dict[str, set[str]], start: str, within: set[str]) -> list[str]:
+    """A shortest path `start -> ... -> start` inside one component (breadth first)."""
+    parent: dict[str, str] = {}
+    queue = collections.deque([start])
+    while queue:
+        node = queue.popleft()
+        for succ in sorted(graph[node] & within):
+            if succ == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(parent[path[-1]])
+                return [*reversed(path), start]
+            if succ not in parent:
+                parent[succ] = node
+                queue.append(succ)
+    raise AssertionError(f"{start} is on no cycle")
+
+
+def import_cycles(root: pathlib.Path, *, lazy: bool = False) -> list[str]:
+    """Each import cycle as `a -> b -> a`: for every module on one, a shortest cycle through it
+    (the same cycle is reported once, starting at its first module in sorted order)."""
+    graph = import_graph(root, lazy=lazy)
+    cycles = set()
+    for component in _components(graph):
+        for module in component:
+            cycle = _shortest_cycle(graph, module, component)[:-1]
+            first = cycle.index(min(cycle))
+            cycle = cycle[first:] + cycle[:first]
+            cycles.add(" -> ".join([*cycle, cycle[0]]))
+    return sorted(cycles)
+
+
+def test_no_module_level_import_cycle():
+    assert import_cycles(ROOT) == []
+
+
+def test_the_check_catches_an_import_cycle(tmp_path):
+    def write(path: str, text: str) -> None:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+
+    for package in ("trainer", "convert", "rundir"):
+        write(f"{package}/__init__.py", '"""Nothing is imported here."""\n')
+    # A module-level cycle, through `from pkg import module` and a top-level `try`.
+    write("trainer/checkpoints.py", "import jax\nfrom convert import hf_checkpoints\n")
+    write(
+        "convert/hf_checkpoints.py",
+        "try:\n    import trainer.checkpoints\nexcept ImportError:\n    pass\n",
+    )
+    # A cycle only through a function-level import, and one only for type checkers: no failure.
+    write("convert/vocab.py", "from convert import grow\n")
+    write("convert/grow.py", "def f():\n    from convert import vocab\n    return vocab\n")
+    write(
+        "rundir/names.py",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rundir import records\n",
+    )
+    write("rundir/records.py", "from rundir.names import RUN_FILE\n")
+
+    assert import_cycles(tmp_path) == [
+        "convert.hf_checkpoints -> trainer.checkpoints -> convert.hf_checkpoints"
+    ]
+    assert import_cycles(tmp_path, lazy=True) == [
+        "convert.grow -> convert.vocab -> convert.grow",
+        "convert.hf_checkpoints -> trainer.checkpoints -> convert.hf_checkpoints",
+        "rundir.names -> rundir.records -> rundir.names",
+    ]

@@ -19,11 +19,12 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from test_trainer_runs import tiny_kwargs
 
+from convert import vocab_growth as grow_lib
 from llama_jax import model as llama_model
 from llama_jax import sizes, vocab_growth
 from pipelines import vocab, vocab_extend
 from pipelines.corpora import paths
-from trainer import checkpoints, models, vocab_growth_init
+from trainer import checkpoints, models
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import EvalConfig
@@ -270,12 +271,12 @@ def test_clear_errors(extended, source_run, tmp_path):
         if a.piece != b.piece
     )
     with pytest.raises(vocab_extend.VocabPrefixError, match=rf"id {first} is"):
-        vocab_growth_init.grow_checkpoint(
+        grow_lib.grow_checkpoint(
             source=str(source_run["dir"]), vocab_path=other, out_dir=tmp_path / "g1"
         )
     # A checkpoint with fewer vocabulary rows than the tokenizer it is said to use.
     with pytest.raises(ValueError, match="vocab size mismatch.*320 vocabulary rows"):
-        vocab_growth_init.grow_checkpoint(
+        grow_lib.grow_checkpoint(
             source=str(source_run["dir"]),
             vocab_path=extended["extended"],
             old_vocab_path=extended["extended"],
@@ -283,7 +284,7 @@ def test_clear_errors(extended, source_run, tmp_path):
         )
     # A CPT run whose model keeps the old vocabulary size cannot start from a grown checkpoint.
     grown = tmp_path / "g3"
-    vocab_growth_init.grow_checkpoint(
+    grow_lib.grow_checkpoint(
         source=f"{source_run['dir']}@7", vocab_path=extended["extended"], out_dir=grown
     )
     old_model = models.build_model(

@@ -18,7 +18,6 @@ resume (`CheckpointStore.restore_latest_intact`) falls back to the newest intact
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import shutil
@@ -34,6 +33,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from convert.hf_cache import local_init_spec
+from convert.init_checkpoints import params_hash, parse_init_checkpoint  # noqa: F401 - re-exported
 from trainer import checkpoint_manifest
 from trainer.checkpoint_manifest import CheckpointCorruptError
 from trainer.steps import tree_finite
@@ -327,30 +328,6 @@ class CheckpointStore:
             self._manager.close()
 
 
-def parse_init_checkpoint(spec: str) -> tuple[Path, int | None]:
-    """Splits `'<dir>[@step]'` into the checkpoints directory and the step (None = latest).
-
-    `<dir>` may be a run's `MODEL_DIR` (its `checkpoints/` is used) or a checkpoints directory.
-    """
-    path, sep, step = spec.rpartition("@") if "@" in spec else (spec, "", "")
-    if sep and not step.isdigit():
-        raise ValueError(f"INIT_CHECKPOINT {spec!r}: the part after '@' must be a step number")
-    directory = Path(path)
-    if (directory / CHECKPOINTS_SUBDIR).is_dir():
-        directory = directory / CHECKPOINTS_SUBDIR
-    return directory, (int(step) if sep else None)
-
-
-def local_init_spec(spec: str) -> str:
-    """`spec` as a local orbax `'<dir>[@step]'`: `'hf:<dir>'` becomes its cached conversion
-    (`trainer.hf_checkpoints.cached_import`), anything else is returned as is."""
-    if not spec.startswith("hf:"):
-        return spec
-    from trainer import hf_checkpoints  # imports this module
-
-    return hf_checkpoints.local_init_spec(spec)
-
-
 def param_name(path) -> str:
     """A parameter's name as used in messages: its keys joined by '/'."""
     return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
@@ -442,31 +419,6 @@ def params_finite(tree: Any) -> bool:
     finite. Resume checks restored checkpoints with it: older code could write infinite
     parameters after a divergent update, and resuming them would fail again at once."""
     return bool(jax.jit(tree_finite)(tree))
-
-
-def params_hash(params: Any, *, as_dtype: Any = None) -> str:
-    """SHA-256 over every parameter's name, dtype, shape and bytes, in sorted name order.
-
-    The same values give the same hash whatever the sharding or host count (each parameter is
-    gathered to the host one at a time). `as_dtype` hashes the values cast to that dtype (one
-    parameter at a time): the hash of what a restore into that dtype holds.
-    """
-    from jax.experimental import multihost_utils
-
-    digest = hashlib.sha256()
-    leaves = sorted(
-        (param_name(path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-    )
-    for name, leaf in leaves:
-        if jax.process_count() > 1:
-            value = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
-        else:
-            value = np.asarray(jax.device_get(leaf))
-        if as_dtype is not None:
-            value = value.astype(as_dtype)
-        digest.update(f"{name}|{value.dtype}|{value.shape}|".encode())
-        digest.update(np.ascontiguousarray(value).tobytes())
-    return digest.hexdigest()
 
 
 class PreemptionWatcher:

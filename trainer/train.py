@@ -31,9 +31,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from convert import hf_checkpoints, vocab_growth
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import divergence, hf_checkpoints, models, paper_units, validation, vocab_growth_init
+from trainer import divergence, models, paper_units, validation
 from trainer import eval as eval_lib
 from trainer import fingerprint as fingerprint_lib
 from trainer import lease as lease_lib
@@ -137,7 +138,7 @@ def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict
         "init_checkpoint": init.get("init_checkpoint"),
         "init_step": init.get("init_step"),
         "init_params_hash": init.get("init_params_hash"),
-        **vocab_growth_init.run_fields(init),  # a grown INIT_CHECKPOINT's vocabulary extension
+        **vocab_growth.run_fields(init),  # a grown INIT_CHECKPOINT's vocabulary extension
         **hf_checkpoints.run_fields(init),  # an imported INIT_CHECKPOINT's source (hf:, Meta)
         "seed": seed,
         "seq_len": data.seq_len,

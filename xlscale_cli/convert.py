@@ -1,4 +1,4 @@
-"""`xlscale convert`: published LLaMA checkpoints in and out of xlscale (`trainer.hf_checkpoints`).
+"""`xlscale convert`: published LLaMA checkpoints in and out of xlscale (`convert.hf_checkpoints`).
 
     xlscale convert hf-to-orbax HF_DIR DST [--dtype float32|bfloat16]   (default: as stored)
     xlscale convert meta-to-orbax META_DIR DST [--dtype float32|bfloat16]
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _import(args: argparse.Namespace) -> str:
-    from trainer import hf_checkpoints
+    from convert import hf_checkpoints
 
     if args.direction == "hf-to-orbax":
         record = hf_checkpoints.hf_to_orbax(
@@ -71,7 +71,7 @@ def _import(args: argparse.Namespace) -> str:
 
 
 def _export(args: argparse.Namespace) -> str:
-    from trainer import hf_checkpoints
+    from convert import hf_checkpoints
 
     record = hf_checkpoints.orbax_to_hf(
         src=args.src,

@@ -12,7 +12,7 @@ directly). Without `--out` the vocabulary goes to `<data root>/vocab/spm_<langs>
 
 `extend` appends up to N pieces of a model trained on `--lang` to `--base`, keeping every old id
 (`pipelines.vocab_extend`). `grow-checkpoint` writes DST, a directory `INIT_CHECKPOINT` accepts,
-with SRC's parameters grown to the new vocabulary (`trainer.vocab_growth_init`).
+with SRC's parameters grown to the new vocabulary (`convert.vocab_growth`).
 """
 
 from __future__ import annotations
@@ -144,10 +144,10 @@ def _extend(args: argparse.Namespace) -> int:
 
 
 def _grow(args: argparse.Namespace) -> int:
-    from trainer import vocab_growth_init
+    from convert import vocab_growth
 
     source = args.run if args.step is None else f"{args.run}@{args.step}"
-    record = vocab_growth_init.grow_checkpoint(
+    record = vocab_growth.grow_checkpoint(
         source=source,
         vocab_path=args.vocab,
         out_dir=args.out,

@@ -1,7 +1,7 @@
 """Published LLaMA checkpoints in and out of xlscale: Hugging Face and Meta -> orbax, orbax -> HF.
 
 `hf_to_orbax(src=HF_DIR, dst=DST)` and `meta_to_orbax(src=META_DIR, dst=DST)` write a directory
-`INIT_CHECKPOINT` accepts, in the layout `trainer.vocab_growth_init` writes:
+`INIT_CHECKPOINT` accepts, in the layout `convert.init_checkpoints` writes:
 
     DST/checkpoints/0/{params, train_state, checksums}   what INIT_CHECKPOINT restores
     DST/run.json      {"kind": "xlscale.hf_import", "model": "hf:<src>", "family": "llama2",
@@ -9,22 +9,24 @@
     DST/config.json   the source's config (so MODEL_SIZE='hf:DST' names the shape too)
     DST/tokenizer.model  the source's SentencePiece model, when it has one
 
-`INIT_CHECKPOINT='hf:<dir>'` converts on first use into a cache directory
-(`$XLSCALE_HF_CACHE`, default `~/.cache/xlscale/hf_init`), keyed by the source's path, config and
-weight files' sizes and modification times, and reuses it after; a run's `run.json` then records
-`init_checkpoint` (the cache directory), `init_params_hash` (equal to the record's `params_hash`)
-and `init_import` (where the weights came from).
+`INIT_CHECKPOINT='hf:<dir>'` converts on first use into a cache directory (`convert.hf_cache`);
+a run's `run.json` then records `init_checkpoint` (the cache directory), `init_params_hash`
+(equal to the record's `params_hash`) and `init_import` (where the weights came from,
+`run_fields`, called once by `trainer.train`).
 
 `orbax_to_hf(src='<run dir>[@step]', dst=DST)` writes `config.json`, safetensors (sharded above
 `max_shard_bytes`) and the run's `VOCAB_PATH` as `tokenizer.model`: a directory
 `transformers.LlamaForCausalLM.from_pretrained` loads.
 
-Memory: HF tensors are read one at a time (memory-mapped, `trainer.safetensors_files`) and written
+Memory: HF tensors are read one at a time (memory-mapped, `convert.safetensors_files`) and written
 one at a time, but orbax saves and restores a whole params tree at once, so a conversion holds the
 model once in the stored dtype (the checkpoint's own by default: bf16, 2 bytes per parameter)
 plus orbax's write buffers. Orbax casts on restore, so a float32 run restores bf16-stored params
 exactly; the record's `params_hash` is that of the float32 values, as a float32 run's
 `init_params_hash` is.
+
+Dependencies point down: this module imports `convert.init_checkpoints`,
+`convert.safetensors_files`, `llama_jax` and `rundir`, never `trainer` (which imports `convert`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,7 @@ import json
 import logging
 import os
 import shutil
-import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,10 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from llama_jax import hf_config, hf_convert
+from convert import init_checkpoints, safetensors_files
+from llama_jax import hf_config, hf_convert, sizes
 from llama_jax.config import LlamaConfig
-from trainer import checkpoints as ckpt_lib
-from trainer import metrics as metrics_lib
-from trainer import safetensors_files, vocab_growth_init
+from rundir import names, records
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,6 @@ RUN_FIELD = "init_import"
 HF_PREFIX = hf_config.HF_SIZE_PREFIX
 TOKENIZER_FILE = "tokenizer.model"
 EXPORT_RECORD = "xlscale_export.json"
-CACHE_ENV = "XLSCALE_HF_CACHE"
 IMPORT_STEP = 0
 # Stored dtype name (of converted params, of exported tensors) -> numpy dtype.
 DTYPES: dict[str, np.dtype] = {
@@ -64,6 +63,10 @@ DTYPES: dict[str, np.dtype] = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float16": np.dtype(np.float16),
 }
+# Model family (a run's `fingerprint.model.family`) -> its size table's
+# `get_config(size, **overrides)`: the shape `orbax_to_hf` exports a run with when the run does
+# not record its config. A second family with a tensor-name mapping is one line here.
+SIZE_TABLES: dict[str, Callable[..., Any]] = {"llama2": sizes.get_config}
 
 
 def _config_from_fields(fields: Mapping[str, Any]) -> LlamaConfig:
@@ -83,7 +86,8 @@ def _stored_dtype(params: Mapping[str, Any]) -> str:
     return str(params["token_embedder"]["embedding"].dtype)
 
 
-def _file_record(path: Path) -> dict[str, Any]:
+def file_record(path: Path) -> dict[str, Any]:
+    """A weight file as an import record lists it (and the `hf:` cache keys it)."""
     stat = path.stat()
     return {"name": path.name, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
@@ -110,13 +114,13 @@ def _write_import(
     tokenizer: Path | None,
 ) -> dict[str, Any]:
     """Writes `dst` (see the module docstring) and returns the completed provenance record."""
-    target = ckpt_lib.checkpoints_dir(dst)
+    target = dst / names.CHECKPOINTS_SUBDIR
     if target.is_dir() and any(target.iterdir()):
         raise FileExistsError(f"{target} already holds checkpoints; choose an empty destination")
     # What a float32 run restores (orbax casts on restore), so it equals its init_params_hash.
-    record = {**record, "params_hash": ckpt_lib.params_hash(params, as_dtype=np.float32)}
+    record = {**record, "params_hash": init_checkpoints.params_hash(params, as_dtype=np.float32)}
     _to_cpu_arrays(params)
-    vocab_growth_init.write_params(
+    init_checkpoints.write_params(
         target,
         step=IMPORT_STEP,
         params=params,
@@ -134,7 +138,7 @@ def _write_import(
         "tokenizer_file": TOKENIZER_FILE if tokenizer is not None else None,  # beside run.json
         RUN_FIELD: record,
     }
-    metrics_lib.write_run_json(dst, info)
+    records.write_run_json(dst, info)
     return record
 
 
@@ -205,7 +209,7 @@ def _import_record(
         "source": os.fspath(src),
         "format": fmt,
         "config_sha256": hashlib.sha256(Path(config_file).read_bytes()).hexdigest(),
-        "files": [_file_record(p) for p in files],
+        "files": [file_record(p) for p in files],
         "tied": tied,
         **extra,
         "dtype": _stored_dtype(params),
@@ -302,18 +306,18 @@ def meta_to_orbax(
 def _source_config(run_info: Mapping[str, Any], *, model_size: str | None) -> LlamaConfig:
     """The `LlamaConfig` a run or import directory trained/holds (its `run.json`), or that of
     `model_size` when given."""
-    from llama_jax import sizes
-
     if model_size:
         return sizes.get_config(model_size)
     if run_info.get("llama_config"):
         return _config_from_fields(run_info["llama_config"])
     model = (run_info.get("fingerprint") or {}).get("model") or {}
-    if model.get("family") == "llama2" and model.get("size"):
-        return sizes.get_config(model["size"], **dict(model.get("overrides") or {}))
+    get_config = SIZE_TABLES.get(model.get("family"))
+    if get_config is not None and model.get("size"):
+        return get_config(model["size"], **dict(model.get("overrides") or {}))
     raise ValueError(
-        "the source records no llama2 model (run.json without fingerprint.model); pass the "
-        "shape with --model-size (a size name or 'hf:<dir>')"
+        f"the source records no model of a family it can export ({', '.join(SIZE_TABLES)}; "
+        "run.json without fingerprint.model?); pass the shape with --model-size (a size name "
+        "or 'hf:<dir>')"
     )
 
 
@@ -359,24 +363,15 @@ def orbax_to_hf(
     Raises:
       ValueError: the checkpoint's shapes do not match the recorded model (naming the tensor).
     """
-    directory, step = ckpt_lib.parse_init_checkpoint(src)  # orbax wants absolute paths
+    directory, step = init_checkpoints.parse_init_checkpoint(src)  # orbax wants absolute paths
     src = os.fspath(directory.resolve()) + ("" if step is None else f"@{step}")
-    directory, step = ckpt_lib.check_init_checkpoint(src, abstract_params={})
-    run_dir = vocab_growth_init.model_dir_of(directory)
-    run_info = (
-        metrics_lib.read_run_json(run_dir) if (run_dir / metrics_lib.RUN_FILE).exists() else {}
-    )
+    directory, step = init_checkpoints.resolve_step(src)
+    run_dir = init_checkpoints.model_dir_of(directory)
+    run_info = records.read_run_json(run_dir) if records.has_run_json(run_dir) else {}
     config = _source_config(run_info, model_size=model_size)
-    store = ckpt_lib.CheckpointStore(directory, ckpt_lib.CheckpointConfig(), read_only=True)
-    try:
-        params = vocab_growth_init.read_params(store, step)
-    finally:
-        store.close()
-    params = hf_convert.unstack_layers(params)
+    params = hf_convert.unstack_layers(init_checkpoints.read_params(directory, step))
     shipped = run_info.get("tokenizer_file")  # an import directory's own tokenizer.model
-    vocab = (
-        vocab_path or (shipped and run_dir / shipped) or vocab_growth_init.source_vocab(run_info)
-    )
+    vocab = vocab_path or (shipped and run_dir / shipped) or init_checkpoints.source_vocab(run_info)
     tokenizer = Path(vocab) if vocab and Path(vocab).is_file() else None
     bos, eos = _token_ids(tokenizer)
     out_dtype = _dtype(dtype)
@@ -400,7 +395,7 @@ def orbax_to_hf(
     record = {
         "source": os.fspath(run_dir),
         "step": step,
-        "params_hash": ckpt_lib.params_hash(params),
+        "params_hash": init_checkpoints.params_hash(params),
         "dtype": dtype,
         "files": [p.name for p in files],
         "tokenizer": os.fspath(tokenizer.resolve()) if tokenizer else None,
@@ -409,70 +404,14 @@ def orbax_to_hf(
     return record
 
 
-# --- INIT_CHECKPOINT='hf:<dir>' -------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """Where on-the-fly imports are kept: `$XLSCALE_HF_CACHE` or `~/.cache/xlscale/hf_init`."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "xlscale" / "hf_init")
-
-
-def _source_key(src: Path) -> str:
-    """A key that changes when the source's path, config or weight files change."""
-    digest = hashlib.sha256(os.fspath(src).encode())
-    digest.update((src / hf_config.CONFIG_FILE).read_bytes())
-    for path in safetensors_files.CheckpointFiles(src).files():
-        digest.update(json.dumps(_file_record(path)).encode())
-    return digest.hexdigest()[:16]
-
-
-def cached_import(spec: str) -> Path:
-    """The orbax directory of `INIT_CHECKPOINT` `'hf:<dir>'`, converting `<dir>` on first use.
-
-    The conversion is written to a temporary directory beside the cache entry and renamed into
-    place once complete, so a killed conversion is never mistaken for a finished one.
-
-    Raises:
-      FileNotFoundError: `<dir>` is not an HF model directory (naming the flag and the path).
-    """
-    src = Path(spec[len(HF_PREFIX) :]).expanduser().resolve()
-    if not (src / hf_config.CONFIG_FILE).is_file():
-        raise FileNotFoundError(
-            f"INIT_CHECKPOINT {spec!r}: no {hf_config.CONFIG_FILE} in {src} (expected a "
-            "Hugging Face LlamaForCausalLM directory)"
-        )
-    entry = cache_root() / f"{src.name}-{_source_key(src)}"
-    if (entry / metrics_lib.RUN_FILE).is_file():
-        return entry
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
-    try:
-        log.info("INIT_CHECKPOINT %s: converting to %s", spec, entry)
-        hf_to_orbax(src=src, dst=tmp)
-        try:
-            os.replace(tmp, entry)
-        except OSError:  # another process finished first
-            if not (entry / metrics_lib.RUN_FILE).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return entry
-
-
-def local_init_spec(spec: str) -> str:
-    """`INIT_CHECKPOINT` as a local orbax spec: `'hf:<dir>'` becomes its cached conversion;
-    any other spec is returned unchanged."""
-    return os.fspath(cached_import(spec)) if spec.startswith(HF_PREFIX) else spec
-
-
 def run_fields(init: Mapping[str, Any]) -> dict[str, Any]:
     """`run.json`'s `init_import` for a run initialised as `init` says (`trainer.train`'s init
     record): the provenance record of an imported `INIT_CHECKPOINT`, else None."""
     spec = init.get("init_checkpoint")
     record = None
-    if spec and Path(spec, metrics_lib.RUN_FILE).is_file():
+    if spec and records.has_run_json(spec):
         try:
-            info = metrics_lib.read_run_json(spec)
+            info = records.read_run_json(spec)
         except (OSError, ValueError):
             info = {}
         if info.get("kind") == IMPORT_KIND:

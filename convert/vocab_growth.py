@@ -15,6 +15,10 @@ override set to the grown size starts the CPT run; its `run.json` copies the rec
 `init_vocab_extension` (`run_fields`, called once by `trainer.train`), beside `init_params_hash`,
 which equals the record's `params_hash`. DST holds no optimizer state: it initialises runs, it is
 not a run to resume.
+
+Reading and writing the params-only steps is `convert.init_checkpoints`'; this module imports it,
+`convert.hf_cache` (a source may be `'hf:<dir>'`), `llama_jax`, `pipelines` and `rundir`, never
+`trainer`.
 """
 
 from __future__ import annotations
@@ -26,15 +30,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import jax
-import numpy as np
-import orbax.checkpoint as ocp
-
+from convert import hf_cache, init_checkpoints
 from llama_jax import vocab_growth
 from pipelines import vocab_extend
-from trainer import checkpoint_manifest
-from trainer import checkpoints as ckpt_lib
-from trainer import metrics as metrics_lib
+from rundir import names, records
 
 GROWN_KIND = "xlscale.grown_init"
 RUN_FIELD = "init_vocab_extension"
@@ -42,55 +41,6 @@ RUN_FIELD = "init_vocab_extension"
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def model_dir_of(checkpoints_directory: Path) -> Path:
-    """A run's MODEL_DIR from its checkpoints directory (as `trainer.train` records it)."""
-    if checkpoints_directory.name == ckpt_lib.CHECKPOINTS_SUBDIR:
-        return checkpoints_directory.parent
-    return checkpoints_directory
-
-
-def source_vocab(run_info: Mapping[str, Any]) -> str | None:
-    """The `VOCAB_PATH` a run trained with, from its fingerprint."""
-    return (run_info.get("fingerprint") or {}).get("data", {}).get("vocab_path")
-
-
-def read_params(store: ckpt_lib.CheckpointStore, step: int) -> dict[str, Any]:
-    """A step's params as host numpy arrays, whatever mesh saved them."""
-    device = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    abstract = jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device),
-        store.params_metadata(step),
-    )
-    params = store.restore_params(step, abstract_params=abstract)
-    return jax.tree.map(np.asarray, params)
-
-
-def write_params(directory: Path, *, step: int, params: Any, train_state: dict) -> None:
-    """Writes `directory/<step>/{params, train_state}` in `CheckpointStore`'s layout, with
-    checksums."""
-    manager = ocp.CheckpointManager(
-        os.fspath(directory),
-        options=ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False),
-        item_handlers={
-            "params": ocp.StandardCheckpointHandler(),
-            "train_state": ocp.JsonCheckpointHandler(),
-        },
-    )
-    try:
-        manager.save(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardSave(params),
-                train_state=ocp.args.JsonSave(train_state),
-            ),
-            force=True,
-        )
-        manager.wait_until_finished()
-    finally:
-        manager.close()
-    checkpoint_manifest.write_manifest(directory / str(step))
 
 
 def grow_checkpoint(
@@ -127,19 +77,21 @@ def grow_checkpoint(
       FileNotFoundError: no checkpoint, no old vocabulary to check against.
     """
     out_dir, vocab_path = Path(out_dir), Path(vocab_path)
-    target = ckpt_lib.checkpoints_dir(out_dir)
+    target = out_dir / names.CHECKPOINTS_SUBDIR
     if target.is_dir() and any(target.iterdir()):
         raise FileExistsError(f"{target} already holds checkpoints; choose an empty --out")
-    directory, _ = ckpt_lib.parse_init_checkpoint(source)
-    run_dir = model_dir_of(directory)
-    run_info = (
-        metrics_lib.read_run_json(run_dir) if (run_dir / metrics_lib.RUN_FILE).exists() else {}
-    )
+    directory, _ = init_checkpoints.parse_init_checkpoint(source)
+    run_dir = init_checkpoints.model_dir_of(directory)
+    run_info = records.read_run_json(run_dir) if records.has_run_json(run_dir) else {}
     sidecar = None  # an extension's record (another tool's extension may have none)
     if vocab_path.with_suffix(".json").exists():
         with contextlib.suppress(ValueError):
             sidecar = vocab_extend.read_extension_info(vocab_path)
-    old_vocab = old_vocab_path or source_vocab(run_info) or (sidecar or {}).get("base_model")
+    old_vocab = (
+        old_vocab_path
+        or init_checkpoints.source_vocab(run_info)
+        or (sidecar or {}).get("base_model")
+    )
     if not old_vocab or not Path(old_vocab).exists():
         raise FileNotFoundError(
             f"the tokenizer {source!r} was trained with is unknown or missing ({old_vocab!r}); "
@@ -150,12 +102,8 @@ def grow_checkpoint(
     base_size = vocab_extend.check_prefix(old=old_vocab, new=vocab_path)
     new_size = base_size + len(new_pieces)
 
-    directory, step = ckpt_lib.check_init_checkpoint(source, abstract_params={})
-    store = ckpt_lib.CheckpointStore(directory, ckpt_lib.CheckpointConfig(), read_only=True)
-    try:
-        params = read_params(store, step)
-    finally:
-        store.close()
+    directory, step = init_checkpoints.resolve_step(hf_cache.local_init_spec(source))
+    params = init_checkpoints.read_params(directory, step)
     old_rows = vocab_growth.vocab_rows(params)
     if old_rows < base_size:
         raise ValueError(
@@ -175,8 +123,8 @@ def grow_checkpoint(
     record = {
         "source_run": os.fspath(run_dir),
         "source_step": step,
-        "source_params_hash": ckpt_lib.params_hash(params),
-        "params_hash": ckpt_lib.params_hash(grown),
+        "source_params_hash": init_checkpoints.params_hash(params),
+        "params_hash": init_checkpoints.params_hash(grown),
         "old_vocab": os.fspath(old_vocab),
         "old_vocab_sha256": _sha256(old_vocab),
         "vocab": os.fspath(vocab_path),
@@ -190,7 +138,9 @@ def grow_checkpoint(
         "method": method,
         "out_dir": os.fspath(out_dir),
     }
-    write_params(target, step=step, params=grown, train_state={"step": step, RUN_FIELD: record})
+    init_checkpoints.write_params(
+        target, step=step, params=grown, train_state={"step": step, RUN_FIELD: record}
+    )
     info = {
         "kind": GROWN_KIND,
         "model": run_info.get("model"),
@@ -198,7 +148,7 @@ def grow_checkpoint(
         "vocab_size": rows,
         RUN_FIELD: record,
     }
-    metrics_lib.write_run_json(out_dir, info)
+    records.write_run_json(out_dir, info)
     return record
 
 
@@ -207,9 +157,9 @@ def run_fields(init: Mapping[str, Any]) -> dict[str, Any]:
     init record): the extension record of a grown `INIT_CHECKPOINT`, else None."""
     spec = init.get("init_checkpoint")
     record = None
-    if spec and Path(spec, metrics_lib.RUN_FILE).is_file():
+    if spec and records.has_run_json(spec):
         try:
-            record = metrics_lib.read_run_json(spec).get(RUN_FIELD)
+            record = records.read_run_json(spec).get(RUN_FIELD)
         except (OSError, ValueError):
             record = None
     return {RUN_FIELD: record}
