@@ -102,15 +102,9 @@ def resolve_step(model_dir: str | os.PathLike, step: int | None) -> int:
     Raises:
       ValueError: the run has no checkpoint, or `step` is not kept (naming the kept steps).
     """
-    from trainer import checkpoints
+    from trainer import restore
 
-    store = checkpoints.CheckpointStore(
-        checkpoints.checkpoints_dir(model_dir), checkpoints.CheckpointConfig(), read_only=True
-    )
-    try:
-        kept = store.all_steps()
-    finally:
-        store.close()
+    kept = restore.kept_steps(model_dir, flag="--model-dir")
     if not kept:
         raise ValueError(f"--model-dir {model_dir}: no checkpoint under {model_dir}/checkpoints")
     if step is None:

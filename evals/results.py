@@ -1,16 +1,15 @@
 """Writing a zero-shot job's results where `fitting` and the reports read them:
-`MODEL_DIR/zeroshot/<step>.json` (`fitting.zeroshot.FORMAT`) and one `metrics.jsonl` record
+`MODEL_DIR/zeroshot/<step>.json` (`rundir.zeroshot.FORMAT`) and one `metrics.jsonl` record
 (`zeroshot/<task>/acc_norm`, `.../acc`, `.../n`, mirrored to TensorBoard)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from fitting import zeroshot as zeroshot_lib
+from rundir import zeroshot as zeroshot_lib
 
 
 def task_meta(task: str, *, include_path: str | None) -> dict[str, Any]:
@@ -99,13 +98,9 @@ def write_results(
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **extra,
     }
-    path = Path(model_dir) / zeroshot_lib.ZEROSHOT_SUBDIR / f"{int(step)}.json"
     if jax.process_index() != 0:
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+        return zeroshot_lib.results_file(model_dir, step)
+    path = zeroshot_lib.write_results_file(model_dir, data)
     record: dict[str, Any] = {"step": int(step)}
     for task, row in tasks.items():
         for metric in ("acc_norm", "acc", "n"):

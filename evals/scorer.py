@@ -23,11 +23,12 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+
+from rundir import names, records, storage
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +63,11 @@ def read_run_spec(model_dir: str | os.PathLike, *, vocab_path: str | None = None
       FileNotFoundError: no `run.json`, or the vocabulary file is missing (naming it and the
         `vocab_path=` model argument that overrides it).
     """
-    from trainer import metrics
     from trainer.models import ModelSpec
 
-    run_json = Path(model_dir) / metrics.RUN_FILE
-    if not run_json.is_file():
-        raise FileNotFoundError(f"model_dir={model_dir}: no {metrics.RUN_FILE} (not a run dir)")
-    info = metrics.read_run_json(model_dir)
+    if not records.has_run_json(model_dir):
+        raise FileNotFoundError(f"model_dir={model_dir}: no {names.RUN_FILE} (not a run dir)")
+    info = records.read_run_json(model_dir)
     fingerprint = info.get("fingerprint") or {}
     model = fingerprint.get("model") or {"family": info.get("family"), "size": info.get("model")}
     spec = ModelSpec(
@@ -78,7 +77,7 @@ def read_run_spec(model_dir: str | os.PathLike, *, vocab_path: str | None = None
         dropout_rate=model.get("dropout_rate"),
     )
     vocab = vocab_path or (fingerprint.get("data") or {}).get("vocab_path")
-    if not vocab or not Path(vocab).is_file():
+    if not vocab or not storage.as_path(vocab).is_file():
         raise FileNotFoundError(
             f"model_dir={model_dir}: vocabulary {vocab!r} from run.json not found; pass "
             "vocab_path=<the run's SentencePiece .model> (xlscale zeroshot --vocab-path)"
@@ -178,7 +177,7 @@ class Scorer:
         progress: Callable[[str], None] | None = None,
     ):
         from pipelines import vocab as vocab_lib
-        from trainer import checkpoints
+        from trainer import restore
         from trainer.jobs import build_partitioned_model
         from trainer.partitioning import MeshConfig
 
@@ -193,9 +192,8 @@ class Scorer:
             )
         self.max_len = spec.seq_len or int(self.wrapper.max_len)
         checkpoint = spec.model_dir if step is None else f"{spec.model_dir}@{int(step)}"
-        self.params, _, self.step = checkpoints.restore_init_params(
-            checkpoint, abstract_params=abstract
-        )
+        restored = restore.restore_params(checkpoint, abstract_params=abstract, flag="model_dir")
+        self.params, self.step = restored.params, restored.step
         self.vocabulary = vocab_lib.load_vocab(spec.vocab_path)
         self.eos_id = int(self.vocabulary.eos_id)
         self.start_id = vocab_lib.start_id(self.vocabulary)

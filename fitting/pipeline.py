@@ -53,6 +53,7 @@ from fitting.checks import FitInputError, Unidentifiable, require_distinct
 from fitting.fit import FitResult, fit_chinchilla, fit_cpt
 from fitting.formats import json_safe
 from pipelines.names import mt_pair
+from rundir import storage
 
 FROM_SCRATCH = ("source", "scratch")
 
@@ -545,7 +546,7 @@ def fit_runs(
     if law not in LAWS:
         raise ValueError(f"unknown law {law!r}; choose one of {', '.join(LAWS)}")
     model_keys.check_basis(n_basis)
-    out = Path(out_dir)
+    out = storage.as_path(out_dir, name="--out")
     out.mkdir(parents=True, exist_ok=True)
     rule = point_rule if point_rule is not None else points.PointRule()
     study = Study(io.read_runs(runs_dir), out, int(bootstrap), int(seed), grid, n_basis, rule)
@@ -570,8 +571,10 @@ def fit_runs(
         "plots": study.plots,
         **study.results,
     }
-    (out / "fits.json").write_text(json.dumps(json_safe(result), indent=1, allow_nan=False))
-    (out / "report.md").write_text(render_report(result))
+    storage.write_text_atomic(
+        out / "fits.json", json.dumps(json_safe(result), indent=1, allow_nan=False)
+    )
+    storage.write_text_atomic(out / "report.md", render_report(result))
     return result
 
 

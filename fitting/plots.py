@@ -15,6 +15,7 @@ Every figure title says when a fit did not converge.
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from fitting.fit import FitResult
 from fitting.frontier import Frontier
 from fitting.points import Curve
 from fitting.transfer import ReplayCurve, TransferCurve
+from rundir import storage
 
 _COLORS = {
     "source": "tab:green",
@@ -70,11 +72,15 @@ def _short_log_ticks(ax) -> None:
             axis.set_major_formatter(FuncFormatter(lambda v, _: compact_number(v)))
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path):
+    """Writes the figure as PNG to `path` (local or object storage: rendered in memory)."""
     for ax in fig.axes:
         _short_log_ticks(ax)
+    path = storage.as_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    storage.write_bytes(path, buffer.getvalue())
     return path
 
 

@@ -438,7 +438,7 @@ def _tokens_at(run: RunRecord, step: int | None, *, key: str = "tokens") -> floa
 def paper_tokens_per_step(meta: dict) -> float | None:
     """A run's paper tokens per step from run.json: `tokens_paper_per_step`, else batch_size ×
     the paper's row length (the `inputs` feature length of an encoder-decoder, else `targets`;
-    `trainer.paper_units`), else None (a run.json that says neither)."""
+    `rundir.paper_units`), else None (a run.json that says neither)."""
     if meta.get("tokens_paper_per_step") not in (None, ""):
         return _float(meta["tokens_paper_per_step"])
     lengths = meta.get("task_feature_lengths") or {}

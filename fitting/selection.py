@@ -11,21 +11,22 @@ and groups still pending, are untouched. This reader needs nothing from `launch`
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 from typing import Any
 
 from fitting.checks import FitInputError
+from rundir import names, storage
 
-SELECTION_FILE = "selection.json"
+SELECTION_FILE = names.SELECTION_FILE
 
 
-def read_selection(root: str | Path) -> dict[str, Any] | None:
+def read_selection(root: str | os.PathLike) -> dict[str, Any] | None:
     """The selection.json directly under a runs directory, or None when there is none.
 
     Raises:
       FitInputError: the file is not valid JSON or not a selection document.
     """
-    path = Path(root) / SELECTION_FILE
+    path = storage.as_path(root) / SELECTION_FILE
     if not path.is_file():
         return None
     try:

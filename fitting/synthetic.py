@@ -17,7 +17,6 @@ is `studies.paper_study`, which needs `launch` and so lives a layer up; it uses 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from fitting import laws
+from rundir import records as rundir_records
+from rundir import storage
 
 SCRATCH = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.40, "beta": 0.30}  # CPT paper Table 2
 CPT = {"E": 1.55, "A": 420.0, "alpha": 0.40, "B": 433.3, "beta": 0.20, "gamma": 0.08}
@@ -50,16 +51,8 @@ def chinchilla_points(
     return N, D, L
 
 
-def _write_run(root: Path, run_id: str, meta: dict[str, Any], records: list[dict]) -> Path:
-    path = root / run_id
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "run.json").write_text(json.dumps(meta, indent=1))
-    with open(path / "metrics.jsonl", "w") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
-    last = records[-1]
-    (path / "COMPLETED").write_text(json.dumps({"step": last["step"], "tokens": last["tokens"]}))
-    return path
+def _write_run(root, run_id: str, meta: dict[str, Any], records: list[dict]):
+    return rundir_records.write_run(storage.as_path(root) / run_id, info=meta, records=records)
 
 
 def paper_model(name: str) -> tuple[float, float, float]:

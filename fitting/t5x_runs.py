@@ -25,7 +25,7 @@ cc342d419ec3e3e9c4bf1df33c82330cafdc1e16; seqio's `TensorBoardLogger`):
 Token counts: T5X logs none, so records get `tokens` = steps × batch × targets length × the
 logged `non_padding_fraction/loss_weights` of each window (real target tokens, as xlscale counts
 them) and `tokens_paper` = steps × batch × inputs length, the MT paper's Dp
-(`trainer.paper_units`); a finetune counts its steps from its checkpoint's. A finetune restores the step of its
+(`rundir.paper_units`); a finetune counts its steps from its checkpoint's. A finetune restores the step of its
 `INITIAL_CHECKPOINT_PATH` and counts `TRAIN_STEPS` from there (T5X's finetune.gin), so its
 `train_steps` is `TRAIN_STEPS` − that step.
 
@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from fitting.checks import FitInputError
-from fitting.io import RunRecord, read_tensorboard
+from fitting.run_record import RunRecord
+from fitting.tensorboard import read_tensorboard
 from pipelines import names
+from rundir import paper_units
 
 CONFIG_FILE = "config.gin"
 TRAIN_DIR = "train"
@@ -284,12 +286,23 @@ def run_meta(config: GinConfig, *, text: str, checkpoint_steps: list[int]) -> di
         "loss_normalizing_factor": _normalizer(config),
         "gin_config": text,
     }
+    # The paper-unit fields exactly as the trainer records them (`rundir.paper_units`): the
+    # task module holds Df / 512 pairs (rounded, at least one), so Df is recorded as pairs × 512.
+    subset = None
     if df is not None and meta["finetune_unit"] == "paper":
-        meta["finetune_tokens_paper"] = int(df)
-    if meta["batch_size"] and lengths:
-        meta["tokens_paper_per_step"] = meta["batch_size"] * lengths.get(
-            "inputs", lengths.get("targets", 0)
+        subset = paper_units.pairs_for(int(df))
+    if meta["batch_size"] and lengths.get("targets"):
+        meta.update(
+            paper_units.run_fields(
+                batch_size=meta["batch_size"],
+                task_feature_lengths=lengths,
+                subset_examples=subset,
+                finetune_unit=meta["finetune_unit"],
+            )
         )
+    elif subset is not None:
+        meta["finetune_pairs"] = subset
+        meta["finetune_tokens_paper"] = subset * paper_units.PAIR_TOKENS
     return meta
 
 

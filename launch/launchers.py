@@ -43,6 +43,7 @@ from launch.status import (
     read_json,
 )
 from launch.sweep import Run, topological_order
+from rundir import storage
 
 # Name -> "module:Class"; imported on use, so `xmanager` costs nothing until chosen.
 LAUNCHERS: dict[str, str] = {
@@ -174,11 +175,20 @@ class SequentialLauncher(abc.ABC):
 Runner = Callable[[Run, Path], "int | None"]
 
 
-def _write_record(directory: Path, **record: Any) -> None:
-    path = directory / LAUNCH_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    tmp.replace(path)
+def _write_record(directory, **record: Any) -> None:
+    storage.write_text_atomic(
+        storage.as_path(directory) / LAUNCH_FILE, json.dumps(record, indent=1, sort_keys=True)
+    )
+
+
+def log_path(run: Run) -> Path:
+    """Where the local launcher keeps a run's process log: `MODEL_DIR/train.log` for a local
+    run; for one on object storage (which cannot be appended to line by line),
+    `./xlscale_logs/<run_id>/train.log` in the launcher's working directory."""
+    local = local_path(run.model_dir)
+    directory = local if local is not None else Path("xlscale_logs").resolve() / run.run_id
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / LOG_FILE
 
 
 def _call_in_worker(runner: Runner, run: Run, log_path: str) -> int:
@@ -324,10 +334,8 @@ class LocalLauncher(SequentialLauncher):
     def launch(
         self, runs: Sequence[Run], *, dry_run: bool = False, progress: Progress | None = None
     ) -> LaunchReport:
-        """See `SequentialLauncher.launch`; MODEL_DIRs must be local (they hold the logs)."""
-        remote = [r.model_dir for r in runs if local_path(r.model_dir) is None]
-        if remote and not dry_run:
-            raise ValueError(f"the local launcher needs local run directories, got {remote[0]}")
+        """See `SequentialLauncher.launch`; a MODEL_DIR on object storage keeps its process log
+        locally (`log_path`)."""
         if self.jobs == 1 or dry_run:
             return super().launch(runs, dry_run=dry_run, progress=progress)
         return self._launch_parallel(runs, progress)
@@ -384,9 +392,9 @@ class LocalLauncher(SequentialLauncher):
         """Runs the job, polling its metrics for progress lines while it runs."""
         if self._stop.is_set():
             raise KeyboardInterrupt  # a parallel launch is stopping: start nothing new
-        directory = Path(run.model_dir)
+        directory = storage.as_path(run.model_dir, name="MODEL_DIR")
         directory.mkdir(parents=True, exist_ok=True)
-        log_path = directory / LOG_FILE
+        log_file = log_path(run)
         previous = read_json(directory / LAUNCH_FILE) or {}
         record = {
             "state": "running",
@@ -394,15 +402,15 @@ class LocalLauncher(SequentialLauncher):
             "host": socket.gethostname(),
             "attempt": int(previous.get("attempt", 0)) + 1,
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
-            "log": str(log_path),
+            "log": str(log_file),
         }
         _write_record(directory, **record)
         returncode = PREEMPTED_EXIT_CODE  # what an interrupt (Ctrl-C) leaves behind
         try:
             returncode = (
-                self._run_callable(run, log_path, progress)
+                self._run_callable(run, log_file, progress)
                 if self.runner
-                else self._run_process(run, log_path, progress, record)
+                else self._run_process(run, log_file, progress, record)
             )
         finally:
             state = "completed" if returncode == 0 and is_completed(run) else "failed"
@@ -440,7 +448,7 @@ class LocalLauncher(SequentialLauncher):
                             timeout=min(self.poll_s, 1.0) if step is None else self.poll_s
                         )
                     except futures.TimeoutError:
-                        metrics = last_metrics(Path(run.model_dir) / "metrics.jsonl") or {}
+                        metrics = last_metrics(run.model_dir) or {}
                         if metrics.get("step") != step:
                             step = metrics.get("step")
                             progress.update(run, step, metrics.get("train/loss"))
@@ -467,13 +475,13 @@ class LocalLauncher(SequentialLauncher):
                 run.argv(self.python), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd
             )
             record["child_pid"] = process.pid
-            _write_record(Path(run.model_dir), **record)
+            _write_record(run.model_dir, **record)
             last_step = None
             try:
                 while process.poll() is None:
                     if self._stop.wait(min(self.poll_s, 1.0) if last_step is None else self.poll_s):
                         raise KeyboardInterrupt  # the parallel launch is stopping
-                    metrics = last_metrics(Path(run.model_dir) / "metrics.jsonl") or {}
+                    metrics = last_metrics(run.model_dir) or {}
                     if metrics.get("step") != last_step:
                         last_step = metrics.get("step")
                         progress.update(run, last_step, metrics.get("train/loss"))

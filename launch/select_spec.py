@@ -23,7 +23,9 @@ import string
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-SELECTION_FILE = "selection.json"
+from rundir import names
+
+SELECTION_FILE = names.SELECTION_FILE
 RULES = ("min", "max")
 SELECT_KEYS = ("name", "strategy", "over", "metric", "rule", "where")
 _MACRO = re.compile(r"[A-Z][A-Z0-9_]*")

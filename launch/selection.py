@@ -28,8 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from launch import status as run_states
-from launch.select_spec import SELECTION_FILE, SelectSpec, group_key
+from launch.select_spec import SelectSpec, group_key
 from launch.sweep import Manifest, Run, expand, matches
+from rundir import records, storage
+from rundir.names import SELECTION_FILE
 
 
 def _path(runs_dir: str):
@@ -48,41 +50,27 @@ def read(runs_dir: str) -> dict[str, Any] | None:
 
 
 def write(runs_dir: str, document: Mapping[str, Any]) -> str:
-    """Writes `document` to `<runs_dir>/selection.json` (atomically where local); returns the
-    path."""
+    """Writes `document` to `<runs_dir>/selection.json` atomically; returns the path."""
     path = _path(runs_dir)
-    text = json.dumps(document, indent=1, sort_keys=True, default=str)
-    if run_states.local_path(str(path)) is None:
-        path.write_text(text)
-        return str(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    storage.write_text_atomic(path, json.dumps(document, indent=1, sort_keys=True, default=str))
     return str(path)
 
 
 def final_value(model_dir: str, metric: str) -> tuple[float | None, int | None]:
     """(value, step) of the last metrics.jsonl record of a run that has `metric` (a real T5X
     MODEL_DIR's summaries, as `fitting.t5x_runs` maps them, where there is no metrics.jsonl)."""
-    path = run_states.any_path(model_dir.rstrip("/") + "/metrics.jsonl")
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
+    if not records.metrics_file(model_dir).exists():
         return _t5x_final_value(model_dir, metric)
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line being written
-        if isinstance(record, dict) and metric in record and record[metric] is not None:
+    for record in reversed(records.read_metrics(model_dir)):
+        if record.get(metric) is not None:
             return float(record[metric]), record.get("step")
     return None, None
 
 
 def _t5x_final_value(model_dir: str, metric: str) -> tuple[float | None, int | None]:
-    directory = run_states.local_path(model_dir)
-    if directory is None or not directory.is_dir():
+    directory = run_states.any_path(model_dir)
+    if not directory.is_dir():
         return None, None
     from fitting import t5x_runs
 

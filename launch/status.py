@@ -1,8 +1,10 @@
 """What a run's MODEL_DIR says about it, and progress lines with an ETA for a running sweep.
 
-A run is done when `MODEL_DIR/COMPLETED` exists (the trainer writes it last). Launchers that
+A run is done when `MODEL_DIR/COMPLETED` exists (the trainer writes it last). A run whose lease
+(`rundir.lease`) has a live holder is running, on any host and on object storage. Launchers that
 start processes here also keep `MODEL_DIR/launch.json` (pid, host, attempt, exit code), which
-tells a live run from one that died; `metrics.jsonl` gives the last step and losses.
+tells a live run from one that died; `metrics.jsonl` gives the last step and losses. Every
+`MODEL_DIR` may be local or a URL (`gs://`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from launch.sweep import Run
+from rundir import lease, names, records, storage
 
-LAUNCH_FILE = "launch.json"  # the launcher's own record inside MODEL_DIR
+LAUNCH_FILE = names.LAUNCH_FILE  # the launcher's own record inside MODEL_DIR
 LOG_FILE = "train.log"
 # trainer.train's exit code for a run stopped early with a checkpoint saved (EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
@@ -45,18 +48,14 @@ class RunStatus:
 
 
 def local_path(path: str) -> Path | None:
-    """`path` as a local Path, or None for a URL (gs://...)."""
+    """`path` as a local Path, or None for a URL (gs://...): for what only local disk can do
+    (process logs of local launchers)."""
     return None if "://" in path else Path(path)
 
 
 def any_path(path: str):
-    """`path` as a local Path, or an `etils.epath.Path` for a URL (gs://...)."""
-    local = local_path(path)
-    if local is not None:
-        return local
-    from etils import epath  # remote MODEL_DIRs (gs://...); only imported for them
-
-    return epath.Path(path)
+    """`path` (local or a URL such as gs://...) as the project's one path type."""
+    return storage.as_path(path)
 
 
 def is_completed(run: Run) -> bool:
@@ -69,37 +68,21 @@ def is_completed(run: Run) -> bool:
 
 
 def last_metrics(path) -> dict[str, Any] | None:
-    """The last complete training record of a metrics.jsonl (reads only the file's tail;
-    records that hold only zero-shot scores, appended by `xlscale zeroshot`, are passed over)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 65536))
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line being written, or the cut first line of the tail
-        if any(k != "step" and not k.startswith("zeroshot/") for k in record):
-            return record
-    return None
+    """The last complete training record of a run (`rundir.records.last_metrics`); `path` is its
+    MODEL_DIR or the metrics.jsonl itself."""
+    path = any_path(path)
+    return records.last_metrics(path.parent if path.name == names.METRICS_FILE else path)
 
 
 def last_step(run: Run) -> int:
-    """The last logged step in a local MODEL_DIR's metrics.jsonl (0 when none)."""
-    directory = local_path(run.model_dir)
-    metrics = last_metrics(directory / "metrics.jsonl") if directory else None
-    return int((metrics or {}).get("step") or 0)
+    """The last logged step in a MODEL_DIR's metrics.jsonl (0 when none)."""
+    return int((last_metrics(run.model_dir) or {}).get("step") or 0)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path) -> dict[str, Any] | None:
     """The JSON in `path`, or None when it is missing or not (yet) valid JSON."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(storage.as_path(path).read_text())
     except (OSError, ValueError):
         return None
 
@@ -114,15 +97,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _mtime(path) -> float | None:
+    try:
+        return storage.mtime(path)
+    except (OSError, ValueError):
+        return None
+
+
 def run_status(run: Run, *, stale_s: float = 900.0, now: float | None = None) -> RunStatus:
-    """Reads the state of one run from its MODEL_DIR (see `RunStatus`)."""
+    """Reads the state of one run from its MODEL_DIR, local or on object storage (see
+    `RunStatus`). A run whose lease (`rundir.lease`) is held by a live writer is running, on any
+    host; so is one with a live local launcher process, or metrics written within `stale_s`."""
     now = time.time() if now is None else now
-    directory = local_path(run.model_dir)
-    if directory is None:
-        state = "done" if is_completed(run) else "pending"
-        return RunStatus(run.run_id, state, message="remote MODEL_DIR: only COMPLETED is checked")
-    metrics_path = directory / "metrics.jsonl"
-    last = last_metrics(metrics_path) or {}
+    directory = any_path(run.model_dir)
+    last = last_metrics(directory) or {}
     step = last.get("step")
     loss = last.get("train/loss")
     evals = tuple(
@@ -132,12 +120,14 @@ def run_status(run: Run, *, stale_s: float = 900.0, now: float | None = None) ->
             if k.startswith("eval/") and k.endswith("/loss")
         )
     )
-    updated = metrics_path.stat().st_mtime if metrics_path.exists() else None
+    updated = _mtime(records.metrics_file(directory))
     record = read_json(directory / LAUNCH_FILE) or {}
-    completed = read_json(directory / "COMPLETED")
     if is_completed(run):
-        step = (completed or {}).get("step", step)
+        step = (records.read_completed(directory) or {}).get("step", step)
         return RunStatus(run.run_id, "done", step, loss, evals, updated)
+    holder, stale = lease.holder_state(directory)
+    if holder is not None and stale is None:
+        return RunStatus(run.run_id, "running", step, loss, evals, updated, lease.describe(holder))
     if record.get("state") == "running":
         alive = record.get("host") != socket.gethostname() or _pid_alive(int(record.get("pid", -1)))
         if alive:
@@ -147,9 +137,10 @@ def run_status(run: Run, *, stale_s: float = 900.0, now: float | None = None) ->
     if record.get("state") == "failed":
         message = f"exit code {record.get('returncode')}; log {record.get('log')}"
         return RunStatus(run.run_id, "failed", step, loss, evals, updated, message)
-    has_progress = step is not None or (directory / "checkpoints").exists()
+    has_progress = step is not None or (directory / names.CHECKPOINTS_SUBDIR).exists()
     state = "interrupted" if has_progress else "pending"
-    return RunStatus(run.run_id, state, step, loss, evals, updated)
+    message = f"its writer is gone ({stale})" if holder is not None else ""
+    return RunStatus(run.run_id, state, step, loss, evals, updated, message)
 
 
 STATES = ("done", "running", "interrupted", "failed", "pending")

@@ -198,7 +198,7 @@ def environment(run: Any, *, manifest: str) -> dict[str, str]:
     env = {env: str(_literal(bindings[macro])) for env, macro in ENV_FROM_GIN.items()}
     df = run.coord("finetune_tokens") if run.strategy in FINETUNES else None
     if df is not None:
-        from trainer import paper_units
+        from rundir import paper_units
 
         unit = str(_literal(bindings.get("FINETUNE_UNIT", "'target'")))
         pairs = paper_units.finetune_set(finetune_tokens=int(df), unit=unit).pairs

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -35,6 +34,8 @@ import numpy as np
 from fitting import laws, paper_values, synthetic
 from launch import sweep
 from modeling import family as family_lib
+from rundir import paper_units
+from rundir import records as rundir_records
 
 CPT_MANIFESTS = ("cpt_paper", "cpt_replay", "cpt_languages")
 MT_MANIFESTS = ("mt_paper",)
@@ -44,7 +45,7 @@ SOURCE_LANG = "en"  # the CPT study's source language (runs/cpt.gin SOURCE_LANG)
 EVAL_PERIOD = 1000
 # The paper's Dp: pretraining steps × batch × 512 input tokens (MT paper §4).
 MT_INPUT_LENGTH = 512
-PAIR_TOKENS = 512  # the MT paper's Df counts each finetuning pair as 512 tokens
+PAIR_TOKENS = paper_units.PAIR_TOKENS  # the MT paper counts each finetuning pair as 512 tokens
 # Learning-rate grid coordinate -> the value the synthetic runs make best (the gin defaults).
 BEST_LR = {"BASE_LR": 1.0, "PEAK_LR": 1e-3}
 # Stand-ins where the MT paper prints no coefficients: score factor of a pretraining mixture
@@ -186,12 +187,8 @@ def mt_truth(size: str, mixture: str, task: str, df: int, metric: str) -> MTLaw:
 # --- run directories -------------------------------------------------------------------------------
 
 
-def _write_run(path: Path, meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "run.json").write_text(json.dumps(meta, indent=1))
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    last = records[-1]
-    (path / "COMPLETED").write_text(json.dumps({"step": last["step"], "tokens": last["tokens"]}))
+def _write_run(path, meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> None:
+    rundir_records.write_run(path, info=meta, records=list(records))
 
 
 def _lengths(run: sweep.Run) -> dict[str, int]:
@@ -217,26 +214,21 @@ def _counts(run: sweep.Run) -> dict[str, float]:
 
 
 def _unit_fields(run: sweep.Run) -> dict[str, Any]:
-    """run.json's paper-unit fields, as `trainer.paper_units.run_fields` records them: tokens per
+    """run.json's paper-unit fields, as `rundir.paper_units.run_fields` records them: tokens per
     step in the papers' count (batch × the `inputs` length of an encoder-decoder, else the
     `targets` length) and, for a finetune whose Df is in the paper's unit (`FINETUNE_UNIT =
     'paper'`), its exact pairs and Df = pairs × 512."""
-    lengths = _lengths(run) or {"targets": run.seq_len}
-    paper_len = lengths.get("inputs", lengths["targets"])
     unit = _gin_value(run, "FINETUNE_UNIT", "target")
     df = run.coord("finetune_tokens")
-    pairs = max(1, round(int(df) / PAIR_TOKENS)) if df is not None and unit == "paper" else None
-    units = {"tokens": "target tokens with loss", "tokens_paper": "steps x batch x row length"}
-    if "inputs" in lengths:
-        units.update(input_tokens="non-padding encoder input tokens")
-        units.update(finetune_tokens_paper=f"finetuning pairs x {PAIR_TOKENS}: the MT paper's Df")
-    return {
-        "token_units": units,
-        "tokens_paper_per_step": run.batch_size * paper_len,
-        "finetune_unit": unit,
-        "finetune_pairs": pairs,
-        "finetune_tokens_paper": None if pairs is None else pairs * PAIR_TOKENS,
-    }
+    subset = None
+    if df is not None:
+        subset = paper_units.finetune_set(finetune_tokens=int(df), unit=unit).pairs
+    return paper_units.run_fields(
+        batch_size=run.batch_size,
+        task_feature_lengths=_lengths(run) or {"targets": run.seq_len},
+        subset_examples=subset,
+        finetune_unit=unit,
+    )
 
 
 def _gin_value(run: sweep.Run, macro: str, default: Any) -> Any:
@@ -426,7 +418,7 @@ def write_cpt_runs(
                 rec[f"eval/{task}/tokens"] = 1048576
             rec["train/loss"] = rec[f"eval/{evals[0]}/loss"]
             records.append(rec)
-        _write_run(Path(run.model_dir), meta, records)
+        _write_run(run.model_dir, meta, records)
         if (i + 1) % 25 == 0 or i + 1 == len(runs):
             log(f"  cpt: {i + 1}/{len(runs)} runs written")
 
@@ -562,7 +554,7 @@ def write_mt_runs(
                     f"eval/{task}/decoded": 3000,
                 }
             )
-        _write_run(Path(run.model_dir), meta, records)
+        _write_run(run.model_dir, meta, records)
         if (i + 1) % 100 == 0 or i + 1 == len(runs):
             log(f"  mt: {i + 1}/{len(runs)} runs written")
 

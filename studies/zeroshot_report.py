@@ -1,5 +1,5 @@
 """The CPT report's zero-shot section: Fig. 3 and Fig. 6 analogues from the runs' zero-shot JSON
-(`evals.results`, read by `fitting.zeroshot`), with 95% Wilson intervals and a plain statement
+(`evals.results`, read by `rundir.zeroshot`), with 95% Wilson intervals and a plain statement
 of which scores cannot be told apart from chance.
 
 Scores are pooled per language (every item of the language's tasks counted once, as the paper
@@ -18,7 +18,7 @@ LANGS = ("en", "zh")
 
 
 def _latest_scores(run) -> list[Any]:
-    from fitting import zeroshot
+    from rundir import zeroshot
 
     scores = zeroshot.read_zeroshot(run.path)
     if not scores:

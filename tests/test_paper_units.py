@@ -10,6 +10,7 @@ and that fitting reads Dp and Df in them.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import numpy as np
 import pytest
 
 from fitting import io, points
-from trainer import data, metrics, paper_units
+from rundir import paper_units
+from trainer import data, metrics
 from trainer import train as train_lib
 from trainer.data import DataConfig
 
@@ -234,3 +236,58 @@ def test_downstream_dp_and_df_are_in_the_papers_units():
     with pytest.raises(ValueError, match="unknown Dp unit 'pairs'"):
         points.downstream_series(fts, metric="bleu", dp_unit="pairs")
     assert points.finetune_tokens({"finetune_tokens": 6_000_000}) == 6_000_000
+
+
+def test_trainer_t5x_reader_and_paper_study_record_the_same_units():
+    # One definition (`rundir.paper_units`): a Df in the paper's unit that is not a whole number
+    # of pairs is recorded as the pairs actually held × 512 by every writer and reader.
+    from fitting import t5x_runs
+    from studies import paper_study
+
+    df = 312_483_840 + 300  # 610,320.6 pairs: the set holds 610,321
+    lengths = {"inputs": 512, "targets": 512}
+    trainer_fields = train_lib._run_json(
+        _job(["mt_en_ro"]),
+        run=train_lib.RunInfo(strategy="finetune", finetune_tokens=df, finetune_unit="paper"),
+        data=DataConfig(
+            mixture_or_task="mt_en_ro",
+            task_feature_lengths=lengths,
+            batch_size=128,
+            subset_examples=paper_units.pairs_for(df),
+        ),
+        seed=0,
+        init={},
+        gin="",
+    )
+    keys = ("token_units", "tokens_paper_per_step", "finetune_pairs", "finetune_tokens_paper")
+    expected = {k: trainer_fields[k] for k in keys}
+    assert expected["finetune_tokens_paper"] == 610_321 * 512
+    # The MT paper's manifest, as the synthetic paper study writes its finetunes.
+    run = next(
+        r
+        for r in paper_study.expand_manifests(["mt_paper"], runs_dir="/runs")
+        if r.strategy == "finetune" and dict(r.coords).get("finetune_tokens") is not None
+    )
+    run = dataclasses.replace(
+        run, coords=tuple((k, df if k == "finetune_tokens" else v) for k, v in run.coords)
+    )
+    study = paper_study._unit_fields(run)
+    assert {k: study[k] for k in keys} == {
+        **expected,
+        "tokens_paper_per_step": run.batch_size * 512,
+    }
+    # A T5X finetune's config.gin (`t5x/runs/finetune.gin` records Df), as `fitting.t5x_runs`
+    # reads it.
+    text = "\n".join(
+        [
+            "BATCH_SIZE = 128",
+            "MIXTURE_OR_TASK_NAME = 'mt_en_ro'",
+            "TASK_FEATURE_LENGTHS = {'inputs': 512, 'targets': 512}",
+            "TRAIN_STEPS_RELATIVE = 300",
+            f"FINETUNE_TOKENS = {df}",
+            "FINETUNE_UNIT = 'paper'",
+            "INITIAL_CHECKPOINT_PATH = '/runs/pre/checkpoint_100'",
+        ]
+    )
+    meta = t5x_runs.run_meta(t5x_runs.parse_config(text), text=text, checkpoint_steps=[400])
+    assert {k: meta[k] for k in keys} == expected

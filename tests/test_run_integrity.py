@@ -1,7 +1,7 @@
 """A run directory has one writer and is checked on resume (issue 14, failures 4 and 6).
 
-The lease on `MODEL_DIR` (`trainer.lease`), checkpoint checksums verified on restore
-(`trainer.checkpoint_manifest`), the fallback from a corrupt latest step, and the repair of a
+The lease on `MODEL_DIR` (`rundir.lease`), checkpoint checksums verified on restore
+(`rundir.checksums`), the fallback from a corrupt latest step, and the repair of a
 torn `metrics.jsonl` tail. The slow test kills the trainer's command line (forked from a
 process that imported it once) with SIGKILL while async saves are in flight, ten times, and
 checks that the run still completes with intact outputs.
@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 from test_trainer_runs import REPO, compilation_cache, tiny_kwargs  # noqa: F401
 
-from trainer import checkpoint_manifest, checkpoints, metrics
-from trainer import lease as lease_lib
+from rundir import checksums
+from rundir import lease as lease_lib
+from trainer import checkpoints, metrics
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig, CheckpointStore
 from trainer.data import EvalConfig
@@ -94,7 +95,7 @@ def test_stale_lease_is_taken_over_and_refreshed_and_released(tmp_path, caplog):
     dead = subprocess.Popen(["true"])
     dead.wait()
     path = _write_lease(tmp_path, _holder(dead.pid))
-    with caplog.at_level(logging.WARNING, logger="trainer.lease"):
+    with caplog.at_level(logging.WARNING, logger="rundir.lease"):
         held = lease_lib.acquire(tmp_path, config=lease_lib.LeaseConfig(heartbeat_s=0.05))
     try:
         assert held.took_over["pid"] == dead.pid
@@ -187,7 +188,7 @@ def _abstract(tree):
 
 def _largest_data_file(step_dir: Path, item: str = "params") -> Path:
     """The item's largest array data file (the merged OCDBT data that a restore reads)."""
-    files = [p for p in (step_dir / item / "d").iterdir() if p.is_file()]
+    files = [p for p in (Path(os.fspath(step_dir)) / item / "d").iterdir() if p.is_file()]
     return max(files, key=lambda p: p.stat().st_size)
 
 
@@ -197,7 +198,7 @@ def test_bit_flipped_init_checkpoint_is_refused_naming_the_file(
     source = tmp_path / "source"
     _tiny_store(checkpoints.checkpoints_dir(source))
     step_dir = checkpoints.checkpoints_dir(source) / "2"
-    assert checkpoint_manifest.has_manifest(step_dir)
+    assert checksums.has_manifest(step_dir)
     checkpoints.check_init_checkpoint(
         os.fspath(source), abstract_params=_abstract({"b": jnp.ones(6), "w": jnp.ones((4, 6))})
     )  # intact: verifies
@@ -213,7 +214,7 @@ def test_bit_flipped_init_checkpoint_is_refused_naming_the_file(
         run=train_lib.RunInfo(strategy="cpt", target_lang="en", source_lang="en"),
         mesh=MeshConfig(num_devices=1),
     )
-    with pytest.raises(checkpoint_manifest.CheckpointCorruptError) as e:
+    with pytest.raises(checksums.CheckpointCorruptError) as e:
         train_lib.train(model_dir=tmp_path / "cpt", init_checkpoint=os.fspath(source), **kwargs)
     assert f"step 2: file {victim} does not match its SHA-256" in str(e.value)
     assert "INIT_CHECKPOINT" in str(e.value) and not compiled
@@ -227,7 +228,7 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(
     directory = tmp_path / "run" / "checkpoints"
     params = _tiny_store(directory)
     if not with_checksums:
-        for manifest in directory.rglob(checkpoint_manifest.MANIFEST_FILE):
+        for manifest in directory.rglob(checksums.MANIFEST_FILE):
             manifest.unlink()
     victim = _largest_data_file(directory / "2")
     victim.write_bytes(victim.read_bytes()[:7])
@@ -254,7 +255,7 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(
     victim.write_bytes(victim.read_bytes()[:7])
     store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
     try:
-        with pytest.raises(checkpoint_manifest.CheckpointCorruptError, match="step 1"):
+        with pytest.raises(checksums.CheckpointCorruptError, match="step 1"):
             store.restore_latest_intact(
                 abstract_params=_abstract(params),
                 abstract_opt_state={"m": jax.ShapeDtypeStruct((3,), jnp.float32)},

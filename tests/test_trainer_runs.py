@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import jax
@@ -343,3 +344,37 @@ def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
     assert params["lm_head"]["kernel"].shape == (32, 512)
     assert not (model_dir / "COMPLETED").exists()
     assert max(r["step"] for r in metrics.read_metrics(model_dir)) == step
+
+
+def test_what_the_trainer_writes_is_what_fitting_and_status_read(runs):
+    # One contract (`rundir`): every entry of a finished run directory is a name `rundir.names`
+    # defines, and the readers of fitting, status and the run records see the same run.
+    from fitting import io as fit_io
+    from launch import status
+    from rundir import names, records
+
+    model_dir = runs["root"] / "full"
+    defined = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
+    assert {p.name for p in model_dir.iterdir()} <= defined
+    written = records.read_metrics(model_dir)
+    run = fit_io.read_run(model_dir)
+    assert list(run.records) == written
+    assert run.meta == records.read_run_json(model_dir)
+    assert (
+        run.completed
+        == records.read_completed(model_dir)
+        == {
+            "step": TRAIN_STEPS,
+            "tokens": written[-1]["tokens"],
+        }
+    )
+    assert [row["step"] for row in fit_io.tidy([run])] == [
+        r["step"] for r in written if any(k.startswith("eval/") for k in r)
+    ]
+    run_spec = types.SimpleNamespace(
+        run_id="full", model_dir=os.fspath(model_dir), done_marker=names.COMPLETED_FILE
+    )
+    state = status.run_status(run_spec)
+    assert (state.state, state.step) == ("done", TRAIN_STEPS)
+    assert state.loss == written[-1]["train/loss"]
+    assert status.last_metrics(model_dir) == written[-1]

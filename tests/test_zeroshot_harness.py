@@ -20,7 +20,7 @@ pytest.importorskip("lm_eval")
 
 from evals import harness, results, scorer  # noqa: E402
 from fitting import io as fit_io  # noqa: E402
-from fitting import zeroshot as zeroshot_lib  # noqa: E402
+from rundir import zeroshot as zeroshot_lib  # noqa: E402
 from trainer import checkpoints, jobs  # noqa: E402
 from trainer import data as data_lib  # noqa: E402
 from trainer import eval as eval_lib  # noqa: E402

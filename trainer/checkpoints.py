@@ -8,10 +8,10 @@ a killed save never leaves a latest step that cannot load.
 `INIT_CHECKPOINT = '<dir>[@step]'` (CPT, finetuning) restores parameters only, after checking
 every parameter's presence and shape against the model. `INIT_CHECKPOINT = 'hf:<dir>'` names a
 Hugging Face model directory, converted once into a cached orbax directory
-(`trainer.hf_checkpoints`) and then checked and restored like any other.
+(`convert.hf_cache`) and then checked and restored like any other.
 
 Integrity: after a step is committed, a background thread writes its checksums
-(`trainer.checkpoint_manifest`); restores verify them. `INIT_CHECKPOINT` refuses a corrupt step;
+(`rundir.checksums`); restores verify them. `INIT_CHECKPOINT` refuses a corrupt step;
 resume (`CheckpointStore.restore_latest_intact`) falls back to the newest intact step.
 """
 
@@ -20,33 +20,36 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 import signal
 import threading
 from collections.abc import Mapping
 from concurrent import futures
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
 from convert.hf_cache import local_init_spec
-from convert.init_checkpoints import params_hash, parse_init_checkpoint  # noqa: F401 - re-exported
-from trainer import checkpoint_manifest
-from trainer.checkpoint_manifest import CheckpointCorruptError
+from convert.init_checkpoints import (  # noqa: F401 - re-exported
+    param_name,
+    params_hash,
+    parse_init_checkpoint,
+)
+from rundir import checksums, names, storage
+from rundir.checksums import CheckpointCorruptError
 from trainer.steps import tree_finite
 
 log = logging.getLogger(__name__)
 
 ITEMS = ("params", "opt_state", "train_state")
-CHECKPOINTS_SUBDIR = "checkpoints"
+CHECKPOINTS_SUBDIR = names.CHECKPOINTS_SUBDIR
 # Checkpoints that must not be resumed (corrupt files; non-finite values written by older code)
 # are moved here, beside `checkpoints/`, as `<step>.<reason>`: kept for inspection, invisible to
 # resume, and a later save of the same step is not skipped as already on disk.
-SET_ASIDE_SUBDIR = "checkpoints_set_aside"
+SET_ASIDE_SUBDIR = names.SET_ASIDE_SUBDIR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +77,9 @@ def _handlers() -> dict[str, ocp.CheckpointHandler]:
     }
 
 
-def checkpoints_dir(model_dir: str | os.PathLike) -> Path:
-    """Where a run keeps its checkpoints."""
-    return Path(model_dir) / CHECKPOINTS_SUBDIR
+def checkpoints_dir(model_dir: str | os.PathLike) -> epath.Path:
+    """Where a run keeps its checkpoints (local or on object storage)."""
+    return storage.as_path(model_dir, name="MODEL_DIR") / CHECKPOINTS_SUBDIR
 
 
 class CheckpointStore:
@@ -101,9 +104,9 @@ class CheckpointStore:
             create=not read_only,
             read_only=read_only,
         )
-        self.directory = Path(directory)
+        self.directory = storage.as_path(directory)
         self._manager = ocp.CheckpointManager(
-            os.fspath(self.directory), options=options, item_handlers=_handlers()
+            self.directory, options=options, item_handlers=_handlers()
         )
         # Checksums are written by process 0 off the training thread, one step at a time.
         self._hasher = None
@@ -112,7 +115,7 @@ class CheckpointStore:
         self._hashed: set[int] = set()
         self._hashing: list[futures.Future] = []
 
-    def step_dir(self, step: int) -> Path:
+    def step_dir(self, step: int) -> epath.Path:
         """A committed step's directory."""
         return self.directory / str(step)
 
@@ -125,12 +128,12 @@ class CheckpointStore:
             if step == exclude or step in self._hashed or not self.step_dir(step).is_dir():
                 continue
             self._hashed.add(step)
-            if not checkpoint_manifest.has_manifest(self.step_dir(step)):
+            if not checksums.has_manifest(self.step_dir(step)):
                 self._hashing.append(self._hasher.submit(self._write_manifest, step))
 
     def _write_manifest(self, step: int) -> None:
         try:
-            checkpoint_manifest.write_manifest(self.step_dir(step))
+            checksums.write_manifest(self.step_dir(step))
         except FileNotFoundError:  # deleted by the keep policy meanwhile
             pass
         except OSError as e:
@@ -174,7 +177,7 @@ class CheckpointStore:
         Raises:
           CheckpointCorruptError: naming the file and the step.
         """
-        return checkpoint_manifest.verify_manifest(
+        return checksums.verify_manifest(
             self.step_dir(step), step=step, source=f"checkpoint {self.directory}"
         )
 
@@ -297,8 +300,8 @@ class CheckpointStore:
             target = self.directory.parent / SET_ASIDE_SUBDIR / f"{step}.{reason}"
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.exists():
-                shutil.rmtree(target)
-            os.replace(self.directory / str(step), target)
+                target.rmtree()
+            storage.move_tree(self.directory / str(step), target)
             log.warning("checkpoint step %d set aside (%s) to %s", step, reason, target)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
@@ -328,12 +331,9 @@ class CheckpointStore:
             self._manager.close()
 
 
-def param_name(path) -> str:
-    """A parameter's name as used in messages: its keys joined by '/'."""
-    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
-def check_params_compatible(saved: Any, target: Any, *, source: str) -> None:
+def check_params_compatible(
+    saved: Any, target: Any, *, source: str, what: str = "INIT_CHECKPOINT"
+) -> None:
     """Checks that `saved` (checkpoint metadata) holds every parameter of `target` with its shape.
 
     Raises:
@@ -357,12 +357,14 @@ def check_params_compatible(saved: Any, target: Any, *, source: str) -> None:
             )
     if problems:
         raise ValueError(
-            f"INIT_CHECKPOINT {source} does not fit the model ({len(problems)} parameters):\n"
+            f"{what} {source} does not fit the model ({len(problems)} parameters):\n"
             + "\n".join(problems)
         )
 
 
-def check_init_checkpoint(spec: str, *, abstract_params: Any) -> tuple[Path, int]:
+def check_init_checkpoint(
+    spec: str, *, abstract_params: Any, what: str = "INIT_CHECKPOINT"
+) -> tuple[epath.Path, int]:
     """Finds `INIT_CHECKPOINT` `spec` ('<dir>[@step]') and checks its parameters against the
     model from metadata alone (no arrays are read), so a bad one fails before compiling.
 
@@ -376,36 +378,42 @@ def check_init_checkpoint(spec: str, *, abstract_params: Any) -> tuple[Path, int
     spec = local_init_spec(spec)
     directory, step = parse_init_checkpoint(spec)
     if not directory.is_dir():
-        raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no directory {directory}")
+        raise FileNotFoundError(f"{what} {spec!r}: no directory {directory}")
     store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
     try:
         steps = store.all_steps()
         if not steps:
-            raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no checkpoint in {directory}")
+            raise FileNotFoundError(f"{what} {spec!r}: no checkpoint in {directory}")
         if step is None:
             step = steps[-1]
         elif step not in steps:
             raise FileNotFoundError(
-                f"INIT_CHECKPOINT {spec!r}: no step {step} in {directory} (steps: {steps})"
+                f"{what} {spec!r}: no step {step} in {directory} (steps: {steps})"
             )
-        if not checkpoint_manifest.verify_manifest(
-            store.step_dir(step), step=step, source=f"INIT_CHECKPOINT {spec!r}"
+        if not checksums.verify_manifest(
+            store.step_dir(step), step=step, source=f"{what} {spec!r}"
         ):
-            log.info("INIT_CHECKPOINT %r step %d has no checksums to verify", spec, step)
-        check_params_compatible(store.params_metadata(step), abstract_params, source=repr(spec))
+            log.info("%s %r step %d has no checksums to verify", what, spec, step)
+        check_params_compatible(
+            store.params_metadata(step), abstract_params, source=repr(spec), what=what
+        )
     finally:
         store.close()
     return directory, step
 
 
-def restore_init_params(spec: str, *, abstract_params: Any) -> tuple[Any, Path, int]:
+def restore_init_params(
+    spec: str, *, abstract_params: Any, what: str = "INIT_CHECKPOINT"
+) -> tuple[Any, epath.Path, int]:
     """Loads the parameters of `INIT_CHECKPOINT` `spec` ('<dir>[@step]') for a fresh run, after
     `check_init_checkpoint`.
 
     Returns:
       (params sharded as `abstract_params` says, checkpoints directory, step).
     """
-    directory, step = check_init_checkpoint(local_init_spec(spec), abstract_params=abstract_params)
+    directory, step = check_init_checkpoint(
+        local_init_spec(spec), abstract_params=abstract_params, what=what
+    )
     store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
     try:
         params = store.restore_params(step, abstract_params=abstract_params)

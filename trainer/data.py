@@ -6,7 +6,7 @@ opens the training stream at the checkpointed position and keeps this host's row
 default every host builds the global stream, so the batches do not depend on the host count;
 `DataConfig.host_sharding`), and produces fixed-shape eval batches. The name helpers are what gin files use to build task names from macros
 (`TARGET_LANG`, `REPLAY_RATIO`) and step counts and finetuning sets from token budgets
-(`FINETUNE_TOKENS` in `FINETUNE_UNIT`, `trainer.paper_units`), since gin cannot compute.
+(`FINETUNE_TOKENS` in `FINETUNE_UNIT`, `rundir.paper_units`), since gin cannot compute.
 
 Decoder-only runs read `{"targets": L}` tasks as `DECODER_KEYS` arrays `[batch, L]`; encoder-
 decoder runs (`task_feature_lengths = {"inputs": Li, "targets": Lt}`) add `ENCODER_KEYS` arrays
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer import paper_units
+from rundir import paper_units
 
 DECODER_KEYS = (
     "decoder_input_tokens",

@@ -35,6 +35,9 @@ from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
+
+from rundir import storage
 
 log = logging.getLogger(__name__)
 
@@ -282,15 +285,16 @@ def write_predictions(
     step: int,
     examples: Sequence[TextExample],
     predictions: Sequence[str],
-) -> Path:
+) -> epath.Path:
     """Writes `MODEL_DIR/predictions/<task>_<step>.jsonl` (`inputs`, `target`, `prediction`)."""
-    directory = Path(model_dir) / PREDICTIONS_SUBDIR
+    directory = storage.as_path(model_dir, name="MODEL_DIR") / PREDICTIONS_SUBDIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{task}_{step}.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
-        for ex, prediction in zip(examples, predictions, strict=True):
-            record = {"inputs": ex.inputs, "target": ex.target, "prediction": prediction}
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    lines = (
+        json.dumps({"inputs": ex.inputs, "target": ex.target, "prediction": p}, ensure_ascii=False)
+        for ex, p in zip(examples, predictions, strict=True)
+    )
+    storage.write_text_atomic(path, "".join(line + "\n" for line in lines))
     return path
 
 

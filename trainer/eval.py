@@ -23,14 +23,14 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 
+from rundir import storage
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import models
+from trainer import models, restore
 from trainer.data import DataConfig, EvalConfig
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
@@ -160,17 +160,18 @@ def evaluate(
     )
     spec = os.fspath(checkpoint or model_dir)
     directory, step = ckpt_lib.parse_init_checkpoint(spec)
-    store = ckpt_lib.CheckpointStore(directory, ckpt_lib.CheckpointConfig(), read_only=True)
     if all_steps:
-        wanted = store.all_steps()
+        wanted = restore.kept_steps(spec, flag="CHECKPOINT")
     else:
-        wanted = [step if step is not None else store.latest_step()]
-    store.close()
+        wanted = [restore.resolve_step(spec, step, flag="CHECKPOINT")]
     abstract = job.abstract_state_with_shardings().params
     records = []
-    Path(model_dir).mkdir(parents=True, exist_ok=True)
+    out_dir = storage.as_path(model_dir, name="MODEL_DIR")
+    out_dir.mkdir(parents=True, exist_ok=True)
     for s in wanted:
-        params, _, _ = ckpt_lib.restore_init_params(f"{directory}@{s}", abstract_params=abstract)
+        params = restore.restore_params(
+            f"{directory}@{s}", abstract_params=abstract, flag="CHECKPOINT"
+        ).params
         record = {"step": s, "checkpoint": os.fspath(directory)}
         record.update(
             evaluate_params(
@@ -180,8 +181,7 @@ def evaluate(
         log.info("eval %s", record)
         records.append(record)
         if jax.process_index() == 0:
-            with open(Path(model_dir) / EVAL_METRICS_FILE, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            storage.append_text(out_dir / EVAL_METRICS_FILE, json.dumps(record) + "\n")
     return records
 
 

@@ -22,17 +22,15 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from trainer import metrics as metrics_lib
+from rundir import names, records, storage
 from trainer import validation
-from trainer.checkpoints import CHECKPOINTS_SUBDIR
 from trainer.schedules import LENGTH_FREE, ScheduleConfig, build_schedule
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.gin"
+CONFIG_FILE = names.CONFIG_FILE
 _ABSENT = "<absent>"
 # ModelSpec overrides that change speed or memory, not results.
 NEUTRAL_OVERRIDES = ("attention_kernel", "remat_policy")
@@ -401,7 +399,7 @@ def _policy_for(key: str) -> str:
 def latest_checkpoint_step(model_dir: str | os.PathLike) -> int | None:
     """The newest committed checkpoint step under `MODEL_DIR/checkpoints` (orbax renames a step
     directory to its number only once it is complete), or None."""
-    directory = Path(model_dir) / CHECKPOINTS_SUBDIR
+    directory = storage.as_path(model_dir, name="MODEL_DIR") / names.CHECKPOINTS_SUBDIR
     if not directory.is_dir():
         return None
     steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir()]
@@ -421,8 +419,8 @@ def check_model_dir(
     step = latest_checkpoint_step(model_dir)
     if step is None:
         return None
-    path = Path(model_dir) / metrics_lib.RUN_FILE
-    stored = metrics_lib.read_run_json(model_dir).get("fingerprint") if path.exists() else None
+    has_run = records.has_run_json(model_dir)
+    stored = records.read_run_json(model_dir).get("fingerprint") if has_run else None
     return check_resume(
         stored=stored, new=new, policy=policy, model_dir=model_dir, step=step, defaults=defaults
     )
@@ -443,11 +441,11 @@ def record_resume(
     Returns:
       The new `run.json` contents (the caller writes it).
     """
-    model_dir = Path(model_dir)
+    model_dir = storage.as_path(model_dir, name="MODEL_DIR")
     config = model_dir / CONFIG_FILE
     if config.exists():
-        os.replace(config, model_dir / f"config.{int(step)}.gin")
-    (model_dir / metrics_lib.COMPLETED_FILE).unlink(missing_ok=True)
+        storage.write_text_atomic(model_dir / names.amended_config_file(step), config.read_text())
+    (model_dir / names.COMPLETED_FILE).unlink(missing_ok=True)
     kept = {k: v for k, v in old_info.items() if k.startswith("init_")}
     return {
         **old_info,

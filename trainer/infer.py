@@ -29,13 +29,13 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import jax
 import numpy as np
+from etils import epath
 
-from trainer import checkpoints as ckpt_lib
-from trainer import models
+from rundir import storage
+from trainer import models, restore
 from trainer.partitioning import MeshConfig
 
 INFER_FILE = "infer.jsonl"
@@ -207,7 +207,7 @@ def run_inference(
         return _infer_encdec(
             wrapper,
             abstract,
-            model_dir=Path(model_dir),
+            model_dir=storage.as_path(model_dir, name="MODEL_DIR"),
             checkpoint=os.fspath(checkpoint or model_dir),
             vocab_path=vocab_path,
             source=source,
@@ -220,9 +220,9 @@ def run_inference(
         raise ValueError("no prompts: set infer.prompts (PROMPTS) or infer.prompts_file")
     max_decode_len, batch_size = decoding.max_decode_len, decoding.batch_size
     vocabulary = vocab_lib.load_vocab(vocab_path, extra_ids=decoding.extra_ids or 0)
-    params, _, _ = ckpt_lib.restore_init_params(
-        os.fspath(checkpoint or model_dir), abstract_params=abstract
-    )
+    params = restore.restore_params(
+        os.fspath(checkpoint or model_dir), abstract_params=abstract, flag="CHECKPOINT"
+    ).params
     eos_id = int(vocabulary.eos_id)
     start_id = vocab_lib.start_id(vocabulary)
     dp = partitioner.data_parallel_size
@@ -253,17 +253,17 @@ def run_inference(
                     {"prompt": text, "continuation": vocabulary.decode(ids), "tokens": ids}
                 )
     if jax.process_index() == 0:
-        Path(model_dir).mkdir(parents=True, exist_ok=True)
-        with open(Path(model_dir) / output_file, "w", encoding="utf-8") as f:
-            for record in results:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out_dir = storage.as_path(model_dir, name="MODEL_DIR")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
+        storage.write_text_atomic(out_dir / output_file, text)
     return results
 
 
 def _lines(prompts: Sequence[str], prompts_file: str | None) -> list[str]:
     texts = list(prompts)
     if prompts_file:
-        lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
+        lines = storage.as_path(prompts_file).read_text(encoding="utf-8").splitlines()
         texts += [line for line in lines if line.strip()]
     return texts
 
@@ -284,7 +284,7 @@ def _infer_encdec(
     wrapper,
     abstract,
     *,
-    model_dir: Path,
+    model_dir: epath.Path,
     checkpoint: str,
     vocab_path: str,
     source: InferSource,
@@ -328,7 +328,8 @@ def _infer_encdec(
             task, split=used_split, max_examples=source.max_examples
         )
         has_target = True
-    params, directory, step = ckpt_lib.restore_init_params(checkpoint, abstract_params=abstract)
+    restored = restore.restore_params(checkpoint, abstract_params=abstract, flag="CHECKPOINT")
+    params, directory, step = restored.params, restored.directory, restored.step
     predictions = downstream.predict_texts(
         wrapper,
         params,
@@ -347,9 +348,8 @@ def _infer_encdec(
         results.append(record)
     if jax.process_index() == 0:
         model_dir.mkdir(parents=True, exist_ok=True)
-        with open(model_dir / output_file, "w", encoding="utf-8") as f:
-            for record in results:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
+        storage.write_text_atomic(model_dir / output_file, text)
         if has_target and examples:
             scores = downstream.score(task or "", examples, predictions, comet_model=comet_model)
             summary = {
@@ -361,7 +361,7 @@ def _infer_encdec(
                 "decode_method": decode_method,
                 **scores,
             }
-            (model_dir / SCORES_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+            storage.write_text_atomic(model_dir / SCORES_FILE, json.dumps(summary, indent=2) + "\n")
     return results
 
 

@@ -222,7 +222,7 @@ def build_job(
     steps_fn: Callable[[int, int], int],
     register: bool = True,
     compile_train: bool = True,
-    precheck: Callable[[Any], None] | None = None,
+    precheck: Callable[[Any, int], None] | None = None,
 ) -> Job:
     """Validates, registers the data, builds and compiles everything a run needs.
 
@@ -230,8 +230,8 @@ def build_job(
       steps_fn: `(non-embedding params, tokens per step) -> total steps`.
       register: register the tasks of `data.vocab_path` (False when the caller has).
       compile_train: compile the train step (evaluation-only jobs skip it).
-      precheck: called with the abstract parameters after validation, before compiling (the
-        trainer checks `INIT_CHECKPOINT` there).
+      precheck: called with the abstract parameters and the total steps after validation,
+        before compiling (the trainer checks `INIT_CHECKPOINT` and the run's fingerprint there).
     Raises:
       trainer.validation.ConfigError: before compiling, for any invalid setting.
     """
@@ -253,16 +253,17 @@ def build_job(
             data_parallel_size=partitioner.data_parallel_size,
             process_count=jax.process_count(),
         )
-    if precheck is not None:
-        precheck(abstract_params)
     components = data_lib.components(data.mixture_or_task)
     _, non_embedding = wrapper.param_counts()
+    total_steps = steps_fn(non_embedding, data.batch_size * data.seq_len)
+    if precheck is not None:
+        precheck(abstract_params, total_steps)
     return compile_job(
         model=wrapper,
         partitioner=partitioner,
         abstract_params=abstract_params,
         components=components,
-        total_steps=steps_fn(non_embedding, data.batch_size * data.seq_len),
+        total_steps=total_steps,
         batch_size=data.batch_size,
         seq_len=data.seq_len,
         feature_lengths=data.task_feature_lengths,

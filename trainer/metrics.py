@@ -1,9 +1,8 @@
-"""Run outputs read by `fitting` and `launch`: `metrics.jsonl`, TensorBoard, `run.json`, `COMPLETED`.
+"""The trainer's side of the run records: the `metrics.jsonl` writer (mirrored to TensorBoard),
+the host-side counters behind each record, and the progress line.
 
-`metrics.jsonl` holds one JSON object per logged step (docs/interfaces.md, "Training outputs").
-Everything in it is a deterministic function of the run's configuration except the wall-clock
-fields in `TIMING_FIELDS`, so an interrupted and resumed run writes the same file as an
-uninterrupted one apart from those.
+The records' format, names and readers are `rundir.records`' (docs/interfaces.md, "Training
+outputs").
 
 Also here: the progress line (loss, tokens/s, step time, MFU where the accelerator's peak is
 known, ETA).
@@ -11,25 +10,36 @@ known, ETA).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
+import pathlib
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
+
+from rundir import names, records, storage
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
-RUN_FILE = "run.json"
-COMPLETED_FILE = "COMPLETED"
-TB_SUBDIR = "tb"
-# Wall-clock fields: the only ones that differ between identical runs.
-TIMING_FIELDS = ("tokens_per_s", "step_time_s")
+# The run directory's names and records live in `rundir` (re-exported for older imports).
+METRICS_FILE = names.METRICS_FILE
+RUN_FILE = names.RUN_FILE
+COMPLETED_FILE = names.COMPLETED_FILE
+TB_SUBDIR = names.TB_SUBDIR
+TIMING_FIELDS = records.TIMING_FIELDS
+MetricsFileError = records.MetricsFileError
+write_run_json = records.write_run_json
+read_run_json = records.read_run_json
+write_completed = records.write_completed
+read_metrics = records.read_metrics
+without_timing = records.without_timing
+_TB_SYNC_S = 60.0  # a remote run's TensorBoard events are copied into MODEL_DIR at most this often
 
 # Dense bf16 peak FLOP/s per chip, matched as substrings of `jax.Device.device_kind` (first
 # match wins, so the more specific names come first). Unknown kinds (CPUs) get no MFU.
@@ -54,94 +64,31 @@ def peak_flops_per_device(device_kind: str) -> float | None:
     return None
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_run_json(model_dir: str | os.PathLike, info: Mapping[str, Any]) -> None:
-    """Writes `run.json` (atomically)."""
-    _atomic_write_text(Path(model_dir) / RUN_FILE, json.dumps(dict(info), indent=2) + "\n")
-
-
-def read_run_json(model_dir: str | os.PathLike) -> dict[str, Any]:
-    """Reads `run.json`."""
-    return json.loads((Path(model_dir) / RUN_FILE).read_text(encoding="utf-8"))
-
-
-def write_completed(model_dir: str | os.PathLike, *, step: int, tokens: int) -> None:
-    """Writes the `COMPLETED` marker, last of all on success."""
-    _atomic_write_text(
-        Path(model_dir) / COMPLETED_FILE, json.dumps({"step": step, "tokens": tokens}) + "\n"
-    )
-
-
-class MetricsFileError(ValueError):
-    """A line of `metrics.jsonl` other than the last is not JSON (the file was damaged)."""
-
-
-def _parse_metrics(path: Path) -> tuple[list[dict[str, Any]], bool]:
-    """(records, whether the last line was torn and left out).
-
-    A job killed while appending leaves a torn last line: it is left out. Any other line that
-    does not parse means damage nobody can repair automatically.
-    """
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError as e:
-            if number == len(lines):
-                return records, True
-            raise MetricsFileError(
-                f"{path}: line {number} is not a JSON record ({e}); the file was damaged "
-                "other than by an interrupted write (only a torn last line is repaired)"
-            ) from e
-    return records, False
-
-
-def read_metrics(model_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records of a run's `metrics.jsonl` (empty when there is none).
-
-    A torn last line (a job killed mid-write) is left out with a warning naming the file.
-
-    Raises:
-      MetricsFileError: when another line is not JSON (naming the file and the line).
-    """
-    path = Path(model_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    records, torn = _parse_metrics(path)
-    if torn:
-        log.warning("%s: ignoring a torn last line (a job was killed while writing it)", path)
-    return records
-
-
-def without_timing(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A record minus its wall-clock fields (for comparing runs)."""
-    return {k: v for k, v in record.items() if k not in TIMING_FIELDS}
-
-
 class MetricsWriter:
     """Appends records to `metrics.jsonl` and mirrors numeric fields to TensorBoard.
 
     Only the chief process (index 0) writes. On resume, `truncate_after(step)` drops records
     that were logged after the checkpoint being resumed from, so no step appears twice.
+
+    TensorBoard's writer speaks only local disk here (TensorFlow's own GCS client would bypass
+    the project's storage layer), so a run on object storage writes its event files into a local
+    staging directory and copies them to `MODEL_DIR/tb/` at most every minute and on `close()`.
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, is_chief: bool, tensorboard: bool = True):
-        self.model_dir = Path(model_dir)
+        self.model_dir = storage.as_path(model_dir, name="MODEL_DIR")
         self.is_chief = is_chief
-        self._path = self.model_dir / METRICS_FILE
         self._tb = None
+        self._tb_remote: epath.Path | None = None
+        self._tb_synced = 0.0
         if is_chief and tensorboard:
             from clu.metric_writers.summary_writer import SummaryWriter
 
-            self._tb = SummaryWriter(os.fspath(self.model_dir / TB_SUBDIR))
+            tb_dir = self.model_dir / names.TB_SUBDIR
+            if storage.is_remote(self.model_dir):
+                self._tb_remote, tb_dir = tb_dir, tempfile.mkdtemp(prefix="xlscale-tb-")
+            self._tb = SummaryWriter(os.fspath(tb_dir))
+            self._tb_dir = tb_dir
 
     def truncate_after(self, step: int) -> None:
         """Keeps only the records with `step <= step`, and truncates a torn last line (a job
@@ -150,23 +97,14 @@ class MetricsWriter:
         Raises:
           MetricsFileError: when a line other than the last is not JSON.
         """
-        if not self.is_chief or not self._path.exists():
-            return
-        records, torn = _parse_metrics(self._path)
-        if torn:
-            log.warning(
-                "%s: truncating a torn last line (the previous job was killed while writing it)",
-                self._path,
-            )
-        kept = [r for r in records if r["step"] <= step]
-        _atomic_write_text(self._path, "".join(json.dumps(r) + "\n" for r in kept))
+        if self.is_chief:
+            records.truncate_metrics_after(self.model_dir, step)
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Appends one record (must contain `step`) and writes its scalars to TensorBoard."""
         if not self.is_chief:
             return
-        with self._path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(dict(record)) + "\n")
+        records.append_metrics(self.model_dir, record)
         if self._tb is not None:
             scalars = {}
             for key, value in record.items():
@@ -178,12 +116,26 @@ class MetricsWriter:
                     scalars[key] = value
             self._tb.write_scalars(int(record["step"]), scalars)
             self._tb.flush()
+            if time.monotonic() - self._tb_synced > _TB_SYNC_S:
+                self._sync_tensorboard()
+
+    def _sync_tensorboard(self) -> None:
+        """Copies a remote run's staged event files into `MODEL_DIR/tb/` (whole files: they are
+        small, and each process writes its own)."""
+        self._tb_synced = time.monotonic()
+        if self._tb_remote is None:
+            return
+        for local in pathlib.Path(self._tb_dir).iterdir():
+            storage.write_bytes(self._tb_remote / local.name, local.read_bytes())
 
     def close(self) -> None:
-        """Flushes and closes TensorBoard."""
+        """Flushes and closes TensorBoard (copying a remote run's events into `MODEL_DIR`)."""
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+            self._sync_tensorboard()
+            if self._tb_remote is not None:
+                shutil.rmtree(self._tb_dir, ignore_errors=True)
 
 
 class StepRate:
@@ -284,7 +236,7 @@ class Counters:
     ):
         saved = saved or {}
         self.components = list(components)
-        # Paper tokens of one applied step (`trainer.paper_units`); None: no `tokens_paper`.
+        # Paper tokens of one applied step (`rundir.paper_units`); None: no `tokens_paper`.
         self.tokens_paper_per_step = tokens_paper_per_step
         self.tokens = int(saved.get("tokens", 0))
         # Encoder-decoder runs also count non-padding encoder tokens (None: a decoder-only run).
@@ -338,7 +290,7 @@ class Counters:
         """The deterministic part of a `metrics.jsonl` record; starts a new window.
 
         `tokens_paper` (when the counters know `tokens_paper_per_step`) is the papers' count of
-        the data seen so far, applied steps × batch × row length (`trainer.paper_units`), beside
+        the data seen so far, applied steps × batch × row length (`rundir.paper_units`), beside
         the real `tokens`."""
         denom = max(self.weight_sum, 1.0)
         paper = self.tokens_paper_per_step

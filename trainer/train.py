@@ -26,23 +26,24 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import jax
 import numpy as np
+from etils import epath
 
 from convert import hf_checkpoints, vocab_growth
+from rundir import lease as lease_lib
+from rundir import names, paper_units, records, storage
+from rundir.lease import LeaseConfig
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import divergence, models, paper_units, validation
+from trainer import divergence, models, validation
 from trainer import eval as eval_lib
 from trainer import fingerprint as fingerprint_lib
-from trainer import lease as lease_lib
 from trainer import metrics as metrics_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
 from trainer.jobs import Job, build_job
-from trainer.lease import LeaseConfig
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
@@ -65,7 +66,7 @@ class RunInfo:
       replay_ratio: fraction of source-language tokens replayed during CPT (0-1).
       finetune_tokens: the finetuning set size Df as given (`FINETUNE_TOKENS`), if one was.
       finetune_unit: what `finetune_tokens` counts (`FINETUNE_UNIT`, a key of
-        `trainer.paper_units.DF_UNITS`): `"target"` real target tokens, `"paper"` the MT
+        `rundir.paper_units.DF_UNITS`): `"target"` real target tokens, `"paper"` the MT
         paper's pairs × 512.
     """
 
@@ -159,25 +160,32 @@ def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict
 
 
 def _write_run_files(
-    model_dir: Path, *, info, fingerprint, amendment, resumed: bool, step: int, gin_config: str
+    model_dir: epath.Path,
+    *,
+    info,
+    fingerprint,
+    amendment,
+    resumed: bool,
+    step: int,
+    gin_config: str,
 ) -> None:
     """`config.gin` and `run.json` (with the fingerprint) of a fresh run; on an amended resume
     the old `config.gin` is kept as `config.<step>.gin` and `run.json` records the amendment."""
     info = {**info, "fingerprint": fingerprint}
-    has_run_json = (model_dir / metrics_lib.RUN_FILE).exists()
+    has_run_json = records.has_run_json(model_dir)
     if amendment is not None and has_run_json:
         info = fingerprint_lib.record_resume(
             model_dir,
-            old_info=metrics_lib.read_run_json(model_dir),
+            old_info=records.read_run_json(model_dir),
             new_info=info,
             amendment=amendment,
             step=step,
         )
-    (model_dir / fingerprint_lib.CONFIG_FILE).write_text(
-        gin_config or "# trainer.train called directly\n"
+    storage.write_text_atomic(
+        model_dir / names.CONFIG_FILE, gin_config or "# trainer.train called directly\n"
     )
     if not resumed or not has_run_json or amendment is not None:
-        metrics_lib.write_run_json(model_dir, info)
+        records.write_run_json(model_dir, info)
 
 
 def train(
@@ -219,7 +227,8 @@ def train(
       evaluation: periodic validation losses.
       run: strategy and languages, recorded in `run.json`.
       init_checkpoint: `'<dir>[@step]'` to initialise the parameters from (CPT, finetuning), or
-        `'hf:<dir>'`, a Hugging Face LLaMA directory (`trainer.hf_checkpoints`); ignored when `model_dir` already holds a checkpoint (the run resumes instead).
+        `'hf:<dir>'`, a Hugging Face LLaMA directory (`convert.hf_cache`); ignored when `model_dir`
+        already holds a checkpoint (the run resumes instead).
       seed: parameter initialisation and data order.
       log_every: write a `metrics.jsonl` record every this many steps (and at eval steps).
       num_microbatches: gradient accumulation over this many microbatches per step.
@@ -234,7 +243,7 @@ def train(
       gin_config: the resolved gin config, written to `config.gin` and `run.json`.
       resume_policy: settings that may differ from the run's fingerprint when `model_dir` is
         resumed (`RESUME_POLICY`; see `trainer.fingerprint`); None: nothing may change.
-      lease: heartbeat and staleness of the exclusive lease on `model_dir` (`trainer.lease`),
+      lease: heartbeat and staleness of the exclusive lease on `model_dir` (`rundir.lease`),
         taken before anything is written there and released when the call ends.
 
     Returns:
@@ -246,89 +255,106 @@ def train(
     validation.check_init_for_strategy(strategy=run.strategy, init_checkpoint=init_checkpoint)
     if not os.fspath(model_dir):
         raise validation.ConfigError(f"{validation.BINDINGS['model_dir']} must be set")
-    model_dir = Path(model_dir)
+    # Local or object storage; an unsupported scheme is refused here, before anything is written.
+    model_dir = storage.as_path(model_dir, name="MODEL_DIR")
+    settings = _Settings(
+        model=model,
+        data=data,
+        train_steps=train_steps,
+        tokens_per_param=tokens_per_param,
+        optimizer=optimizer,
+        schedule=schedule,
+        checkpoint=checkpoint,
+        mesh=mesh,
+        evaluation=evaluation,
+        run=run,
+        init_checkpoint=init_checkpoint,
+        seed=seed,
+        log_every=log_every,
+        num_microbatches=num_microbatches,
+        z_loss=z_loss,
+        on_nonfinite=on_nonfinite,
+        max_skipped_fraction=max_skipped_fraction,
+        stop_after=stop_after,
+        gin_config=gin_config,
+        resume_policy=resume_policy,
+    )
     held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails here if not writable
     try:
-        # Every argument of `train` but the lease (`_train_holding_lease` lists them all, so a
-        # new argument missing there fails at once).
-        arguments = {k: v for k, v in locals().items() if k not in ("lease", "held")}
-        return _train_holding_lease(**arguments)
+        return _train_holding_lease(model_dir, settings)
     finally:
         held.release()
 
 
-def _train_holding_lease(
-    *,
-    model_dir: Path,
-    model,
-    data,
-    train_steps,
-    tokens_per_param,
-    optimizer,
-    schedule,
-    checkpoint,
-    mesh,
-    evaluation,
-    run,
-    init_checkpoint,
-    seed,
-    log_every,
-    num_microbatches,
-    z_loss,
-    on_nonfinite,
-    max_skipped_fraction,
-    stop_after,
-    gin_config,
-    resume_policy,
-) -> TrainResult:
-    """`train` once it holds the lease on `model_dir` (the same arguments but the lease)."""
-    resuming = ckpt_lib.checkpoints_dir(model_dir).is_dir() and any(
-        ckpt_lib.checkpoints_dir(model_dir).iterdir()
-    )
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """`train`'s arguments but the run directory and the lease (see `train` for each)."""
 
+    model: models.ModelSpec
+    data: DataConfig
+    train_steps: int | None
+    tokens_per_param: float | None
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    checkpoint: CheckpointConfig
+    mesh: MeshConfig
+    evaluation: EvalConfig
+    run: RunInfo
+    init_checkpoint: str | None
+    seed: int
+    log_every: int
+    num_microbatches: int
+    z_loss: float
+    on_nonfinite: str
+    max_skipped_fraction: float
+    stop_after: int | None
+    gin_config: str
+    resume_policy: str | Sequence[str] | None
+
+
+def _train_holding_lease(model_dir: epath.Path, s: _Settings) -> TrainResult:
+    """`train` once it holds the lease on `model_dir`: builds the job once (checking the init
+    checkpoint and the fingerprint before compiling), then resumes or starts the run."""
+    checkpoints = ckpt_lib.checkpoints_dir(model_dir)
+    resuming = checkpoints.is_dir() and any(checkpoints.iterdir())
     checked = {}
 
-    def precheck(abstract_params):
-        if init_checkpoint and not resuming:
-            ckpt_lib.check_init_checkpoint(init_checkpoint, abstract_params=abstract_params)
+    def precheck(abstract_params, total_steps: int):
+        if s.init_checkpoint and not resuming:
+            ckpt_lib.check_init_checkpoint(s.init_checkpoint, abstract_params=abstract_params)
         # Compare with the run being resumed before anything is compiled or written.
-        sections = dict(data=data, optimizer=optimizer, schedule=schedule, run=run)
+        sections = dict(data=s.data, optimizer=s.optimizer, schedule=s.schedule, run=s.run)
         checked["fingerprint"] = fingerprint_lib.run_fingerprint(
-            model=model,
+            model=s.model,
             **sections,
-            evaluation=evaluation,
-            train_steps=train_steps,
-            tokens_per_param=tokens_per_param,
-            total_steps=resolve_train_steps(
-                train_steps=train_steps,
-                tokens_per_param=tokens_per_param,
-                params=models.build_model(model).param_counts()[1],
-                tokens_per_step=data.batch_size * data.seq_len,
-            ),
-            seed=seed,
-            num_microbatches=num_microbatches,
-            z_loss=z_loss,
-            init_checkpoint=init_checkpoint,
+            evaluation=s.evaluation,
+            train_steps=s.train_steps,
+            tokens_per_param=s.tokens_per_param,
+            total_steps=total_steps,
+            seed=s.seed,
+            num_microbatches=s.num_microbatches,
+            z_loss=s.z_loss,
+            init_checkpoint=s.init_checkpoint,
         )
         checked["amendment"] = fingerprint_lib.check_model_dir(
             model_dir,
             new=checked["fingerprint"],
-            policy=resume_policy,
+            policy=s.resume_policy,
             defaults=fingerprint_lib.fingerprint_defaults(**sections),
         )
 
     job = build_job(
-        model=model,
-        data=data,
-        evaluation=evaluation,
-        optimizer=optimizer,
-        schedule=schedule,
-        mesh=mesh,
-        num_microbatches=num_microbatches,
-        z_loss=z_loss,
+        model=s.model,
+        data=s.data,
+        evaluation=s.evaluation,
+        optimizer=s.optimizer,
+        schedule=s.schedule,
+        mesh=s.mesh,
+        num_microbatches=s.num_microbatches,
+        z_loss=s.z_loss,
         steps_fn=lambda params, tokens_per_step: resolve_train_steps(
-            train_steps=train_steps,
-            tokens_per_param=tokens_per_param,
+            train_steps=s.train_steps,
+            tokens_per_param=s.tokens_per_param,
             params=params,
             tokens_per_step=tokens_per_step,
         ),
@@ -337,37 +363,41 @@ def _train_holding_lease(
     is_chief = jax.process_index() == 0
     if is_chief:
         model_dir.mkdir(parents=True, exist_ok=True)
-    store = ckpt_lib.CheckpointStore(ckpt_lib.checkpoints_dir(model_dir), checkpoint)
+    store = ckpt_lib.CheckpointStore(checkpoints, s.checkpoint)
     writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
     watcher = ckpt_lib.PreemptionWatcher(store)
     try:
-        state, saved, init = _initial_state(job, store, init_checkpoint=init_checkpoint, seed=seed)
+        state, saved, init = _initial_state(
+            job, store, init_checkpoint=s.init_checkpoint, seed=s.seed
+        )
         start = int(saved.get("step", 0))
         if is_chief:
             _write_run_files(
                 model_dir,
-                info=_run_json(job, run=run, data=data, seed=seed, init=init, gin=gin_config),
+                info=_run_json(
+                    job, run=s.run, data=s.data, seed=s.seed, init=init, gin=s.gin_config
+                ),
                 fingerprint=checked["fingerprint"],
                 amendment=checked["amendment"] if saved else None,
                 resumed=bool(saved),
                 step=start,
-                gin_config=gin_config,
+                gin_config=s.gin_config,
             )
         writer.truncate_after(start)
         return _loop(
             job,
             state,
             model_dir=model_dir,
-            data=data,
-            evaluation=evaluation,
-            checkpoint=checkpoint,
+            data=s.data,
+            evaluation=s.evaluation,
+            checkpoint=s.checkpoint,
             saved=saved,
             start=start,
-            seed=seed,
-            log_every=log_every,
-            on_nonfinite=on_nonfinite,
-            max_skipped_fraction=max_skipped_fraction,
-            stop_after=stop_after,
+            seed=s.seed,
+            log_every=s.log_every,
+            on_nonfinite=s.on_nonfinite,
+            max_skipped_fraction=s.max_skipped_fraction,
+            stop_after=s.stop_after,
             store=store,
             writer=writer,
             watcher=watcher,
@@ -539,7 +569,7 @@ def _loop(
     if completed:
         divergence.check_applied(step=step, skipped=counters.skipped)
     if completed and jax.process_index() == 0:
-        metrics_lib.write_completed(model_dir, step=step, tokens=counters.tokens)
+        records.write_completed(model_dir, step=step, tokens=counters.tokens)
     return TrainResult(
         model_dir=os.fspath(model_dir), step=step, tokens=counters.tokens, completed=completed
     )

@@ -1,5 +1,5 @@
-"""Reader of a run's zero-shot results: `MODEL_DIR/zeroshot/<step>.json`, written by
-`xlscale zeroshot` (`evals.results`), one file per scored checkpoint.
+"""A run's zero-shot results: `MODEL_DIR/zeroshot/<step>.json`, one file per scored checkpoint,
+written by `xlscale zeroshot` (`evals.results`, through `write_results_file`).
 
 The file holds, per lm-eval task, `acc`, `acc_norm` (lm-evaluation-harness's length-normalised
 accuracy, the CPT paper's metric), their standard errors, the item count `n`, the task's
@@ -12,12 +12,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
+import os
 from typing import Any
 
-ZEROSHOT_SUBDIR = "zeroshot"
+from etils import epath
+
+from rundir import names, records, storage
+
+ZEROSHOT_SUBDIR = names.ZEROSHOT_SUBDIR
 FORMAT = "xlscale-zeroshot/1"
-METRIC_PREFIX = "zeroshot/"  # metrics.jsonl keys: zeroshot/<task>/<metric>
+METRIC_PREFIX = records.ZEROSHOT_PREFIX  # metrics.jsonl keys: zeroshot/<task>/<metric>
 
 
 class ZeroshotFormatError(ValueError):
@@ -83,10 +87,28 @@ def parse_zeroshot(data: dict[str, Any], *, source: str = "<memory>") -> list[Ze
     return out
 
 
-def read_zeroshot(run_dir: str | Path) -> list[ZeroshotScore]:
+def results_file(run_dir: str | os.PathLike, step: int) -> epath.Path:
+    """Where the zero-shot results of `step` of a run are (or will be)."""
+    return storage.as_path(run_dir) / ZEROSHOT_SUBDIR / f"{int(step)}.json"
+
+
+def write_results_file(run_dir: str | os.PathLike, data: dict[str, Any]) -> epath.Path:
+    """Writes one scored checkpoint's results (a `FORMAT` object with its `step`) atomically;
+    returns the file's path."""
+    parse_zeroshot(data, source="the results being written")  # never write what we can't read
+    path = results_file(run_dir, data["step"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=1, ensure_ascii=False, default=str)
+    storage.write_text_atomic(path, text)
+    return path
+
+
+def read_zeroshot(run_dir: str | os.PathLike) -> list[ZeroshotScore]:
     """Every score under `run_dir/zeroshot/*.json`, by step then task (empty when none)."""
-    directory = Path(run_dir) / ZEROSHOT_SUBDIR
+    directory = storage.as_path(run_dir) / ZEROSHOT_SUBDIR
     scores: list[ZeroshotScore] = []
+    if not directory.is_dir():
+        return scores
     for path in sorted(directory.glob("*.json")):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -12,9 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 
-MANIFEST_FILE = "xlscale_checksums.json"
+from etils import epath
+
+from rundir import names, storage
+
+MANIFEST_FILE = names.CHECKSUMS_FILE
 _CHUNK = 1 << 20
 
 
@@ -22,7 +25,7 @@ class CheckpointCorruptError(RuntimeError):
     """A checkpoint's files do not match the checksums written when it was committed."""
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: epath.Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
@@ -30,34 +33,38 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _files(step_dir: Path) -> list[Path]:
+def _files(step_dir: epath.Path) -> list[epath.Path]:
     # Not the manifest, nor its temporary file left by a job killed while writing it.
     return sorted(
-        p for p in step_dir.rglob("*") if p.is_file() and not p.name.startswith(MANIFEST_FILE)
+        (
+            root / name
+            for root, _, files in step_dir.walk()
+            for name in files
+            if not name.startswith(MANIFEST_FILE)
+        ),
+        key=os.fspath,
     )
 
 
-def write_manifest(step_dir: str | os.PathLike) -> Path:
+def write_manifest(step_dir: str | os.PathLike) -> epath.Path:
     """Hashes every file of a committed step directory and writes the manifest (atomically).
 
     Returns:
       The manifest's path.
     """
-    step_dir = Path(step_dir)
+    step_dir = storage.as_path(step_dir)
     files = {
-        p.relative_to(step_dir).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        p.relative_to(step_dir).as_posix(): {"size": p.stat().length, "sha256": _sha256(p)}
         for p in _files(step_dir)
     }
     path = step_dir / MANIFEST_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"files": files}, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    storage.write_text_atomic(path, json.dumps({"files": files}, indent=1) + "\n")
     return path
 
 
 def has_manifest(step_dir: str | os.PathLike) -> bool:
     """Whether the step directory carries a checksum manifest."""
-    return (Path(step_dir) / MANIFEST_FILE).is_file()
+    return (storage.as_path(step_dir) / MANIFEST_FILE).is_file()
 
 
 def verify_manifest(step_dir: str | os.PathLike, *, step: int, source: str) -> bool:
@@ -75,7 +82,7 @@ def verify_manifest(step_dir: str | os.PathLike, *, step: int, source: str) -> b
       CheckpointCorruptError: naming the first file that is missing, truncated or altered,
         and the step.
     """
-    step_dir = Path(step_dir)
+    step_dir = storage.as_path(step_dir)
     path = step_dir / MANIFEST_FILE
     if not path.is_file():
         return False
@@ -89,7 +96,7 @@ def verify_manifest(step_dir: str | os.PathLike, *, step: int, source: str) -> b
         file = step_dir / name
         if not file.is_file():
             problem = "is missing"
-        elif (size := file.stat().st_size) != expected["size"]:
+        elif (size := file.stat().length) != expected["size"]:
             problem = f"has {size} bytes, {expected['size']} when saved (truncated or altered)"
         elif _sha256(file) != expected["sha256"]:
             problem = "does not match its SHA-256 from when it was saved (corrupted)"

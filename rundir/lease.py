@@ -1,7 +1,8 @@
 """One writer per run: an exclusive lease on `MODEL_DIR`.
 
 A training job takes the lease before it writes anything else into `MODEL_DIR`: the file
-`MODEL_DIR/LEASE`, created atomically (`O_EXCL`), names its holder (host, pid, the pid's start
+`MODEL_DIR/LEASE`, created only if absent (`O_EXCL` on local disk, a generation precondition on
+GCS; `rundir.storage.create_exclusive`), names its holder (host, pid, the pid's start
 time, when it started) and a heartbeat time that a daemon thread refreshes. The job removes the
 file when it ends, however it ends (a normal return, an exception, a preemption). A second writer
 stops at once with a message naming the holder, instead of interleaving metrics and deleting the
@@ -11,6 +12,11 @@ A lease whose holder is gone is stale and taken over with a warning:
   - on the same host, when the pid is not running (or is a different process by now: its start
     time differs, or it is a zombie);
   - on any host, when the heartbeat is older than `LeaseConfig.stale_after_s`.
+
+Every change to the file after that is a compare-and-swap on the version read
+(`rundir.storage.replace_if` / `delete_if`): a heartbeat that finds another holder's lease stops,
+and two takers of one stale lease cannot both win. `holder_state` tells readers (`xlscale sweep
+status`) whether a run has a live writer.
 
 Multi-host jobs: process 0 takes the lease and broadcasts the outcome, so all hosts fail
 together. Evaluation and inference jobs only read a run and take no lease.
@@ -29,9 +35,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from etils import epath
+
+from rundir import names, storage
+
 log = logging.getLogger(__name__)
 
-LEASE_FILE = "LEASE"
+LEASE_FILE = names.LEASE_FILE
 _UNREADABLE_GRACE_S = 10.0  # an unreadable lease younger than this is being written right now
 _BROADCAST_BYTES = 4096
 _HELD: set[str] = set()  # tokens of the leases this process holds
@@ -60,9 +70,9 @@ class ModelDirNotWritableError(RuntimeError):
     """`MODEL_DIR` cannot be created or written."""
 
 
-def lease_path(model_dir: str | os.PathLike) -> Path:
+def lease_path(model_dir: str | os.PathLike) -> epath.Path:
     """Where a run's lease lives."""
-    return Path(model_dir) / LEASE_FILE
+    return storage.as_path(model_dir, name="MODEL_DIR") / LEASE_FILE
 
 
 def _pid_start(pid: int) -> tuple[int | None, bool]:
@@ -118,20 +128,47 @@ def _stale_reason(holder: dict[str, Any], config: LeaseConfig) -> str | None:
     return None
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    """The lease's holder, or None when the file is gone, empty or unreadable (torn)."""
+def _parse(text: str) -> dict[str, Any] | None:
     try:
-        holder = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        holder = json.loads(text)
+    except ValueError:
         return None
     return holder if isinstance(holder, dict) else None
+
+
+def _read(path: epath.Path) -> tuple[dict[str, Any] | None, Any] | None:
+    """(holder, version) of the lease file, the holder None when the file is empty or torn;
+    None when there is no lease file."""
+    found = storage.read_versioned(path)
+    if found is None:
+        return None
+    text, version = found
+    return _parse(text), version
+
+
+def describe(holder: dict[str, Any]) -> str:
+    """`host H, pid P, since T (last heartbeat S s ago)` for messages."""
+    return _describe(holder)
+
+
+def holder_state(model_dir: str | os.PathLike, *, config: LeaseConfig | None = None):
+    """(holder, why it is stale) of a run's lease: (None, None) when nobody holds it, (holder,
+    None) while its writer may still be writing, (holder, reason) for a lease left behind."""
+    try:
+        found = _read(lease_path(model_dir))
+    except (OSError, ValueError):
+        return None, None
+    if found is None or found[0] is None:
+        return None, None
+    holder = found[0]
+    return holder, _stale_reason(holder, config or LeaseConfig())
 
 
 class Lease:
     """A held lease: `release()` ends it (idempotent). `lost` turns True if another writer took
     it over (its heartbeat had gone stale), after which this one stops refreshing it."""
 
-    def __init__(self, path: Path | None, holder: dict[str, Any], config: LeaseConfig):
+    def __init__(self, path: epath.Path | None, holder: dict[str, Any], config: LeaseConfig):
         self.path = path
         self.holder = holder
         self.took_over: dict[str, Any] | None = None
@@ -147,23 +184,27 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(self._config.heartbeat_s):
-            current = _read(self.path)
-            if current is None or current.get("token") != self.holder["token"]:
-                self.lost = True
-                log.error(
-                    "lost the lease %s: another writer holds it now (%s); this job keeps running "
-                    "but two writers share MODEL_DIR",
-                    self.path,
-                    _describe(current) if current else "no lease file",
-                )
-                return
-            self.holder = {**self.holder, "heartbeat": time.time()}
-            tmp = self.path.with_name(f"{LEASE_FILE}.{self.holder['token']}.tmp")
             try:
-                tmp.write_text(json.dumps(self.holder) + "\n", encoding="utf-8")
-                os.replace(tmp, self.path)
-            except OSError as e:  # a full disk must not kill training; staleness may follow
+                found = _read(self.path)
+                current = None if found is None else found[0]
+                if current is None or current.get("token") != self.holder["token"]:
+                    self._lose(current)
+                    return
+                beat = {**self.holder, "heartbeat": time.time()}
+                if not storage.replace_if(self.path, json.dumps(beat) + "\n", found[1]):
+                    continue  # changed under us: judged again at the next beat
+                self.holder = beat
+            except OSError as e:  # a full disk or a storage outage must not kill training
                 log.warning("could not refresh the lease %s: %s", self.path, e)
+
+    def _lose(self, current: dict[str, Any] | None) -> None:
+        self.lost = True
+        log.error(
+            "lost the lease %s: another writer holds it now (%s); this job keeps running "
+            "but two writers share MODEL_DIR",
+            self.path,
+            _describe(current) if current else "no lease file",
+        )
 
     def release(self) -> None:
         """Stops the heartbeat and removes the lease file if it is still this job's."""
@@ -175,30 +216,16 @@ class Lease:
             return
         with _HELD_LOCK:
             _HELD.discard(self.holder["token"])
-        current = _read(self.path)
-        if current is not None and current.get("token") == self.holder["token"]:
-            self.path.unlink(missing_ok=True)
+        try:
+            found = _read(self.path)
+            if found is not None and (found[0] or {}).get("token") == self.holder["token"]:
+                storage.delete_if(self.path, found[1])
+        except OSError as e:  # left behind, it goes stale and is taken over
+            log.warning("could not remove the lease %s: %s", self.path, e)
         self.path = None
 
 
-def _create(path: Path, holder: dict[str, Any]) -> bool:
-    """Creates the lease file atomically; False when it already exists."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(holder) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError:  # e.g. a full disk: leave no empty lease behind
-        path.unlink(missing_ok=True)
-        raise
-    return True
-
-
-def _not_writable(model_dir: Path, path: Path, error: OSError) -> ModelDirNotWritableError:
+def _not_writable(model_dir, path, error: OSError) -> ModelDirNotWritableError:
     return ModelDirNotWritableError(
         f"MODEL_DIR {model_dir} is not writable: cannot create {path} "
         f"({error.strerror or error}). A training run writes its lease, checkpoints, metrics and "
@@ -206,7 +233,7 @@ def _not_writable(model_dir: Path, path: Path, error: OSError) -> ModelDirNotWri
     )
 
 
-def _take(model_dir: Path, config: LeaseConfig) -> Lease:
+def _take(model_dir: epath.Path, config: LeaseConfig) -> Lease:
     """Takes the lease on this host (no multi-host agreement)."""
     path = lease_path(model_dir)
     token = uuid.uuid4().hex
@@ -224,20 +251,21 @@ def _take(model_dir: Path, config: LeaseConfig) -> Lease:
     except OSError as e:
         raise _not_writable(model_dir, path, e) from e
     took_over = None
+    text = json.dumps(holder) + "\n"
     for _ in range(5):  # another taker may win each race; then judge its lease again
         try:
-            if _create(path, holder):
+            if storage.create_exclusive(path, text):
                 lease = Lease(path, holder, config)
                 lease.took_over = took_over
                 return lease
+            found = _read(path)
         except OSError as e:
             raise _not_writable(model_dir, path, e) from e
-        current = _read(path)
+        if found is None:
+            continue  # released meanwhile
+        current, version = found
         if current is None:
-            try:
-                age = time.time() - path.stat().st_mtime
-            except FileNotFoundError:
-                continue
+            age = time.time() - (storage.mtime(path) or 0.0)
             if age < _UNREADABLE_GRACE_S:
                 raise LeaseHeldError(
                     f"MODEL_DIR {model_dir} is being taken by another writer right now "
@@ -257,8 +285,8 @@ def _take(model_dir: Path, config: LeaseConfig) -> Lease:
                     "job is gone."
                 )
         try:
-            if not _set_aside(path, current):
-                continue
+            if not storage.delete_if(path, version):
+                continue  # the file changed meanwhile (a new holder): judge it again
         except OSError as e:
             raise _not_writable(model_dir, path, e) from e
         log.warning(
@@ -269,24 +297,6 @@ def _take(model_dir: Path, config: LeaseConfig) -> Lease:
         )
         took_over = current or {}
     raise LeaseHeldError(f"MODEL_DIR {model_dir}: could not take the lease {path} (contended)")
-
-
-def _set_aside(path: Path, judged: dict[str, Any] | None) -> bool:
-    """Removes the stale lease `judged`; False (touching nothing) if the file changed meanwhile."""
-    aside = path.with_name(f"{LEASE_FILE}.stale.{uuid.uuid4().hex}")
-    try:
-        os.replace(path, aside)
-    except FileNotFoundError:
-        return False
-    moved = _read(aside)
-    same = (moved or {}).get("token") == (judged or {}).get("token")
-    if not same:  # a new holder's lease: put it back unless yet another one appeared
-        try:
-            os.link(aside, path)
-        except OSError:
-            pass
-    aside.unlink(missing_ok=True)
-    return same
 
 
 def acquire(model_dir: str | os.PathLike, *, config: LeaseConfig = LeaseConfig()) -> Lease:
@@ -303,7 +313,7 @@ def acquire(model_dir: str | os.PathLike, *, config: LeaseConfig = LeaseConfig()
     """
     import jax
 
-    model_dir = Path(model_dir)
+    model_dir = storage.as_path(model_dir, name="MODEL_DIR")
     if jax.process_count() == 1:
         return _take(model_dir, config)
     import numpy as np
