@@ -33,7 +33,7 @@ from typing import Any
 from convert import hf_cache, init_checkpoints
 from llama_jax import vocab_growth
 from pipelines import vocab_extend
-from rundir import names, records
+from rundir import names, records, storage
 
 GROWN_KIND = "xlscale.grown_init"
 RUN_FIELD = "init_vocab_extension"
@@ -76,7 +76,7 @@ def grow_checkpoint(
         `vocab_size` is smaller than the new vocabulary.
       FileNotFoundError: no checkpoint, no old vocabulary to check against.
     """
-    out_dir, vocab_path = Path(out_dir), Path(vocab_path)
+    out_dir, vocab_path = storage.as_path(out_dir, name="--out"), Path(vocab_path)
     target = out_dir / names.CHECKPOINTS_SUBDIR
     if target.is_dir() and any(target.iterdir()):
         raise FileExistsError(f"{target} already holds checkpoints; choose an empty --out")

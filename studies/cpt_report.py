@@ -17,6 +17,7 @@ from typing import Any
 from fitting import report
 from fitting.formats import fmt
 from fitting.paper_values import CPT_TABLE2, ERROR_DEFINITIONS
+from rundir import storage
 from studies import zeroshot_report
 
 
@@ -221,7 +222,8 @@ def write(
     basis = model_keys.paper_basis(runs)  # the paper's basis wherever the runs have it
     log(f"[demo] fitting the laws on {runs_dir} (bootstrap {bootstrap}, N basis {basis}) ...")
     fits = pipeline.fit_runs(runs_dir, out_dir, bootstrap=bootstrap, n_basis=basis)
-    body = (Path(out_dir) / "report.md").read_text()
+    out_dir = storage.as_path(out_dir, name="--out")
+    body = (out_dir / "report.md").read_text()
     plots = "\n".join(f"![{Path(p).stem}]({Path(p).name})" for p in fits.get("plots", []))
     text = "\n".join(
         [
@@ -230,13 +232,13 @@ def write(
             f"{len(runs)} runs from `{runs_dir}`; every number below is measured on them.",
             "",
             comparison(fits, runs),
-            zeroshot_report.section(runs, Path(out_dir)),
+            zeroshot_report.section(runs, out_dir),
             plots,
             "",
             body,
         ]
     )
-    (Path(out_dir) / "report.md").write_text(text)
+    storage.write_text_atomic(out_dir / "report.md", text)
     if not fits.get("converged", True):
         log("[demo] WARNING: some fits did not converge; see report.md")
-    return Path(out_dir) / "fits.json"
+    return out_dir / "fits.json"

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rundir import zeroshot
+
 Log = Callable[[str], None]
 
 FIG3_STRATEGIES = ("source", "scratch", "cpt")
@@ -95,7 +97,7 @@ def evaluate_study_runs(
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     for i, run in enumerate(runs, 1):
         step = job.resolve_step(run.path, None)
-        path = Path(run.path) / "zeroshot" / f"{step}.json"
+        path = zeroshot.results_file(run.path, step)
         if path.exists():
             log(f"[demo] zero-shot {i}/{len(runs)}: reusing {path}")
         else:

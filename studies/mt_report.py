@@ -31,6 +31,7 @@ from fitting.paper_values import ERROR_DEFINITIONS, MT_EN_FR
 from fitting.points import finetune_tokens, paper_tokens_at
 from fitting.saved_fits import fit_entries, fit_object, held_out_max
 from fitting.task_alignment import alignment_of
+from rundir import storage
 from studies.mt_findings import (
     CE,
     LABELS,
@@ -550,7 +551,7 @@ def write(
     """
     from fitting import io, pipeline
 
-    out_dir = Path(out_dir)
+    out_dir = storage.as_path(out_dir, name="--out")
     log(f"[demo-mt] fitting the downstream laws on {runs_dir} ...")
     fits = pipeline.fit_runs(runs_dir, out_dir, law="all", bootstrap=0)
     runs = io.read_runs(runs_dir)
@@ -601,12 +602,14 @@ def write(
             "",
         ]
     lines += ["---", "", body.replace("# xlscale fit report", "# Appendix: the fitting report", 1)]
-    (out_dir / "report.md").write_text("\n".join(lines))
+    storage.write_text_atomic(out_dir / "report.md", "\n".join(lines))
     table = [
         {"model": k[0], "mixture": k[1], "task": k[2], "df": k[3], **v.to_dict()}
         for k, v in found.items()
     ]
-    (out_dir / "verdicts.json").write_text(json.dumps(json_safe(table), indent=1, allow_nan=False))
+    storage.write_text_atomic(
+        out_dir / "verdicts.json", json.dumps(json_safe(table), indent=1, allow_nan=False)
+    )
     if not fits.get("converged", True):
         log("[demo-mt] WARNING: some fits did not converge; see report.md")
     return out_dir / "fits.json"
