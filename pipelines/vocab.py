@@ -44,6 +44,7 @@ from typing import Any
 import sentencepiece as spm
 
 from pipelines.corpora import paths
+from rundir import storage
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # Special-id layouts `load_vocab` accepts, as (pad, eos, unk) ids. `train_vocab` writes T5's;
@@ -293,6 +294,24 @@ def start_id(vocabulary) -> int:
     return bos if bos >= 0 else 0
 
 
+def local_model_file(model_path: str | os.PathLike) -> str:
+    """A local file holding the SentencePiece model at `model_path` (`VOCAB_PATH`): a local path
+    as it is; a URL (`gs://...`) copied once, through the project's storage layer, into
+    `$XDG_CACHE_HOME/xlscale/vocab/<sha256>.model` (SentencePiece and tf_text read local files;
+    TensorFlow's own GCS client is not used)."""
+    if not storage.is_remote(model_path):
+        return os.fspath(model_path)
+    data = storage.as_path(model_path, name="VOCAB_PATH").read_bytes()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xlscale" / "vocab"
+    local = cache / f"{hashlib.sha256(data).hexdigest()}.model"
+    if not local.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f"{local.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, local)
+    return os.fspath(local)
+
+
 def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
     """Loads a trained model as a `seqio.SentencePieceVocabulary`.
 
@@ -312,7 +331,7 @@ def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
     """
     import seqio
 
-    vocab = seqio.SentencePieceVocabulary(str(model_path), extra_ids=extra_ids)
+    vocab = seqio.SentencePieceVocabulary(local_model_file(model_path), extra_ids=extra_ids)
     tok = vocab.tokenizer
     ids = (tok.pad_id(), tok.eos_id(), tok.unk_id())
     if ids not in ID_LAYOUTS.values():
