@@ -194,6 +194,23 @@ def replay_mixture(*, target_lang: str, source_lang: str, replay_ratio: float) -
     return mixtures.cpt_name(target_lang, source_lang, pct)
 
 
+def applied_replay_ratio(
+    *, mixture_or_task: str, target_lang: str | None, source_lang: str | None
+) -> float:
+    """The share of source-language tokens `mixture_or_task` replays into a run on `target_lang`:
+    the `lm_<source>` fraction of a mixture of `pipelines.mixtures.RATIOS` that also holds
+    `lm_<target>`, else 0 (a task, or a mixture without both languages). This, not the
+    `REPLAY_RATIO` asked for, is what the data applies and `run.json` may record."""
+    from pipelines import mixtures, tasks
+
+    if not (target_lang and source_lang) or target_lang == source_lang:
+        return 0.0
+    fractions = mixtures.RATIOS.get(mixture_or_task, {})
+    if tasks.lm_task_name(target_lang) not in fractions:
+        return 0.0
+    return float(fractions.get(tasks.lm_task_name(source_lang), 0.0))
+
+
 def paper_batch_size(*, model_size: str, seq_len: int, family: str = "llama2") -> int:
     """The family's paper batch (in sequences of `seq_len`) for a size, from its
     `paper_recipe` (LLaMA2: the CPT paper's 1M, 2M or 4M tokens by parameter band, its Table 1).

@@ -253,6 +253,7 @@ def train(
     validation.check_fraction(name="max_skipped_fraction", value=max_skipped_fraction)
     validation.check_choice(name="strategy", value=run.strategy, allowed=STRATEGIES)
     validation.check_init_for_strategy(strategy=run.strategy, init_checkpoint=init_checkpoint)
+    _check_replay(run=run, data=data)
     if not os.fspath(model_dir):
         raise validation.ConfigError(f"{validation.BINDINGS['model_dir']} must be set")
     # Local or object storage; an unsupported scheme is refused here, before anything is written.
@@ -284,6 +285,22 @@ def train(
         return _train_holding_lease(model_dir, settings)
     finally:
         held.release()
+
+
+def _check_replay(*, run: RunInfo, data: DataConfig) -> None:
+    """`run.replay_ratio` is recorded in `run.json` only if the mixture applies it."""
+    from pipelines import mixtures
+
+    validation.check_replay_ratio(
+        replay_ratio=run.replay_ratio,
+        applied=data_lib.applied_replay_ratio(
+            mixture_or_task=data.mixture_or_task,
+            target_lang=run.target_lang,
+            source_lang=run.source_lang,
+        ),
+        mixture_or_task=data.mixture_or_task,
+        replay_choices=[p / 100 for p in mixtures.REPLAY_PCTS],
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ BINDINGS: dict[str, str] = {
     "on_nonfinite": "ON_NONFINITE (train.on_nonfinite)",
     "max_skipped_fraction": "MAX_SKIPPED_FRACTION (train.max_skipped_fraction)",
     "decode_tasks": "DECODE_TASKS (downstream.DecodeConfig.tasks)",
+    "replay_ratio": "REPLAY_RATIO (train.RunInfo.replay_ratio)",
 }
 
 
@@ -179,6 +180,27 @@ def check_init_for_strategy(*, strategy: str, init_checkpoint: str | None) -> No
             f"strategy {strategy!r} trains from random initialisation, but INIT_CHECKPOINT = "
             f"{init_checkpoint!r} (train.init_checkpoint); allowed: None"
         )
+
+
+def check_replay_ratio(
+    *, replay_ratio: float, applied: float, mixture_or_task: str, replay_choices: Sequence[float]
+) -> None:
+    """The recorded replay ratio must be the one the data applies (`applied`, the source
+    language's share of `mixture_or_task`): `run.json` carries it to fitting's replay curves, so a
+    ratio that was asked for but not applied would place the run where it does not belong.
+
+    Args:
+      replay_choices: the ratios a replay mixture offers (for the message).
+    """
+    if abs(float(replay_ratio) - applied) <= 1e-9:
+        return
+    choices = ", ".join(f"{r:g}" for r in replay_choices)
+    raise ConfigError(
+        f"{BINDINGS['replay_ratio']} = {replay_ratio!r} is not what this run trains on: "
+        f"{BINDINGS['mixture_or_task']} = {mixture_or_task!r} replays {applied:g} of the source "
+        f"language; allowed: {applied:g} here, or CPT with replay (experiments/cpt_replay.gin, "
+        f"REPLAY_RATIO one of {choices}), which trains on the replay mixture of that ratio"
+    )
 
 
 def check_fraction(*, name: str, value: float) -> None:

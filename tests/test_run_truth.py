@@ -1,0 +1,47 @@
+"""Nothing silently mis-recorded (issue 26): a run records only what it applied, resumes only onto
+what it started with, and its records survive up to the newest checkpoint.
+
+Each test names the finding it covers; the checks that need no training run with `no_compile`
+(any attempt to build a job fails the test), the others share small runs of `tiny_kwargs`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_run_integrity import no_compile  # noqa: F401
+from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401
+
+from trainer import train as train_lib
+from trainer import validation
+
+
+def cpt(replay_ratio: float, *, target: str = "fr") -> train_lib.RunInfo:
+    return train_lib.RunInfo(
+        strategy="cpt", target_lang=target, source_lang="en", replay_ratio=replay_ratio
+    )
+
+
+@pytest.mark.usefixtures("no_compile")
+@pytest.mark.parametrize("ratio", [1.5, 0.15, 0.1])
+def test_plain_cpt_refuses_a_replay_ratio_it_does_not_apply(tiny_data, tmp_path, ratio):
+    # Finding 1: `lm_fr` alone replays no English, so any REPLAY_RATIO but 0 would be recorded
+    # untrue (fitting would place the run on the replay curve at that ratio).
+    kwargs = tiny_kwargs(tiny_data, run=cpt(ratio))
+    kwargs["data"] = dataclasses.replace(kwargs["data"], mixture_or_task="lm_fr")
+    with pytest.raises(validation.ConfigError) as e:
+        train_lib.train(model_dir=tmp_path / "run", **kwargs)
+    message = str(e.value)
+    assert f"REPLAY_RATIO (train.RunInfo.replay_ratio) = {ratio!r}" in message
+    assert "MIXTURE_OR_TASK_NAME (data.DataConfig.mixture_or_task) = 'lm_fr'" in message
+    assert "allowed: 0" in message and "experiments/cpt_replay.gin" in message
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+@pytest.mark.usefixtures("no_compile")
+def test_a_replay_mixture_must_be_recorded_at_the_ratio_it_applies(tiny_data, tmp_path):
+    kwargs = tiny_kwargs(tiny_data, run=cpt(0.3))
+    kwargs["data"] = dataclasses.replace(kwargs["data"], mixture_or_task="cpt_fr_replay_en_10")
+    with pytest.raises(validation.ConfigError, match=r"replays 0.1 .*allowed: 0.1"):
+        train_lib.train(model_dir=tmp_path / "run", **kwargs)
