@@ -282,3 +282,75 @@ def test_resume_policy_macro_reaches_train(tiny_data):
         assert gin_entry.macro_value("RESUME_POLICY") == "train_steps"
     finally:
         gin.clear_config()
+
+
+@pytest.fixture(scope="module")
+def other_vocab(tiny_data, tmp_path_factory):
+    """A second SentencePiece model of the fixture corpora: other pieces, so other token ids."""
+    from pipelines import vocab
+
+    root = tmp_path_factory.mktemp("other_vocab")
+    return vocab.train_vocab(
+        corpora_dir=tiny_data["corpora"], langs=["en", "fr"], out_prefix=root / "v", vocab_size=300
+    )
+
+
+def test_fingerprint_holds_the_vocabulary_contents(finished, tiny_data):
+    import hashlib
+    from pathlib import Path
+
+    fp = metrics.read_run_json(finished)["fingerprint"]
+    expected = hashlib.sha256(Path(tiny_data["vocab"]).read_bytes()).hexdigest()
+    assert fp["vocab_sha256"] == expected
+
+
+@pytest.mark.parametrize("policy", [None, "paths"])
+def test_another_vocabulary_at_the_same_path_is_refused(
+    finished, tiny_data, seqio_registry, tmp_path, other_vocab, policy
+):
+    # Issue 26, finding 2: same VOCAB_PATH, other contents; 'paths' allows moved files only.
+    model_dir = tmp_path / "run"
+    shutil.copytree(finished, model_dir)
+    vocab_path = tmp_path / "vocab.model"
+    shutil.copyfile(tiny_data["vocab"], vocab_path)
+    info = metrics.read_run_json(model_dir)
+    info["fingerprint"]["data"]["vocab_path"] = str(vocab_path)
+    metrics.write_run_json(model_dir, info)
+    old_hash = info["fingerprint"]["vocab_sha256"]
+    shutil.copyfile(other_vocab, vocab_path)  # replaced in place
+    before = snapshot(model_dir)
+    kwargs = base_kwargs(tiny_data)
+    kwargs["data"] = dataclasses.replace(kwargs["data"], vocab_path=str(vocab_path))
+    with pytest.raises(validation.ConfigError) as e:
+        train_lib.train(model_dir=model_dir, resume_policy=policy, **kwargs)
+    message = str(e.value)
+    new_hash = fingerprint.vocab_sha256(vocab_path)
+    assert "vocab_sha256 [VOCAB_PATH (data.DataConfig.vocab_path)]: " in message
+    assert f"'{old_hash}' -> '{new_hash}'" in message and old_hash != new_hash
+    assert f"VOCAB_PATH '{vocab_path}' holds another vocabulary" in message
+    assert "--gin.RESUME_POLICY" not in message  # no policy allows it
+    assert snapshot(model_dir) == before
+
+
+def test_a_moved_vocabulary_with_the_same_contents_resumes_under_paths(
+    finished, tiny_data, seqio_registry, tmp_path, other_vocab
+):
+    model_dir = tmp_path / "run"
+    shutil.copytree(finished, model_dir)
+    kwargs = base_kwargs(tiny_data)
+    moved = tmp_path / "moved.model"
+    shutil.copyfile(tiny_data["vocab"], moved)
+    kwargs["data"] = dataclasses.replace(kwargs["data"], vocab_path=str(moved))
+    result = train_lib.train(model_dir=model_dir, resume_policy="paths", **kwargs)
+    assert result.completed
+    kwargs["data"] = dataclasses.replace(kwargs["data"], vocab_path=str(other_vocab))
+    with pytest.raises(validation.ConfigError, match="holds another vocabulary"):
+        train_lib.train(model_dir=model_dir, resume_policy="paths", **kwargs)
+
+
+def test_a_run_from_before_the_vocabulary_hash_resumes_with_a_warning(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="trainer.fingerprint"):
+        amendment = fingerprint.check_resume(
+            stored=_fp(), new=_fp(vocab_sha256="ab" * 32), policy=None, model_dir=tmp_path, step=4
+        )
+    assert amendment is None and "predates vocab_sha256" in caplog.text

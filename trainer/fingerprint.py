@@ -2,7 +2,9 @@
 
 A `MODEL_DIR` holds one run. Its `run.json` stores `fingerprint`: the model, every `DataConfig`
 field, optimizer and schedule, the step budget and the resolved total steps, seed, microbatches,
-z-loss, initial checkpoint, run info, evaluation tasks and the host count. Settings that do not
+z-loss, initial checkpoint, run info, evaluation tasks, the host count, and the SHA-256 of the
+vocabulary file's contents (`vocab_sha256`: the same `VOCAB_PATH` holding another SentencePiece
+model would give every token another id, so no policy allows that change). Settings that do not
 change results (mesh shape, logging and checkpoint periods, the attention kernel, remat, eval
 period) are left out. Resuming compares the stored fingerprint with the new configuration before
 anything is written, and refuses any difference unless `RESUME_POLICY` (`train.resume_policy`)
@@ -18,6 +20,7 @@ learning rate would jump).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -59,7 +62,11 @@ _MACROS: dict[str, str] = {
     "train_steps": "train_steps",
     "tokens_per_param": "tokens_per_param",
     "num_microbatches": "num_microbatches",
+    "vocab_sha256": "vocab_path",
 }
+# Keys added to the fingerprint after runs were started: a stored fingerprint without one cannot
+# be compared on it (a warning), and is not refused for it.
+ADDED_LATER: tuple[str, ...] = ("vocab_sha256",)
 
 
 def _jsonable(value: Any) -> Any:
@@ -100,6 +107,15 @@ def fingerprint_defaults(*, data: Any, optimizer: Any, schedule: Any, run: Any) 
     )
 
 
+def vocab_sha256(vocab_path: str | os.PathLike | None) -> str | None:
+    """SHA-256 of the vocabulary file at `vocab_path` (`VOCAB_PATH`, local or a URL), or None
+    when the run has none (its tasks were registered by the caller)."""
+    if vocab_path is None:
+        return None
+    data = storage.as_path(vocab_path, name="VOCAB_PATH").read_bytes()
+    return hashlib.sha256(data).hexdigest()
+
+
 def run_fingerprint(
     *,
     model: Any,
@@ -116,6 +132,7 @@ def run_fingerprint(
     z_loss: float,
     init_checkpoint: str | None,
     process_count: int | None = None,
+    vocab_hash: str | None = None,
 ) -> dict[str, Any]:
     """The settings that define a run, as a JSON-able dict (stored in `run.json`).
 
@@ -127,6 +144,7 @@ def run_fingerprint(
       total_steps: the resolved number of optimizer steps.
       process_count: hosts (default: `jax.process_count()`): per-host data sharding makes the
         data order depend on it.
+      vocab_hash: `vocab_sha256(data.vocab_path)`, the vocabulary's contents.
     """
     if process_count is None:
         import jax
@@ -154,6 +172,7 @@ def run_fingerprint(
         "z_loss": z_loss,
         "init_checkpoint": init_checkpoint,
         "process_count": int(process_count),
+        "vocab_sha256": vocab_hash,
     }
     return _jsonable(fingerprint)
 
@@ -247,6 +266,20 @@ def _length_guard(key, old, new, *, old_fp, new_fp, step) -> str | None:
     return why + f"; only {sorted(LENGTH_FREE)} schedules can be extended: start a new MODEL_DIR"
 
 
+def _vocab_guard(key, old, new, *, old_fp, new_fp, step) -> str | None:
+    del key, step
+    old_path = old_fp.get("data", {}).get("vocab_path")
+    new_path = new_fp.get("data", {}).get("vocab_path")
+    where = f"{new_path!r}" + (
+        f" (the run started with {old_path!r})" if old_path != new_path else ""
+    )
+    del old, new
+    return (
+        f"cannot change: VOCAB_PATH {where} holds another vocabulary than the run's, so every "
+        "token would get another id; give the run's vocabulary file, or start a new MODEL_DIR"
+    )
+
+
 def _resumed_too_far(key, old, new, *, old_fp, new_fp, step) -> str | None:
     del key, old, old_fp, new_fp
     if step is not None and isinstance(new, int) and new < step:
@@ -259,6 +292,7 @@ GUARDS: dict[str, tuple[Callable[..., str | None], ...]] = {
     "model.family": (_shape_guard,),
     "model.size": (_shape_guard,),
     "total_steps": (_length_guard, _resumed_too_far),
+    "vocab_sha256": (_vocab_guard,),
 }
 
 # Changes allowed without a policy: key -> predicate on the new fingerprint.
@@ -331,6 +365,13 @@ def check_resume(
             continue
         if new_value == _ABSENT:
             log.warning("%s: setting %s (%r) no longer exists; ignored", model_dir, key, old)
+            continue
+        if old == _ABSENT and key in ADDED_LATER:
+            log.warning(
+                "%s: run.json's fingerprint predates %s; resuming without checking it",
+                model_dir,
+                key,
+            )
             continue
         reasons = [
             r

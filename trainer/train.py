@@ -352,6 +352,7 @@ def _train_holding_lease(model_dir: epath.Path, s: _Settings) -> TrainResult:
             num_microbatches=s.num_microbatches,
             z_loss=s.z_loss,
             init_checkpoint=s.init_checkpoint,
+            vocab_hash=fingerprint_lib.vocab_sha256(s.data.vocab_path),
         )
         checked["amendment"] = fingerprint_lib.check_model_dir(
             model_dir,
