@@ -354,3 +354,30 @@ def test_a_run_from_before_the_vocabulary_hash_resumes_with_a_warning(tmp_path, 
             stored=_fp(), new=_fp(vocab_sha256="ab" * 32), policy=None, model_dir=tmp_path, step=4
         )
     assert amendment is None and "predates vocab_sha256" in caplog.text
+
+
+def test_a_torn_row_of_the_newest_checkpoint_is_logged_again_on_resume(
+    finished, tiny_data, seqio_registry, tmp_path, caplog
+):
+    # Issue 26, finding 3: the last row (step 4) is also the newest checkpoint's; cut in half it
+    # used to be dropped for good, since the resume starts after it.
+    model_dir = tmp_path / "torn"
+    shutil.copytree(finished, model_dir)
+    path = model_dir / "metrics.jsonl"
+    whole = path.read_text()
+    assert [json.loads(line)["step"] for line in whole.splitlines()] == [2, 4]
+    path.write_text(whole[: len(whole) - len(whole.splitlines()[-1]) // 2 - 1])
+    with caplog.at_level(logging.WARNING):
+        result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
+    assert result.completed
+    assert path.read_text() == whole  # the row comes back whole, once
+    assert "re-logged 1 record (step 4)" in caplog.text
+
+
+def test_each_checkpoint_holds_the_rows_logged_since_the_previous_one(finished):
+    logged = metrics.read_metrics(finished)
+    for step in (2, 4):
+        saved = json.loads(
+            (finished / "checkpoints" / str(step) / "train_state" / "metadata").read_text()
+        )
+        assert saved["records"] == [r for r in logged if step - 2 < r["step"] <= step]

@@ -100,6 +100,28 @@ class MetricsWriter:
         if self.is_chief:
             records.truncate_metrics_after(self.model_dir, step)
 
+    def restore_lost(self, covered: Sequence[Mapping[str, Any]], *, step: int) -> None:
+        """Appends again the records a checkpoint covers (`covered`, kept in its train state)
+        that `metrics.jsonl` lost, e.g. a torn last line that was the checkpoint's own row: those
+        newer than the file's last record. A resume starts after the checkpoint, so nothing else
+        would log them again."""
+        if not self.is_chief or not covered:
+            return
+        present = records.read_metrics(self.model_dir)
+        last = present[-1]["step"] if present else -1
+        lost = [r for r in covered if last < r["step"] <= step]
+        for record in lost:
+            records.append_metrics(self.model_dir, record)
+        if lost:
+            log.warning(
+                "%s: re-logged %d record%s (step %s) that checkpoint %d covers and the file had lost",
+                records.metrics_file(self.model_dir),
+                len(lost),
+                "" if len(lost) == 1 else "s",
+                ", ".join(str(r["step"]) for r in lost),
+                step,
+            )
+
     def write(self, record: Mapping[str, Any]) -> None:
         """Appends one record (must contain `step`) and writes its scalars to TensorBoard."""
         if not self.is_chief:

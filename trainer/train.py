@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 STRATEGIES = ("source", "scratch", "cpt", "cpt_replay", "pretrain", "finetune", "finetune_scratch")
 NONFINITE_MODES = ("stop", "skip")
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: the run saved a checkpoint and should be started again.
+# At most this many of the records logged since the previous checkpoint are kept in the next one
+# (only a file's tail can be lost: a torn last line).
+_RECORDS_PER_CHECKPOINT = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,6 +405,7 @@ def _train_holding_lease(model_dir: epath.Path, s: _Settings) -> TrainResult:
                 gin_config=s.gin_config,
             )
         writer.truncate_after(start)
+        writer.restore_lost(saved.get("records", []), step=start)
         return _loop(
             job,
             state,
@@ -517,6 +521,15 @@ def _loop(
             model_dir=model_dir,
         )
 
+    # Records logged since the last checkpoint: the next one keeps them (`train_state["records"]`)
+    # so that a resume can log again what it covers but `metrics.jsonl` lost.
+    unsaved = []
+
+    def log_record(record):
+        writer.write(record)
+        unsaved.append(dict(record))
+        del unsaved[:-_RECORDS_PER_CHECKPOINT]
+
     def save(step):
         train_state = {
             "step": step,
@@ -524,11 +537,13 @@ def _loop(
             "rng": [int(x) for x in np.asarray(jax.device_get(state.rng)).ravel()],
             "skipped": int(jax.device_get(state.skipped)),
             **counters.to_json(),
+            "records": list(unsaved),
         }
         store.save(step, params=state.params, opt_state=state.opt_state, train_state=train_state)
+        unsaved.clear()
 
     if start == 0 and evaluation.at_start and evaluation.enabled:
-        writer.write({**counters.record(0, **job.flops_kwargs()), **evaluate(0)})
+        log_record({**counters.record(0, **job.flops_kwargs()), **evaluate(0)})
     step, pending, preempted = start, [], False
     progress.start(step)
     while step < total:
@@ -574,7 +589,7 @@ def _loop(
             )
             if do_eval:
                 record.update(evaluate(step))
-            writer.write({**record, **timing})
+            log_record({**record, **timing})
         if do_save:
             save(step)
         if do_eval or do_save:
