@@ -8,15 +8,19 @@
                        "llama_config": {...}, "init_import": {source, format, files, params_hash}}
     DST/config.json   the source's config (so MODEL_SIZE='hf:DST' names the shape too)
     DST/tokenizer.model  the source's SentencePiece model, when it has one
+    DST/generation_config.json  the source's generation defaults, when it has them
 
 `INIT_CHECKPOINT='hf:<dir>'` converts on first use into a cache directory (`convert.hf_cache`);
 a run's `run.json` then records `init_checkpoint` (the cache directory), `init_params_hash`
 (equal to the record's `params_hash`) and `init_import` (where the weights came from,
 `run_fields`, called once by `trainer.train`).
 
-`orbax_to_hf(src='<run dir>[@step]', dst=DST)` writes `config.json`, safetensors (sharded above
-`max_shard_bytes`) and the run's `VOCAB_PATH` as `tokenizer.model`: a directory
-`transformers.LlamaForCausalLM.from_pretrained` loads.
+`orbax_to_hf(src='<run dir>[@step]', dst=DST)` writes `config.json`, `generation_config.json`,
+safetensors (sharded above `max_shard_bytes`) and the run's `VOCAB_PATH` as `tokenizer.model`: a
+directory `transformers.LlamaForCausalLM.from_pretrained` loads. A model that came from an import
+(the import directory itself, or a run whose `INIT_CHECKPOINT` chain leads to one) keeps the
+imported model's bos/eos/pad ids and generation config, unless the run trained with another
+vocabulary than the import's; otherwise the ids are the vocabulary's.
 
 Memory: HF tensors are read one at a time (memory-mapped, `convert.safetensors_files`) and written
 one at a time, but orbax saves and restores a whole params tree at once, so a conversion holds the
@@ -55,6 +59,8 @@ IMPORT_KIND = "xlscale.hf_import"
 RUN_FIELD = "init_import"
 HF_PREFIX = hf_config.HF_SIZE_PREFIX
 TOKENIZER_FILE = "tokenizer.model"
+GENERATION_CONFIG_FILE = "generation_config.json"
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 EXPORT_RECORD = "xlscale_export.json"
 IMPORT_STEP = 0
 # Stored dtype name (of converted params, of exported tensors) -> numpy dtype.
@@ -112,6 +118,7 @@ def _write_import(
     record: dict[str, Any],
     config_json: Mapping[str, Any],
     tokenizer: Path | None,
+    generation_config: Path | None = None,
 ) -> dict[str, Any]:
     """Writes `dst` (see the module docstring) and returns the completed provenance record."""
     target = dst / names.CHECKPOINTS_SUBDIR
@@ -129,6 +136,8 @@ def _write_import(
     (dst / hf_config.CONFIG_FILE).write_text(json.dumps(dict(config_json), indent=2) + "\n")
     if tokenizer is not None:
         shutil.copyfile(tokenizer, dst / TOKENIZER_FILE)
+    if generation_config is not None:
+        shutil.copyfile(generation_config, dst / GENERATION_CONFIG_FILE)
     info = {
         "kind": IMPORT_KIND,
         "model": f"{HF_PREFIX}{record['source']}",
@@ -197,6 +206,9 @@ def hf_to_orbax(
         record=record,
         config_json=config_json,
         tokenizer=tokenizer if tokenizer.is_file() else None,
+        generation_config=generation
+        if (generation := src / GENERATION_CONFIG_FILE).is_file()
+        else None,
     )
 
 
@@ -326,16 +338,56 @@ def _source_config(run_info: Mapping[str, Any], *, model_size: str | None) -> Ll
 START_TOKEN_ID = 0
 
 
-def _token_ids(tokenizer: Path | None) -> tuple[int, int | None]:
-    """(bos, eos) ids for `config.json`: bos is the tokenizer's, or `START_TOKEN_ID` where it has
-    none (xlscale's own vocabularies); eos is the tokenizer's (None: unknown)."""
+def _token_ids(tokenizer: Path | None) -> dict[str, int | None]:
+    """`TOKEN_ID_KEYS` -> id from a SentencePiece model: bos is the tokenizer's, or
+    `START_TOKEN_ID` where it has none (xlscale's own vocabularies); eos and pad are the
+    tokenizer's (None: it has none, or there is no tokenizer)."""
     if tokenizer is None:
-        return START_TOKEN_ID, None
+        return dict(zip(TOKEN_ID_KEYS, (START_TOKEN_ID, None, None), strict=True))
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=os.fspath(tokenizer))
-    bos = sp.bos_id() if sp.bos_id() >= 0 else START_TOKEN_ID
-    return bos, (sp.eos_id() if sp.eos_id() >= 0 else None)
+    ids = (sp.bos_id() if sp.bos_id() >= 0 else START_TOKEN_ID, sp.eos_id(), sp.pad_id())
+    return dict(zip(TOKEN_ID_KEYS, (i if i >= 0 else None for i in ids), strict=True))
+
+
+def _import_dir(run_dir: Path, run_info: Mapping[str, Any]) -> Path | None:
+    """The import directory a run's parameters came from: `run_dir` itself, or the end of its
+    `INIT_CHECKPOINT` chain (a CPT run of a finetune of an imported model...) when that chain
+    starts at an import; None when they were trained from scratch."""
+    info, directory = run_info, run_dir
+    for _ in range(16):  # a chain of runs, each initialised from the one before
+        if info.get("kind") == IMPORT_KIND:
+            return directory
+        parent = info.get("init_checkpoint")
+        if not parent or not records.has_run_json(parent):
+            return None
+        directory = Path(os.fspath(parent))
+        info = records.read_run_json(directory)
+    return None
+
+
+def _special_tokens(
+    run_dir: Path, run_info: Mapping[str, Any], tokenizer: Path | None
+) -> tuple[dict[str, int | None], dict[str, Any] | None, str]:
+    """(token ids for `config.json`, the generation config to ship or None, where they came
+    from): the imported model's own (its `config.json` and `generation_config.json`) when the
+    parameters came from an import and the export's tokenizer is none or the import's, else
+    the tokenizer's."""
+    imported = _import_dir(run_dir, run_info)
+    if imported is not None:
+        own = imported / TOKENIZER_FILE
+        same_vocab = tokenizer is None or (
+            own.is_file() and own.read_bytes() == tokenizer.read_bytes()
+        )
+        config_path = imported / hf_config.CONFIG_FILE
+        if same_vocab and config_path.is_file():
+            config = hf_config.read_json(config_path)
+            generation_path = imported / GENERATION_CONFIG_FILE
+            generation = hf_config.read_json(generation_path) if generation_path.is_file() else None
+            return {k: config.get(k) for k in TOKEN_ID_KEYS}, generation, f"import {imported}"
+    ids = _token_ids(tokenizer)
+    return ids, None, f"tokenizer {tokenizer}" if tokenizer else "default"
 
 
 def orbax_to_hf(
@@ -351,8 +403,8 @@ def orbax_to_hf(
 
     Args:
       src: `'<dir>[@step]'` as `INIT_CHECKPOINT` takes it (latest step by default).
-      dst: the directory to write: `config.json`, safetensors, `tokenizer.model`,
-        `xlscale_export.json` (where the weights came from).
+      dst: the directory to write: `config.json`, `generation_config.json`, safetensors,
+        `tokenizer.model`, `xlscale_export.json` (where the weights and token ids came from).
       dtype: the exported tensors' dtype (`float32`, `bfloat16`, `float16`).
       model_size: the model's shape when `src`'s `run.json` does not record it.
       vocab_path: the SentencePiece model to ship as `tokenizer.model` (default: the run's
@@ -373,7 +425,10 @@ def orbax_to_hf(
     shipped = run_info.get("tokenizer_file")  # an import directory's own tokenizer.model
     vocab = vocab_path or (shipped and run_dir / shipped) or init_checkpoints.source_vocab(run_info)
     tokenizer = Path(vocab) if vocab and Path(vocab).is_file() else None
-    bos, eos = _token_ids(tokenizer)
+    token_ids, generation, ids_from = _special_tokens(Path(os.fspath(run_dir)), run_info, tokenizer)
+    if generation is None:  # what transformers writes for a model without its own
+        generation = {"_from_model_config": True}
+        generation.update({k: v for k, v in token_ids.items() if v is not None})
     out_dtype = _dtype(dtype)
     dst = Path(dst).resolve()
     specs = [
@@ -387,9 +442,19 @@ def orbax_to_hf(
         max_shard_bytes=max_shard_bytes,
     )
     (dst / hf_config.CONFIG_FILE).write_text(
-        json.dumps(hf_config.hf_config(config, dtype=dtype, bos_id=bos, eos_id=eos), indent=2)
+        json.dumps(
+            hf_config.hf_config(
+                config,
+                dtype=dtype,
+                bos_id=token_ids["bos_token_id"],
+                eos_id=token_ids["eos_token_id"],
+                pad_id=token_ids["pad_token_id"],
+            ),
+            indent=2,
+        )
         + "\n"
     )
+    (dst / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2) + "\n")
     if tokenizer is not None:
         shutil.copyfile(tokenizer, dst / TOKENIZER_FILE)
     record = {
@@ -399,6 +464,7 @@ def orbax_to_hf(
         "dtype": dtype,
         "files": [p.name for p in files],
         "tokenizer": os.fspath(tokenizer.resolve()) if tokenizer else None,
+        "token_ids": {**token_ids, "from": ids_from},
     }
     (dst / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record

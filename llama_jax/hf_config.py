@@ -110,14 +110,20 @@ def tied_embeddings(hf: Mapping[str, Any]) -> bool:
 
 
 def hf_config(
-    config: Any, *, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None
+    config: Any,
+    *,
+    dtype: str = "float32",
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    pad_id: int | None = None,
 ) -> dict[str, Any]:
     """The `config.json` of an untied `LlamaForCausalLM` with `config`'s (a `LlamaConfig`) shape.
 
     Args:
       config: the model's `LlamaConfig`.
       dtype: the dtype the exported tensors are stored in.
-      bos_id, eos_id: the tokenizer's ids, for generation defaults (None: not set).
+      bos_id, eos_id, pad_id: the model's special token ids, for generation defaults (None:
+        not set).
     """
     theta = float(config.rope_theta)
     return {
@@ -140,7 +146,7 @@ def hf_config(
         "tie_word_embeddings": False,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
-        "pad_token_id": None,
+        "pad_token_id": pad_id,
         "torch_dtype": dtype,  # transformers 4
         "dtype": dtype,  # transformers 5
     }

@@ -543,3 +543,37 @@ def test_a_llama_layout_tokenizer_can_be_a_runs_vocabulary(tmp_path):
     )
     with pytest.raises(ValueError, match="pad/eos/unk = 0/2/3 are no known layout; allowed: t5"):
         vocab_lib.load_vocab(tmp_path / "odd.model")
+
+
+def test_orbax_to_hf_keeps_the_imported_models_token_ids_and_generation_config(hf_dirs, tmp_path):
+    # Issue 26, finding 4: a model without tokenizer.model used to come back with bos 0 and eos
+    # null, and without its generation_config.json, so `generate` behaved differently.
+    source = shutil.copytree(hf_dirs[False][0], tmp_path / "published")
+    original = json.loads((source / "config.json").read_text())
+    generation = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3, "max_length": 40}
+    (source / "generation_config.json").write_text(json.dumps(generation))
+    assert not (source / "tokenizer.model").exists()
+    hf_checkpoints.hf_to_orbax(src=source, dst=tmp_path / "orbax")
+    hf_checkpoints.orbax_to_hf(src=os.fspath(tmp_path / "orbax"), dst=tmp_path / "hf")
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+    assert [exported[k] for k in ids] == [original.get(k) for k in ids]
+    assert (original["bos_token_id"], original["eos_token_id"]) == (1, 2)
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text()) == generation
+
+
+def test_orbax_to_hf_writes_a_generation_config_from_the_runs_vocabulary(
+    hf_dirs, tmp_path, tiny_data
+):
+    from pipelines import vocab as vocab_lib
+
+    hf_checkpoints.hf_to_orbax(src=hf_dirs[False][0], dst=tmp_path / "orbax")
+    hf_checkpoints.orbax_to_hf(
+        src=os.fspath(tmp_path / "orbax"), dst=tmp_path / "hf", vocab_path=tiny_data["vocab"]
+    )
+    vocabulary = vocab_lib.load_vocab(tiny_data["vocab"])  # xlscale's layout: pad 0, eos 1
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    expected = {"bos_token_id": 0, "eos_token_id": int(vocabulary.eos_id), "pad_token_id": 0}
+    assert {k: config[k] for k in expected} == expected
+    assert {k: generation[k] for k in expected} == expected
