@@ -577,3 +577,18 @@ def test_orbax_to_hf_writes_a_generation_config_from_the_runs_vocabulary(
     expected = {"bos_token_id": 0, "eos_token_id": int(vocabulary.eos_id), "pad_token_id": 0}
     assert {k: config[k] for k in expected} == expected
     assert {k: generation[k] for k in expected} == expected
+
+
+def test_convert_advice_names_absolute_paths_when_given_relative_ones(
+    hf_dirs, tmp_path, monkeypatch, capsys
+):
+    # Issue 26, finding 5: INIT_CHECKPOINT='orbax' as advised failed at the first save.
+    from xlscale_cli import main
+
+    shutil.copytree(hf_dirs[False][0], tmp_path / "published")
+    monkeypatch.chdir(tmp_path)
+    assert main.main(["convert", "hf-to-orbax", "published", "orbax"]) == 0
+    out = capsys.readouterr().out
+    dst = tmp_path / "orbax"
+    assert f"wrote {dst} " in out
+    assert f"INIT_CHECKPOINT='{dst}' MODEL_SIZE='hf:{dst}'" in out

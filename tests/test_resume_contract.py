@@ -381,3 +381,21 @@ def test_each_checkpoint_holds_the_rows_logged_since_the_previous_one(finished):
             (finished / "checkpoints" / str(step) / "train_state" / "metadata").read_text()
         )
         assert saved["records"] == [r for r in logged if step - 2 < r["step"] <= step]
+
+
+def test_relative_model_dir_and_init_checkpoint_are_made_absolute_before_anything_runs(
+    finished, tiny_data, seqio_registry, tmp_path, monkeypatch
+):
+    # Issue 26, finding 5: orbax refuses relative paths, which used to surface at the first save.
+    shutil.copytree(finished, tmp_path / "rel")
+    monkeypatch.chdir(tmp_path)
+    longer = base_kwargs(tiny_data, train_steps=6)
+    result = train_lib.train(model_dir="rel", resume_policy="train_steps", **longer)
+    assert result.completed and result.model_dir == str(tmp_path / "rel")
+    assert (tmp_path / "rel" / "checkpoints" / "6").is_dir()
+    result = train_lib.train(
+        model_dir="fresh", init_checkpoint="rel@4", **base_kwargs(tiny_data, train_steps=2)
+    )
+    assert result.completed and (tmp_path / "fresh" / "checkpoints" / "2").is_dir()
+    run = metrics.read_run_json(tmp_path / "fresh")
+    assert run["init_checkpoint"] == str(tmp_path / "rel") and run["init_step"] == 4

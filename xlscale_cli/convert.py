@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -64,10 +65,17 @@ def _import(args: argparse.Namespace) -> str:
         )
     else:
         record = hf_checkpoints.meta_to_orbax(src=args.src, dst=args.dst, dtype=args.dtype)
+    dst = _absolute(args.dst)  # the advice must work from any directory (orbax wants it absolute)
     return (
-        f"wrote {args.dst} (params_hash {record['params_hash'][:12]}); train with "
-        f"INIT_CHECKPOINT='{args.dst}' MODEL_SIZE='hf:{args.dst}'"
+        f"wrote {dst} (params_hash {record['params_hash'][:12]}); train with "
+        f"INIT_CHECKPOINT='{dst}' MODEL_SIZE='hf:{dst}'"
     )
+
+
+def _absolute(path: str) -> str:
+    from rundir import storage
+
+    return os.fspath(storage.as_path(path, name="DST"))
 
 
 def _export(args: argparse.Namespace) -> str:
@@ -80,7 +88,7 @@ def _export(args: argparse.Namespace) -> str:
         model_size=args.model_size,
         vocab_path=args.vocab,
     )
-    return f"wrote {args.dst} from {record['source']} step {record['step']}"
+    return f"wrote {_absolute(args.dst)} from {record['source']} step {record['step']}"
 
 
 # direction -> what runs it (returns the line to print).
