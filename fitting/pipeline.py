@@ -381,7 +381,8 @@ def _downstream(study: Study, step: Step, metrics: Sequence[str]) -> list[dict[s
         for s in points.downstream_series(study.runs, metric=metric):
             where = f"{name}/{s.label}/{metric}"
             if len(s.Dp) < 3:
-                study.skipped[where] = f"{len(s.Dp)} points (< 3)"
+                n = len(s.Dp)
+                study.skipped[where] = f"{n} point{'' if n == 1 else 's'}; a fit needs at least 3"
                 continue
             n_fit = min(4, len(s.Dp))
             try:
@@ -416,8 +417,10 @@ def _downstream(study: Study, step: Step, metrics: Sequence[str]) -> list[dict[s
                     s.baseline,
                 )
             )
-    if not entries:
-        raise Skip(f"no finetuning runs with {'/'.join(metrics)} results")
+    if not entries:  # say why where runs had results: too few points, unfittable values
+        raise Skip(
+            _why_none(f"no finetuning runs with {'/'.join(metrics)} results", study, f"{name}/")
+        )
     for (metric, task), series in figures.items():
         label = "downstream cross-entropy" if metric == "loss" else metric.upper()
         study.draw(

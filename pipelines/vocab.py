@@ -312,6 +312,10 @@ def local_model_file(model_path: str | os.PathLike) -> str:
     return os.fspath(local)
 
 
+class VocabularyFileError(ValueError):
+    """A vocabulary file that cannot be used (the message names the file and why)."""
+
+
 def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
     """Loads a trained model as a `seqio.SentencePieceVocabulary`.
 
@@ -323,6 +327,10 @@ def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
     Returns:
       A `seqio.SentencePieceVocabulary`; its `vocab_size` includes the extra ids.
 
+    Raises:
+      VocabularyFileError: the file is no SentencePiece model (naming it), or its special ids
+        are in no known layout.
+
     Loading and Python-side encoding print nothing (training passes SentencePiece's
     `minloglevel`). seqio's `encode_tf`, which task pipelines use, runs tf_text's own statically
     linked SentencePiece: it prints `normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty`
@@ -332,11 +340,18 @@ def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
     import seqio
 
     vocab = seqio.SentencePieceVocabulary(local_model_file(model_path), extra_ids=extra_ids)
-    tok = vocab.tokenizer
+    try:
+        tok = vocab.tokenizer
+    except Exception as e:  # protobuf's DecodeError, SentencePiece's RuntimeError/OSError
+        raise VocabularyFileError(
+            f"{os.fspath(model_path)}: not a SentencePiece model ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else 'unreadable'}); the file is damaged or of "
+            "another kind"
+        ) from e
     ids = (tok.pad_id(), tok.eos_id(), tok.unk_id())
     if ids not in ID_LAYOUTS.values():
         allowed = "; ".join(f"{name} {v[0]}/{v[1]}/{v[2]}" for name, v in ID_LAYOUTS.items())
-        raise ValueError(
+        raise VocabularyFileError(
             f"{model_path}: special ids pad/eos/unk = {ids[0]}/{ids[1]}/{ids[2]} are no known "
             f"layout; allowed: {allowed}"
         )

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -310,3 +311,18 @@ def test_cli_passes_the_fit_point_rule(study, tmp_path, monkeypatch, capsys):
     assert seen["point_rule"] == points.PointRule(per_run=1, min_fraction=0.25)
     assert main([*args, "--points-per-run", "0"]) == 2
     assert "per_run = 0" in capsys.readouterr().err
+
+
+def test_too_few_finetuning_points_say_so_when_the_law_is_asked_for(tmp_path):
+    # Issue 26, finding 6: one finetune with a loss used to read "no finetuning runs with loss
+    # results"; it has a loss, and one point is fewer than the 3 a fit needs.
+    root = tmp_path / "runs"
+    synthetic.write_study(root, sizes=(3e7, 1e8), evals=3, replay_ratios=())
+    finetunes = sorted(root.glob("finetune_en_fr_*"))
+    for d in finetunes[1:]:
+        shutil.rmtree(d)
+    with pytest.raises(FitInputError) as e:
+        pipeline.fit_runs(root, tmp_path / "out", law="ce", bootstrap=0)
+    message = str(e.value)
+    assert "1 point; a fit needs at least 3" in message and "mt_en_fr" in message, message
+    assert "no finetuning runs" not in message

@@ -13,8 +13,9 @@ import pytest
 from test_run_integrity import no_compile  # noqa: F401
 from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401
 
+from trainer import data, validation
 from trainer import train as train_lib
-from trainer import validation
+from trainer.data import DataConfig
 
 
 def cpt(replay_ratio: float, *, target: str = "fr") -> train_lib.RunInfo:
@@ -45,3 +46,43 @@ def test_a_replay_mixture_must_be_recorded_at_the_ratio_it_applies(tiny_data, tm
     kwargs["data"] = dataclasses.replace(kwargs["data"], mixture_or_task="cpt_fr_replay_en_10")
     with pytest.raises(validation.ConfigError, match=r"replays 0.1 .*allowed: 0.1"):
         train_lib.train(model_dir=tmp_path / "run", **kwargs)
+
+
+@pytest.mark.parametrize("langs", [None, ("en", "fr")])
+def test_a_missing_data_dir_names_data_dir_and_the_path(tiny_data, tmp_path, seqio_registry, langs):
+    # Issue 26, finding 6: used to be "... 'lm_en' is not a registered task or mixture; allowed: "
+    # (nothing), or a FileNotFoundError naming no setting.
+    missing = tmp_path / "no_corpora"
+    config = DataConfig(
+        mixture_or_task="lm_en",
+        vocab_path=tiny_data["vocab"],
+        corpora_dir=str(missing),
+        langs=langs,
+    )
+    with pytest.raises(validation.ConfigError) as e:
+        data.register(config)
+    message = str(e.value)
+    assert f"DATA_DIR (data.DataConfig.corpora_dir) = '{missing}'" in message, message
+    assert "xlscale data build | fixture" in message
+
+
+def test_a_corrupt_vocabulary_names_the_file(tmp_path, seqio_registry):
+    bad = tmp_path / "vocab.model"
+    bad.write_bytes(b"\x00 not a SentencePiece model " * 8)
+    with pytest.raises(validation.ConfigError) as e:
+        data.register(DataConfig(mixture_or_task="lm_en", vocab_path=str(bad)))
+    message = str(e.value)
+    assert message.startswith(f"VOCAB_PATH (data.DataConfig.vocab_path) = '{bad}': {bad}: not a")
+    assert "SentencePiece model (DecodeError" in message and "\n" not in message
+
+
+def test_an_unwritable_tensorboard_directory_names_it_and_model_dir(tmp_path):
+    from rundir.lease import ModelDirNotWritableError
+    from trainer import metrics
+
+    (tmp_path / "tb").write_text("not a directory")  # as unwritable as a chmod, even for root
+    with pytest.raises(ModelDirNotWritableError) as e:
+        metrics.MetricsWriter(tmp_path, is_chief=True)
+    message = str(e.value)
+    assert message.startswith(f"MODEL_DIR {tmp_path}: cannot write TensorBoard events into ")
+    assert f"{tmp_path / 'tb'} (" in message and "{{" not in message and "\n" not in message

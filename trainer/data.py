@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -282,7 +283,9 @@ def register(config: DataConfig) -> Any:
     when `vocab_path` is None and the caller registered the tasks).
 
     Raises:
-      trainer.validation.ConfigError: `vocab_path` does not exist (naming `VOCAB_PATH`).
+      trainer.validation.ConfigError: `vocab_path` does not exist or holds no usable vocabulary
+        (naming `VOCAB_PATH` and the file), or the corpora directory has no training data for
+        `mixture_or_task` (naming `DATA_DIR` and the directory).
     """
     if config.vocab_path is None:
         return None
@@ -296,16 +299,57 @@ def register(config: DataConfig) -> Any:
             f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: no such file; "
             "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
         )
-    vocabulary = vocab.load_vocab(config.vocab_path, extra_ids=config.extra_ids)
-    tasks.register_tasks(
-        vocabulary=vocabulary,
-        corpora_dir=config.corpora_dir,
-        langs=config.langs,
-        pairs=config.pairs,
-        source=config.source,
-    )
+    try:
+        vocabulary = vocab.load_vocab(config.vocab_path, extra_ids=config.extra_ids)
+    except vocab.VocabularyFileError as e:
+        raise validation.ConfigError(
+            f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: {e}; "
+            "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
+        ) from e
+    try:
+        registered = tasks.register_tasks(
+            vocabulary=vocabulary,
+            corpora_dir=config.corpora_dir,
+            langs=config.langs,
+            pairs=config.pairs,
+            source=config.source,
+        )
+    except FileNotFoundError as e:
+        raise validation.ConfigError(
+            f"{validation.BINDINGS['corpora_dir']} = {config.corpora_dir!r}: {e}; allowed: a "
+            "corpora/ directory with that language's text (xlscale data build | fixture)"
+        ) from e
     mixtures.register_mixtures()
+    if config.source == "local":
+        _check_corpora(config, registered=registered)
     return vocabulary
+
+
+def _check_corpora(config: DataConfig, *, registered: Sequence[str]) -> None:
+    """The training mixture's tasks must have found their text under the corpora directory; a
+    missing or empty `DATA_DIR` otherwise surfaces as an unregistered task with nothing allowed."""
+    from pipelines import mixtures
+    from pipelines.corpora import paths
+    from trainer import validation
+
+    name = config.mixture_or_task
+    wanted = list(mixtures.RATIOS.get(name, {name: 1.0}))
+    missing = [t for t in wanted if t.split("_", 1)[0] in _CORPUS_TASKS and t not in registered]
+    if not missing:
+        return
+    root = paths.corpora_dir() if config.corpora_dir is None else config.corpora_dir
+    where = "" if os.path.isdir(root) else " (no such directory)"
+    default = " (DATA_DIR unset: $XLSCALE_DATA/corpora)" if config.corpora_dir is None else ""
+    raise validation.ConfigError(
+        f"{validation.BINDINGS['mixture_or_task']} = {name!r} needs {', '.join(missing)}, which "
+        f"found no training text under {validation.BINDINGS['corpora_dir']} = "
+        f"{os.fspath(root)!r}{where}{default}; allowed: a corpora/ directory holding them "
+        f"(xlscale data build | fixture); found there: {', '.join(sorted(registered)) or 'nothing'}"
+    )
+
+
+# Task kinds whose text comes from the corpora directory (`pipelines.tasks`).
+_CORPUS_TASKS = ("lm", "span", "mt")
 
 
 def registered_names() -> list[str]:

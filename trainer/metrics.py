@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 import time
@@ -64,6 +65,19 @@ def peak_flops_per_device(device_kind: str) -> float | None:
     return None
 
 
+def _tb_not_writable(model_dir, tb_dir, error: Exception) -> Exception:
+    """TensorFlow's error about the events directory as one line naming it and `MODEL_DIR`."""
+    from rundir.lease import ModelDirNotWritableError
+
+    text = re.sub(r"\{\{.*?\}\}\s*", "", getattr(error, "message", None) or str(error))
+    text = text.split("[Op:")[0].strip() or type(error).__name__
+    return ModelDirNotWritableError(
+        f"MODEL_DIR {model_dir}: cannot write TensorBoard events into {tb_dir} ({text}); make "
+        "that directory writable (or remove it: it holds only TensorBoard's copy of "
+        "metrics.jsonl), or set --gin.MODEL_DIR to a writable directory"
+    )
+
+
 class MetricsWriter:
     """Appends records to `metrics.jsonl` and mirrors numeric fields to TensorBoard.
 
@@ -87,7 +101,10 @@ class MetricsWriter:
             tb_dir = self.model_dir / names.TB_SUBDIR
             if storage.is_remote(self.model_dir):
                 self._tb_remote, tb_dir = tb_dir, tempfile.mkdtemp(prefix="xlscale-tb-")
-            self._tb = SummaryWriter(os.fspath(tb_dir))
+            try:
+                self._tb = SummaryWriter(os.fspath(tb_dir))
+            except Exception as e:  # TensorFlow's OpError (PermissionDenied, FailedPrecondition)
+                raise _tb_not_writable(self.model_dir, tb_dir, e) from e
             self._tb_dir = tb_dir
 
     def truncate_after(self, step: int) -> None:

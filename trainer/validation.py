@@ -29,6 +29,7 @@ BINDINGS: dict[str, str] = {
     "max_skipped_fraction": "MAX_SKIPPED_FRACTION (train.max_skipped_fraction)",
     "decode_tasks": "DECODE_TASKS (downstream.DecodeConfig.tasks)",
     "replay_ratio": "REPLAY_RATIO (train.RunInfo.replay_ratio)",
+    "corpora_dir": "DATA_DIR (data.DataConfig.corpora_dir)",
 }
 
 
