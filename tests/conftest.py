@@ -10,6 +10,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest  # noqa: E402
 
+pytest_plugins = ["gcs_fixtures"]
+
 
 @pytest.fixture
 def seqio_registry():
