@@ -196,4 +196,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rundir import exits
+
+    sys.exit(exits.run_main(main, prog="python -m trainer.eval"))

@@ -32,8 +32,8 @@ import numpy as np
 from etils import epath
 
 from convert import hf_checkpoints, vocab_growth
+from rundir import exits, names, paper_units, records, storage
 from rundir import lease as lease_lib
-from rundir import names, paper_units, records, storage
 from rundir.lease import LeaseConfig
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 STRATEGIES = ("source", "scratch", "cpt", "cpt_replay", "pretrain", "finetune", "finetune_scratch")
 NONFINITE_MODES = ("stop", "skip")
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: the run saved a checkpoint and should be started again.
+# EX_TEMPFAIL: the run saved a checkpoint and should be started again (`rundir.exits`).
+PREEMPTED_EXIT_CODE = exits.PREEMPTED
 # At most this many of the records logged since the previous checkpoint are kept in the next one
 # (only a file's tail can be lost: a torn last line).
 _RECORDS_PER_CHECKPOINT = 8
@@ -619,4 +620,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rundir import exits
+
+    sys.exit(exits.run_main(main, prog="python -m trainer.train"))

@@ -67,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str] | None) -> int:
-    """Dispatches `xlscale <command> ...` to the command's module."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Dispatches `xlscale <command> ...` to the command's module; a known refusal ends as one
+    message on stderr and its exit code (`rundir.exits`; the traceback with `--verbose`)."""
+    from rundir import exits
+
+    argv, verbose = exits.pop_verbose(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: xlscale <command> [options]\n\ncommands:")
+        print(f"usage: xlscale <command> [options] [{exits.VERBOSE_FLAG}]\n\ncommands:")
         for name, (_, help_text) in sorted(COMMANDS.items()):
             print(f"  {name:<10} {help_text}")
         return 0
@@ -86,7 +89,13 @@ def _dispatch(argv: list[str] | None) -> int:
     module.add_arguments(parser)
     args = parser.parse_args(rest)
     args.command = name
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except Exception as e:
+        code = exits.present(e, prog=f"xlscale {name}", verbose=verbose)
+        if code is None:
+            raise
+        return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,112 @@
+"""How every `xlscale` command and `python -m trainer.*` entry point ends: one exit code per kind
+of refusal, and one presentation of it.
+
+A known refusal (a configuration that cannot run, a run directory whose contract forbids the
+job, a divergence, the storage service failing) is printed as its message on stderr, prefixed by
+the command, with no traceback: the message already names the cause and the fix. Anything else is
+a bug and keeps its traceback (exit 1). `--verbose` or `XLSCALE_DEBUG=1` prints the traceback of
+a refusal too. Launchers and `launch.status` read the codes (docs/interfaces.md, "Exit codes").
+
+Exceptions are matched by class name along their MRO (`module.QualName`), so this module imports
+none of the layers that define them and stays at the bottom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+DEBUG_ENV = "XLSCALE_DEBUG"
+VERBOSE_FLAG = "--verbose"
+BUG = 1  # an unexpected exception (its traceback is printed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitClass:
+    """One kind of ending: its exit code and what the user does about it."""
+
+    name: str
+    code: int
+    meaning: str
+
+
+# Kind -> exit class. The codes follow sysexits.h where one fits.
+CLASSES: dict[str, ExitClass] = {
+    c.name: c
+    for c in (
+        ExitClass("configuration", 2, "the command as given cannot run: change the flag named"),
+        ExitClass("contract", 73, "the run directory refuses this job (lease, permissions, files)"),
+        ExitClass("storage", 74, "the storage service failed: retry, or check the URL named"),
+        ExitClass("divergence", 65, "training diverged; the last checkpoint is finite"),
+        ExitClass("preemption", 75, "stopped early with a checkpoint saved: start it again"),
+    )
+}
+PREEMPTED = CLASSES["preemption"].code
+
+# Exception class (`module.QualName`, subclasses included) -> kind in `CLASSES`.
+REFUSALS: dict[str, str] = {
+    "trainer.validation.ConfigError": "configuration",
+    "rundir.storage.UnsupportedPathError": "configuration",
+    "pipelines.vocab.VocabularyFileError": "configuration",
+    "rundir.lease.LeaseHeldError": "contract",
+    "rundir.lease.ModelDirNotWritableError": "contract",
+    "rundir.records.MetricsFileError": "contract",
+    "rundir.checksums.CheckpointCorruptError": "contract",
+    "rundir.storage.StorageError": "storage",
+    "trainer.divergence.NonFiniteError": "divergence",
+}
+# Lines gin appends to an exception raised inside a configurable (not the user's concern).
+_GIN_CONTEXT = ("  In call to configurable", "  In file ")
+
+
+def classify(error: BaseException) -> ExitClass | None:
+    """The exit class of a known refusal, or None (a bug: keep the traceback)."""
+    for cls in type(error).__mro__:
+        kind = REFUSALS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if kind is not None:
+            return CLASSES[kind]
+    return None
+
+
+def message(error: BaseException) -> str:
+    """The refusal's own message, without the context lines gin appends."""
+    lines = str(error).splitlines() or [type(error).__name__]
+    return "\n".join(line for line in lines if not line.startswith(_GIN_CONTEXT)).rstrip()
+
+
+def debug_enabled() -> bool:
+    """Whether tracebacks were asked for (`XLSCALE_DEBUG` set to anything but '', '0')."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def pop_verbose(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """`argv` without `--verbose`, and whether it was there (or `XLSCALE_DEBUG` is set)."""
+    rest = [a for a in argv if a != VERBOSE_FLAG]
+    return rest, len(rest) != len(argv) or debug_enabled()
+
+
+def present(error: BaseException, *, prog: str, verbose: bool = False) -> int | None:
+    """Prints a known refusal on stderr (`prog: message`; the traceback first when `verbose`)
+    and returns its exit code; None for anything else (the caller re-raises it)."""
+    kind = classify(error)
+    if kind is None:
+        return None
+    if verbose:
+        traceback.print_exception(error, file=sys.stderr)
+    print(f"{prog}: {message(error)}", file=sys.stderr)
+    return kind.code
+
+
+def run_main(main: Callable[[list[str]], int | None], *, prog: str, argv=None) -> int:
+    """Runs an entry point's `main(argv)` with this presentation (`python -m trainer.train`)."""
+    args, verbose = pop_verbose(sys.argv[1:] if argv is None else argv)
+    try:
+        return int(main(args) or 0)
+    except Exception as e:
+        code = present(e, prog=prog, verbose=verbose)
+        if code is None:
+            raise
+        return code
