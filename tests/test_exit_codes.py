@@ -51,11 +51,11 @@ def tiny_train(tiny_data, model_dir, *extra):
     ]
 
 
-def _diverged(model_dir, settings):
+def _diverged(model_dir, settings, **kwargs):
     raise divergence.NonFiniteError(f"step 3: the loss was not finite; {divergence.ADVICE}")
 
 
-def _preempted(model_dir, settings):
+def _preempted(model_dir, settings, **kwargs):
     return train_lib.TrainResult(model_dir=str(model_dir), step=3, tokens=1, completed=False)
 
 
@@ -79,7 +79,9 @@ def test_each_refusal_class_is_one_message_and_its_exit_code(
     if case == "lease":
         _write_lease(run, _holder(sleeper))
     monkeypatch.setattr(
-        train_lib, "_train_holding_lease", after_checks or pytest.fail, raising=True
+        train_lib,
+        "_train_holding_lease",
+        after_checks or (lambda *a, **k: pytest.fail("the refusal came too late")),
     )
     monkeypatch.delenv(exits.DEBUG_ENV, raising=False)
     code = main.main(tiny_train(tiny_data, run, *flags))
@@ -105,7 +107,7 @@ def test_verbose_and_xlscale_debug_print_the_traceback(tiny_data, tmp_path, monk
 
 
 def test_a_bug_keeps_its_traceback(tiny_data, tmp_path, monkeypatch):
-    def bug(model_dir, settings):
+    def bug(model_dir, settings, **kwargs):
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(train_lib, "_train_holding_lease", bug)

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 from test_run_integrity import no_compile  # noqa: F401
-from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401
+from test_trainer_runs import REPO, compilation_cache, tiny_kwargs  # noqa: F401
 
 from trainer import data, validation
 from trainer import train as train_lib
@@ -86,3 +86,66 @@ def test_an_unwritable_tensorboard_directory_names_it_and_model_dir(tmp_path):
     message = str(e.value)
     assert message.startswith(f"MODEL_DIR {tmp_path}: cannot write TensorBoard events into ")
     assert f"{tmp_path / 'tb'} (" in message and "{{" not in message and "\n" not in message
+
+
+def test_an_early_refusal_leaves_no_model_dir_behind(tiny_data, tmp_path, seqio_registry):
+    # Issue 26: refusals found after the lease is taken (data, vocabulary, shapes) used to leave
+    # an empty MODEL_DIR; one that existed before is left as it was.
+    kwargs = tiny_kwargs(tiny_data)
+    kwargs["data"] = dataclasses.replace(kwargs["data"], corpora_dir=str(tmp_path / "none"))
+    with pytest.raises(validation.ConfigError, match="DATA_DIR"):
+        train_lib.train(model_dir=tmp_path / "run", **kwargs)
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(validation.ConfigError, match="DATA_DIR"):
+        train_lib.train(model_dir=tmp_path / "mine", **kwargs)
+    assert (tmp_path / "mine").is_dir() and not any((tmp_path / "mine").iterdir())
+
+
+SIGTERM_AT_START = """
+import os, signal, sys
+from rundir import exits
+from trainer import train as t
+real = t.build_job
+def build(**kwargs):  # SIGTERM after the lease is taken, while the job is being built
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(**kwargs)
+t.build_job = build
+sys.exit(exits.run_main(t.main, prog="python -m trainer.train", argv=sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(tiny_data, tmp_path):
+    # Issue 26: a SIGTERM between taking the lease and the training loop used to kill the job
+    # (exit -15) with MODEL_DIR/LEASE left behind.
+    import os
+    import subprocess
+    import sys
+
+    import jax
+
+    model_dir = tmp_path / "run"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="")
+    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
+    flags = [
+        "--gin_file=experiments/cpt_source_en.gin",
+        "--gin_file=experiments/tiny.gin",
+        f"--gin.MODEL_DIR='{model_dir}'",
+        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
+        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
+        "--gin.EVAL_TASKS=[]",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AT_START, *flags],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == train_lib.PREEMPTED_EXIT_CODE, proc.stderr[-3000:]
+    assert not (model_dir / "LEASE").exists()
+    assert not (model_dir / "checkpoints").exists() or not any(
+        (model_dir / "checkpoints").iterdir()
+    )
+    assert "SIGTERM during start-up" in proc.stderr and "Traceback" not in proc.stderr

@@ -429,32 +429,55 @@ def params_finite(tree: Any) -> bool:
     return bool(jax.jit(tree_finite)(tree))
 
 
-class PreemptionWatcher:
-    """Notices a SIGTERM (preemptible TPUs, schedulers) so the loop can save and exit cleanly.
+class SigtermFlag:
+    """Turns SIGTERM into a flag from construction until `close()`: `trainer.train` installs it
+    before taking the lease, so a SIGTERM during start-up (loading, compiling) ends the job as a
+    preemption (lease released, exit 75) rather than killing it with the lease left behind.
 
-    Single-process jobs install a SIGTERM handler that only sets a flag (saving inside a signal
-    handler is unsafe); multi-host jobs rely on JAX's preemption service, which all hosts agree
-    on through `CheckpointStore.reached_preemption`.
+    Only single-process jobs in the main thread install a handler (it only sets the flag: saving
+    inside a signal handler is unsafe); multi-host jobs rely on JAX's preemption service.
     """
 
-    def __init__(self, store: CheckpointStore):
-        self._store = store
-        self._event = threading.Event()
+    def __init__(self):
+        self.event = threading.Event()
         self._previous = None
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum, frame):
         del frame
-        log.warning("received signal %d: saving a checkpoint and stopping", signum)
-        self._event.set()
-
-    def should_stop(self, step: int) -> bool:
-        """Whether a preemption was signalled (checked once per step)."""
-        return self._event.is_set() or self._store.reached_preemption(step)
+        log.warning("received signal %d: stopping (saving a checkpoint if training)", signum)
+        self.event.set()
 
     def close(self) -> None:
         """Restores the previous SIGTERM handler."""
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+
+
+class PreemptionWatcher:
+    """Notices a SIGTERM (preemptible TPUs, schedulers) so the loop can save and exit cleanly.
+
+    Single-process jobs watch a `SigtermFlag` (their own, or the caller's installed earlier);
+    multi-host jobs rely on JAX's preemption service, which all hosts agree on through
+    `CheckpointStore.reached_preemption`.
+    """
+
+    def __init__(self, store: CheckpointStore, *, flag: SigtermFlag | None = None):
+        self._store = store
+        self._own = flag is None
+        self._flag = SigtermFlag() if flag is None else flag
+
+    def signalled(self) -> bool:
+        """Whether this process received SIGTERM."""
+        return self._flag.event.is_set()
+
+    def should_stop(self, step: int) -> bool:
+        """Whether a preemption was signalled (checked once per step)."""
+        return self.signalled() or self._store.reached_preemption(step)
+
+    def close(self) -> None:
+        """Restores the previous SIGTERM handler (if this watcher installed it)."""
+        if self._own:
+            self._flag.close()

@@ -284,11 +284,31 @@ def train(
         gin_config=gin_config,
         resume_policy=resume_policy,
     )
-    held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails here if not writable
+    created = not storage.is_remote(model_dir) and not model_dir.exists()
+    sigterm = ckpt_lib.SigtermFlag()  # from before the lease is taken until it is released
+    held = None
     try:
-        return _train_holding_lease(model_dir, settings)
+        held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails if not writable
+        return _train_holding_lease(model_dir, settings, sigterm=sigterm)
+    except BaseException:
+        if held is not None:
+            held.release()
+            held = None
+            if created:  # a refusal before anything was written leaves no empty MODEL_DIR
+                _remove_if_empty(model_dir)
+        raise
     finally:
-        held.release()
+        if held is not None:
+            held.release()
+        sigterm.close()
+
+
+def _remove_if_empty(model_dir: epath.Path) -> None:
+    try:
+        if model_dir.is_dir() and not any(model_dir.iterdir()):
+            model_dir.rmdir()
+    except OSError:
+        pass  # another process wrote there meanwhile: leave it
 
 
 def _check_replay(*, run: RunInfo, data: DataConfig) -> None:
@@ -333,7 +353,9 @@ class _Settings:
     resume_policy: str | Sequence[str] | None
 
 
-def _train_holding_lease(model_dir: epath.Path, s: _Settings) -> TrainResult:
+def _train_holding_lease(
+    model_dir: epath.Path, s: _Settings, *, sigterm: ckpt_lib.SigtermFlag | None = None
+) -> TrainResult:
     """`train` once it holds the lease on `model_dir`: builds the job once (checking the init
     checkpoint and the fingerprint before compiling), then resumes or starts the run."""
     checkpoints = ckpt_lib.checkpoints_dir(model_dir)
@@ -387,7 +409,7 @@ def _train_holding_lease(model_dir: epath.Path, s: _Settings) -> TrainResult:
         model_dir.mkdir(parents=True, exist_ok=True)
     store = ckpt_lib.CheckpointStore(checkpoints, s.checkpoint)
     writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
-    watcher = ckpt_lib.PreemptionWatcher(store)
+    watcher = ckpt_lib.PreemptionWatcher(store, flag=sigterm)
     try:
         state, saved, init = _initial_state(
             job, store, init_checkpoint=s.init_checkpoint, seed=s.seed
@@ -543,6 +565,11 @@ def _loop(
         store.save(step, params=state.params, opt_state=state.opt_state, train_state=train_state)
         unsaved.clear()
 
+    if watcher.signalled():  # SIGTERM while starting up: nothing trained, nothing to save
+        log.warning("stopping before step %d (SIGTERM during start-up); rerun to resume", start + 1)
+        return TrainResult(
+            model_dir=os.fspath(model_dir), step=start, tokens=counters.tokens, completed=False
+        )
     if start == 0 and evaluation.at_start and evaluation.enabled:
         log_record({**counters.record(0, **job.flops_kwargs()), **evaluate(0)})
     step, pending, preempted = start, [], False
