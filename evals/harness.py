@@ -249,11 +249,16 @@ def evaluate(
       per task, item counts, task versions and configs, and the scorer's cost
       (`evals.scorer.ScoreStats.to_json`).
     """
+    import datasets.config
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     from evals import paper_tasks
 
+    # `datasets` sends a download-count HEAD request to its S3 bucket for every dataset it
+    # loads, the local JSON tasks included (found by the tests' no-egress guard): scoring needs
+    # no network beyond fetching the benchmarks themselves, so the telemetry is off.
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
     lm = XlscaleLM(
         model_dir=model_dir, step=step, batch_size=batch_size, bucket=bucket, vocab_path=vocab_path
     )

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rundir import storage
+
 log = logging.getLogger(__name__)
 
 # Where `xlscale data build` writes the local tasks, relative to the data root.
@@ -173,7 +175,7 @@ def run_zeroshot(
             "seconds": round(time.monotonic() - t0, 3),
         },
     )
-    summary = json.loads(Path(path).read_text(encoding="utf-8"))
+    summary = json.loads(storage.read_text(path))
     summary["path"] = os.fspath(path)
     log_fn(format_summary(summary))
     return summary

@@ -47,7 +47,7 @@ from fitting.checks import FitInputError
 from fitting.run_record import RunRecord
 from fitting.tensorboard import read_tensorboard
 from pipelines import names
-from rundir import paper_units
+from rundir import paper_units, storage
 
 CONFIG_FILE = "config.gin"
 TRAIN_DIR = "train"
@@ -466,7 +466,7 @@ def read_t5x_run(path: str | Path) -> RunRecord:
       FitInputError: no or unparsable config.gin, no summaries and no checkpoints, or a
         loss normalisation with no per-token rule (each naming the run).
     """
-    path = Path(path)
+    path = storage.as_path(path)
     run_id = path.name
     config_file = path / CONFIG_FILE
     if not config_file.is_file():

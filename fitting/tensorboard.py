@@ -31,13 +31,8 @@ def read_tensorboard(path: str | os.PathLike) -> dict[str, list[tuple[int, float
 
     path = storage.as_path(path)
     out: dict[str, dict[int, float]] = {}
-    files = (
-        root / name
-        for root, _, names in (path.walk() if path.is_dir() else ())
-        for name in names
-        if name.startswith("events.out.tfevents.")
-    )
-    for file in sorted(files, key=os.fspath):
+    files = storage.list_files(path) if path.is_dir() else []
+    for file in (f for f in files if f.name.startswith("events.out.tfevents.")):
         prefix = _tag_prefix(file.relative_to(path))
         for record in _tfrecords(file):
             event = event_pb2.Event.FromString(record)

@@ -35,15 +35,7 @@ def _sha256(path: epath.Path) -> str:
 
 def _files(step_dir: epath.Path) -> list[epath.Path]:
     # Not the manifest, nor its temporary file left by a job killed while writing it.
-    return sorted(
-        (
-            root / name
-            for root, _, files in step_dir.walk()
-            for name in files
-            if not name.startswith(MANIFEST_FILE)
-        ),
-        key=os.fspath,
-    )
+    return [p for p in storage.list_files(step_dir) if not p.name.startswith(MANIFEST_FILE)]
 
 
 def write_manifest(step_dir: str | os.PathLike) -> epath.Path:

@@ -1,0 +1,194 @@
+"""A run directory on object storage, end to end, against a real GCS API server (fake-gcs-server
+on 127.0.0.1, `tests/gcs_server.py`): a tiny source run and a CPT run from it write their whole
+run directories to the bucket and nothing locally; the CPT run is killed with SIGKILL and resumes
+from the bucket to the same records and parameters as an uninterrupted run; the runs are fitted,
+status'd and scored zero-shot from the bucket; a second writer is refused by name.
+
+The trainer runs as `python -m trainer.train` subprocesses (the real command line) with the
+server's environment; the no-egress guard of the fixture covers them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import pytest
+
+from rundir import names, records, storage
+
+REPO = Path(__file__).resolve().parent.parent
+STEPS = 8
+
+
+def _argv(model_dir: str, tiny_data, *, experiment: str, **macros) -> list[str]:
+    argv = [
+        f"--gin_file=experiments/{experiment}.gin",
+        "--gin_file=experiments/tiny.gin",
+        f"--gin.MODEL_DIR='{model_dir}'",
+        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
+        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
+        f"--gin.TRAIN_STEPS={STEPS}",
+        "--gin.CHECKPOINT_PERIOD=2",
+        "--gin.EVAL_PERIOD=4",
+        "--gin.EVAL_MAX_TOKENS=512",
+        "--gin.LOG_EVERY=1",
+    ]
+    return argv + [f"--gin.{k}={v}" for k, v in macros.items()]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="")
+    env["PYTHONPATH"] = os.pathsep.join([os.fspath(REPO), env.get("PYTHONPATH", "")])
+    cache = jax.config.jax_compilation_cache_dir
+    if cache:
+        env["JAX_COMPILATION_CACHE_DIR"] = cache
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    return env
+
+
+def _train(argv, cwd: Path, log: Path, *, wait: bool = True):
+    command = [sys.executable, "-m", "trainer.train", *argv]
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=_env(), stdout=out, stderr=subprocess.STDOUT
+        )
+    if not wait:
+        return process
+    code = process.wait(timeout=300)
+    assert code == 0, log.read_text()[-3000:]
+    return process
+
+
+def _checkpoint_hash(model_dir: str) -> str:
+    """params_hash of a run's last kept step (restored without a model: shapes from metadata)."""
+    from convert import init_checkpoints
+
+    return init_checkpoints.params_hash(init_checkpoints.read_params(*_last(model_dir)))
+
+
+def _last(model_dir: str):
+    from convert import init_checkpoints
+
+    return init_checkpoints.resolve_step(model_dir)
+
+
+@pytest.mark.slow
+def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tmp_path):
+    runs = f"{gcs_bucket}/runs"
+    source, cpt, reference = f"{runs}/source_en", f"{runs}/cpt_fr", f"{gcs_bucket}/ref/cpt_fr"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    _train(_argv(source, tiny_data, experiment="cpt_source_en"), cwd, tmp_path / "source.log")
+    cpt_macros = {"INIT_CHECKPOINT": f"'{source}'", "TARGET_LANG": "'fr'"}
+    _train(_argv(reference, tiny_data, experiment="cpt", **cpt_macros), cwd, tmp_path / "ref.log")
+
+    # The CPT run, killed with SIGKILL once a checkpoint past step 2 is in the bucket.
+    process = _train(
+        _argv(cpt, tiny_data, experiment="cpt", **cpt_macros),
+        cwd,
+        tmp_path / "killed.log",
+        wait=False,
+    )
+    checkpoints = storage.as_path(cpt) / names.CHECKPOINTS_SUBDIR
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        kept = [p.name for p in checkpoints.iterdir()] if checkpoints.exists() else []
+        if any(n.isdigit() and 2 < int(n) < STEPS for n in kept):
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    assert not records.read_completed(cpt)
+    resumed = _train(
+        _argv(cpt, tiny_data, experiment="cpt", **cpt_macros), cwd, tmp_path / "resumed.log"
+    )
+    assert resumed.returncode == 0
+    log = (tmp_path / "resumed.log").read_text()
+    assert "resuming from step" in log and "taking over the stale lease" in log
+
+    # Nothing local: no `gs:` folder, nothing at all in the working directory.
+    assert list(cwd.iterdir()) == []
+    # The resumed run equals the uninterrupted one: records (less wall-clock fields), COMPLETED
+    # and the final parameters.
+    got, want = records.read_metrics(cpt), records.read_metrics(reference)
+    assert [records.without_timing(r) for r in got] == [records.without_timing(r) for r in want]
+    assert records.read_completed(cpt) == records.read_completed(reference)
+    assert _checkpoint_hash(cpt) == _checkpoint_hash(reference)
+    # Every file of the run directory is in the bucket, TensorBoard events included.
+    entries = {p.name for p in storage.as_path(cpt).iterdir()}
+    assert {names.RUN_FILE, names.METRICS_FILE, names.COMPLETED_FILE, names.CONFIG_FILE} <= entries
+    assert {names.TB_SUBDIR, names.CHECKPOINTS_SUBDIR} <= entries
+    assert names.LEASE_FILE not in entries  # released at the end
+    assert any((storage.as_path(cpt) / names.TB_SUBDIR).iterdir())
+
+    # Status, fits and zero-shot scores read (and write) the bucket.
+    from evals import local_tasks
+    from xlscale_cli import main as cli
+
+    assert cli.main(["fit", "--runs", runs, "--out", f"{gcs_bucket}/fits", "--bootstrap", "0"]) in (
+        0,
+        3,
+    )
+    fits = json.loads((storage.as_path(gcs_bucket) / "fits" / "fits.json").read_text())
+    assert fits["n_runs"] == 2 and fits["runs_dir"] == runs
+    from launch import status
+
+    state = status.run_status(
+        type("R", (), {"run_id": "cpt_fr", "model_dir": cpt, "done_marker": names.COMPLETED_FILE})
+    )
+    assert (state.state, state.step) == ("done", STEPS)
+    tasks = local_tasks.write_local_tasks(
+        Path(tiny_data["corpora"]), tmp_path / "tasks", langs=["en", "fr"], items=4
+    )
+    assert cli.main(["zeroshot", "--model-dir", cpt, "--local", str(tasks.dir)]) == 0
+    from rundir import zeroshot
+
+    scores = zeroshot.read_zeroshot(cpt)
+    assert {s.task for s in scores} >= {"xl_cont_fr"} and all(s.step == STEPS for s in scores)
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_second_writer_of_a_bucket_run_is_refused_by_name(gcs_bucket):
+    from rundir import lease
+
+    model_dir = f"{gcs_bucket}/runs/busy"
+    held = lease.acquire(model_dir)
+    try:
+        with pytest.raises(lease.LeaseHeldError, match=f"pid {os.getpid()}"):
+            lease._take(storage.as_path(model_dir), lease.LeaseConfig())
+        holder, stale = lease.holder_state(model_dir)
+        assert holder["pid"] == os.getpid() and stale is None
+    finally:
+        held.release()
+    assert lease.holder_state(model_dir) == (None, None)
+    assert not (storage.as_path(model_dir) / names.LEASE_FILE).exists()
+
+
+def test_an_unsupported_scheme_is_refused_before_anything_is_written(tmp_path, tiny_data):
+    from trainer import validation  # noqa: F401 - the trainer's import, as a user would have it
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.train",
+            *_argv("s3://bucket/run", tiny_data, experiment="cpt_source_en"),
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert "MODEL_DIR" in result.stderr and "s3://bucket/run" in result.stderr
+    assert "gs://" in result.stderr
+    assert list(tmp_path.iterdir()) == []
