@@ -7,7 +7,7 @@ gin files under `t5x_configs/t5x/`:
     python -m t5x.train --gin_search_paths=<repo>/t5x_configs,<T5X_DIR>
       --gin_file=t5x/models/<t5_770m|t5_3b|tiny>.gin --gin_file=t5x/runs/<span_pretrain|finetune>.gin
       --gin.MODEL_DIR="'<dir>'" --gin.MIXTURE_OR_TASK_NAME="'<task>'" --gin.TRAIN_STEPS=<N>
-      --gin.MIXTURE_OR_TASK_MODULE="'t5x_configs.t5x_tasks'"
+      --gin.MIXTURE_OR_TASK_MODULE="'t5x_configs.t5x_tasks'" --gin.RANDOM_SEED=<seed>
       [--gin.INITIAL_CHECKPOINT_PATH="'<pretrain dir>/checkpoint_<step>'"]
 
 with the environment `XLSCALE_VOCAB_PATH` and `XLSCALE_DATA_DIR` (the manifest's `VOCAB_PATH` and
@@ -164,6 +164,8 @@ def gin_args(
         f"--gin.MIXTURE_OR_TASK_NAME={run.coord(task_coord)!r}",
         f"--gin.TRAIN_STEPS={steps}",
         f"--gin.MIXTURE_OR_TASK_MODULE={TASK_MODULE!r}",
+        # The sweep's seed, as the trainer gets it (T5X's default None draws a time-based one).
+        f"--gin.RANDOM_SEED={int(run.coord('seed') or 0)}",
     ]
     if run.strategy == "finetune":
         args.append(f"--gin.INITIAL_CHECKPOINT_PATH={_init_checkpoint(run)!r}")

@@ -80,6 +80,7 @@ def test_t5x_command_lines_are_the_agreed_form():
         "--gin.MIXTURE_OR_TASK_NAME='mix_en_100'",
         "--gin.TRAIN_STEPS=400",
         "--gin.MIXTURE_OR_TASK_MODULE='t5x_configs.t5x_tasks'",
+        "--gin.RANDOM_SEED=0",
     ]
     assert ft.argv("python")[3:] == [
         "--gin_search_paths=/src/xlscale/t5x_configs,/opt/t5x",
@@ -89,6 +90,7 @@ def test_t5x_command_lines_are_the_agreed_form():
         "--gin.MIXTURE_OR_TASK_NAME='mt_en_de'",
         "--gin.TRAIN_STEPS=500",  # T5X counts on from the restored step 200
         "--gin.MIXTURE_OR_TASK_MODULE='t5x_configs.t5x_tasks'",
+        "--gin.RANDOM_SEED=0",
         f"--gin.INITIAL_CHECKPOINT_PATH='{pre.model_dir}/checkpoint_200'",
         "--gin.FINETUNE_STEPS=300",
         "--gin.FINETUNE_TOKENS=6000000",
@@ -103,6 +105,13 @@ def test_t5x_command_lines_are_the_agreed_form():
         "XLSCALE_DATA_DIR": "/data/corpora",
         "XLSCALE_FINETUNE_PAIRS": "11719",  # Df 6,000,000 / 512, the paper's unit
     }
+
+
+def test_the_sweeps_seed_reaches_t5x():
+    # Issue 26: T5X's RANDOM_SEED = None drew a time-based seed per run.
+    runs = expand(MANIFEST.replace("seeds = [0]", "seeds = [7]"))
+    for run in runs.values():
+        assert "--gin.RANDOM_SEED=7" in run.argv("python"), run.run_id
 
 
 def test_runner_flag_overrides_the_manifest_and_changes_only_t5x_ids():
