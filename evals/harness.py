@@ -16,6 +16,7 @@ decoder's start token (`Scorer.start_id`), as every training document does.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Collection, Sequence
@@ -219,6 +220,28 @@ def with_acc_norm(manager: Any, task: str) -> dict[str, Any] | str:
     return {**config, "task": task, "metric_list": ACC_METRICS}
 
 
+@contextlib.contextmanager
+def _no_progress_bars():
+    """Silences the progress bars of `datasets` (building each task's split) and of lm-eval
+    (building each task's requests) while scoring: they would land between the project's own
+    progress lines, one set per task and checkpoint. The scorer reports its own cost."""
+    import functools
+
+    import datasets.utils.logging as datasets_logging
+    import lm_eval.api.task as lm_eval_task
+
+    was_enabled = datasets_logging.is_progress_bar_enabled()
+    original = lm_eval_task.tqdm
+    datasets_logging.disable_progress_bar()
+    lm_eval_task.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        lm_eval_task.tqdm = original
+        if was_enabled:
+            datasets_logging.enable_progress_bar()
+
+
 def evaluate(
     *,
     model_dir: str,
@@ -265,15 +288,16 @@ def evaluate(
     manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
     normalise = set(paper_tasks.CHANCE if normalise is None else normalise)
     specs = [with_acc_norm(manager, task) if task in normalise else task for task in tasks]
-    out = simple_evaluate(
-        model=lm,
-        tasks=specs,
-        num_fewshot=num_fewshot,
-        limit=limit,
-        task_manager=manager,
-        log_samples=False,
-        bootstrap_iters=1000,  # closed-form stderr for acc/acc_norm; bootstrap only for others
-    )
+    with _no_progress_bars():
+        out = simple_evaluate(
+            model=lm,
+            tasks=specs,
+            num_fewshot=num_fewshot,
+            limit=limit,
+            task_manager=manager,
+            log_samples=False,
+            bootstrap_iters=1000,  # closed-form stderr for acc/acc_norm; bootstrap only for others
+        )
     return {
         "results": out["results"],
         "n-samples": out.get("n-samples", {}),

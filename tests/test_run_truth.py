@@ -149,3 +149,28 @@ def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(tiny_dat
         (model_dir / "checkpoints").iterdir()
     )
     assert "SIGTERM during start-up" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_reading_a_checkpoint_logs_no_orbax_read_only_notices(tmp_path, caplog):
+    # Issue 26: every zero-shot or eval restore printed orbax's read_only warnings.
+    import logging
+
+    import jax
+    import numpy as np
+
+    from trainer import checkpoints
+
+    params = {"w": np.ones((2, 3), np.float32)}
+    store = checkpoints.CheckpointStore(tmp_path, checkpoints.CheckpointConfig(async_save=False))
+    store.save(1, params=params, opt_state={"m": np.zeros(2, np.float32)}, train_state={"step": 1})
+    store.wait()
+    store.close()
+    with caplog.at_level(logging.WARNING):
+        reader = checkpoints.CheckpointStore(
+            tmp_path, checkpoints.CheckpointConfig(), read_only=True
+        )
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
+        restored = reader.restore_params(1, abstract_params=abstract)
+        reader.close()
+    np.testing.assert_array_equal(restored["w"], params["w"])
+    assert not [r for r in caplog.records if "read only" in r.getMessage().replace("_", " ")]

@@ -314,9 +314,11 @@ def test_xlscale_zeroshot_command(run_dir, tiny_data, tmp_path, capsys):
     status = cli.main(
         ["zeroshot", "--model-dir", str(run_dir), "--local", str(tasks.dir), "--step", "2"]
     )
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert status == 0, out
     assert "xl_cont_en" in out and "requests in" in out and "xl_cont_fr" not in out
+    assert "it/s]" not in captured.err and "%|" not in captured.err  # issue 26: no lm-eval bars
     (score,) = [s for s in zeroshot_lib.read_zeroshot(run_dir) if s.step == 2]
     assert (score.task, score.language, score.chance) == ("xl_cont_en", "en", 0.25)
     assert score.n == tasks_n(tasks.dir, "xl_cont_en")

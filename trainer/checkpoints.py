@@ -17,6 +17,7 @@ resume (`CheckpointStore.restore_latest_intact`) falls back to the newest intact
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -43,6 +44,25 @@ from rundir.checksums import CheckpointCorruptError
 from trainer.steps import tree_finite
 
 log = logging.getLogger(__name__)
+
+
+class _ReadOnlyNotice(logging.Filter):
+    """Drops orbax's "Given directory is read only" warning: opening a checkpoint to read it is
+    what a reader asked for, not news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Given directory is read only")
+
+
+@contextlib.contextmanager
+def _quiet_read_only_notice():
+    absl_logger, notice = logging.getLogger("absl"), _ReadOnlyNotice()
+    absl_logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(notice)
+
 
 ITEMS = ("params", "opt_state", "train_state")
 CHECKPOINTS_SUBDIR = names.CHECKPOINTS_SUBDIR
@@ -98,16 +118,24 @@ class CheckpointStore:
         policies = [checkpoint_managers.LatestN(max(1, config.keep_last))]
         if config.keep_every:
             policies.append(checkpoint_managers.EveryNSteps(config.keep_every))
+        # A reader keeps and saves nothing: say so, rather than have orbax warn that it reset
+        # those options (once per restore: zero-shot and eval restores are many).
+        saving = (
+            {"preservation_policy": checkpoint_managers.AnyPreservationPolicy(policies)}
+            if not read_only
+            else {"save_interval_steps": 0}
+        )
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
+            **saving,
             enable_async_checkpointing=config.async_save and not read_only,
             create=not read_only,
             read_only=read_only,
         )
         self.directory = storage.as_path(directory)
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_handlers=_handlers()
-        )
+        with _quiet_read_only_notice():
+            self._manager = ocp.CheckpointManager(
+                self.directory, options=options, item_handlers=_handlers()
+            )
         # Checksums are written by process 0 off the training thread, one step at a time.
         self._hasher = None
         if not read_only and jax.process_index() == 0:
