@@ -388,6 +388,23 @@ def parse_manifest(
         _check_keys(table, ("where",), f"{path} [[exclude]]")
     for key in data.get("gin", {}):
         _require(key not in COMPUTED_MACROS, f"{path} [gin]", f"{key} is set by the sweep itself")
+    # A coordinate set through gin would reach the run but not its id or coordinates (a
+    # REPLAY_RATIO on plain CPT: recorded, never applied); coordinates come from the axes.
+    coordinate_tables = [
+        *((f"[strategies.{n}] gin", s.get("gin", {})) for n, s in strategies.items()),
+        *(
+            (f"[[override]] {i} gin", t.get("gin", {}))
+            for i, t in enumerate(data.get("override", []))
+        ),
+    ]
+    axis_of = {COORD_MACROS[coord]: axis for axis, coord in AXES.items() if coord in COORD_MACROS}
+    for where, table in coordinate_tables:
+        for key in table:
+            _require(
+                key not in axis_of,
+                f"{path} {where}",
+                f"{key} is a sweep coordinate: set it with the axis {axis_of.get(key)!r} of [axes]",
+            )
     _check_gin_macros(data, path=path, variables={**declared, **given}, grids=grids)
     coordinates: dict[str, set[str]] = {}
     for grid in grids:

@@ -125,6 +125,20 @@ def test_manifest_gin_keys_are_checked_before_any_job(tmp_path):
         sweep.load_manifest(path)
 
 
+def test_a_manifest_cannot_set_a_coordinate_through_a_strategys_gin(tmp_path):
+    # Issue 26, finding 1: REPLAY_RATIO on plain CPT would be recorded, never applied.
+    user = tmp_path / "gin"
+    user.mkdir()
+    (user / "mine.gin").write_text("train_script.RunInfo.strategy = %MY_SETTING\n")
+    path = tmp_path / "m.toml"
+    path.write_text(
+        textwrap.dedent(MANIFEST.format(user=user))
+        + "\n[strategies.source]\ngin = { REPLAY_RATIO = 0.3 }\n"
+    )
+    with pytest.raises(ValueError, match=r"\[strategies.source\] gin: REPLAY_RATIO is a sweep"):
+        sweep.load_manifest(path)
+
+
 def test_an_unregistered_replay_ratio_names_the_macro_and_the_allowed_values():
     parse("--gin.REPLAY_RATIO=0.15", files=("experiments/cpt_replay.gin",))
     with pytest.raises(validation.ConfigError) as e:
