@@ -206,16 +206,23 @@ class Lease:
             _describe(current) if current else "no lease file",
         )
 
-    def release(self) -> None:
-        """Stops the heartbeat and removes the lease file if it is still this job's."""
+    def release(self, *, remove_file: bool = True) -> None:
+        """Stops the heartbeat and removes the lease file if it is still this job's.
+
+        `remove_file=False` (the store is unreachable) only stops the heartbeat, without waiting
+        for a refresh in flight: the file left behind goes stale and the next run takes it over
+        (at once on this host, the holder's pid being gone)."""
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and remove_file:
             self._thread.join()
-            self._thread = None
+        self._thread = None
         if self.path is None:
             return
         with _HELD_LOCK:
             _HELD.discard(self.holder["token"])
+        if not remove_file:
+            self.path = None
+            return
         try:
             found = _read(self.path)
             if found is not None and (found[0] or {}).get("token") == self.holder["token"]:

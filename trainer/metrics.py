@@ -167,12 +167,14 @@ class MetricsWriter:
         for local in pathlib.Path(self._tb_dir).iterdir():
             storage.write_bytes(self._tb_remote / local.name, local.read_bytes())
 
-    def close(self) -> None:
-        """Flushes and closes TensorBoard (copying a remote run's events into `MODEL_DIR`)."""
+    def close(self, *, sync: bool = True) -> None:
+        """Flushes and closes TensorBoard, copying a remote run's events into `MODEL_DIR` unless
+        `sync` is False (the store is unreachable)."""
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-            self._sync_tensorboard()
+            if sync:
+                self._sync_tensorboard()
             if self._tb_remote is not None:
                 shutil.rmtree(self._tb_dir, ignore_errors=True)
 

@@ -21,6 +21,7 @@ its `train/loss` is the token-weighted mean cross-entropy over the steps since t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -290,6 +291,11 @@ def train(
     try:
         held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails if not writable
         return _train_holding_lease(model_dir, settings, sigterm=sigterm)
+    except storage.StorageError:
+        if held is not None:  # the store is unreachable: each further request would wait too
+            held.release(remove_file=False)
+            held = None
+        raise
     except BaseException:
         if held is not None:
             held.release()
@@ -410,6 +416,7 @@ def _train_holding_lease(
     store = ckpt_lib.CheckpointStore(checkpoints, s.checkpoint)
     writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
     watcher = ckpt_lib.PreemptionWatcher(store, flag=sigterm)
+    failed: BaseException | None = None
     try:
         state, saved, init = _initial_state(
             job, store, init_checkpoint=s.init_checkpoint, seed=s.seed
@@ -447,10 +454,33 @@ def _train_holding_lease(
             writer=writer,
             watcher=watcher,
         )
+    except BaseException as e:
+        failed = e
+        raise
     finally:
-        watcher.close()
-        writer.close()
-        store.close()
+        _close(watcher, writer, store, failed=failed)
+
+
+def _close(watcher, writer, store, *, failed: BaseException | None) -> None:
+    """Stops the preemption watcher, the metrics writer and the checkpoint store.
+
+    After a failure, a close that fails too is logged rather than raised (the first error is the
+    one to report); after a storage failure the store's background save is not waited for: it
+    may retry against the unreachable store for many minutes (TensorStore's retry policy), and
+    the step it writes was never committed, so resume does not see it; nor are TensorBoard's
+    staged events copied (each request would wait out the storage client's retries again).
+    """
+    unreachable = isinstance(failed, storage.StorageError)
+    closers = [watcher.close, functools.partial(writer.close, sync=not unreachable)]
+    if not unreachable:
+        closers.append(store.close)
+    for close in closers:
+        try:
+            close()
+        except Exception as e:
+            if failed is None:
+                raise
+            log.warning("while stopping after %s: %s", type(failed).__name__, e)
 
 
 def _initial_state(job: Job, store, *, init_checkpoint: str | None, seed: int):
@@ -649,4 +679,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     from rundir import exits
 
-    sys.exit(exits.run_main(main, prog="python -m trainer.train"))
+    code = exits.run_main(main, prog="python -m trainer.train")
+    if code not in (0, PREEMPTED_EXIT_CODE):
+        # A failed run may leave background threads (an orbax save retrying against storage
+        # that went away) that would hold the process for many minutes; nothing they write
+        # matters any more, and the error has been reported.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
