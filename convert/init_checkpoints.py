@@ -121,9 +121,9 @@ def write_params(directory: epath.Path, *, step: int, params: Any, train_state: 
     checksums.write_manifest(storage.as_path(directory) / str(step))
 
 
-def resolve_step(spec: str) -> tuple[epath.Path, int]:
+def resolve_step(spec: str, *, what: str = "INIT_CHECKPOINT") -> tuple[epath.Path, int]:
     """The checkpoints directory and step that `'<dir>[@step]'` names (the latest step by
-    default), after verifying the step's checksums.
+    default), after verifying the step's checksums; `what` names the flag in messages.
 
     Raises:
       FileNotFoundError: the directory holds no (such) checkpoint.
@@ -131,24 +131,20 @@ def resolve_step(spec: str) -> tuple[epath.Path, int]:
     """
     directory, step = parse_init_checkpoint(spec)
     if not directory.is_dir():
-        raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no directory {directory}")
+        raise FileNotFoundError(f"{what} {spec!r}: no directory {directory}")
     manager = _params_manager(directory, read_only=True)
     try:
         steps = sorted(manager.all_steps())
     finally:
         manager.close()
     if not steps:
-        raise FileNotFoundError(f"INIT_CHECKPOINT {spec!r}: no checkpoint in {directory}")
+        raise FileNotFoundError(f"{what} {spec!r}: no checkpoint in {directory}")
     if step is None:
         step = steps[-1]
     elif step not in steps:
-        raise FileNotFoundError(
-            f"INIT_CHECKPOINT {spec!r}: no step {step} in {directory} (steps: {steps})"
-        )
-    if not checksums.verify_manifest(
-        directory / str(step), step=step, source=f"INIT_CHECKPOINT {spec!r}"
-    ):
-        log.info("INIT_CHECKPOINT %r step %d has no checksums to verify", spec, step)
+        raise FileNotFoundError(f"{what} {spec!r}: no step {step} in {directory} (steps: {steps})")
+    if not checksums.verify_manifest(directory / str(step), step=step, source=f"{what} {spec!r}"):
+        log.info("%s %r step %d has no checksums to verify", what, spec, step)
     return directory, step
 
 

@@ -33,6 +33,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
+from convert import init_checkpoints
 from convert.hf_cache import local_init_spec
 from convert.init_checkpoints import (  # noqa: F401 - re-exported
     param_name,
@@ -404,24 +405,9 @@ def check_init_checkpoint(
       CheckpointCorruptError: when a file of the step fails its checksums (named, with the step).
     """
     spec = local_init_spec(spec)
-    directory, step = parse_init_checkpoint(spec)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{what} {spec!r}: no directory {directory}")
+    directory, step = init_checkpoints.resolve_step(spec, what=what)
     store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
     try:
-        steps = store.all_steps()
-        if not steps:
-            raise FileNotFoundError(f"{what} {spec!r}: no checkpoint in {directory}")
-        if step is None:
-            step = steps[-1]
-        elif step not in steps:
-            raise FileNotFoundError(
-                f"{what} {spec!r}: no step {step} in {directory} (steps: {steps})"
-            )
-        if not checksums.verify_manifest(
-            store.step_dir(step), step=step, source=f"{what} {spec!r}"
-        ):
-            log.info("%s %r step %d has no checksums to verify", what, spec, step)
         check_params_compatible(
             store.params_metadata(step), abstract_params, source=repr(spec), what=what
         )
