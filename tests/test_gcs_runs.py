@@ -244,3 +244,37 @@ def test_the_store_going_away_mid_save_is_a_clear_error_and_the_run_resumes(
     written = records.read_metrics(model_dir)
     assert [r["step"] for r in written] == list(range(5, steps + 1, 5))
     assert records.read_completed(model_dir)["step"] == steps
+
+
+def test_a_sweep_launched_locally_keeps_its_runs_in_the_bucket(gcs_bucket, tmp_path, monkeypatch):
+    # The local launcher on gs:// MODEL_DIRs: launch.json and the runs' records in the bucket,
+    # the process logs in ./xlscale_logs, status from the bucket.
+    import io
+
+    from launch import launchers, status, sweep
+    from test_launch import MANIFEST
+
+    monkeypatch.chdir(tmp_path)
+    manifest = tmp_path / "unit.toml"
+    manifest.write_text(MANIFEST)
+    runs = sweep.expand(sweep.load_manifest(manifest, runs_dir=f"{gcs_bucket}/runs"))
+
+    def runner(run, log_path):
+        for step in range(1, run.steps + 1):
+            records.append_metrics(run.model_dir, {"step": step, "train/loss": 1.0 / step})
+        records.write_completed(run.model_dir, step=run.steps, tokens=run.tokens)
+        with open(log_path, "a") as log:
+            log.write(f"trained {run.run_id}\n")
+
+    launcher = launchers.LocalLauncher(runner=runner)
+    report = launcher.launch(runs, progress=status.Progress(runs, stream=io.StringIO()))
+    assert report.ok and report.completed == [r.run_id for r in runs]
+    for run in runs:
+        assert run.model_dir.startswith("gs://")
+        state = status.run_status(run)
+        assert (state.state, state.step) == ("done", run.steps)
+        record = json.loads((storage.as_path(run.model_dir) / names.LAUNCH_FILE).read_text())
+        assert record["state"] == "completed"
+        log = tmp_path / "xlscale_logs" / run.run_id / "train.log"
+        assert record["log"] == str(log) and f"trained {run.run_id}" in log.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unit.toml", "xlscale_logs"]
