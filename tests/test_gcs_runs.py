@@ -251,8 +251,9 @@ def test_a_sweep_launched_locally_keeps_its_runs_in_the_bucket(gcs_bucket, tmp_p
     # the process logs in ./xlscale_logs, status from the bucket.
     import io
 
-    from launch import launchers, status, sweep
     from test_launch import MANIFEST
+
+    from launch import launchers, status, sweep
 
     monkeypatch.chdir(tmp_path)
     manifest = tmp_path / "unit.toml"
