@@ -27,13 +27,13 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS = 8
 
 
-def _argv(model_dir: str, tiny_data, *, experiment: str, **macros) -> list[str]:
+def _argv(model_dir: str, tiny_data, *, experiment: str, vocab=None, **macros) -> list[str]:
     argv = [
         f"--gin_file=experiments/{experiment}.gin",
         "--gin_file=experiments/tiny.gin",
         f"--gin.MODEL_DIR='{model_dir}'",
         f"--gin.DATA_DIR='{tiny_data['corpora']}'",
-        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
+        f"--gin.VOCAB_PATH='{vocab or tiny_data['vocab']}'",
         f"--gin.TRAIN_STEPS={STEPS}",
         "--gin.CHECKPOINT_PERIOD=2",
         "--gin.EVAL_PERIOD=4",
@@ -85,8 +85,15 @@ def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tmp_path):
     source, cpt, reference = f"{runs}/source_en", f"{runs}/cpt_fr", f"{gcs_bucket}/ref/cpt_fr"
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    _train(_argv(source, tiny_data, experiment="cpt_source_en"), cwd, tmp_path / "source.log")
-    cpt_macros = {"INIT_CHECKPOINT": f"'{source}'", "TARGET_LANG": "'fr'"}
+    # The vocabulary lives in the bucket too (VOCAB_PATH=gs://...).
+    vocab = f"{gcs_bucket}/vocab/tiny.model"
+    storage.write_bytes(vocab, Path(tiny_data["vocab"]).read_bytes())
+    _train(
+        _argv(source, tiny_data, experiment="cpt_source_en", vocab=vocab),
+        cwd,
+        tmp_path / "source.log",
+    )
+    cpt_macros = {"INIT_CHECKPOINT": f"'{source}'", "TARGET_LANG": "'fr'", "vocab": vocab}
     _train(_argv(reference, tiny_data, experiment="cpt", **cpt_macros), cwd, tmp_path / "ref.log")
 
     # The CPT run, killed with SIGKILL once a checkpoint past step 2 is in the bucket.

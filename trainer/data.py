@@ -289,12 +289,13 @@ def register(config: DataConfig) -> Any:
     """
     if config.vocab_path is None:
         return None
-    import tensorflow as tf
-
     from pipelines import mixtures, tasks, vocab
+    from rundir import storage
     from trainer import validation
 
-    if not tf.io.gfile.exists(config.vocab_path):  # gfile: local paths and gs:// alike
+    # Through the project's storage layer (local paths and gs:// alike): TensorFlow's own GCS
+    # client would bypass it (and, pointed at an emulator, reach for www.googleapis.com).
+    if not storage.as_path(config.vocab_path, name="VOCAB_PATH").exists():
         raise validation.ConfigError(
             f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: no such file; "
             "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
