@@ -222,7 +222,7 @@ def test_epath_sees_what_another_client_wrote_meanwhile(gcs_bucket):
 
 @pytest.mark.parametrize(
     "value",
-    ["s3://bucket/run", "http://host/run", "file:///tmp/run", "gs:/bucket/run", "gs://", "gs:///run",
+    ["s3://bucket/run", "http://host/run", "file:///srv/run", "gs:/bucket/run", "gs://", "gs:///run",
      "gcs://bucket/run", "/gs/bucket/run", ""],
 )  # fmt: skip
 def test_unsupported_paths_are_refused_by_name_before_anything_is_written(
