@@ -1,11 +1,9 @@
 """The trainer's side of the run records: the `metrics.jsonl` writer (mirrored to TensorBoard),
-the host-side counters behind each record, and the progress line.
+the host-side counters behind each record, and the progress line (loss, tokens/s, step time, MFU
+where the accelerator's peak is known, ETA).
 
 The records' format, names and readers are `rundir.records`' (docs/interfaces.md, "Training
 outputs").
-
-Also here: the progress line (loss, tokens/s, step time, MFU where the accelerator's peak is
-known, ETA).
 """
 
 from __future__ import annotations
