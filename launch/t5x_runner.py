@@ -20,8 +20,11 @@ finetune's TRAIN_STEPS is its init step + its own steps, and its own steps are a
 size is `t5x/models/tiny.gin` as an overlay after the run file; a non-pretrained baseline
 (`finetune_scratch`) binds `INITIAL_CHECKPOINT_PATH = None` (T5X then restores nothing). The
 manifest's gin-axis macros (a learning-rate grid) and a finetune's Df (`FINETUNE_TOKENS`) follow
-as `--gin.<MACRO>=<value>`, so the runs of a grid differ; the other `[gin]` settings are xlscale
-trainer macros and are not passed.
+as `--gin.<MACRO>=<value>`, so the runs of a grid differ; the manifest's `MODEL_OVERRIDES` follow
+as the t5x/models/t5.gin macros that bind the same `sizes.get_config` fields (`vocab_size` ->
+`VOCAB_SIZE`: the MT paper's 250,112 rows, not T5's 32,128), and a run whose overrides have no such
+macro is refused, naming them; the other `[gin]` settings are xlscale trainer macros and are not
+passed.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ FINETUNES = ("finetune", "finetune_scratch")
 # cut by `t5x_configs.t5x_tasks` from `XLSCALE_FINETUNE_PAIRS`, see `environment`).
 PASSED_COORDS: Mapping[str, str] = {"finetune_tokens": "FINETUNE_TOKENS"}
 PAIRS_ENV = "XLSCALE_FINETUNE_PAIRS"
+# `MODEL_OVERRIDES` field (a `t5_jax` T5Config field) -> the t5x/models/t5.gin macro bound to that
+# keyword of `sizes.get_config`. Only these reach T5X: the other fields have no binding there, so
+# a run overriding them would silently train the size table's shape (and is refused instead).
+OVERRIDE_MACROS: Mapping[str, str] = {"vocab_size": "VOCAB_SIZE", "dtype": "ACTIVATION_DTYPE"}
 # Environment of a T5X job -> the manifest [gin] macro whose value it carries.
 ENV_FROM_GIN: Mapping[str, str] = {
     "XLSCALE_VOCAB_PATH": "VOCAB_PATH",
@@ -93,9 +100,23 @@ def _where(run: Any, manifest: str) -> str:
     return f"{manifest} run {run.run_id} ({run.strategy}, size {run.base_size})"
 
 
+def model_overrides(run: Any) -> dict[str, Any]:
+    """The run's `MODEL_OVERRIDES` (the manifest's and its custom shape's), {} when none."""
+    value = _bindings(run).get("MODEL_OVERRIDES")
+    return dict(_literal(value)) if value else {}
+
+
 def check(run: Any, *, manifest: str) -> None:
     """Raises ValueError naming the manifest, the run and the allowed values when the run has no
-    T5X form (a size or strategy without a gin file under t5x_configs/t5x/)."""
+    T5X form (a size or strategy without a gin file under t5x_configs/t5x/, or a
+    `MODEL_OVERRIDES` field no t5x/ gin macro binds)."""
+    unpassable = sorted(set(model_overrides(run)) - set(OVERRIDE_MACROS))
+    if unpassable:
+        raise ValueError(
+            f"{_where(run, manifest)}: the t5x runner cannot pass MODEL_OVERRIDES "
+            f"{', '.join(unpassable)} (no t5x/models/t5.gin macro binds them); passable: "
+            f"{', '.join(OVERRIDE_MACROS)}"
+        )
     if run.base_size not in MODEL_GIN:
         raise ValueError(
             f"{_where(run, manifest)}: the t5x runner has no model file for size "
@@ -178,6 +199,10 @@ def gin_args(
         f"--gin.{macro}={run.coord(coord)!r}"
         for coord, macro in PASSED_COORDS.items()
         if run.coord(coord) is not None
+    ]
+    args += [
+        f"--gin.{OVERRIDE_MACROS[field]}={value!r}"
+        for field, value in sorted(model_overrides(run).items())
     ]
     args += [f"--gin.{name}={bindings[name]}" for name in gin_axes if name in bindings]
     return args

@@ -218,3 +218,30 @@ def test_a_token_budget_df_has_no_t5x_form():
     with pytest.raises(ValueError, match="t5x_small.toml run .*allowed under the t5x runner"):
         runs["finetune"].environment()
     assert "XLSCALE_FINETUNE_PAIRS" not in runs["pretrain"].environment()
+
+
+def test_the_mt_papers_vocabulary_reaches_t5x_and_unpassable_overrides_are_refused():
+    # mt_paper.toml's MODEL_OVERRIDES vocab_size = 250112 must reach T5X's embedding (t5.gin's
+    # VOCAB_SIZE, bound to sizes.get_config's vocab_size), not T5's default 32,128 rows.
+    manifest = sweep.parse_manifest(
+        tomllib.loads(sweep.resolve_manifest_path("mt_paper").read_text()),
+        path="mt_paper.toml",
+        variables=VARS,
+        runner="t5x",
+        t5x_paths=PATHS,
+    )
+    runs = sweep.expand(manifest)
+    assert runs and all("--gin.VOCAB_SIZE=250112" in r.gin_args(allow_missing=True) for r in runs)
+    # Every passable field's macro is one t5x/models/t5.gin defines and hands to the same keyword.
+    gin_text = (t5x_runner.REPO_ROOT / "t5x_configs/t5x/models/t5.gin").read_text()
+    for field, macro in t5x_runner.OVERRIDE_MACROS.items():
+        assert f"\n{macro} = " in gin_text and f"  {field} = %{macro}\n" in gin_text
+    text = MANIFEST.replace(
+        'VOCAB_PATH = "${VOCAB_PATH}"\n',
+        'VOCAB_PATH = "${VOCAB_PATH}"\nMODEL_OVERRIDES = { vocab_size = 512, num_encoder_layers = 2 }\n',
+        1,
+    )
+    with pytest.raises(
+        ValueError, match="t5x_small.toml run .*cannot pass MODEL_OVERRIDES num_encoder_layers"
+    ):
+        expand(text)
