@@ -88,9 +88,21 @@ def test_lcs_matches_dynamic_programming():
         assert metrics.lcs_length(a, b) == _lcs_dp(a, b)
 
 
+def test_bleu_parts_are_sacrebleus_brevity_penalty_and_precisions():
+    # Remark 2 of the MT paper needs BLEU's parts: a short hypothesis set has bp < 1.
+    short = [h.split(".")[0].rsplit(" ", 2)[0] for h in HYPS]
+    expected = sacrebleu.corpus_bleu(short, [REFS], tokenize="13a")
+    out = metrics.bleu_parts(REFS, short, target_lang="de")
+    assert set(out) == {"bleu", *metrics.BLEU_PARTS}
+    assert out["bleu"] == pytest.approx(expected.score, abs=1e-12)
+    assert out["bleu_bp"] == pytest.approx(expected.bp) and 0 < out["bleu_bp"] < 1
+    assert [out[f"bleu_p{n}"] for n in range(1, 5)] == pytest.approx(expected.precisions)
+    assert (out["bleu_sys_len"], out["bleu_ref_len"]) == (expected.sys_len, expected.ref_len)
+
+
 def test_translation_metrics_bundle():
     out = metrics.translation_metrics(REFS, HYPS, target_lang="en")
-    assert set(out) == {"bleu", "chrf", "rougeL"}
-    assert all(0 < v < 100 for v in out.values())
+    assert set(out) == {"bleu", "chrf", "rougeL", *metrics.BLEU_PARTS}
+    assert all(0 < out[k] < 100 for k in ("bleu", "chrf", "rougeL", "bleu_p1"))
     with pytest.raises(ValueError):
         metrics.rouge_l(REFS, HYPS[:1])

@@ -11,12 +11,15 @@ asked), each task of `DecodeConfig.tasks` is decoded on its held-out split:
   length, and decoded in fixed-size batches (one compiled program per run shape) by the model's
   `predict_batch`: T5X beam search (4 beams, brevity penalty 0.6) or greedy;
 - predictions are detokenised and scored against the references with `pipelines.metrics`:
-  sacreBLEU BLEU (`13a`; `zh` for Chinese targets), chrF++, Unicode-aware ROUGE-L, all 0-100;
-  COMET (its native scale, about 0-1) only when a local COMET checkpoint is configured;
+  sacreBLEU BLEU (`13a`; `zh` for Chinese targets) with its brevity penalty and 1-4-gram
+  precisions (`pipelines.metrics.BLEU_PARTS`, the MT paper's Remark 2), chrF++, Unicode-aware
+  ROUGE-L, all 0-100; COMET only when a local COMET checkpoint is configured, on the MT paper's
+  0-100 scale (COMET's system score × 100);
 - `MODEL_DIR/predictions/<task>_<step>.jsonl` gets one `{"inputs", "target", "prediction"}`
   object per example.
 
-Metric keys are `eval/<task>/bleu`, `eval/<task>/chrf`, `eval/<task>/rouge_l`,
+Metric keys are `eval/<task>/bleu`, `eval/<task>/bleu_bp`, `eval/<task>/bleu_p1` ... `bleu_p4`,
+`eval/<task>/bleu_sys_len`, `eval/<task>/bleu_ref_len`, `eval/<task>/chrf`, `eval/<task>/rouge_l`,
 `eval/<task>/comet` (and `eval/<task>/decoded`, the number of examples); `fitting` reads them. The
 split is `test` (the held-out Debian/WMT test set) and falls back to `validation` for tasks
 without one; the cross-entropy `eval/<task>/loss` comes from `trainer.eval` on `validation`.
@@ -47,6 +50,8 @@ _MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
 _PROMPT = re.compile(r"^translate [A-Za-z]+ to [A-Za-z]+: ")
 _EXAMPLES: dict[tuple, list[TextExample]] = {}
 _COMET_HINT_LOGGED = False
+# COMET's system score (about 0-1) -> the MT paper's scale (its Figs. 1 and 7 plot 0-100).
+COMET_SCALE = 100.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +225,8 @@ def predict_texts(
 def comet_score(
     model_path: str, *, sources: Sequence[str], predictions: Sequence[str], targets: Sequence[str]
 ) -> float:
-    """System-level COMET of a local checkpoint (`unbabel-comet`), with the Hugging Face hub
+    """System-level COMET of a local checkpoint (`unbabel-comet`) on the MT paper's 0-100 scale
+    (COMET's own system score × 100, as the paper's figures plot it), with the Hugging Face hub
     offline so that nothing is downloaded.
 
     Raises:
@@ -241,7 +247,8 @@ def comet_score(
     data = [
         {"src": s, "mt": p, "ref": t} for s, p, t in zip(sources, predictions, targets, strict=True)
     ]
-    return float(model.predict(data, batch_size=16, gpus=0, progress_bar=False).system_score)
+    system = model.predict(data, batch_size=16, gpus=0, progress_bar=False).system_score
+    return COMET_SCALE * float(system)
 
 
 def score(
@@ -251,14 +258,15 @@ def score(
     *,
     comet_model: str | None = None,
 ) -> dict[str, float]:
-    """`{"bleu", "chrf", "rouge_l"}` (0-100) of `predictions` against the examples' targets,
-    plus `"comet"` when `comet_model` is given (a clear one-time log line says how otherwise)."""
+    """`{"bleu", "chrf", "rouge_l"}` (0-100) and BLEU's parts (`metrics.BLEU_PARTS`) of
+    `predictions` against the examples' targets, plus `"comet"` (0-100) when `comet_model` is given
+    (a clear one-time log line says how otherwise)."""
     from pipelines import metrics
 
     global _COMET_HINT_LOGGED
     targets = [ex.target for ex in examples]
     out = {
-        "bleu": metrics.bleu(targets, predictions, target_lang=target_lang(task)),
+        **metrics.bleu_parts(targets, predictions, target_lang=target_lang(task)),
         "chrf": metrics.chrf_pp(targets, predictions),
         "rouge_l": metrics.rouge_l(targets, predictions),
     }
@@ -319,7 +327,7 @@ def evaluate(
       model_dir: where `predictions/` goes (None: nothing written).
 
     Returns:
-      `eval/<task>/{bleu,chrf,rouge_l[,comet],decoded}` for every task.
+      `eval/<task>/{bleu,<BLEU_PARTS>,chrf,rouge_l[,comet],decoded}` for every task.
 
     Raises:
       ValueError: the model has no encoder (`inputs` feature).
