@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -168,7 +169,16 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
         data=dataclasses.replace(
             tiny_kwargs(tiny_data)["data"], mixture_or_task="cpt_fr_replay_en_10"
         ),
-        evaluation=EvalConfig(tasks=("lm_fr", "lm_en"), period=0, max_tokens=512),
+        # Step 0 is the source model on the target language; log-spaced: 3 points from step 1.
+        evaluation=EvalConfig(
+            tasks=("lm_fr", "lm_en"),
+            period=0,
+            max_tokens=512,
+            at_start=True,
+            schedule="log",
+            log_points=3,
+            log_start=0.25,
+        ),
         run=train_lib.RunInfo(
             strategy="cpt_replay", target_lang="fr", source_lang="en", replay_ratio=0.1
         ),
@@ -213,7 +223,12 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
     assert run["init_checkpoint"] == os.fspath(runs["root"] / "full")
     assert run["strategy"] == "cpt_replay" and run["replay_ratio"] == 0.1
     assert run["components"] == ["lm_en", "lm_fr"]
-    last = metrics.read_metrics(model_dir)[-1]
+    records = metrics.read_metrics(model_dir)
+    evaluated = [r for r in records if "eval/lm_fr/loss" in r]
+    assert [r["step"] for r in evaluated] == [0, 1, 2, 4]
+    assert evaluated[0]["tokens"] == 0 and evaluated[0]["flops"] == 0  # before the first update
+    assert math.isfinite(evaluated[0]["eval/lm_en/loss"])
+    last = records[-1]
     assert set(last["tokens_by_task"]) == {"lm_en", "lm_fr"}
     assert sum(last["tokens_by_task"].values()) == last["tokens"]
     assert 0 < last["tokens_by_task"]["lm_en"] < last["tokens_by_task"]["lm_fr"]

@@ -130,7 +130,13 @@ class EvalConfig:
         1M tokens per language.
       batch_size: eval batch in sequences (None: the training batch size).
       split: the split to evaluate on.
-      at_start: also evaluate the initial parameters (step 0; the CPT transfer starting point).
+      at_start: also evaluate the initial parameters (step 0, before the first update;
+        `EVAL_AT_START`): the CPT transfer starting point, the source model on the target.
+      schedule: `EVAL_SCHEDULE`, a name of `trainer.eval_schedule.SCHEDULES`: 'periodic' (every
+        `period` steps) or 'log' (those plus `log_points` steps log-spaced from `log_start` of
+        the run to its end: dense early, where the papers' early effects are).
+      log_points: `EVAL_LOG_POINTS`, the log-spaced steps of the 'log' schedule.
+      log_start: `EVAL_LOG_START`, the first log-spaced step as a fraction of the run's steps.
       decoding: downstream scores by decoding (a `trainer.downstream.DecodeConfig`: BLEU,
         chrF++, ROUGE-L, COMET on a held-out split; encoder-decoders), or None.
     """
@@ -142,6 +148,23 @@ class EvalConfig:
     split: str = "validation"
     at_start: bool = False
     decoding: Any = None
+    schedule: str = "periodic"
+    log_points: int = 20
+    log_start: float = 0.001
+
+    def __post_init__(self):
+        from trainer import eval_schedule
+
+        if self.schedule not in eval_schedule.SCHEDULES:
+            raise ValueError(
+                f"EVAL_SCHEDULE = {self.schedule!r} (data.EvalConfig.schedule); allowed: "
+                f"{', '.join(map(repr, eval_schedule.SCHEDULES))}"
+            )
+        if self.log_points < 1 or not 0 < self.log_start <= 1:
+            raise ValueError(
+                f"EVAL_LOG_POINTS = {self.log_points}, EVAL_LOG_START = {self.log_start}: allowed "
+                "a positive count and a fraction of the run in (0, 1]"
+            )
 
     @property
     def enabled(self) -> bool:

@@ -38,7 +38,7 @@ from rundir import lease as lease_lib
 from rundir.lease import LeaseConfig
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import divergence, models, validation
+from trainer import divergence, eval_schedule, models, validation
 from trainer import eval as eval_lib
 from trainer import fingerprint as fingerprint_lib
 from trainer import metrics as metrics_lib
@@ -600,7 +600,10 @@ def _loop(
         return TrainResult(
             model_dir=os.fspath(model_dir), step=start, tokens=counters.tokens, completed=False
         )
-    if start == 0 and evaluation.at_start and evaluation.enabled:
+    # The steps this run evaluates at (`trainer.eval_schedule`: periodic or log-spaced; 0 first
+    # with EVAL_AT_START, run only on a fresh start since a resumed run logged it already).
+    eval_at = frozenset(eval_schedule.eval_steps(evaluation, total=total))
+    if start == 0 and 0 in eval_at:
         log_record({**counters.record(0, **job.flops_kwargs()), **evaluate(0)})
     step, pending, preempted = start, [], False
     progress.start(step)
@@ -613,9 +616,7 @@ def _loop(
             jax.block_until_ready(step_metrics)
             progress.start(step)
         last = step == total
-        do_eval = evaluation.enabled and (
-            last or (evaluation.period and step % evaluation.period == 0)
-        )
+        do_eval = step in eval_at
         periodic_save = step % checkpoint.period == 0
         # Every checkpoint kept for good (KEEP_EVERY) has a record: fitting dates it by `tokens`.
         kept = periodic_save and bool(checkpoint.keep_every) and step % checkpoint.keep_every == 0
