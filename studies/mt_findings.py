@@ -342,6 +342,12 @@ def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str,
 # --------------------------------------------------------------------------------------- noise
 
 
+def _mtime(path: Any) -> float:
+    """Modification time of a run file: `etils.epath` (run paths) or `pathlib` stat results."""
+    stat = path.stat()
+    return stat.mtime if hasattr(stat, "mtime") else stat.st_mtime
+
+
 def bleu_noise(runs: Sequence[Any], *, n_bootstrap: int = 200) -> dict[str, tuple[float, float]]:
     """Per finetuning run with saved predictions: (BLEU, bootstrap 95% half-width) on its final
     predictions file, so differences can be judged against resampling noise."""
@@ -351,7 +357,7 @@ def bleu_noise(runs: Sequence[Any], *, n_bootstrap: int = 200) -> dict[str, tupl
     for r in runs:
         if r.strategy not in ("finetune", "finetune_scratch"):
             continue
-        files = sorted((r.path / "predictions").glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+        files = sorted((r.path / "predictions").glob("*.jsonl"), key=_mtime)
         if not files:
             continue
         refs, hyps = [], []
