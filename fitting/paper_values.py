@@ -6,7 +6,8 @@ prefactors of its eqs. 8-9 (N_opt = n_coef·C^a, D_opt = d_coef·C^b). All of th
 paper's N basis, its Table 4 nominal sizes: compare fits made with `n_basis="nominal"`.
 `CPT_APPENDIX_B`: its Appendix B Table 3, the fitting errors of the Chinchilla law and of its
 extended (CPT) law on the pretraining-from-scratch and the CPT runs, with the fitted γ.
-`MT_EN_FR`: the MT paper's (Isik et al. 2024) numbers for T5-3B en-fr (Tables 3-6, §5).
+`CPT_HEADLINES`: its eq. 3 loss-compute frontier constants, the FLOPs saved range and the 5.5B
+token example. `MT_EN_FR`: the MT paper's (Isik et al. 2024) numbers for T5-3B en-fr (Tables 3-6, §5).
 
 `ERROR_DEFINITIONS` says, per printed error figure, how far the paper defines it and so what a
 report may set against it: a figure is compared only through a quantity computed the paper's way
@@ -28,6 +29,19 @@ CPT_TABLE2 = {
 CPT_APPENDIX_B = {
     "pretraining": {"chinchilla": 0.0090, "cpt_law": 0.0094, "gamma": -0.005},
     "cpt": {"chinchilla": 0.0108, "cpt_law": 0.0093, "gamma": 0.080},
+}
+
+# The CPT paper's headline numbers (zh target, 40 sizes), as printed; `fitting.paper_headlines`
+# sets them beside the fitted ones.
+CPT_HEADLINES = {
+    # §4.2, eq. 3's pure power L = k·C^(−g) through the lowest loss at each compute (the frontier),
+    # C in training FLOPs: group -> (k, g).
+    "frontier": {"scratch": (33.69907, 0.0579), "cpt": (31.9594, 0.0575)},
+    # §3.3 / Fig. 2 and §1: "25% to 50% FLOPs saved during CPT" at equal loss, along training.
+    "flops_saved": (0.25, 0.50),
+    # §1: "after training on 70B tokens, the 5.5B model with CPT reaches the same loss as a model
+    # trained from scratch with 110B tokens" (Table 4's 5534M row, the paper's nominal N).
+    "example_5p5b": {"n_params": 5534e6, "cpt_tokens": 70e9, "scratch_tokens": 110e9},
 }
 
 MT_EN_FR = {

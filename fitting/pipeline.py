@@ -244,6 +244,29 @@ def _cpt(study: Study, step: Step) -> dict[str, Any]:
                 "mean_huber_chinchilla": chin.objective / chin.n_points,
                 "mean_huber_cpt": fit.objective / fit.n_points,
             }
+        # Appendix B's "pretraining" column: the extended law's second stage fitted on the
+        # from-scratch runs themselves (the paper: γ ≈ −0.005, no better than Chinchilla there).
+        try:
+            scratch_pts = study.pooled("chinchilla", FROM_SCRATCH, lang)
+            ext = fit_cpt(
+                scratch_pts.N,
+                scratch_pts.D,
+                scratch_pts.L,
+                base=base,
+                runs=scratch_pts.runs,
+                seed=study.seed + 3,
+                series=f"{lang}/pretraining",
+            )
+        except Unidentifiable as why:
+            study.skipped[f"cpt/{lang} (CPT law on from-scratch runs)"] = str(why)
+        else:
+            study.check(f"cpt/{lang} (CPT law on from-scratch runs)", ext)
+            out[lang]["appendix_b_pretraining"] = {
+                "cpt_law_fit": ext.to_dict(),
+                "gamma": ext.params["gamma"],
+                "mean_huber_chinchilla": base.objective / base.n_points,
+                "mean_huber_cpt": ext.objective / ext.n_points,
+            }
         study.draw(
             step.plot,
             f"isoloss_{lang}.png",

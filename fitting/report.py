@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from fitting import paper_headlines
 from fitting.formats import fmt
 
 # fits.json's `n_basis` -> the sentence report.md states it in.
@@ -264,6 +265,7 @@ def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], 
     for key, section in sections.items():
         if result.get(key):
             lines += section(result[key])
+    lines += paper_headlines.section(result)
     if result.get("plots"):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in result["plots"]] + [""]
     return "\n".join(lines)

@@ -326,3 +326,31 @@ def test_too_few_finetuning_points_say_so_when_the_law_is_asked_for(tmp_path):
     message = str(e.value)
     assert "1 point; a fit needs at least 3" in message and "mt_en_fr" in message, message
     assert "no finetuning runs" not in message
+
+
+def test_report_sets_the_cpt_papers_headline_numbers_beside_the_fitted_ones(result):
+    from fitting import paper_headlines
+    from fitting.formats import fmt
+
+    out, res = result
+    rows = {(r["lang"], r["quantity"]): r for r in paper_headlines.rows(res)}
+    power = res["compute"]["zh"]["scratch"]["power"]["params"]
+    k = rows[("zh", "eq. 3 frontier k (scratch)")]
+    assert (k["paper"], k["ours"]) == (33.69907, power["k"])
+    g = rows[("zh", "eq. 3 frontier g (cpt)")]
+    assert (g["paper"], g["ours"]) == (0.0575, res["compute"]["zh"]["cpt"]["power"]["params"]["g"])
+    saved = rows[("zh", "FLOPs saved")]
+    fractions = [v for c in res["transfer"]["zh"]["curves"] for v in c["flops_saved"] if v]
+    assert saved["paper"] == (0.25, 0.5) and saved["ours"] == (min(fractions), max(fractions))
+    example = rows[("zh", "scratch tokens ≡ 70B CPT tokens (5.5B)")]
+    assert example["paper"] == 110e9 and example["ours"] > 0
+    assert example["note"] == "example_5p5b_exact"  # the synthetic fits are on exact N
+    # Appendix B, both columns: γ and the error ratio of the extended law over Chinchilla's.
+    pre = res["cpt"]["zh"]["appendix_b_pretraining"]
+    gamma = rows[("zh", "Appendix B γ (pretraining runs)")]
+    assert (gamma["paper"], gamma["ours"]) == (-0.005, pre["gamma"])
+    ratio = rows[("zh", "Appendix B error ratio (CPT runs)")]
+    assert ratio["paper"] == pytest.approx(0.0093 / 0.0108) and ratio["ours"] > 0
+    text = (out / "report.md").read_text()
+    assert "## The CPT paper's headline numbers beside ours" in text
+    assert f"| zh | eq. 3 frontier k (scratch) | 33.7 | {fmt(power['k'])} |" in text
