@@ -54,6 +54,7 @@ from launch import strategies as strategies_lib
 from launch.select_spec import SelectSpec
 from launch.strategies import AXES, COORD_MACROS, STRATEGIES, Counts, Strategy
 from modeling import family as family_lib
+from rundir import finetune_recipes
 from trainer import gin_checks
 
 MANIFESTS_DIR = Path(__file__).parent / "manifests"
@@ -609,6 +610,14 @@ class _Expander:
         steps, batch_size = budgets.steps_and_batch(
             budget, params=params, seq_len=m.seq_len, where=where
         )
+        if "FINETUNE_RECIPE" in gin:  # the recipe names the length: the budget must agree
+            recipe = finetune_recipes.recipe(str(gin["FINETUNE_RECIPE"]))
+            _require(
+                steps == recipe.steps,
+                where,
+                f"FINETUNE_RECIPE {gin['FINETUNE_RECIPE']!r} trains {recipe.steps} steps; the "
+                f"budget gives {steps}",
+            )
 
         parent, selected_from, candidates = None, None, ()
         if strategy.parent:

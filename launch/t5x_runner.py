@@ -16,7 +16,8 @@ with the environment `XLSCALE_VOCAB_PATH` and `XLSCALE_DATA_DIR` (the manifest's
 its first that many pairs; a token-budget Df has no T5X form and is refused). A finetune restores the checkpoint's step and
 T5X counts `TRAIN_STEPS` from 0 (its finetune.gin: "TRAIN_STEPS includes pretrain steps"), so a
 finetune's TRAIN_STEPS is its init step + its own steps, and its own steps are also given as
-`FINETUNE_STEPS` (t5x/runs/finetune.gin's `TRAIN_STEPS_RELATIVE`, which T5X prefers); the `t5_tiny`
+`FINETUNE_STEPS` (t5x/runs/finetune.gin's `TRAIN_STEPS_RELATIVE`, which T5X prefers) with the
+manifest's `FINETUNE_RECIPE` (its name, recorded in config.gin); the `t5_tiny`
 size is `t5x/models/tiny.gin` as an overlay after the run file; a non-pretrained baseline
 (`finetune_scratch`) binds `INITIAL_CHECKPOINT_PATH = None` (T5X then restores nothing). The
 manifest's gin-axis macros (a learning-rate grid) and a finetune's Df (`FINETUNE_TOKENS`) follow
@@ -195,6 +196,8 @@ def gin_args(
     if run.strategy in FINETUNES:
         # t5x/runs/finetune.gin counts TRAIN_STEPS_RELATIVE = FINETUNE_STEPS from the checkpoint.
         args.append(f"--gin.FINETUNE_STEPS={int(run.steps)}")
+        if "FINETUNE_RECIPE" in bindings:  # its name, into config.gin (the sweep checked steps)
+            args.append(f"--gin.FINETUNE_RECIPE={bindings['FINETUNE_RECIPE']}")
     args += [
         f"--gin.{macro}={run.coord(coord)!r}"
         for coord, macro in PASSED_COORDS.items()

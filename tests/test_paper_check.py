@@ -45,7 +45,7 @@ def test_mt_runs_are_trainer_run_dirs_with_the_family_counts(en_de_study):
     for key in ("params_total", "params_non_embedding", "flops_per_token", "batch_size"):
         assert meta[key] > 0
     assert meta["params_non_embedding"] == finetune.counts.params_non_embedding
-    assert meta["finetune_tokens"] == 6_000_000 and meta["train_steps"] == 300
+    assert meta["finetune_tokens"] == 6_000_000 and meta["train_steps"] == 2**18
     parent = paper_study.pretraining_runs(runs)[finetune.run_id]
     assert meta["init_checkpoint"] == parent.model_dir and meta["init_step"] == 25000
     assert (root / finetune.run_id / "COMPLETED").is_file()

@@ -291,3 +291,15 @@ def test_trainer_t5x_reader_and_paper_study_record_the_same_units():
     )
     meta = t5x_runs.run_meta(t5x_runs.parse_config(text), text=text, checkpoint_steps=[400])
     assert {k: meta[k] for k in keys} == expected
+
+
+def test_finetune_recipes_and_the_epochs_the_docs_quote():
+    from rundir import finetune_recipes as fr
+
+    assert fr.recipe_steps(recipe_name="paper_300") == 300
+    assert fr.recipe_steps(recipe_name="raffel_2^18") == 262_144
+    # en-de Df 3.02B = 5,906,184 pairs: 300 steps see 0.65% of it, 2^18 steps 5.7 passes.
+    assert fr.epochs(recipe_name="paper_300", batch_size=128, pairs=5_906_184) < 0.0066
+    assert round(fr.epochs(recipe_name="raffel_2^18", batch_size=128, pairs=5_906_184), 2) == 5.68
+    with pytest.raises(ValueError, match="FINETUNE_RECIPE = 'raffel'.*allowed"):
+        fr.recipe("raffel")

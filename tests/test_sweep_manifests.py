@@ -173,7 +173,7 @@ def test_mt_paper_grid():
         assert f"--gin.TASK='{run.coord('task')}'" in argv
         assert f"--gin.FINETUNE_TOKENS={run.coord('finetune_tokens')}" in argv
         assert f"--gin.MIXTURE='{run.coord('mixture')}'" in argv
-        assert (run.steps, run.batch_size) == (300, 128)
+        assert (run.steps, run.batch_size) == (2**18, 128)  # FINETUNE_RECIPE 'raffel_2^18'
     en_fr = {
         r.coord("finetune_tokens") for r in grouped["finetune"] if r.coord("task") == "mt_en_fr"
     }
@@ -193,9 +193,10 @@ PAPER_PAIRS = {
 }
 
 
-def test_mt_paper_df_conditions_are_pairs_at_300_steps():
+def test_mt_paper_df_conditions_are_pairs_under_raffels_2_18_steps():
     """Every finetune and baseline of mt_paper sizes its set in the paper's unit (a fixed set of
-    Df / 512 pairs) and trains 300 steps of 128 whatever Df, and the plan says so."""
+    Df / 512 pairs) and trains the 'raffel_2^18' recipe (2^18 steps of 128, which the paper's Df
+    sizes need; 300 steps would see 0.65% of en-de's 3.02B) whatever Df, and the plan says so."""
     import gin
 
     from launch import estimate
@@ -207,12 +208,13 @@ def test_mt_paper_df_conditions_are_pairs_at_300_steps():
     pairs = collections.defaultdict(set)
     for run in finetunes:
         assert "--gin.FINETUNE_UNIT='paper'" in run.argv(allow_missing=True)
-        assert (run.steps, run.batch_size) == (300, 128)
+        assert "--gin.FINETUNE_RECIPE='raffel_2^18'" in run.argv(allow_missing=True)
+        assert (run.steps, run.batch_size) == (2**18, 128)
         df = run.coord("finetune_tokens")
         pairs[run.coord("task")].add(data.finetune_pairs(finetune_tokens=df, unit="paper"))
     assert dict(pairs) == PAPER_PAIRS
     rows = {row["run_id"]: row for row in estimate.plan_rows(runs, None)}
-    assert {rows[r.run_id]["steps"] for r in finetunes} == {300}
+    assert {rows[r.run_id]["steps"] for r in finetunes} == {2**18}
     pretrain = [rows[r.run_id] for r in runs if r.strategy == "pretrain"]
     assert {row["steps"] for row in pretrain} == {1_000_000, 510_000}
     run = next(r for r in finetunes if r.coord("finetune_tokens") == 312_483_840)
@@ -221,7 +223,10 @@ def test_mt_paper_df_conditions_are_pairs_at_300_steps():
         gin_entry.parse(run.gin_args(allow_missing=True), job="train")
         assert _evaluate(gin.query_parameter("data.DataConfig.subset_examples")) == 610_320
         assert _evaluate(gin.query_parameter("data.DataConfig.subset_tokens")) is None
-        assert _evaluate(gin_entry.macro_value("TRAIN_STEPS")) == 300
+        assert _evaluate(gin_entry.macro_value("TRAIN_STEPS")) == 2**18
+        assert _evaluate(gin.query_parameter("train_script.RunInfo.finetune_recipe")) == (
+            "raffel_2^18"
+        )
     finally:
         gin.clear_config()
 

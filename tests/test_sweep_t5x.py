@@ -210,6 +210,25 @@ def test_t5x_runs_finish_at_their_last_checkpoint_and_select_on_their_summaries(
     assert selection.final_value(pre.model_dir, "eval/nope/loss") == (None, None)
 
 
+def test_a_recipe_and_a_budget_that_disagree_are_refused():
+    text = MANIFEST.replace(
+        "[strategies.finetune]\nbudget = { steps = 300, batch_size = 128 }\n"
+        'gin = { FINETUNE_UNIT = "paper" }',
+        "[strategies.finetune]\nbudget = { steps = 300, batch_size = 128 }\n"
+        'gin = { FINETUNE_UNIT = "paper", FINETUNE_RECIPE = "raffel_2^18" }',
+    )
+    assert text != MANIFEST
+    with pytest.raises(ValueError, match="FINETUNE_RECIPE 'raffel_2\\^18' trains 262144 steps"):
+        expand(text)
+    text = text.replace(
+        'steps = 300, batch_size = 128 }\ngin = { FINETUNE_UNIT = "paper", F',
+        'steps = 262144, batch_size = 128 }\ngin = { FINETUNE_UNIT = "paper", F',
+    )
+    assert "--gin.FINETUNE_RECIPE='raffel_2^18'" in expand(text)["finetune"].gin_args()
+    with pytest.raises(ValueError, match="FINETUNE_RECIPE = 'raffel'.*'paper_300'"):
+        expand(text.replace("raffel_2^18", "raffel"))
+
+
 def test_a_token_budget_df_has_no_t5x_form():
     # FINETUNE_UNIT 'target' (a token budget) is the xlscale trainer's; the t5x runner refuses it
     # naming the run and the allowed unit, instead of finetuning on the whole split.
@@ -232,6 +251,10 @@ def test_the_mt_papers_vocabulary_reaches_t5x_and_unpassable_overrides_are_refus
     )
     runs = sweep.expand(manifest)
     assert runs and all("--gin.VOCAB_SIZE=250112" in r.gin_args(allow_missing=True) for r in runs)
+    # The finetuning recipe reaches T5X by name (config.gin) with its steps.
+    finetune = next(r for r in runs if r.strategy == "finetune")
+    args = finetune.gin_args(allow_missing=True)
+    assert "--gin.FINETUNE_RECIPE='raffel_2^18'" in args and "--gin.FINETUNE_STEPS=262144" in args
     # Every passable field's macro is one t5x/models/t5.gin defines and hands to the same keyword.
     gin_text = (t5x_runner.REPO_ROOT / "t5x_configs/t5x/models/t5.gin").read_text()
     for field, macro in t5x_runner.OVERRIDE_MACROS.items():

@@ -303,6 +303,7 @@ def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_
     assert (run["init_step"], run["strategy"], run["family"]) == (10, "finetune", "t5")
     assert (run["source_lang"], run["target_lang"], run["languages"]) == ("en", "fr", ["en", "fr"])
     assert (run["finetune_tokens"], run["train_steps"]) == (FINETUNE_TOKENS, 6)
+    assert run["finetune_recipe"] == "paper_300"  # runs/finetune.gin's default recipe, recorded
     assert run["mixture_or_task"] == "mt_en_fr" and run["batch_size"] == 8
 
 

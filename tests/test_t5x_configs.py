@@ -231,8 +231,9 @@ RUN_FILES = ("t5x/runs/span_pretrain.gin", "t5x/runs/finetune.gin", "t5x/runs/in
 TINY = "t5x/models/tiny.gin"
 ASSIGNED = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=", re.M)
 REFERENCED = re.compile(r"%([A-Z][A-Z0-9_]*)")
-# Macros set only to be recorded in T5X's config.gin for `fitting.t5x_runs` (Df and its unit).
-RECORDED = {"FINETUNE_TOKENS", "FINETUNE_UNIT"}
+# Macros set only to be recorded in T5X's config.gin for `fitting.t5x_runs` (Df and its unit) and
+# for the reports (the finetuning recipe's name).
+RECORDED = {"FINETUNE_TOKENS", "FINETUNE_UNIT", "FINETUNE_RECIPE"}
 INCLUDED = re.compile(r"^include '([^']+)'", re.M)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from etils import epath
 
 from convert import hf_checkpoints, vocab_growth
-from rundir import exits, names, paper_units, records, storage
+from rundir import exits, finetune_recipes, names, paper_units, records, storage
 from rundir import lease as lease_lib
 from rundir.lease import LeaseConfig
 from trainer import checkpoints as ckpt_lib
@@ -73,6 +73,8 @@ class RunInfo:
       finetune_unit: what `finetune_tokens` counts (`FINETUNE_UNIT`, a key of
         `rundir.paper_units.DF_UNITS`): `"target"` real target tokens, `"paper"` the MT
         paper's pairs × 512.
+      finetune_recipe: the finetuning length by name (`FINETUNE_RECIPE`, a key of
+        `rundir.finetune_recipes.RECIPES`), None for runs that are not finetunes.
     """
 
     strategy: str = "pretrain"
@@ -82,6 +84,11 @@ class RunInfo:
     replay_ratio: float = 0.0
     finetune_tokens: int | None = None
     finetune_unit: str = "target"
+    finetune_recipe: str | None = None
+
+    def __post_init__(self):
+        if self.finetune_recipe is not None:
+            finetune_recipes.recipe(self.finetune_recipe)  # refuses an unknown name, naming it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +157,7 @@ def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict
         "seq_len": data.seq_len,
         "task_feature_lengths": dict(data.task_feature_lengths),
         "finetune_tokens": run.finetune_tokens,
+        "finetune_recipe": run.finetune_recipe,
         **paper_units.run_fields(
             batch_size=data.batch_size,
             task_feature_lengths=data.task_feature_lengths,
