@@ -21,6 +21,7 @@ import numpy as np
 from fitting import points
 from fitting.correlations import spearman
 from fitting.task_alignment import alignment_of
+from rundir import finetune_recipes
 
 # Score names a finetuning run may report under eval/<task>/<metric>, in report order.
 SCORE_LABELS: dict[str, str] = {
@@ -159,7 +160,8 @@ def _int(v: Any) -> int | None:
 
 def finetune_design(cells: Sequence[Cell]) -> tuple[str, bool]:
     """What varies between the finetuning sizes Df of the cells, in words, and whether it is Df
-    alone: (text, fixed). The MT paper finetunes every Df for the same 300 steps, so a gain that
+    alone: (text, fixed), naming the finetuning recipe whose length the cells share. The MT paper
+    finetunes every Df for the same number of steps, so a gain that
     shrinks with Df is the set's size; where a larger Df also trains for more steps (one pass
     over each set), the two effects are mixed and the text says so."""
     steps_by_df: dict[Any, set] = {}
@@ -171,10 +173,14 @@ def finetune_design(cells: Sequence[Cell]) -> tuple[str, bool]:
     dfs = ", ".join(count_label(d) for d in sorted(steps_by_df, key=lambda d: d or 0))
     if len(steps) == 1 and None not in steps:
         n = steps.pop()
+        named = [k for k, r in finetune_recipes.RECIPES.items() if r.steps == n]
+        recipe = f" (FINETUNE_RECIPE {named[0]!r})" if named else ""
         return (
-            f"Here Df ({dfs} tokens) varies at a fixed {n} finetuning steps, as in the paper "
-            "(300 steps for every Df): a smaller set is repeated more often, so a change "
-            "between Df is the finetuning set's size, not the training length.",
+            f"Here Df ({dfs} tokens) varies at a fixed {n} finetuning steps{recipe}, as the "
+            "paper fixes one length for every Df (§4 prints 300 steps, but its Df sizes and its "
+            "5-7 hours per T5-3B finetune need Raffel et al.'s 2^18, rundir/finetune_recipes.py): "
+            "a smaller set is repeated more often, so a change between Df is the finetuning "
+            "set's size, not the training length.",
             True,
         )
     per = "; ".join(
@@ -183,8 +189,8 @@ def finetune_design(cells: Sequence[Cell]) -> tuple[str, bool]:
     )
     return (
         f"Here Df and the finetuning length vary together ({per}): a change between Df mixes "
-        "the finetuning set's size with the number of training steps (the paper fixes 300 "
-        "steps for every Df).",
+        "the finetuning set's size with the number of training steps (the paper fixes one "
+        "length for every Df).",
         False,
     )
 

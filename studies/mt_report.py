@@ -254,7 +254,7 @@ def _q_finetune_size(cells: Sequence[Cell], score: str) -> list[str]:
     out = [
         "**2. Does pretraining help more at small Df, and little at large Df?** The paper (§5): "
         "the gain over the non-pretrained model shrinks as Df grows and almost vanishes for the "
-        "largest Df (every Df finetuned for the same 300 steps). " + design,
+        "largest Df (every Df finetuned for the same number of steps). " + design,
         "",
         "| pretraining data | Df | metric | baseline (no pretraining) | best checkpoint | "
         "last checkpoint | gain of the best (relative) |",

@@ -288,4 +288,9 @@ def test_the_df_finding_says_whether_df_or_training_length_varies(cells):
     assert "so this mixes the two effects." in text
     fixed = [dataclasses.replace(c, train_steps=300) for c in cells]
     text = "\n".join(rep._q_finetune_size(fixed, "bleu"))
-    assert "varies at a fixed 300 finetuning steps" in text and "mixes" not in text
+    assert "varies at a fixed 300 finetuning steps (FINETUNE_RECIPE 'paper_300')" in text
+    assert "mixes" not in text
+    # The recipe the runs used is named (2^18 steps: Raffel et al.'s, the mt_paper manifest's).
+    raffel = [dataclasses.replace(c, train_steps=2**18) for c in cells]
+    text = "\n".join(rep._q_finetune_size(raffel, "bleu"))
+    assert "fixed 262144 finetuning steps (FINETUNE_RECIPE 'raffel_2^18')" in text
