@@ -28,6 +28,7 @@ def test_eval_steps_join_the_period_the_log_grid_and_step_zero():
     assert set(steps) == {0, *range(1000, 100_001, 1000), *log} and len(log) == 20
     assert eval_schedule.eval_steps(EvalConfig(tasks=("lm_en",), period=0), total=7) == [7]
     assert eval_schedule.eval_steps(EvalConfig(), total=7) == []  # nothing to evaluate
+    assert eval_schedule.eval_steps(EvalConfig(tasks=("lm_en",)), total=0) == []  # no step 0
     assert math.isclose(EvalConfig().log_start, 1e-3)
 
 

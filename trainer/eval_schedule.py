@@ -56,5 +56,5 @@ def eval_steps(config: Any, *, total: int) -> list[int]:
     ascending, with 0 first when `config.at_start`; [] when it evaluates nothing."""
     if not config.enabled:
         return []
-    steps = SCHEDULES[config.schedule](config, total)
+    steps = {s for s in SCHEDULES[config.schedule](config, total) if s >= 1}  # 0: at_start only
     return sorted({*steps, *((0,) if config.at_start else ())})
