@@ -252,7 +252,9 @@ def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], 
             f"Fit points of the L(N, D) laws (Chinchilla, CPT, Appendix B): {rule['text']} "
             "(`xlscale fit --points-per-run/--points-min-fraction/--points-min-tokens`); runs "
             "are evaluated every EVAL_PERIOD steps, so with every evaluation a point, longer "
-            "runs weigh more. The loss–compute frontier takes every evaluation.",
+            "runs weigh more; under EVAL_SCHEDULE 'log' (the paper manifests) each run adds "
+            "about 20 early points from 0.1% of its length, weighed like the rest unless "
+            "--points-min-fraction drops them. The loss–compute frontier takes every evaluation.",
             "",
         ]
     if result["warnings"]:

@@ -296,6 +296,7 @@ def test_fits_json_and_report_state_the_fit_point_rule(result):
     text = (out / "report.md").read_text()
     assert "Fit points of the L(N, D) laws (Chinchilla, CPT, Appendix B): every evaluation" in text
     assert "Fit points per run: " in text
+    assert "EVAL_SCHEDULE 'log'" in text  # how the early, log-spaced evaluations are weighed
 
 
 def test_cli_passes_the_fit_point_rule(study, tmp_path, monkeypatch, capsys):
