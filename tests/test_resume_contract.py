@@ -356,6 +356,23 @@ def test_a_run_from_before_the_vocabulary_hash_resumes_with_a_warning(tmp_path, 
     assert amendment is None and "predates vocab_sha256" in caplog.text
 
 
+def test_a_finetune_from_before_the_recipe_resumes_with_a_warning(tmp_path, caplog):
+    # `run.finetune_recipe` was added after finetunes had started; theirs ran the 300 steps that
+    # `finetune.gin` now names 'paper_300', so a resume is not refused for the new key.
+    stored = _fp(run={"strategy": "finetune"})
+    new = _fp(run={"strategy": "finetune", "finetune_recipe": "paper_300"})
+    with caplog.at_level(logging.WARNING, logger="trainer.fingerprint"):
+        amendment = fingerprint.check_resume(
+            stored=stored,
+            new=new,
+            policy=None,
+            model_dir=tmp_path,
+            step=4,
+            defaults={"run": {"strategy": "pretrain", "finetune_recipe": None}},
+        )
+    assert amendment is None and "predates run.finetune_recipe" in caplog.text
+
+
 def test_a_torn_row_of_the_newest_checkpoint_is_logged_again_on_resume(
     finished, tiny_data, seqio_registry, tmp_path, caplog
 ):

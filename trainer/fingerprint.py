@@ -66,7 +66,7 @@ _MACROS: dict[str, str] = {
 }
 # Keys added to the fingerprint after runs were started: a stored fingerprint without one cannot
 # be compared on it (a warning), and is not refused for it.
-ADDED_LATER: tuple[str, ...] = ("vocab_sha256",)
+ADDED_LATER: tuple[str, ...] = ("vocab_sha256", "run.finetune_recipe")
 
 
 def _jsonable(value: Any) -> Any:
