@@ -3,7 +3,8 @@
 `fit_runs(runs_dir, out_dir, law="all")` reads a directory of runs and, per target language, fits
 the from-scratch Chinchilla law (source and scratch runs), the CPT law's second stage on the CPT
 runs, both loss–compute frontiers, the transfer measures, the replay curves, and the MT paper's
-downstream laws with the data-valuation verdicts.
+downstream laws with the data-valuation verdicts, and the CPT paper's zero-shot Fig. 3 and
+Fig. 6 tables from the runs' zero-shot results (`fitting.zeroshot_figures`).
 
 `STEPS` holds one `Step` record per `xlscale fit --law NAME`: the laws of `fitting.laws.LAWS` it
 fits, the function that fits them, its report section and its plot, so a new law is one `Law`
@@ -47,6 +48,7 @@ from fitting import (
     report,
     transfer,
     valuation,
+    zeroshot_figures,
 )
 from fitting.allocation import allocation_cis, compute_optimal
 from fitting.checks import FitInputError, Unidentifiable, require_distinct
@@ -69,6 +71,7 @@ class Study:
     grid: Mapping[str, Sequence[float]] | None
     n_basis: str = model_keys.DEFAULT_BASIS
     point_rule: points.PointRule = points.PointRule()
+    zeroshot_size: float | None = None
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
     plots: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -474,6 +477,22 @@ def _ce(study: Study, step: Step) -> list[dict[str, Any]]:
     return _downstream(study, step, ["loss"])
 
 
+def _zeroshot(study: Study, step: Step) -> dict[str, Any]:
+    if not zeroshot_figures.has_scores(study.runs):
+        raise Skip("no run has zero-shot results (MODEL_DIR/zeroshot/<step>.json)")
+    res = zeroshot_figures.figures(study.runs, size=study.zeroshot_size)
+    study.skipped.update({f"zeroshot/{k}": v for k, v in res.pop("skipped").items()})
+    if not res["fig3"] and not res["fig6"]:
+        raise Skip(_why_none("no language with models to compare", study, "zeroshot/"))
+    for lang, entry in res["fig3"].items():
+        title = f"{lang}: zero-shot, N = {plots.compact_number(entry['size'])}"
+        study.draw(step.plot, f"zeroshot_fig3_{lang}.png", entry, title=title)
+    for lang, entry in res["fig6"].items():
+        title = f"{lang}, N = {plots.compact_number(entry['size'])}"
+        study.draw(plots.zeroshot_replay, f"zeroshot_fig6_{lang}.png", entry, title=title)
+    return res
+
+
 class Skip(Exception):
     """A step found no suitable runs."""
 
@@ -526,6 +545,7 @@ STEPS: Mapping[str, Step] = _register(
         functools.partial(report.downstream, title="Downstream cross-entropy (power law)"),
         plots.downstream,
     ),
+    Step("zeroshot", (), _zeroshot, report.zeroshot, plots.zeroshot_strategies),
 )
 LAWS = (*STEPS, "all")
 
@@ -545,6 +565,7 @@ def fit_runs(
     grid: Mapping[str, Sequence[float]] | None = None,
     n_basis: str = model_keys.DEFAULT_BASIS,
     point_rule: points.PointRule | None = None,
+    zeroshot_size: float | None = None,
 ) -> dict[str, Any]:
     """Fits the papers' laws to a directory of runs and writes fits.json, report.md and PNGs.
 
@@ -561,6 +582,9 @@ def fit_runs(
         eqs. 8-9 were fitted on; C = 6·N·D follows it.
       point_rule: which evaluations of each run are points of the L(N, D) laws (default
         `fitting.points.PointRule()`: every one after the first token).
+      zeroshot_size: non-embedding N near which the zero-shot figures compare models
+        (`fitting.zeroshot_figures`; default None: per language, the largest size at which
+        every compared model has scores; the paper's figures are at 1.4B).
 
     Returns:
       The dict written to fits.json.
@@ -576,6 +600,7 @@ def fit_runs(
     out.mkdir(parents=True, exist_ok=True)
     rule = point_rule if point_rule is not None else points.PointRule()
     study = Study(io.read_runs(runs_dir), out, int(bootstrap), int(seed), grid, n_basis, rule)
+    study.zeroshot_size = zeroshot_size
     for name in STEPS if law == "all" else (law,):
         try:
             study.results[name] = STEPS[name].run(study, STEPS[name])

@@ -408,3 +408,44 @@ def score_vs_ce(
     ax.set_title(title + note, fontsize=9)
     ax.legend(fontsize=6, loc="best")
     return _save(fig, path)
+
+
+def zeroshot_strategies(entry: Mapping, path: Path, *, title: str) -> Path:
+    """CPT paper Fig. 3 for one target language: acc_norm per benchmark and their mean, one bar
+    per model (source, scratch, CPT), each benchmark's chance level dotted
+    (`fitting.zeroshot_figures.fig3` entry)."""
+    fig, (ax,) = _figure(size=(6.5, 4.5))
+    groups = [*entry["benchmarks"], "average"]
+    strategies = list(entry["acc_norm"])
+    width = 0.8 / len(strategies)
+    for j, s in enumerate(strategies):
+        ys = [entry["acc_norm"][s][t] for t in entry["benchmarks"]] + [entry["average"][s]]
+        xs = [i - 0.4 + width * (j + 0.5) for i in range(len(groups))]
+        ax.bar(xs, ys, width, color=_COLORS.get(s, "tab:gray"), label=s)
+    for i, t in enumerate(entry["benchmarks"]):
+        if entry["chance"].get(t):
+            ax.hlines(entry["chance"][t], i - 0.45, i + 0.45, colors="black", linestyles=":")
+    ax.set_xticks(range(len(groups)), groups, rotation=20, fontsize=8)
+    ax.set_ylabel("acc_norm (dotted: chance)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def zeroshot_replay(entry: Mapping, path: Path, *, title: str) -> Path:
+    """CPT paper Fig. 6: relative performance (acc_norm ÷ the best across replay settings) vs
+    the source-language replay ratio, one panel per benchmark group, one line per benchmark
+    plus the group's mean (`fitting.zeroshot_figures.fig6` entry)."""
+    groups = entry["groups"]
+    fig, axes = _figure(ncols=len(groups), size=(5.0, 4.0))
+    xs = [100 * s["ratio"] for s in entry["settings"]]
+    for ax, (group, tasks) in zip(axes, groups.items(), strict=True):
+        for t in tasks:
+            ax.plot(xs, [s["relative"][t] for s in entry["settings"]], "-o", ms=3, label=t)
+        mean = [s["group_relative"][group] for s in entry["settings"]]
+        ax.plot(xs, mean, "-s", color="black", lw=2, label="mean")
+        ax.set_xlabel("replay of the source language (% of tokens)")
+        ax.set_ylabel("relative performance")
+        ax.set_title(f"{title}: {group}", fontsize=9)
+        ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -209,6 +209,46 @@ def replay(res: Mapping[str, Any]) -> list[str]:
     return ["## Forgetting under replay", "", *_table(header, rows), ""]
 
 
+def zeroshot(res: Mapping[str, Any]) -> list[str]:
+    """CPT paper Fig. 3 (CPT vs scratch vs source per target language) and Fig. 6 (relative
+    performance vs replay ratio) tables, with the size chosen and the benchmarks averaged."""
+    lines = ["## Zero-shot benchmarks (CPT paper Fig. 3 and Fig. 6)", ""]
+    for lang, e in res.get("fig3", {}).items():
+        strategies = list(e["acc_norm"])
+        lines += [
+            f"### Fig. 3, {lang}: N = {_n(e['size'])} ({e['size_rule']}; source model: "
+            f"{e['source_lang']})",
+            "",
+            "acc_norm at each run's latest scored step (runs: "
+            + ", ".join(f"{s} `{r}` step {e['steps'][s]}" for s, r in e["runs"].items())
+            + f"); average over the {len(e['averaged_over'])} {lang} benchmarks every model "
+            "has.",
+            "",
+        ]
+        rows = [
+            (t, *(e["acc_norm"][s][t] for s in strategies), e["chance"].get(t))
+            for t in e["benchmarks"]
+        ]
+        rows.append(("average", *(e["average"][s] for s in strategies), None))
+        lines += _table(("benchmark", *strategies, "chance"), rows) + [""]
+    for lang, e in res.get("fig6", {}).items():
+        groups = list(e["groups"])
+        lines += [
+            f"### Fig. 6, {lang}: N = {_n(e['size'])} ({e['size_rule']})",
+            "",
+            "Relative performance: a group's mean acc_norm ÷ its best across the replay "
+            "settings (ratio 0 = plain CPT), so the best setting is 1; groups: "
+            + "; ".join(f"{g}: {', '.join(ts)}" for g, ts in e["groups"].items())
+            + ".",
+            "",
+        ]
+        rows = [
+            (s["ratio"], s["run"], *(s["group_relative"][g] for g in groups)) for s in e["settings"]
+        ]
+        lines += _table(("replay ratio", "run", *groups), rows) + [""]
+    return lines
+
+
 def downstream(entries: Sequence[Mapping[str, Any]], *, title: str) -> list[str]:
     """The MT paper's downstream law fits (params, held-out error, valuation), one per series."""
     lines = [f"## {title}", ""]

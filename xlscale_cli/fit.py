@@ -12,7 +12,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--law",
         default="all",
-        choices=("chinchilla", "cpt", "compute", "transfer", "replay", "bleu", "ce", "all"),
+        choices=(
+            "chinchilla",
+            "cpt",
+            "compute",
+            "transfer",
+            "replay",
+            "bleu",
+            "ce",
+            "zeroshot",
+            "all",
+        ),
         help="which law to fit (default: all that the runs support)",
     )
     parser.add_argument("--out", required=True, help="output directory")
@@ -46,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="fit points: only evaluations after more than this many tokens (default 0)",
     )
+    parser.add_argument(
+        "--zeroshot-size",
+        type=float,
+        default=None,
+        help="zero-shot figures: compare models of the size (non-embedding N) closest to this "
+        "(default: per language, the largest size that every compared model has)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             n_basis=args.n_basis,
             point_rule=rule,
+            zeroshot_size=args.zeroshot_size,
         )
     except FitInputError as e:
         print(f"xlscale fit: {e}", file=sys.stderr)

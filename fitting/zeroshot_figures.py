@@ -1,0 +1,246 @@
+"""Tables of the CPT paper's zero-shot figures from any directory of runs (`xlscale fit`'s
+"zeroshot" step): Fig. 3 (CPT vs from scratch vs the source model, per target language) and
+Fig. 6 (relative performance against the source-language replay ratio).
+
+Scores are each run's `MODEL_DIR/zeroshot/<step>.json` (`rundir.zeroshot`), acc_norm at the run's
+latest scored step. Where several runs share a role (strategy, language, size, replay ratio),
+the one with the latest scored step is taken (ties: the first run id), so the figures compare
+the longest-trained models.
+
+Model size: per target language, the sizes (run.json `params_non_embedding`) at which every
+compared model has scores; `size=None` takes the largest of them, a number the one closest to it
+on a log scale (the paper's figures are at 1.4B). The chosen size and the rule are recorded.
+
+Fig. 3 compares the target language's own benchmarks (tasks whose `language` is the target
+language, as the paper's Fr./Ru./Zh. panels) that all three models have, and their mean.
+Fig. 6 (CPT paper Appendix A) divides each benchmark's acc_norm by the best acc_norm across the
+replay settings (plain CPT is ratio 0), so the best setting is 1; benchmarks are grouped into the
+source language's and the target language's, and each group's mean acc_norm is divided likewise.
+
+This module reads runs only (no trainer, no JAX).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fitting.checks import FitInputError
+from fitting.run_record import RunRecord
+from rundir import zeroshot
+
+FIG3_STRATEGIES = ("source", "scratch", "cpt")  # the source model is the English checkpoint
+
+
+def latest_scores(run: RunRecord) -> tuple[int, dict[str, zeroshot.ZeroshotScore]]:
+    """(step, task -> score) at the run's latest scored step, tasks with a finite acc_norm only
+    ((-1, {}) when the run has no zero-shot results).
+
+    Raises:
+      FitInputError: a zero-shot file in another format (naming the run).
+    """
+    try:
+        scores = zeroshot.latest(zeroshot.read_zeroshot(run.path))
+    except zeroshot.ZeroshotFormatError as e:
+        raise FitInputError(f"run {run.run_id!r}: {e}") from e
+    kept = {s.task: s for s in scores if math.isfinite(s.acc_norm)}
+    return (scores[0].step if kept else -1), kept
+
+
+def _size(run: RunRecord) -> float | None:
+    n = run.meta.get("params_non_embedding")
+    return float(n) if n else None
+
+
+def _choose(sizes: Sequence[float], size: float | None) -> tuple[float, str]:
+    """The chosen size among `sizes` and the rule that chose it, in words."""
+    if size is None:
+        return max(sizes), "the largest size at which every compared model has scores"
+    chosen = min(sizes, key=lambda s: (abs(math.log(s / size)), -s))
+    return chosen, f"the size closest to {size:.4g} at which every compared model has scores"
+
+
+class _Scored:
+    """The runs with zero-shot scores and, per role key, the longest-scored run."""
+
+    def __init__(self, runs: Sequence[RunRecord]):
+        self.scores: dict[str, tuple[int, dict[str, zeroshot.ZeroshotScore]]] = {}
+        self.runs: dict[str, RunRecord] = {}
+        for run in runs:
+            step, tasks = latest_scores(run)
+            if tasks and _size(run):
+                self.scores[run.run_id], self.runs[run.run_id] = (step, tasks), run
+
+    def best(self, pick) -> dict[Any, RunRecord]:
+        """Key -> run over the scored runs with `pick(run)` not None, latest step winning."""
+        out: dict[Any, RunRecord] = {}
+        for rid in sorted(self.runs):
+            key = pick(self.runs[rid])
+            if key is None:
+                continue
+            if key not in out or self.scores[rid][0] > self.scores[out[key].run_id][0]:
+                out[key] = self.runs[rid]
+        return out
+
+
+def _source_lang(scored: _Scored, lang: str) -> str:
+    langs = {
+        str(r.meta.get("source_lang") or "")
+        for r in scored.runs.values()
+        if r.strategy in ("cpt", "cpt_replay") and r.target_lang == lang
+    } - {""}
+    return sorted(langs)[0] if langs else "en"
+
+
+def fig3(runs: Sequence[RunRecord], *, size: float | None = None):
+    """Fig. 3 per target language of the scored CPT runs.
+
+    Returns:
+      ({language: entry}, {language: why it was left out}); an entry holds the chosen `size`,
+      `size_rule`, `source_lang`, `runs` and `steps` per strategy, the `benchmarks` compared,
+      `acc_norm` {strategy: {task: value}}, `average` {strategy: mean over the benchmarks},
+      `averaged_over` and each benchmark's `chance`.
+    """
+    scored, out, skipped = _Scored(runs), {}, {}
+    for lang in sorted({r.target_lang for r in scored.runs.values() if r.strategy == "cpt"}):
+        src = _source_lang(scored, lang)
+        want = {"cpt": lang, "scratch": lang, "source": src}
+        by = scored.best(
+            lambda r, want=want: (
+                (r.strategy, _size(r)) if want.get(r.strategy) == r.target_lang else None
+            )
+        )
+        sizes = sorted({n for (_, n) in by if all((s, n) in by for s in FIG3_STRATEGIES)})
+        if not sizes:
+            skipped[lang] = (
+                f"no model size with zero-shot scores of all of CPT and scratch ({lang}) and "
+                f"the source model ({src})"
+            )
+            continue
+        chosen, rule = _choose(sizes, size)
+        picked = {s: by[(s, chosen)] for s in FIG3_STRATEGIES}
+        tasks = {s: scored.scores[r.run_id][1] for s, r in picked.items()}
+        common = set.intersection(*(set(t) for t in tasks.values()))
+        benchmarks = sorted(t for t in common if tasks["cpt"][t].language == lang)
+        if not benchmarks:
+            skipped[lang] = f"no {lang} benchmark scored for all of {', '.join(FIG3_STRATEGIES)}"
+            continue
+        acc = {s: {t: tasks[s][t].acc_norm for t in benchmarks} for s in FIG3_STRATEGIES}
+        out[lang] = {
+            "size": chosen,
+            "size_rule": rule,
+            "sizes_available": sizes,
+            "source_lang": src,
+            "runs": {s: r.run_id for s, r in picked.items()},
+            "steps": {s: scored.scores[r.run_id][0] for s, r in picked.items()},
+            "benchmarks": benchmarks,
+            "acc_norm": acc,
+            "average": {s: sum(v.values()) / len(v) for s, v in acc.items()},
+            "averaged_over": benchmarks,
+            "chance": {t: tasks["cpt"][t].chance for t in benchmarks},
+        }
+    return out, skipped
+
+
+def _ratio(run: RunRecord) -> float | None:
+    if run.strategy == "cpt":
+        return 0.0
+    r = run.meta.get("replay_ratio")
+    return float(r) if r is not None else None
+
+
+def fig6(runs: Sequence[RunRecord], *, size: float | None = None):
+    """Fig. 6 per target language with scored cpt_replay runs.
+
+    Returns:
+      ({language: entry}, {language: why it was left out}); an entry holds `size`, `size_rule`,
+      `groups` {group: [tasks]} (group "<source_lang> (source)" and "<lang> (target)"), and
+      `settings`, one per replay ratio in ascending order: `ratio`, `run`, `step`, `acc_norm`
+      and `relative` {task: value} (acc_norm ÷ the best across settings: max 1 per task),
+      `group_acc_norm` and `group_relative` {group: value} (the group's mean acc_norm ÷ the
+      best such mean: max 1 per group).
+    """
+    scored, out, skipped = _Scored(runs), {}, {}
+    for lang in sorted({r.target_lang for r in scored.runs.values() if r.strategy == "cpt_replay"}):
+        src = _source_lang(scored, lang)
+        by = scored.best(
+            lambda r, lang=lang: (
+                (_size(r), _ratio(r))
+                if r.strategy in ("cpt", "cpt_replay")
+                and r.target_lang == lang
+                and _ratio(r) is not None
+                else None
+            )
+        )
+        per_size: dict[float, list[float]] = {}
+        for n, ratio in by:
+            per_size.setdefault(n, []).append(ratio)
+        sizes = sorted(n for n, ratios in per_size.items() if len(ratios) >= 2)
+        if not sizes:
+            skipped[lang] = "no model size with zero-shot scores at two or more replay ratios"
+            continue
+        chosen, rule = _choose(sizes, size)
+        picked = {ratio: by[(chosen, ratio)] for ratio in sorted(per_size[chosen])}
+        tasks = {ratio: scored.scores[r.run_id][1] for ratio, r in picked.items()}
+        common = sorted(set.intersection(*(set(t) for t in tasks.values())))
+        first = next(iter(tasks.values()))
+        groups = {
+            f"{src} (source)": [t for t in common if first[t].language == src],
+            f"{lang} (target)": [t for t in common if first[t].language == lang],
+        }
+        groups = {g: ts for g, ts in groups.items() if ts}
+        if not groups:
+            skipped[lang] = f"no {src} or {lang} benchmark scored at every replay ratio"
+            continue
+        bench = [t for ts in groups.values() for t in ts]
+        acc = {ratio: {t: tasks[ratio][t].acc_norm for t in bench} for ratio in picked}
+        means = {
+            ratio: {g: sum(acc[ratio][t] for t in ts) / len(ts) for g, ts in groups.items()}
+            for ratio in picked
+        }
+        settings = []
+        for ratio, run in picked.items():
+            settings.append(
+                {
+                    "ratio": ratio,
+                    "run": run.run_id,
+                    "step": scored.scores[run.run_id][0],
+                    "acc_norm": acc[ratio],
+                    "relative": {
+                        t: _rel(acc[ratio][t], [a[t] for a in acc.values()]) for t in bench
+                    },
+                    "group_acc_norm": means[ratio],
+                    "group_relative": {
+                        g: _rel(means[ratio][g], [m[g] for m in means.values()]) for g in groups
+                    },
+                }
+            )
+        out[lang] = {
+            "size": chosen,
+            "size_rule": rule,
+            "sizes_available": sizes,
+            "source_lang": src,
+            "groups": groups,
+            "settings": settings,
+        }
+    return out, skipped
+
+
+def _rel(value: float, values: Sequence[float]) -> float | None:
+    """`value` ÷ the best of `values` (None when the best is not positive)."""
+    best = max(values)
+    return value / best if best > 0 else None
+
+
+def figures(runs: Sequence[RunRecord], *, size: float | None = None) -> dict[str, Mapping]:
+    """`{"fig3": ..., "fig6": ..., "skipped": {"fig3/<lang>"|"fig6/<lang>": why}}`."""
+    f3, s3 = fig3(runs, size=size)
+    f6, s6 = fig6(runs, size=size)
+    skipped = {f"fig3/{k}": v for k, v in s3.items()} | {f"fig6/{k}": v for k, v in s6.items()}
+    return {"fig3": f3, "fig6": f6, "skipped": skipped}
+
+
+def has_scores(runs: Sequence[RunRecord]) -> bool:
+    """Whether any run has zero-shot results."""
+    return any(latest_scores(r)[1] for r in runs)
