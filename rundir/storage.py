@@ -194,6 +194,43 @@ def storage_errors(path: PathLike, action: str) -> Iterator[None]:
         raise StorageError(f"{action} {os.fspath(path)} failed: {_one_line(e)}") from e
 
 
+# Exception types (by defining module) that mean the storage service failed, whatever library
+# raised them: aiohttp (gcsfs's transport), gcsfs itself, and tensorstore.
+_SERVICE_MODULES = ("aiohttp", "gcsfs", "google.auth", "google.api_core", "tensorstore")
+
+
+def is_service_failure(error: BaseException) -> bool:
+    """Whether `error`, or an exception it was raised from, is the storage service failing (a
+    refused connection, a timeout, an HTTP error after retries), rather than a bug or a bad
+    value: what a library call on a gs:// path (orbax's save) raises when the store goes away."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (StorageError, ConnectionError, TimeoutError)):
+            return True
+        module = type(error).__module__
+        if any(module == m or module.startswith(m + ".") for m in _SERVICE_MODULES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+@contextlib.contextmanager
+def service_errors(path: PathLike, action: str) -> Iterator[None]:
+    """Like `storage_errors`, for calls into libraries that may fail for other reasons too
+    (orbax): only service failures (`is_service_failure`) on a gs:// `path` become one
+    `StorageError` naming `action` and the path; anything else passes through unchanged. The
+    trainer then knows the store is unreachable and does not wait on it again."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as e:
+        if not os.fspath(path).startswith("gs://") or not is_service_failure(e):
+            raise
+        raise StorageError(f"{action} {os.fspath(path)} failed: {_one_line(e)}") from e
+
+
 # --------------------------------------------------------------------------- gs://
 
 

@@ -54,16 +54,28 @@ def _env() -> dict[str, str]:
 
 
 def _train(argv, cwd: Path, log: Path, *, wait: bool = True):
-    command = [sys.executable, "-m", "trainer.train", *argv]
+    # -X faulthandler: a process that overstays its wait dumps every thread's stack (`_wait`).
+    command = [sys.executable, "-X", "faulthandler", "-m", "trainer.train", *argv]
     with open(log, "w") as out:
         process = subprocess.Popen(
             command, cwd=cwd, env=_env(), stdout=out, stderr=subprocess.STDOUT
         )
     if not wait:
         return process
-    code = process.wait(timeout=300)
+    code = _wait(process, log, timeout=300)
     assert code == 0, log.read_text()[-3000:]
     return process
+
+
+def _wait(process, log: Path, *, timeout: float) -> int:
+    """The exit code of `process`; past `timeout` it is made to dump its threads' stacks (SIGABRT
+    under faulthandler) and the test fails with them, so that a hang says where it hung."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        process.wait(timeout=30)
+        pytest.fail(f"still running after {timeout} s; its stacks:\n{log.read_text()[-12000:]}")
 
 
 def _checkpoint_hash(model_dir: str) -> str:
@@ -229,7 +241,7 @@ def test_the_store_going_away_mid_save_is_a_clear_error_and_the_run_resumes(
     gcs_server.stop()
     committed = _step_dirs(gcs_server, model_dir)[0]
     try:
-        code = process.wait(timeout=240)
+        code = _wait(process, log, timeout=240)
     finally:
         gcs_server.start()
     text = log.read_text()

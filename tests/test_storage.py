@@ -363,3 +363,29 @@ def test_the_guard_refuses_non_loopback_addresses_before_sending(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "refused EgressBlockedError", out.stderr
     assert "10.255.255.1" in log.read_text()
+
+
+def test_only_service_failures_of_a_library_call_become_storage_errors():
+    # What orbax raises on the main thread when the store goes away mid-save (gcsfs's transport
+    # error, possibly wrapped) is a StorageError naming the path; a bug (ValueError) is not.
+    import aiohttp
+
+    def refused():
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed")
+        except ConnectionRefusedError as e:
+            raise RuntimeError("orbax: save failed") from e
+
+    with pytest.raises(storage.StorageError, match=r"saving gs://b/run/checkpoints/20 failed"):
+        with storage.service_errors("gs://b/run/checkpoints/20", "saving"):
+            refused()
+    with pytest.raises(storage.StorageError, match="ClientConnectionError"):
+        with storage.service_errors("gs://b/run", "saving"):
+            raise aiohttp.ClientConnectionError("Cannot connect to host")
+    with pytest.raises(ValueError, match="bad shape"):
+        with storage.service_errors("gs://b/run", "saving"):
+            raise ValueError("bad shape")
+    with pytest.raises(RuntimeError):  # local paths keep their own errors
+        with storage.service_errors("/tmp/run", "saving"):
+            refused()
+    assert not storage.is_service_failure(KeyError("x"))

@@ -186,19 +186,20 @@ class CheckpointStore:
         self, step: int, *, params: Any, opt_state: Any, train_state: Mapping[str, Any]
     ) -> None:
         """Saves one step (asynchronously when configured); a step already on disk is skipped."""
-        if step in self._manager.all_steps():
-            return
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardSave(params),
-                opt_state=ocp.args.StandardSave(opt_state),
-                train_state=ocp.args.JsonSave(dict(train_state)),
-            ),
-            force=True,
-        )
-        # `save` returns once the previous save has committed: hash the steps finished so far.
-        self._hash_committed(exclude=step)
+        with storage.service_errors(self.directory / str(step), "saving checkpoint"):
+            if step in self._manager.all_steps():
+                return
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    params=ocp.args.StandardSave(params),
+                    opt_state=ocp.args.StandardSave(opt_state),
+                    train_state=ocp.args.JsonSave(dict(train_state)),
+                ),
+                force=True,
+            )
+            # `save` returns once the previous save has committed: hash the steps finished so far.
+            self._hash_committed(exclude=step)
 
     def verify(self, step: int) -> bool:
         """Verifies a step's checksums: True when verified, False when it has none.
@@ -341,8 +342,9 @@ class CheckpointStore:
 
     def wait(self) -> None:
         """Blocks until background saves are committed and their checksums written."""
-        self._manager.wait_until_finished()
-        self._finish_hashing()
+        with storage.service_errors(self.directory, "committing checkpoints in"):
+            self._manager.wait_until_finished()
+            self._finish_hashing()
 
     def reached_preemption(self, step: int) -> bool:
         """Whether JAX's multi-host preemption service asks every host to stop at `step`."""
@@ -350,9 +352,11 @@ class CheckpointStore:
 
     def close(self) -> None:
         """Waits for pending saves and their checksums, and releases the manager."""
-        self._manager.wait_until_finished()
+        with storage.service_errors(self.directory, "committing checkpoints in"):
+            self._manager.wait_until_finished()
         try:
-            self._finish_hashing()
+            with storage.service_errors(self.directory, "committing checkpoints in"):
+                self._finish_hashing()
         finally:
             if self._hasher is not None:
                 self._hasher.shutdown(wait=True)
