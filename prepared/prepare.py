@@ -1,0 +1,602 @@
+"""The preparation job: a registered seqio task's split tokenized once into ArrayRecord shards.
+
+A task's preprocessors are split by `seqio.CacheDatasetPlaceholder`: what comes before it
+(parsing, tokenization) is deterministic, and is what is prepared here, one record per document,
+int32 ids exactly as `task.preprocess_precache` gives them (no EOS: the reader's post-cache part,
+LM chunks, span corruption or pairs, adds it). Shard k is seqio's shard k of the split, in order
+(`shard_dataset`), so a preparation is a function of the task, the split and the shard count.
+
+Restartable and shardable across machines: each shard is written under a temporary name and
+renamed when complete, then its sidecar (lengths, size, sha256, settings) is written atomically;
+a rerun skips every shard whose sidecar and file agree and redoes the others, so a killed run
+completes without duplicates. `shard_indices` lets several machines prepare disjoint shards into
+one directory (mounted with gcsfuse at scale); whoever finds every shard done writes
+`manifest.json` (`finalize` does it explicitly). Shards are prepared by `workers` spawned
+processes, each registering the task itself (`Registration`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import glob
+import json
+import math
+import multiprocessing
+import os
+import queue as queue_lib
+import time
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from typing import Any
+
+import numpy as np
+
+from prepared import manifest as manifest_lib
+from prepared import shards as shards_lib
+from prepared.manifest import Manifest, PreparedDataError, ShardEntry
+
+LOG_EVERY_S = 30.0  # seconds between progress lines
+REPORT_EVERY_DOCS = 2_000  # a worker reports its progress at least this often (documents)
+
+# The postcache preprocessors of a task (names, in order) -> what the reader applies after the
+# prepared tokens. A dict registry: a new task kind is one line here.
+POSTPROCESS: dict[tuple[str, ...], str] = {
+    ("lm_chunks",): "lm_chunks",
+    ("span_corruption", "append_eos_after_trim"): "span_corruption",
+    ("append_eos_after_trim",): "pairs",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """What a process needs to register the task it prepares (spawned workers start empty).
+
+    Attributes:
+      vocab_path: the SentencePiece model (`VOCAB_PATH`).
+      corpora_dir: the `corpora/` directory (`DATA_DIR`; None: `$XLSCALE_DATA/corpora`).
+      source: a key of `pipelines.tasks.SOURCES` (`local`, `tfds`, or a named source).
+      extra_ids: sentinel ids appended to the vocabulary (span tasks need 100).
+    """
+
+    vocab_path: str
+    corpora_dir: str | None = None
+    source: str = "local"
+    extra_ids: int = 0
+
+    def register(self) -> list[str]:
+        """Registers every task of the corpora (as `trainer.data.register` does); returns the
+        names. Raises ValueError/FileNotFoundError on a bad vocabulary or source."""
+        from pipelines import tasks, vocab
+
+        vocabulary = vocab.load_vocab(self.vocab_path, extra_ids=self.extra_ids)
+        return tasks.register_tasks(
+            vocabulary=vocabulary, corpora_dir=self.corpora_dir, source=self.source
+        )
+
+
+def preprocessor_name(fn: Any) -> str:
+    """A preprocessor's name for the manifest: `__name__`, a partial's function's, else repr."""
+    while hasattr(fn, "func"):  # functools.partial (possibly nested)
+        fn = fn.func
+    return getattr(fn, "__name__", None) or repr(fn)
+
+
+def split_preprocessors(task) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of `task`'s preprocessors before and after its `CacheDatasetPlaceholder`.
+
+    Raises:
+      ValueError: the task has no placeholder (nothing deterministic to prepare).
+    """
+    import seqio
+
+    fns = list(task.preprocessors)
+    cut = [i for i, fn in enumerate(fns) if isinstance(fn, seqio.CacheDatasetPlaceholder)]
+    if not cut:
+        raise ValueError(
+            f"task {task.name!r} has no seqio.CacheDatasetPlaceholder to prepare up to"
+        )
+    pre, post = fns[: cut[0]], fns[cut[0] + 1 :]
+    return tuple(map(preprocessor_name, pre)), tuple(map(preprocessor_name, post))
+
+
+def postprocess_kind(task) -> str:
+    """What the reader applies after the prepared tokens of `task` (`POSTPROCESS`).
+
+    Raises:
+      ValueError: postcache preprocessors of no known kind (naming them and the known ones).
+    """
+    _, post = split_preprocessors(task)
+    if post not in POSTPROCESS:
+        known = "; ".join(" + ".join(k) for k in POSTPROCESS)
+        raise ValueError(
+            f"task {task.name!r}: postcache preprocessors {' + '.join(post) or '(none)'} are of "
+            f"no prepared kind; allowed: {known}"
+        )
+    return POSTPROCESS[post]
+
+
+def _source_files(source, split: str) -> list[str] | None:
+    """The files of a file-based seqio source's split (None for other sources)."""
+    import seqio
+
+    if isinstance(source, seqio.FileDataSource) and split in source.splits:
+        return list(source.list_shards(split))
+    return None
+
+
+def shard_dataset(task, *, split: str, index: int, num_shards: int):
+    """Shard `index` of `num_shards` of the task's raw split, unshuffled: seqio's
+    `ShardInfo` shard (whole files) when the source has at least as many files as shards,
+    otherwise every `num_shards`-th record from `index` (`Dataset.shard`, as `pipelines.streams`
+    shards local text files, which are one file per split)."""
+    import seqio
+
+    source = task.source
+    if num_shards == 1:
+        return source.get_dataset(split=split, shuffle=False)
+    files = _source_files(source, split)
+    if files is not None and len(files) < num_shards:
+        return source.get_dataset(split=split, shuffle=False).shard(num_shards, index)
+    return source.get_dataset(
+        split=split, shuffle=False, shard_info=seqio.ShardInfo(index=index, num_shards=num_shards)
+    )
+
+
+def precache_dataset(task, *, split: str, index: int, num_shards: int):
+    """The documents of shard `index`: `shard_dataset` through `task.preprocess_precache`
+    (seed 0; these preprocessors are deterministic)."""
+    ds = shard_dataset(task, split=split, index=index, num_shards=num_shards)
+    return task.preprocess_precache(ds, seed=0)
+
+
+def _storage_size(path: str) -> int:
+    from rundir import storage
+
+    if storage.is_remote(path):
+        return int(storage.as_path(path).stat().length)
+    return os.path.getsize(path)
+
+
+def describe_source(task, split: str) -> dict[str, Any]:
+    """The manifest's `source`: `repr(task.source)`, and the split's files with their sizes for
+    a file-based source (a named source may add keys through a `describe()` method)."""
+    source = task.source
+    out: dict[str, Any] = {"repr": repr(source)}
+    files = _source_files(source, split)
+    if files is not None:
+        out["files"] = [{"path": f, "bytes": _storage_size(f)} for f in files]
+    describe = getattr(source, "describe", None)
+    if callable(describe):
+        out.update(describe())
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What every shard of one preparation shares (picklable, for the workers)."""
+
+    task: str
+    split: str
+    directory: str
+    num_shards: int
+    features: tuple[str, ...]
+    max_documents: int | None
+    fingerprint: str
+
+
+def _task(task_name: str):
+    """The registered seqio task (ValueError listing the registered ones otherwise)."""
+    import seqio
+
+    names = sorted(seqio.TaskRegistry.names())
+    if task_name not in names:
+        raise ValueError(
+            f"--task {task_name!r}: no such registered task; allowed: {', '.join(names) or 'none'}"
+        )
+    return seqio.TaskRegistry.get(task_name)
+
+
+def _vocabulary(task):
+    return task.output_features["targets"].vocabulary
+
+
+def _precache_features(task, split: str) -> tuple[str, ...]:
+    """The token features the pre-cache part gives (`targets`, or `inputs` and `targets`)."""
+    ds = precache_dataset(task, split=split, index=0, num_shards=1)
+    return tuple(k for k in ("inputs", "targets") if k in ds.element_spec)
+
+
+def _path(plan: _Plan, index: int, name: Callable[[int, int], str]) -> str:
+    return os.path.join(plan.directory, name(index, plan.num_shards))
+
+
+def _finished(plan: _Plan, index: int, log: Callable[[str], None]) -> shards_lib.Sidecar | None:
+    """Shard `index`'s sidecar when the shard is complete and agrees with it, else None.
+
+    Raises:
+      PreparedDataError: the shard was prepared with other settings (another vocabulary, task,
+        shard count or document limit): the directory is not this preparation's.
+    """
+    sidecar_path = _path(plan, index, manifest_lib.sidecar_file)
+    try:
+        sidecar = shards_lib.read_sidecar(sidecar_path)
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, OSError) as e:
+        log(f"shard {index}: unreadable sidecar ({e}); preparing it again")
+        return None
+    if sidecar.fingerprint != plan.fingerprint:
+        raise PreparedDataError(
+            f"{sidecar_path}: prepared with other settings ({sidecar.fingerprint}), this run's "
+            f"are {plan.fingerprint}; use another --out or delete the directory"
+        )
+    shard_path = _path(plan, index, manifest_lib.shard_file)
+    size = os.path.getsize(shard_path) if os.path.exists(shard_path) else None
+    if size != sidecar.bytes:
+        log(f"shard {index}: file has {size} bytes, sidecar says {sidecar.bytes}; preparing again")
+        return None
+    return sidecar
+
+
+def _prepare_shard(
+    task, plan: _Plan, index: int, report: Callable[[int, int, int], None]
+) -> shards_lib.Sidecar:
+    """Writes shard `index` (temporary name, renamed when complete) and then its sidecar.
+
+    `report(index, documents, tokens)` is called every `REPORT_EVERY_DOCS` documents and at
+    the end (cumulative counts of this shard)."""
+    from array_record.python import array_record_module
+
+    final = _path(plan, index, manifest_lib.shard_file)
+    for stale in glob.glob(glob.escape(final) + ".tmp-*"):  # left by a killed run
+        os.remove(stale)
+    tmp = f"{final}.tmp-{os.getpid()}"
+    ds = precache_dataset(task, split=plan.split, index=index, num_shards=plan.num_shards)
+    if plan.max_documents is not None:
+        ds = ds.take(plan.max_documents)
+    lengths: dict[str, list[int]] = {f: [] for f in plan.features}
+    tokens = 0
+    writer = array_record_module.ArrayRecordWriter(tmp, shards_lib.WRITER_OPTIONS)
+    try:
+        for example in ds.as_numpy_iterator():
+            arrays = [example[f] for f in plan.features]
+            writer.write(shards_lib.encode_record(arrays))
+            for f, a in zip(plan.features, arrays, strict=True):
+                lengths[f].append(len(a))
+                tokens += len(a)
+            if len(lengths[plan.features[0]]) % REPORT_EVERY_DOCS == 0:
+                report(index, len(lengths[plan.features[0]]), tokens)
+    finally:
+        writer.close()
+    size = os.path.getsize(tmp)
+    sha = manifest_lib.file_sha256(tmp)
+    os.replace(tmp, final)
+    sidecar = shards_lib.Sidecar(
+        lengths={f: np.asarray(v, np.int32) for f, v in lengths.items()},
+        bytes=size,
+        sha256=sha,
+        fingerprint=plan.fingerprint,
+    )
+    shards_lib.write_sidecar(_path(plan, index, manifest_lib.sidecar_file), sidecar)
+    report(index, sidecar.documents, tokens)
+    return sidecar
+
+
+# --------------------------------------------------------------------------- worker processes
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(registration: Registration, progress) -> None:
+    """Runs once in each spawned worker: registers the tasks, keeps the progress queue."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    registration.register()
+    _WORKER["progress"] = progress
+
+
+def _worker_shard(plan: _Plan, index: int) -> tuple[int, int, int]:
+    """Prepares one shard in a worker; returns (index, documents, tokens)."""
+    progress = _WORKER["progress"]
+    sidecar = _prepare_shard(_task(plan.task), plan, index, lambda k, d, t: progress.put((k, d, t)))
+    return index, sidecar.documents, int(sum(int(v.sum()) for v in sidecar.lengths.values()))
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def _duration(seconds: float) -> str:
+    """`1h02m`, `3m05s` or `12s` (the style of the trainer's progress line)."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+class _Progress:
+    """Documents and tokens per shard, a line per finished shard, and a periodic rate line."""
+
+    def __init__(self, *, shards: int, expected_docs: float | None, log: Callable[[str], None]):
+        self.shards, self.expected, self.log = shards, expected_docs, log
+        self.docs: dict[int, int] = {}
+        self.tokens: dict[int, int] = {}
+        self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def update(self, index: int, docs: int, tokens: int) -> None:
+        """Records shard `index`'s cumulative counts; logs when `LOG_EVERY_S` has passed."""
+        self.docs[index], self.tokens[index] = docs, tokens
+        if time.monotonic() - self.last >= LOG_EVERY_S:
+            self.log(self.line())
+
+    def finished(self, index: int, docs: int, tokens: int) -> None:
+        """Logs shard `index` as finished."""
+        self.docs[index], self.tokens[index] = docs, tokens
+        self.done += 1
+        self.log(
+            f"shard {index} done ({self.done}/{self.shards} of this run): {docs:,} documents, "
+            f"{tokens:,} tokens; {self.line()}"
+        )
+
+    def line(self) -> str:
+        """`N documents, D docs/s, T tokens/s, ETA ...` over this run so far."""
+        self.last = time.monotonic()
+        elapsed = max(self.last - self.start, 1e-9)
+        docs, tokens = sum(self.docs.values()), sum(self.tokens.values())
+        rate = docs / elapsed
+        if self.done == self.shards:
+            eta = 0.0
+        elif self.expected and rate > 0:
+            eta = max(0.0, self.expected - docs) / rate
+        else:
+            eta = math.nan
+        return (
+            f"{docs:,} documents | {rate:,.0f} docs/s | {tokens / elapsed:,.0f} tokens/s | "
+            f"ETA {_duration(eta)}"
+        )
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def prepare(
+    *,
+    task_name: str,
+    split: str,
+    out_dir: str | os.PathLike,
+    num_shards: int,
+    workers: int,
+    shard_indices: Sequence[int] | None = None,
+    max_documents: int | None = None,
+    registration: Registration | None = None,
+    log: Callable[[str], None] = print,
+) -> Manifest | None:
+    """Prepares `task_name`'s `split` into `<out_dir>/<task_name>/` (see the module docstring).
+
+    Args:
+      task_name: a registered seqio task (`lm_<lang>`, `span_<lang>`, `mt_<src>_<tgt>`).
+      split: the split to prepare.
+      out_dir: the parent directory of prepared tasks (a local path; a gcsfuse mount at scale).
+      num_shards: shards of the split (seqio shards: shard k is `ShardInfo(k, num_shards)`).
+      workers: processes preparing shards at once; above 1 needs `registration` (each spawned
+        process registers the task itself).
+      shard_indices: the shards this call prepares (None: all); another machine may prepare
+        the rest into the same directory. `()` only finalizes.
+      max_documents: at most this many documents per shard (a sample or smoke run); None: all.
+      registration: registers the tasks in this process and in every worker; None: the task is
+        registered in this process already (then `workers` must be 1).
+      log: where progress lines go.
+
+    Returns:
+      The manifest once every shard exists (written last, atomically), else None (some shards
+      are left to another call).
+
+    Raises:
+      ValueError: an unknown task or split, or bad counts (naming the flag and allowed values).
+      PreparedDataError: the directory holds shards prepared with other settings.
+    """
+    if registration is not None:
+        registration.register()
+    task = _task(task_name)
+    if split not in task.source.splits:
+        raise ValueError(
+            f"--split {split!r}: task {task_name} has no such split; allowed: "
+            + ", ".join(task.source.splits)
+        )
+    if num_shards < 1:
+        raise ValueError(f"--shards {num_shards}: allowed: a positive count")
+    if workers < 1:
+        raise ValueError(f"--workers {workers}: allowed: a positive count")
+    if workers > 1 and registration is None:
+        raise ValueError("workers > 1 needs a Registration (spawned workers register the task)")
+    if max_documents is not None and max_documents < 1:
+        raise ValueError(f"--max-documents {max_documents}: allowed: a positive count")
+    indices = list(range(num_shards)) if shard_indices is None else list(shard_indices)
+    bad = [k for k in indices if not 0 <= k < num_shards]
+    if bad:
+        raise ValueError(f"--shard-index {bad[0]}: allowed: 0 to {num_shards - 1} (--shards)")
+    postprocess_kind(task)  # refuses a task of no prepared kind before any work
+    vocabulary = _vocabulary(task)
+    vocab_hash = manifest_lib.file_sha256(vocabulary.sentencepiece_model_file)
+    features = _precache_features(task, split)
+    directory = os.path.join(shards_lib._local_dir(out_dir), task_name)
+    os.makedirs(directory, exist_ok=True)
+    settings = {
+        "format_version": manifest_lib.FORMAT_VERSION,
+        "task": task_name,
+        "split": split,
+        "num_shards": num_shards,
+        "vocab_sha256": vocab_hash,
+        "features": list(features),
+        "max_documents": max_documents,
+    }
+    plan = _Plan(
+        task=task_name,
+        split=split,
+        directory=directory,
+        num_shards=num_shards,
+        features=features,
+        max_documents=max_documents,
+        fingerprint=json.dumps(settings, sort_keys=True),
+    )
+    todo = [k for k in dict.fromkeys(indices) if _finished(plan, k, log) is None]
+    skipped = len(set(indices)) - len(todo)
+    if skipped:
+        log(f"{directory}: {skipped} of the {len(set(indices))} shards asked for are done already")
+    if todo:
+        total = task.source.num_input_examples(split)
+        expected = None if total is None else total * len(todo) / num_shards
+        if expected is not None and max_documents is not None:
+            expected = min(expected, max_documents * len(todo))
+        progress = _Progress(shards=len(todo), expected_docs=expected, log=log)
+        log(f"preparing {task_name}:{split}, shards {todo} of {num_shards}, {workers} worker(s)")
+        if workers == 1:
+            for k in todo:
+                sidecar = _prepare_shard(task, plan, k, progress.update)
+                progress.finished(k, sidecar.documents, progress.tokens.get(k, 0))
+        else:
+            _run_workers(plan, todo, workers=workers, registration=registration, progress=progress)
+    return finalize(task_name=task_name, split=split, out_dir=out_dir, plan=plan, log=log)
+
+
+def _run_workers(
+    plan: _Plan, todo: list[int], *, workers: int, registration: Registration, progress: _Progress
+) -> None:
+    """Prepares `todo` on `workers` spawned processes, relaying their progress to `progress`."""
+    context = multiprocessing.get_context("spawn")
+    reports = context.Queue()
+    with futures.ProcessPoolExecutor(
+        min(workers, len(todo)),
+        mp_context=context,
+        initializer=_worker_init,
+        initargs=(registration, reports),
+    ) as pool:
+        pending = {pool.submit(_worker_shard, plan, k) for k in todo}
+        while pending:
+            done, pending = futures.wait(pending, timeout=1.0)
+            _drain(reports, progress)
+            for future in done:
+                index, docs, tokens = future.result()
+                progress.finished(index, docs, tokens)
+    reports.close()
+
+
+def _drain(reports, progress: _Progress) -> None:
+    while True:
+        try:
+            index, docs, tokens = reports.get_nowait()
+        except queue_lib.Empty:
+            return
+        progress.update(index, docs, tokens)
+
+
+def finalize(
+    *,
+    task_name: str,
+    split: str,
+    out_dir: str | os.PathLike,
+    plan: _Plan | None = None,
+    log: Callable[[str], None] = print,
+) -> Manifest | None:
+    """Writes `manifest.json` when every shard of the preparation in `<out_dir>/<task_name>`
+    is done (the task must be registered); returns it, or None with a line saying what is left.
+
+    An existing manifest that already says the same (but for its time) is kept as it is."""
+    from rundir import storage
+
+    task = _task(task_name)
+    if plan is None:
+        plan = _plan_from_sidecars(task_name, split, out_dir)
+        if plan is None:
+            log(f"{os.path.join(os.fspath(out_dir), task_name)}: no finished shard to finalize")
+            return None
+    sidecars = {k: _finished(plan, k, log) for k in range(plan.num_shards)}
+    missing = [k for k, s in sidecars.items() if s is None]
+    if missing:
+        log(
+            f"{plan.directory}: {plan.num_shards - len(missing)} of {plan.num_shards} shards done; "
+            f"left: {missing} (the manifest is written by the call that finishes the last)"
+        )
+        return None
+    pre, post = split_preprocessors(task)
+    vocabulary = _vocabulary(task)
+    entries = tuple(
+        ShardEntry(
+            file=manifest_lib.shard_file(k, plan.num_shards),
+            documents=s.documents,
+            tokens={f: int(s.lengths[f].sum()) for f in plan.features},
+            bytes=s.bytes,
+            sha256=s.sha256,
+        )
+        for k, s in sidecars.items()
+    )
+    manifest = Manifest(
+        task=task_name,
+        split=split,
+        source=describe_source(task, split),
+        vocab_path=os.fspath(vocabulary.sentencepiece_model_file),
+        vocab_hash=json.loads(plan.fingerprint)["vocab_sha256"],
+        vocab_size=int(vocabulary.vocab_size),
+        eos_id=int(vocabulary.eos_id),
+        preprocessors={"precache": pre, "postcache": post},
+        postprocess=postprocess_kind(task),
+        features=plan.features,
+        shards=entries,
+        documents=sum(e.documents for e in entries),
+        tokens={f: sum(e.tokens[f] for e in entries) for f in plan.features},
+        max_documents=plan.max_documents,
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        xlscale_version=_version(),
+    )
+    path = os.path.join(plan.directory, manifest_lib.MANIFEST_FILE)
+    if os.path.exists(path):
+        try:
+            old = Manifest.from_json(storage.read_text(path))
+        except ValueError:
+            old = None
+        if old is not None and old.without_time() == manifest.without_time():
+            return old
+    storage.write_text_atomic(path, manifest.to_json())
+    log(
+        f"{path}: {manifest.documents:,} documents, "
+        + ", ".join(f"{v:,} {f} tokens" for f, v in manifest.tokens.items())
+        + f" in {plan.num_shards} shards"
+    )
+    return manifest
+
+
+def _plan_from_sidecars(task_name: str, split: str, out_dir) -> _Plan | None:
+    """The plan recorded in the directory's sidecars (for `finalize` on its own)."""
+    directory = os.path.join(os.fspath(out_dir), task_name)
+    found = sorted(
+        glob.glob(os.path.join(glob.escape(directory), "*" + manifest_lib.SIDECAR_SUFFIX))
+    )
+    if not found:
+        return None
+    settings = json.loads(shards_lib.read_sidecar(found[0]).fingerprint)
+    if settings["split"] != split:
+        raise ValueError(f"--split {split!r}: {directory} holds split {settings['split']!r}")
+    return _Plan(
+        task=task_name,
+        split=split,
+        directory=directory,
+        num_shards=int(settings["num_shards"]),
+        features=tuple(settings["features"]),
+        max_documents=settings["max_documents"],
+        fingerprint=shards_lib.read_sidecar(found[0]).fingerprint,
+    )
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("xlscale")
+    except metadata.PackageNotFoundError:
+        return "unknown"
