@@ -1,0 +1,104 @@
+"""Rows of the by-index training input in numpy: packing pairs, and packed rows to model features.
+
+`next_fit` packs examples in their given order into rows: an example joins the current row while
+all its features still fit, else starts the next one. Unlike first-fit it needs no search over
+open rows, so it is computed for a whole epoch at once: for every example the start of the row
+that would follow a row starting there (`searchsorted` over prefix sums, vectorised), then one
+integer chase from 0 through those starts (one Python step per row, not per example).
+
+`pack` lays rows given as lists of segments into `[rows, length]` arrays with seqio's packed
+layout (`<key>`, `<key>_segment_ids` 1, 2, ... per segment and 0 on padding, `<key>_positions`
+restarting at 0 per segment), and `model_features` turns those into exactly the features of
+`pipelines.preprocessors._decoder_rows` / `_encdec_rows` (decoder inputs shifted right with the
+start id at every segment start, loss weights on non-zero targets, the component of every placed
+target token and -1 on padding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def next_fit(lengths: np.ndarray, limits: Sequence[int]) -> np.ndarray:
+    """Packs examples in order: an example joins the current row if every feature still fits.
+
+    Args:
+      lengths: `[examples, features]` token counts, each between 1 and its limit.
+      limits: the row length of each feature.
+
+    Returns:
+      int64 row boundaries `[rows + 1]`: row `r` holds examples `[starts[r], starts[r + 1])`.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    n = len(lengths)
+    if n == 0:
+        return np.zeros(1, np.int64)
+    prefix = np.concatenate([np.zeros((1, lengths.shape[1]), np.int64), np.cumsum(lengths, 0)])
+    # after[i]: the first example that no longer fits a row starting at example i.
+    after = np.full(n, n, np.int64)
+    for j, limit in enumerate(limits):
+        ends = np.searchsorted(prefix[:, j], prefix[:-1, j] + int(limit), side="right") - 1
+        after = np.minimum(after, ends)
+    after = np.maximum(after, np.arange(n) + 1).tolist()
+    starts = [0]
+    while starts[-1] < n:
+        starts.append(after[starts[-1]])
+    return np.asarray(starts, np.int64)
+
+
+def pack(rows: Sequence[Sequence[np.ndarray]], length: int) -> dict[str, np.ndarray]:
+    """Lays each row's segments (1-D token arrays, at most `length` tokens in all) side by side.
+
+    Returns:
+      int32 `[rows, length]` arrays `tokens`, `segment_ids` (1, 2, ... per segment, 0 on
+      padding) and `positions` (0, 1, ... within each segment, 0 on padding).
+    """
+    tokens = np.zeros((len(rows), length), np.int32)
+    segment_ids = np.zeros_like(tokens)
+    positions = np.zeros_like(tokens)
+    for i, segments in enumerate(rows):
+        at = 0
+        for j, segment in enumerate(segments, start=1):
+            n = len(segment)
+            if at + n > length:
+                raise AssertionError(f"row {i} overflows {length} tokens")
+            tokens[i, at : at + n] = segment
+            segment_ids[i, at : at + n] = j
+            positions[i, at : at + n] = np.arange(n)
+            at += n
+    return {"tokens": tokens, "segment_ids": segment_ids, "positions": positions}
+
+
+def _shift_right(x: np.ndarray) -> np.ndarray:
+    return np.pad(x, [(0, 0), (1, 0)])[:, :-1]
+
+
+def model_features(
+    packed: Mapping[str, Mapping[str, np.ndarray]], components: np.ndarray, start_id: int
+) -> dict[str, np.ndarray]:
+    """The model features of packed rows, as `pipelines.preprocessors._decoder_rows` (and
+    `_encdec_rows` when `packed` has `inputs`) make them from seqio's packed layout.
+
+    Args:
+      packed: `{"targets": pack(...)}`, plus `"inputs"` for an encoder-decoder.
+      components: `[rows]` the mixture component of each row.
+      start_id: the decoder's start token, put at every segment start of the decoder inputs.
+    """
+    targets = packed["targets"]["tokens"]
+    segments = packed["targets"]["segment_ids"]
+    first = segments != _shift_right(segments)
+    out = {
+        "decoder_input_tokens": np.where(first, np.int32(start_id), _shift_right(targets)),
+        "decoder_target_tokens": targets,
+        "decoder_loss_weights": (targets != 0).astype(np.int32),
+        "decoder_segment_ids": segments,
+        "decoder_positions": packed["targets"]["positions"],
+        "decoder_task_ids": np.where(segments > 0, components[:, None], -1),
+    }
+    if "inputs" in packed:
+        out["encoder_input_tokens"] = packed["inputs"]["tokens"]
+        out["encoder_segment_ids"] = packed["inputs"]["segment_ids"]
+        out["encoder_positions"] = packed["inputs"]["positions"]
+    return {key: value.astype(np.int32) for key, value in out.items()}
