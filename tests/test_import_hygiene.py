@@ -22,6 +22,9 @@ LIGHT_MODULES = [
     "fitting.laws",
     "fitting.io",
     "launch.sweep",
+    # training hosts read prepared tasks without TensorFlow
+    "prepared.manifest",
+    "prepared.shards",
 ]
 
 

@@ -1,5 +1,6 @@
-"""`xlscale data build|fixture|show`: build the local corpora, write the UDHR fixture, or print
-the sizes recorded in a corpora manifest."""
+"""`xlscale data build|fixture|show|prepare`: build the local corpora, write the UDHR fixture,
+print the sizes recorded in a corpora manifest, or prepare a task's split once into ArrayRecord
+shards read by index at training time (`prepared.prepare`)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fixture.add_argument("--out", required=True, help="root directory; writes OUT/corpora/...")
     show = actions.add_parser("show", help="print the sizes recorded in a corpora manifest")
     show.add_argument("--data-dir", default=None, help="data root (default as for build)")
+    add_prepare_arguments(
+        actions.add_parser("prepare", help="tokenize a task's split once into ArrayRecord shards")
+    )
+
+
+def add_prepare_arguments(prepare: argparse.ArgumentParser) -> None:
+    """The flags of `xlscale data prepare`."""
+    prepare.add_argument("--task", required=True, help="seqio task: lm_<lang>, span_<lang>, mt_..")
+    prepare.add_argument("--vocab", required=True, help="SentencePiece model (VOCAB_PATH)")
+    prepare.add_argument(
+        "--data-dir",
+        default=None,
+        help="the corpora/ directory (DATA_DIR; default: $XLSCALE_DATA/corpora)",
+    )
+    prepare.add_argument(
+        "--out",
+        required=True,
+        help="parent of prepared tasks (writes OUT/<task>/; local, or a gcsfuse mount)",
+    )
+    prepare.add_argument("--split", default="train", help="split to prepare (default train)")
+    prepare.add_argument("--shards", type=int, default=8, help="shards of the split (default 8)")
+    prepare.add_argument(
+        "--workers", type=int, default=2, help="processes preparing shards (default 2)"
+    )
+    prepare.add_argument(
+        "--shard-index",
+        type=int,
+        nargs="+",
+        default=None,
+        help="prepare only these shards (several machines, one directory); default: all",
+    )
+    prepare.add_argument(
+        "--extra-ids", type=int, default=0, help="sentinel ids (span tasks need 100; default 0)"
+    )
+    prepare.add_argument(
+        "--source", default="local", help="task source: local (default), tfds, or a named one"
+    )
+    prepare.add_argument(
+        "--max-documents",
+        type=int,
+        default=None,
+        help="at most this many documents per shard (a sample or smoke run)",
+    )
+    prepare.add_argument(
+        "--finalize",
+        action="store_true",
+        help="prepare nothing; write the manifest if every shard is done",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "fixture":
         print(fixture.write_fixture_corpora(args.out))
         return 0
+    if args.action == "prepare":
+        return run_prepare(args)
     if args.action == "show":
         manifest = paths.manifest_file(paths.corpora_dir(args.data_dir))
         if not manifest.exists():
@@ -94,4 +145,76 @@ def write_zeroshot_tasks(corpora: Path, *, data_dir: str | None, langs, items: i
     for task, why in tasks.skipped.items():
         log(f"zero-shot task {task} not written: {why}")
     log(f"zero-shot tasks ({', '.join(sorted(tasks.tasks)) or 'none'}): {tasks.dir}")
+    return 0
+
+
+def _prepare_refusal(args: argparse.Namespace) -> str | None:
+    """The first bad flag of `xlscale data prepare`, as one line naming it, or None."""
+    from pipelines import tasks
+    from rundir import storage
+
+    counts = {"--shards": (args.shards, 1), "--workers": (args.workers, 1)}
+    counts["--extra-ids"] = (args.extra_ids, 0)
+    if args.max_documents is not None:
+        counts["--max-documents"] = (args.max_documents, 1)
+    for flag, (value, least) in counts.items():
+        if value < least:
+            return f"{flag} {value}: allowed: an integer >= {least}"
+    for index in args.shard_index or ():
+        if not 0 <= index < args.shards:
+            return (
+                f"--shard-index {index}: allowed: 0 to {args.shards - 1} (--shards {args.shards})"
+            )
+    if args.source not in tasks.SOURCES:
+        return f"--source {args.source!r}: allowed: {', '.join(sorted(tasks.SOURCES))}"
+    if not storage.as_path(args.vocab, name="--vocab").exists():
+        return f"--vocab {args.vocab!r}: no such file; allowed: a SentencePiece .model file"
+    if args.source == "local" and args.data_dir is not None and not Path(args.data_dir).is_dir():
+        return f"--data-dir {args.data_dir!r}: no such directory; allowed: a corpora/ directory"
+    return None
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    """`xlscale data prepare`: registers the tasks from `--vocab` and `--data-dir` and prepares
+    `--task` (`prepared.prepare.prepare`); bad input is one line naming the flag, exit 2."""
+    from pipelines import vocab
+    from prepared import prepare
+    from prepared.manifest import PreparedDataError
+
+    prog = "xlscale data prepare"
+    refusal = _prepare_refusal(args)
+    if refusal is None:
+        try:
+            vocab.load_vocab(args.vocab, extra_ids=args.extra_ids)
+        except vocab.VocabularyFileError as e:
+            refusal = f"--vocab {args.vocab!r}: {e}"
+    if refusal is not None:
+        print(f"{prog}: {refusal}", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+
+    def log(line: str) -> None:
+        print(f"[{time.monotonic() - start:7.1f}s] {line}", flush=True)
+
+    registration = prepare.Registration(
+        vocab_path=args.vocab,
+        corpora_dir=args.data_dir,
+        source=args.source,
+        extra_ids=args.extra_ids,
+    )
+    try:
+        prepare.prepare(
+            task_name=args.task,
+            split=args.split,
+            out_dir=args.out,
+            num_shards=args.shards,
+            workers=args.workers,
+            shard_indices=() if args.finalize else args.shard_index,
+            max_documents=args.max_documents,
+            registration=registration,
+            log=log,
+        )
+    except (PreparedDataError, ValueError, FileNotFoundError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
     return 0
