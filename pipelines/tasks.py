@@ -2,9 +2,11 @@
 
 Nothing is registered at import time. `register_tasks(vocabulary=..., corpora_dir=...)` registers
 (or re-registers: it is idempotent) every task for the languages and pairs asked for, reading
-either the local corpora layout (`source="local"`, docs/interfaces.md "Data on disk") or TFDS at
+either the local corpora layout (`source="local"`, docs/interfaces.md "Data on disk"), TFDS at
 paper scale (`source="tfds"`: mC4 `c4/multilingual` per language; WMT17 en-de, WMT15 en-fr,
-WMT16 en-ro, WMT19 en-zh/en-ru).
+WMT16 en-ro, WMT19 en-zh/en-ru), or the same corpora as Hugging Face `datasets` files under
+`corpora_dir` (`source="hf"`; `"hf_cpt"` for the CPT paper's RedPajama English and Common Crawl +
+WuDao Chinese; `pipelines.corpora.hf_sources`).
 
 - `lm_<lang>`: targets-only language modelling. Each document gets EOS and is split into chunks
   of the targets length, so no text is lost to truncation; packing then fills the rows.
@@ -32,7 +34,7 @@ import seqio
 
 from pipelines import metrics
 from pipelines import preprocessors as prep
-from pipelines.corpora import paths
+from pipelines.corpora import hf_sources, paths
 from pipelines.names import LANG_NAMES
 
 SHUFFLE_BUFFER_SIZE = 1000
@@ -116,11 +118,37 @@ def _tfds_parallel(corpora_dir: Path, pair: str) -> SourceSpec:
     return SourceSpec(source, ())
 
 
-# source name -> (monolingual source builder, parallel source builder)
+def _hf_mono(corpora_dir: str, lang: str, *, source: str) -> SourceSpec:
+    spec = _tfds_mono(corpora_dir, lang)  # the same record shape: {"text": ...}
+    return SourceSpec(hf_sources.mono_source(corpora_dir, lang, source=source), spec.parse)
+
+
+def _hf_parallel(corpora_dir: str, pair: str, *, source: str) -> SourceSpec:
+    return SourceSpec(hf_sources.parallel_source(corpora_dir, pair, source=source), ())
+
+
+# source name -> (monolingual source builder, parallel source builder). A builder returns None
+# (or raises `hf_sources.MissingData`) when the language or pair has no training data.
 SOURCES: dict[str, tuple[Callable, Callable]] = {
     "local": (_local_mono, _local_parallel),
     "tfds": (_tfds_mono, _tfds_parallel),
+    # HF `datasets` files under corpora_dir (pipelines.corpora.hf_sources): mC4 + WMT ("hf"),
+    # the CPT paper's RedPajama / Common Crawl + WuDao / mC4 + WMT ("hf_cpt").
+    **{
+        name: (
+            functools.partial(_hf_mono, source=name),
+            functools.partial(_hf_parallel, source=name),
+        )
+        for name in hf_sources.SOURCE_CORPORA
+    },
 }
+
+
+def _build(builder: Callable, root, key: str) -> SourceSpec | None:
+    try:
+        return builder(root, key)
+    except hf_sources.MissingData:
+        return None
 
 
 def _add(name: str, **kwargs) -> str:
@@ -201,37 +229,41 @@ def register_tasks(
     Args:
       vocabulary: a `seqio.Vocabulary` (use `pipelines.vocab.load_vocab(path, extra_ids=100)`;
         span corruption needs the extra ids).
-      corpora_dir: the `corpora/` directory of the local layout (unused for `source="tfds"`).
+      corpora_dir: the `corpora/` directory of the local layout, or the root of the HF
+        datasets files (`source="hf"`/`"hf_cpt"`, local or gs://; unused for `"tfds"`).
       langs: languages for `lm_`/`span_` tasks. Default: every language of
         `pipelines.corpora.paths.LANGS` whose training text exists (all of them for TFDS).
       pairs: pairs `en-<xx>` for `mt_` tasks. Default: every pair whose training TSV exists.
-      source: `"local"` or `"tfds"`.
+      source: a key of `SOURCES`: `"local"`, `"tfds"`, `"hf"` or `"hf_cpt"`.
 
     Returns:
       The registered task names (re-registering a name replaces the earlier task).
 
     Raises:
       ValueError: on an unknown source, language or pair.
-      FileNotFoundError: when a language or pair asked for explicitly has no training data.
+      FileNotFoundError: when a language or pair asked for explicitly has no training data (for
+        HF sources: also when the root holds none of the source's corpora).
+      pipelines.corpora.hf_sources.LayoutError: HF files without the expected text column.
     """
     if source not in SOURCES:
         raise ValueError(f"source must be one of {sorted(SOURCES)}, got {source!r}")
     mono_fn, pair_fn = SOURCES[source]
-    root = Path(corpora_dir) if corpora_dir is not None else paths.corpora_dir()
+    # A str keeps gs:// URLs whole (pathlib would turn gs://b into gs:/b).
+    root = os.fspath(corpora_dir) if corpora_dir is not None else paths.corpora_dir()
     unknown = [x for x in (langs or ()) if x not in LANG_NAMES]
     unknown += [p for p in (pairs or ()) if p not in paths.PAIRS]
     if unknown:
         raise ValueError(f"unknown languages/pairs {unknown}")
     names: list[str] = []
     for lang in langs if langs is not None else paths.LANGS:
-        spec = mono_fn(root, lang)
+        spec = mono_fn(root, lang) if langs is not None else _build(mono_fn, root, lang)
         if spec is None:
             if langs is not None:
                 raise FileNotFoundError(f"no training text for {lang!r} under {root}")
             continue
         names += _register_mono(spec, lang, vocabulary)
     for pair in pairs if pairs is not None else paths.PAIRS:
-        spec = pair_fn(root, pair)
+        spec = pair_fn(root, pair) if pairs is not None else _build(pair_fn, root, pair)
         if spec is None:
             if pairs is not None:
                 raise FileNotFoundError(f"no parallel training data for {pair!r} under {root}")
