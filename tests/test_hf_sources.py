@@ -80,7 +80,10 @@ def _layout() -> dict[str, tuple[bytes, list]]:
         docs = _docs(name.split("/")[0], 2)
         files[f"{rp}/{name}"] = (_jsonl({"text": t, "meta": {"src": name}} for t in docs), docs)
     docs = _docs("c4held", 2)
-    files[f"{rp}/c4/c4-train.00001-of-01024.jsonl"] = (_jsonl({"text": t, "meta": {}} for t in docs), docs)  # fmt: skip
+    files[f"{rp}/c4/c4-train.00001-of-01024.jsonl"] = (
+        _jsonl({"text": t, "meta": {}} for t in docs),
+        docs,
+    )
     docs = _docs("cc", 3)
     files[f"{rp}/common_crawl/2019-30/en_head_0000.json.gz.dedup.classifier.jsonl.zst"] = (
         _zstd(_jsonl({"text": t, "meta": {"source": "cc"}} for t in docs)),
@@ -99,13 +102,20 @@ def _layout() -> dict[str, tuple[bytes, list]]:
                 "dataType": "新闻",
                 "title": f"标题{i}{j}",
                 "content": f"正文 {i} {j}",
-            }  # fmt: skip
+            }
             for j in range(2)
         ]
         path = f"WuDaoCorpus2.0_base_200G/part-202100933{i}.json"
-        files[path] = (json.dumps(recs, ensure_ascii=False).encode(), [f"标题{i}{j}\n正文 {i} {j}" for j in range(2)])  # fmt: skip
-    for split, n in (("train-00000-of-00002", 3), ("train-00001-of-00002", 2),
-                     ("validation-00000-of-00001", 2), ("test-00000-of-00001", 2)):  # fmt: skip
+        files[path] = (
+            json.dumps(recs, ensure_ascii=False).encode(),
+            [f"标题{i}{j}\n正文 {i} {j}" for j in range(2)],
+        )
+    for split, n in (
+        ("train-00000-of-00002", 3),
+        ("train-00001-of-00002", 2),
+        ("validation-00000-of-00001", 2),
+        ("test-00000-of-00001", 2),
+    ):
         pairs = [(f"{split} english {i}.", f"{split} deutsch {i}.") for i in range(n)]
         files[f"wmt/wmt17/de-en/{split}.parquet"] = (_wmt(pairs), pairs)
     return files
@@ -158,8 +168,11 @@ def test_documents_come_out_in_file_order_with_the_papers_splits(root):
     zh = hf_sources.mono_source(root, "zh", source="hf_cpt")
     assert _texts(zh) == ["中文网页 0-0", "中文网页 0-1", "标题00\n正文 0 0", "标题01\n正文 0 1"]
     assert _texts(zh, "validation") == [
-        "中文网页 1-0", "中文网页 1-1", "标题10\n正文 1 0", "标题11\n正文 1 1"
-    ]  # fmt: skip
+        "中文网页 1-0",
+        "中文网页 1-1",
+        "标题10\n正文 1 0",
+        "标题11\n正文 1 1",
+    ]
     assert fr.num_input_examples("train") is None  # JSON: not known without reading
     wmt = hf_sources.parallel_source(root, "en-de", source="hf")
     assert wmt.num_input_examples("train") == 5  # parquet footers
@@ -211,6 +224,17 @@ def test_sharding_by_file_splits_the_documents_disjointly(root):
         assert sum(map(len, parts)) == len(everything)
     parts = [_texts(fr, shard_info=seqio.ShardInfo(i, 3)) for i in range(3)]
     assert [{d.split()[0] for d in p} for p in parts] == [{"fr0"}, {"fr1"}, {"fr2"}]
+    # Shuffled with a different seed on each host: the shards stay disjoint.
+    parts = [
+        [
+            ex["text"]
+            for ex in fr.get_dataset(
+                split="train", shuffle=True, seed=i, shard_info=seqio.ShardInfo(i, 2)
+            ).as_numpy_iterator()
+        ]
+        for i in range(2)
+    ]
+    assert sorted(d.decode() for p in parts for d in p) == sorted(everything)
     once = fr.get_dataset(split="train", shuffle=True, seed=7)
     again = fr.get_dataset(split="train", shuffle=True, seed=7)
     assert list(once.as_numpy_iterator()) == list(again.as_numpy_iterator())

@@ -307,15 +307,9 @@ def _expected(corpus: Corpus, key: str) -> str:
     return f"{corpus.name} ({corpus.directory}/{{{', '.join(pats)}}})"
 
 
-def resolve_files(root: str | os.PathLike, key: str, *, source: str) -> dict[str, list[str]]:
-    """The files of one language (or pair) of a task source, per split, as full paths.
-
-    See `_resolve` (which also says which corpus each file belongs to).
-    """
-    return {split: [p for p, _ in files] for split, files in _resolve(root, key, source).items()}
-
-
-def _resolve(root: str | os.PathLike, key: str, source: str) -> dict[str, list[tuple[str, str]]]:
+def resolve_files(
+    root: str | os.PathLike, key: str, *, source: str
+) -> dict[str, list[tuple[str, str]]]:
     """Split -> `(path, corpus name)` of one language (or pair) of a task source.
 
     Args:
@@ -407,14 +401,16 @@ def _table_records(path: str, columns: Sequence[str]) -> Iterator[dict]:
             cols = [c for c in columns if c in pf.schema_arrow.names]
             batches = pf.iter_batches(batch_size=READ_BATCH, columns=cols)
         else:  # arrow: the IPC stream format of `datasets`, or the file format
-            data = pa.BufferReader(f.read())
+            local = not storage.is_remote(path)
+            data = pa.memory_map(path) if local else pa.BufferReader(f.read())
             try:
                 batches = iter(pa.ipc.open_stream(data))
             except pa.ArrowInvalid:
                 reader = pa.ipc.open_file(data)
                 batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
         for batch in batches:
-            yield from batch.to_pylist()
+            cols = [c for c in columns if c in batch.schema.names]
+            yield from (batch.select(cols) if cols else batch).to_pylist()
 
 
 def read_records(path: str, columns: Sequence[str]) -> Iterator[dict]:
@@ -456,9 +452,10 @@ def _num_rows(paths: Sequence[str]) -> int | None:
 class HfFilesDataSource(seqio.DataSource):
     """A seqio source over `datasets` files: documents `{"text"}` or pairs `{"en", "<xx>"}`.
 
-    Deterministic: the files of a split in sorted order (a permutation seeded by `seed` when
-    `shuffle`), read `CYCLE_LENGTH` at a time by tf.data's deterministic interleave. Sharding is
-    by file (`files[index::num_shards]`), by document when there are fewer files than shards.
+    Deterministic: the files of a split in sorted order, read `CYCLE_LENGTH` at a time by
+    tf.data's deterministic interleave. Sharding is by file (`files[index::num_shards]` of the
+    sorted files), by document when there are fewer files than shards; `shuffle` then permutes
+    the shard's files (seeded by `seed`).
     `num_input_examples` is read from parquet footers on first use (None for JSON and arrow).
     """
 
@@ -567,18 +564,18 @@ class HfFilesDataSource(seqio.DataSource):
     ):
         """The documents (or pairs) of `split` as a `tf.data.Dataset` of string dicts.
 
-        `shuffle` permutes the files (seeded by `seed`); `shard_info` keeps this shard's files,
-        or this shard's documents when there are fewer files than shards.
+        `shard_info` keeps this shard's files, or this shard's documents when there are fewer
+        files than shards; `shuffle` permutes the files read (seeded by `seed`).
         """
         del sequence_length, use_cached, num_epochs
         import tensorflow as tf
 
         files = list(self._files[split])
-        if shuffle:
-            files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
         by_document = shard_info is not None and shard_info.num_shards > len(files)
         if shard_info is not None and not by_document:
             files = files[shard_info.index :: shard_info.num_shards]
+        if shuffle:  # after sharding, so shards stay disjoint whatever each host's seed
+            files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
         fields = self._fields
         spec = tuple(tf.TensorSpec([], tf.string) for _ in fields)
 
@@ -605,7 +602,7 @@ class HfFilesDataSource(seqio.DataSource):
 def mono_source(root: str | os.PathLike, lang: str, *, source: str) -> HfFilesDataSource:
     """The `{"text"}` source of one language of a task source (`"hf"`, `"hf_cpt"`), its columns
     checked. Raises like `resolve_files`, and `LayoutError` on a missing text column."""
-    files = _resolve(root, lang, source)
+    files = resolve_files(root, lang, source=source)
     names = SOURCE_CORPORA[source]["mono"][lang]
     src = HfFilesDataSource(
         split_to_files={s: [p for p, _ in f] for s, f in files.items()},
@@ -622,7 +619,9 @@ def parallel_source(root: str | os.PathLike, pair: str, *, source: str) -> HfFil
     other = pair.split("-", 1)[1]
     names = SOURCE_CORPORA[source]["parallel"].get(pair, ())
     src = HfFilesDataSource(
-        split_to_files=resolve_files(root, pair, source=source),
+        split_to_files={
+            s: [p for p, _ in f] for s, f in resolve_files(root, pair, source=source).items()
+        },
         text_columns=("translation",),
         fields=("en", other),
         description=f"source {source!r} {pair} ({', '.join(names)}) under {os.fspath(root)}",
