@@ -369,7 +369,8 @@ def _host_positions(host_rows, batch: int) -> np.ndarray:
 
 def _pool(i, component, kind, lengths, subset_examples, subset_tokens, single: bool) -> np.ndarray:
     """The documents a component trains on: those seqio keeps, or a fixed subset of them."""
-    ids = np.flatnonzero(kind.eligible(component.dataset)).astype(np.int64)
+    eligible = kind.eligible(component.dataset)
+    ids = np.flatnonzero(eligible).astype(np.int32 if len(eligible) < 2**31 else np.int64)
     if subset_examples is None and subset_tokens is None:
         return ids
     if not single:

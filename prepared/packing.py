@@ -41,10 +41,10 @@ def next_fit(lengths: np.ndarray, limits: Sequence[int]) -> np.ndarray:
     for j, limit in enumerate(limits):
         ends = np.searchsorted(prefix[:, j], prefix[:-1, j] + int(limit), side="right") - 1
         after = np.minimum(after, ends)
-    after = np.maximum(after, np.arange(n) + 1).tolist()
+    after = np.maximum(after, np.arange(n) + 1)
     starts = [0]
     while starts[-1] < n:
-        starts.append(after[starts[-1]])
+        starts.append(int(after[starts[-1]]))
     return np.asarray(starts, np.int64)
 
 

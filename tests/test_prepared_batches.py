@@ -4,7 +4,9 @@ their token fractions, subsets are fixed across seeds, and rows are laid out as 
 lays them (a frozen reference for LM rows; T5 span corruption that reconstructs its chunk; parity
 with `pipelines.preprocessors`' feature conversion and span arithmetic).
 
-The datasets are in memory (`MemoryDataset`, the reader interface of `prepared.shards`) with
+One test runs over tasks prepared from the UDHR fixture by `prepared.prepare` and read by
+`prepared.shards.PreparedDataset`, against the corpus lines and seqio's own examples. The other
+datasets are in memory (`MemoryDataset`, the reader interface of `prepared.shards`) with
 random token ids in [2, 1000): 0 is padding, 1 EOS, and a 1100-id vocabulary leaves the top 100
 for sentinels.
 """
@@ -449,3 +451,71 @@ def test_zero_fraction_component_with_no_documents_is_fine():
     comps = [pb.Component("lm_fr", lm(), 1.0), pb.Component("lm_en", EMPTY, 0.0)]
     (b,) = run(comps, steps=1)
     assert set(np.unique(b["decoder_task_ids"])) == {0}
+
+
+def test_over_real_prepared_tasks(tiny_data, seqio_registry, tmp_path):
+    """Tasks prepared by `prepared.prepare` from the UDHR fixture and read by
+    `prepared.shards.PreparedDataset`: LM rows are the corpus lines, tokenized, with EOS; one
+    epoch of pairs holds exactly seqio's examples (trimmed, EOS after); hosts and resume as in
+    memory."""
+    import seqio
+
+    from pipelines import tasks, vocab
+    from pipelines.corpora import paths
+    from prepared import prepare, shards
+
+    vocabulary = vocab.load_vocab(tiny_data["vocab"], extra_ids=100)
+    tasks.register_tasks(
+        vocabulary=vocabulary, corpora_dir=tiny_data["corpora"], langs=["en"], pairs=["en-fr"]
+    )
+    for name in ("lm_en", "mt_en_fr"):
+        prepare.prepare(
+            task_name=name, split="train", out_dir=tmp_path, num_shards=2, workers=1, log=print
+        )
+    opened = lambda name: shards.PreparedDataset.open(tmp_path / name)  # noqa: E731
+    eos = vocabulary.eos_id
+    kw = dict(batch=4, seed=5, eos_id=eos, vocab_size=vocabulary.vocab_size)
+
+    ds = opened("lm_en")
+    rows = (int(ds.lengths("targets").sum()) + ds.num_docs) // LM_LEN  # the first epoch
+    batches = run([pb.Component("lm_en", ds, 1.0)], steps=rows // 4, **kw)
+    stream = np.concatenate([b["decoder_target_tokens"] for b in batches])
+    *docs, _ = np.split(stream.reshape(-1), np.flatnonzero(stream.reshape(-1) == eos) + 1)
+    lines = paths.mono_file(tiny_data["corpora"], "en", "train").read_text().splitlines()
+    encoded = {tuple(vocabulary.encode(line)) + (eos,) for line in lines}
+    # Each document once; the dropped tail (< L tokens) holds at most 3 (all have >= 11 tokens).
+    assert min(ds.lengths("targets")) >= 11
+    assert len(docs) == len({tuple(d) for d in docs}) >= ds.num_docs - 3
+    assert {tuple(d.tolist()) for d in docs} <= encoded
+
+    lengths = {"inputs": 64, "targets": 32}
+    want = seqio.get_mixture_or_task("mt_en_fr").get_dataset(lengths, split="train", shuffle=False)
+    want = {(tuple(e["inputs"]), tuple(e["targets"])) for e in want.as_numpy_iterator()}
+    comps = [pb.Component("mt_en_fr", opened("mt_en_fr"), 1.0)]
+    got = set()
+    for b in run(comps, steps=len(want), sequence_length=lengths, **kw):
+        for r in range(4):
+            enc, dec = b["encoder_segment_ids"][r], b["decoder_segment_ids"][r]
+            for s in range(1, dec.max() + 1):
+                got.add(
+                    (
+                        tuple(b["encoder_input_tokens"][r][enc == s]),
+                        tuple(b["decoder_target_tokens"][r][dec == s]),
+                    )
+                )
+    assert got == want
+
+    # Articles are longer than the rows: one pair per row, so each host reads its rows' pairs.
+    kw["sequence_length"] = lengths
+    comps = [pb.Component("mt_en_fr", opened("mt_en_fr"), 1.0)]
+    whole = run(comps, steps=3, start_step=2, **kw)
+    one_reads = comps[0].dataset.reads
+    halves, reads = [], []
+    for host in (((0, 2),), ((2, 4),)):
+        comps = [pb.Component("mt_en_fr", opened("mt_en_fr"), 1.0)]
+        halves.append(run(comps, steps=3, start_step=2, host_rows=host, **kw))
+        reads.append(comps[0].dataset.reads)
+    assert_same(
+        [{k: np.concatenate([a[k], b[k]]) for k in a} for a, b in zip(*halves, strict=True)], whole
+    )
+    assert reads == [6, 6] and one_reads == 12
