@@ -227,9 +227,12 @@ def _finished(plan: _Plan, index: int, log: Callable[[str], None]) -> shards_lib
         log(f"shard {index}: unreadable sidecar ({e}); preparing it again")
         return None
     if sidecar.fingerprint != plan.fingerprint:
+        theirs, ours = json.loads(sidecar.fingerprint), json.loads(plan.fingerprint)
+        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
         raise PreparedDataError(
-            f"{sidecar_path}: prepared with other settings ({sidecar.fingerprint}), this run's "
-            f"are {plan.fingerprint}; use another --out or delete the directory"
+            f"{sidecar_path}: prepared with "
+            + ", ".join(f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})" for k in differ)
+            + "; use another --out, or delete the directory"
         )
     shard_path = _path(plan, index, manifest_lib.shard_file)
     size = os.path.getsize(shard_path) if os.path.exists(shard_path) else None
@@ -387,7 +390,8 @@ def prepare(
       workers: processes preparing shards at once; above 1 needs `registration` (each spawned
         process registers the task itself).
       shard_indices: the shards this call prepares (None: all); another machine may prepare
-        the rest into the same directory. `()` only finalizes.
+        the rest into the same directory. `()` only finalizes (`finalize`: with the settings
+        recorded in the shards' sidecars).
       max_documents: at most this many documents per shard (a sample or smoke run); None: all.
       registration: registers the tasks in this process and in every worker; None: the task is
         registered in this process already (then `workers` must be 1).
@@ -421,6 +425,8 @@ def prepare(
     bad = [k for k in indices if not 0 <= k < num_shards]
     if bad:
         raise ValueError(f"--shard-index {bad[0]}: allowed: 0 to {num_shards - 1} (--shards)")
+    if not indices:  # finalize only: the settings are those the shards were prepared with
+        return finalize(task_name=task_name, split=split, out_dir=out_dir, log=log)
     postprocess_kind(task)  # refuses a task of no prepared kind before any work
     vocabulary = _vocabulary(task)
     vocab_hash = manifest_lib.file_sha256(vocabulary.sentencepiece_model_file)
