@@ -102,14 +102,16 @@ def _local_parallel(corpora_dir: Path, pair: str) -> SourceSpec | None:
     return SourceSpec(_text_lines(files), (functools.partial(prep.parse_tsv, field_names=fields),))
 
 
+# mC4's `{"text": ...}` records (TFDS and HF files alike) -> `{"targets": ...}`.
+_TEXT_TO_TARGETS = (functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),)
+
+
 def _tfds_mono(corpora_dir: Path, lang: str) -> SourceSpec:
     del corpora_dir
     source = seqio.TfdsDataSource(
         tfds_name=TFDS_MC4, splits={"train": lang, "validation": f"{lang}-validation"}
     )
-    return SourceSpec(
-        source, (functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),)
-    )
+    return SourceSpec(source, _TEXT_TO_TARGETS)
 
 
 def _tfds_parallel(corpora_dir: Path, pair: str) -> SourceSpec:
@@ -119,8 +121,7 @@ def _tfds_parallel(corpora_dir: Path, pair: str) -> SourceSpec:
 
 
 def _hf_mono(corpora_dir: str, lang: str, *, source: str) -> SourceSpec:
-    spec = _tfds_mono(corpora_dir, lang)  # the same record shape: {"text": ...}
-    return SourceSpec(hf_sources.mono_source(corpora_dir, lang, source=source), spec.parse)
+    return SourceSpec(hf_sources.mono_source(corpora_dir, lang, source=source), _TEXT_TO_TARGETS)
 
 
 def _hf_parallel(corpora_dir: str, pair: str, *, source: str) -> SourceSpec:

@@ -1,34 +1,27 @@
 """The papers' corpora as named sources: Hugging Face `datasets` files read by a seqio source.
 
-Users keep the paper-scale corpora as the files the Hub (or the corpus owner) distributes them
-in: parquet, arrow (`datasets.save_to_disk`), JSON lines (`.jsonl`, `.jsonl.gz`, `.json.gz`,
-`.jsonl.zst`) or JSON arrays (WuDao). `CORPORA` names each corpus with its dataset id, its
-configs per language, its text column(s) and the file layout; `SOURCE_CORPORA` says which corpora
-a task source (`pipelines.tasks.SOURCES["hf"]`, `["hf_cpt"]`) reads for each language and pair;
-`PAPER_SOURCES` says what each paper manifest under `launch/manifests/` trains on.
+`CORPORA` names each corpus (dataset id, configs per language, text column(s), file layout);
+`SOURCE_CORPORA` says which corpora a task source (`pipelines.tasks.SOURCES["hf"]`, `["hf_cpt"]`)
+reads for each language and pair; `PAPER_SOURCES` says what each paper manifest under
+`launch/manifests/` trains on. Files: parquet, arrow (`datasets.save_to_disk`), JSON lines
+(`.jsonl`, `.jsonl.gz`, `.json.gz`, `.jsonl.zst`) or JSON arrays (WuDao).
 
 Layout under the root (`DATA_DIR`, `data.DataConfig.corpora_dir`; a local path or gs://):
+`ROOT/<Corpus.directory>/<files as distributed>`, the directory being the dataset id
+(`huggingface-cli download <id> --repo-type dataset --local-dir ROOT/<id>`), e.g.
+`ROOT/allenai/c4/multilingual/c4-fr.tfrecord-00000-of-01024.json.gz`. Every corpus also accepts
+what `datasets` writes: `<config>/<split>-*.parquet` (the Hub's parquet export),
+`<config>/<split>/*.parquet` and `<config>/<split>/*.arrow` (`save_to_disk` of a split). The
+first layout with training files for a config is used, whole. A corpus without a published
+validation split (RedPajama, SkyPile, WuDao) holds out the last training file (by path) of each
+config with two or more, as the CPT paper holds out part of each training set.
 
-    ROOT/<Corpus.directory>/<files as distributed>
-
-`<directory>` is the dataset id (`huggingface-cli download <id> --repo-type dataset
---local-dir ROOT/<id>` puts the files there), e.g. `ROOT/allenai/c4/multilingual/
-c4-fr.tfrecord-00000-of-01024.json.gz`. Besides the native layout every corpus also accepts
-the layouts `datasets` writes: `ROOT/<directory>/<config>/<split>-*.parquet` (the Hub's parquet
-export), `<config>/<split>/*.parquet` and `<config>/<split>/*.arrow` (`save_to_disk` of a split).
-The first layout that has training files for a config is used, whole.
-
-Splits: a corpus without a published validation split (RedPajama, SkyPile, WuDao) holds out the
-last training file (sorted by path) of each config that has two or more, as the CPT paper holds
-out part of each training set; those files are not trained on.
-
-Reading (`HfFilesDataSource`): the files of a split in sorted order (a seeded permutation when
-shuffled), `CYCLE_LENGTH` at a time, `BLOCK_LENGTH` documents from each in turn (tf.data's
-deterministic interleave), each file in its own order. A `seqio.ShardInfo` takes every
-`num_shards`-th file; with fewer files than shards, every `num_shards`-th document instead.
-Monolingual sources yield `{"text": ...}` (the TFDS mC4 feature), parallel ones `{"en": ...,
-"<xx>": ...}` (the TFDS WMT features), so `pipelines.tasks` registers `lm_`, `span_` and `mt_`
-tasks over them with the preprocessors of its `tfds` source.
+Reading (`HfFilesDataSource`): a split's files in sorted order, `CYCLE_LENGTH` at a time,
+`BLOCK_LENGTH` documents from each in turn (tf.data's deterministic interleave). A
+`seqio.ShardInfo` takes every `num_shards`-th file (every `num_shards`-th document when files are
+fewer); `shuffle` permutes the shard's files. Monolingual sources yield `{"text"}` (TFDS mC4's
+feature), parallel ones `{"en", "<xx>"}` (TFDS WMT's), so `pipelines.tasks` registers `lm_`,
+`span_` and `mt_` tasks over them with the preprocessors of its `tfds` source.
 """
 
 from __future__ import annotations
