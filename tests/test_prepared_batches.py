@@ -519,3 +519,15 @@ def test_over_real_prepared_tasks(tiny_data, seqio_registry, tmp_path):
         [{k: np.concatenate([a[k], b[k]]) for k in a} for a, b in zip(*halves, strict=True)], whole
     )
     assert reads == [6, 6] and one_reads == 12
+
+
+def test_importing_the_input_imports_no_tensorflow():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, prepared.batches; "
+        "print([m for m in ('tensorflow', 'seqio') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
