@@ -174,6 +174,10 @@ def test_documents_come_out_in_file_order_with_the_papers_splits(root):
         "标题11\n正文 1 1",
     ]
     assert fr.num_input_examples("train") is None  # JSON: not known without reading
+    described = fr.describe()
+    assert "mc4" in described["hf_source"] and root in described["hf_source"]
+    assert described["hf_files"]["train"] == fr.list_shards("train")
+    assert len(described["hf_files"]["train"]) == 3
     wmt = hf_sources.parallel_source(root, "en-de", source="hf")
     assert wmt.num_input_examples("train") == 5  # parquet footers
     assert set(wmt.splits) == {"train", "validation", "test"}

@@ -487,6 +487,14 @@ class HfFilesDataSource(seqio.DataSource):
         files = {s: (len(f), f[0] if f else "") for s, f in self._files.items()}
         return f"HfFilesDataSource({self._description!r}, fields={self._fields}, files={files})"
 
+    def describe(self) -> dict[str, object]:
+        """What `prepared.prepare` records in a preparation's manifest: the corpora and root, and
+        every split's files (in reading order)."""
+        return {
+            "hf_source": self._description,
+            "hf_files": {s: list(f) for s, f in self._files.items()},
+        }
+
     def list_shards(self, split: str) -> Sequence[str]:
         """The files of `split`, in reading order."""
         return list(self._files[split])
