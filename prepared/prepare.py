@@ -185,14 +185,20 @@ class _Plan:
     fingerprint: str
 
 
-def _task(task_name: str):
-    """The registered seqio task (ValueError listing the registered ones otherwise)."""
+def _task(task_name: str, registration: Registration | None = None):
+    """The registered seqio task (ValueError listing the registered ones otherwise, and where
+    `registration` looked for them)."""
     import seqio
 
     names = sorted(seqio.TaskRegistry.names())
     if task_name not in names:
+        where = ""
+        if registration is not None:
+            where = f" (registered from --data-dir {registration.corpora_dir or '$XLSCALE_DATA/corpora'}"
+            where += f", --source {registration.source})"
         raise ValueError(
-            f"--task {task_name!r}: no such registered task; allowed: {', '.join(names) or 'none'}"
+            f"--task {task_name!r}: no such registered task{where}; allowed: "
+            + (", ".join(names) or "none")
         )
     return seqio.TaskRegistry.get(task_name)
 
@@ -407,7 +413,7 @@ def prepare(
     """
     if registration is not None:
         registration.register()
-    task = _task(task_name)
+    task = _task(task_name, registration)
     if split not in task.source.splits:
         raise ValueError(
             f"--split {split!r}: task {task_name} has no such split; allowed: "
@@ -431,7 +437,7 @@ def prepare(
     vocabulary = _vocabulary(task)
     vocab_hash = manifest_lib.file_sha256(vocabulary.sentencepiece_model_file)
     features = _precache_features(task, split)
-    directory = os.path.join(shards_lib._local_dir(out_dir), task_name)
+    directory = os.path.join(shards_lib.local_dir(out_dir), task_name)
     os.makedirs(directory, exist_ok=True)
     settings = {
         "format_version": manifest_lib.FORMAT_VERSION,

@@ -122,7 +122,7 @@ def _count(value: int) -> str:
     return f"{value:,}"
 
 
-def _local_dir(directory: str | os.PathLike) -> str:
+def local_dir(directory: str | os.PathLike) -> str:
     if storage.is_remote(directory):
         raise PreparedDataError(
             f"{os.fspath(directory)}: ArrayRecord shards are read from local files; mount the "
@@ -174,7 +174,7 @@ class PreparedDataset:
         Raises:
           PreparedDataError: one line naming the file and what differs (expected vs found).
         """
-        root = _local_dir(directory)
+        root = local_dir(directory)
         manifest_path = os.path.join(root, manifest_lib.MANIFEST_FILE)
         try:
             text = storage.read_text(manifest_path)

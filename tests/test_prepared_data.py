@@ -297,7 +297,8 @@ def test_cli_bad_flags_are_one_line_naming_the_flag(tiny_data, tmp_path, capsys,
 
     base = ["--vocab", tiny_data["vocab"], "--data-dir", tiny_data["corpora"], "--out", "x"]
     cases = {
-        "--task 'lm_xx': no such registered task; allowed: lm_de, lm_en,": ["--task", "lm_xx"],
+        f"--task 'lm_xx': no such registered task (registered from --data-dir "
+        f"{tiny_data['corpora']}, --source local); allowed: lm_de, lm_en,": ["--task", "lm_xx"],
         "--shards 0: allowed: an integer >= 1": ["--task", "lm_en", "--shards", "0"],
         "--workers 0: allowed: an integer >= 1": ["--task", "lm_en", "--workers", "0"],
         "--shard-index 4: allowed: 0 to 3 (--shards 4)": [
@@ -323,6 +324,7 @@ def test_cli_bad_flags_are_one_line_naming_the_flag(tiny_data, tmp_path, capsys,
     )
 
 
+@pytest.mark.slow  # two spawned processes import TensorFlow: 8 s idle, more on a busy machine
 def test_spawned_workers_prepare_the_same_documents(registration, prepared, tmp_path):
     logged = []
     manifest = prepare_lib.prepare(
