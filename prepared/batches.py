@@ -133,10 +133,10 @@ def _integer_shares(weights: Sequence[float]) -> list[int]:
 
 def _feature_lengths(sequence_length) -> dict[str, int]:
     if isinstance(sequence_length, Mapping):
-        if set(sequence_length) != {"inputs", "targets"}:
+        if set(sequence_length) not in ({"targets"}, {"inputs", "targets"}):
             raise ValueError(
-                f"sequence_length = {dict(sequence_length)!r}; allowed: an int (decoder-only) or "
-                "{'inputs': Li, 'targets': Lt} (encoder-decoder)"
+                f"sequence_length = {dict(sequence_length)!r}; allowed: an int or {{'targets': "
+                "L}} (decoder-only), or {'inputs': Li, 'targets': Lt} (encoder-decoder)"
             )
         lengths = {k: int(v) for k, v in sequence_length.items()}
     else:
@@ -208,7 +208,7 @@ def _sources(components, lengths, *, seed, eos_id, vocab_size, subset_examples, 
                 f"{c.dataset.postprocess!r}; allowed: {kind.features!r}"
             )
         if kind.encdec != encdec:
-            shape = "an {'inputs', 'targets'} mapping" if kind.encdec else "an int"
+            shape = "{'inputs': Li, 'targets': Lt}" if kind.encdec else "an int or {'targets': L}"
             raise ValueError(
                 f"{where}: sequence_length = {lengths if encdec else lengths['targets']!r} but "
                 f"{c.dataset.postprocess!r} makes {'encoder-decoder' if kind.encdec else 'decoder-only'}"
@@ -259,8 +259,9 @@ def batches(
     Args:
       components: the mixture (a single task is one component with fraction 1); a component's
         index is its `decoder_task_ids`.
-      sequence_length: the targets length (decoder-only, `lm_chunks` components), or
-        `{"inputs": Li, "targets": Lt}` (encoder-decoder: `span_corruption`, `pairs`).
+      sequence_length: the targets length, an int or `{"targets": L}` (decoder-only,
+        `lm_chunks` components), or `{"inputs": Li, "targets": Lt}` (encoder-decoder:
+        `span_corruption`, `pairs`), as `trainer.data.DataConfig.task_feature_lengths`.
       global_batch_size: rows per global batch (`B`).
       seed: seeds every order and mask (a non-negative int).
       start_step: the first step yielded; any step costs the same.

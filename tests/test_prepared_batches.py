@@ -106,6 +106,8 @@ def test_resume_continues_the_uninterrupted_run(kind):
     comps, length = mixture(kind)
     whole = run(comps, steps=14, sequence_length=length)
     comps, length = mixture(kind)
+    if length == LM_LEN:
+        length = {"targets": LM_LEN}  # the trainer's task_feature_lengths work as well
     resumed = run(comps, steps=6, sequence_length=length, start_step=8)
     assert_same(resumed, whole[8:])
 
@@ -420,6 +422,7 @@ EMPTY = MemoryDataset([{"targets": np.zeros(0, np.int32)}], "lm_chunks")
             "features.*allowed",
         ),
         (bad(sequence_length=ENCDEC), "sequence_length.*decoder-only.*allowed: an int"),
+        (bad(sequence_length={"inputs": 8}), "sequence_length.*allowed"),
         (
             bad(
                 components=[pb.Component("s", span(), 1.0)],
