@@ -104,13 +104,16 @@ class _Chunks:
             first, last = np.searchsorted(ends, [lo, hi - 1], side="right").tolist()
             plans.append((lo, hi, order[first : last + 1], ends[first : last + 1]))
         got = docs.fetch(np.concatenate([p[2] for p in plans]) if plans else [])
+        eos = np.full(self.extra, self.eos_id, np.int32)
+        # Each document with its EOS once per call (a long one may span many rows).
+        full = {
+            i: np.concatenate([np.asarray(d["targets"], np.int32), eos]) for i, d in got.items()
+        }
         out = []
         for lo, hi, ids, ends in plans:
             pieces = []
             for doc, end in zip(ids.tolist(), ends.tolist(), strict=True):
-                tokens = np.asarray(got[doc]["targets"], np.int32)
-                if self.extra:
-                    tokens = np.concatenate([tokens, np.full(self.extra, self.eos_id, np.int32)])
+                tokens = full[doc]
                 start = end - len(tokens)
                 pieces.append(tokens[max(lo, start) - start : min(hi, end) - start])
             out.append(pieces)
