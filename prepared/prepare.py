@@ -31,6 +31,7 @@ from concurrent import futures
 from typing import Any
 
 import numpy as np
+from array_record.python import array_record_module
 
 from prepared import manifest as manifest_lib
 from prepared import shards as shards_lib
@@ -245,6 +246,12 @@ def _finished(plan: _Plan, index: int, log: Callable[[str], None]) -> shards_lib
     if size != sidecar.bytes:
         log(f"shard {index}: file has {size} bytes, sidecar says {sidecar.bytes}; preparing again")
         return None
+    reader = array_record_module.ArrayRecordReader(shard_path, shards_lib.READER_OPTIONS)
+    records = reader.num_records()
+    reader.close()
+    if records != sidecar.documents:
+        log(f"shard {index}: {records} records, sidecar says {sidecar.documents}; preparing again")
+        return None
     return sidecar
 
 
@@ -255,8 +262,6 @@ def _prepare_shard(
 
     `report(index, documents, tokens)` is called every `REPORT_EVERY_DOCS` documents and at
     the end (cumulative counts of this shard)."""
-    from array_record.python import array_record_module
-
     final = _path(plan, index, manifest_lib.shard_file)
     for stale in glob.glob(glob.escape(final) + ".tmp-*"):  # left by a killed run
         os.remove(stale)
@@ -573,6 +578,7 @@ def finalize(
         except ValueError:
             old = None
         if old is not None and old.without_time() == manifest.without_time():
+            log(f"{path}: up to date ({old.documents:,} documents, written {old.created})")
             return old
     storage.write_text_atomic(path, manifest.to_json())
     log(
@@ -591,7 +597,8 @@ def _plan_from_sidecars(task_name: str, split: str, out_dir) -> _Plan | None:
     )
     if not found:
         return None
-    settings = json.loads(shards_lib.read_sidecar(found[0]).fingerprint)
+    fingerprint = shards_lib.read_sidecar(found[0]).fingerprint
+    settings = json.loads(fingerprint)
     if settings["split"] != split:
         raise ValueError(f"--split {split!r}: {directory} holds split {settings['split']!r}")
     return _Plan(
@@ -601,7 +608,7 @@ def _plan_from_sidecars(task_name: str, split: str, out_dir) -> _Plan | None:
         num_shards=int(settings["num_shards"]),
         features=tuple(settings["features"]),
         max_documents=settings["max_documents"],
-        fingerprint=shards_lib.read_sidecar(found[0]).fingerprint,
+        fingerprint=fingerprint,
     )
 
 

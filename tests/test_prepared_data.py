@@ -356,3 +356,17 @@ def test_cli_prepares_and_finalizes(tiny_data, tmp_path, capsys, seqio_registry)
     assert "6 documents" in capsys.readouterr().out
     with PreparedDataset.open(tmp_path / "mt_fr_en") as ds:
         assert (ds.num_docs, ds.postprocess, ds.features) == (6, "pairs", ("inputs", "targets"))
+
+
+def test_verify_checksums_finds_a_changed_byte(prepared, tmp_path):
+    directory = _damaged_copy(prepared, tmp_path)
+    with PreparedDataset.open(directory) as ds:
+        ds.verify_checksums()
+    path = os.path.join(directory, "data-00001-of-00004.array_record")
+    with open(path, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with PreparedDataset.open(directory) as ds, pytest.raises(PreparedDataError, match="sha256"):
+        ds.verify_checksums()
