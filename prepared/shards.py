@@ -323,6 +323,17 @@ class PreparedDataset:
             reader.close()
         self._readers = []
 
+    def __getstate__(self) -> dict:
+        """Pickles as its directory and manifest (readers are C++ objects: a data-loader
+        process unpickles it and opens its own, checked as `open` does)."""
+        return {"directory": self.directory, "manifest": self.manifest.to_json()}
+
+    def __setstate__(self, state: dict) -> None:
+        """Reopens the shards of a pickled dataset (`reads` starts again at 0)."""
+        manifest = Manifest.from_json(state["manifest"])
+        readers = [_open_shard(state["directory"], entry) for entry in manifest.shards]
+        self.__init__(state["directory"], manifest, readers)
+
     def __enter__(self) -> PreparedDataset:
         return self
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import shutil
 
 import numpy as np
@@ -214,6 +215,9 @@ def test_reads_come_back_in_the_order_asked_and_are_counted(prepared):
             ds.read([ds.num_docs])
         with pytest.raises(KeyError, match="allowed: targets"):
             ds.lengths("inputs")
+        copy = pickle.loads(pickle.dumps(ds))  # what a data-loader process receives
+        assert copy.reads == 0 and [_key(d) for d in copy.read(order)] == list(map(_key, batch))
+        copy.close()
 
 
 def test_a_killed_preparation_reruns_to_the_same_documents(registration, prepared, tmp_path):
