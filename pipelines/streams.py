@@ -213,8 +213,9 @@ def mean_target_tokens(
     num_shards: int = 1,
 ) -> float:
     """Mean target tokens per example of a task at `sequence_length`, measured on every k-th
-    document of the host's shard (about `MEASURE_DOCS` documents). Memoised per process, keyed
-    by the task's name, source files (and their size and mtime) and vocabulary."""
+    document of the host's shard (about `MEASURE_DOCS` documents; the first `MEASURE_DOCS` when
+    the source cannot count its documents, as JSON-lines corpora cannot). Memoised per process,
+    keyed by the task's name, source files (and their size and mtime) and vocabulary."""
     task = seqio.TaskRegistry.get(task_name)
     key = (
         _identity(task, split),
@@ -235,6 +236,8 @@ def mean_target_tokens(
         shard_info=shard,
         num_epochs=1,
     )
+    if not n_docs:  # a source that cannot count its documents (JSON lines): the first ones
+        ds = ds.take(MEASURE_DOCS)
     sizes = ds.map(lambda ex: tf.size(ex["targets"]), num_parallel_calls=tf.data.AUTOTUNE)
     total = count = 0
     for batch in sizes.batch(4096).as_numpy_iterator():

@@ -23,8 +23,8 @@ LIGHT_MODULES = [
     "fitting.io",
     "launch.sweep",
     # training hosts read prepared tasks without TensorFlow
-    "prepared.manifest",
-    "prepared.shards",
+    "pipelines.prepared.manifest",
+    "pipelines.prepared.shards",
 ]
 
 

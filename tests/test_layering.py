@@ -3,8 +3,8 @@
 Layers, bottom to top: `rundir` (the run directory; imports nothing of ours) < `modeling` (shared
 model pieces) < the model families `llama_jax`, `t5_jax` (which never import each other) <
 `pipelines`, `fitting`, `evals`, `trainer` and `convert` (conversion sits beside the trainer:
-`trainer` may import it, it never imports `trainer`; `prepared`, tasks tokenized once and read by
-index, sits above `pipelines` and below `trainer`) < `launch`, `studies` < `xlscale_cli`. Every
+`trainer` may import it, it never imports `trainer`; `pipelines.prepared`, tasks tokenized once
+and read by index, is part of `pipelines`) < `launch`, `studies` < `xlscale_cli`. Every
 import statement of every tracked module is read with `ast` (lazy imports inside functions
 included), so a hidden upward import fails here rather than in a user's process.
 
@@ -26,13 +26,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Package -> the packages it must never import.
 TOP = {"xlscale_cli"}
 RUNNERS = {"launch", "studies"} | TOP
-MIDDLE = {"trainer", "convert", "fitting", "pipelines", "evals", "prepared"}
+MIDDLE = {"trainer", "convert", "fitting", "pipelines", "evals"}
 FORBIDDEN: dict[str, set[str]] = {
     "modeling": {"llama_jax", "t5_jax"} | MIDDLE | RUNNERS,
     "llama_jax": {"t5_jax"} | MIDDLE | RUNNERS,
     "t5_jax": {"llama_jax"} | MIDDLE | RUNNERS,
-    "pipelines": {"trainer", "convert", "fitting", "evals", "prepared"} | RUNNERS,
-    "prepared": {"trainer", "convert", "fitting", "evals"} | RUNNERS,
+    "pipelines": {"trainer", "convert", "fitting", "evals"} | RUNNERS,
     "fitting": {"trainer", "convert", "evals"} | RUNNERS,
     "trainer": RUNNERS,
     "convert": {"trainer", "fitting", "evals"} | RUNNERS,

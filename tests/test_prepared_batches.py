@@ -1,12 +1,12 @@
-"""The by-index training input (`prepared.batches`): the batch of a step is a function of (seed,
+"""The by-index training input (`pipelines.prepared.batches`): the batch of a step is a function of (seed,
 step), resume reads as little at step 10^6 as at 0, hosts read only their rows, mixtures hold
 their token fractions, subsets are fixed across seeds, and rows are laid out as the seqio path
 lays them (a frozen reference for LM rows; T5 span corruption that reconstructs its chunk; parity
 with `pipelines.preprocessors`' feature conversion and span arithmetic).
 
-One test runs over tasks prepared from the UDHR fixture by `prepared.prepare` and read by
-`prepared.shards.PreparedDataset`, against the corpus lines and seqio's own examples. The other
-datasets are in memory (`MemoryDataset`, the reader interface of `prepared.shards`) with
+One test runs over tasks prepared from the UDHR fixture by `pipelines.prepared.prepare` and read by
+`pipelines.prepared.shards.PreparedDataset`, against the corpus lines and seqio's own examples. The other
+datasets are in memory (`MemoryDataset`, the reader interface of `pipelines.prepared.shards`) with
 random token ids in [2, 1000): 0 is padding, 1 EOS, and a 1100-id vocabulary leaves the top 100
 for sentinels.
 """
@@ -18,8 +18,8 @@ import collections
 import numpy as np
 import pytest
 
-from prepared import batches as pb
-from prepared import packing, spans
+from pipelines.prepared import batches as pb
+from pipelines.prepared import packing, spans
 
 VOCAB = 1100
 LM_LEN = 32
@@ -457,15 +457,15 @@ def test_zero_fraction_component_with_no_documents_is_fine():
 
 
 def test_over_real_prepared_tasks(tiny_data, seqio_registry, tmp_path):
-    """Tasks prepared by `prepared.prepare` from the UDHR fixture and read by
-    `prepared.shards.PreparedDataset`: LM rows are the corpus lines, tokenized, with EOS; one
+    """Tasks prepared by `pipelines.prepared.prepare` from the UDHR fixture and read by
+    `pipelines.prepared.shards.PreparedDataset`: LM rows are the corpus lines, tokenized, with EOS; one
     epoch of pairs holds exactly seqio's examples (trimmed, EOS after); hosts and resume as in
     memory."""
     import seqio
 
     from pipelines import tasks, vocab
     from pipelines.corpora import paths
-    from prepared import prepare, shards
+    from pipelines.prepared import prepare, shards
 
     vocabulary = vocab.load_vocab(tiny_data["vocab"], extra_ids=100)
     tasks.register_tasks(
@@ -529,7 +529,7 @@ def test_importing_the_input_imports_no_tensorflow():
     import sys
 
     code = (
-        "import sys, prepared.batches; "
+        "import sys, pipelines.prepared.batches; "
         "print([m for m in ('tensorflow', 'seqio') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

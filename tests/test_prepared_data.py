@@ -12,9 +12,9 @@ import shutil
 import numpy as np
 import pytest
 
-from prepared import manifest as manifest_lib
-from prepared import prepare as prepare_lib
-from prepared.shards import PreparedDataError, PreparedDataset, vocab_sha256
+from pipelines.prepared import manifest as manifest_lib
+from pipelines.prepared import prepare as prepare_lib
+from pipelines.prepared.shards import PreparedDataError, PreparedDataset, vocab_sha256
 
 LM_SHARDS = 4
 

@@ -57,7 +57,9 @@ class DataConfig:
       vocab_path: SentencePiece model to register the tasks with (`VOCAB_PATH`); None: the tasks
         are registered already (by the caller).
       corpora_dir: the `corpora/` directory (`DATA_DIR`); None: `$XLSCALE_DATA/corpora`.
-      source: `local` corpora or `tfds` (mC4/WMT at paper scale).
+      source: a key of `pipelines.tasks.SOURCES`: `local` corpora, `tfds` (mC4/WMT), or the
+        papers' corpora as Hugging Face files, `hf` (mC4 + WMT) and `hf_cpt` (RedPajama, SkyPile +
+        WuDao, mC4; `pipelines.corpora.hf_sources`).
       langs: languages to register (None: all present).
       pairs: language pairs to register translation tasks for (None: all present).
       extra_ids: sentinel ids appended to the vocabulary (span corruption needs 100).
@@ -74,6 +76,11 @@ class DataConfig:
         every batch, so the global batches are those of one host whatever the host count;
         `"per_host"` packs a separate seqio shard on each host (the input pipeline costs 1/n
         per host, for input-bound scale), whose batches differ from one host's.
+      prepared_dir: a directory of prepared tasks (`PREPARED_DATA`; `xlscale data prepare`
+        writes `<dir>/<task>/`): training batches are read by index from them
+        (`pipelines.prepared.batches`), so resume at any step costs what step 0 costs and each host reads
+        only its rows, whatever `host_sharding` says; None: the seqio pipeline. Evaluation
+        always reads through seqio.
     """
 
     mixture_or_task: str = ""
@@ -92,6 +99,7 @@ class DataConfig:
     subset_tokens: int | None = None
     subset_examples: int | None = None
     host_sharding: str = "global"
+    prepared_dir: str | None = None
 
     def __post_init__(self):
         from trainer import validation
@@ -464,6 +472,84 @@ def _packed_stream(config, *, seed, start_step, shard):
         yield _model_arrays(batch)
 
 
+def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str, Any]:
+    """The prepared dataset of every component of the training mixture (`prepared_dir/<task>`),
+    opened and verified against the run's vocabulary before training starts.
+
+    Raises:
+      trainer.validation.ConfigError: a component has no prepared task, or a shard is missing,
+        truncated or from another vocabulary (naming `PREPARED_DATA`, the file and what differs).
+    """
+    from pipelines import mixtures
+    from pipelines.prepared import shards
+    from trainer import validation
+
+    out = {}
+    for name in mixtures.component_names(config.mixture_or_task):
+        directory = storage_path(config.prepared_dir, name)
+        try:
+            out[name] = shards.PreparedDataset.open(directory, vocab_hash=vocab_hash)
+        except shards.PreparedDataError as e:
+            raise validation.ConfigError(
+                f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}: {e}; "
+                f"prepare it with: xlscale data prepare --task {name} --out {config.prepared_dir}"
+            ) from e
+    return out
+
+
+def storage_path(directory: str, name: str) -> str:
+    """`directory/name` for a local path or a URL (no pathlib: it would mangle `gs://`)."""
+    return f"{str(directory).rstrip('/')}/{name}"
+
+
+def prepared_input(config: DataConfig, datasets: Mapping[str, Any]) -> dict[str, Any]:
+    """What the run's fingerprint records of a prepared input: the directory and the sha256 of
+    each component's `manifest.json` (which lists every shard's digest), so that a resume
+    reading other prepared data is refused like any other change of the training data."""
+    import hashlib
+
+    from rundir import storage
+
+    def digest(name: str) -> str:
+        path = storage.as_path(storage_path(config.prepared_dir, name), name="PREPARED_DATA")
+        return hashlib.sha256((path / "manifest.json").read_bytes()).hexdigest()
+
+    return {"dir": config.prepared_dir, "manifests": {name: digest(name) for name in datasets}}
+
+
+def _prepared_stream(config, *, seed, start_step, host_rows, datasets, vocabulary):
+    """This host's rows of each global batch, read by index from the prepared datasets."""
+    from pipelines import mixtures
+    from pipelines import vocab as vocab_lib
+    from pipelines.prepared import batches
+
+    if vocabulary is None:  # the run registered its tasks: their targets vocabulary
+        import seqio
+
+        provider = seqio.get_mixture_or_task(config.mixture_or_task)
+        vocabulary = provider.output_features["targets"].vocabulary
+    fractions = mixtures.token_fractions(config.mixture_or_task)
+    components = [
+        batches.Component(name=name, dataset=ds, fraction=fractions.get(name, 1.0))
+        for name, ds in datasets.items()
+    ]
+    stream = batches.batches(
+        components=components,
+        sequence_length=dict(config.task_feature_lengths) if config.has_inputs else config.seq_len,
+        global_batch_size=config.batch_size,
+        seed=seed,
+        start_step=start_step,
+        host_rows=tuple(host_rows),
+        start_id=vocab_lib.start_id(vocabulary),
+        eos_id=vocabulary.eos_id,
+        vocab_size=vocabulary.vocab_size,
+        subset_examples=config.subset_examples,
+        subset_tokens=config.subset_tokens,
+    )
+    for batch in stream:
+        yield _model_arrays(batch)
+
+
 def train_batches(
     config: DataConfig,
     *,
@@ -472,16 +558,36 @@ def train_batches(
     shard_index: int,
     num_shards: int,
     host_rows: Sequence[tuple[int, int]] | None = None,
+    prepared: Mapping[str, Any] | None = None,
+    vocabulary: Any = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """This host's rows of each global batch, starting after `start_step` batches (encoder-
     decoder batches when the feature lengths have `inputs`), split as `config.host_sharding`
-    says.
+    says, or read by index from `prepared` datasets.
 
     Args:
       shard_index, num_shards: this host (`jax.process_index()`) of how many.
       host_rows: the `[start, stop)` row ranges of the global batch that this host's devices
-        hold (`Partitioner.host_rows`), for `"global"` sharding; None: `even_rows`.
+        hold (`Partitioner.host_rows`), for `"global"` sharding and prepared input; None:
+        `even_rows`.
+      prepared: `prepared_datasets(config, ...)` when `config.prepared_dir` is set.
+      vocabulary: the run's vocabulary (`register`), for prepared input (start, EOS and
+        sentinel ids).
     """
+    if config.prepared_dir is not None:
+        rows = host_rows or even_rows(
+            batch_size=config.batch_size, shard_index=shard_index, num_shards=num_shards
+        )
+        return _prepared_stream(
+            config,
+            seed=seed,
+            start_step=start_step,
+            host_rows=rows,
+            datasets=prepared
+            if prepared is not None
+            else prepared_datasets(config, vocab_hash=None),
+            vocabulary=vocabulary,
+        )
     return HOST_SHARDINGS[config.host_sharding](
         config,
         seed=seed,

@@ -133,6 +133,7 @@ def run_fingerprint(
     init_checkpoint: str | None,
     process_count: int | None = None,
     vocab_hash: str | None = None,
+    prepared: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The settings that define a run, as a JSON-able dict (stored in `run.json`).
 
@@ -145,6 +146,10 @@ def run_fingerprint(
       process_count: hosts (default: `jax.process_count()`): per-host data sharding makes the
         data order depend on it.
       vocab_hash: `vocab_sha256(data.vocab_path)`, the vocabulary's contents.
+      prepared: `trainer.data.prepared_input(...)` when the batches are read from prepared
+        data: its manifest digests are recorded as `data.prepared_manifests` (beside
+        `data.prepared_dir`, which says which path the run reads); None: the seqio path, which
+        records no such key (so runs from before prepared data resume unchanged).
     """
     if process_count is None:
         import jax
@@ -174,6 +179,8 @@ def run_fingerprint(
         "process_count": int(process_count),
         "vocab_sha256": vocab_hash,
     }
+    if prepared is not None:  # which prepared dataset: each component's manifest digest
+        fingerprint["data"]["prepared_manifests"] = dict(prepared["manifests"])
     return _jsonable(fingerprint)
 
 

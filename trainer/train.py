@@ -379,6 +379,9 @@ def _train_holding_lease(
     def precheck(abstract_params, total_steps: int):
         if s.init_checkpoint and not resuming:
             ckpt_lib.check_init_checkpoint(s.init_checkpoint, abstract_params=abstract_params)
+        vocab_hash = fingerprint_lib.vocab_sha256(s.data.vocab_path)
+        if s.data.prepared_dir is not None:  # verified (shards, vocabulary) before compiling
+            checked["prepared"] = data_lib.prepared_datasets(s.data, vocab_hash=vocab_hash)
         # Compare with the run being resumed before anything is compiled or written.
         sections = dict(data=s.data, optimizer=s.optimizer, schedule=s.schedule, run=s.run)
         checked["fingerprint"] = fingerprint_lib.run_fingerprint(
@@ -392,7 +395,10 @@ def _train_holding_lease(
             num_microbatches=s.num_microbatches,
             z_loss=s.z_loss,
             init_checkpoint=s.init_checkpoint,
-            vocab_hash=fingerprint_lib.vocab_sha256(s.data.vocab_path),
+            vocab_hash=vocab_hash,
+            prepared=data_lib.prepared_input(s.data, checked["prepared"])
+            if "prepared" in checked
+            else None,
         )
         checked["amendment"] = fingerprint_lib.check_model_dir(
             model_dir,
@@ -458,6 +464,7 @@ def _train_holding_lease(
             on_nonfinite=s.on_nonfinite,
             max_skipped_fraction=s.max_skipped_fraction,
             stop_after=s.stop_after,
+            prepared=checked.get("prepared"),
             store=store,
             writer=writer,
             watcher=watcher,
@@ -542,6 +549,7 @@ def _loop(
     on_nonfinite,
     max_skipped_fraction,
     stop_after,
+    prepared,
     store,
     writer,
     watcher,
@@ -569,6 +577,7 @@ def _loop(
         shard_index=jax.process_index(),
         num_shards=jax.process_count(),
         host_rows=job.partitioner.host_rows(data.batch_size),
+        prepared=prepared,
     )
 
     def evaluate(step):

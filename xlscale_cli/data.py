@@ -1,6 +1,6 @@
 """`xlscale data build|fixture|show|prepare`: build the local corpora, write the UDHR fixture,
 print the sizes recorded in a corpora manifest, or prepare a task's split once into ArrayRecord
-shards read by index at training time (`prepared.prepare`)."""
+shards read by index at training time (`pipelines.prepared.prepare`)."""
 
 from __future__ import annotations
 
@@ -176,10 +176,10 @@ def _prepare_refusal(args: argparse.Namespace) -> str | None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     """`xlscale data prepare`: registers the tasks from `--vocab` and `--data-dir` and prepares
-    `--task` (`prepared.prepare.prepare`); bad input is one line naming the flag, exit 2."""
+    `--task` (`pipelines.prepared.prepare.prepare`); bad input is one line naming the flag, exit 2."""
     from pipelines import vocab
-    from prepared import prepare
-    from prepared.manifest import PreparedDataError
+    from pipelines.prepared import prepare
+    from pipelines.prepared.manifest import PreparedDataError
 
     prog = "xlscale data prepare"
     refusal = _prepare_refusal(args)

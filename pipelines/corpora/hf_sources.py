@@ -488,7 +488,7 @@ class HfFilesDataSource(seqio.DataSource):
         return f"HfFilesDataSource({self._description!r}, fields={self._fields}, files={files})"
 
     def describe(self) -> dict[str, object]:
-        """What `prepared.prepare` records in a preparation's manifest: the corpora and root, and
+        """What `pipelines.prepared.prepare` records in a preparation's manifest: the corpora and root, and
         every split's files (in reading order)."""
         return {
             "hf_source": self._description,

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 from array_record.python import array_record_module
 
-from prepared import manifest as manifest_lib
-from prepared import shards as shards_lib
-from prepared.manifest import Manifest, PreparedDataError, ShardEntry
+from pipelines.prepared import manifest as manifest_lib
+from pipelines.prepared import shards as shards_lib
+from pipelines.prepared.manifest import Manifest, PreparedDataError, ShardEntry
 
 LOG_EVERY_S = 30.0  # seconds between progress lines
 REPORT_EVERY_DOCS = 2_000  # a worker reports its progress at least this often (documents)

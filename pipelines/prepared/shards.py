@@ -1,5 +1,5 @@
 """Reading a prepared task by document index: `PreparedDataset` (and the record and sidecar
-layouts its writer, `prepared.prepare`, shares with it).
+layouts its writer, `pipelines.prepared.prepare`, shares with it).
 
 Record layout: one ArrayRecord record per document, little-endian int32: first one length per
 feature (in `Manifest.features` order), then each feature's token ids, concatenated. No pickle,
@@ -25,8 +25,8 @@ from concurrent import futures
 import numpy as np
 from array_record.python import array_record_module
 
-from prepared import manifest as manifest_lib
-from prepared.manifest import Manifest, PreparedDataError
+from pipelines.prepared import manifest as manifest_lib
+from pipelines.prepared.manifest import Manifest, PreparedDataError
 from rundir import storage
 
 __all__ = ["PreparedDataError", "PreparedDataset", "Sidecar"]

@@ -4,7 +4,7 @@ the documents of its own rows (STYLE.md 17; issue 25).
 
 `batches(...)` yields exactly the arrays of `pipelines.streams.batches` (same keys, packing layout,
 shifted decoder inputs, loss weights, task ids), from readers of prepared datasets (`features`,
-`num_docs`, `postprocess`, `lengths(feature)`, `read(indices)`; `prepared.shards`) instead of a
+`num_docs`, `postprocess`, `lengths(feature)`, `read(indices)`; `pipelines.prepared.shards`) instead of a
 tf.data pipeline replayed from the start. Numpy only: training-time input imports no TensorFlow.
 
 Rows and components. Every row of a global batch belongs to one mixture component. Global row
@@ -22,7 +22,7 @@ pair rows hold on average the packed epoch's target tokens over its rows (all kn
 the length arrays, no reads). Rows of all components are spread evenly over the step, so any
 host's rows carry the mixture too.
 
-Component-local rows, by kind (`prepared.postprocess.KINDS`: the seqio steps after the cache
+Component-local rows, by kind (`pipelines.prepared.postprocess.KINDS`: the seqio steps after the cache
 placeholder):
 
 - `lm_chunks` (`lm_<lang>`): each document plus EOS, concatenated in the order of epoch `e`'s
@@ -32,10 +32,10 @@ placeholder):
   so local row `r` is row `r mod R` of epoch `r div R`; the epoch's tail is dropped.
 - `span_corruption` (`span_<lang>`): the documents (no EOS, as T5 concatenates them) in epoch
   order, cut into chunks of `span_raw_length(Li, Lt)` tokens; chunk `r` is corrupted with a
-  generator seeded by `(seed, component, r)` (`prepared.spans`) and fills one row (T5's lengths
+  generator seeded by `(seed, component, r)` (`pipelines.prepared.spans`) and fills one row (T5's lengths
   make one chunk fill the inputs), EOS after both features.
 - `pairs` (`mt_<src>_<tgt>`): inputs and targets each trimmed and given EOS (seqio's
-  `append_eos_after_trim`), packed in order (`prepared.packing.next_fit`) once at setup, in an
+  `append_eos_after_trim`), packed in order (`pipelines.prepared.packing.next_fit`) once at setup, in an
   order seeded by `(seed, component)`; each epoch visits those packed rows in its own seeded
   order. (Packing once fixes the rows per epoch, which keeps local row -> epoch a division; the
   examples sharing a row never attend to each other, only the batch composition changes by
@@ -57,8 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from prepared import packing
-from prepared.postprocess import KINDS, DocumentCache
+from pipelines.prepared import packing
+from pipelines.prepared.postprocess import KINDS, DocumentCache
 
 SUBSET_SEED = 1234  # which documents form a subset does not vary with the run's seed (as streams)
 SHARE_SCALE = 1 << 24  # component row shares are integers out of this (exact arithmetic)
@@ -73,7 +73,7 @@ class Component:
       name: the task name (e.g. `lm_en`); the component's index in `components` is its
         `decoder_task_ids` value (list them in `pipelines.mixtures.component_names` order for
         the ids of `pipelines.streams`).
-      dataset: a prepared-dataset reader (`prepared.shards`, or anything with its interface).
+      dataset: a prepared-dataset reader (`pipelines.prepared.shards`, or anything with its interface).
       fraction: its share of the mixture's target tokens (fractions are normalised).
     """
 

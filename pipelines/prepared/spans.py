@@ -1,4 +1,4 @@
-"""T5 span corruption of one chunk in numpy, for the by-index training input (`prepared.batches`).
+"""T5 span corruption of one chunk in numpy, for the by-index training input (`pipelines.prepared.batches`).
 
 The same corruption as `pipelines.preprocessors.span_corruption` (T5's
 `random_spans_noise_mask` + `noise_span_to_unique_sentinel` / `nonnoise_span_to_unique_sentinel`,

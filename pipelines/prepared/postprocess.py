@@ -1,5 +1,5 @@
 """What the reader does after the prepared (pre-cache) part of a task, per `dataset.postprocess`
-kind (`KINDS`): the component-local rows of the by-index training input (`prepared.batches`).
+kind (`KINDS`): the component-local rows of the by-index training input (`pipelines.prepared.batches`).
 
 A kind is a class built once per mixture component from the dataset's length arrays (no reads):
 `KIND(dataset, index=, pool=, lengths=, seed=, eos_id=, vocab_size=)` where `pool` holds the
@@ -13,8 +13,8 @@ seeded by `(seed, component, purpose, ...)`, so a row is a function of its index
 
 - `lm_chunks`: documents plus EOS concatenated in epoch order, cut into rows of `L` tokens.
 - `span_corruption`: documents concatenated in epoch order, cut into chunks of
-  `span_raw_length(Li, Lt)` tokens, each corrupted into one row (`prepared.spans`).
-- `pairs`: inputs/targets trimmed plus EOS, packed once (`prepared.packing.next_fit`), each
+  `span_raw_length(Li, Lt)` tokens, each corrupted into one row (`pipelines.prepared.spans`).
+- `pairs`: inputs/targets trimmed plus EOS, packed once (`pipelines.prepared.packing.next_fit`), each
   epoch visiting the packed rows in its own order.
 
 A new kind is one class here and one line in `KINDS`.
@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from prepared import packing, spans
+from pipelines.prepared import packing, spans
 
 CACHED_EPOCHS = 2  # a step may straddle two epochs of a component
 # Purposes of the stateless seeds `(seed, component, purpose, ...)`.

@@ -3,7 +3,7 @@
 A prepared task is one directory `<out>/<task>/`:
 
 - `data-KKKKK-of-NNNNN.array_record`: shard k, one record per tokenized document (the output of
-  the task's pre-cache preprocessors for seqio shard k of the split, in order; `prepared.shards`
+  the task's pre-cache preprocessors for seqio shard k of the split, in order; `pipelines.prepared.shards`
   holds the record layout);
 - `data-KKKKK-of-NNNNN.lengths.npz`: its sidecar, written atomically once the shard is complete:
   the per-document token counts of every feature, the shard's size and sha256, and the settings

@@ -1,0 +1,158 @@
+"""The trainer on prepared data (`PREPARED_DATA`, issue 25): a replay mixture prepared once by
+`xlscale data prepare` and read by index trains, stops and resumes to the records of the
+uninterrupted run; the run's fingerprint records which prepared data it read, and a resume on
+other prepared data, or prepared data from another vocabulary, is refused before training."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+
+from pipelines.prepared import prepare as prepare_lib
+from trainer import metrics, models, validation
+from trainer import train as train_lib
+from trainer.checkpoints import CheckpointConfig
+from trainer.data import DataConfig, EvalConfig
+from trainer.partitioning import MeshConfig
+from trainer.schedules import ScheduleConfig
+
+STEPS = 8
+MIXTURE = "cpt_fr_replay_en_20"  # 80% French, 20% English replay (token fractions)
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny_data, seqio_state, tmp_path_factory):
+    """`lm_fr` and `lm_en` prepared from the tiny corpora (2 shards each)."""
+    saved = seqio_state.snapshot()
+    out = tmp_path_factory.mktemp("prepared")
+    registration = prepare_lib.Registration(
+        vocab_path=tiny_data["vocab"], corpora_dir=tiny_data["corpora"]
+    )
+    registration.register()
+    try:
+        for task in ("lm_fr", "lm_en"):
+            prepare_lib.prepare(
+                task_name=task,
+                split="train",
+                out_dir=out,
+                num_shards=2,
+                workers=1,
+                log=lambda line: None,
+            )
+    finally:
+        seqio_state.restore(saved)
+    return out
+
+
+def _kwargs(tiny_data, prepared_dir, **overrides):
+    kwargs = dict(
+        model=models.ModelSpec(size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}),
+        data=DataConfig(
+            mixture_or_task=MIXTURE,
+            task_feature_lengths={"targets": 64},
+            batch_size=8,
+            vocab_path=tiny_data["vocab"],
+            corpora_dir=tiny_data["corpora"],
+            langs=("en", "fr"),
+            prepared_dir=os.fspath(prepared_dir),
+        ),
+        train_steps=STEPS,
+        schedule=ScheduleConfig(peak=3e-3),
+        checkpoint=CheckpointConfig(period=2, keep_last=10),
+        mesh=MeshConfig(num_devices=1),
+        evaluation=EvalConfig(tasks=(), period=0),
+        run=train_lib.RunInfo(
+            strategy="cpt_replay", source_lang="en", target_lang="fr", replay_ratio=0.2
+        ),
+        log_every=1,
+        seed=0,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def test_a_run_on_prepared_data_resumes_to_the_uninterrupted_records(
+    tiny_data, prepared, tmp_path, seqio_state
+):
+    saved = seqio_state.snapshot()
+    try:
+        full = train_lib.train(model_dir=tmp_path / "full", **_kwargs(tiny_data, prepared))
+        train_lib.train(
+            model_dir=tmp_path / "resumed", stop_after=4, **_kwargs(tiny_data, prepared)
+        )
+        resumed = train_lib.train(model_dir=tmp_path / "resumed", **_kwargs(tiny_data, prepared))
+    finally:
+        seqio_state.restore(saved)
+    assert full.completed and resumed.completed
+    records = metrics.read_metrics(tmp_path / "full")
+    again = metrics.read_metrics(tmp_path / "resumed")
+    assert [metrics.without_timing(r) for r in again] == [
+        metrics.without_timing(r) for r in records
+    ]
+    losses = [r["train/loss"] for r in records]
+    assert losses[-1] < losses[0], losses
+    # The replay share, counted by the trainer from the batches' task ids: 20% of tokens.
+    by_task = records[-1]["tokens_by_task"]
+    assert by_task["lm_en"] / sum(by_task.values()) == pytest.approx(0.2, abs=0.03), by_task
+    fingerprint = json.loads((tmp_path / "full" / "run.json").read_text())["fingerprint"]
+    assert fingerprint["data"]["prepared_dir"] == os.fspath(prepared)
+    assert set(fingerprint["data"]["prepared_manifests"]) == {"lm_fr", "lm_en"}
+
+
+def test_a_resume_on_other_prepared_data_is_refused(tiny_data, prepared, tmp_path, seqio_state):
+    other = tmp_path / "other"
+    shutil.copytree(prepared, other)
+    manifest = other / "lm_en" / "manifest.json"
+    content = json.loads(manifest.read_text())
+    content["created"] = "another preparation"
+    manifest.write_text(json.dumps(content))
+    saved = seqio_state.snapshot()
+    try:
+        train_lib.train(
+            model_dir=tmp_path / "run", stop_after=2, **_kwargs(tiny_data, prepared, train_steps=4)
+        )
+        with pytest.raises(validation.ConfigError) as refused:
+            train_lib.train(
+                model_dir=tmp_path / "run",
+                **_kwargs(
+                    tiny_data,
+                    prepared,
+                    train_steps=4,
+                    data=dataclasses.replace(
+                        _kwargs(tiny_data, prepared)["data"], prepared_dir=os.fspath(other)
+                    ),
+                ),
+            )
+    finally:
+        seqio_state.restore(saved)
+    assert "data.prepared_manifests" in str(refused.value), refused.value
+    assert "data.prepared_dir" in str(refused.value)
+
+
+def test_prepared_data_of_another_vocabulary_is_refused_before_training(
+    tiny_data, prepared, tmp_path, seqio_state
+):
+    from sentencepiece import sentencepiece_model_pb2
+
+    # The same pieces with another training setting: a model file of another digest.
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(tiny_data["vocab"], "rb") as f:
+        proto.ParseFromString(f.read())
+    proto.trainer_spec.seed_sentencepiece_size += 1
+    foreign = tmp_path / "foreign.model"
+    foreign.write_bytes(proto.SerializeToString())
+    saved = seqio_state.snapshot()
+    try:
+        kwargs = _kwargs(tiny_data, prepared)
+        kwargs["data"] = dataclasses.replace(kwargs["data"], vocab_path=os.fspath(foreign))
+        with pytest.raises(validation.ConfigError) as refused:
+            train_lib.train(model_dir=tmp_path / "run", **kwargs)
+    finally:
+        seqio_state.restore(saved)
+    message = str(refused.value)
+    assert "PREPARED_DATA" in message and "vocabulary" in message, message
+    assert not (tmp_path / "run" / "checkpoints").exists()
