@@ -124,6 +124,7 @@ def test_resume_at_a_million_reads_what_step_zero_reads():
             global_batch_size=8,
             seed=3,
             start_step=step,
+            read_ahead_steps=1,  # count one step's reads
         )
         assert ds.reads == 0  # setup reads lengths only
         next(it)
@@ -508,8 +509,10 @@ def test_over_real_prepared_tasks(tiny_data, seqio_registry, tmp_path):
                 )
     assert got == want
 
-    # Articles are longer than the rows: one pair per row, so each host reads its rows' pairs.
+    # Articles are longer than the rows: one pair per row, so each host reads its rows' pairs
+    # (three steps' worth, read one step at a time).
     kw["sequence_length"] = lengths
+    kw["read_ahead_steps"] = 1
     comps = [pb.Component("mt_en_fr", opened("mt_en_fr"), 1.0)]
     whole = run(comps, steps=3, start_step=2, **kw)
     one_reads = comps[0].dataset.reads
@@ -534,3 +537,11 @@ def test_importing_the_input_imports_no_tensorflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_reading_ahead_changes_the_reads_not_the_batches():
+    comps, _ = mixture("lm")
+    one = run(comps, steps=5, start_step=3, read_ahead_steps=1)
+    comps, _ = mixture("lm")
+    ahead = run(comps, steps=5, start_step=3, read_ahead_steps=4)
+    assert_same(one, ahead)

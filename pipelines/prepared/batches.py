@@ -63,6 +63,10 @@ from pipelines.prepared.postprocess import KINDS, DocumentCache
 SUBSET_SEED = 1234  # which documents form a subset does not vary with the run's seed (as streams)
 SHARE_SCALE = 1 << 24  # component row shares are integers out of this (exact arithmetic)
 MAX_ROWS = 1 << 38  # global row indices stay below this, so `row × share` fits in int64
+# Steps whose documents are read in one call: a reader call has a fixed cost (~0.6 ms for
+# ArrayRecord, measured in benchmarks/data_pipeline.py) that a step of short documents would
+# pay per shard; the rows themselves do not depend on it.
+READ_AHEAD_STEPS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +256,7 @@ def batches(
     vocab_size: int | None = None,
     subset_examples: int | None = None,
     subset_tokens: int | None = None,
+    read_ahead_steps: int = READ_AHEAD_STEPS,
 ) -> Iterator[dict[str, np.ndarray]]:
     """This host's rows of the global batches of steps `start_step, start_step + 1, ...`, each
     a function of `(seed, step)` alone (module docstring: the design).
@@ -273,6 +278,8 @@ def batches(
       subset_examples: train one component on a fixed sample of exactly this many documents
         (the same for every seed), repeated; not with `subset_tokens`.
       subset_tokens: the same, the shortest sample of at least this many target tokens.
+      read_ahead_steps: steps whose documents are read together (fewer, larger reads); the
+        batches do not depend on it.
 
     Returns:
       An endless iterator of dicts of int32 arrays, `[rows, Lt]` `decoder_input_tokens,
@@ -289,6 +296,8 @@ def batches(
     """
     if not components:
         raise ValueError("components = []; allowed: one or more Component")
+    if read_ahead_steps < 1:
+        raise ValueError(f"read_ahead_steps = {read_ahead_steps!r}; allowed: an int >= 1")
     fractions = [float(c.fraction) for c in components]
     if any(not f >= 0 for f in fractions) or sum(fractions) <= 0:
         raise ValueError(
@@ -318,22 +327,41 @@ def batches(
     ]
     shares = _integer_shares(weights)
     docs = [DocumentCache(c.dataset) for c in components]
-    return _steps(sources, docs, shares, lengths, positions, batch, int(start_step), int(start_id))
+    return _steps(
+        sources,
+        docs,
+        shares,
+        lengths,
+        positions,
+        batch,
+        int(start_step),
+        int(start_id),
+        int(read_ahead_steps),
+    )
 
 
-def _steps(sources, docs, shares, lengths, positions, batch, step, start_id):
-    """The endless per-step loop of `batches` (a generator, so that `batches` checks eagerly)."""
+def _steps(sources, docs, shares, lengths, positions, batch, step, start_id, ahead):
+    """The endless per-step loop of `batches` (a generator, so that `batches` checks eagerly).
+
+    The rows of `READ_AHEAD_STEPS` steps are made together, so that each component's documents
+    for them are read in one call; every row is still a function of its global index alone."""
     while True:
-        if (step + 1) * batch > MAX_ROWS:
+        if (step + ahead) * batch > MAX_ROWS:
             raise ValueError(f"step {step} × global batch {batch} passes MAX_ROWS ({MAX_ROWS})")
-        component, local = assign_rows(step * batch + positions, shares)
-        rows: list[Any] = [None] * len(positions)
+        steps = step + np.arange(ahead, dtype=np.int64)
+        rows_at = (steps[:, None] * batch + positions[None, :]).reshape(-1)
+        component, local = assign_rows(rows_at, shares)
+        rows: list[Any] = [None] * len(rows_at)
         for k in np.unique(component).tolist():
             at = np.flatnonzero(component == k)
             for j, row in zip(at.tolist(), sources[k].rows(local[at], docs[k]), strict=True):
                 rows[j] = row
-        packed = {
-            key: packing.pack([row[key] for row in rows], length) for key, length in lengths.items()
-        }
-        yield packing.model_features(packed, component, start_id)
-        step += 1
+        n = len(positions)
+        for i in range(ahead):
+            mine = rows[i * n : (i + 1) * n]
+            packed = {
+                key: packing.pack([row[key] for row in mine], length)
+                for key, length in lengths.items()
+            }
+            yield packing.model_features(packed, component[i * n : (i + 1) * n], start_id)
+        step += ahead

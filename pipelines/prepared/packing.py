@@ -59,15 +59,17 @@ def pack(rows: Sequence[Sequence[np.ndarray]], length: int) -> dict[str, np.ndar
     segment_ids = np.zeros_like(tokens)
     positions = np.zeros_like(tokens)
     for i, segments in enumerate(rows):
-        at = 0
-        for j, segment in enumerate(segments, start=1):
-            n = len(segment)
-            if at + n > length:
-                raise AssertionError(f"row {i} overflows {length} tokens")
-            tokens[i, at : at + n] = segment
-            segment_ids[i, at : at + n] = j
-            positions[i, at : at + n] = np.arange(n)
-            at += n
+        if not len(segments):
+            continue
+        sizes = np.fromiter((len(x) for x in segments), np.int64, len(segments))
+        n = int(sizes.sum())
+        if n > length:
+            raise AssertionError(f"row {i} overflows {length} tokens")
+        # One concatenation per row; ids and positions from the segment sizes.
+        tokens[i, :n] = np.concatenate(segments)
+        segment_ids[i, :n] = np.repeat(np.arange(1, len(sizes) + 1, dtype=np.int32), sizes)
+        starts = np.cumsum(sizes) - sizes
+        positions[i, :n] = np.arange(n) - np.repeat(starts, sizes)
     return {"tokens": tokens, "segment_ids": segment_ids, "positions": positions}
 
 
