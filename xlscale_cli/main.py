@@ -16,7 +16,10 @@ import sys
 # name -> (module, one-line help). A dict registry: adding a command is one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "sizes": ("xlscale_cli.sizes", "print the LLaMA2 size table of the CPT paper (Table 4)"),
-    "data": ("xlscale_cli.data", "build the local corpora from Debian packages"),
+    "data": (
+        "xlscale_cli.data",
+        "build the local corpora, or prepare tasks once into ArrayRecord shards",
+    ),
     "tokenizer": (
         "xlscale_cli.tokenizer",
         "train or extend a SentencePiece vocabulary; grow a checkpoint to an extended one",
