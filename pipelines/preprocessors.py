@@ -33,8 +33,14 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-NOISE_DENSITY = 0.15
-MEAN_NOISE_SPAN_LENGTH = 3.0
+# The span arithmetic lives in the TF-free module the by-index input shares (one definition).
+from pipelines.prepared.spans import (  # noqa: F401 - re-exported: callers use prep.<name>
+    MEAN_NOISE_SPAN_LENGTH,
+    NOISE_DENSITY,
+    span_corruption_lengths,
+    span_raw_length,
+)
+
 CONCAT_BATCH = 128  # documents concatenated before chunking (T5 uses 128)
 TOKENIZE_BATCH = 1024  # texts per tokenizer call
 CHUNK_BLOCK = 256  # documents chunked per op
@@ -149,48 +155,6 @@ def lm_chunks(
 
 
 # ----------------------------------------------------------------------------- span corruption
-
-
-def span_corruption_lengths(
-    raw_length: int,
-    *,
-    noise_density: float = NOISE_DENSITY,
-    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
-) -> tuple[int, int, int]:
-    """Returns `(inputs_length, targets_length, num_spans)` of a corrupted chunk of `raw_length`
-    tokens, EOS included (the same arithmetic as the mask below)."""
-    length = max(raw_length, 2)
-    noise = min(max(round(length * noise_density), 1), length - 1)
-    spans = max(round(noise / mean_noise_span_length), 1)
-    if raw_length < 2:  # the mask is drawn on length 2 and cut back
-        return raw_length + 1, raw_length + 1, 1
-    return raw_length - noise + spans + 1, noise + spans + 1, spans
-
-
-def span_raw_length(
-    inputs_length: int,
-    targets_length: int,
-    *,
-    noise_density: float = NOISE_DENSITY,
-    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
-) -> int:
-    """Returns the largest chunk whose corrupted inputs and targets (with EOS) fit the lengths
-    (T5's `random_spans_helper`, extended to respect the targets length too)."""
-    best = 0
-    for n in range(2, 4 * (inputs_length + targets_length)):
-        li, lt, _ = span_corruption_lengths(
-            n, noise_density=noise_density, mean_noise_span_length=mean_noise_span_length
-        )
-        if li <= inputs_length and lt <= targets_length:
-            best = n
-        elif li > inputs_length:
-            break
-    if best < 2:
-        raise ValueError(
-            f"sequence lengths inputs={inputs_length}, targets={targets_length} are too short "
-            "for span corruption"
-        )
-    return best
 
 
 def random_segmentation(batch: tf.Tensor, num_items: tf.Tensor, num_segments: tf.Tensor, seed):

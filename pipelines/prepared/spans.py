@@ -10,8 +10,8 @@ sentinel; sentinels count down from the top of the vocabulary (`<extra_id_k>` = 
 k`); EOS ends both. Randomness is a `numpy.random.Generator` the caller seeds statelessly per
 example, so an example's corruption is a function of its index.
 
-`span_corruption_lengths` and `span_raw_length` repeat the arithmetic of
-`pipelines.preprocessors` (which imports TensorFlow); a test ties the two.
+`span_corruption_lengths` and `span_raw_length` are defined here, without TensorFlow, and
+`pipelines.preprocessors` (the seqio path) imports them: both paths cut chunks alike.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def span_corruption_lengths(
     mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
 ) -> tuple[int, int, int]:
     """Returns `(inputs_length, targets_length, num_spans)` of a corrupted chunk of `raw_length`
-    tokens, EOS included (`pipelines.preprocessors.span_corruption_lengths`)."""
+    tokens, EOS included (the same arithmetic as T5's mask)."""
     length = max(raw_length, 2)
     noise = min(max(round(length * noise_density), 1), length - 1)
     spans = max(round(noise / mean_noise_span_length), 1)
@@ -46,7 +46,7 @@ def span_raw_length(
     mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
 ) -> int:
     """Returns the largest chunk whose corrupted inputs and targets (with EOS) fit the lengths
-    (`pipelines.preprocessors.span_raw_length`).
+    (T5's `random_spans_helper`, extended to respect the targets length too).
 
     Raises:
       ValueError: no chunk of at least 2 tokens fits.
