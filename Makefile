@@ -25,8 +25,11 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; work stealing balances the long
+# end-to-end tests); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 demo: setup
 	$(BIN)/xlscale demo
