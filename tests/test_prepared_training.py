@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from pipelines.prepared import prepare as prepare_lib
@@ -156,3 +157,76 @@ def test_prepared_data_of_another_vocabulary_is_refused_before_training(
     message = str(refused.value)
     assert "PREPARED_DATA" in message and "vocabulary" in message, message
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_t5_pretrains_on_prepared_span_corruption_and_finetunes_on_prepared_pairs(
+    tiny_data, tmp_path, seqio_state
+):
+    # The encoder-decoder kinds: span corruption (en 50 / fr 50 at token ratios) and a finetuning
+    # set of exactly 12 translation pairs (the MT paper's Df / 512 pairs), both read by index.
+    from trainer.optimizers import adafactor_defaults
+
+    saved = seqio_state.snapshot()
+    out = tmp_path / "prepared"
+    registration = prepare_lib.Registration(
+        vocab_path=tiny_data["vocab"], corpora_dir=tiny_data["corpora"], extra_ids=100
+    )
+    lengths = {"inputs": 64, "targets": 32}
+    t5 = models.ModelSpec(family="t5", size="t5_tiny", overrides={"vocab_size": 512})
+    common = dict(
+        model=t5,
+        optimizer=adafactor_defaults(),
+        schedule=ScheduleConfig(name="constant", peak=1e-3),
+        checkpoint=CheckpointConfig(period=4, keep_last=1),
+        mesh=MeshConfig(num_devices=1),
+        evaluation=EvalConfig(tasks=(), period=0),
+        log_every=1,
+        seed=0,
+    )
+    try:
+        registration.register()
+        for task in ("span_en", "span_fr", "mt_en_fr"):
+            prepare_lib.prepare(
+                task_name=task,
+                split="train",
+                out_dir=out,
+                num_shards=2,
+                workers=1,
+                log=lambda line: None,
+            )
+        data = DataConfig(
+            mixture_or_task="mix_en_50_fr_50",
+            task_feature_lengths=lengths,
+            batch_size=8,
+            vocab_path=tiny_data["vocab"],
+            corpora_dir=tiny_data["corpora"],
+            extra_ids=100,
+            prepared_dir=os.fspath(out),
+        )
+        pretrained = train_lib.train(
+            model_dir=tmp_path / "pretrain",
+            data=data,
+            train_steps=4,
+            run=train_lib.RunInfo(strategy="pretrain"),
+            **common,
+        )
+        finetuned = train_lib.train(
+            model_dir=tmp_path / "finetune",
+            data=dataclasses.replace(
+                data, mixture_or_task="mt_en_fr", subset_examples=12, pairs=None
+            ),
+            train_steps=3,
+            run=train_lib.RunInfo(strategy="finetune"),
+            init_checkpoint=os.fspath(tmp_path / "pretrain"),
+            **common,
+        )
+    finally:
+        seqio_state.restore(saved)
+    assert pretrained.completed and finetuned.completed
+    records = metrics.read_metrics(tmp_path / "pretrain")
+    by_task = records[-1]["tokens_by_task"]
+    assert set(by_task) == {"span_en", "span_fr"}
+    assert by_task["span_en"] / sum(by_task.values()) == pytest.approx(0.5, abs=0.1), by_task
+    tuned = metrics.read_metrics(tmp_path / "finetune")
+    assert all(np.isfinite(r["train/loss"]) for r in tuned), tuned
