@@ -230,3 +230,97 @@ def test_t5_pretrains_on_prepared_span_corruption_and_finetunes_on_prepared_pair
     assert by_task["span_en"] / sum(by_task.values()) == pytest.approx(0.5, abs=0.1), by_task
     tuned = metrics.read_metrics(tmp_path / "finetune")
     assert all(np.isfinite(r["train/loss"]) for r in tuned), tuned
+
+
+# One host's reading (`_read_as_host`) in a process of its own.
+_HOST_SCRIPT = (
+    "import json, sys; sys.path.insert(0, sys.argv[2]); "
+    "from test_prepared_training import _read_as_host; "
+    "print(json.dumps(_read_as_host(json.loads(sys.argv[1]))))"
+)
+
+
+@pytest.mark.slow
+def test_two_processes_read_the_one_process_batches_each_only_its_rows(
+    tiny_data, prepared, seqio_state
+):
+    # Two real processes (hosts 0 and 1 of 2, started side by side) read a replay mixture by
+    # index from step 1,000: their rows together are the batches one process reads, and each
+    # reads fewer documents than the one process.
+    import subprocess
+    import sys
+
+    def args(index: int, hosts: int) -> dict:
+        return dict(
+            vocab=tiny_data["vocab"],
+            corpora=tiny_data["corpora"],
+            prepared=os.fspath(prepared),
+            mixture=MIXTURE,
+            start=1000,
+            steps=4,
+            host=index,
+            hosts=hosts,
+        )
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _HOST_SCRIPT, json.dumps(args(i, 2)), os.path.dirname(__file__)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
+    saved = seqio_state.snapshot()
+    try:  # the one-process reading, here meanwhile
+        one = _read_as_host(args(0, 1))
+    finally:
+        seqio_state.restore(saved)
+    hosts = []
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+        hosts.append(json.loads(out.strip().splitlines()[-1]))
+    first, second = hosts
+    # Per step, host 0 holds rows 0-3 and host 1 rows 4-7 of the global batch.
+    merged = []
+    for step in range(4):
+        merged += first["rows"][4 * step : 4 * step + 4] + second["rows"][4 * step : 4 * step + 4]
+    assert merged == one["rows"]
+    assert first["reads"] < one["reads"] and second["reads"] < one["reads"], (first, second, one)
+
+
+def _read_as_host(args: dict) -> dict:
+    """What `_HOST_SCRIPT` prints, computed in this process."""
+    from pipelines import mixtures
+    from trainer import data as data_lib
+
+    prepare_lib.Registration(vocab_path=args["vocab"], corpora_dir=args["corpora"]).register()
+    mixtures.register_mixtures()
+    config = DataConfig(
+        mixture_or_task=args["mixture"],
+        task_feature_lengths={"targets": 64},
+        batch_size=8,
+        vocab_path=args["vocab"],
+        corpora_dir=args["corpora"],
+        prepared_dir=args["prepared"],
+    )
+    datasets = data_lib.prepared_datasets(config, vocab_hash=None)
+    stream = data_lib.train_batches(
+        config,
+        seed=0,
+        start_step=args["start"],
+        shard_index=args["host"],
+        num_shards=args["hosts"],
+        prepared=datasets,
+    )
+    rows = []
+    for _ in range(args["steps"]):
+        batch = next(stream)
+        rows += [
+            b"".join(batch[k][r].tobytes() for k in sorted(batch)).hex()
+            for r in range(len(batch["decoder_target_tokens"]))
+        ]
+    return {"rows": rows, "reads": sum(ds.reads for ds in datasets.values())}
