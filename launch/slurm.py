@@ -1,4 +1,5 @@
-"""The SLURM launcher: one multi-node GPU batch job per run, from `templates/slurm_gpu.sbatch`."""
+"""The SLURM launcher: one batch job per run (GPU or CPU nodes), from `templates/slurm_gpu.sbatch`;
+jobs stopped at their time limit or preempted requeue themselves and resume."""
 
 from __future__ import annotations
 
@@ -10,11 +11,27 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launch.launchers import LaunchReport, start_launch
-from launch.status import Progress
+from launch.status import PREEMPTED_EXIT_CODE, Progress
 from launch.sweep import Run
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
+
+
+def sbatch_line(option: str) -> str:
+    """One extra `#SBATCH` option as given on the command line (`--constraint=h100`, with or
+    without the `#SBATCH` prefix), checked to be a single option line, so it cannot break the
+    script it is written into.
+
+    Raises:
+      ValueError: the option spans lines or does not start with `-`.
+    """
+    text = option.strip().removeprefix("#SBATCH").strip()
+    if "\n" in text or "\r" in text or not text.startswith("-"):
+        raise ValueError(
+            f"--sbatch-line {option!r}: give one sbatch option, e.g. --constraint=h100"
+        )
+    return text
 
 
 def render_template(text: str, values: dict[str, str]) -> str:
@@ -28,9 +45,17 @@ def render_template(text: str, values: dict[str, str]) -> str:
 
 
 class SlurmLauncher:
-    """Submits one multi-node GPU batch job per run (`templates/slurm_gpu.sbatch`), chained with
+    """Submits one batch job per run (`templates/slurm_gpu.sbatch`), chained with
     `--dependency=afterok:<parent job>`; each node runs one JAX process, which finds its peers
-    through the `jax.distributed` environment the script exports."""
+    through the `jax.distributed` environment the script exports (jobs of several nodes).
+
+    The resources asked are the ones given, nothing more: `gpus_per_node=0` asks for no GPU
+    (CPU partitions have no `gpu` gres, and a request for 0 of them pends forever there), and
+    `partition`, `account`, `qos`, `mem` and extra `#SBATCH` lines appear only when set. A trainer
+    stopped early with its checkpoint saved (SIGTERM `signal_before` seconds ahead of the time
+    limit, or preemption: exit 75) makes the script requeue its own job, at most `max_requeues`
+    times as counted by SLURM, so the run resumes, completes, and its dependents start.
+    """
 
     name = "slurm"
 
@@ -40,9 +65,14 @@ class SlurmLauncher:
         nodes: int = 1,
         gpus_per_node: int = 8,
         cpus_per_task: int = 32,
+        mem: str | None = None,
         time_limit: str = "48:00:00",
         partition: str | None = None,
         account: str | None = None,
+        qos: str | None = None,
+        sbatch_lines: Sequence[str] = (),
+        max_requeues: int = 3,
+        signal_before: int = 300,
         script_dir: str = "slurm",
         workdir: str | None = None,
         python: str = "python",
@@ -51,8 +81,16 @@ class SlurmLauncher:
         submit: Callable[[list[str]], str] | None = None,
         queued: Callable[[], dict[str, str]] | None = None,
     ):
+        if nodes < 1 or gpus_per_node < 0 or cpus_per_task < 1 or max_requeues < 0:
+            raise ValueError(
+                f"slurm: nodes {nodes} (>= 1), gpus per node {gpus_per_node} (>= 0), cpus per "
+                f"task {cpus_per_task} (>= 1) and max requeues {max_requeues} (>= 0) are out of range"
+            )
         self.nodes, self.gpus_per_node, self.cpus_per_task = nodes, gpus_per_node, cpus_per_task
-        self.time_limit, self.partition, self.account = time_limit, partition, account
+        self.mem, self.time_limit = mem, time_limit
+        self.partition, self.account, self.qos = partition, account, qos
+        self.sbatch_lines = [sbatch_line(line) for line in sbatch_lines]
+        self.max_requeues, self.signal_before = max_requeues, signal_before
         self.script_dir, self.workdir = script_dir, workdir or os.getcwd()
         self.python, self.port, self.template = python, port, Path(template)
         self.submit = submit or _sbatch
@@ -62,12 +100,41 @@ class SlurmLauncher:
     def add_arguments(cls, group) -> None:
         """Command-line options of this launcher."""
         group.add_argument("--nodes", type=int, default=1, help="nodes per run (SLURM)")
-        group.add_argument("--gpus-per-node", type=int, default=8)
+        group.add_argument(
+            "--gpus-per-node", type=int, default=8, help="0 asks for no GPU (CPU partitions)"
+        )
+        group.add_argument("--cpus-per-task", type=int, default=32, help="CPUs per node's task")
+        group.add_argument("--mem", help="memory per node, e.g. 64G (default: the partition's)")
         group.add_argument("--partition")
         group.add_argument("--account")
+        group.add_argument("--qos")
+        group.add_argument(
+            "--sbatch-line",
+            action="append",
+            default=[],
+            metavar="OPTION",
+            help="an extra #SBATCH line, e.g. '--constraint=h100' (repeatable)",
+        )
         group.add_argument("--time-limit", default="48:00:00")
+        group.add_argument(
+            "--max-requeues",
+            type=int,
+            default=3,
+            help="times a job stopped at its time limit or preempted (checkpoint saved, exit 75) "
+            "requeues itself; 0 never",
+        )
+        group.add_argument(
+            "--signal-before",
+            type=int,
+            default=300,
+            metavar="SECONDS",
+            help="SIGTERM (checkpoint and stop) this long before the time limit",
+        )
         group.add_argument("--script-dir", default="slurm", help="where sbatch scripts are written")
         group.add_argument("--slurm-python", default="python", help="python on the nodes")
+        group.add_argument(
+            "--slurm-workdir", help="the xlscale checkout on the nodes (default: this directory)"
+        )
 
     @classmethod
     def from_args(cls, args) -> SlurmLauncher:
@@ -75,29 +142,52 @@ class SlurmLauncher:
         return cls(
             nodes=args.nodes,
             gpus_per_node=args.gpus_per_node,
+            cpus_per_task=args.cpus_per_task,
+            mem=args.mem,
             partition=args.partition,
             account=args.account,
+            qos=args.qos,
+            sbatch_lines=args.sbatch_line,
             time_limit=args.time_limit,
+            max_requeues=args.max_requeues,
+            signal_before=args.signal_before,
             script_dir=args.script_dir,
+            workdir=args.slurm_workdir,
             python=args.slurm_python,
         )
 
+    def sbatch_options(self) -> list[str]:
+        """The optional `#SBATCH` lines: only the resources and placement that were asked for."""
+        options = [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node else []
+        options += [f"--mem={self.mem}"] if self.mem else []
+        options += [
+            f"--{name}={value}"
+            for name, value in (
+                ("partition", self.partition),
+                ("account", self.account),
+                ("qos", self.qos),
+            )
+            if value
+        ]
+        options.append("--requeue" if self.max_requeues else "--no-requeue")
+        return [f"#SBATCH {option}" for option in options + self.sbatch_lines]
+
     def render(self, run: Run, *, allow_missing: bool = False) -> str:
         """The batch script of one run."""
-        sbatch = [f"#SBATCH --partition={self.partition}"] if self.partition else []
-        sbatch += [f"#SBATCH --account={self.account}"] if self.account else []
         env = {"PYTHONUNBUFFERED": "1", **run.environment()}
         values = {
             "JOB_NAME": run.run_id,
             "NODES": str(self.nodes),
-            "GPUS_PER_NODE": str(self.gpus_per_node),
             "CPUS_PER_TASK": str(self.cpus_per_task),
             "TIME_LIMIT": self.time_limit,
+            "SIGNAL_BEFORE": str(self.signal_before),
             "LOG_DIR": str(Path(self.script_dir) / "logs"),
-            "EXTRA_SBATCH": "\n".join(sbatch),
+            "EXTRA_SBATCH": "\n".join(self.sbatch_options()),
             "WORKDIR": shlex.quote(self.workdir),
             "EXPORTS": "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()),
             "COORDINATOR_PORT": str(self.port),
+            "MAX_REQUEUES": str(self.max_requeues),
+            "PREEMPTED_EXIT_CODE": str(PREEMPTED_EXIT_CODE),
             "COMMAND": shlex.join(run.argv(self.python, allow_missing=allow_missing)),
         }
         return render_template(self.template.read_text(), values)
@@ -114,6 +204,8 @@ class SlurmLauncher:
         in_queue = {} if dry_run else self.queued()
         job_ids: dict[str, str] = {}
         for run in pending:
+            if report.block_if_dependency_failed(run, progress):
+                continue
             if run.run_id in in_queue:
                 job_ids[run.run_id] = in_queue[run.run_id]
                 progress.skip(run, f"already in the queue as job {in_queue[run.run_id]}")
@@ -129,7 +221,12 @@ class SlurmLauncher:
                 report.commands.append(shlex.join(argv))
                 print(shlex.join(argv), file=progress.stream, flush=True)
                 continue
-            job_ids[run.run_id] = self.submit(argv)
+            try:
+                job_ids[run.run_id] = self.submit(argv)
+            except SubmitError as e:
+                report.failed.append(run.run_id)
+                progress.skip(run, str(e))
+                continue
             report.submitted.append(run.run_id)
             progress.note(f"submitted {run.run_id} as job {job_ids[run.run_id]}")
         return report
@@ -149,6 +246,16 @@ def _squeue() -> dict[str, str]:
     return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
 
 
+class SubmitError(RuntimeError):
+    """sbatch refused a job (its message says why: an unknown partition, a request the cluster
+    cannot satisfy); the run and its dependents are not submitted."""
+
+
 def _sbatch(argv: list[str]) -> str:
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-    return out.strip().split(";")[0]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True)
+    except OSError as e:
+        raise SubmitError(f"sbatch cannot start: {e}") from e
+    if done.returncode != 0:
+        raise SubmitError(f"sbatch refused the job: {done.stderr.strip() or done.returncode}")
+    return done.stdout.strip().split(";")[0]

@@ -115,8 +115,7 @@ def test_slurm_scripts_chain_dependencies_and_set_up_jax_distributed(runs, tmp_p
         "export PYTHONUNBUFFERED=1",
     ]:
         assert line in script, line
-    command = script.rstrip().splitlines()[-1].strip()
-    assert shlex.split(command) == runs[-1].argv("python")
+    assert shlex.split(_trainer_command(script)) == runs[-1].argv("python")
     assert "{{" not in script
     subprocess.run(
         ["bash", "-n", str(tmp_path / "slurm" / f"{runs[-1].run_id}.sbatch")], check=True
@@ -151,6 +150,178 @@ def test_slurm_submits_with_real_job_ids(runs, tmp_path):
         run = next(r for r in runs if r.run_id == name)
         if run.parent in sources:
             assert argv[2] == f"--dependency=afterok:{sources[run.parent]}"
+
+
+def _trainer_command(script: str) -> str:
+    """The trainer's command line in a rendered script (the line after `srun ... trainer \\`)."""
+    lines = script.splitlines()
+    return lines[next(i for i, line in enumerate(lines) if line.startswith("srun ")) + 1].strip()
+
+
+def _sbatch_lines(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_slurm_script_on_a_cpu_partition_asks_only_for_what_was_given(runs, tmp_path):
+    launcher = slurm.SlurmLauncher(
+        gpus_per_node=0, cpus_per_task=2, script_dir=str(tmp_path / "s"), workdir="/repo"
+    )
+    script = launcher.render(runs[0])
+    assert _sbatch_lines(script) == [
+        f"#SBATCH --job-name={runs[0].run_id}",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=2",
+        "#SBATCH --time=48:00:00",
+        f"#SBATCH --output={tmp_path / 's' / 'logs'}/%x-%j.out",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --signal=TERM@300",
+        "#SBATCH --requeue",
+    ]
+    assert "gpu" not in script.lower().replace("slurm_gpu.sbatch", "")
+    assert shlex.split(_trainer_command(script)) == runs[0].argv("python")
+    path = tmp_path / "cpu.sbatch"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+def test_slurm_script_with_gpus_and_every_placement_option(runs, tmp_path):
+    launcher = slurm.SlurmLauncher(
+        gpus_per_node=8,
+        cpus_per_task=16,
+        mem="64G",
+        partition="gpu",
+        account="proj",
+        qos="high",
+        sbatch_lines=["--constraint=h100", "#SBATCH --exclusive"],
+        max_requeues=0,
+        signal_before=120,
+        time_limit="2:00:00",
+        script_dir=str(tmp_path / "s"),
+    )
+    lines = _sbatch_lines(launcher.render(runs[0]))
+    for line in [
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --cpus-per-task=16",
+        "#SBATCH --mem=64G",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj",
+        "#SBATCH --qos=high",
+        "#SBATCH --constraint=h100",
+        "#SBATCH --exclusive",
+        "#SBATCH --no-requeue",
+        "#SBATCH --signal=TERM@120",
+        "#SBATCH --time=2:00:00",
+    ]:
+        assert line in lines, line
+    assert "#SBATCH --requeue" not in lines
+    with pytest.raises(ValueError, match="one sbatch option"):
+        slurm.SlurmLauncher(sbatch_lines=["--mem=1G\nrm -rf /"])
+    with pytest.raises(ValueError, match="out of range"):
+        slurm.SlurmLauncher(gpus_per_node=-1)
+
+
+def test_slurm_command_line_reaches_the_script(tmp_path):
+    import argparse
+
+    from xlscale_cli import sweep as sweep_cli
+
+    parser = argparse.ArgumentParser()
+    sweep_cli.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "run",
+            "smoke",
+            "--launcher",
+            "slurm",
+            "--gpus-per-node",
+            "0",
+            "--cpus-per-task",
+            "1",
+            "--mem",
+            "2G",
+            "--qos",
+            "low",
+            "--sbatch-line=--constraint=cpu",
+            "--sbatch-line=--exclusive",
+            "--max-requeues",
+            "5",
+            "--signal-before",
+            "60",
+            "--slurm-workdir",
+            "/nodes/xlscale",
+        ]
+    )
+    launcher = slurm.SlurmLauncher.from_args(args)
+    assert launcher.sbatch_options() == [
+        "#SBATCH --mem=2G",
+        "#SBATCH --qos=low",
+        "#SBATCH --requeue",
+        "#SBATCH --constraint=cpu",
+        "#SBATCH --exclusive",
+    ]
+    assert (launcher.cpus_per_task, launcher.max_requeues, launcher.signal_before) == (1, 5, 60)
+    assert launcher.workdir == "/nodes/xlscale"
+
+
+def _fake_srun_script(script: str, tmp_path: Path, *, exit_code: int, restarts: int) -> tuple:
+    """Runs a rendered script under bash with `srun` and `scontrol` replaced by stand-ins that
+    record their calls (the trainer "exits" `exit_code`); returns (exit code, output, calls)."""
+    bin_dir = tmp_path / f"bin{exit_code}_{restarts}"
+    bin_dir.mkdir()
+    calls = tmp_path / f"calls{exit_code}_{restarts}"
+    (bin_dir / "srun").write_text(f"#!/bin/sh\necho srun >> {calls}\nexit {exit_code}\n")
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "scontrol $*" >> {calls}\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "42",
+        "SLURM_NNODES": "1",
+        "SLURM_RESTART_COUNT": str(restarts),
+    }
+    done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True)
+    return done.returncode, done.stdout, calls.read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "restarts", "requeued", "job_exit"),
+    [(75, 0, True, 0), (75, 2, True, 0), (75, 3, False, 75), (1, 0, False, 1), (0, 0, False, 0)],
+)
+def test_slurm_script_requeues_itself_only_after_a_checkpointed_stop(
+    runs, tmp_path, exit_code, restarts, requeued, job_exit
+):
+    launcher = slurm.SlurmLauncher(gpus_per_node=0, workdir=str(tmp_path))
+    code, out, calls = _fake_srun_script(
+        launcher.render(runs[0]), tmp_path, exit_code=exit_code, restarts=restarts
+    )
+    assert code == job_exit, out
+    assert calls == ["srun"] + (["scontrol requeue 42"] if requeued else [])
+    assert f"requeue {restarts} of at most 3" in out
+    if requeued:
+        assert f"requeue {restarts + 1} of at most 3" in out
+    elif exit_code == 75:
+        assert "after 3 requeues (at most 3): not requeued" in out
+    assert f"trainer exited {exit_code}" in out or requeued
+
+
+def test_slurm_sbatch_refusal_fails_the_run_and_blocks_its_dependents(runs, tmp_path):
+    def refuse_sources(argv):
+        if "--dependency" not in " ".join(argv):
+            raise slurm.SubmitError("sbatch refused the job: invalid partition specified")
+        return "7"
+
+    launcher = slurm.SlurmLauncher(
+        script_dir=str(tmp_path / "s"), submit=refuse_sources, queued=lambda: {}
+    )
+    stream = io.StringIO()
+    report = launcher.launch(runs, progress=status.Progress(runs, stream=stream))
+    sources = {r.run_id for r in runs if not r.depends_on}
+    assert set(report.failed) == sources
+    assert set(report.blocked) == {r.run_id for r in runs if r.depends_on}
+    assert "invalid partition specified" in stream.getvalue()
 
 
 def test_template_placeholders_must_match():
