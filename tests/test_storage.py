@@ -386,6 +386,6 @@ def test_only_service_failures_of_a_library_call_become_storage_errors():
         with storage.service_errors("gs://b/run", "saving"):
             raise ValueError("bad shape")
     with pytest.raises(RuntimeError):  # local paths keep their own errors
-        with storage.service_errors("/tmp/run", "saving"):
+        with storage.service_errors("runs/local", "saving"):
             refused()
     assert not storage.is_service_failure(KeyError("x"))
