@@ -304,8 +304,12 @@ GUARDS: dict[str, tuple[Callable[..., str | None], ...]] = {
 
 # Changes allowed without a policy: key -> predicate on the new fingerprint.
 IMPLICIT: dict[str, Callable[[Mapping[str, Any]], bool]] = {
-    # Global packing gives the same global batches whatever the host count.
-    "process_count": lambda fp: fp.get("data", {}).get("host_sharding", "per_host") == "global",
+    # Global packing, and reading prepared data by index, give the same global batches whatever
+    # the host count.
+    "process_count": lambda fp: (
+        fp.get("data", {}).get("host_sharding", "per_host") == "global"
+        or fp.get("data", {}).get("prepared_dir") is not None
+    ),
 }
 
 
@@ -399,7 +403,9 @@ def check_resume(
     if not recorded:
         return None
     policy_text = ",".join(names) + (
-        f" (implicit: {', '.join(implicit)}; data.host_sharding='global')" if implicit else ""
+        f" (implicit: {', '.join(implicit)}; the global batches do not depend on the host count)"
+        if implicit
+        else ""
     )
     log.warning(
         "%s: resuming with amended settings (RESUME_POLICY %s): %s",
