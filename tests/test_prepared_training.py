@@ -324,3 +324,20 @@ def _read_as_host(args: dict) -> dict:
             for r in range(len(batch["decoder_target_tokens"]))
         ]
     return {"rows": rows, "reads": sum(ds.reads for ds in datasets.values())}
+
+
+def test_another_host_count_resumes_implicitly_on_prepared_data(tmp_path):
+    from trainer import fingerprint
+
+    stored = {"data": {"prepared_dir": "/p", "host_sharding": "per_host"}, "process_count": 1}
+    moved = {**stored, "process_count": 2}
+    amendment = fingerprint.check_resume(stored=stored, new=moved, policy=None, model_dir=tmp_path)
+    assert amendment is not None  # recorded, not refused
+    seqio_path = {"data": {"prepared_dir": None, "host_sharding": "per_host"}, "process_count": 1}
+    with pytest.raises(validation.ConfigError, match="process_count"):
+        fingerprint.check_resume(
+            stored=seqio_path,
+            new={**seqio_path, "process_count": 2},
+            policy=None,
+            model_dir=tmp_path,
+        )
