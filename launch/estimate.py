@@ -1,4 +1,5 @@
-"""Run-time estimates for sweep plans, from a throughput measured on this machine.
+"""Run-time estimates for sweep plans: from a throughput measured on this machine, a given step
+time, or the hardware users book (`hardware_throughput`: chips × dense bf16 peak × MFU).
 
 The throughput is FLOPs per second of what a training step computes (`Counts.cost_per_token`:
 the 6·N matmuls, attention and the output projection), measured with one jitted
@@ -10,6 +11,7 @@ is what scaling a measured step time by FLOPs means.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Sequence
 
@@ -24,6 +26,63 @@ class Throughput:
 
     flops_per_s: float
     source: str
+
+
+# Accelerator kinds for `--hardware`: (dense bf16 peak FLOP/s per chip, how the slice name counts
+# chips). TPU slice names count TensorCores (v4/v5p: 2 per chip) or chips (v5e/v6e); GPU hosts are
+# written `<n>x<kind>`. The peaks are `trainer.metrics.PEAK_FLOPS`'s.
+TPU_KINDS: dict[str, tuple[float, int]] = {
+    "v4": (275e12, 2),
+    "v5p": (459e12, 2),
+    "v5e": (197e12, 1),
+    "v6e": (918e12, 1),
+}
+GPU_KINDS: dict[str, float] = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+_TPU_SLICE = re.compile(r"^(v4|v5p|v5e|v6e)-(\d+)$")
+_GPU_HOSTS = re.compile(r"^(\d+)x(H100|H200|A100)$", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """What a run is booked on: `chips` accelerators of `peak` dense bf16 FLOP/s each."""
+
+    name: str
+    chips: int
+    peak: float
+
+
+def parse_hardware(name: str) -> Hardware:
+    """`v5p-128` (64 chips), `v5e-16`, `v4-8`, `v6e-256`, `8xH100`, `64xA100`, ... as `Hardware`.
+
+    Raises:
+      ValueError: naming `--hardware`, the value and the accepted forms.
+    """
+    if m := _TPU_SLICE.match(name):
+        peak, cores_per_chip = TPU_KINDS[m.group(1)]
+        cores = int(m.group(2))
+        if cores % cores_per_chip == 0 and cores > 0:
+            return Hardware(name, cores // cores_per_chip, peak)
+    if m := _GPU_HOSTS.match(name):
+        kind = next(k for k in GPU_KINDS if k.lower() == m.group(2).lower())
+        if int(m.group(1)) > 0:
+            return Hardware(name, int(m.group(1)), GPU_KINDS[kind])
+    raise ValueError(
+        f"--hardware {name!r}: allowed: a TPU slice <{'|'.join(TPU_KINDS)}>-<cores> (v4/v5p count "
+        f"2 TensorCores per chip, e.g. v5p-128 = 64 chips) or GPUs <n>x<{'|'.join(GPU_KINDS)}> "
+        "(e.g. 8xH100)"
+    )
+
+
+def hardware_throughput(hardware: Hardware, *, mfu: float) -> Throughput:
+    """The training-FLOP rate of `hardware` at model FLOPs utilisation `mfu` (0 < mfu <= 1):
+    chips × peak × mfu, FLOPs counted as `Counts.cost_per_token` (6N + attention + output)."""
+    if not 0 < mfu <= 1:
+        raise ValueError(f"--mfu {mfu!r}: allowed: a fraction in (0, 1], e.g. 0.5")
+    return Throughput(
+        hardware.chips * hardware.peak * mfu,
+        f"{hardware.name}: {hardware.chips} chips x {hardware.peak / 1e12:g} TFLOP/s dense bf16 "
+        f"peak x {mfu:.0%} MFU; FLOPs per token = cost_per_token (6N + attention + output layer)",
+    )
 
 
 def smallest(runs: Sequence[Run]) -> Run | None:

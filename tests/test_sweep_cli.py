@@ -4,6 +4,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from launch import sweep
 from xlscale_cli.main import main
 
@@ -127,3 +129,26 @@ def test_plan_measures_the_step_of_either_family(capsys):
         assert base.family == family
         rate = estimate.measure(base, seq_len=16, steps=1)
         assert rate.flops_per_s > 0 and "measured" in rate.source
+
+
+def test_plan_on_booked_hardware_prints_chip_hours(capsys):
+    from launch import estimate
+
+    assert main(["sweep", "plan", "cpt_paper", "--hardware", "v5p-128", "--mfu", "0.4"]) == 0
+    out = capsys.readouterr().out
+    assert "v5p-128: 64 chips x 459 TFLOP/s dense bf16 peak x 40% MFU" in out
+    assert "chip-hours" in out.splitlines()[2] and "on v5p-128, one run after another" in out
+    assert main(["sweep", "plan", "cpt_paper", "--hardware", "8xH100", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["runs"]
+    runs = {r.run_id: r for r in sweep.expand(sweep.load_manifest("cpt_paper"))}
+    for row in rows[:3]:
+        seconds = runs[row["run_id"]].cost / (8 * 989e12 * 0.5)
+        assert row["estimated_s"] == pytest.approx(seconds)
+        assert row["chip_hours"] == pytest.approx(8 * seconds / 3600)
+    assert estimate.parse_hardware("v5e-16").chips == 16
+    for bad in ("v5p-3", "tpu-8", "0xH100"):
+        assert main(["sweep", "plan", "smoke", "--hardware", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"--hardware {bad!r}" in err and "8xH100" in err, err
+    assert main(["sweep", "plan", "smoke", "--hardware", "v4-8", "--mfu", "1.5"]) == 2
+    assert "--mfu 1.5" in capsys.readouterr().err

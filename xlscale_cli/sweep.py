@@ -66,6 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds per step of the smallest run (instead of measuring one)",
     )
     plan.add_argument("--no-measure", action="store_true", help="no time estimates")
+    plan.add_argument(
+        "--hardware",
+        metavar="SLICE",
+        help="estimate on the hardware you book instead of this machine: a TPU slice "
+        "(v5p-128, v5e-16, v4-8, v6e-256) or GPUs (8xH100, 64xA100); prints chip-hours",
+    )
+    plan.add_argument(
+        "--mfu",
+        type=float,
+        default=0.5,
+        help="model FLOPs utilisation assumed with --hardware (default 0.5)",
+    )
 
     run = actions.add_parser("run", parents=[common], help="launch the runs in dependency order")
     run.add_argument("--launcher", choices=sorted(launchers.LAUNCHERS), default="local")
@@ -141,12 +153,23 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def plan(args) -> int:
     """Prints one row per run: id, strategy, N, tokens, FLOPs, steps, batch, estimated time."""
     manifest, runs = _runs(args)
-    throughput, why = estimate.throughput_for(
-        runs, step_time=args.step_time, measure_step=not args.no_measure
-    )
+    hardware = None
+    if args.hardware:
+        if args.step_time:
+            raise ValueError("--hardware and --step-time both set; allowed: one of them")
+        hardware = estimate.parse_hardware(args.hardware)
+        throughput, why = estimate.hardware_throughput(hardware, mfu=args.mfu), ""
+    else:
+        throughput, why = estimate.throughput_for(
+            runs, step_time=args.step_time, measure_step=not args.no_measure
+        )
     if throughput is None:
         print(f"# no time estimates: {why}", file=sys.stderr)
     rows = estimate.plan_rows(runs, throughput)
+    chips = hardware.chips if hardware else None
+    for row in rows:  # chip-hours: what a booking costs (only for booked hardware)
+        seconds = row["estimated_s"]
+        row["chip_hours"] = None if chips is None or seconds is None else chips * seconds / 3600
     if args.json:
         print(json.dumps({"manifest": manifest.name, "runs": rows}, indent=1))
         return 0
@@ -154,6 +177,7 @@ def plan(args) -> int:
     if throughput:
         print(f"# time estimates: {throughput.flops_per_s:.3g} FLOP/s, {throughput.source}")
     header = ["run id", "N", "tokens", "FLOPs (6ND)", "steps", "batch", "est. time"]
+    header += ["chip-hours"] if hardware else []
     table = [
         [
             row["run_id"],
@@ -164,6 +188,7 @@ def plan(args) -> int:
             str(row["batch_size"]),
             run_states.format_seconds(row["estimated_s"]) if throughput else "-",
         ]
+        + ([_fmt(row["chip_hours"], ",.0f")] if hardware else [])
         for row in rows
     ]
     print(_table(header, table))
@@ -173,10 +198,13 @@ def plan(args) -> int:
     total_s = [row["estimated_s"] for row in rows]
     total_flops = "?" if None in flops else f"{sum(flops):.3g}"
     total_time = run_states.format_seconds(None if None in total_s else sum(total_s))
-    print(
-        f"# total: {sum(r.tokens for r in runs):.3g} tokens, {total_flops} FLOPs (6ND)"
-        + (f", about {total_time} on this machine" if throughput else "")
-    )
+    where = f"on {hardware.name}, one run after another" if hardware else "on this machine"
+    total = f"# total: {sum(r.tokens for r in runs):.3g} tokens, {total_flops} FLOPs (6ND)"
+    if throughput:
+        total += f", about {total_time} {where}"
+    if hardware and None not in total_s:
+        total += f", {hardware.chips * sum(total_s) / 3600:,.0f} chip-hours"
+    print(total)
     return 0
 
 
