@@ -155,7 +155,8 @@ def test_slurm_submits_with_real_job_ids(runs, tmp_path):
 def _trainer_command(script: str) -> str:
     """The trainer's command line in a rendered script (the line after `srun ... trainer \\`)."""
     lines = script.splitlines()
-    return lines[next(i for i, line in enumerate(lines) if line.startswith("srun ")) + 1].strip()
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    return lines[srun + 2].strip()
 
 
 def _sbatch_lines(script: str) -> list[str]:
@@ -176,6 +177,7 @@ def test_slurm_script_on_a_cpu_partition_asks_only_for_what_was_given(runs, tmp_
         f"#SBATCH --output={tmp_path / 's' / 'logs'}/%x-%j.out",
         "#SBATCH --open-mode=append",
         "#SBATCH --signal=TERM@300",
+        "#SBATCH --kill-on-invalid-dep=yes",
         "#SBATCH --requeue",
     ]
     assert "gpu" not in script.lower().replace("slurm_gpu.sbatch", "")
