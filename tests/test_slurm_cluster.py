@@ -18,7 +18,7 @@ import pytest
 from slurm_cluster import ClusterUnavailable, SlurmCluster, ensure_installed
 
 from launch import status, sweep
-from rundir import names, records
+from rundir import records
 
 REPO = Path(sweep.__file__).resolve().parent.parent
 
@@ -67,6 +67,7 @@ replay_ratios = [0.1]
 steps = 6
 batch_size = 8
 """
+LONG_STEPS = 500  # the run stopped by SIGTERM: a few seconds of steps after its first log line
 WAIT_S = 300  # the whole sweep, queue to COMPLETED, on two shared CPUs
 
 
@@ -196,17 +197,23 @@ def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_pa
 def test_a_run_stopped_by_sigterm_requeues_itself_and_completes(slurm_env, tiny_data, tmp_path):
     cluster = slurm_env
     manifest = tmp_path / "slurm_cluster.toml"
-    manifest.write_text(MANIFEST)
+    # Long enough (a few seconds of steps) to be stopped in the middle of training.
+    manifest.write_text(
+        MANIFEST.replace("steps = 6", f"steps = {LONG_STEPS}")
+        .replace("EVAL_PERIOD = 4", f"EVAL_PERIOD = {LONG_STEPS // 2}")
+        .replace("CHECKPOINT_PERIOD = 4", f"CHECKPOINT_PERIOD = {LONG_STEPS}")
+    )
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
     runs = [r for r in _runs(manifest, runs_dir, tiny_data) if r.strategy in ("source", "cpt")]
     source, cpt = sorted(runs, key=lambda r: r.strategy != "source")
+    assert source.steps == LONG_STEPS
 
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, "--only", cpt.run_id) == 0
     job_id = _job_ids_when_started(script_dir, source.run_id)
-    # The trainer holds its lease (and catches SIGTERM) from here on: a preemption notice
-    # (SIGTERM to the job's steps, not its batch shell) makes it stop, exit 75, and requeue.
-    lease = Path(source.model_dir) / names.LEASE_FILE
-    _wait_until(lambda: lease.exists(), f"{lease} written", 120, script_dir)
+    # Once training has logged a step, a preemption notice (SIGTERM to the job's steps, not its
+    # batch shell) makes the trainer save a checkpoint, exit 75, and the job requeue itself.
+    _wait_until(lambda: status.last_step(source) > 0, "a logged step", 180, script_dir)
+    stopped_after = status.last_step(source)
     cluster.run(["scancel", "--signal=TERM", job_id])
     _wait_for_empty_queue(cluster, script_dir, WAIT_S)
 
@@ -225,7 +232,12 @@ def test_a_run_stopped_by_sigterm_requeues_itself_and_completes(slurm_env, tiny_
         f"xlscale: job {job_id} start, requeue 1 of at most 3",
         "xlscale: trainer exited 0",
     ], log[-3000:]
+    # The rerun resumed from the checkpoint saved on SIGTERM, in the middle of training.
+    resumed = re.findall(r"resuming from step (\d+)", log)
+    assert len(resumed) == 1 and stopped_after <= int(resumed[0]) < LONG_STEPS, log[-3000:]
     assert records.read_completed(source.model_dir)["step"] == source.steps
+    steps = [r["step"] for r in records.read_metrics(source.model_dir)]
+    assert steps == sorted(set(steps)) and steps[-1] == LONG_STEPS
     cpt_job = cluster.job(_job_ids(script_dir)[cpt.run_id])
     assert cpt_job["JobState"] == "COMPLETED" and status.is_completed(cpt)
     assert cpt_job["StartTime"] >= job["EndTime"]
