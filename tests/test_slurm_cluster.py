@@ -255,3 +255,32 @@ def _wait_until(ready, what: str, timeout: float, script_dir: Path) -> None:
             logs = "\n".join(p.read_text()[-2000:] for p in (script_dir / "logs").glob("*"))
             pytest.fail(f"no {what} after {timeout} s\n{logs}")
         time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_is_not_requeued_and_its_dependents_are_cancelled(
+    slurm_env, tiny_data, tmp_path, capsys
+):
+    cluster = slurm_env
+    manifest = tmp_path / "slurm_cluster.toml"
+    manifest.write_text(MANIFEST)
+    runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
+    broken = {**tiny_data, "vocab": str(tmp_path / "missing.model")}  # a configuration error
+    runs = _runs(manifest, runs_dir, broken)
+
+    assert _sweep_run(manifest, runs_dir, script_dir, broken) == 0
+    submitted = dict(re.findall(r"submitted (\S+) as job (\d+)", capsys.readouterr().out))
+    assert set(submitted) == {r.run_id for r in runs}
+    _wait_for_empty_queue(cluster, script_dir, WAIT_S)
+
+    for run in runs:
+        job = cluster.job(submitted[run.run_id])
+        if run.depends_on:
+            assert (job["JobState"], job["Reason"]) == ("CANCELLED", "DependencyNeverSatisfied")
+            assert job["StartTime"] == "None" or job["RunTime"] == "00:00:00"
+            continue
+        log = _log(script_dir, run.run_id)
+        assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("FAILED", "2:0", "0"), log
+        assert "xlscale: trainer exited 2" in log and "requeue 1" not in log
+        assert "missing.model" in log
+    assert not any(status.is_completed(r) for r in runs)
