@@ -3,9 +3,11 @@ jobs stopped at their time limit or preempted requeue themselves and resume."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -259,3 +261,104 @@ def _sbatch(argv: list[str]) -> str:
     if done.returncode != 0:
         raise SubmitError(f"sbatch refused the job: {done.stderr.strip() or done.returncode}")
     return done.stdout.strip().split(";")[0]
+
+
+# Pending reasons that do not go away by waiting: the job asks what its partition cannot give,
+# or a job it depends on failed. -> what to do about it.
+STUCK_REASONS = {
+    "PartitionConfig": "the partition cannot give what the job asks (--cpus-per-task, "
+    "--gpus-per-node, --mem, --nodes, --time-limit): scancel, and run the sweep asking less",
+    "PartitionNodeLimit": "more nodes than the partition allows: cancel, submit with --nodes lower",
+    "PartitionTimeLimit": "a longer --time-limit than the partition allows: cancel and resubmit",
+    "DependencyNeverSatisfied": "a job it depends on failed: fix that run and run the sweep again",
+    "InvalidAccount": "the --account is not valid here",
+    "InvalidQOS": "the --qos is not valid here",
+}
+_SQUEUE_FIELDS = ("JobID", "Name", "State", "Reason", "TimeUsed", "NodeList", "RestartCnt")
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmJob:
+    """A run's newest job as SLURM's queue shows it: id, state (PENDING, RUNNING, COMPLETED,
+    FAILED, ...), the reason it waits or ended (Dependency, PartitionConfig, NonZeroExitCode,
+    ...), time used, node(s), and requeues so far."""
+
+    job_id: str
+    state: str
+    reason: str
+    elapsed: str
+    nodes: str
+    restarts: int
+
+    @property
+    def stuck(self) -> str | None:
+        """What to do when the job waits for something that will not come, else None."""
+        return STUCK_REASONS.get(self.reason) if self.state == "PENDING" else None
+
+    def describe(self) -> str:
+        """`1234 PENDING (Dependency)`, `1235 RUNNING 0:42 on node7, requeued 1`: one cell."""
+        text = f"{self.job_id} {self.state}"
+        if self.reason and self.reason != "None":
+            text += f" ({self.reason})"
+        if self.state not in ("PENDING", "CANCELLED") and self.elapsed:
+            text += f" {self.elapsed}" + (f" on {self.nodes}" if self.nodes else "")
+        return text + (f", requeued {self.restarts}" if self.restarts else "")
+
+
+def parse_squeue(text: str) -> dict[str, SlurmJob]:
+    """Run id (job name) -> its newest job (highest id), from `squeue --Format` lines of
+    `_SQUEUE_FIELDS` each ending in `|`."""
+    jobs: dict[str, SlurmJob] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < len(_SQUEUE_FIELDS):
+            continue
+        job_id, name, state, reason, elapsed, nodes, restarts = fields[: len(_SQUEUE_FIELDS)]
+        job = SlurmJob(
+            job_id=job_id.strip(),
+            state=state.strip(),
+            reason=reason.strip(),
+            elapsed=elapsed.strip(),
+            nodes=nodes.strip(),
+            restarts=int(restarts) if restarts.strip().isdigit() else 0,
+        )
+        name = name.strip()
+        if name not in jobs or _job_number(job) > _job_number(jobs[name]):
+            jobs[name] = job
+    return jobs
+
+
+def _job_number(job: SlurmJob) -> int:
+    head = job.job_id.split("_")[0]
+    return int(head) if head.isdigit() else -1
+
+
+# Where SLURM's clients find their configuration when SLURM_CONF is not set.
+CONFIG_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
+
+
+def slurm_configured() -> bool:
+    """Whether this machine is a SLURM client: `squeue` installed and a configuration to read
+    (SLURM_CONF or a standard path), so asking the queue cannot hang or search the network."""
+    if shutil.which("squeue") is None:
+        return False
+    paths = [os.environ["SLURM_CONF"]] if os.environ.get("SLURM_CONF") else CONFIG_PATHS
+    return any(Path(p).is_file() for p in paths)
+
+
+def scheduler_jobs(run_ids: Sequence[str]) -> dict[str, SlurmJob] | None:
+    """This user's newest SLURM job for each run id (job name = run id), finished ones
+    included while slurmctld remembers them (MinJobAge); None where `squeue` is not installed
+    or cannot reach a controller, so callers can tell "no scheduler" from "not queued"."""
+    if shutil.which("squeue") is None:
+        return None
+    argv = ["squeue", "--me", "--states=all", "--noheader"]
+    argv.append("--Format=" + ",".join(f"{field}:|" for field in _SQUEUE_FIELDS))
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    wanted = set(run_ids)
+    return {name: job for name, job in parse_squeue(done.stdout).items() if name in wanted}

@@ -389,3 +389,30 @@ def test_tpu_vm_setup_script_dry_run():
     assert "pip install -e . 'jax[tpu]==0.10.2'" in remote
     bad = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_squeue_lines_become_each_runs_newest_job():
+    text = (
+        "12|a|FAILED|NonZeroExitCode|0:03|node1|0|\n"
+        "15|a|RUNNING|None|1:02:03|node2|1|\n"
+        "16|b|PENDING|Dependency|0:00||0|\n"
+        "17|c|PENDING|PartitionConfig|0:00||0|\n"
+        "garbage\n"
+    )
+    jobs = slurm.parse_squeue(text)
+    assert sorted(jobs) == ["a", "b", "c"]
+    assert jobs["a"].describe() == "15 RUNNING 1:02:03 on node2, requeued 1"
+    assert jobs["b"].describe() == "16 PENDING (Dependency)" and jobs["b"].stuck is None
+    assert jobs["c"].stuck.startswith("the partition cannot give")
+    assert slurm.parse_squeue("12|a|FAILED|NonZeroExitCode|0:03|node1|0|\n")["a"].describe() == (
+        "12 FAILED (NonZeroExitCode) 0:03 on node1"
+    )
+
+
+def test_status_asks_slurm_only_where_it_is_configured(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    assert not slurm.slurm_configured()
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no squeue
+    assert not slurm.slurm_configured() and slurm.scheduler_jobs(["a"]) is None

@@ -9,6 +9,7 @@ pytest-xdist a single worker runs them. Skipped, saying why, only where the daem
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -161,7 +162,7 @@ def _log(script_dir: Path, run_id: str) -> str:
 
 
 @pytest.mark.slow
-def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_path):
+def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_path, capsys):
     cluster = slurm_env
     manifest = tmp_path / "slurm_cluster.toml"
     manifest.write_text(MANIFEST)
@@ -191,6 +192,12 @@ def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_pa
     # A second `sweep run` finds every run done and submits nothing.
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data) == 0
     assert cluster.jobs() == [] and len(_job_ids(script_dir)) == len(runs)
+    # `sweep status` joins the finished jobs (slurmctld keeps them for MinJobAge).
+    text = _sweep_status(manifest, runs_dir, capsys, data=tiny_data)
+    for run in runs:
+        row = next(line for line in text.splitlines() if line.startswith(run.run_id))
+        assert row.split()[1] == "done" and f"{jobs[run.run_id]} COMPLETED" in row, text
+    assert "# slurm: COMPLETED 3" in text
 
 
 @pytest.mark.slow
@@ -284,3 +291,55 @@ def test_a_run_that_fails_is_not_requeued_and_its_dependents_are_cancelled(
         assert "xlscale: trainer exited 2" in log and "requeue 1" not in log
         assert "missing.model" in log
     assert not any(status.is_completed(r) for r in runs)
+
+
+def _sweep_status(manifest: Path, runs_dir: Path, capsys, *extra: str, data=None) -> str:
+    from xlscale_cli import main as cli
+
+    data = data or {"corpora": "/d", "vocab": "/v"}
+    capsys.readouterr()
+    argv = ["sweep", "status", str(manifest), "--runs-dir", str(runs_dir), *extra]
+    argv += ["--var", f"DATA_DIR={data['corpora']}", "--var", f"VOCAB_PATH={data['vocab']}"]
+    assert cli.main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_status_names_jobs_that_can_never_start(slurm_env, tmp_path, capsys):
+    # The first encounter: every job asks more CPUs than the node has, and pends forever
+    # (PartitionConfig); `sweep status` says so, and what to do, instead of "pending".
+    cluster = slurm_env
+    manifest = tmp_path / "slurm_cluster.toml"
+    manifest.write_text(MANIFEST)
+    runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
+    data = {"corpora": "/d", "vocab": "/v"}
+    runs = _runs(manifest, runs_dir, data)
+    too_many = str(cluster.cpus * 16)
+    assert _sweep_run(manifest, runs_dir, script_dir, data, "--cpus-per-task", too_many) == 0
+    try:
+        submitted = dict(re.findall(r"submitted (\S+) as job (\d+)", capsys.readouterr().out))
+        assert len(submitted) == len(runs)
+        source = next(r for r in runs if not r.depends_on)
+        deadline = time.monotonic() + 30
+        while cluster.job(submitted[source.run_id])["Reason"] != "PartitionConfig":
+            assert time.monotonic() < deadline, cluster.job(submitted[source.run_id])
+            time.sleep(0.5)
+
+        text = _sweep_status(manifest, runs_dir, capsys)
+        assert f"{submitted[source.run_id]} PENDING (PartitionConfig)" in text
+        # Every job, dependents included, waits on the partition's limits first.
+        assert "# slurm: PENDING 3 (PartitionConfig 3)" in text, text
+        assert "# 3 job(s) will never start (PartitionConfig: " in text
+        assert "--cpus-per-task" in text
+        rows = json.loads(_sweep_status(manifest, runs_dir, capsys, "--json"))
+        by_id = {row["run_id"]: row for row in rows}
+        assert by_id[source.run_id]["state"] == "pending"
+        assert by_id[source.run_id]["slurm"]["reason"] == "PartitionConfig"
+        assert by_id[source.run_id]["slurm"]["stuck"].startswith("the partition cannot give")
+        assert {row["slurm"]["reason"] for row in rows} == {"PartitionConfig"}
+        # A second `sweep run` finds the runs in the queue and submits none of them again.
+        assert _sweep_run(manifest, runs_dir, script_dir, data, "--cpus-per-task", "1") == 0
+        assert "submitted 0" in capsys.readouterr().out
+    finally:
+        cluster.run(["scancel", "--user=root"], check=False)
+    assert "no job of these runs" not in _sweep_status(manifest, runs_dir, capsys)
+    assert "slurm job" not in _sweep_status(manifest, runs_dir, capsys, "--scheduler", "none")

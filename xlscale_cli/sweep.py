@@ -94,6 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=900.0,
         help="seconds without new metrics before a run counts as stopped",
     )
+    status.add_argument(
+        "--scheduler",
+        choices=["auto", "slurm", "none"],
+        default="auto",
+        help="join each run's SLURM job (id, state, reason, requeues) from squeue; auto: where "
+        "squeue and a slurm.conf are installed",
+    )
     choose = actions.add_parser(
         "select",
         parents=[common],
@@ -323,10 +330,15 @@ def status(args) -> int:
     """Prints each run's state, last step and losses, then the counts per state."""
     manifest, runs = _runs(args)
     states = [run_states.run_status(r, stale_s=args.stale) for r in runs]
+    jobs = _scheduler_jobs(args, runs)
     if args.json:
-        print(json.dumps([s.__dict__ | {"evals": dict(s.evals)} for s in states], indent=1))
+        rows = [s.__dict__ | {"evals": dict(s.evals)} for s in states]
+        if jobs is not None:
+            rows = [row | {"slurm": _job_json(jobs.get(row["run_id"]))} for row in rows]
+        print(json.dumps(rows, indent=1))
         return 0
     header = ["run id", "state", "step", "train loss", "eval losses"]
+    header += ["slurm job"] if jobs is not None else []
     rows = [
         [
             s.run_id,
@@ -335,12 +347,15 @@ def status(args) -> int:
             _fmt(s.loss, ".4f"),
             " ".join(f"{t}={v:.4f}" for t, v in s.evals),
         ]
+        + ([jobs[s.run_id].describe() if s.run_id in jobs else "-"] if jobs is not None else [])
         for s, r in zip(states, runs, strict=True)
     ]
     print(f"# {manifest.name}: {len(runs)} runs under {manifest.runs_dir}")
     print(_table(header, rows))
     counts = run_states.count_states(states)
     print("# " + ", ".join(f"{k} {n}" for k, n in counts.items()) + f" (of {len(runs)})")
+    for line in _scheduler_notes(jobs):
+        print(line)
     waiting = sum(r.waits_for_selection for r in runs)
     if manifest.selects:
         document = selection.read(manifest.runs_dir) or {}
@@ -350,3 +365,47 @@ def status(args) -> int:
     if waiting:
         print(f"# {waiting} pending runs wait for a [[select]] choice")
     return 0
+
+
+def _scheduler_jobs(args, runs):
+    """Run id -> its SLURM job (`launch.slurm.scheduler_jobs`), or None when not asked or, for
+    `--scheduler auto`, where no SLURM is reachable."""
+    if args.scheduler == "none":
+        return None
+    from launch import slurm
+
+    if args.scheduler == "auto" and not slurm.slurm_configured():
+        return None
+    jobs = slurm.scheduler_jobs([r.run_id for r in runs])
+    if jobs is None and args.scheduler == "slurm":
+        raise ValueError("--scheduler slurm: squeue is not installed or reaches no controller")
+    return jobs
+
+
+def _job_json(job):
+    return None if job is None else job.__dict__ | {"stuck": job.stuck}
+
+
+def _scheduler_notes(jobs) -> list[str]:
+    """`# slurm: PENDING 2 (Dependency 1, PartitionConfig 1), RUNNING 1` and one line per reason
+    a job will wait for forever, with what to do."""
+    if not jobs:
+        return [] if jobs is None else ["# slurm: no job of these runs in the queue"]
+    by_state: dict[str, dict[str, int]] = {}
+    for job in jobs.values():
+        reasons = by_state.setdefault(job.state, {})
+        if job.reason and job.reason != "None":
+            reasons[job.reason] = reasons.get(job.reason, 0) + 1
+    parts = []
+    for state, reasons in sorted(by_state.items()):
+        n = sum(j.state == state for j in jobs.values())
+        detail = ", ".join(f"{r} {k}" for r, k in sorted(reasons.items()))
+        parts.append(f"{state} {n}" + (f" ({detail})" if detail else ""))
+    lines = ["# slurm: " + ", ".join(parts)]
+    stuck: dict[tuple[str, str], list[str]] = {}
+    for job in jobs.values():
+        if job.stuck:
+            stuck.setdefault((job.reason, job.stuck), []).append(job.job_id)
+    for (reason, hint), ids in sorted(stuck.items()):
+        lines.append(f"# {len(ids)} job(s) will never start ({reason}: {', '.join(ids)}): {hint}")
+    return lines
