@@ -152,6 +152,8 @@ class SlurmCluster:
           ClusterUnavailable: a daemon exits or the node does not become idle in time (the
             daemons' logs are quoted); the daemons already started are stopped.
         """
+        if os.geteuid() != 0:
+            raise ClusterUnavailable("slurmd runs jobs as their users, so it must run as root")
         for sub in ("state", "spool", "log"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         key = self.root / "munge.key"
