@@ -69,6 +69,10 @@ def ensure_installed(log_path: Path) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     with open(log_path, "ab") as out:
         done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=900)
+        if done.returncode != 0:  # a fresh image often has no package lists yet: fetch them once
+            update = ["apt-get", "update"]
+            subprocess.run(update, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=900)
+            done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=900)
     if done.returncode != 0 or missing_programs():
         raise ClusterUnavailable(
             f"{why}; `{' '.join(argv)}` exited {done.returncode} (see {log_path}), still "
