@@ -482,11 +482,13 @@ def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str
     """
     from pipelines import mixtures
     from pipelines.prepared import shards
+    from rundir import storage
     from trainer import validation
 
     out = {}
+    root = storage.as_path(config.prepared_dir, name="PREPARED_DATA")
     for name in mixtures.component_names(config.mixture_or_task):
-        directory = storage_path(config.prepared_dir, name)
+        directory = os.fspath(root / name)
         try:
             out[name] = shards.PreparedDataset.open(directory, vocab_hash=vocab_hash)
         except shards.PreparedDataError as e:
@@ -497,11 +499,6 @@ def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str
     return out
 
 
-def storage_path(directory: str, name: str) -> str:
-    """`directory/name` for a local path or a URL (no pathlib: it would mangle `gs://`)."""
-    return f"{str(directory).rstrip('/')}/{name}"
-
-
 def prepared_input(config: DataConfig, datasets: Mapping[str, Any]) -> dict[str, Any]:
     """What the run's fingerprint records of a prepared input: the directory and the sha256 of
     each component's `manifest.json` (which lists every shard's digest), so that a resume
@@ -510,9 +507,10 @@ def prepared_input(config: DataConfig, datasets: Mapping[str, Any]) -> dict[str,
 
     from rundir import storage
 
+    root = storage.as_path(config.prepared_dir, name="PREPARED_DATA")
+
     def digest(name: str) -> str:
-        path = storage.as_path(storage_path(config.prepared_dir, name), name="PREPARED_DATA")
-        return hashlib.sha256((path / "manifest.json").read_bytes()).hexdigest()
+        return hashlib.sha256((root / name / "manifest.json").read_bytes()).hexdigest()
 
     return {"dir": config.prepared_dir, "manifests": {name: digest(name) for name in datasets}}
 
