@@ -29,7 +29,7 @@ format: setup
 # end-to-end tests); TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 demo: setup
 	$(BIN)/xlscale demo
