@@ -24,7 +24,9 @@ manifest's gin-axis macros (a learning-rate grid) and a finetune's Df (`FINETUNE
 as `--gin.<MACRO>=<value>`, so the runs of a grid differ; the manifest's `MODEL_OVERRIDES` follow
 as the t5x/models/t5.gin macros that bind the same `sizes.get_config` fields (`vocab_size` ->
 `VOCAB_SIZE`: the MT paper's 250,112 rows, not T5's 32,128), and a run whose overrides have no such
-macro is refused, naming them; the other `[gin]` settings are xlscale trainer macros and are not
+macro is refused, naming them. `EVAL_AT_START` is passed under its name (the run files bind it
+to T5X's `run_eval_before_training`, the step-0 evaluation); a log-spaced `EVAL_SCHEDULE` has no
+T5X form and is refused; the other `[gin]` settings are xlscale trainer macros and are not
 passed.
 """
 
@@ -69,6 +71,12 @@ ENV_FROM_GIN: Mapping[str, str] = {
     "XLSCALE_VOCAB_PATH": "VOCAB_PATH",
     "XLSCALE_DATA_DIR": "DATA_DIR",
 }
+# xlscale trainer macros a manifest may set that the t5x/runs/ gin files bind under the same name
+# (EVAL_AT_START -> T5X's `run_eval_before_training`, the step-0 evaluation).
+PASSED_MACROS: tuple[str, ...] = ("EVAL_AT_START",)
+# EVAL_SCHEDULE values T5X can run: its train loop evaluates every `eval_period` steps only, so a
+# log-spaced schedule (trainer/eval_schedule.py) has no T5X form and is refused, not dropped.
+T5X_EVAL_SCHEDULES: tuple[str, ...] = ("periodic",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +125,13 @@ def check(run: Any, *, manifest: str) -> None:
             f"{_where(run, manifest)}: the t5x runner cannot pass MODEL_OVERRIDES "
             f"{', '.join(unpassable)} (no t5x/models/t5.gin macro binds them); passable: "
             f"{', '.join(OVERRIDE_MACROS)}"
+        )
+    schedule = str(_literal(_bindings(run).get("EVAL_SCHEDULE", "'periodic'")))
+    if schedule not in T5X_EVAL_SCHEDULES:
+        raise ValueError(
+            f"{_where(run, manifest)}: EVAL_SCHEDULE = {schedule!r} has no T5X form (T5X "
+            f"evaluates every EVAL_PERIOD steps, and before training with EVAL_AT_START); "
+            f"allowed under the t5x runner: {', '.join(map(repr, T5X_EVAL_SCHEDULES))}"
         )
     if run.base_size not in MODEL_GIN:
         raise ValueError(
@@ -207,6 +222,7 @@ def gin_args(
         f"--gin.{OVERRIDE_MACROS[field]}={value!r}"
         for field, value in sorted(model_overrides(run).items())
     ]
+    args += [f"--gin.{name}={bindings[name]}" for name in PASSED_MACROS if name in bindings]
     args += [f"--gin.{name}={bindings[name]}" for name in gin_axes if name in bindings]
     return args
 

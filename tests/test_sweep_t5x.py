@@ -268,3 +268,30 @@ def test_the_mt_papers_vocabulary_reaches_t5x_and_unpassable_overrides_are_refus
         ValueError, match="t5x_small.toml run .*cannot pass MODEL_OVERRIDES num_encoder_layers"
     ):
         expand(text)
+
+
+def test_the_step_0_evaluation_reaches_t5x_and_a_log_schedule_is_refused():
+    # mt_paper.toml evaluates every finetune before its first update (EVAL_AT_START); under T5X
+    # that is run_eval_before_training, bound to the same macro in both run files.
+    manifest = sweep.parse_manifest(
+        tomllib.loads(sweep.resolve_manifest_path("mt_paper").read_text()),
+        path="mt_paper.toml",
+        variables=VARS,
+        runner="t5x",
+        t5x_paths=PATHS,
+    )
+    finetunes = [r for r in sweep.expand(manifest) if r.strategy in t5x_runner.FINETUNES]
+    assert finetunes
+    assert all("--gin.EVAL_AT_START=True" in r.gin_args(allow_missing=True) for r in finetunes)
+    for run_file in ("finetune.gin", "span_pretrain.gin"):
+        text = (t5x_runner.REPO_ROOT / "t5x_configs/t5x/runs" / run_file).read_text()
+        assert "\nEVAL_AT_START = False\n" in text
+        assert "run_eval_before_training = %EVAL_AT_START\n" in text
+    # Without the macro nothing is passed (T5X's default: no evaluation before training).
+    assert not any("EVAL_AT_START" in a for a in expand()["finetune"].gin_args(allow_missing=True))
+    # A log-spaced schedule cannot run under T5X: refused, naming the value and the allowed one.
+    text = MANIFEST.replace(
+        'VOCAB_PATH = "${VOCAB_PATH}"\n', 'VOCAB_PATH = "${VOCAB_PATH}"\nEVAL_SCHEDULE = "log"\n', 1
+    )
+    with pytest.raises(ValueError, match="t5x_small.toml run .*EVAL_SCHEDULE = 'log'.*'periodic'"):
+        expand(text)
