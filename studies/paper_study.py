@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,19 @@ from rundir import records as rundir_records
 CPT_MANIFESTS = ("cpt_paper", "cpt_replay", "cpt_languages")
 MT_MANIFESTS = ("mt_paper",)
 SOURCE_LANG = "en"  # the CPT study's source language (runs/cpt.gin SOURCE_LANG)
-# Evaluation period in steps (runs/common/cpt_paper.gin, runs/span_pretrain.gin); finetunes
-# evaluate at their last step only (runs/finetune.gin EVAL_PERIOD = 0).
+# Evaluation period in steps (runs/common/cpt_paper.gin, runs/span_pretrain.gin) where a manifest
+# binds none; finetunes evaluate at their last step (runs/finetune.gin EVAL_PERIOD = 0), and at
+# step 0 under EVAL_AT_START. The other settings default as runs/common/train.gin's.
 EVAL_PERIOD = 1000
+EVAL_DEFAULTS = {
+    "EVAL_AT_START": False,
+    "EVAL_SCHEDULE": "periodic",
+    "EVAL_LOG_POINTS": 20,
+    "EVAL_LOG_START": 0.001,
+}
+# A finetune's loss before its first update (EVAL_AT_START), as a multiple of its final loss: the
+# paper prints no such point, so this is a stand-in (the pretrained model has not seen the task).
+FINETUNE_START_FACTOR = 1.5
 # The paper's Dp: pretraining steps × batch × 512 input tokens (MT paper §4).
 MT_INPUT_LENGTH = 512
 PAIR_TOKENS = paper_units.PAIR_TOKENS  # the MT paper counts each finetuning pair as 512 tokens
@@ -276,8 +287,23 @@ def _meta(run: sweep.Run, **fields: Any) -> dict[str, Any]:
     return meta
 
 
-def _eval_steps(steps: int) -> list[int]:
-    return sorted({*range(EVAL_PERIOD, steps + 1, EVAL_PERIOD), steps})
+def eval_steps(run: sweep.Run, *, period: int = EVAL_PERIOD) -> list[int]:
+    """The steps `run` evaluates at under its manifest's evaluation settings (`EVAL_PERIOD`,
+    `EVAL_AT_START`, `EVAL_SCHEDULE`, `EVAL_LOG_POINTS`, `EVAL_LOG_START`), computed by the
+    trainer's own `trainer.eval_schedule`, so a synthetic study has the points a real one would:
+    step 0 and the dense early, log-spaced ones of the paper manifests included."""
+    from trainer import eval_schedule
+
+    setting = {name: _gin_value(run, name, default) for name, default in EVAL_DEFAULTS.items()}
+    config = types.SimpleNamespace(
+        enabled=True,
+        period=int(_gin_value(run, "EVAL_PERIOD", period)),
+        at_start=bool(setting["EVAL_AT_START"]),
+        schedule=str(setting["EVAL_SCHEDULE"]),
+        log_points=int(setting["EVAL_LOG_POINTS"]),
+        log_start=float(setting["EVAL_LOG_START"]),
+    )
+    return eval_schedule.eval_steps(config, total=run.steps)
 
 
 def _lr_factor(run: sweep.Run, grids: Mapping[str, Sequence[float]]) -> float:
@@ -359,15 +385,22 @@ def _cpt_loss(
     n: float,
     total: float,
     truth: Truth,
+    floor_tokens: float,
+    ceiling: float,
 ) -> float:
     """The noiseless eval loss of `task` for a CPT-study run of nominal size `n` (`total` tokens)
     after `tokens` (`by_task` per component): Table 2's laws for the target language, the
-    source law for source runs, forgetting (relieved by replay) for the source language in CPT."""
+    source law for source runs, forgetting (relieved by replay) for the source language in CPT.
+
+    The laws diverge as D -> 0, so a law is read at no fewer than `floor_tokens` (one step's) and
+    capped at `ceiling` (ln V, a uniform guess): the step-0 and earliest log-spaced points are
+    stand-ins of the right shape, not the paper's values (its laws are fitted from ~1B tokens)."""
+    d = max(by_task.get(task, 0.0), floor_tokens)
     if strategy in ("source", "scratch"):
         law = truth.source if strategy == "source" else truth.scratch
-        return float(laws.chinchilla(n, by_task[task], **law))
+        return min(ceiling, float(laws.chinchilla(n, d, **law)))
     if task != f"lm_{SOURCE_LANG}":
-        return float(laws.cpt(n, by_task[task], **truth.cpt))
+        return min(ceiling, float(laws.cpt(n, d, **truth.cpt)))
     return synthetic.forgetting(n, by_task.get(task, 0.0), tokens, truth.source, total)
 
 
@@ -394,9 +427,10 @@ def write_cpt_runs(
             parent = by_id[run.parent]
             fields.update(init_checkpoint=parent.model_dir, init_step=parent.steps)
         meta = _meta(run, **fields)
+        ceiling = math.log(llama.get_config(run.base_size).vocab_size)
 
         records = []
-        for step in _eval_steps(run.steps):
+        for step in eval_steps(run):
             tokens = float(step * tokens_per_step)
             by_task = {c: tokens * s for c, s in share.items()}
             rec = {
@@ -411,7 +445,15 @@ def write_cpt_runs(
             }
             for task in evals:
                 value = _cpt_loss(
-                    run.strategy, task, by_task, tokens, n=n, total=total, truth=truth
+                    run.strategy,
+                    task,
+                    by_task,
+                    tokens,
+                    n=n,
+                    total=total,
+                    truth=truth,
+                    floor_tokens=tokens_per_step,
+                    ceiling=ceiling,
                 )
                 noise = math.exp(truth.sigma * rng.standard_normal())
                 rec[f"eval/{task}/loss"] = value * worse * noise
@@ -489,9 +531,9 @@ def write_mt_runs(
                 components=list(shares),
             )
             records = []
-            for step in _eval_steps(run.steps):
+            for step in eval_steps(run):
                 tokens = float(step * run.batch_size * lengths["targets"])
-                ce = (1.6 + 40.0 * step**-0.35) * worse
+                ce = (1.6 + 40.0 * max(step, 1) ** -0.35) * worse
                 rec = {
                     "step": step,
                     "tokens": tokens,
@@ -530,7 +572,8 @@ def write_mt_runs(
                 ce = 1.25 * mt_truth(run.base_size, BALANCED[task], task, df, "loss")(dp) * worse
             meta = _meta(run, **fields)
             records = []
-            for step in (run.steps // 3, 2 * run.steps // 3, run.steps):
+            at_start = 0 in eval_steps(run, period=0)
+            for step in (0,) * at_start + (run.steps // 3, 2 * run.steps // 3, run.steps):
                 tokens = float(step * run.batch_size * lengths["targets"])
                 records.append(
                     {
@@ -544,6 +587,13 @@ def write_mt_runs(
                         "learning_rate": float(run.coord("PEAK_LR", 1e-3)),
                         "tokens_per_s": 1e6,
                         "train/loss": 1.0,
+                    }
+                )
+            if at_start:  # before the first update: the checkpoint's loss on the task, no decoding
+                records[0].update(
+                    {
+                        f"eval/{task}/loss": FINETUNE_START_FACTOR * float(ce) * noise(),
+                        f"eval/{task}/tokens": 1e6,
                     }
                 )
             records[-1].update(

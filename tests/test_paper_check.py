@@ -99,3 +99,44 @@ def test_paper_check_recovers_the_papers_laws(tmp_path):
     assert ("MT series of t5_770m", "bleu series") in names
     assert sum(r.parameter == "log_A" for r in rows) >= 8  # paper rows compared coefficient-wise
     assert json.loads((tmp_path / "fits_cpt" / "fits.json").read_text())["n_basis"] == "nominal"
+
+
+def test_synthetic_runs_evaluate_on_the_manifests_schedule(en_de_study, tmp_path):
+    """The paper manifests' step-0 and log-spaced evaluations reach the synthetic runs: a CPT run
+    of cpt_paper gets step 0 and the dense early points `trainer.eval_schedule` gives it, with
+    finite losses that fall from the uniform guess; an mt_paper finetune (EVAL_AT_START) has a
+    step-0 loss above its final one."""
+    from trainer import eval_schedule
+
+    runs = paper_study.expand_manifests(["cpt_paper"], runs_dir=tmp_path)
+    scratch = min((r for r in runs if r.strategy == "scratch"), key=lambda r: r.steps)
+    cpt = min((r for r in runs if r.strategy == "cpt"), key=lambda r: r.steps)
+    by_id = {r.run_id: r for r in runs}
+    paper_study.write_cpt_runs([scratch, cpt, by_id[cpt.parent]], log=lambda _: None)
+    for run in (scratch, cpt):
+        steps = paper_study.eval_steps(run)
+        early = sorted(
+            eval_schedule.log_spaced_steps(total=run.steps, points=20, start_fraction=1e-3)
+        )
+        assert steps[0] == 0 and set(early) <= set(steps)
+        assert sum(s < 1000 for s in steps) > 5  # dense before the first periodic point
+        recs = [json.loads(line) for line in (tmp_path / run.run_id / "metrics.jsonl").open()]
+        assert [r["step"] for r in recs] == steps
+        target = f"eval/lm_{run.coord('target_lang')}/loss"
+        losses = np.asarray([r[target] for r in recs])
+        assert np.all(np.isfinite(losses)) and losses[0] <= np.log(32000) * 1.05  # LR grid, noise
+        assert losses[-1] < losses[0]
+    # CPT starts below scratch (the source model already knows some of the target language).
+    first = {
+        r.strategy: json.loads((tmp_path / r.run_id / "metrics.jsonl").open().readline())
+        for r in (scratch, cpt)
+    }
+    key = f"eval/lm_{cpt.coord('target_lang')}/loss"
+    assert first["cpt"][key] < first["scratch"][key]
+
+    root, mt_runs = en_de_study
+    finetune = next(r for r in mt_runs if r.strategy == "finetune")
+    recs = [json.loads(line) for line in (root / finetune.run_id / "metrics.jsonl").open()]
+    task = f"eval/{finetune.coord('task')}/loss"
+    assert recs[0]["step"] == 0 and recs[0][task] > recs[-1][task]
+    assert "eval/mt_en_de/bleu" not in recs[0]  # no decoding before the first update
