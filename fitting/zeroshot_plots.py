@@ -59,8 +59,10 @@ def accuracy_vs_replay(
     """One line per language: accuracy against the replay ratio with 95% intervals, chance
     dotted (CPT paper Fig. 6); the source model, if given (`ratio` None), as a dashed level."""
     fig, (ax,) = _figure(size=(6.5, 4.5))
-    colors = ("tab:green", "tab:red", "tab:blue", "tab:purple")
-    for color, lang in zip(colors, languages, strict=False):
+    # A study of several target languages plots two lines per target (its own and the source).
+    colors = ("tab:green", "tab:red", "tab:blue", "tab:purple", *(f"C{i}" for i in range(4, 10)))
+    for i, lang in enumerate(languages):
+        color = colors[i % len(colors)]
         points = sorted(
             (r for r in rows if r["language"] == lang and r.get("ratio") is not None),
             key=lambda r: r["ratio"],

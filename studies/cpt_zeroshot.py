@@ -2,9 +2,10 @@
 runs scored on the local multiple-choice tasks through lm-evaluation-harness (CPT paper §4.4,
 Fig. 3; Appendix A, Fig. 6).
 
-Which runs: the largest size that has a source, a scratch and a CPT run (the Fig. 3 analogue
-compares those three strategies), plus every replay run and the source and CPT runs of the
-replay runs' size (the Fig. 6 analogue plots accuracy against the replay ratio). Each run is
+Which runs, per target language of the study's CPT runs (zh, fr, ru: from the runs): the
+largest size that has a source, a scratch and a CPT run of that language (the Fig. 3 analogue
+compares those three strategies), plus the language's replay runs and the source and CPT runs of
+their size (the Fig. 6 analogue plots accuracy against the replay ratio). Each run is
 scored on every local task of the study's languages, so the English source model is also scored
 in the target language, as in the paper's Fig. 3. A run whose `zeroshot/<step>.json` exists for
 its final step is not scored again.
@@ -30,23 +31,67 @@ def _size(run) -> float:
     return float(run.meta.get("params_non_embedding", math.nan))
 
 
+def target_langs(runs: Sequence[Any]) -> list[str]:
+    """The target languages of the study's CPT runs (plain and replay), sorted: from the runs,
+    not a constant, so a study of zh, fr and ru gets a Fig. 3 group per language."""
+    return sorted({r.target_lang for r in runs if r.strategy in ("cpt", "cpt_replay")} - {None})
+
+
+def fig3_groups(runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Target language -> {strategy: run} of the source, scratch and CPT runs of the largest
+    size that has all three for that language (the source model is the same for every
+    language: it is scored in each target language, as in the paper's Fig. 3)."""
+    groups = {}
+    for lang in target_langs(runs):
+        by_size: dict[float, dict[str, Any]] = {}
+        for run in runs:
+            if run.strategy == "source" or (
+                run.strategy in FIG3_STRATEGIES and run.target_lang == lang
+            ):
+                by_size.setdefault(_size(run), {})[run.strategy] = run
+        complete = [n for n, found in by_size.items() if set(found) == set(FIG3_STRATEGIES)]
+        if complete:
+            chosen = by_size[max(complete)]
+            groups[lang] = {s: chosen[s] for s in FIG3_STRATEGIES}
+    return groups
+
+
 def fig3_runs(runs: Sequence[Any]) -> list[Any]:
-    """The source, scratch and CPT runs of the largest size that has all three."""
-    by_size: dict[float, dict[str, Any]] = {}
-    for run in runs:
-        if run.strategy in FIG3_STRATEGIES:
-            by_size.setdefault(_size(run), {})[run.strategy] = run
-    complete = [size for size, found in by_size.items() if set(found) == set(FIG3_STRATEGIES)]
-    if not complete:
-        return []
-    chosen = by_size[max(complete)]
-    return [chosen[s] for s in FIG3_STRATEGIES]
+    """The runs of every language's Fig. 3 group (`fig3_groups`), each once."""
+    seen: dict[str, Any] = {}
+    for group in fig3_groups(runs).values():
+        for run in group.values():
+            seen.setdefault(run.run_id, run)
+    return list(seen.values())
+
+
+def replay_groups(runs: Sequence[Any]) -> dict[str, list[Any]]:
+    """Target language -> its replay runs, with the plain CPT runs of that language and the
+    source runs at the replay runs' sizes (ratio 0 and the source model of Fig. 6)."""
+    groups = {}
+    for lang in target_langs(runs):
+        replays = [r for r in runs if r.strategy == "cpt_replay" and r.target_lang == lang]
+        sizes = {_size(r) for r in replays}
+        if replays:
+            groups[lang] = [
+                r
+                for r in runs
+                if _size(r) in sizes
+                and (
+                    r.strategy == "source"
+                    or (r.strategy in REPLAY_STRATEGIES and r.target_lang == lang)
+                )
+            ]
+    return groups
 
 
 def replay_runs(runs: Sequence[Any]) -> list[Any]:
-    """The replay runs and the source and plain CPT runs of their sizes."""
-    sizes = {_size(r) for r in runs if r.strategy == "cpt_replay"}
-    return [r for r in runs if r.strategy in REPLAY_STRATEGIES and _size(r) in sizes]
+    """The runs of every language's Fig. 6 group (`replay_groups`), each once."""
+    seen: dict[str, Any] = {}
+    for group in replay_groups(runs).values():
+        for run in group:
+            seen.setdefault(run.run_id, run)
+    return list(seen.values())
 
 
 def chosen_runs(runs: Sequence[Any]) -> list[Any]:

@@ -14,8 +14,6 @@ from typing import Any
 
 from studies import cpt_zeroshot
 
-LANGS = ("en", "zh")
-
 
 def _latest_scores(run) -> list[Any]:
     from rundir import zeroshot
@@ -89,18 +87,31 @@ def section(runs: Sequence[Any], out_dir: Path) -> str:
     from evals import confidence
     from fitting import zeroshot_plots
 
-    fig3 = [
-        _row(run, lang, stats)
-        for run in cpt_zeroshot.fig3_runs(runs)
-        for lang, stats in pooled(run).items()
-    ]
-    replay = []
-    for run in cpt_zeroshot.replay_runs(runs):
-        ratio = None if run.strategy == "source" else float(run.meta.get("replay_ratio") or 0.0)
-        replay += [_row(run, lang, stats, ratio=ratio) for lang, stats in pooled(run).items()]
+    targets = cpt_zeroshot.target_langs(runs)
+    several = len(targets) > 1
+    fig3, replay = [], []
+    for target, group in cpt_zeroshot.fig3_groups(runs).items():
+        for run in group.values():
+            fig3 += [_row(run, lang, stats, target=target) for lang, stats in pooled(run).items()]
+    for target, group in cpt_zeroshot.replay_groups(runs).items():
+        for run in group:
+            ratio = None if run.strategy == "source" else float(run.meta.get("replay_ratio") or 0.0)
+            replay += [
+                _row(run, lang, stats, ratio=ratio, target=target)
+                for lang, stats in pooled(run).items()
+            ]
     if not fig3 and not replay:
         return ""
-    langs = [lang for lang in LANGS if any(r["language"] == lang for r in fig3 + replay)]
+    # The languages scored, the source language first, then the targets (from the runs).
+    sources = sorted(
+        {str(r.meta.get("source_lang") or "en") for r in runs if r.strategy == "source"}
+    )
+    found = {r["language"] for r in fig3 + replay}
+    langs = [lang for lang in dict.fromkeys([*sources, *targets, *sorted(found)]) if lang in found]
+    # In a study of several target languages, each plotted language is labelled with the target
+    # language of the runs it comes from (a zh run's English score is not an fr run's).
+    for r in fig3 + replay:
+        r["label"] = f"{r['language']} ({r['target']} runs)" if several else r["language"]
     out = ["## Zero-shot accuracy (CPT paper Fig. 3 and Fig. 6 analogues)", ""]
     out.append(
         "Local multiple-choice tasks built from held-out text of the study's corpora (choose a "
@@ -111,27 +122,39 @@ def section(runs: Sequence[Any], out_dir: Path) -> str:
     )
     out.append("")
     if fig3:
-        size = fig3[0]["model"]
+        size = ", ".join(dict.fromkeys(r["model"] for r in fig3))
         zeroshot_plots.accuracy_by_strategy(
-            fig3,
+            [
+                {**r, "language": r["label"]}
+                for r in fig3
+                if r["language"] in (r["target"], *sources)
+            ],
             out_dir / "zeroshot_by_strategy.png",
             title=f"zero-shot acc_norm per language and strategy ({size})",
             strategies=cpt_zeroshot.FIG3_STRATEGIES,
         )
-        out += ["| language | source (en) | scratch | CPT |", "|---|---|---|---|"]
-        for lang in langs:
-            cells = [
-                _fmt(next((r for r in fig3 if r["language"] == lang and r["strategy"] == s), None))
-                for s in cpt_zeroshot.FIG3_STRATEGIES
-            ]
-            out.append(f"| {lang} | " + " | ".join(cells) + " |")
+        head = ["language", "source (en)", "scratch", "CPT"]
+        head = ["CPT target", *head] if several else head
+        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for target in dict.fromkeys(r["target"] for r in fig3):
+            for lang in langs:
+                rows = [r for r in fig3 if r["target"] == target and r["language"] == lang]
+                if not rows or lang not in (target, *sources):
+                    continue
+                cells = [
+                    _fmt(next((r for r in rows if r["strategy"] == s), None))
+                    for s in cpt_zeroshot.FIG3_STRATEGIES
+                ]
+                lead = f"| {target} | {lang} | " if several else f"| {lang} | "
+                out.append(lead + " | ".join(cells) + " |")
         out += ["", "![zeroshot_by_strategy](zeroshot_by_strategy.png)", ""]
     if replay:
+        shown = [r for r in replay if r["language"] in (r["target"], *sources)]
         zeroshot_plots.accuracy_vs_replay(
-            replay,
+            [{**r, "language": r["label"]} for r in shown],
             out_dir / "zeroshot_vs_replay.png",
             title="zero-shot acc_norm against replay ratio",
-            languages=langs,
+            languages=list(dict.fromkeys(r["label"] for r in shown)),
         )
         out += ["| run | replay | " + " | ".join(langs) + " |", "|---|---|" + "---|" * len(langs)]
         for run_id in dict.fromkeys(r["run"] for r in replay):
