@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.names import LANG_NAMES
+from rundir import storage
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +327,9 @@ def write_local_tasks(
     """
     if items < 1:
         raise ValueError(f"items={items}: need at least 1 item per task")
-    corpora, out_dir = Path(corpora), Path(out_dir).resolve()
+    corpora = Path(corpora)
+    why = "lm-evaluation-harness reads its task YAML and JSONL from local files"
+    out_dir = storage.local_dir(out_dir, name="out_dir", why=why)
     plans = [plan for lang in dict.fromkeys(langs) for plan in _plans(corpora, lang)]
     out_dir.mkdir(parents=True, exist_ok=True)
     index: dict[str, dict[str, Any]] = {}

@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pathlib
 import re
 import uuid
 from collections.abc import Iterator
@@ -157,6 +158,29 @@ def as_path(url: PathLike, *, name: str | None = None) -> epath.Path:
     if first in _EPATH_URI_ROOTS:
         raise _refuse(name, text, f"etils.epath reads /{first}/... as {first}:// (rename the dir)")
     return epath.Path(local)
+
+
+def local_dir(path: PathLike, *, name: str, why: str) -> pathlib.Path:
+    """`path` as an absolute local `pathlib.Path`, for what is local by design (corpora that apt
+    builds on this machine, a demo's output, lm-eval's task files), so that a gs:// value is a
+    clear error instead of a local `gs:/` folder.
+
+    Args:
+      path: the value as the user gave it.
+      name: the setting or flag it came from (e.g. `--data-dir`), for the error.
+      why: why this path must be local, for the error.
+
+    Raises:
+      UnsupportedPathError: a gs:// URL (naming `name`, the value and `why`) or any value
+        `as_path` refuses.
+    """
+    checked = as_path(path, name=name)
+    if os.fspath(checked).startswith("gs://"):
+        raise UnsupportedPathError(
+            f"{name}={os.fspath(path)!r}: must be a local directory ({why}); gs:// is supported "
+            "for MODEL_DIR, runs directories and corpora read by seqio"
+        )
+    return pathlib.Path(os.fspath(checked))
 
 
 def is_remote(path: PathLike) -> bool:

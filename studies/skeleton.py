@@ -26,6 +26,7 @@ from typing import Any
 from launch.launchers import LocalLauncher, default_jobs
 from launch.status import Progress
 from launch.sweep import Manifest, Run, expand, load_manifest
+from rundir import storage
 
 Log = Callable[[str], None]
 
@@ -64,7 +65,10 @@ def debian_corpora(
     (default `$XLSCALE_DATA`), built only when a file is missing."""
     from pipelines.corpora import build, paths
 
-    root = Path(data_dir) if data_dir else paths.data_root()
+    why = "the demo builds its corpora on this machine"
+    root = (
+        storage.local_dir(data_dir, name="--data-dir", why=why) if data_dir else paths.data_root()
+    )
     corpora = paths.corpora_dir(root)
     needed = [paths.mono_file(corpora, lang, "train") for lang in langs]
     for pair in pairs:
@@ -176,13 +180,14 @@ def run_study(
       RuntimeError: a run failed or was blocked by a failed dependency (its train.log says why).
     """
     tag = stages.tag
-    out = Path(out_dir).resolve()
+    out = storage.local_dir(out_dir, name="--out", why="the demo's corpora, runs and report")
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     t0 = time.monotonic()
     log(f"[{tag}] profile {profile}: {description}")
 
-    corpora = stages.corpora(out, Path(data_dir) if data_dir else None)
+    data_root = storage.local_dir(data_dir, name="--data-dir", why="corpora") if data_dir else None
+    corpora = stages.corpora(out, data_root)
     times["corpora_s"] = time.monotonic() - t0
 
     t = time.monotonic()

@@ -389,3 +389,18 @@ def test_only_service_failures_of_a_library_call_become_storage_errors():
         with storage.service_errors("runs/local", "saving"):
             refused()
     assert not storage.is_service_failure(KeyError("x"))
+
+
+def test_local_dir_refuses_gs_naming_the_setting_and_why(tmp_path):
+    """What is local by design (apt-built corpora, a demo's output) refuses a gs:// value in one
+    line instead of creating a local `gs:/` folder; local values come back absolute."""
+    with pytest.raises(
+        storage.UnsupportedPathError,
+        match=r"--data-dir='gs://b/x': must be a local directory \(apt\)",
+    ):
+        storage.local_dir("gs://b/x", name="--data-dir", why="apt")
+    with pytest.raises(storage.UnsupportedPathError, match="--out='s3://b'"):
+        storage.local_dir("s3://b", name="--out", why="demo")
+    assert not (tmp_path / "gs:").exists()
+    got = storage.local_dir(tmp_path / "d", name="--out", why="demo")
+    assert isinstance(got, Path) and got == tmp_path / "d"

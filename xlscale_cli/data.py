@@ -130,8 +130,12 @@ def write_zeroshot_tasks(corpora: Path, *, data_dir: str | None, langs, items: i
     `<data root>/zeroshot_tasks`, where `xlscale zeroshot` looks for them; returns the exit status."""
     from evals import job, local_tasks
     from pipelines.corpora import paths
+    from rundir import storage
 
-    root = Path(data_dir).expanduser() if data_dir else paths.data_root()
+    why = "lm-evaluation-harness reads local task files"
+    root = (
+        storage.local_dir(data_dir, name="--data-dir", why=why) if data_dir else paths.data_root()
+    )
     try:
         tasks = local_tasks.write_local_tasks(
             corpora, root / job.LOCAL_TASKS_SUBDIR, langs=list(langs), items=items

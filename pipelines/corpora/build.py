@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from pipelines.corpora import apt, descriptions, filters, layout, manpages, paths, sources
+from rundir import storage
 
 Log = Callable[[str], None]
 # Shortest mono segment kept, per source (catalogue strings are short UI labels and messages).
@@ -148,7 +149,12 @@ def build_corpora(
             + "; ".join(missing)
             + f". Install them: apt-get install {' '.join(pkgs)}"
         )
-    root = Path(data_dir) if data_dir is not None else paths.data_root()
+    why = "apt and the extractors write the corpora on this machine"
+    root = (
+        storage.local_dir(data_dir, name="--data-dir", why=why)
+        if data_dir is not None
+        else paths.data_root()
+    )
     cache = root / "debian"
     corpora = paths.corpora_dir(root)
     xxs = tuple(lang for lang in langs if lang != "en")
