@@ -106,3 +106,15 @@ def test_translation_metrics_bundle():
     assert all(0 < out[k] < 100 for k in ("bleu", "chrf", "rougeL", "bleu_p1"))
     with pytest.raises(ValueError):
         metrics.rouge_l(REFS, HYPS[:1])
+
+
+def test_durations_print_one_way_in_every_progress_line():
+    from rundir.durations import format_duration
+
+    assert [format_duration(s) for s in (12.4, 185, 3725, 90061)] == [
+        "12s",
+        "3m05s",
+        "1h02m",
+        "25h01m",
+    ]
+    assert {format_duration(v) for v in (None, float("nan"), float("inf"))} == {"?"}

@@ -9,7 +9,6 @@ outputs").
 from __future__ import annotations
 
 import logging
-import math
 import os
 import pathlib
 import re
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from rundir import names, records, storage
+from rundir import durations, names, records, storage
 
 log = logging.getLogger(__name__)
 
@@ -230,24 +229,10 @@ class StepRate:
                 achieved = timing["tokens_per_s"] * self.flops_per_token
                 parts.append(f"MFU {achieved / (self.peak_flops * self.num_devices):.1%}")
             eta = step_time * max(0, self.total_steps - step)
-            parts.append(f"ETA {_duration(eta)}")
+            parts.append(f"ETA {durations.format_duration(eta)}")
         line = " | ".join(parts)
         log.info("%s", line)
         return line
-
-
-def _duration(seconds: float) -> str:
-    """`1h02m`, `3m05s` or `12s`."""
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 def component_counts(names: Sequence[str], counts: Sequence[int]) -> dict[str, int]:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipelines.corpora import install_guide, manpages, mo
+from rundir import durations
 
 # Bump when an extractor's output changes, so that cached extractions are redone.
 EXTRACTOR_VERSION = 1
@@ -143,7 +144,8 @@ def _extract_man(tree: Path, pkg: Package, log: Callable[[str], None]) -> dict:
             if now - last > 10 or done == len(pages):
                 rate = done / max(now - start, 1e-9)
                 eta = (len(pages) - done) / max(rate, 1e-9)
-                log(f"  rendered {done}/{len(pages)} pages ({rate:.1f}/s, ETA {eta:.0f} s)")
+                eta_text = durations.format_duration(eta)
+                log(f"  rendered {done}/{len(pages)} pages ({rate:.1f}/s, ETA {eta_text})")
                 last = now
     if failed:
         log(f"  {len(failed)} page(s) failed to render, e.g. {failed[0]}")

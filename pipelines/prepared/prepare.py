@@ -36,6 +36,7 @@ from array_record.python import array_record_module
 from pipelines.prepared import manifest as manifest_lib
 from pipelines.prepared import shards as shards_lib
 from pipelines.prepared.manifest import Manifest, PreparedDataError, ShardEntry
+from rundir import durations
 
 LOG_EVERY_S = 30.0  # seconds between progress lines
 REPORT_EVERY_DOCS = 2_000  # a worker reports its progress at least this often (documents)
@@ -319,20 +320,6 @@ def _worker_shard(plan: _Plan, index: int) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- progress
 
 
-def _duration(seconds: float) -> str:
-    """`1h02m`, `3m05s` or `12s` (the style of the trainer's progress line)."""
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
-
-
 class _Progress:
     """Documents and tokens per shard, a line per finished shard, and a periodic rate line."""
 
@@ -372,7 +359,7 @@ class _Progress:
             eta = math.nan
         return (
             f"{docs:,} documents | {rate:,.0f} docs/s | {tokens / elapsed:,.0f} tokens/s | "
-            f"ETA {_duration(eta)}"
+            f"ETA {durations.format_duration(eta)}"
         )
 
 
