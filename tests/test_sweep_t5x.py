@@ -59,6 +59,15 @@ PATHS = t5x_runner.T5xPaths(t5x_dir="/opt/t5x", repo_dir="/src/xlscale")
 VARS = {"DATA_DIR": "/data/corpora", "VOCAB_PATH": "/data/spm.model"}
 
 
+def mt_paper_runs():
+    """The runs of `mt_paper.toml` under the t5x runner."""
+    text = sweep.resolve_manifest_path("mt_paper").read_text()
+    manifest = sweep.parse_manifest(
+        tomllib.loads(text), path="mt_paper.toml", variables=VARS, runner="t5x", t5x_paths=PATHS
+    )
+    return sweep.expand(manifest)
+
+
 def expand(text=MANIFEST, *, paths=PATHS, runner=None):
     manifest = sweep.parse_manifest(
         tomllib.loads(text), path="t5x_small.toml", variables=VARS, runner=runner, t5x_paths=paths
@@ -242,14 +251,7 @@ def test_a_token_budget_df_has_no_t5x_form():
 def test_the_mt_papers_vocabulary_reaches_t5x_and_unpassable_overrides_are_refused():
     # mt_paper.toml's MODEL_OVERRIDES vocab_size = 250112 must reach T5X's embedding (t5.gin's
     # VOCAB_SIZE, bound to sizes.get_config's vocab_size), not T5's default 32,128 rows.
-    manifest = sweep.parse_manifest(
-        tomllib.loads(sweep.resolve_manifest_path("mt_paper").read_text()),
-        path="mt_paper.toml",
-        variables=VARS,
-        runner="t5x",
-        t5x_paths=PATHS,
-    )
-    runs = sweep.expand(manifest)
+    runs = mt_paper_runs()
     assert runs and all("--gin.VOCAB_SIZE=250112" in r.gin_args(allow_missing=True) for r in runs)
     # The finetuning recipe reaches T5X by name (config.gin) with its steps.
     finetune = next(r for r in runs if r.strategy == "finetune")
@@ -273,14 +275,7 @@ def test_the_mt_papers_vocabulary_reaches_t5x_and_unpassable_overrides_are_refus
 def test_the_step_0_evaluation_reaches_t5x_and_a_log_schedule_is_refused():
     # mt_paper.toml evaluates every finetune before its first update (EVAL_AT_START); under T5X
     # that is run_eval_before_training, bound to the same macro in both run files.
-    manifest = sweep.parse_manifest(
-        tomllib.loads(sweep.resolve_manifest_path("mt_paper").read_text()),
-        path="mt_paper.toml",
-        variables=VARS,
-        runner="t5x",
-        t5x_paths=PATHS,
-    )
-    finetunes = [r for r in sweep.expand(manifest) if r.strategy in t5x_runner.FINETUNES]
+    finetunes = [r for r in mt_paper_runs() if r.strategy in t5x_runner.FINETUNES]
     assert finetunes
     assert all("--gin.EVAL_AT_START=True" in r.gin_args(allow_missing=True) for r in finetunes)
     for run_file in ("finetune.gin", "span_pretrain.gin"):
