@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint format demo demo-smoke demo-mt demo-mt-smoke paper-check clean
+.PHONY: setup comet-env test lint format demo demo-smoke demo-mt demo-mt-smoke paper-check clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -e '.[test,eval,hf]'
 	@touch $(STAMP)
+
+# COMET's own environment (`.comet-venv/`, beside `.venv`): unbabel-comet's pins (numpy<2,
+# transformers<5) cannot share the JAX/TF stack's, so COMET runs there as a subprocess
+# (`evals/comet_worker.py`); COMET_PYTHON names its interpreter (default: this venv's).
+COMET_VENV ?= .comet-venv
+COMET_STAMP := $(COMET_VENV)/.installed
+
+comet-env: $(COMET_STAMP)
+
+$(COMET_STAMP): evals/comet_requirements.txt
+	@test -x $(COMET_VENV)/bin/python || $(PYTHON) -m venv $(COMET_VENV)
+	$(COMET_VENV)/bin/python -m pip install -q -r evals/comet_requirements.txt
+	@touch $(COMET_STAMP)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -48,4 +61,4 @@ paper-check: setup
 	$(BIN)/python -m studies.paper_check --out paper_check_out
 
 clean:
-	rm -rf $(VENV) demo_out paper_check_out .pytest_cache
+	rm -rf $(VENV) $(COMET_VENV) demo_out paper_check_out .pytest_cache
