@@ -13,8 +13,9 @@ asked), each task of `DecodeConfig.tasks` is decoded on its held-out split:
 - predictions are detokenised and scored against the references with `pipelines.metrics`:
   sacreBLEU BLEU (`13a`; `zh` for Chinese targets) with its brevity penalty and 1-4-gram
   precisions (`pipelines.metrics.BLEU_PARTS`, the MT paper's Remark 2), chrF++, Unicode-aware
-  ROUGE-L, all 0-100; COMET only when a local COMET checkpoint is configured, on the MT paper's
-  0-100 scale (COMET's system score × 100);
+  ROUGE-L, all 0-100; COMET only when a local COMET checkpoint is configured (`COMET_MODEL`), on
+  the MT paper's 0-100 scale (COMET's system score × 100), computed in COMET's own environment
+  (`COMET_PYTHON`, `make comet-env`; `evals.comet_scoring`);
 - `MODEL_DIR/predictions/<task>_<step>.jsonl` gets one `{"inputs", "target", "prediction"}`
   object per example.
 
@@ -33,7 +34,6 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -50,8 +50,6 @@ _MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
 _PROMPT = re.compile(r"^translate [A-Za-z]+ to [A-Za-z]+: ")
 _EXAMPLES: dict[tuple, list[TextExample]] = {}
 _COMET_HINT_LOGGED = False
-# COMET's system score (about 0-1) -> the MT paper's scale (its Figs. 1 and 7 plot 0-100).
-COMET_SCALE = 100.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +68,10 @@ class DecodeConfig:
       max_decode_len: longest output in tokens (None: the `targets` feature length).
       period: also decode at eval steps that are multiples of this (0: only at the last step).
       comet_model: path of a local COMET checkpoint (`COMET_MODEL`, e.g. `.../checkpoints/
-        model.ckpt` of Unbabel/wmt22-comet-da, with `pip install unbabel-comet`); None: no COMET.
-        Nothing is ever downloaded: the Hugging Face hub is put offline while it loads.
+        model.ckpt` of Unbabel/wmt22-comet-da); None: no COMET. Nothing is ever downloaded: the
+        Hugging Face hub is offline in COMET's process.
+      comet_python: the interpreter of COMET's side environment (`COMET_PYTHON`; None:
+        `$COMET_PYTHON`, else `.comet-venv/bin/python`, built by `make comet-env`).
     """
 
     tasks: Sequence[str] = ()
@@ -84,6 +84,7 @@ class DecodeConfig:
     max_decode_len: int | None = None
     period: int = 0
     comet_model: str | None = None
+    comet_python: str | None = None
 
     def __post_init__(self):
         if self.method not in DECODE_METHODS:
@@ -223,32 +224,39 @@ def predict_texts(
 
 
 def comet_score(
-    model_path: str, *, sources: Sequence[str], predictions: Sequence[str], targets: Sequence[str]
+    model_path: str,
+    *,
+    sources: Sequence[str],
+    predictions: Sequence[str],
+    targets: Sequence[str],
+    comet_python: str | None = None,
 ) -> float:
-    """System-level COMET of a local checkpoint (`unbabel-comet`) on the MT paper's 0-100 scale
-    (COMET's own system score × 100, as the paper's figures plot it), with the Hugging Face hub
-    offline so that nothing is downloaded.
+    """System-level COMET of a local checkpoint on the MT paper's 0-100 scale (COMET's own system
+    score × 100, as the paper's Figs. 1 and 7 plot it).
+
+    COMET runs in its own environment (`make comet-env`; `evals.comet_scoring`), as a
+    subprocess with the Hugging Face hub offline, so that neither torch nor COMET's pins enter
+    this process and nothing is downloaded.
+
+    Args:
+      model_path: `COMET_MODEL`, a local `<model dir>/checkpoints/model.ckpt`.
+      sources, predictions, targets: aligned source sentences, translations and references.
+      comet_python: `COMET_PYTHON` (None: `$COMET_PYTHON`, else `.comet-venv/bin/python`).
 
     Raises:
-      FileNotFoundError: no file at `model_path`.
-      ImportError: `unbabel-comet` is not installed (says how to install it).
+      FileNotFoundError: no file at `model_path` (names COMET_MODEL).
+      evals.comet_scoring.CometError: no side environment (names COMET_PYTHON and `make
+        comet-env`), or COMET failed (its last stderr lines).
     """
-    if not Path(model_path).exists():
-        raise FileNotFoundError(f"COMET_MODEL = {model_path!r}: no such file (a COMET .ckpt)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
-        from comet import load_from_checkpoint
-    except ImportError as e:
-        raise ImportError(
-            "COMET_MODEL is set but the `comet` package is missing: pip install unbabel-comet"
-        ) from e
-    model = load_from_checkpoint(model_path)
-    data = [
-        {"src": s, "mt": p, "ref": t} for s, p, t in zip(sources, predictions, targets, strict=True)
-    ]
-    system = model.predict(data, batch_size=16, gpus=0, progress_bar=False).system_score
-    return COMET_SCALE * float(system)
+    from evals import comet_scoring
+
+    return comet_scoring.score(
+        model_path,
+        sources=sources,
+        predictions=predictions,
+        targets=targets,
+        python=comet_python,
+    ).system
 
 
 def score(
@@ -257,10 +265,12 @@ def score(
     predictions: Sequence[str],
     *,
     comet_model: str | None = None,
+    comet_python: str | None = None,
 ) -> dict[str, float]:
     """`{"bleu", "chrf", "rouge_l"}` (0-100) and BLEU's parts (`metrics.BLEU_PARTS`) of
     `predictions` against the examples' targets, plus `"comet"` (0-100) when `comet_model` is given
-    (a clear one-time log line says how otherwise)."""
+    (a clear one-time log line says how otherwise), scored with `comet_python`'s COMET
+    (`comet_score`)."""
     from pipelines import metrics
 
     global _COMET_HINT_LOGGED
@@ -276,13 +286,15 @@ def score(
             sources=[ex.source for ex in examples],
             predictions=predictions,
             targets=targets,
+            comet_python=comet_python,
         )
     elif not _COMET_HINT_LOGGED:
         _COMET_HINT_LOGGED = True
         log.info(
-            "COMET not computed: no local COMET model. To add eval/<task>/comet, install "
-            "unbabel-comet and pass --gin.COMET_MODEL=\"'/path/to/checkpoints/model.ckpt'\" "
-            "(e.g. Unbabel/wmt22-comet-da, fetched on a machine with network access)."
+            "COMET not computed: no local COMET model. To add eval/<task>/comet, run `make "
+            "comet-env` and pass --gin.COMET_MODEL=\"'/path/to/checkpoints/model.ckpt'\" "
+            "(e.g. Unbabel/wmt22-comet-da, fetched on a machine with network access; README, "
+            "COMET)."
         )
     return out
 
@@ -356,7 +368,13 @@ def evaluate(
             alpha=config.alpha,
             batch_size=config.batch_size,
         )
-        scores = score(task, examples, predictions, comet_model=config.comet_model)
+        scores = score(
+            task,
+            examples,
+            predictions,
+            comet_model=config.comet_model,
+            comet_python=config.comet_python,
+        )
         out.update({f"eval/{task}/{name}": value for name, value in scores.items()})
         out[f"eval/{task}/decoded"] = len(examples)
         if model_dir is not None and jax.process_index() == 0:

@@ -136,6 +136,7 @@ def infer(
     decode_method: str = "beam",
     max_examples: int | None = None,
     comet_model: str | None = None,
+    comet_python: str | None = None,
 ) -> list[dict]:
     """The gin-facing `infer` (`runs/infer.gin` binds each keyword to its macro): gathers the
     keywords into an `InferSource` and an `InferDecoding` and calls `run_inference`.
@@ -166,6 +167,7 @@ def infer(
         ),
         output_file=output_file,
         comet_model=comet_model,
+        comet_python=comet_python,
     )
 
 
@@ -180,6 +182,7 @@ def run_inference(
     mesh: MeshConfig = MeshConfig(),
     output_file: str = INFER_FILE,
     comet_model: str | None = None,
+    comet_python: str | None = None,
 ) -> list[dict]:
     """Decodes continuations of the source's prompts, or, for an encoder-decoder, translations
     of a task's split or of the given lines.
@@ -194,6 +197,8 @@ def run_inference(
       mesh: mesh axis sizes.
       output_file: file name under `model_dir`.
       comet_model: a local COMET checkpoint for `scores.json` (see `trainer.downstream`).
+      comet_python: COMET's side-environment interpreter (`COMET_PYTHON`; see
+        `evals.comet_scoring`).
 
     Returns:
       One dict per prompt: `prompt`, `continuation`, `tokens` (generated ids); encoder-decoders:
@@ -213,6 +218,7 @@ def run_inference(
             source=source,
             decoding=decoding,
             comet_model=comet_model,
+            comet_python=comet_python,
             output_file=output_file,
         )
     texts = source.lines()
@@ -290,6 +296,7 @@ def _infer_encdec(
     source: InferSource,
     decoding: InferDecoding,
     comet_model: str | None,
+    comet_python: str | None,
     output_file: str,
 ) -> list[dict]:
     """`run_inference` for encoder-decoders: examples, decoding, predictions file and
@@ -351,7 +358,13 @@ def _infer_encdec(
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
         storage.write_text_atomic(model_dir / output_file, text)
         if has_target and examples:
-            scores = downstream.score(task or "", examples, predictions, comet_model=comet_model)
+            scores = downstream.score(
+                task or "",
+                examples,
+                predictions,
+                comet_model=comet_model,
+                comet_python=comet_python,
+            )
             summary = {
                 "task": task,
                 "split": used_split,
