@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,12 @@ SCORE_LABELS: dict[str, str] = {
 }
 CE = "loss"
 LABELS = {**SCORE_LABELS, CE: "downstream CE"}
+COMET = "comet"
+# The COMET checkpoint a run was scored with, in its resolved gin config (run.json's
+# `gin_config`): the `COMET_MODEL` macro, or a direct `DecodeConfig.comet_model` binding.
+_GIN_COMET = re.compile(
+    r"^\s*(?:COMET_MODEL|[\w.]*comet_model)\s*=\s*(['\"])(?P<path>[^'\"]+)\1", re.M
+)
 # "Beyond noise" for a change between checkpoints: 5% in log space, as fitting.valuation.
 TOLERANCE = 0.05
 
@@ -384,3 +391,21 @@ def bleu_noise(runs: Sequence[Any], *, n_bootstrap: int = 200) -> dict[str, tupl
             )
             out[r.run_id] = (float(score.score), float(getattr(score, "_ci", math.nan)))
     return out
+
+
+def comet_models(runs: Sequence[Any]) -> dict[str, list[str]]:
+    """The COMET checkpoint(s) behind the finetuning runs' `eval/<task>/comet`: checkpoint path
+    (as the runs' gin configs name it; `"?"` where a run's config names none) → run ids.
+
+    The report says which COMET model scored the runs, since COMET values of two models (or of
+    a randomly initialised test model) are not comparable.
+    """
+    found: dict[str, list[str]] = {}
+    for r in runs:
+        if r.strategy not in ("finetune", "finetune_scratch"):
+            continue
+        if not any(k.endswith(f"/{COMET}") for rec in r.records for k in rec):
+            continue
+        m = _GIN_COMET.search(str(r.meta.get("gin_config") or ""))
+        found.setdefault(m.group("path") if m else "?", []).append(r.run_id)
+    return found

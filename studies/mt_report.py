@@ -11,8 +11,8 @@ the paper (Isik et al. 2024) raises:
   - do BLEU and cross-entropy move together along pretraining, or not (its §3.4, Fig. 5)?
 
 plus the alignment score of each mixture and the §3.5 valuation verdict of each (mixture, Df).
-Figures: the metrics against Dp with the fitted laws (Figs. 2–3 layout) and BLEU against
-cross-entropy (Fig. 5).
+Figures: the metrics against Dp with the fitted laws (Figs. 2–3 layout), BLEU against
+cross-entropy (Fig. 5), and COMET against Dp (Fig. 7, `studies.mt_comet`) where runs logged it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from fitting.points import finetune_tokens, paper_tokens_at
 from fitting.saved_fits import fit_entries, fit_object, held_out_max
 from fitting.task_alignment import alignment_of
 from rundir import storage
+from studies import mt_comet
 from studies.mt_findings import (
     CE,
     LABELS,
@@ -558,6 +559,7 @@ def write(
     cells = collect(runs)
     found = verdicts(cells)
     pngs = figures(cells, fits, out_dir)
+    comet_png = mt_comet.figure(cells, fits, out_dir)
     noise = bleu_noise(runs)
     body = (out_dir / "report.md").read_text()
     mixtures = sorted({c.mixture: c.alignment for c in cells}.items(), key=lambda kv: -(kv[1] or 0))
@@ -587,6 +589,7 @@ def write(
         "",
         *[f"![{Path(p).stem}]({p})" for p in pngs],
         "",
+        *mt_comet.section(cells, runs, fits, comet_png),
         caveats(cells, runs, data_note=data_note),
         "## Runs",
         "",

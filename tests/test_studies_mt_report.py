@@ -294,3 +294,82 @@ def test_the_df_finding_says_whether_df_or_training_length_varies(cells):
     raffel = [dataclasses.replace(c, train_steps=2**18) for c in cells]
     text = "\n".join(rep._q_finetune_size(raffel, "bleu"))
     assert "fixed 262144 finetuning steps (FINETUNE_RECIPE 'raffel_2^18')" in text
+
+
+# ------------------------------------------------------------------------------- COMET (Fig. 7)
+
+
+@pytest.fixture(scope="module")
+def comet_runs_dir(runs_dir, tmp_path_factory):
+    """`runs_dir` with COMET (0-100) logged by every finetuning run, scored by a random test
+    model (a checkpoint with `evals.comet_random_model`'s marker beside it) named in the runs'
+    resolved gin configs."""
+    import shutil
+
+    from evals.comet_random_model import RANDOM_MARKER
+
+    root = tmp_path_factory.mktemp("mt_comet") / "runs"
+    shutil.copytree(runs_dir, root)
+    model = root.parent / "comet_random" / "checkpoints" / "model.ckpt"
+    model.parent.mkdir(parents=True)
+    model.write_bytes(b"")
+    (model.parent.parent / RANDOM_MARKER).write_text("{}")
+    for d in sorted(root.iterdir()):
+        meta = json.loads((d / "run.json").read_text())
+        if not meta["strategy"].startswith("finetune"):
+            continue
+        meta["gin_config"] = meta.get("gin_config", "") + f"COMET_MODEL = '{model}'\n"
+        (d / "run.json").write_text(json.dumps(meta))
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for r in recs:
+            r["eval/mt_en_fr/comet"] = 30.0 + 1.5 * r["eval/mt_en_fr/bleu"]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return root
+
+
+def test_comet_runs_get_the_fig7_analogue_fits_and_the_model_named(comet_runs_dir, tmp_path):
+    fits_path = rep.write(runs_dir=comet_runs_dir, out_dir=tmp_path, log=lambda line: None)
+    fits = json.loads(fits_path.read_text())
+    comet = [e for e in fits["bleu"] if e["metric"] == "comet"]
+    assert len(comet) == 4  # 2 mixtures x 2 Df, the paper's log-law with its settings
+    assert all(e["fit"]["law"] == "log_law" and e["fit"]["delta"] == 0.1 for e in comet)
+    assert all(e["fit"]["n_fit"] == 4 for e in comet)
+    aligned = [e for e in comet if e["pretraining"] == "mix_en_50_fr_50"]
+    assert all(e["fit"]["observed"][0] > 30 for e in aligned)  # 0-100, as logged
+    png = tmp_path / "mt_comet_fig7.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (tmp_path / "report.md").read_text().split("# Appendix")[0]
+    assert "## COMET (the paper's Fig. 7)" in text and "](mt_comet_fig7.png)" in text
+    assert "randomly initialised test model" in text and "not meaningful" in text
+    assert "(26 runs)" in text  # 24 finetunes + 2 baselines, one model
+    section = text.split("## COMET (the paper's Fig. 7)")[1].split("## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| mix_")]
+    assert len(rows) == 4 and all("not fitted" not in r for r in rows)
+    assert "predicts the held-out checkpoints within 5% for" in section
+
+
+def test_without_comet_the_report_says_so_in_one_line(runs_dir, tmp_path):
+    rep.write(runs_dir=runs_dir, out_dir=tmp_path, log=lambda line: None)
+    text = (tmp_path / "report.md").read_text()
+    lines = [line for line in text.splitlines() if "COMET" in line and "Fig. 7" in line]
+    assert len(lines) == 1 and "no run logged COMET" in lines[0]
+    assert "## COMET" not in text and not (tmp_path / "mt_comet_fig7.png").exists()
+
+
+def test_the_comet_model_is_read_from_each_runs_gin_config():
+    from fitting.run_record import RunRecord
+
+    def run(rid, gin, comet=True):
+        rec = {"step": 1, "eval/mt_en_fr/bleu": 1.0}
+        if comet:
+            rec["eval/mt_en_fr/comet"] = 50.0
+        meta = {"strategy": "finetune", "gin_config": gin}
+        return RunRecord(run_id=rid, path=None, meta=meta, records=(rec,))
+
+    runs = [
+        run("a", "COMET_MODEL = '/m/wmt22/checkpoints/model.ckpt'\nX = 1\n"),
+        run("b", 'downstream.DecodeConfig.comet_model = "/m/wmt22/checkpoints/model.ckpt"\n'),
+        run("c", "COMET_MODEL = None\n"),
+        run("d", "COMET_MODEL = '/m/other.ckpt'\n", comet=False),  # logged no COMET
+    ]
+    assert find.comet_models(runs) == {"/m/wmt22/checkpoints/model.ckpt": ["a", "b"], "?": ["c"]}
