@@ -1,5 +1,7 @@
-"""The SLURM launcher: one batch job per run (GPU or CPU nodes), from `templates/slurm_gpu.sbatch`;
-jobs stopped at their time limit or preempted requeue themselves and resume."""
+"""The SLURM launcher: one batch job per run (GPU or CPU nodes, one or several JAX processes per
+node), from `templates/slurm_gpu.sbatch`; jobs stopped at their time limit or preempted requeue
+themselves and resume. Also what the scheduler says about each run's job (`scheduler_jobs`:
+`squeue`, and `sacct` where accounting is on)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from launch import sbatch_options
 from launch.launchers import LaunchReport, start_launch
 from launch.status import PREEMPTED_EXIT_CODE, Progress
 from launch.sweep import Run
@@ -22,18 +25,13 @@ _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
 
 def sbatch_line(option: str) -> str:
     """One extra `#SBATCH` option as given on the command line (`--constraint=h100`, with or
-    without the `#SBATCH` prefix), checked to be a single option line, so it cannot break the
-    script it is written into.
+    without the `#SBATCH` prefix), checked to be a single long option the launcher does not set
+    itself (`launch.sbatch_options`), so it cannot break the script it is written into.
 
     Raises:
-      ValueError: the option spans lines or does not start with `-`.
+      ValueError: one line naming `--sbatch-line`, the value and what is allowed.
     """
-    text = option.strip().removeprefix("#SBATCH").strip()
-    if "\n" in text or "\r" in text or not text.startswith("-"):
-        raise ValueError(
-            f"--sbatch-line {option!r}: give one sbatch option, e.g. --constraint=h100"
-        )
-    return text
+    return sbatch_options.sbatch_option(option, where="--sbatch-line")
 
 
 def render_template(text: str, values: dict[str, str]) -> str:
@@ -48,12 +46,15 @@ def render_template(text: str, values: dict[str, str]) -> str:
 
 class SlurmLauncher:
     """Submits one batch job per run (`templates/slurm_gpu.sbatch`), chained with
-    `--dependency=afterok:<parent job>`; each node runs one JAX process, which finds its peers
-    through the `jax.distributed` environment the script exports (jobs of several nodes).
+    `--dependency=afterok:<parent job>`; each node runs `tasks_per_node` JAX processes (1: one
+    process drives all the node's GPUs; one per GPU is common too), which find their peers
+    through the `jax.distributed` environment the script exports whenever the job has several
+    tasks, each process driving its share of the node's GPUs.
 
     The resources asked are the ones given, nothing more: `gpus_per_node=0` asks for no GPU
     (CPU partitions have no `gpu` gres, and a request for 0 of them pends forever there), and
-    `partition`, `account`, `qos`, `mem` and extra `#SBATCH` lines appear only when set. A trainer
+    `partition`, `account`, `qos`, `mem` and extra `#SBATCH` lines (the manifest's `[slurm]
+    sbatch_lines`, then `sbatch_lines`) appear only when set. A trainer
     stopped early with its checkpoint saved (SIGTERM `signal_before` seconds ahead of the time
     limit, or preemption: exit 75) makes the script requeue its own job, at most `max_requeues`
     times as counted by SLURM, so the run resumes, completes, and its dependents start.
@@ -65,6 +66,7 @@ class SlurmLauncher:
         self,
         *,
         nodes: int = 1,
+        tasks_per_node: int = 1,
         gpus_per_node: int = 8,
         cpus_per_task: int = 32,
         mem: str | None = None,
@@ -88,7 +90,13 @@ class SlurmLauncher:
                 f"slurm: nodes {nodes} (>= 1), gpus per node {gpus_per_node} (>= 0), cpus per "
                 f"task {cpus_per_task} (>= 1) and max requeues {max_requeues} (>= 0) are out of range"
             )
+        if tasks_per_node < 1 or (gpus_per_node and gpus_per_node % tasks_per_node):
+            raise ValueError(
+                f"slurm: --tasks-per-node {tasks_per_node}: give a count >= 1 that divides "
+                f"--gpus-per-node {gpus_per_node} (each process drives the same number of GPUs)"
+            )
         self.nodes, self.gpus_per_node, self.cpus_per_task = nodes, gpus_per_node, cpus_per_task
+        self.tasks_per_node = tasks_per_node
         self.mem, self.time_limit = mem, time_limit
         self.partition, self.account, self.qos = partition, account, qos
         self.sbatch_lines = [sbatch_line(line) for line in sbatch_lines]
@@ -103,9 +111,16 @@ class SlurmLauncher:
         """Command-line options of this launcher."""
         group.add_argument("--nodes", type=int, default=1, help="nodes per run (SLURM)")
         group.add_argument(
+            "--tasks-per-node",
+            type=int,
+            default=1,
+            help="JAX processes per node (1: one drives all the node's GPUs; or one per GPU); "
+            "several tasks in all start jax.distributed from SLURM's variables",
+        )
+        group.add_argument(
             "--gpus-per-node", type=int, default=8, help="0 asks for no GPU (CPU partitions)"
         )
-        group.add_argument("--cpus-per-task", type=int, default=32, help="CPUs per node's task")
+        group.add_argument("--cpus-per-task", type=int, default=32, help="CPUs per task")
         group.add_argument("--mem", help="memory per node, e.g. 64G (default: the partition's)")
         group.add_argument("--partition")
         group.add_argument("--account")
@@ -143,6 +158,7 @@ class SlurmLauncher:
         """Builds the launcher from parsed command-line options."""
         return cls(
             nodes=args.nodes,
+            tasks_per_node=args.tasks_per_node,
             gpus_per_node=args.gpus_per_node,
             cpus_per_task=args.cpus_per_task,
             mem=args.mem,
@@ -158,8 +174,9 @@ class SlurmLauncher:
             python=args.slurm_python,
         )
 
-    def sbatch_options(self) -> list[str]:
-        """The optional `#SBATCH` lines: only the resources and placement that were asked for."""
+    def sbatch_options(self, run: Run | None = None) -> list[str]:
+        """The optional `#SBATCH` lines: only the resources and placement that were asked for,
+        then the extra lines of `run`'s manifest (`[slurm] sbatch_lines`) and of the launcher."""
         options = [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node else []
         options += [f"--mem={self.mem}"] if self.mem else []
         options += [
@@ -172,7 +189,8 @@ class SlurmLauncher:
             if value
         ]
         options.append("--requeue" if self.max_requeues else "--no-requeue")
-        return [f"#SBATCH {option}" for option in options + self.sbatch_lines]
+        extra = sbatch_options.merge(run.sbatch_lines if run else (), self.sbatch_lines)
+        return [f"#SBATCH {option}" for option in options + extra]
 
     def render(self, run: Run, *, allow_missing: bool = False) -> str:
         """The batch script of one run."""
@@ -180,11 +198,13 @@ class SlurmLauncher:
         values = {
             "JOB_NAME": run.run_id,
             "NODES": str(self.nodes),
+            "TASKS_PER_NODE": str(self.tasks_per_node),
+            "GPUS_PER_TASK": str(self.gpus_per_node // self.tasks_per_node),
             "CPUS_PER_TASK": str(self.cpus_per_task),
             "TIME_LIMIT": self.time_limit,
             "SIGNAL_BEFORE": str(self.signal_before),
             "LOG_DIR": str(Path(self.script_dir) / "logs"),
-            "EXTRA_SBATCH": "\n".join(self.sbatch_options()),
+            "EXTRA_SBATCH": "\n".join(self.sbatch_options(run)),
             "WORKDIR": shlex.quote(self.workdir),
             "EXPORTS": "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()),
             "COORDINATOR_PORT": str(self.port),

@@ -13,6 +13,8 @@ Schema (every table optional unless said):
                 runner ("xlscale" | "t5x": real T5X's `t5x.train`, `launch.t5x_runner`)
     [vars]      NAME = "default"  -- `${NAME}` in any string below; "" means "must be given"
     [env]       environment for every launched job
+    [slurm]     sbatch_lines = ["--constraint=h100", ...]  -- extra `#SBATCH` lines of every job
+                under the SLURM launcher (before its `--sbatch-line`s; other launchers ignore them)
     [gin]       KEY = value       -- `--gin.KEY=value` for every run
     [axes]      sizes, strategies, seeds, target_langs, replay_ratios, mixtures, tasks,
                 finetune_tokens, init_steps, gin_axes = {MACRO = [values]} (a grid over any
@@ -49,7 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch import budgets, select_spec, t5x_runner
+from launch import budgets, sbatch_options, select_spec, t5x_runner
 from launch import strategies as strategies_lib
 from launch.select_spec import SelectSpec
 from launch.strategies import AXES, COORD_MACROS, STRATEGIES, Counts, Strategy
@@ -65,7 +67,7 @@ COMPUTED_MACROS = frozenset(
 PARAM_BASES = budgets.PARAM_BASES
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TOP_KEYS = frozenset(
-    "sweep vars env gin axes grid budget sizes strategies override exclude select".split()
+    "sweep vars env slurm gin axes grid budget sizes strategies override exclude select".split()
 )
 
 
@@ -93,6 +95,7 @@ class Manifest:
     selects: tuple[SelectSpec, ...] = ()
     runner: str = "xlscale"
     t5x_paths: t5x_runner.T5xPaths = t5x_runner.T5xPaths()
+    sbatch_lines: tuple[str, ...] = ()  # [slurm] sbatch_lines, checked
 
     def missing_variables(self) -> list[str]:
         """Variables that have no value yet (declared as "" and not given)."""
@@ -131,6 +134,9 @@ class Run:
     t5x_paths: t5x_runner.T5xPaths = t5x_runner.T5xPaths()
     gin_axes: tuple[str, ...] = ()
     manifest_path: str = ""
+    # Extra `#SBATCH` options from the manifest's [slurm] table: where the job runs, not what it
+    # computes, so not part of the run's id.
+    sbatch_lines: tuple[str, ...] = ()
 
     @property
     def waits_for_selection(self) -> bool:
@@ -387,6 +393,7 @@ def parse_manifest(
         _check_keys(table, ("where", "budget", "gin", "gin_files"), f"{path} [[override]]")
     for table in data.get("exclude", []):
         _check_keys(table, ("where",), f"{path} [[exclude]]")
+    sbatch_lines = _sbatch_lines(data.get("slurm", {}), path)
     for key in data.get("gin", {}):
         _require(key not in COMPUTED_MACROS, f"{path} [gin]", f"{key} is set by the sweep itself")
     # A coordinate set through gin would reach the run but not its id or coordinates (a
@@ -438,10 +445,24 @@ def parse_manifest(
         selects=selects,
         runner=runner,
         t5x_paths=t5x_paths or t5x_runner.T5xPaths.resolve(),
+        sbatch_lines=sbatch_lines,
     )
     if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
         budgets.resolve(manifest.budget, where=f"{path} [budget]")
     return manifest
+
+
+def _sbatch_lines(table: Mapping[str, Any], path: str) -> tuple[str, ...]:
+    """The manifest's `[slurm] sbatch_lines`, each checked (`launch.sbatch_options`).
+
+    Raises:
+      ValueError: naming the manifest, the key and the offending value.
+    """
+    _check_keys(table, ("sbatch_lines",), f"{path} [slurm]")
+    where = f"{path} [slurm] sbatch_lines"
+    lines = table.get("sbatch_lines", [])
+    _require(isinstance(lines, list), where, f"{lines!r}: give a list of sbatch options")
+    return tuple(sbatch_options.sbatch_option(line, where=where) for line in lines)
 
 
 def _check_gin_macros(
@@ -687,6 +708,7 @@ class _Expander:
             t5x_paths=m.t5x_paths,
             gin_axes=gin_axes,
             manifest_path=m.path,
+            sbatch_lines=m.sbatch_lines,
         )
         if m.runner == "t5x":
             t5x_runner.check(run, manifest=m.path)

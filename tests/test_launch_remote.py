@@ -109,9 +109,7 @@ def test_slurm_scripts_chain_dependencies_and_set_up_jax_distributed(runs, tmp_p
         "#SBATCH --gpus-per-node=4",
         "#SBATCH --partition=gpu",
         "cd /repo",
-        'export JAX_COORDINATOR_ADDRESS="${COORDINATOR_HOST}:12345"',
-        'export JAX_NUM_PROCESSES="$SLURM_NNODES"',
-        'export JAX_PROCESS_ID="$SLURM_PROCID"',
+        'export JAX_NUM_PROCESSES="$SLURM_NTASKS"',
         "export PYTHONUNBUFFERED=1",
     ]:
         assert line in script, line
@@ -180,7 +178,8 @@ def test_slurm_script_on_a_cpu_partition_asks_only_for_what_was_given(runs, tmp_
         "#SBATCH --kill-on-invalid-dep=yes",
         "#SBATCH --requeue",
     ]
-    assert "gpu" not in script.lower().replace("slurm_gpu.sbatch", "")
+    code = [line for line in script.lower().splitlines() if not line.strip().startswith("# ")]
+    assert not [line for line in code if "gpu" in line]  # comments may say what GPUs would do
     assert shlex.split(_trainer_command(script)) == runs[0].argv("python")
     path = tmp_path / "cpu.sbatch"
     path.write_text(script)
@@ -217,8 +216,36 @@ def test_slurm_script_with_gpus_and_every_placement_option(runs, tmp_path):
     ]:
         assert line in lines, line
     assert "#SBATCH --requeue" not in lines
-    with pytest.raises(ValueError, match="one sbatch option"):
+    with pytest.raises(ValueError, match="--sbatch-line .*: give one sbatch long option"):
         slurm.SlurmLauncher(sbatch_lines=["--mem=1G\nrm -rf /"])
+    with pytest.raises(ValueError, match="'-C h100': give one sbatch long option"):
+        slurm.SlurmLauncher(sbatch_lines=["-C h100"])
+    with pytest.raises(ValueError, match="--time is set by --time-limit"):
+        slurm.SlurmLauncher(sbatch_lines=["--time=1:00:00"])
+
+
+def test_slurm_extra_lines_come_from_the_manifest_then_the_command_line(tmp_path):
+    manifest = tmp_path / "m.toml"
+    text = (sweep.MANIFESTS_DIR / "smoke.toml").read_text()
+    manifest.write_text(text + '\n[slurm]\nsbatch_lines = ["--constraint=h100", "--exclusive"]\n')
+    variables = {"DATA_DIR": "/d", "VOCAB_PATH": "/v.model"}
+    loaded = sweep.load_manifest(manifest, variables=variables, runs_dir=str(tmp_path / "r"))
+    runs = sweep.expand(loaded)
+    assert {r.sbatch_lines for r in runs} == {("--constraint=h100", "--exclusive")}
+    # Where the job runs is not what it computes: the run ids are the manifest's without [slurm].
+    plain = sweep.load_manifest("smoke", variables=variables, runs_dir=str(tmp_path / "r"))
+    assert [r.run_id for r in runs] == [r.run_id for r in sweep.expand(plain)]
+    launcher = slurm.SlurmLauncher(
+        gpus_per_node=0,
+        sbatch_lines=["--exclusive", "--comment=cli"],
+        script_dir=str(tmp_path / "s"),
+    )
+    assert _sbatch_lines(launcher.render(runs[0]))[-4:] == [
+        "#SBATCH --requeue",
+        "#SBATCH --constraint=h100",
+        "#SBATCH --exclusive",
+        "#SBATCH --comment=cli",
+    ]
     with pytest.raises(ValueError, match="out of range"):
         slurm.SlurmLauncher(gpus_per_node=-1)
 
@@ -266,26 +293,97 @@ def test_slurm_command_line_reaches_the_script(tmp_path):
     assert launcher.workdir == "/nodes/xlscale"
 
 
-def _fake_srun_script(script: str, tmp_path: Path, *, exit_code: int, restarts: int) -> tuple:
-    """Runs a rendered script under bash with `srun` and `scontrol` replaced by stand-ins that
-    record their calls (the trainer "exits" `exit_code`); returns (exit code, output, calls)."""
-    bin_dir = tmp_path / f"bin{exit_code}_{restarts}"
+def _fake_srun_script(
+    script: str,
+    tmp_path: Path,
+    *,
+    exit_code: int,
+    restarts: int,
+    nodes: int = 1,
+    tasks_per_node: int = 1,
+) -> tuple:
+    """Runs a rendered script under bash with stand-ins for `srun` (starts the tasks one after
+    another, each with its SLURM_PROCID and SLURM_LOCALID), `scontrol` (hosts node7, node8, ...;
+    other calls recorded) and the trainer's `python` (prints the jax.distributed variables it
+    sees, then exits `exit_code`); returns (exit code, output, calls)."""
+    bin_dir = tmp_path / f"bin{exit_code}_{restarts}_{nodes}x{tasks_per_node}"
     bin_dir.mkdir()
-    calls = tmp_path / f"calls{exit_code}_{restarts}"
-    (bin_dir / "srun").write_text(f"#!/bin/sh\necho srun >> {calls}\nexit {exit_code}\n")
-    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "scontrol $*" >> {calls}\n')
+    calls = bin_dir / "calls"
+    calls.write_text("")
+    (bin_dir / "srun").write_text(
+        f"#!/bin/bash\necho srun >> {calls}\nshift\ncode=0\n"
+        "for ((i = 0; i < SLURM_NTASKS; i++)); do\n"
+        '  SLURM_PROCID=$i SLURM_LOCALID=$((i % SLURM_NTASKS_PER_NODE)) "$@" || code=$?\n'
+        "done\nexit $code\n"
+    )
+    hosts = "\\n".join(f"node{7 + i}" for i in range(nodes))
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/sh\nif [ "$1" = show ]; then printf "{hosts}\\n"; exit; fi\n'
+        f'echo "scontrol $*" >> {calls}\n'
+    )
+    (bin_dir / "python").write_text(
+        '#!/bin/sh\necho "task $SLURM_PROCID: coordinator=${JAX_COORDINATOR_ADDRESS:-} '
+        "processes=${JAX_NUM_PROCESSES:-} id=${JAX_PROCESS_ID:-} "
+        'devices=${JAX_LOCAL_DEVICE_IDS:-} collectives=${JAX_CPU_COLLECTIVES_IMPLEMENTATION:-}"\n'
+        f"exit {exit_code}\n"
+    )
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
-        "SLURM_JOB_ID": "42",
-        "SLURM_NNODES": "1",
+        "SLURM_JOB_ID": "1042",
+        "SLURM_JOB_NODELIST": f"node[7-{6 + nodes}]",
+        "SLURM_NNODES": str(nodes),
+        "SLURM_NTASKS": str(nodes * tasks_per_node),
+        "SLURM_NTASKS_PER_NODE": str(tasks_per_node),
         "SLURM_RESTART_COUNT": str(restarts),
     }
     done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True)
     return done.returncode, done.stdout, calls.read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("nodes", "tasks", "gpus", "devices"),
+    [
+        (1, 1, 8, None),  # one plain process: no jax.distributed
+        (2, 1, 8, ["0,1,2,3,4,5,6,7"] * 2),  # one process per node drives all 8 GPUs
+        (1, 4, 8, ["0,1", "2,3", "4,5", "6,7"]),
+        (2, 2, 2, ["0", "1", "0", "1"]),  # one process per GPU
+        (1, 2, 0, [""] * 2),  # CPU partition: 2 processes, gloo collectives
+    ],
+)
+def test_slurm_script_starts_jax_distributed_for_every_task(
+    runs, tmp_path, nodes, tasks, gpus, devices
+):
+    launcher = slurm.SlurmLauncher(
+        nodes=nodes, tasks_per_node=tasks, gpus_per_node=gpus, workdir=str(tmp_path)
+    )
+    script = launcher.render(runs[0])
+    assert f"#SBATCH --ntasks-per-node={tasks}" in _sbatch_lines(script)
+    code, out, calls = _fake_srun_script(
+        script, tmp_path, exit_code=0, restarts=0, nodes=nodes, tasks_per_node=tasks
+    )
+    assert code == 0 and calls == ["srun"], out
+    seen = [line for line in out.splitlines() if line.startswith("task ")]
+    if devices is None:
+        assert seen == ["task 0: coordinator= processes= id= devices= collectives="]
+        return
+    # Every task finds process 0 on the first host, at the port offset by the job id (1042).
+    assert seen == [
+        f"task {i}: coordinator=node7:12387 processes={nodes * tasks} id={i} "
+        f"devices={devices[i]} collectives=gloo"
+        for i in range(nodes * tasks)
+    ]
+
+
+def test_slurm_tasks_per_node_must_split_the_gpus_evenly():
+    with pytest.raises(ValueError, match="--tasks-per-node 3: .* divides --gpus-per-node 8"):
+        slurm.SlurmLauncher(gpus_per_node=8, tasks_per_node=3)
+    with pytest.raises(ValueError, match="--tasks-per-node 0"):
+        slurm.SlurmLauncher(gpus_per_node=0, tasks_per_node=0)
+    assert slurm.SlurmLauncher(gpus_per_node=0, tasks_per_node=3).tasks_per_node == 3
 
 
 @pytest.mark.parametrize(
@@ -300,7 +398,7 @@ def test_slurm_script_requeues_itself_only_after_a_checkpointed_stop(
         launcher.render(runs[0]), tmp_path, exit_code=exit_code, restarts=restarts
     )
     assert code == job_exit, out
-    assert calls == ["srun"] + (["scontrol requeue 42"] if requeued else [])
+    assert calls == ["srun"] + (["scontrol requeue 1042"] if requeued else [])
     assert f"requeue {restarts} of at most 3" in out
     if requeued:
         assert f"requeue {restarts + 1} of at most 3" in out

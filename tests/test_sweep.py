@@ -291,6 +291,32 @@ def test_bad_manifests_are_rejected_with_a_clear_message(tmp_path, change, messa
         sweep.expand(load(BASE.replace(*change), tmp_path=tmp_path))
 
 
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ('sbatch_lines = "--exclusive"', r"\[slurm\] sbatch_lines: '--exclusive': give a list"),
+        (
+            'sbatch_lines = ["--exclusive", "constraint=h100"]',
+            r"m.toml \[slurm\] sbatch_lines 'constraint=h100': give one sbatch long option",
+        ),
+        ('sbatch_lines = ["--qos=a\\n--qos=b"]', r"sbatch_lines '--qos=a\\n--qos=b': give one"),
+        ("sbatch_lines = [3]", r"sbatch_lines 3: give each sbatch option as a string"),
+        ('sbatch_lines = ["--nodes=4"]', r"--nodes is set by --nodes, not by an extra"),
+        ('sbatch_line = ["--exclusive"]', r"\[slurm\]: unknown keys \['sbatch_line'\]"),
+    ],
+)
+def test_bad_sbatch_lines_name_the_manifest_key_and_value(tmp_path, table, message):
+    with pytest.raises(ValueError, match=message):
+        load(BASE + f"\n[slurm]\n{table}\n", tmp_path=tmp_path)
+
+
+def test_sbatch_lines_of_the_manifest_reach_every_run(tmp_path):
+    table = '\n[slurm]\nsbatch_lines = ["#SBATCH --constraint=h100", "--gres gpu:4"]\n'
+    runs = sweep.expand(load(BASE + table, tmp_path=tmp_path))
+    assert {r.sbatch_lines for r in runs} == {("--constraint=h100", "--gres gpu:4")}
+    assert ids(runs) == ids(sweep.expand(load(tmp_path=tmp_path)))
+
+
 def test_unknown_manifest_name_lists_the_shipped_ones():
     with pytest.raises(FileNotFoundError, match="cpt_paper"):
         sweep.resolve_manifest_path("no_such_manifest")
