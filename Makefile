@@ -27,7 +27,7 @@ comet-env: $(COMET_STAMP)
 
 $(COMET_STAMP): evals/comet_requirements.txt
 	@test -x $(COMET_VENV)/bin/python || $(PYTHON) -m venv $(COMET_VENV)
-	$(COMET_VENV)/bin/python -m pip install -q -r evals/comet_requirements.txt
+	$(COMET_VENV)/bin/python -m pip install -q --no-compile -r evals/comet_requirements.txt
 	@touch $(COMET_STAMP)
 
 lint: setup

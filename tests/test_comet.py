@@ -86,8 +86,8 @@ def comet_model(comet_python, tmp_path_factory):
     return os.fspath(ckpt)
 
 
-def test_the_worker_scores_with_the_random_model_and_the_system_is_the_mean(
-    comet_python, comet_model
+def test_the_worker_scores_with_the_random_model_and_the_trainer_reports_it_times_100(
+    comet_python, comet_model, monkeypatch
 ):
     request = {
         "model": comet_model,
@@ -110,31 +110,17 @@ def test_the_worker_scores_with_the_random_model_and_the_system_is_the_mean(
     assert len({round(s, 9) for s in scores}) > 1  # the scores depend on the triples
     assert comet_scoring.is_random_model(comet_model)
 
-    # The project side: the same scores x 100 (the MT paper's scale), the system their mean.
-    scored = comet_scoring.score(
-        comet_model,
-        sources=[t[0] for t in TRIPLES],
-        predictions=[t[1] for t in TRIPLES],
-        targets=[t[2] for t in TRIPLES],
-        python=comet_python,
-    )
-    assert scored.segments == pytest.approx([100 * s for s in scores], abs=1e-6)
-    assert scored.system == pytest.approx(100 * reply["system_score"], abs=1e-6)
-    assert scored.system == pytest.approx(sum(scored.segments) / len(TRIPLES), abs=1e-9)
-    assert 0.0 < scored.system < 100.0
-
-
-def test_downstream_score_reports_comet_on_the_papers_0_to_100_scale(
-    comet_python, comet_model, monkeypatch
-):
-    # COMET_PYTHON from the environment (the fallback when the gin setting is not given).
+    # The project side, as the trainer calls it (COMET_PYTHON from the environment, the
+    # fallback when no setting is given): COMET's system score x 100, the paper's 0-100 scale.
     monkeypatch.setenv(comet_scoring.COMET_PYTHON_ENV, comet_python)
     examples = [
         downstream.TextExample(inputs=f"translate English to French: {s}", target=r, source=s)
         for s, _, r in TRIPLES
     ]
     out = downstream.score("mt_en_fr", examples, [t[1] for t in TRIPLES], comet_model=comet_model)
-    assert 1.0 < out["comet"] < 100.0  # 0-100, not COMET's own 0-1
+    assert out["comet"] == pytest.approx(100 * reply["system_score"], abs=1e-6)
+    assert out["comet"] == pytest.approx(100 * sum(scores) / len(scores), abs=1e-6)
+    assert 0.0 < out["comet"] < 100.0
     assert {"bleu", "bleu_bp", "chrf", "rouge_l"} <= set(out)  # the others are unchanged
 
 
@@ -173,17 +159,23 @@ def test_an_interpreter_without_comet_is_one_line_naming_comet_python(comet_mode
     assert "\n" not in message and "COMET_PYTHON" in message and "no `comet`" in message
 
 
-def test_a_failing_worker_reports_its_last_stderr_lines(comet_python, tmp_path):
-    broken = tmp_path / "broken" / "checkpoints" / "model.ckpt"
-    broken.parent.mkdir(parents=True)
-    broken.write_bytes(b"not a checkpoint")  # and no hparams.yaml beside it
+def test_a_failing_worker_reports_its_last_stderr_lines(comet_model, tmp_path):
+    # A stand-in interpreter that fails as the worker does (traceback, then the reason last),
+    # without the seconds COMET's imports cost.
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\ncat > /dev/null\necho 'Traceback (most recent call last):' >&2\n"
+        "echo 'comet_worker: Exception: hparams.yaml file is missing from /x!' >&2\n"
+        f"exit {comet_worker.EXIT_FAILED}\n"
+    )
+    fake.chmod(0o755)
     with pytest.raises(comet_scoring.CometError) as e:
         comet_scoring.score(
-            os.fspath(broken), sources=["a"], predictions=["b"], targets=["c"], python=comet_python
+            comet_model, sources=["a"], predictions=["b"], targets=["c"], python=os.fspath(fake)
         )
     message = str(e.value)
     assert "\n" not in message and f"exit code {comet_worker.EXIT_FAILED}" in message
-    assert "hparams.yaml" in message  # COMET's own reason, from the worker's stderr
+    assert "COMET_MODEL" in message and "hparams.yaml file is missing" in message
 
 
 @pytest.mark.slow
