@@ -37,6 +37,7 @@ import tensorflow as tf
 from pipelines.prepared.spans import (  # noqa: F401 - re-exported: callers use prep.<name>
     MEAN_NOISE_SPAN_LENGTH,
     NOISE_DENSITY,
+    check_sentinels,
     span_corruption_lengths,
     span_raw_length,
 )
@@ -238,14 +239,7 @@ def span_corruption(
     raw_length = span_raw_length(
         sequence_length["inputs"], sequence_length["targets"], **lengths_kw
     )
-    _, _, spans = span_corruption_lengths(raw_length, **lengths_kw)
-    extra_ids = getattr(vocab, "extra_ids", 0)
-    if extra_ids < spans:
-        raise ValueError(
-            f"span corruption of {raw_length}-token chunks needs {spans} sentinel ids; the "
-            f"vocabulary has extra_ids={extra_ids} "
-            "(use pipelines.vocab.load_vocab(..., extra_ids=100))"
-        )
+    check_sentinels(raw_length, getattr(vocab, "extra_ids", 0), **lengths_kw)
     first_sentinel = vocab.vocab_size - 1
 
     def _corrupt(tokens, seeds):

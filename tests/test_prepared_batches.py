@@ -346,6 +346,17 @@ def test_span_corruption_reconstructs_its_chunks():
     assert len(order) == len(set(order)) > 3 and len(rest) < 120
 
 
+def test_span_corruption_refuses_a_vocabulary_without_enough_sentinels():
+    """Without extra ids the top pieces of the vocabulary are ordinary tokens: refused, as the
+    seqio preprocessor refuses it (one check, `spans.check_sentinels`)."""
+    raw = spans.span_raw_length(ENCDEC["inputs"], ENCDEC["targets"])
+    needed = spans.span_corruption_lengths(raw)[2]
+    component = [pb.Component("span_en", span(n=20), 1.0)]
+    with pytest.raises(ValueError, match=f"needs {needed} sentinel ids.*extra_ids=0"):
+        run(component, steps=1, sequence_length=ENCDEC, extra_ids=0)
+    assert run(component, steps=1, sequence_length=ENCDEC, extra_ids=needed)
+
+
 def test_same_seed_same_batches_other_seed_different():
     for kind in KINDS:
         a = run(*mixture(kind)[:1], steps=3, sequence_length=mixture(kind)[1], seed=11)

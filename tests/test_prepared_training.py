@@ -109,7 +109,8 @@ def test_a_resume_on_other_prepared_data_is_refused(tiny_data, prepared, tmp_pat
     shutil.copytree(prepared, other)
     manifest = other / "lm_en" / "manifest.json"
     content = json.loads(manifest.read_text())
-    content["created"] = "another preparation"
+    # Other content (the recorded preprocessing differs); the time alone would not count.
+    content["preprocessors"]["precache"] = [*content["preprocessors"]["precache"], "another"]
     manifest.write_text(json.dumps(content))
     saved = seqio_state.snapshot()
     try:
@@ -341,3 +342,46 @@ def test_another_host_count_resumes_implicitly_on_prepared_data(tmp_path):
             policy=None,
             model_dir=tmp_path,
         )
+
+
+def test_the_digest_is_of_the_content_not_of_when_or_where_it_was_made(prepared, tmp_path):
+    """Re-preparing the same data, or mounting it elsewhere, keeps the resume identity; a sample
+    (max_documents) or another shard does not."""
+    from pipelines.prepared.manifest import Manifest
+    from trainer.data import manifest_digest
+
+    made = Manifest.from_json((prepared / "lm_en" / "manifest.json").read_text())
+    same = dataclasses.replace(
+        made,
+        created="2030-01-01T00:00:00Z",
+        source={"repr": "elsewhere", "files": []},
+        vocab_path="/mnt/other/spm.model",
+    )
+    assert manifest_digest(same) == manifest_digest(made)
+    assert manifest_digest(dataclasses.replace(made, max_documents=3)) != manifest_digest(made)
+    shard = dataclasses.replace(made.shards[0], sha256="0" * 64)
+    other = dataclasses.replace(made, shards=(shard, *made.shards[1:]))
+    assert manifest_digest(other) != manifest_digest(made)
+
+
+def test_a_prepared_validation_split_is_not_training_data(
+    tiny_data, prepared, tmp_path, seqio_state
+):
+    """A directory holding another split (or task) than training reads is refused before
+    training, naming PREPARED_DATA, what it holds and the prepare command."""
+    other = tmp_path / "prepared"
+    shutil.copytree(prepared, other)
+    manifest = other / "lm_en" / "manifest.json"
+    content = json.loads(manifest.read_text())
+    content["split"] = "validation"
+    manifest.write_text(json.dumps(content))
+    saved = seqio_state.snapshot()
+    try:
+        with pytest.raises(validation.ConfigError) as refused:
+            train_lib.train(model_dir=tmp_path / "run", **_kwargs(tiny_data, other))
+    finally:
+        seqio_state.restore(saved)
+    text = str(refused.value)
+    assert "PREPARED_DATA" in text and "split 'validation'" in text and "split 'train'" in text
+    assert "xlscale data prepare --task lm_en --vocab " in text
+    assert not (tmp_path / "run" / "checkpoints").exists()

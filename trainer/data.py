@@ -472,13 +472,25 @@ def _packed_stream(config, *, seed, start_step, shard):
         yield _model_arrays(batch)
 
 
+def _prepare_command(config: DataConfig, task: str) -> str:
+    """The `xlscale data prepare` command line that prepares `task` for this run."""
+    vocab = config.vocab_path or "<VOCAB_PATH>"
+    return (
+        f"xlscale data prepare --task {task} --vocab {vocab} --data-dir <DATA_DIR> "
+        f"--source {config.source} --out {config.prepared_dir}"
+    )
+
+
 def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str, Any]:
     """The prepared dataset of every component of the training mixture (`prepared_dir/<task>`),
-    opened and verified against the run's vocabulary before training starts.
+    opened and verified against the run's vocabulary before training starts: each must be that
+    task's `train` split (a prepared validation split is not training data). A sample
+    (`--max-documents`) is accepted and recorded in the fingerprint (`prepared_input`).
 
     Raises:
-      trainer.validation.ConfigError: a component has no prepared task, or a shard is missing,
-        truncated or from another vocabulary (naming `PREPARED_DATA`, the file and what differs).
+      trainer.validation.ConfigError: a component has no prepared task, another task or split,
+        or a shard is missing, truncated or from another vocabulary (naming `PREPARED_DATA`, the
+        file and what differs, and the command that prepares it).
     """
     from pipelines import mixtures
     from pipelines.prepared import shards
@@ -487,39 +499,73 @@ def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str
 
     out = {}
     root = storage.as_path(config.prepared_dir, name="PREPARED_DATA")
+    where = f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}"
     for name in mixtures.component_names(config.mixture_or_task):
         directory = os.fspath(root / name)
         try:
-            out[name] = shards.PreparedDataset.open(directory, vocab_hash=vocab_hash)
+            dataset = shards.PreparedDataset.open(directory, vocab_hash=vocab_hash)
         except shards.PreparedDataError as e:
             raise validation.ConfigError(
-                f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}: {e}; "
-                f"prepare it with: xlscale data prepare --task {name} --out {config.prepared_dir}"
+                f"{where}: {e}; prepare it with: {_prepare_command(config, name)}"
             ) from e
+        found = (dataset.manifest.task, dataset.manifest.split)
+        if found != (name, "train"):
+            dataset.close()
+            raise validation.ConfigError(
+                f"{where}: {directory} holds task {found[0]!r} split {found[1]!r}; training "
+                f"reads task {name!r} split 'train'; prepare it with: "
+                f"{_prepare_command(config, name)}"
+            )
+        out[name] = dataset
     return out
 
 
-def prepared_input(config: DataConfig, datasets: Mapping[str, Any]) -> dict[str, Any]:
-    """What the run's fingerprint records of a prepared input: the directory and the sha256 of
-    each component's `manifest.json` (which lists every shard's digest), so that a resume
-    reading other prepared data is refused like any other change of the training data."""
+def manifest_digest(manifest: Any) -> str:
+    """The sha256 of what a prepared task holds (task, split, vocabulary, read-time kind,
+    features, the sample size, and every shard's documents, tokens and sha256), not of how or
+    where it was made (time, source paths, the vocabulary file's path): re-preparing the same
+    data, or mounting it elsewhere, gives the same digest; other data gives another."""
     import hashlib
+    import json
 
-    from rundir import storage
+    content = {
+        "task": manifest.task,
+        "split": manifest.split,
+        "vocab_hash": manifest.vocab_hash,
+        "vocab_size": manifest.vocab_size,
+        "eos_id": manifest.eos_id,
+        "postprocess": manifest.postprocess,
+        "preprocessors": {k: list(v) for k, v in manifest.preprocessors.items()},
+        "features": list(manifest.features),
+        "max_documents": manifest.max_documents,
+        "shards": [[s.documents, dict(s.tokens), s.sha256] for s in manifest.shards],
+        "format_version": manifest.format_version,
+    }
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
-    root = storage.as_path(config.prepared_dir, name="PREPARED_DATA")
 
-    def digest(name: str) -> str:
-        return hashlib.sha256((root / name / "manifest.json").read_bytes()).hexdigest()
-
-    return {"dir": config.prepared_dir, "manifests": {name: digest(name) for name in datasets}}
+def prepared_input(config: DataConfig, datasets: Mapping[str, Any]) -> dict[str, Any]:
+    """What the run's fingerprint records of a prepared input: the directory and each
+    component's content digest (`manifest_digest`: every shard's sha256, the sample size), so
+    that a resume reading other prepared data is refused like any other change of the data."""
+    return {
+        "dir": config.prepared_dir,
+        "manifests": {name: manifest_digest(ds.manifest) for name, ds in datasets.items()},
+    }
 
 
 def _prepared_stream(config, *, seed, start_step, host_rows, datasets, vocabulary):
-    """This host's rows of each global batch, read by index from the prepared datasets."""
+    """This host's rows of each global batch, read by index from the prepared datasets; the
+    settings are checked here, when the stream is made, not at its first batch.
+
+    Raises:
+      trainer.validation.ConfigError: the prepared data cannot make this run's batches (names
+        PREPARED_DATA and why: lengths, Df subset, fractions, sentinels, ...).
+    """
     from pipelines import mixtures
     from pipelines import vocab as vocab_lib
     from pipelines.prepared import batches
+    from trainer import validation
 
     if vocabulary is None:  # the run registered its tasks: their targets vocabulary
         import seqio
@@ -531,21 +577,28 @@ def _prepared_stream(config, *, seed, start_step, host_rows, datasets, vocabular
         batches.Component(name=name, dataset=ds, fraction=fractions.get(name, 1.0))
         for name, ds in datasets.items()
     ]
-    stream = batches.batches(
-        components=components,
-        sequence_length=dict(config.task_feature_lengths) if config.has_inputs else config.seq_len,
-        global_batch_size=config.batch_size,
-        seed=seed,
-        start_step=start_step,
-        host_rows=tuple(host_rows),
-        start_id=vocab_lib.start_id(vocabulary),
-        eos_id=vocabulary.eos_id,
-        vocab_size=vocabulary.vocab_size,
-        subset_examples=config.subset_examples,
-        subset_tokens=config.subset_tokens,
-    )
-    for batch in stream:
-        yield _model_arrays(batch)
+    try:
+        stream = batches.batches(
+            components=components,
+            sequence_length=dict(config.task_feature_lengths)
+            if config.has_inputs
+            else config.seq_len,
+            global_batch_size=config.batch_size,
+            seed=seed,
+            start_step=start_step,
+            host_rows=tuple(host_rows),
+            start_id=vocab_lib.start_id(vocabulary),
+            eos_id=vocabulary.eos_id,
+            vocab_size=vocabulary.vocab_size,
+            extra_ids=int(getattr(vocabulary, "extra_ids", 0) or 0),
+            subset_examples=config.subset_examples,
+            subset_tokens=config.subset_tokens,
+        )
+    except ValueError as e:
+        raise validation.ConfigError(
+            f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}: {e}"
+        ) from e
+    return map(_model_arrays, stream)
 
 
 def train_batches(

@@ -194,7 +194,9 @@ def _pool(i, component, kind, lengths, subset_examples, subset_tokens, single: b
     return np.sort(order[:n])
 
 
-def _sources(components, lengths, *, seed, eos_id, vocab_size, subset_examples, subset_tokens):
+def _sources(
+    components, lengths, *, seed, eos_id, vocab_size, extra_ids, subset_examples, subset_tokens
+):
     """Checks every component and sets up the ones with a positive fraction."""
     encdec = "inputs" in lengths
     out = []
@@ -232,6 +234,7 @@ def _sources(components, lengths, *, seed, eos_id, vocab_size, subset_examples, 
             seed=seed,
             eos_id=eos_id,
             vocab_size=vocab_size,
+            extra_ids=extra_ids,
         )
         if source.rows_per_epoch < 1:
             raise ValueError(
@@ -254,6 +257,7 @@ def batches(
     start_id: int = 0,
     eos_id: int = 1,
     vocab_size: int | None = None,
+    extra_ids: int | None = None,
     subset_examples: int | None = None,
     subset_tokens: int | None = None,
     read_ahead_steps: int = READ_AHEAD_STEPS,
@@ -275,6 +279,8 @@ def batches(
       start_id: the decoder's start token (`pipelines.streams.decoder_start_id`).
       eos_id: the vocabulary's EOS, appended by the reader (prepared documents carry none).
       vocab_size: the vocabulary size with extra ids (sentinels; span corruption needs it).
+      extra_ids: how many of those are sentinel (extra) ids, checked against the spans of span
+        corruption as the seqio preprocessor does; None: not known, not checked.
       subset_examples: train one component on a fixed sample of exactly this many documents
         (the same for every seed), repeated; not with `subset_tokens`.
       subset_tokens: the same, the shortest sample of at least this many target tokens.
@@ -318,6 +324,7 @@ def batches(
         seed=int(seed),
         eos_id=int(eos_id),
         vocab_size=vocab_size,
+        extra_ids=extra_ids,
         subset_examples=subset_examples,
         subset_tokens=subset_tokens,
     )

@@ -126,7 +126,7 @@ class LmChunks(_Chunks):
     encdec: ClassVar[bool] = False
     extra: ClassVar[int] = 1
 
-    def __init__(self, dataset, *, index, pool, lengths, seed, eos_id, vocab_size):
+    def __init__(self, dataset, *, index, pool, lengths, seed, eos_id, vocab_size, extra_ids=None):
         del vocab_size
         super().__init__(
             dataset, index=index, pool=pool, seed=seed, eos_id=eos_id, chunk=lengths["targets"]
@@ -148,7 +148,7 @@ class SpanCorruption(_Chunks):
 
     encdec: ClassVar[bool] = True
 
-    def __init__(self, dataset, *, index, pool, lengths, seed, eos_id, vocab_size):
+    def __init__(self, dataset, *, index, pool, lengths, seed, eos_id, vocab_size, extra_ids=None):
         raw = spans.span_raw_length(lengths["inputs"], lengths["targets"])
         _, targets, num_spans = spans.span_corruption_lengths(raw)
         if vocab_size is None or vocab_size <= num_spans + max(eos_id, 0):
@@ -157,6 +157,8 @@ class SpanCorruption(_Chunks):
                 f"{num_spans} sentinels at the top of the vocabulary; allowed: the vocabulary "
                 "size with its extra ids (e.g. 32100)"
             )
+        if extra_ids is not None:  # known (the run's vocabulary): its sentinels must cover spans
+            spans.check_sentinels(raw, extra_ids)
         super().__init__(dataset, index=index, pool=pool, seed=seed, eos_id=eos_id, chunk=raw)
         self.vocab_size = vocab_size
         self.target_tokens_per_row = float(targets)
@@ -192,7 +194,7 @@ class Pairs:
     features: ClassVar[tuple[str, ...]] = ("inputs", "targets")
     encdec: ClassVar[bool] = True
 
-    def __init__(self, dataset, *, index, pool, lengths, seed, eos_id, vocab_size):
+    def __init__(self, dataset, *, index, pool, lengths, seed, eos_id, vocab_size, extra_ids=None):
         del vocab_size
         self.index, self.seed, self.eos_id, self.lengths = index, seed, eos_id, lengths
         self.order = pool[_rng(seed, index, _PAIR_ORDER).permutation(len(pool))]

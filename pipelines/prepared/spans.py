@@ -38,6 +38,32 @@ def span_corruption_lengths(
     return raw_length - noise + spans + 1, noise + spans + 1, spans
 
 
+def check_sentinels(
+    raw_length: int,
+    extra_ids: int,
+    *,
+    noise_density: float = NOISE_DENSITY,
+    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
+) -> None:
+    """Refuses a vocabulary with fewer sentinel (extra) ids than a corrupted chunk of
+    `raw_length` tokens needs: sentinels count down from the top of the vocabulary, so without
+    extra ids they would silently replace ordinary pieces. One check for the seqio preprocessor
+    and the prepared reader.
+
+    Raises:
+      ValueError: `extra_ids` < the chunk's number of noise spans.
+    """
+    _, _, spans = span_corruption_lengths(
+        raw_length, noise_density=noise_density, mean_noise_span_length=mean_noise_span_length
+    )
+    if extra_ids < spans:
+        raise ValueError(
+            f"span corruption of {raw_length}-token chunks needs {spans} sentinel ids; the "
+            f"vocabulary has extra_ids={extra_ids} "
+            "(use pipelines.vocab.load_vocab(..., extra_ids=100))"
+        )
+
+
 def span_raw_length(
     inputs_length: int,
     targets_length: int,
