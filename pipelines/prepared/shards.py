@@ -256,6 +256,11 @@ class PreparedDataset:
                 raise PreparedDataError(f"{path}: missing (the shard's lengths)") from None
             except (ValueError, KeyError, OSError) as e:
                 raise PreparedDataError(f"{path}: unreadable sidecar: {e}") from None
+            if sidecar.sha256 != entry.sha256:  # the lengths of another shard's records
+                raise PreparedDataError(
+                    f"{path}: lengths of a shard with sha256 {sidecar.sha256[:12]}.., manifest "
+                    f"says {entry.file} has {entry.sha256[:12]}.."
+                )
             for feature in self.features:
                 found = sidecar.lengths.get(feature)
                 if found is None or len(found) != entry.documents:
@@ -263,6 +268,12 @@ class PreparedDataset:
                     raise PreparedDataError(
                         f"{path}: {size} {feature} lengths, manifest says "
                         f"{_count(entry.documents)} documents"
+                    )
+                total, expected = int(found.sum(dtype=np.int64)), entry.tokens.get(feature)
+                if expected is not None and total != int(expected):
+                    raise PreparedDataError(
+                        f"{path}: {_count(total)} {feature} tokens, manifest says "
+                        f"{_count(int(expected))} in {entry.file}"
                     )
                 parts[feature].append(found)
         return {
@@ -294,7 +305,11 @@ class PreparedDataset:
             shard, where = group
             positions = (idx[where] - self._offsets[shard]).tolist()
             with self._locks[shard]:
-                records = self._readers[shard].read(positions)
+                try:
+                    records = self._readers[shard].read(positions)
+                except (RuntimeError, ValueError) as e:  # the C++ reader's status: name the file
+                    path = os.path.join(self.directory, self.manifest.shards[shard].file)
+                    raise PreparedDataError(f"{path}: unreadable records: {e}") from None
             for slot, record in zip(where.tolist(), records, strict=True):
                 out[slot] = decode_record(record, self.features)
 
