@@ -59,3 +59,43 @@ def test_damaged_record_bytes_name_the_shard(lm_en, tmp_path):
         with PreparedDataset.open(directory) as ds:
             ds.read(range(entry.documents))
     assert str(err.value).startswith(f"{path}: unreadable records: "), err.value
+
+
+_OPEN_MANY = """
+import resource, sys
+from pipelines.prepared.shards import PreparedDataError, PreparedDataset
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[3])))
+opened = []
+try:
+    for _ in range(int(sys.argv[4])):
+        opened.append(PreparedDataset.open(sys.argv[1]))
+except PreparedDataError as e:
+    print("refused:", e)
+    sys.exit(3)
+print("opened", len(opened), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+def test_the_open_files_limit_is_raised_for_the_shards_or_refused_in_one_line(lm_en):
+    """Every shard stays open for the run: a low soft limit is raised towards the hard one (no
+    "Too many open files" mid-open), and a hard limit too low is one line saying so."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def run(soft, hard, opens):
+        return subprocess.run(
+            [sys.executable, "-c", _OPEN_MANY, lm_en, str(soft), str(hard), str(opens)],
+            capture_output=True,
+            text=True,
+            cwd=repo,
+            timeout=120,
+        )
+
+    done = run(64, 4096, 40)  # 40 × 3 shards: past a soft limit of 64
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("opened 40") and int(done.stdout.split()[-1]) > 64
+    refused = run(64, 64, 40)
+    assert refused.returncode == 3, refused.stderr[-2000:]
+    assert "shards stay open for the run" in refused.stdout and "ulimit" in refused.stdout

@@ -202,6 +202,7 @@ class PreparedDataset:
                 f"{manifest_path}: prepared with vocabulary sha256 {manifest.vocab_hash[:12]}.. "
                 f"({manifest.vocab_path}), this run's {run_vocab} has {vocab_hash[:12]}.."
             )
+        _reserve_file_descriptors(len(manifest.shards), where=root)
         readers = []
         try:
             for entry in manifest.shards:
@@ -364,6 +365,39 @@ class PreparedDataset:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# File descriptors kept free beyond the shards (checkpoints, logs, sockets, TensorFlow's own).
+FD_HEADROOM = 256
+
+
+def _reserve_file_descriptors(shards: int, *, where: str) -> None:
+    """Makes room for one open file per shard, kept for the whole run: raises the soft
+    `RLIMIT_NOFILE` towards the hard limit when needed (a paper-scale task has ~1000 shards and
+    two components pass the usual soft limit of 1024), and refuses in one line when even the hard
+    limit is too low, instead of failing mid-open with "Too many open files".
+
+    Raises:
+      PreparedDataError: naming the directory, the shards and the limit.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:  # not Linux: count nothing open beyond the headroom
+        in_use = 0
+    wanted = in_use + shards + FD_HEADROOM
+    if soft == resource.RLIM_INFINITY or wanted <= soft:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if in_use + shards >= target:
+        raise PreparedDataError(
+            f"{where}: {shards:,} shards stay open for the run and {in_use:,} files are open "
+            f"already; the limit on open files is {target:,} (raise it with `ulimit -n` / "
+            "`ulimit -Hn`, or prepare fewer shards)"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def _open_shard(root: str, entry: manifest_lib.ShardEntry):
