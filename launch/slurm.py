@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -54,10 +55,13 @@ class SlurmLauncher:
     The resources asked are the ones given, nothing more: `gpus_per_node=0` asks for no GPU
     (CPU partitions have no `gpu` gres, and a request for 0 of them pends forever there), and
     `partition`, `account`, `qos`, `mem` and extra `#SBATCH` lines (the manifest's `[slurm]
-    sbatch_lines`, then `sbatch_lines`) appear only when set. A trainer
-    stopped early with its checkpoint saved (SIGTERM `signal_before` seconds ahead of the time
-    limit, or preemption: exit 75) makes the script requeue its own job, at most `max_requeues`
-    times as counted by SLURM, so the run resumes, completes, and its dependents start.
+    sbatch_lines`, then `sbatch_lines`) appear only when set. A trainer stopped early with its
+    checkpoint saved (exit 75: a SIGTERM `signal_before` seconds ahead of each start's time
+    limit, sent by the script's own timer, or a preemption) makes the script requeue its own job,
+    at most `max_requeues` times as counted by SLURM, so the run resumes, completes, and its
+    dependents start. The script does not use sbatch's `--signal`: slurmctld sends that on its
+    30-s limit check and, in SLURM 22.05, to a requeued job right as it starts again, before the
+    trainer can catch it (measured on the test cluster: the restarted job then fails).
     """
 
     name = "slurm"
@@ -145,7 +149,7 @@ class SlurmLauncher:
             type=int,
             default=300,
             metavar="SECONDS",
-            help="SIGTERM (checkpoint and stop) this long before the time limit",
+            help="SIGTERM (checkpoint and stop) this long before each start's time limit",
         )
         group.add_argument("--script-dir", default="slurm", help="where sbatch scripts are written")
         group.add_argument("--slurm-python", default="python", help="python on the nodes")
@@ -299,9 +303,10 @@ _SQUEUE_FIELDS = ("JobID", "Name", "State", "Reason", "TimeUsed", "NodeList", "R
 
 @dataclasses.dataclass(frozen=True)
 class SlurmJob:
-    """A run's newest job as SLURM's queue shows it: id, state (PENDING, RUNNING, COMPLETED,
-    FAILED, ...), the reason it waits or ended (Dependency, PartitionConfig, NonZeroExitCode,
-    ...), time used, node(s), and requeues so far."""
+    """A run's newest job as SLURM shows it (its queue, or accounting for finished jobs): id,
+    state (PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, ...), the reason it waits or ended
+    (Dependency, DependencyNeverSatisfied, PartitionConfig, NonZeroExitCode, TimeLimit, ...),
+    time used, node(s), requeues so far, and the exit code (`2:0`; accounting only)."""
 
     job_id: str
     state: str
@@ -309,6 +314,7 @@ class SlurmJob:
     elapsed: str
     nodes: str
     restarts: int
+    exit_code: str = ""
 
     @property
     def stuck(self) -> str | None:
@@ -316,10 +322,13 @@ class SlurmJob:
         return STUCK_REASONS.get(self.reason) if self.state == "PENDING" else None
 
     def describe(self) -> str:
-        """`1234 PENDING (Dependency)`, `1235 RUNNING 0:42 on node7, requeued 1`: one cell."""
+        """`1234 PENDING (Dependency)`, `1235 RUNNING 0:42 on node7, requeued 1`,
+        `1236 FAILED (NonZeroExitCode) exit 2:0 0:03 on node7`: one cell."""
         text = f"{self.job_id} {self.state}"
         if self.reason and self.reason != "None":
             text += f" ({self.reason})"
+        if self.exit_code and self.exit_code != "0:0":
+            text += f" exit {self.exit_code}"
         if self.state not in ("PENDING", "CANCELLED") and self.elapsed:
             text += f" {self.elapsed}" + (f" on {self.nodes}" if self.nodes else "")
         return text + (f", requeued {self.restarts}" if self.restarts else "")
@@ -357,6 +366,67 @@ def _job_number(job: SlurmJob) -> int:
 CONFIG_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 
 
+# `sacct` columns, in this order (`--parsable2`: `|` between fields, none at the end).
+_SACCT_FIELDS = ("JobID", "JobName", "State", "Reason", "Elapsed", "NodeList", "ExitCode")
+
+
+def parse_sacct(text: str) -> dict[str, SlurmJob]:
+    """Run id (job name) -> its newest job, from `sacct --allocations --duplicates --parsable2
+    --noheader --format=<_SACCT_FIELDS>` lines, as documented in sacct(1) of SLURM 22.05:
+    `1234|<run id>|COMPLETED|None|00:12:03|node7|0:0`.
+
+    With `--duplicates`, each earlier start of a requeued job is a line of its own under the
+    same id (state REQUEUED, PREEMPTED, NODE_FAIL, ...), before the newest one: a job's requeues
+    are its lines less one (sacct has no restart count). `CANCELLED by 0` is CANCELLED; a job
+    that never ran has the node list `None assigned` (no node).
+    """
+    lines: dict[str, list[list[str]]] = {}
+    names: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) != len(_SACCT_FIELDS) or "." in fields[0]:  # not a job step's line
+            continue
+        lines.setdefault(fields[0], []).append(fields)
+        names[fields[0]] = fields[1]
+    jobs: dict[str, SlurmJob] = {}
+    for job_id, attempts in lines.items():
+        _, name, state, reason, elapsed, nodes, exit_code = attempts[-1]
+        job = SlurmJob(
+            job_id=job_id,
+            state=state.split(" ")[0],
+            reason=reason,
+            elapsed=elapsed,
+            nodes="" if nodes == "None assigned" else nodes,
+            restarts=len(attempts) - 1,
+            exit_code=exit_code,
+        )
+        if name not in jobs or _job_number(job) > _job_number(jobs[name]):
+            jobs[name] = job
+    return jobs
+
+
+def merge_jobs(
+    queued: dict[str, SlurmJob] | None, accounted: dict[str, SlurmJob] | None
+) -> dict[str, SlurmJob] | None:
+    """Run id -> newest job, from the queue (`squeue`: live state and restart count) and
+    accounting (`sacct`: jobs finished long ago, exit codes); the queue wins for the same job,
+    keeping accounting's exit code. None when neither answered."""
+    if queued is None and accounted is None:
+        return None
+    jobs = dict(accounted or {})
+    for name, job in (queued or {}).items():
+        old = jobs.get(name)
+        if old is None or _job_number(job) > _job_number(old):
+            jobs[name] = job
+        elif old.job_id == job.job_id:
+            jobs[name] = dataclasses.replace(
+                job,
+                exit_code=job.exit_code or old.exit_code,
+                restarts=max(job.restarts, old.restarts),
+            )
+    return jobs
+
+
 def slurm_configured() -> bool:
     """Whether this machine is a SLURM client: `squeue` installed and a configuration to read
     (SLURM_CONF or a standard path), so asking the queue cannot hang or search the network."""
@@ -367,18 +437,35 @@ def slurm_configured() -> bool:
 
 
 def scheduler_jobs(run_ids: Sequence[str]) -> dict[str, SlurmJob] | None:
-    """This user's newest SLURM job for each run id (job name = run id), finished ones
-    included while slurmctld remembers them (MinJobAge); None where `squeue` is not installed
-    or cannot reach a controller, so callers can tell "no scheduler" from "not queued"."""
-    if shutil.which("squeue") is None:
-        return None
+    """This user's newest SLURM job for each run id (job name = run id): queued and running
+    jobs, and finished ones from `sacct` where accounting is on (any age: state, exit code,
+    elapsed, node, requeues), else from `squeue --states=all` while slurmctld remembers them
+    (MinJobAge; clusters without slurmdbd, such as the single-node test cluster). None where
+    neither answers (not installed, no controller), so callers can tell "no scheduler" from
+    "not queued"."""
+    wanted = set(run_ids)
     argv = ["squeue", "--me", "--states=all", "--noheader"]
     argv.append("--Format=" + ",".join(f"{field}:|" for field in _SQUEUE_FIELDS))
+    out = _client(argv)
+    queued = None if out is None else parse_squeue(out)
+    accounted = None
+    if wanted:
+        user = pwd.getpwuid(os.getuid()).pw_name
+        argv = ["sacct", "--allocations", "--duplicates", "--parsable2", "--noheader"]
+        argv += [f"--user={user}", "--starttime=1970-01-01", f"--name={','.join(sorted(wanted))}"]
+        argv.append("--format=" + ",".join(_SACCT_FIELDS))
+        out = _client(argv)  # fails where accounting storage is disabled
+        accounted = None if out is None else parse_sacct(out)
+    jobs = merge_jobs(queued, accounted)
+    return None if jobs is None else {name: j for name, j in jobs.items() if name in wanted}
+
+
+def _client(argv: list[str]) -> str | None:
+    """A SLURM client's output, or None when it is missing, times out or fails."""
+    if shutil.which(argv[0]) is None:
+        return None
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if done.returncode != 0:
-        return None
-    wanted = set(run_ids)
-    return {name: job for name, job in parse_squeue(done.stdout).items() if name in wanted}
+    return done.stdout if done.returncode == 0 else None

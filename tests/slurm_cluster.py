@@ -8,6 +8,11 @@ finished jobs for `MinJobAge` seconds); requeued jobs wait `REQUEUE_DELAY_S` sec
 start again (SLURM's job-credential lifetime, 120 s by default). Clients find the cluster through
 `SLURM_CONF` (`env()`); the daemons are this process's children, stopped by pid in `stop()`.
 
+One cluster at a time per machine: `start()` takes an exclusive lock (`LOCK_PATH`, waiting at
+most `lock_timeout` seconds) that `stop()` releases, so pytest-xdist workers (or two pytest
+sessions) that each need a cluster take turns instead of running two clusters on the same CPUs
+and racing for ports.
+
     cluster = SlurmCluster(tmp_dir)
     cluster.start()            # ClusterUnavailable, saying why, where the daemons cannot start
     subprocess.run(["sbatch", ...], env={**os.environ, **cluster.env()})
@@ -16,12 +21,14 @@ start again (SLURM's job-credential lifetime, 120 s by default). Clients find th
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +40,7 @@ SBIN = ("/usr/sbin", "/sbin")
 NODE = "localhost"
 PARTITION = "debug"
 REQUEUE_DELAY_S = 10
+LOCK_PATH = Path(tempfile.gettempdir()) / "xlscale-slurm-test-cluster.lock"
 
 
 class ClusterUnavailable(RuntimeError):
@@ -80,11 +88,17 @@ def ensure_installed(log_path: Path) -> None:
         )
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that nothing listens on now (all held open while
+    choosing, so the same port cannot come back twice)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def slurm_conf(root: Path, *, cpus: int, ctld_port: int, slurmd_port: int) -> str:
@@ -138,6 +152,7 @@ class SlurmCluster:
         self.conf = self.root / "slurm.conf"
         self.cpus = os.cpu_count() or 1
         self._processes: dict[str, subprocess.Popen] = {}
+        self._lock: int | None = None  # the file descriptor holding LOCK_PATH
 
     def env(self) -> dict[str, str]:
         """What a client (sbatch, squeue, scontrol) needs to find this cluster."""
@@ -148,25 +163,29 @@ class SlurmCluster:
         env = {**os.environ, **self.env()}
         return subprocess.run(argv, env=env, capture_output=True, text=True, check=check)
 
-    def start(self, *, timeout: float = 60.0) -> None:
-        """Writes the key and `slurm.conf`, starts the three daemons and waits (at most
-        `timeout` seconds) until `sinfo` shows the node idle.
+    def start(self, *, timeout: float = 60.0, lock_timeout: float = 900.0) -> None:
+        """Takes the machine's cluster lock (waiting at most `lock_timeout` seconds for another
+        cluster to stop), writes the key and `slurm.conf`, starts the three daemons and waits (at
+        most `timeout` seconds) until `sinfo` shows the node idle.
 
         Raises:
           ClusterUnavailable: a daemon exits or the node does not become idle in time (the
             daemons' logs are quoted); the daemons already started are stopped.
+          TimeoutError: another cluster held the lock for `lock_timeout` seconds.
         """
         if os.geteuid() != 0:
             raise ClusterUnavailable("slurmd runs jobs as their users, so it must run as root")
+        self._take_lock(lock_timeout)
         for sub in ("state", "spool", "log"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        self.conf.write_text(
-            slurm_conf(self.root, cpus=self.cpus, ctld_port=free_port(), slurmd_port=free_port())
-        )
         try:
+            ctld_port, slurmd_port = free_ports(2)
+            self.conf.write_text(
+                slurm_conf(self.root, cpus=self.cpus, ctld_port=ctld_port, slurmd_port=slurmd_port)
+            )
             self._spawn(
                 "munged",
                 "-F",
@@ -184,6 +203,22 @@ class SlurmCluster:
         except BaseException:
             self.stop()
             raise
+
+    def _take_lock(self, timeout: float) -> None:
+        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise TimeoutError(
+                        f"another SLURM test cluster held {LOCK_PATH} for {timeout:.0f} s"
+                    ) from None
+                time.sleep(1.0)
+        self._lock = fd
 
     def _spawn(self, name: str, *args: str) -> None:
         program = _which(name)
@@ -258,6 +293,9 @@ class SlurmCluster:
                     process.wait(timeout=10)
         alive = [n for n, p in self._processes.items() if _alive(p.pid)]
         self._processes.clear()
+        if self._lock is not None and not alive:  # the next cluster may start now
+            os.close(self._lock)
+            self._lock = None
         if alive:
             raise RuntimeError(f"SLURM test cluster: {', '.join(alive)} still running after stop")
 

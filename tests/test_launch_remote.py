@@ -1,6 +1,7 @@
 """Dry runs of the TPU-VM, SLURM and xmanager launchers and the TPU setup script: each renders the
 same `trainer.train` command line as the local launcher, with its own wrapping."""
 
+import datetime
 import importlib.util
 import io
 import json
@@ -174,7 +175,6 @@ def test_slurm_script_on_a_cpu_partition_asks_only_for_what_was_given(runs, tmp_
         "#SBATCH --time=48:00:00",
         f"#SBATCH --output={tmp_path / 's' / 'logs'}/%x-%j.out",
         "#SBATCH --open-mode=append",
-        "#SBATCH --signal=TERM@300",
         "#SBATCH --kill-on-invalid-dep=yes",
         "#SBATCH --requeue",
     ]
@@ -211,7 +211,6 @@ def test_slurm_script_with_gpus_and_every_placement_option(runs, tmp_path):
         "#SBATCH --constraint=h100",
         "#SBATCH --exclusive",
         "#SBATCH --no-requeue",
-        "#SBATCH --signal=TERM@120",
         "#SBATCH --time=2:00:00",
     ]:
         assert line in lines, line
@@ -301,12 +300,15 @@ def _fake_srun_script(
     restarts: int,
     nodes: int = 1,
     tasks_per_node: int = 1,
+    end_time: str = "Unknown",
+    train_s: float = 0,
 ) -> tuple:
     """Runs a rendered script under bash with stand-ins for `srun` (starts the tasks one after
     another, each with its SLURM_PROCID and SLURM_LOCALID), `scontrol` (hosts node7, node8, ...;
-    other calls recorded) and the trainer's `python` (prints the jax.distributed variables it
-    sees, then exits `exit_code`); returns (exit code, output, calls)."""
-    bin_dir = tmp_path / f"bin{exit_code}_{restarts}_{nodes}x{tasks_per_node}"
+    other calls recorded), `squeue` (the job's `end_time`), `scancel` (recorded) and the
+    trainer's `python` (prints the jax.distributed variables it sees, takes `train_s` seconds,
+    then exits `exit_code`); returns (exit code, output, calls)."""
+    bin_dir = tmp_path / f"bin{exit_code}_{restarts}_{nodes}x{tasks_per_node}_{train_s}"
     bin_dir.mkdir()
     calls = bin_dir / "calls"
     calls.write_text("")
@@ -321,11 +323,13 @@ def _fake_srun_script(
         f'#!/bin/sh\nif [ "$1" = show ]; then printf "{hosts}\\n"; exit; fi\n'
         f'echo "scontrol $*" >> {calls}\n'
     )
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\necho {end_time}\n")
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "scancel $*" >> {calls}\n')
     (bin_dir / "python").write_text(
         '#!/bin/sh\necho "task $SLURM_PROCID: coordinator=${JAX_COORDINATOR_ADDRESS:-} '
         "processes=${JAX_NUM_PROCESSES:-} id=${JAX_PROCESS_ID:-} "
         'devices=${JAX_LOCAL_DEVICE_IDS:-} collectives=${JAX_CPU_COLLECTIVES_IMPLEMENTATION:-}"\n'
-        f"exit {exit_code}\n"
+        f"sleep {train_s}\nexit {exit_code}\n"
     )
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
@@ -388,7 +392,14 @@ def test_slurm_tasks_per_node_must_split_the_gpus_evenly():
 
 @pytest.mark.parametrize(
     ("exit_code", "restarts", "requeued", "job_exit"),
-    [(75, 0, True, 0), (75, 2, True, 0), (75, 3, False, 75), (1, 0, False, 1), (0, 0, False, 0)],
+    [
+        (75, 0, True, 0),
+        (75, 2, True, 0),
+        (75, 3, False, 75),
+        (143, 0, True, 0),  # a SIGTERM the trainer could not catch (starting, or exiting)
+        (1, 0, False, 1),
+        (0, 0, False, 0),
+    ],
 )
 def test_slurm_script_requeues_itself_only_after_a_checkpointed_stop(
     runs, tmp_path, exit_code, restarts, requeued, job_exit
@@ -403,8 +414,40 @@ def test_slurm_script_requeues_itself_only_after_a_checkpointed_stop(
     if requeued:
         assert f"requeue {restarts + 1} of at most 3" in out
     elif exit_code == 75:
-        assert "after 3 requeues (at most 3): not requeued" in out
+        assert "trainer exited 75 after 3 requeues (at most 3): not requeued" in out
+    if exit_code == 143:
+        assert "trainer exited 143 (SIGTERM before it could save; resumes from its last" in out
     assert f"trainer exited {exit_code}" in out or requeued
+    assert "no time limit known (squeue %e): no SIGTERM before it" in out
+
+
+def test_slurm_script_sends_sigterm_before_the_time_limit_of_each_start(runs, tmp_path):
+    # The script's own timer, from the end time squeue gives this start (sbatch --signal would
+    # reach a requeued job as soon as it restarts): SIGTERM to the job's steps 2 s before it.
+    launcher = slurm.SlurmLauncher(gpus_per_node=0, signal_before=2, workdir=str(tmp_path))
+    script = launcher.render(runs[0])
+    assert not [line for line in _sbatch_lines(script) if "--signal" in line]
+    soon = datetime.datetime.now() + datetime.timedelta(seconds=3)
+    code, out, calls = _fake_srun_script(
+        script,
+        tmp_path,
+        exit_code=75,
+        restarts=1,
+        end_time=soon.isoformat(timespec="seconds"),
+        train_s=3,
+    )
+    assert code == 0, out
+    assert calls == ["srun", "scancel --signal=TERM 1042", "scontrol requeue 1042"], out
+    assert "xlscale: SIGTERM to the trainer, 2 s before the time limit" in out
+    # Training that ends first stops the timer: no SIGTERM after it.
+    code, out, calls = _fake_srun_script(
+        script, tmp_path, exit_code=0, restarts=0, end_time=soon.isoformat(timespec="seconds")
+    )
+    assert code == 0 and calls == ["srun"], out
+    # A limit closer than --signal-before: no early SIGTERM at all.
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    code, out, calls = _fake_srun_script(script, tmp_path, exit_code=0, restarts=2, end_time=now)
+    assert "the time limit is less than 2 s away: no SIGTERM before it" in out
 
 
 def test_slurm_sbatch_refusal_fails_the_run_and_blocks_its_dependents(runs, tmp_path):
@@ -514,3 +557,77 @@ def test_status_asks_slurm_only_where_it_is_configured(monkeypatch, tmp_path):
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
     monkeypatch.setenv("PATH", str(tmp_path))  # no squeue
     assert not slurm.slurm_configured() and slurm.scheduler_jobs(["a"]) is None
+
+
+# `sacct --allocations --duplicates --parsable2 --noheader` with launch.slurm's columns (JobID,
+# JobName, State, Reason, Elapsed, NodeList, ExitCode), in the format sacct(1) of SLURM 22.05
+# documents; the test cluster has no accounting database, so sacct there only says
+# "Slurm accounting storage is disabled". Job 102 ran three times (requeued twice).
+SACCT = """\
+101|a|COMPLETED|None|00:12:03|node7|0:0
+102|b|REQUEUED|None|00:00:58|node7|0:0
+102|b|REQUEUED|None|00:00:40|node8|0:0
+102|b|COMPLETED|None|00:05:00|node8|0:0
+103|c|FAILED|NonZeroExitCode|00:00:03|node7|2:0
+104|d|CANCELLED by 0|DependencyNeverSatisfied|00:00:00|None assigned|0:0
+105|e|TIMEOUT|TimeLimit|01:00:07|node9|0:15
+"""
+
+
+def test_sacct_lines_become_each_runs_newest_job_with_its_requeues():
+    jobs = slurm.parse_sacct(SACCT)
+    assert jobs["a"].describe() == "101 COMPLETED 00:12:03 on node7"
+    assert (jobs["b"].job_id, jobs["b"].restarts, jobs["b"].nodes) == ("102", 2, "node8")
+    assert jobs["b"].describe() == "102 COMPLETED 00:05:00 on node8, requeued 2"
+    assert jobs["c"].describe() == "103 FAILED (NonZeroExitCode) exit 2:0 00:00:03 on node7"
+    assert jobs["d"].describe() == "104 CANCELLED (DependencyNeverSatisfied)"
+    assert jobs["d"].nodes == ""
+    assert jobs["e"].describe() == "105 TIMEOUT (TimeLimit) exit 0:15 01:00:07 on node9"
+
+
+def _fake_clients(tmp_path, monkeypatch, *, squeue: str, sacct: str | None) -> Path:
+    """`squeue` printing `squeue`, and `sacct` printing `sacct` (None: the answer of a cluster
+    without accounting), on PATH; both record their arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue.out").write_text(squeue)
+    (bin_dir / "squeue").write_text(
+        f'#!/bin/sh\necho "$@" > {bin_dir}/squeue.args\ncat {bin_dir}/squeue.out\n'
+    )
+    if sacct is None:
+        body = "echo 'Slurm accounting storage is disabled' >&2\nexit 1\n"
+    else:
+        (bin_dir / "sacct.out").write_text(sacct)
+        body = f"cat {bin_dir}/sacct.out\n"
+    (bin_dir / "sacct").write_text(f'#!/bin/sh\necho "$@" > {bin_dir}/sacct.args\n{body}')
+    for tool in ("squeue", "sacct"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return bin_dir
+
+
+def test_status_joins_the_queue_and_accounting(tmp_path, monkeypatch):
+    # squeue knows the live jobs (e requeued, pending again; b still remembered); sacct the
+    # finished ones of any age, with exit codes and requeues.
+    squeue = "106|e|PENDING|BeginTime|0:00||1|\n102|b|COMPLETED|None|5:00|node8|2|\n"
+    bin_dir = _fake_clients(tmp_path, monkeypatch, squeue=squeue, sacct=SACCT)
+    jobs = slurm.scheduler_jobs(["a", "b", "c", "d", "e", "f"])
+    assert sorted(jobs) == ["a", "b", "c", "d", "e"]
+    assert jobs["e"].describe() == "106 PENDING (BeginTime), requeued 1"
+    assert jobs["b"].describe() == "102 COMPLETED 5:00 on node8, requeued 2"
+    assert jobs["c"].exit_code == "2:0" and jobs["d"].reason == "DependencyNeverSatisfied"
+    args = (bin_dir / "sacct.args").read_text().split()
+    assert "--duplicates" in args and "--allocations" in args and "--parsable2" in args
+    assert "--name=a,b,c,d,e,f" in args and "--starttime=1970-01-01" in args
+    assert "--format=JobID,JobName,State,Reason,Elapsed,NodeList,ExitCode" in args
+
+
+def test_status_falls_back_to_the_queue_where_accounting_is_off(tmp_path, monkeypatch):
+    squeue = "12|a|FAILED|NonZeroExitCode|0:03|node1|0|\n"
+    _fake_clients(tmp_path, monkeypatch, squeue=squeue, sacct=None)
+    jobs = slurm.scheduler_jobs(["a", "b"])
+    assert (
+        list(jobs) == ["a"] and jobs["a"].describe() == "12 FAILED (NonZeroExitCode) 0:03 on node1"
+    )
+    (tmp_path / "bin" / "squeue").write_text("#!/bin/sh\nexit 1\n")  # no controller either
+    assert slurm.scheduler_jobs(["a"]) is None

@@ -1,16 +1,22 @@
 """`xlscale sweep run --launcher slurm` against a real single-node SLURM cluster on 127.0.0.1
 (`tests/slurm_cluster.py`: munged, slurmctld and slurmd from Debian's packages, 2 CPUs, no GPU):
-a source run and two CPT runs chained by `afterok`, and a run stopped early by SIGTERM that
-requeues itself, resumes and completes before its dependent starts.
+a source run and two CPT runs chained by `afterok`; runs stopped by their time limit or by a
+preemption notice that requeue themselves, resume bitwise and complete before their dependents
+start; a failing run whose dependents are cancelled; jobs that can never start, named by
+`sweep status`; and a run of two JAX processes (two SLURM tasks) equal to one process.
 
-All cluster tests live in this module and share one cluster (module scope), so under
-pytest-xdist a single worker runs them. Skipped, saying why, only where the daemons cannot start.
+The tests of this module share one cluster (module scope). Under pytest-xdist the tests may land
+on both workers; `SlurmCluster.start` then makes the second worker's cluster wait for the first
+to stop (a machine-wide lock), so two clusters never share the CPUs or race for ports. Skipped,
+saying why, only where the daemons cannot start.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +29,9 @@ from rundir import records
 
 REPO = Path(sweep.__file__).resolve().parent.parent
 
-# One tiny shape; a source run (en) and CPT runs (fr, without and with 10% English replay).
+# One tiny shape; a source run (en) and CPT runs (fr, without and with 10% English replay). Each
+# job has one CPU device ([env]): 8 simulated ones (this session's XLA_FLAGS, which sbatch passes
+# on) all-reduce through a rendezvous that times out when two jobs share two CPUs.
 MANIFEST = """
 [sweep]
 name = "slurm_cluster"
@@ -44,6 +52,9 @@ EVAL_PERIOD = 4
 EVAL_MAX_TOKENS = 512
 LOG_EVERY = 2
 CHECKPOINT_PERIOD = 4
+
+[env]
+XLA_FLAGS = "--xla_force_host_platform_device_count=1"
 
 [sizes.t16]
 base = "llama2_cpu_d64"
@@ -68,8 +79,62 @@ replay_ratios = [0.1]
 steps = 6
 batch_size = 8
 """
-LONG_STEPS = 500  # the run stopped by SIGTERM: a few seconds of steps after its first log line
+# Two copies of one training, told apart only by when they save (which changes no number), each
+# 35-50 s of steps on this machine: still training when its time limit's SIGTERM comes 40 s into
+# the job (after ~12 s of start-up), and (here) done within the next start's 40 s.
+LONG_STEPS = 2800
+LONG_MANIFEST = f"""
+[sweep]
+name = "slurm_cluster_long"
+family = "llama2"
+seq_len = 64
+gin_files = ["experiments/tiny.gin"]
+
+[vars]
+DATA_DIR = ""
+VOCAB_PATH = ""
+
+[gin]
+DATA_DIR = "${{DATA_DIR}}"
+VOCAB_PATH = "${{VOCAB_PATH}}"
+MODEL_OVERRIDES = {{ vocab_size = 512, max_len = 128 }}
+SEQUENCE_LENGTH = 64
+EVAL_PERIOD = {LONG_STEPS // 2}
+EVAL_MAX_TOKENS = 512
+LOG_EVERY = 50
+
+[env]
+XLA_FLAGS = "--xla_force_host_platform_device_count=1"
+
+[sizes.t32]
+base = "llama2_cpu_d64"
+d_model = 32
+d_ff = 64
+num_heads = 2
+num_layers = 2
+
+[axes]
+sizes = ["t32"]
+target_langs = ["fr"]
+seeds = [0]
+
+[[grid]]
+strategies = ["source", "cpt"]
+gin_axes = {{ CHECKPOINT_PERIOD = [1000, 1001] }}
+
+[budget]
+steps = {LONG_STEPS}
+batch_size = 32
+
+[strategies.cpt]
+budget = {{ steps = 6 }}
+"""
 WAIT_S = 300  # the whole sweep, queue to COMPLETED, on two shared CPUs
+# The tiny source run alone (seed 1: its own job name); each process has one CPU device.
+TWO_TASKS_MANIFEST = (
+    MANIFEST.split("[[grid]]")[0].replace("seeds = [0]", "seeds = [1]")
+    + '[[grid]]\nstrategies = ["source"]\n\n[budget]\nsteps = 6\nbatch_size = 8\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -201,53 +266,107 @@ def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_run_stopped_by_sigterm_requeues_itself_and_completes(slurm_env, tiny_data, tmp_path):
+def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_complete(
+    slurm_env, tiny_data, tmp_path, capsys
+):
+    # Two copies of one training side by side (a CPU each), told apart only by their checkpoint
+    # period: one has a 1-minute time limit (its script sends SIGTERM 20 s before it, 40 s into
+    # each start, while it trains), one gets a preemption notice once it trains. Each
+    # saves a checkpoint, exits 75, requeues itself, resumes and completes, and only then does
+    # its afterok dependent start; the two log the same losses, step for step.
     cluster = slurm_env
-    manifest = tmp_path / "slurm_cluster.toml"
-    # Long enough (a few seconds of steps) to be stopped in the middle of training.
-    manifest.write_text(
-        MANIFEST.replace("steps = 6", f"steps = {LONG_STEPS}")
-        .replace("EVAL_PERIOD = 4", f"EVAL_PERIOD = {LONG_STEPS // 2}")
-        .replace("CHECKPOINT_PERIOD = 4", f"CHECKPOINT_PERIOD = {LONG_STEPS}")
-    )
+    manifest = tmp_path / "slurm_cluster_long.toml"
+    manifest.write_text(LONG_MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    runs = [r for r in _runs(manifest, runs_dir, tiny_data) if r.strategy in ("source", "cpt")]
-    source, cpt = sorted(runs, key=lambda r: r.strategy != "source")
-    assert source.steps == LONG_STEPS
+    runs = _runs(manifest, runs_dir, tiny_data)
+    source = {r.coord("CHECKPOINT_PERIOD"): r for r in runs if r.strategy == "source"}
+    cpt = {r.coord("CHECKPOINT_PERIOD"): r for r in runs if r.strategy == "cpt"}
+    (limited, preempted) = sorted(source)
+    assert source[limited].steps == LONG_STEPS and cpt[limited].steps == 6
+    assert cpt[limited].depends_on == (source[limited].run_id,)
 
-    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, "--only", cpt.run_id) == 0
-    job_id = _job_ids_when_started(script_dir, source.run_id)
+    time_limit = ["--time-limit", "1", "--signal-before", "20", "--max-requeues", "5"]
+    only = {p: ["--only", cpt[p].run_id] for p in source}
+    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[limited], *time_limit) == 0
+    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
+    jobs = {p: _job_ids_when_started(script_dir, source[p].run_id) for p in source}
     # Once training has logged a step, a preemption notice (SIGTERM to the job's steps, not its
     # batch shell) makes the trainer save a checkpoint, exit 75, and the job requeue itself.
-    _wait_until(lambda: status.last_step(source) > 0, "a logged step", 180, script_dir)
-    stopped_after = status.last_step(source)
-    cluster.run(["scancel", "--signal=TERM", job_id])
+    _wait_until(lambda: status.last_step(source[preempted]) > 0, "a logged step", 180, script_dir)
+    cluster.run(["scancel", "--signal=TERM", jobs[preempted]])
+    _wait_until(
+        lambda: "(checkpoint saved); requeue 1" in _log(script_dir, source[preempted].run_id),
+        "requeue",
+        120,
+        script_dir,
+    )
+    # While it waits to start again (or has started again), `sweep run` submits nothing new and
+    # `sweep status` shows the requeue.
+    capsys.readouterr()
+    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
+    out = capsys.readouterr().out
+    assert "submitted 0," in out and f"already in the queue as job {jobs[preempted]}" in out
+    text = _sweep_status(manifest, runs_dir, capsys, data=tiny_data)
+    row = next(line for line in text.splitlines() if line.startswith(source[preempted].run_id))
+    assert f"{jobs[preempted]} " in row and row.endswith("requeued 1"), text
     _wait_for_empty_queue(cluster, script_dir, WAIT_S)
 
-    job = cluster.job(job_id)
-    log = _log(script_dir, source.run_id)
-    assert (job["JobState"], job["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
-    # The job's one log (appended across attempts) records the stop, the requeue and the rerun.
-    marks = [
-        re.sub(r"( on \S+)? at \d{4}-\d\d-\d\dT\S+Z", "", line)
-        for line in log.splitlines()
-        if line.startswith("xlscale: ")
-    ]
-    assert marks == [
-        f"xlscale: job {job_id} start, requeue 0 of at most 3",
-        "xlscale: trainer exited 75 (checkpoint saved); requeue 1 of at most 3",
-        f"xlscale: job {job_id} start, requeue 1 of at most 3",
-        "xlscale: trainer exited 0",
-    ], log[-3000:]
-    # The rerun resumed from the checkpoint saved on SIGTERM, in the middle of training.
-    resumed = re.findall(r"resuming from step (\d+)", log)
-    assert len(resumed) == 1 and stopped_after <= int(resumed[0]) < LONG_STEPS, log[-3000:]
-    assert records.read_completed(source.model_dir)["step"] == source.steps
-    steps = [r["step"] for r in records.read_metrics(source.model_dir)]
-    assert steps == sorted(set(steps)) and steps[-1] == LONG_STEPS
-    cpt_job = cluster.job(_job_ids(script_dir)[cpt.run_id])
-    assert cpt_job["JobState"] == "COMPLETED" and status.is_completed(cpt)
-    assert cpt_job["StartTime"] >= job["EndTime"]
+    stopped_at = {}
+    for period, how in ((limited, "time limit"), (preempted, "preemption")):
+        run, job_id = source[period], jobs[period]
+        job = cluster.job(job_id)
+        log = _log(script_dir, run.run_id)
+        # One preemption; as many 40-s starts as the training needs under the time limit (one
+        # requeue here, more on a slower machine).
+        restarts = int(job["Restarts"])
+        assert job["JobState"] == "COMPLETED" and restarts >= 1, (how, log[-3000:])
+        assert restarts == 1 or period == limited, (how, log[-3000:])
+        # The job's one log (appended across starts) records each start, stop and requeue.
+        most = 5 if period == limited else 3
+        marks = [
+            re.sub(r"( on \S+)? at \d{4}-\d\d-\d\dT\S+Z", "", line)
+            for line in log.splitlines()
+            if line.startswith("xlscale: ")
+        ]
+        starts = [
+            f"xlscale: job {job_id} start, requeue {k} of at most {most}"
+            for k in range(restarts + 1)
+        ]
+        assert [m for m in marks if " start, " in m] == starts, (how, log[-3000:])
+        assert marks[-1] == "xlscale: trainer exited 0", (how, log[-3000:])
+        exits = [m for m in marks if "trainer exited" in m][:-1]
+        assert (
+            exits[0]
+            == f"xlscale: trainer exited 75 (checkpoint saved); requeue 1 of at most {most}"
+        )
+        for k, line in enumerate(exits[1:], start=2):  # a later stop may come as it exits: 143
+            assert line.endswith(f"; requeue {k} of at most {most}"), (how, log[-3000:])
+            assert line.startswith(
+                ("xlscale: trainer exited 75 (", "xlscale: trainer exited 143 (")
+            ), line
+        sigterms = marks.count("xlscale: SIGTERM to the trainer, 20 s before the time limit")
+        assert sigterms == (restarts if period == limited else 0), (how, log[-3000:])
+        # Stopped in the middle of training with a checkpoint; the next start resumed there.
+        stopped = [int(s) for s in re.findall(r"stopping at step (\d+) \(checkpoint saved\)", log)]
+        resumed = [int(s) for s in re.findall(r"resuming from step (\d+)", log)]
+        assert stopped and 0 < stopped[0] and stopped == sorted(set(stopped)), (how, log[-3000:])
+        assert stopped[-1] < LONG_STEPS and resumed[0] == stopped[0], (how, log[-3000:])
+        stopped_at[how] = stopped
+        assert records.read_completed(run.model_dir)["step"] == LONG_STEPS
+        dependent = cluster.job(_job_ids(script_dir)[cpt[period].run_id])
+        assert dependent["JobState"] == "COMPLETED" and status.is_completed(cpt[period])
+        assert dependent["StartTime"] >= job["EndTime"], how
+    assert cluster.job(jobs[limited])["TimeLimit"] == "00:01:00"
+    # Resumed bitwise: both copies, stopped at different steps, log the same losses.
+    rows = {p: _loss_rows(source[p]) for p in source}
+    assert [r["step"] for r in rows[limited]] == list(range(50, LONG_STEPS + 1, 50))
+    assert rows[limited] == rows[preempted], stopped_at
+    print(f"stopped at steps {stopped_at} of {LONG_STEPS}")
+
+
+def _loss_rows(run: sweep.Run) -> list[dict]:
+    keys = ("step", "tokens", "tokens_by_task", "train/loss", "learning_rate", "eval/lm_en/loss")
+    return [{k: r[k] for k in keys if k in r} for r in records.read_metrics(run.model_dir)]
 
 
 def _job_ids_when_started(script_dir: Path, run_id: str) -> str:
@@ -343,3 +462,37 @@ def test_status_names_jobs_that_can_never_start(slurm_env, tmp_path, capsys):
         cluster.run(["scancel", "--user=root"], check=False)
     assert "no job of these runs" not in _sweep_status(manifest, runs_dir, capsys)
     assert "slurm job" not in _sweep_status(manifest, runs_dir, capsys, "--scheduler", "none")
+
+
+@pytest.mark.slow
+def test_a_run_of_two_tasks_has_the_losses_of_one_process(slurm_env, tiny_data, tmp_path):
+    # `--tasks-per-node 2`: one job, two JAX processes (one CPU device each) that find each
+    # other through jax.distributed from SLURM's variables and split the global batch of 8; the
+    # same run as one process with two devices, beside the job, logs the same losses.
+    cluster = slurm_env
+    manifest = tmp_path / "two_tasks.toml"
+    manifest.write_text(TWO_TASKS_MANIFEST)
+    runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
+    (run,) = _runs(manifest, runs_dir, tiny_data)
+    (reference,) = _runs(manifest, tmp_path / "one", tiny_data)
+    env = {**os.environ, **reference.environment()}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    with open(tmp_path / "one.log", "w") as out:
+        one = subprocess.Popen(
+            reference.argv(sys.executable), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            two_tasks = ["--tasks-per-node", "2", "--cpus-per-task", "1"]
+            assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *two_tasks) == 0
+            _wait_for_empty_queue(cluster, script_dir, WAIT_S)
+            assert one.wait(timeout=WAIT_S) == 0, (tmp_path / "one.log").read_text()[-3000:]
+        finally:
+            if one.poll() is None:
+                one.kill()
+    job_id = _job_ids(script_dir)[run.run_id]
+    job, log = cluster.job(job_id), _log(script_dir, run.run_id)
+    assert (job["JobState"], job["NumTasks"], job["ExitCode"]) == ("COMPLETED", "2", "0:0"), log
+    assert "process 0 of 2" in log and "process 1 of 2" in log, log[-3000:]
+    assert status.is_completed(run) and status.is_completed(reference)
+    assert len(_loss_rows(run)) == run.steps // 2
+    assert _loss_rows(run) == _loss_rows(reference)
