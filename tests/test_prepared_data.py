@@ -4,10 +4,13 @@ restarts and splits across machines without losing or duplicating a document."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import os
 import pickle
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -374,3 +377,147 @@ def test_verify_checksums_finds_a_changed_byte(prepared, tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     with PreparedDataset.open(directory) as ds, pytest.raises(PreparedDataError, match="sha256"):
         ds.verify_checksums()
+
+
+def test_a_rerun_on_other_source_data_is_refused(tiny_data, tmp_path, capsys, seqio_registry):
+    # The same file names, other English text: the shards of the first corpus are not reused.
+    corpora, out = tmp_path / "corpora", tmp_path / "prepared"
+    shutil.copytree(tiny_data["corpora"], corpora)
+    args = ["--task", "lm_en", "--vocab", tiny_data["vocab"], "--data-dir", os.fspath(corpora)]
+    args += ["--out", os.fspath(out), "--shards", "2", "--workers", "1"]
+    assert _cli(args, capsys) == (0, "")
+    train = corpora / "mono" / "en" / "train.txt"
+    before = train.stat().st_size
+    train.write_text(train.read_text().replace("e", "ee"))  # as many lines, other text
+    after = train.stat().st_size
+    code, err = _cli(args, capsys)
+    sidecar = out / "lm_en" / "data-00000-of-00002.lengths.npz"
+    assert (code, err) == (
+        2,
+        f"xlscale data prepare: {sidecar}: prepared with source file {train} {before:,} bytes "
+        f"(this run: {after:,} bytes); use another --out, or delete the directory",
+    )
+    # --finalize from the other data is refused as well (the manifest would name it).
+    code, err = _cli([*args, "--finalize"], capsys)
+    assert code == 2 and err.startswith(f"xlscale data prepare: {sidecar}: prepared with source")
+
+
+def test_another_shard_count_is_refused_and_finalize_takes_shards(registration, prepared, tmp_path):
+    directory = _damaged_copy(prepared, tmp_path)  # lm_en in 4 shards
+    manifest = prepared["lm_en"][1]
+    common = dict(task_name="lm_en", split="train", out_dir=tmp_path, log=_quiet)
+    with pytest.raises(PreparedDataError) as err:
+        prepare_lib.prepare(**common, num_shards=2, workers=1)
+    assert str(err.value) == (
+        f"{directory}: holds 8 file(s) of a preparation into 4 shards (data-00000-of-00004."
+        "array_record, data-00000-of-00004.lengths.npz, data-00001-of-00004.array_record, ...); "
+        "this run: --shards 2; use another --out, or delete those files"
+    )
+    assert not [n for n in os.listdir(directory) if "-of-00002" in n]
+    with pytest.raises(PreparedDataError, match="this run: --shards 2;"):
+        prepare_lib.finalize(**common, num_shards=2)
+    assert prepare_lib.finalize(**common, num_shards=4) == manifest
+    assert prepare_lib.finalize(**common) == manifest  # the one count the directory holds
+
+    # A 2-shard preparation beside it (as an older version left them): finalize is ambiguous
+    # without --shards, and refused with either count; manifest.json stays as it was.
+    two = tmp_path / "two"
+    prepare_lib.prepare(**{**common, "out_dir": two}, num_shards=2, workers=1)
+    for name in os.listdir(two / "lm_en"):
+        if name != "manifest.json":
+            shutil.copy(two / "lm_en" / name, directory)
+    with pytest.raises(PreparedDataError) as err:
+        prepare_lib.finalize(**common)
+    assert str(err.value).startswith(f"{directory}: holds 12 file(s) of a preparation into 2 and 4")
+    assert str(err.value).endswith(
+        "allowed: --shards naming the one to finalize, once the others are deleted"
+    )
+    for shards, other in ((2, "4"), (4, "2")):
+        with pytest.raises(PreparedDataError, match=f"into {other} shards .*--shards {shards};"):
+            prepare_lib.finalize(**common, num_shards=shards)
+    on_disk = manifest_lib.Manifest.from_json(open(os.path.join(directory, "manifest.json")).read())
+    assert on_disk == manifest
+
+
+def test_finalize_refuses_sidecars_that_disagree(registration, prepared, tmp_path):
+    directory = _damaged_copy(prepared, tmp_path)
+    common = dict(task_name="lm_en", split="train", num_shards=LM_SHARDS, log=_quiet)
+    sample = tmp_path / "sample"
+    prepare_lib.prepare(**common, out_dir=sample, workers=1, max_documents=2, shard_indices=[3])
+    for suffix in (".array_record", ".lengths.npz"):
+        name = f"data-00003-of-00004{suffix}"
+        shutil.copy(sample / "lm_en" / name, os.path.join(directory, name))
+    with pytest.raises(PreparedDataError) as err:
+        prepare_lib.finalize(**common, out_dir=tmp_path)
+    assert str(err.value) == (
+        f"{os.path.join(directory, 'data-00003-of-00004.lengths.npz')}: prepared with "
+        "max_documents 2 (data-00000-of-00004.lengths.npz: None); the sidecars disagree: delete "
+        "the directory and prepare again"
+    )
+
+
+def _jsonl_gz(records) -> bytes:
+    return gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in records))
+
+
+def _mc4_fr(root, files: list[bytes]) -> tuple[str, list[str]]:
+    """An HF `hf` source root holding mC4 French as `files` (in order); (root, file paths)."""
+    directory = root / "allenai" / "c4" / "multilingual"
+    directory.mkdir(parents=True)
+    paths = []
+    for i, data in enumerate(files):
+        path = directory / f"c4-fr.tfrecord-{i:05d}-of-{len(files):05d}.json.gz"
+        path.write_bytes(data)
+        paths.append(os.fspath(path))
+    return os.fspath(root), paths
+
+
+def test_an_input_that_cannot_be_read_is_one_line_naming_shard_and_file(
+    tiny_data, tmp_path, capsys, seqio_registry
+):
+    good = _jsonl_gz({"text": f"bonjour {i}"} for i in range(3))
+    cases = {
+        "layout": (
+            _jsonl_gz([{"content": "x"}]),
+            "LayoutError: {file} (record 0): expected column(s) ['text'], found ['content']",
+        ),
+        "gzip": (b"no gzip here", "reading {file}: "),
+    }
+    for case, (bad, expected) in cases.items():
+        root, files = _mc4_fr(tmp_path / case, [good, bad])
+        out = tmp_path / f"{case}-out"
+        args = ["--task", "lm_fr", "--vocab", tiny_data["vocab"], "--data-dir", root]
+        args += ["--source", "hf", "--out", os.fspath(out), "--shards", "2", "--workers", "1"]
+        for _ in range(2):  # a rerun fails the same way; shard 0 is kept, nothing half-written
+            code, err = _cli(args, capsys)
+            shard = out / "lm_fr" / "data-00001-of-00002.array_record"
+            assert code == 2 and "\n" not in err, err
+            assert err.startswith(f"xlscale data prepare: {shard}: shard 1 of 2 failed"), err
+            assert expected.format(file=files[1]) in err, err
+            assert sorted(os.listdir(out / "lm_fr")) == [
+                "data-00000-of-00002.array_record",
+                "data-00000-of-00002.lengths.npz",
+            ]
+
+
+@pytest.mark.slow  # spawned processes import TensorFlow
+def test_the_first_failing_shard_stops_the_workers(tiny_data, tmp_path, seqio_registry):
+    # Shard 0 fails at its second record; shards 1-3 take far longer than that to prepare.
+    # The call ends at the failure: the other shards are stopped, not prepared to the end.
+    text = "le droit de toute personne a la liberte et a la securite, numero {}."
+    bad = _jsonl_gz([{"text": "bonjour"}, {"content": "x"}])
+    big = [_jsonl_gz({"text": text.format(i)} for i in range(60_000)) for _ in range(3)]
+    root, files = _mc4_fr(tmp_path / "hf", [bad, *big])
+    registration = prepare_lib.Registration(
+        vocab_path=tiny_data["vocab"], corpora_dir=root, source="hf"
+    )
+    common = dict(task_name="lm_fr", split="train", out_dir=tmp_path / "out", num_shards=4)
+    start = time.monotonic()
+    with pytest.raises(PreparedDataError) as err:
+        prepare_lib.prepare(**common, workers=2, registration=registration, log=_quiet)
+    assert str(err.value).startswith(
+        f"{tmp_path / 'out' / 'lm_fr' / 'data-00000-of-00004.array_record'}: shard 0 of 4 "
+        f"failed: LayoutError: {files[0]} (record 1)"
+    )
+    # Nothing prepared to the end, nothing half-written left by the stopped workers.
+    assert os.listdir(tmp_path / "out" / "lm_fr") == [], time.monotonic() - start

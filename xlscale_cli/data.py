@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+DEFAULT_SHARDS = 8  # `data prepare --shards` when not given (--finalize: the directory's count)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +65,12 @@ def add_prepare_arguments(prepare: argparse.ArgumentParser) -> None:
         help="parent of prepared tasks (writes OUT/<task>/; local, or a gcsfuse mount)",
     )
     prepare.add_argument("--split", default="train", help="split to prepare (default train)")
-    prepare.add_argument("--shards", type=int, default=8, help="shards of the split (default 8)")
+    prepare.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        help=f"shards of the split (default {DEFAULT_SHARDS}; with --finalize: those in --out)",
+    )
     prepare.add_argument(
         "--workers", type=int, default=2, help="processes preparing shards (default 2)"
     )
@@ -157,7 +165,8 @@ def _prepare_refusal(args: argparse.Namespace) -> str | None:
     from pipelines import tasks
     from rundir import storage
 
-    counts = {"--shards": (args.shards, 1), "--workers": (args.workers, 1)}
+    shards = DEFAULT_SHARDS if args.shards is None else args.shards
+    counts = {"--shards": (shards, 1), "--workers": (args.workers, 1)}
     counts["--extra-ids"] = (args.extra_ids, 0)
     if args.max_documents is not None:
         counts["--max-documents"] = (args.max_documents, 1)
@@ -165,10 +174,8 @@ def _prepare_refusal(args: argparse.Namespace) -> str | None:
         if value < least:
             return f"{flag} {value}: allowed: an integer >= {least}"
     for index in args.shard_index or ():
-        if not 0 <= index < args.shards:
-            return (
-                f"--shard-index {index}: allowed: 0 to {args.shards - 1} (--shards {args.shards})"
-            )
+        if not 0 <= index < shards:
+            return f"--shard-index {index}: allowed: 0 to {shards - 1} (--shards {shards})"
     if args.source not in tasks.SOURCES:
         return f"--source {args.source!r}: allowed: {', '.join(sorted(tasks.SOURCES))}"
     if not storage.as_path(args.vocab, name="--vocab").exists():
@@ -180,12 +187,19 @@ def _prepare_refusal(args: argparse.Namespace) -> str | None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     """`xlscale data prepare`: registers the tasks from `--vocab` and `--data-dir` and prepares
-    `--task` (`pipelines.prepared.prepare.prepare`); bad input is one line naming the flag, exit 2."""
+    `--task` (`pipelines.prepared.prepare.prepare`), or only writes its manifest (`--finalize`).
+    A bad flag, a directory of another preparation or an input file that cannot be read is one
+    line on stderr, exit 2 (`rundir.exits`' configuration class)."""
+    # TensorFlow's C++ log would repeat an input error's Python traceback above our line (the
+    # spawned workers inherit this); set before anything imports TensorFlow.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from pipelines import vocab
     from pipelines.prepared import prepare
     from pipelines.prepared.manifest import PreparedDataError
+    from rundir import exits
 
     prog = "xlscale data prepare"
+    refused = exits.CLASSES["configuration"].code
     refusal = _prepare_refusal(args)
     if refusal is None:
         try:
@@ -194,7 +208,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             refusal = f"--vocab {args.vocab!r}: {e}"
     if refusal is not None:
         print(f"{prog}: {refusal}", file=sys.stderr)
-        return 2
+        return refused
     start = time.monotonic()
 
     def log(line: str) -> None:
@@ -206,19 +220,20 @@ def run_prepare(args: argparse.Namespace) -> int:
         source=args.source,
         extra_ids=args.extra_ids,
     )
+    common = dict(task_name=args.task, split=args.split, out_dir=args.out, log=log)
     try:
-        prepare.prepare(
-            task_name=args.task,
-            split=args.split,
-            out_dir=args.out,
-            num_shards=args.shards,
-            workers=args.workers,
-            shard_indices=() if args.finalize else args.shard_index,
-            max_documents=args.max_documents,
-            registration=registration,
-            log=log,
-        )
+        if args.finalize:
+            prepare.finalize(**common, num_shards=args.shards, registration=registration)
+        else:
+            prepare.prepare(
+                **common,
+                num_shards=DEFAULT_SHARDS if args.shards is None else args.shards,
+                workers=args.workers,
+                shard_indices=args.shard_index,
+                max_documents=args.max_documents,
+                registration=registration,
+            )
     except (PreparedDataError, ValueError, FileNotFoundError) as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return 2
+        print(f"{prog}: {exits.message(e).splitlines()[0]}", file=sys.stderr)
+        return refused
     return 0

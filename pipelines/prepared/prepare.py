@@ -4,15 +4,19 @@ A task's preprocessors are split by `seqio.CacheDatasetPlaceholder`: what comes 
 (parsing, tokenization) is deterministic, and is what is prepared here, one record per document,
 int32 ids exactly as `task.preprocess_precache` gives them (no EOS: the reader's post-cache part,
 LM chunks, span corruption or pairs, adds it). Shard k is seqio's shard k of the split, in order
-(`shard_dataset`), so a preparation is a function of the task, the split and the shard count.
+(`shard_dataset`), so a preparation is a function of the task, the split, the shard count and
+the source's files (`pipelines.prepared.plan` holds its fingerprint).
 
 Restartable and shardable across machines: each shard is written under a temporary name and
 renamed when complete, then its sidecar (lengths, size, sha256, settings) is written atomically;
 a rerun skips every shard whose sidecar and file agree and redoes the others, so a killed run
-completes without duplicates. `shard_indices` lets several machines prepare disjoint shards into
-one directory (mounted with gcsfuse at scale); whoever finds every shard done writes
-`manifest.json` (`finalize` does it explicitly). Shards are prepared by `workers` spawned
-processes, each registering the task itself (`Registration`).
+completes without duplicates; a directory prepared with other settings or from other data, or
+into another shard count, is refused in one line. `shard_indices` lets several machines
+prepare disjoint shards into one directory (mounted with gcsfuse at scale); whoever finds every
+shard done writes `manifest.json` (`finalize` does it explicitly). Shards are prepared by
+`workers` spawned processes, each registering the task itself (`Registration`;
+`pipelines.prepared.workers`); an input that cannot be read is one line naming the shard and
+the file, and stops the others.
 """
 
 from __future__ import annotations
@@ -20,25 +24,20 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import glob
-import json
-import math
-import multiprocessing
 import os
-import queue as queue_lib
-import time
+import re
 from collections.abc import Callable, Sequence
-from concurrent import futures
 from typing import Any
 
 import numpy as np
 from array_record.python import array_record_module
 
 from pipelines.prepared import manifest as manifest_lib
+from pipelines.prepared import plan as plan_lib
 from pipelines.prepared import shards as shards_lib
+from pipelines.prepared import workers as workers_lib
 from pipelines.prepared.manifest import Manifest, PreparedDataError, ShardEntry
-from rundir import durations
 
-LOG_EVERY_S = 30.0  # seconds between progress lines
 REPORT_EVERY_DOCS = 2_000  # a worker reports its progress at least this often (documents)
 
 # The postcache preprocessors of a task (names, in order) -> what the reader applies after the
@@ -160,31 +159,28 @@ def _storage_size(path: str) -> int:
     return os.path.getsize(path)
 
 
+def _input_files(source, split: str) -> list[str] | None:
+    """The files `split` is read from: a file-based seqio source's, or a named source's (one
+    with `describe()`, e.g. HF `datasets` files) `list_shards`; None for others (TFDS)."""
+    files = _source_files(source, split)
+    if files is None and callable(getattr(source, "describe", None)) and split in source.splits:
+        files = list(source.list_shards(split))
+    return files
+
+
 def describe_source(task, split: str) -> dict[str, Any]:
-    """The manifest's `source`: `repr(task.source)`, and the split's files with their sizes for
-    a file-based source (a named source may add keys through a `describe()` method)."""
+    """The manifest's `source`, and part of the preparation's fingerprint: `repr(task.source)`,
+    and the split's files with their sizes for a file-based or named source (a named source adds
+    keys through its `describe()` method), so a rerun on other data is refused."""
     source = task.source
     out: dict[str, Any] = {"repr": repr(source)}
-    files = _source_files(source, split)
+    files = _input_files(source, split)
     if files is not None:
         out["files"] = [{"path": f, "bytes": _storage_size(f)} for f in files]
     describe = getattr(source, "describe", None)
     if callable(describe):
         out.update(describe())
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """What every shard of one preparation shares (picklable, for the workers)."""
-
-    task: str
-    split: str
-    directory: str
-    num_shards: int
-    features: tuple[str, ...]
-    max_documents: int | None
-    fingerprint: str
 
 
 def _task(task_name: str, registration: Registration | None = None):
@@ -205,6 +201,15 @@ def _task(task_name: str, registration: Registration | None = None):
     return seqio.TaskRegistry.get(task_name)
 
 
+def _check_split(task, split: str) -> None:
+    """ValueError naming `--split` and the task's splits when it has no such split."""
+    if split not in task.source.splits:
+        raise ValueError(
+            f"--split {split!r}: task {task.name} has no such split; allowed: "
+            + ", ".join(task.source.splits)
+        )
+
+
 def _vocabulary(task):
     return task.output_features["targets"].vocabulary
 
@@ -215,65 +220,95 @@ def _precache_features(task, split: str) -> tuple[str, ...]:
     return tuple(k for k in ("inputs", "targets") if k in ds.element_spec)
 
 
-def _path(plan: _Plan, index: int, name: Callable[[int, int], str]) -> str:
-    return os.path.join(plan.directory, name(index, plan.num_shards))
+def _plan(
+    task, *, split: str, directory: str, num_shards: int, max_documents: int | None
+) -> plan_lib.Plan:
+    """This run's plan of `task`'s `split`: the settings and source it prepares from."""
+    features = _precache_features(task, split)
+    fingerprint = plan_lib.fingerprint(
+        task=task.name,
+        split=split,
+        num_shards=num_shards,
+        vocab_sha256=manifest_lib.file_sha256(_vocabulary(task).sentencepiece_model_file),
+        precache=split_preprocessors(task)[0],
+        features=features,
+        max_documents=max_documents,
+        source=describe_source(task, split),
+    )
+    return plan_lib.Plan(
+        task=task.name,
+        split=split,
+        directory=directory,
+        num_shards=num_shards,
+        features=features,
+        max_documents=max_documents,
+        fingerprint=fingerprint,
+    )
 
 
-def _finished(plan: _Plan, index: int, log: Callable[[str], None]) -> shards_lib.Sidecar | None:
-    """Shard `index`'s sidecar when the shard is complete and agrees with it, else None.
+# An error reading the input (tf.data wraps one raised in Python as an OpError), for
+# `_shard_failure`. PreparedDataError (a ValueError) is ours and passes through.
+_INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, EOFError)
 
-    Raises:
-      PreparedDataError: the shard was prepared with other settings (another vocabulary, task,
-        shard count or document limit): the directory is not this preparation's.
-    """
-    sidecar_path = _path(plan, index, manifest_lib.sidecar_file)
-    try:
-        sidecar = shards_lib.read_sidecar(sidecar_path)
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, OSError) as e:
-        log(f"shard {index}: unreadable sidecar ({e}); preparing it again")
-        return None
-    if sidecar.fingerprint != plan.fingerprint:
-        theirs, ours = json.loads(sidecar.fingerprint), json.loads(plan.fingerprint)
-        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
-        raise PreparedDataError(
-            f"{sidecar_path}: prepared with "
-            + ", ".join(f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})" for k in differ)
-            + "; use another --out, or delete the directory"
-        )
-    shard_path = _path(plan, index, manifest_lib.shard_file)
-    size = os.path.getsize(shard_path) if os.path.exists(shard_path) else None
-    if size != sidecar.bytes:
-        log(f"shard {index}: file has {size} bytes, sidecar says {sidecar.bytes}; preparing again")
-        return None
-    reader = array_record_module.ArrayRecordReader(shard_path, shards_lib.READER_OPTIONS)
-    records = reader.num_records()
-    reader.close()
-    if records != sidecar.documents:
-        log(f"shard {index}: {records} records, sidecar says {sidecar.documents}; preparing again")
-        return None
-    return sidecar
+
+def _first_line(error: BaseException) -> str:
+    """The error's first line, without tf.data's `{{function_node ...}}` prefix, led by its
+    type (`LayoutError: ...`) when the line does not name one already."""
+    text = getattr(error, "message", None) or str(error)
+    line = re.sub(r"^\{\{[^}]*\}\}\s*", "", (text.strip().splitlines() or [""])[0]).strip()
+    if not re.match(r"^[A-Z][\w.]*: ", line):  # `LayoutError: ...`, `BadGzipFile: ...`
+        line = f"{type(error).__name__}: {line}" if line else type(error).__name__
+    return line
+
+
+def _shard_failure(task, plan: plan_lib.Plan, index: int, error: BaseException):
+    """One line naming shard `index`, its input file where known, and the error's first line."""
+    first = _first_line(error)
+    files = _input_files(task.source, plan.split) or []
+    if len(files) >= plan.num_shards:  # sharded by file (`shard_dataset`)
+        files = files[index :: plan.num_shards]
+    where = ""
+    if not any(f in first for f in files):
+        if len(files) == 1:
+            where = f" reading {files[0]}"
+        elif files:
+            where = f" reading one of its {len(files)} input files ({files[0]}, ...)"
+    final = plan.path(index, manifest_lib.shard_file)
+    return PreparedDataError(f"{final}: shard {index} of {plan.num_shards} failed{where}: {first}")
+
+
+def _remove_temporaries(plan: plan_lib.Plan, indices: Sequence[int]) -> None:
+    """Removes the half-written files of shards `indices` (a killed or stopped worker's)."""
+    for index in indices:
+        final = plan.path(index, manifest_lib.shard_file)
+        for stale in glob.glob(glob.escape(final) + ".tmp-*"):
+            os.remove(stale)
 
 
 def _prepare_shard(
-    task, plan: _Plan, index: int, report: Callable[[int, int, int], None]
+    task, plan: plan_lib.Plan, index: int, report: Callable[[int, int, int], None]
 ) -> shards_lib.Sidecar:
     """Writes shard `index` (temporary name, renamed when complete) and then its sidecar.
 
     `report(index, documents, tokens)` is called every `REPORT_EVERY_DOCS` documents and at
-    the end (cumulative counts of this shard)."""
-    final = _path(plan, index, manifest_lib.shard_file)
-    for stale in glob.glob(glob.escape(final) + ".tmp-*"):  # left by a killed run
-        os.remove(stale)
+    the end (cumulative counts of this shard).
+
+    Raises:
+      PreparedDataError: reading or tokenizing the input failed (`_shard_failure`); the
+        temporary file is removed (a killed run's is removed by the rerun, which redoes it).
+    """
+    import tensorflow as tf
+
+    final = plan.path(index, manifest_lib.shard_file)
+    _remove_temporaries(plan, [index])  # left by a killed run
     tmp = f"{final}.tmp-{os.getpid()}"
-    ds = precache_dataset(task, split=plan.split, index=index, num_shards=plan.num_shards)
-    if plan.max_documents is not None:
-        ds = ds.take(plan.max_documents)
     lengths: dict[str, list[int]] = {f: [] for f in plan.features}
     tokens = 0
     writer = array_record_module.ArrayRecordWriter(tmp, shards_lib.WRITER_OPTIONS)
     try:
+        ds = precache_dataset(task, split=plan.split, index=index, num_shards=plan.num_shards)
+        if plan.max_documents is not None:
+            ds = ds.take(plan.max_documents)
         for example in ds.as_numpy_iterator():
             arrays = [example[f] for f in plan.features]
             writer.write(shards_lib.encode_record(arrays))
@@ -282,8 +317,15 @@ def _prepare_shard(
                 tokens += len(a)
             if len(lengths[plan.features[0]]) % REPORT_EVERY_DOCS == 0:
                 report(index, len(lengths[plan.features[0]]), tokens)
-    finally:
+    except BaseException as e:
         writer.close()
+        os.remove(tmp)
+        if isinstance(e, (tf.errors.OpError, *_INPUT_ERRORS)) and not isinstance(
+            e, PreparedDataError
+        ):
+            raise _shard_failure(task, plan, index, e) from e
+        raise
+    writer.close()
     size = os.path.getsize(tmp)
     sha = manifest_lib.file_sha256(tmp)
     os.replace(tmp, final)
@@ -293,74 +335,19 @@ def _prepare_shard(
         sha256=sha,
         fingerprint=plan.fingerprint,
     )
-    shards_lib.write_sidecar(_path(plan, index, manifest_lib.sidecar_file), sidecar)
+    shards_lib.write_sidecar(plan.path(index, manifest_lib.sidecar_file), sidecar)
     report(index, sidecar.documents, tokens)
     return sidecar
 
 
 # --------------------------------------------------------------------------- worker processes
 
-_WORKER: dict[str, Any] = {}
 
-
-def _worker_init(registration: Registration, progress) -> None:
-    """Runs once in each spawned worker: registers the tasks, keeps the progress queue."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    registration.register()
-    _WORKER["progress"] = progress
-
-
-def _worker_shard(plan: _Plan, index: int) -> tuple[int, int, int]:
-    """Prepares one shard in a worker; returns (index, documents, tokens)."""
-    progress = _WORKER["progress"]
-    sidecar = _prepare_shard(_task(plan.task), plan, index, lambda k, d, t: progress.put((k, d, t)))
+def _worker_shard(plan: plan_lib.Plan, index: int) -> tuple[int, int, int]:
+    """Prepares one shard in a spawned worker (`workers.run`); returns (index, documents,
+    tokens)."""
+    sidecar = _prepare_shard(_task(plan.task), plan, index, workers_lib.report)
     return index, sidecar.documents, int(sum(int(v.sum()) for v in sidecar.lengths.values()))
-
-
-# --------------------------------------------------------------------------- progress
-
-
-class _Progress:
-    """Documents and tokens per shard, a line per finished shard, and a periodic rate line."""
-
-    def __init__(self, *, shards: int, expected_docs: float | None, log: Callable[[str], None]):
-        self.shards, self.expected, self.log = shards, expected_docs, log
-        self.docs: dict[int, int] = {}
-        self.tokens: dict[int, int] = {}
-        self.done = 0
-        self.start = self.last = time.monotonic()
-
-    def update(self, index: int, docs: int, tokens: int) -> None:
-        """Records shard `index`'s cumulative counts; logs when `LOG_EVERY_S` has passed."""
-        self.docs[index], self.tokens[index] = docs, tokens
-        if time.monotonic() - self.last >= LOG_EVERY_S:
-            self.log(self.line())
-
-    def finished(self, index: int, docs: int, tokens: int) -> None:
-        """Logs shard `index` as finished."""
-        self.docs[index], self.tokens[index] = docs, tokens
-        self.done += 1
-        self.log(
-            f"shard {index} done ({self.done}/{self.shards} of this run): {docs:,} documents, "
-            f"{tokens:,} tokens; {self.line()}"
-        )
-
-    def line(self) -> str:
-        """`N documents, D docs/s, T tokens/s, ETA ...` over this run so far."""
-        self.last = time.monotonic()
-        elapsed = max(self.last - self.start, 1e-9)
-        docs, tokens = sum(self.docs.values()), sum(self.tokens.values())
-        rate = docs / elapsed
-        if self.done == self.shards:
-            eta = 0.0
-        elif self.expected and rate > 0:
-            eta = max(0.0, self.expected - docs) / rate
-        else:
-            eta = math.nan
-        return (
-            f"{docs:,} documents | {rate:,.0f} docs/s | {tokens / elapsed:,.0f} tokens/s | "
-            f"ETA {durations.format_duration(eta)}"
-        )
 
 
 # --------------------------------------------------------------------------- the job
@@ -388,8 +375,8 @@ def prepare(
       workers: processes preparing shards at once; above 1 needs `registration` (each spawned
         process registers the task itself).
       shard_indices: the shards this call prepares (None: all); another machine may prepare
-        the rest into the same directory. `()` only finalizes (`finalize`: with the settings
-        recorded in the shards' sidecars).
+        the rest into the same directory. `()` only finalizes (`finalize` of the `num_shards`
+        preparation, with the document limit recorded in its sidecars).
       max_documents: at most this many documents per shard (a sample or smoke run); None: all.
       registration: registers the tasks in this process and in every worker; None: the task is
         registered in this process already (then `workers` must be 1).
@@ -401,16 +388,14 @@ def prepare(
 
     Raises:
       ValueError: an unknown task or split, or bad counts (naming the flag and allowed values).
-      PreparedDataError: the directory holds shards prepared with other settings.
+      PreparedDataError: the directory holds shards prepared with other settings or from
+        another source, or files of another shard count; or an input file cannot be read (one
+        line naming the shard and the file; with several workers the others are stopped).
     """
     if registration is not None:
         registration.register()
     task = _task(task_name, registration)
-    if split not in task.source.splits:
-        raise ValueError(
-            f"--split {split!r}: task {task_name} has no such split; allowed: "
-            + ", ".join(task.source.splits)
-        )
+    _check_split(task, split)
     if num_shards < 1:
         raise ValueError(f"--shards {num_shards}: allowed: a positive count")
     if workers < 1:
@@ -423,33 +408,18 @@ def prepare(
     bad = [k for k in indices if not 0 <= k < num_shards]
     if bad:
         raise ValueError(f"--shard-index {bad[0]}: allowed: 0 to {num_shards - 1} (--shards)")
-    if not indices:  # finalize only: the settings are those the shards were prepared with
-        return finalize(task_name=task_name, split=split, out_dir=out_dir, log=log)
+    if not indices:  # finalize only: the document limit is the one the shards were prepared with
+        return finalize(
+            task_name=task_name, split=split, out_dir=out_dir, num_shards=num_shards, log=log
+        )
     postprocess_kind(task)  # refuses a task of no prepared kind before any work
-    vocabulary = _vocabulary(task)
-    vocab_hash = manifest_lib.file_sha256(vocabulary.sentencepiece_model_file)
-    features = _precache_features(task, split)
     directory = os.path.join(shards_lib.local_dir(out_dir), task_name)
-    os.makedirs(directory, exist_ok=True)
-    settings = {
-        "format_version": manifest_lib.FORMAT_VERSION,
-        "task": task_name,
-        "split": split,
-        "num_shards": num_shards,
-        "vocab_sha256": vocab_hash,
-        "features": list(features),
-        "max_documents": max_documents,
-    }
-    plan = _Plan(
-        task=task_name,
-        split=split,
-        directory=directory,
-        num_shards=num_shards,
-        features=features,
-        max_documents=max_documents,
-        fingerprint=json.dumps(settings, sort_keys=True),
+    plan_lib.shard_count(directory, num_shards)  # refuses shards of another count, before any work
+    plan = _plan(
+        task, split=split, directory=directory, num_shards=num_shards, max_documents=max_documents
     )
-    todo = [k for k in dict.fromkeys(indices) if _finished(plan, k, log) is None]
+    os.makedirs(directory, exist_ok=True)
+    todo = [k for k in dict.fromkeys(indices) if plan_lib.finished(plan, k, log) is None]
     skipped = len(set(indices)) - len(todo)
     if skipped:
         log(f"{directory}: {skipped} of the {len(set(indices))} shards asked for are done already")
@@ -458,46 +428,26 @@ def prepare(
         expected = None if total is None else total * len(todo) / num_shards
         if expected is not None and max_documents is not None:
             expected = min(expected, max_documents * len(todo))
-        progress = _Progress(shards=len(todo), expected_docs=expected, log=log)
+        progress = workers_lib.Progress(shards=len(todo), expected_docs=expected, log=log)
         log(f"preparing {task_name}:{split}, shards {todo} of {num_shards}, {workers} worker(s)")
         if workers == 1:
             for k in todo:
                 sidecar = _prepare_shard(task, plan, k, progress.update)
                 progress.finished(k, sidecar.documents, progress.tokens.get(k, 0))
         else:
-            _run_workers(plan, todo, workers=workers, registration=registration, progress=progress)
+            try:
+                workers_lib.run(
+                    _worker_shard,
+                    plan,
+                    todo,
+                    workers=workers,
+                    registration=registration,
+                    progress=progress,
+                )
+            except BaseException:
+                _remove_temporaries(plan, todo)  # of the shards its workers were stopped in
+                raise
     return finalize(task_name=task_name, split=split, out_dir=out_dir, plan=plan, log=log)
-
-
-def _run_workers(
-    plan: _Plan, todo: list[int], *, workers: int, registration: Registration, progress: _Progress
-) -> None:
-    """Prepares `todo` on `workers` spawned processes, relaying their progress to `progress`."""
-    context = multiprocessing.get_context("spawn")
-    reports = context.Queue()
-    with futures.ProcessPoolExecutor(
-        min(workers, len(todo)),
-        mp_context=context,
-        initializer=_worker_init,
-        initargs=(registration, reports),
-    ) as pool:
-        pending = {pool.submit(_worker_shard, plan, k) for k in todo}
-        while pending:
-            done, pending = futures.wait(pending, timeout=1.0)
-            _drain(reports, progress)
-            for future in done:
-                index, docs, tokens = future.result()
-                progress.finished(index, docs, tokens)
-    reports.close()
-
-
-def _drain(reports, progress: _Progress) -> None:
-    while True:
-        try:
-            index, docs, tokens = reports.get_nowait()
-        except queue_lib.Empty:
-            return
-        progress.update(index, docs, tokens)
 
 
 def finalize(
@@ -505,22 +455,50 @@ def finalize(
     task_name: str,
     split: str,
     out_dir: str | os.PathLike,
-    plan: _Plan | None = None,
+    num_shards: int | None = None,
+    plan: plan_lib.Plan | None = None,
+    registration: Registration | None = None,
     log: Callable[[str], None] = print,
 ) -> Manifest | None:
     """Writes `manifest.json` when every shard of the preparation in `<out_dir>/<task_name>`
-    is done (the task must be registered); returns it, or None with a line saying what is left.
+    is done; returns it, or None with a line saying what is left.
 
-    An existing manifest that already says the same (but for its time) is kept as it is."""
+    Without `plan`, the preparation is the `num_shards`-shard one (None: the one shard count the
+    directory holds) with the document limit its sidecars record, from this run's source and
+    vocabulary: shards prepared from other data are refused as `prepare` refuses them. An
+    existing manifest that already says the same (but for its time) is kept as it is.
+
+    Args:
+      registration: registers the tasks first (None: `task_name` is registered already).
+
+    Raises:
+      ValueError: an unknown task or split.
+      PreparedDataError: files of another shard count (or of several) in the directory, sidecars
+        that disagree, or a shard prepared with settings other than this run's.
+    """
     from rundir import storage
 
-    task = _task(task_name)
+    if registration is not None:
+        registration.register()
+    task = _task(task_name, registration)
+    _check_split(task, split)
     if plan is None:
-        plan = _plan_from_sidecars(task_name, split, out_dir)
-        if plan is None:
-            log(f"{os.path.join(os.fspath(out_dir), task_name)}: no finished shard to finalize")
+        directory = os.path.join(shards_lib.local_dir(out_dir), task_name)
+        num_shards = plan_lib.shard_count(directory, num_shards)
+        recorded = None if num_shards is None else plan_lib.recorded_settings(directory, num_shards)
+        if recorded is None:
+            log(f"{directory}: no finished shard to finalize")
             return None
-    sidecars = {k: _finished(plan, k, log) for k in range(plan.num_shards)}
+        if recorded["split"] != split:
+            raise ValueError(f"--split {split!r}: {directory} holds split {recorded['split']!r}")
+        plan = _plan(
+            task,
+            split=split,
+            directory=directory,
+            num_shards=num_shards,
+            max_documents=recorded["max_documents"],
+        )
+    sidecars = {k: plan_lib.finished(plan, k, log) for k in range(plan.num_shards)}
     missing = [k for k, s in sidecars.items() if s is None]
     if missing:
         log(
@@ -543,9 +521,9 @@ def finalize(
     manifest = Manifest(
         task=task_name,
         split=split,
-        source=describe_source(task, split),
+        source=plan.settings["source"],
         vocab_path=os.fspath(vocabulary.sentencepiece_model_file),
-        vocab_hash=json.loads(plan.fingerprint)["vocab_sha256"],
+        vocab_hash=plan.settings["vocab_sha256"],
         vocab_size=int(vocabulary.vocab_size),
         eos_id=int(vocabulary.eos_id),
         preprocessors={"precache": pre, "postcache": post},
@@ -574,29 +552,6 @@ def finalize(
         + f" in {plan.num_shards} shards"
     )
     return manifest
-
-
-def _plan_from_sidecars(task_name: str, split: str, out_dir) -> _Plan | None:
-    """The plan recorded in the directory's sidecars (for `finalize` on its own)."""
-    directory = os.path.join(os.fspath(out_dir), task_name)
-    found = sorted(
-        glob.glob(os.path.join(glob.escape(directory), "*" + manifest_lib.SIDECAR_SUFFIX))
-    )
-    if not found:
-        return None
-    fingerprint = shards_lib.read_sidecar(found[0]).fingerprint
-    settings = json.loads(fingerprint)
-    if settings["split"] != split:
-        raise ValueError(f"--split {split!r}: {directory} holds split {settings['split']!r}")
-    return _Plan(
-        task=task_name,
-        split=split,
-        directory=directory,
-        num_shards=int(settings["num_shards"]),
-        features=tuple(settings["features"]),
-        max_documents=settings["max_documents"],
-        fingerprint=fingerprint,
-    )
 
 
 def _version() -> str:
