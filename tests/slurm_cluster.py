@@ -5,7 +5,9 @@
 The node has this machine's CPUs (`nproc`) and no GPU; one partition `debug`; no accounting
 database (so `sacct` answers nothing: ask `squeue` and `scontrol show job`, which remembers
 finished jobs for `MinJobAge` seconds); requeued jobs wait `REQUEUE_DELAY_S` seconds before they
-start again (SLURM's job-credential lifetime, 120 s by default). Clients find the cluster through
+start again (SLURM's job-credential lifetime, 120 s by default), and pending jobs are looked at
+every 2 s (`sched_interval`, `bf_interval`; 60 and 30 s by default), so a requeued job starts
+again within seconds. Clients find the cluster through
 `SLURM_CONF` (`env()`); the daemons are this process's children, stopped by pid in `stop()`.
 
 One cluster at a time per machine: `start()` takes an exclusive lock (`LOCK_PATH`, waiting at
@@ -130,6 +132,7 @@ AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
 JobRequeue=1
 ReturnToService=2
 MinJobAge=600

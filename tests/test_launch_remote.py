@@ -264,6 +264,8 @@ def test_slurm_command_line_reaches_the_script(tmp_path):
             "slurm",
             "--gpus-per-node",
             "0",
+            "--tasks-per-node",
+            "2",
             "--cpus-per-task",
             "1",
             "--mem",
@@ -289,6 +291,7 @@ def test_slurm_command_line_reaches_the_script(tmp_path):
         "#SBATCH --exclusive",
     ]
     assert (launcher.cpus_per_task, launcher.max_requeues, launcher.signal_before) == (1, 5, 60)
+    assert launcher.tasks_per_node == 2
     assert launcher.workdir == "/nodes/xlscale"
 
 
