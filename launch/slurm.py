@@ -57,9 +57,10 @@ class SlurmLauncher:
     `partition`, `account`, `qos`, `mem` and extra `#SBATCH` lines (the manifest's `[slurm]
     sbatch_lines`, then `sbatch_lines`) appear only when set. A trainer stopped early with its
     checkpoint saved (exit 75: a SIGTERM `signal_before` seconds ahead of each start's time
-    limit, sent by the script's own timer, or a preemption) makes the script requeue its own job,
-    at most `max_requeues` times as counted by SLURM, so the run resumes, completes, and its
-    dependents start. The script does not use sbatch's `--signal`: slurmctld sends that on its
+    limit, sent by the script's own timer, or a preemption), or killed by a SIGTERM it could not
+    catch (exit 143: while starting or exiting), makes the script requeue its own job, at most
+    `max_requeues` times as counted by SLURM, so the run resumes from its last checkpoint,
+    completes, and its dependents start. The script does not use sbatch's `--signal`: slurmctld sends that on its
     30-s limit check and, in SLURM 22.05, to a requeued job right as it starts again, before the
     trainer can catch it (measured on the test cluster: the restarted job then fails).
     """
