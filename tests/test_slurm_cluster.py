@@ -346,7 +346,10 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
                 ("xlscale: trainer exited 75 (", "xlscale: trainer exited 143 (")
             ), line
         sigterms = marks.count("xlscale: SIGTERM to the trainer, 20 s before the time limit")
-        assert sigterms == (restarts if period == limited else 0), (how, log[-3000:])
+        # Every stopped start of the time-limited copy had the script's SIGTERM; its last start
+        # may have one too when training ended inside the final 20 s (the trainer then exits 0).
+        allowed = (restarts, restarts + 1) if period == limited else (0,)
+        assert sigterms in allowed, (how, sigterms, log[-3000:])
         # Stopped in the middle of training with a checkpoint; the next start resumed there.
         stopped = [int(s) for s in re.findall(r"stopping at step (\d+) \(checkpoint saved\)", log)]
         resumed = [int(s) for s in re.findall(r"resuming from step (\d+)", log)]
