@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from launch.sweep import Run
-from rundir import lease, names, records, storage
+from rundir import durations, lease, names, records, storage
 
 LAUNCH_FILE = names.LAUNCH_FILE  # the launcher's own record inside MODEL_DIR
 LOG_FILE = "train.log"
@@ -152,15 +152,8 @@ def count_states(statuses: Sequence[RunStatus]) -> dict[str, int]:
 
 
 def format_seconds(seconds: float | None) -> str:
-    """`3h05m`, `4m10s`, `12s`; `?` for unknown."""
-    if seconds is None or seconds != seconds or seconds == float("inf"):
-        return "?"
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
+    """`3h05m`, `4m10s`, `12s`; `?` for unknown (`rundir.durations`, the project's one format)."""
+    return durations.format_duration(seconds)
 
 
 class Progress:
