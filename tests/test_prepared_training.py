@@ -385,3 +385,12 @@ def test_a_prepared_validation_split_is_not_training_data(
     assert "PREPARED_DATA" in text and "split 'validation'" in text and "split 'train'" in text
     assert "xlscale data prepare --task lm_en --vocab " in text
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_settings_prepared_input_cannot_follow_are_refused():
+    """pack=False or shuffle=False would be recorded but not followed by the prepared reader."""
+    with pytest.raises(validation.ConfigError, match=r"pack=False with PREPARED_DATA.*allowed"):
+        DataConfig(mixture_or_task="lm_en", prepared_dir="/data/prepared", pack=False)
+    with pytest.raises(validation.ConfigError, match=r"shuffle=False with PREPARED_DATA"):
+        DataConfig(mixture_or_task="lm_en", prepared_dir="/data/prepared", shuffle=False)
+    assert not DataConfig(mixture_or_task="lm_en", pack=False).pack  # the seqio path: allowed

@@ -114,6 +114,16 @@ class DataConfig:
             value=self.host_sharding,
             allowed=tuple(HOST_SHARDINGS),
         )
+        # Prepared input always packs documents into rows and shuffles them per epoch: a run asking
+        # otherwise would record settings its batches do not follow.
+        unpassable = [f"{k}=False" for k in ("pack", "shuffle") if not getattr(self, k)]
+        if self.prepared_dir is not None and unpassable:
+            raise validation.ConfigError(
+                f"data.DataConfig {', '.join(unpassable)} with PREPARED_DATA = "
+                f"{self.prepared_dir!r}: prepared input reads packed rows of epoch-shuffled "
+                "documents by index; allowed: pack=True, shuffle=True, or PREPARED_DATA = None "
+                "(the seqio pipeline)"
+            )
 
     @property
     def seq_len(self) -> int:
