@@ -1,30 +1,60 @@
 """The trainer's own step on whatever accelerator is here: step time, tokens/s, MFU, peak memory,
-and (when torch and transformers import) the Hugging Face peer on the same shape in the same run.
+beside the Hugging Face peer on the same shape, built to survive a short lease.
 
-    .venv/bin/python benchmarks/accelerator_step.py                       # paper shapes on GPU/TPU
-    .venv/bin/python benchmarks/accelerator_step.py --models llama t5 --remat none full \
-        --attention auto xla --packed both --json out.json
+    # a lent H100, the headline rows within 6 minutes, compiles included:
+    python benchmarks/accelerator_step.py --quick --out quick.jsonl
+    # any grid (remat x attention x packed per model, then the peer):
+    python benchmarks/accelerator_step.py --models llama t5 --remat none full \
+        --attention auto xla --packed both --budget-s 1200 --out grid.jsonl
+
+Runs from a checkout without an install (the repo root goes on `sys.path` and on the children's
+`PYTHONPATH`), and needs neither TensorFlow nor seqio nor gin (a test keeps it so).
+
+How it runs (`bench_harness`): the parent process only plans, never touches a JAX backend or
+torch; a short probe child reports the device; then every configuration and every peer is its own
+child process, so device memory starts fresh for each (a torch peer's cache once starved the JAX
+rows). Each row is printed and appended to `--out` (JSON lines) the moment it finishes; a failure
+is a row (`oom` with the size asked, `compile_error`, `error`, `timeout`), never the end of the
+run. `--budget-s` bounds the whole run: a row whose expected duration (a prior per kind of row,
+then the measured duration of earlier rows of the same model) exceeds what is left is `skipped`,
+and each child gets what is left as its timeout.
+
+Memory settings are explicit and printed: JAX children get `XLA_PYTHON_CLIENT_PREALLOCATE`
+(default true) and `XLA_PYTHON_CLIENT_MEM_FRACTION` (default 0.95). Preallocating gives XLA the
+largest pool it can hold, up front, as a training job runs; JAX's default 75% is what turned a
+1.1B step into an out-of-memory at 41.77 GiB. The measured peak is the allocator's high-water mark
+of live buffers (`memory_stats()['peak_bytes_in_use']`), which preallocation does not inflate,
+and each row owns its process, so nothing else needs the memory. `--no-preallocate` grows the
+pool on demand instead (what `nvidia-smi` shows is then the real footprint). torch children get
+`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`; their peak is
+`torch.cuda.max_memory_allocated()` over the whole process.
 
 Shapes: on an accelerator `llama2_1085m` at seq 2048 (batch 8) and `t5_770m` at inputs 512 /
-targets 114 (batch 64), bf16 compute with float32 parameters, AdamW (LLaMA) or Adafactor (T5),
-as in the issue's measurements; on CPU tiny shapes (`llama2_tiny` at seq 128, `t5_tiny` at
-64/32) so the script stays testable. Each row compiles the trainer's step
-(`trainer.jobs.compile_job`: mesh over all devices, `NamedSharding`s, donation, the non-finite
-guard, token counters), feeds synthetic batches through `Partitioner.shard_batch` and reports the
-median of `--steps` timed steps after a warm-up.
+targets 114 (batch 64), bf16 compute with float32 parameters, AdamW (LLaMA) or Adafactor (T5);
+on CPU tiny shapes (`llama2_tiny` at seq 128, `t5_tiny` at 64/32, vocab 512) so the script stays
+testable. Each xlscale row compiles the trainer's step (`trainer.jobs.compile_job`: mesh over all
+devices, `NamedSharding`s, donation, the non-finite guard, token counters), feeds a synthetic
+batch through `Partitioner.shard_batch` and reports the median of `--steps` timed steps after
+`--warmup` steps, with XLA's `memory_analysis()` and `cost_analysis()` of the compiled step.
 
 MFU = model FLOPs per step ÷ (step time × the chip's dense bf16 peak × devices). Model FLOPs are
 the family's `flops_per_token(...).with_attention` per target token (LLaMA2: 6·N_non-emb +
 6·layers·seq·heads·head_dim, PaLM appendix B with the causal half; T5: 6·N per stack and its
-tokens plus its attention) times the target tokens of the step. The peak comes from `PEAK_FLOPS`
-by device kind (H100/H200 989 TFLOP/s); a device not in the table prints no MFU. Packed rows
-(`--packed`) hold 2-4 documents each, so the attention kernel must keep them apart; their MFU
-uses the same formula at the row length (an upper bound of the attention work actually done).
+tokens plus its attention) times the target tokens of the step; MFU is a rate, so rows at
+different batches compare. The peak comes from `PEAK_FLOPS` by device kind (H100/H200 989
+TFLOP/s); a device not in the table prints no MFU. Packed rows hold 2-4 documents each, so the
+attention kernel must keep them apart; their MFU uses the same formula at the row length.
 
 The HF peer (`transformers.LlamaForCausalLM` with sdpa attention under `torch.compile`, or
-`T5ForConditionalGeneration` eager) runs only when torch and transformers import and, unless
-`--hf-on-cpu`, a CUDA device is there; same shape, float32 weights under bf16 autocast, fused
-AdamW; its row carries the xlscale ÷ HF throughput ratio measured in this run.
+`T5ForConditionalGeneration` eager: its relative bias defeats sdpa) runs where torch and
+transformers import and, unless `--hf-on-cpu`, CUDA is there: same shape, float32 weights under
+bf16 autocast, fused AdamW. It starts at the shape's batch and halves on out-of-memory. Once it
+has finished, each xlscale row of its model gets `vs_hf` = xlscale tokens/s ÷ peer tokens/s.
+
+`--quick` (default budget 360 s, 5 timed steps after 1 warm-up), in this order: LLaMA 1.1B
+unpacked with the first remat policy that fits (`remat_candidates`: none, dots_saveable, full),
+packed with that policy, the HF `torch.compile` peer; T5-770M with the first policy that fits,
+its HF peer at the largest batch it holds.
 """
 
 from __future__ import annotations
@@ -32,19 +62,29 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import pathlib
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-import jax
-import numpy as np
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
+for _path in (str(REPO), str(HERE)):  # a checkout, not an install; the harness beside us
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
-from modeling import family as families
-from trainer import jobs, models, steps
-from trainer.optimizers import OptimizerConfig, adafactor_defaults
-from trainer.partitioning import MeshConfig
-from trainer.schedules import ScheduleConfig
+import bench_harness as harness  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from modeling import family as families  # noqa: E402
+from trainer import jobs, models, steps  # noqa: E402
+from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
+from trainer.partitioning import MeshConfig  # noqa: E402
+from trainer.schedules import ScheduleConfig  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip, by `device_kind` prefix (vendor data sheets, no sparsity).
 PEAK_FLOPS: dict[str, float] = {
@@ -56,6 +96,21 @@ PEAK_FLOPS: dict[str, float] = {
     "TPU v5e": 197e12,
     "TPU v4": 275e12,
 }
+# Remat policies by memory, most hungry (and fastest) first: the order a fitting search tries.
+REMAT_ORDER = ("none", "dots_saveable", "full")
+# Expected seconds of one row (child start, imports, compile, steps) by (impl, accelerator?),
+# until a row of the same model has been measured. On an H100 the quick rows come to ~330 s.
+PRIOR_S: dict[tuple[str, bool], float] = {
+    ("xlscale", True): 60.0,
+    ("hf_compile", True): 90.0,
+    ("hf_eager", True): 40.0,
+    ("xlscale", False): 20.0,
+    ("hf_compile", False): 60.0,
+    ("hf_eager", False): 30.0,
+}
+PROBE_TIMEOUT_S = 120.0
+QUICK_BUDGET_S = 360.0
+MFU_FORMULA = "MFU = with-attention model FLOPs per step / (step s x peak FLOP/s x devices)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +138,116 @@ SHAPES: dict[tuple[str, bool], Shape] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class RowSpec:
+    """Everything a child needs to run one row (sent to it as JSON)."""
+
+    impl: str  # "xlscale", "hf_compile" or "hf_eager"
+    shape: Shape
+    remat: str = "none"
+    attention: str = "auto"
+    packed: bool = False
+    dtype: str = "bfloat16"
+    steps: int = 10
+    warmup: int = 1
+
+    @property
+    def name(self) -> str:
+        """The row's unique name, e.g. `xlscale/llama2_1085m/none/auto/packed/b8`."""
+        if self.impl != "xlscale":
+            return f"{self.impl}/{self.shape.size}/b{self.shape.batch}"
+        layout = "packed" if self.packed else "unpacked"
+        return (
+            f"xlscale/{self.shape.size}/{self.remat}/{self.attention}/{layout}/b{self.shape.batch}"
+        )
+
+    def fields(self) -> dict[str, Any]:
+        """The identifying fields every row of this spec carries, whatever its status."""
+        hf = self.impl != "xlscale"
+        return {
+            "impl": self.impl,
+            "family": self.shape.family,
+            "model": self.shape.size,
+            "remat": "none" if hf else self.remat,
+            "attention": ("sdpa" if self.shape.family == "llama2" else "eager")
+            if hf
+            else self.attention,
+            "packed": self.packed,
+            "dtype": "bfloat16 autocast" if hf else self.dtype,
+            "batch": self.shape.batch,
+            "inputs": self.shape.inputs,
+            "targets": self.shape.targets,
+            "steps": self.steps,
+            "warmup": self.warmup,
+        }
+
+    def to_json(self) -> str:
+        """The spec as one JSON string (a child's `--row`)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RowSpec:
+        """Inverse of `to_json`."""
+        raw = json.loads(text)
+        shape = raw.pop("shape")
+        shape["overrides"] = tuple(tuple(kv) for kv in shape["overrides"])
+        return cls(shape=Shape(**shape), **raw)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySettings:
+    """The device-memory settings every child gets, explicitly (and the header prints)."""
+
+    fraction: float = 0.95
+    preallocate: bool = True
+
+    def jax_env(self) -> dict[str, str]:
+        """Environment of a JAX child."""
+        return {
+            "XLA_PYTHON_CLIENT_PREALLOCATE": "true" if self.preallocate else "false",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{self.fraction:g}",
+        }
+
+    @staticmethod
+    def torch_env() -> dict[str, str]:
+        """Environment of a torch child."""
+        return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
 def peak_flops(device_kind: str) -> float | None:
     """The dense bf16 peak of a device kind (None when unknown, e.g. a CPU)."""
     for prefix, peak in PEAK_FLOPS.items():
         if device_kind.startswith(prefix):
             return peak
     return None
+
+
+def remat_candidates(
+    shape: Shape,
+    *,
+    bytes_limit: float | None,
+    estimate: Callable[[Shape, str], float] | None = None,
+) -> tuple[str, ...]:
+    """The remat policies to try for `shape`, in order; the first whose row does not run out of
+    memory is the one used (for the packed row too).
+
+    The seam for a memory model: given `estimate(shape, policy) -> bytes` (a family's model of
+    the step, e.g. `modeling.memory` once it exists) and the device's `bytes_limit`, policies
+    that cannot fit are dropped, so a lease spends no minute on a certain out-of-memory. Without
+    one every policy is tried, most memory-hungry (fastest) first."""
+    if estimate is None or bytes_limit is None:
+        return REMAT_ORDER
+    fits = tuple(policy for policy in REMAT_ORDER if estimate(shape, policy) <= bytes_limit)
+    return fits or REMAT_ORDER[-1:]
+
+
+def halvings(batch: int, *, times: int = 3) -> list[int]:
+    """`batch` and up to `times` halvings of it (the batches a peer tries, largest first)."""
+    return sorted({max(1, batch >> i) for i in range(times + 1)}, reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Children: the probe and one row each.
 
 
 def segment_layout(
@@ -141,152 +300,170 @@ def _optimizer(shape: Shape) -> tuple[OptimizerConfig, ScheduleConfig]:
     return OptimizerConfig(name="adamw"), ScheduleConfig(name="cosine", peak=2e-4)
 
 
-def memory_bytes(compiled) -> dict[str, float | None]:
-    """Peak device memory in use (where the backend reports it) and XLA's own estimate."""
+def xla_analysis(compiled) -> dict[str, Any]:
+    """XLA's own view of the compiled step: memory (arguments + outputs - aliased + temporaries,
+    and its parts) and FLOPs (None where the backend does not say)."""
+    memory = compiled.memory_analysis()
+    parts = None
+    total = None
+    if memory is not None:
+        names = ("argument", "output", "alias", "temp", "generated_code")
+        parts = {n: int(getattr(memory, f"{n}_size_in_bytes")) for n in names}
+        total = float(parts["argument"] + parts["output"] + parts["temp"] - parts["alias"])
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) and cost else cost
+    flops = cost.get("flops") if isinstance(cost, dict) else None
+    return {"xla_bytes": total, "xla_memory": parts, "xla_flops": flops}
+
+
+def device_memory() -> dict[str, float | None]:
+    """The first device's allocator peak and limit (None where the backend keeps no stats)."""
     stats = jax.devices()[0].memory_stats() or {}
-    analysis = compiled.memory_analysis() if hasattr(compiled, "memory_analysis") else None
-    estimate = None
-    if analysis is not None:
-        estimate = float(
-            analysis.argument_size_in_bytes
-            + analysis.output_size_in_bytes
-            + analysis.temp_size_in_bytes
-            - analysis.alias_size_in_bytes
-        )
-    peak = stats.get("peak_bytes_in_use")
-    return {"peak_bytes": None if peak is None else float(peak), "xla_bytes": estimate}
+    peak, limit = stats.get("peak_bytes_in_use"), stats.get("bytes_limit")
+    return {
+        "peak_bytes": None if peak is None else float(peak),
+        "bytes_limit": None if limit is None else float(limit),
+    }
 
 
-def run_xlscale(
-    shape: Shape, *, remat: str, attention: str, packed: bool, dtype: str, steps_: int, seed=0
+def _rates(
+    step_times: Sequence[float], *, tokens: int, flops: float, kind: str, devices: int
 ) -> dict:
-    """Compiles and times the trainer's step for one configuration; returns a JSON-able row."""
+    step_s = statistics.median(step_times)
+    peak = peak_flops(kind)
+    return {
+        "device": kind,
+        "devices": devices,
+        "step_ms": 1e3 * step_s,
+        "tokens_per_s": tokens / step_s,
+        "mfu": None if peak is None else flops / step_s / (peak * devices),
+        "model_flops_per_step": flops,
+    }
+
+
+def run_xlscale(spec: RowSpec) -> dict[str, Any]:
+    """Compiles and times the trainer's step for one configuration; returns the row's fields."""
+    shape = spec.shape
     fam = families.get(shape.family)
-    overrides = {**dict(shape.overrides), "dtype": dtype, "remat_policy": remat}
-    overrides["attention_kernel"] = attention
-    spec = models.ModelSpec(
+    overrides = {**dict(shape.overrides), "dtype": spec.dtype, "remat_policy": spec.remat}
+    overrides["attention_kernel"] = spec.attention
+    model_spec = models.ModelSpec(
         family=shape.family,
         size=shape.size,
         overrides=overrides,
         dropout_rate=0.0 if shape.family == "t5" else None,
     )
-    wrapper, partitioner, abstract = jobs.build_partitioned_model(spec, MeshConfig())
-    optimizer, schedule = _optimizer(shape)
+    with harness.phase("setup"):
+        wrapper, partitioner, abstract = jobs.build_partitioned_model(model_spec, MeshConfig())
+        optimizer, schedule = _optimizer(shape)
     lengths = {"targets": shape.targets, **({"inputs": shape.inputs} if shape.inputs else {})}
     start = time.perf_counter()
-    job = jobs.compile_job(
-        model=wrapper,
-        partitioner=partitioner,
-        abstract_params=abstract,
-        components=["synthetic"],
-        total_steps=10_000,
-        batch_size=shape.batch,
-        seq_len=shape.targets,
-        feature_lengths=lengths,
-        eval_batch_size=None,
-        optimizer=optimizer,
-        schedule=schedule,
-        step_config=steps.StepConfig(num_components=1),
-    )
+    with harness.phase("compile"):
+        job = jobs.compile_job(
+            model=wrapper,
+            partitioner=partitioner,
+            abstract_params=abstract,
+            components=["synthetic"],
+            total_steps=10_000,
+            batch_size=shape.batch,
+            seq_len=shape.targets,
+            feature_lengths=lengths,
+            eval_batch_size=None,
+            optimizer=optimizer,
+            schedule=schedule,
+            step_config=steps.StepConfig(num_components=1),
+        )
     compile_s = time.perf_counter() - start
-    state = job.init_state(np.asarray(jax.random.key_data(jax.random.key(seed))))
-    rng = np.random.default_rng(seed)
-    host = synthetic_batch(rng, shape, vocab=wrapper.vocab_size, packed=packed)
-    batch = partitioner.shard_batch(host)
-    state, m = job.train_step(state, batch)  # warm-up (and autotuning on GPU)
-    jax.block_until_ready(m)
-    times = []
-    for _ in range(steps_):
-        t = time.perf_counter()
-        state, m = job.train_step(state, batch)
+    with harness.phase("run"):
+        state = job.init_state(np.asarray(jax.random.key_data(jax.random.key(0))))
+        host = synthetic_batch(
+            np.random.default_rng(0), shape, vocab=wrapper.vocab_size, packed=spec.packed
+        )
+        batch = partitioner.shard_batch(host)
+        for _ in range(max(1, spec.warmup)):  # (and autotuning on GPU)
+            state, m = job.train_step(state, batch)
         jax.block_until_ready(m)
-        times.append(time.perf_counter() - t)
-    step_s = statistics.median(times)
+        times = []
+        for _ in range(spec.steps):
+            t = time.perf_counter()
+            state, m = job.train_step(state, batch)
+            jax.block_until_ready(m)
+            times.append(time.perf_counter() - t)
+        loss = float(m["loss_sum"] / m["weight_sum"])
     _, with_attn = fam.flops_per_token(
         wrapper.config, seq_len=shape.targets, inputs_len=shape.inputs
     )
-    kind = jax.devices()[0].device_kind
-    peak = peak_flops(kind)
-    model_flops = with_attn * shape.batch * shape.targets
     return {
-        "impl": "xlscale",
-        "model": shape.size,
-        "remat": remat,
-        "attention": attention,
-        "packed": packed,
-        "dtype": dtype,
-        "batch": shape.batch,
-        "inputs": shape.inputs,
-        "targets": shape.targets,
-        "device": kind,
-        "devices": jax.device_count(),
+        **_rates(
+            times,
+            tokens=shape.batch * shape.targets,
+            flops=with_attn * shape.batch * shape.targets,
+            kind=jax.devices()[0].device_kind,
+            devices=jax.device_count(),
+        ),
         "compile_s": compile_s,
-        "step_ms": 1e3 * step_s,
-        "tokens_per_s": shape.batch * shape.targets / step_s,
-        "mfu": None if peak is None else model_flops / step_s / (peak * jax.device_count()),
-        "model_flops_per_step": model_flops,
-        "loss": float(m["loss_sum"] / m["weight_sum"]),
-        **memory_bytes(job.train_step),
+        "loss": loss,
+        **device_memory(),
+        **xla_analysis(job.train_step),
     }
 
 
-def run_hf(shape: Shape, *, steps_: int, on_cpu: bool, seed: int = 0) -> dict | None:
-    """The Hugging Face peer on the same shape (None where torch/transformers or CUDA are
-    missing). LLaMA under `torch.compile` with sdpa; T5 eager (its relative bias defeats sdpa)."""
-    try:
-        import torch
-        import transformers
-    except ImportError:
-        return None
+def run_hf(spec: RowSpec) -> dict[str, Any]:
+    """The Hugging Face peer on the spec's shape (CUDA when there, else the CPU): LLaMA with
+    sdpa attention (under `torch.compile` for `hf_compile`), T5 eager."""
+    import torch  # heavy optional dependencies: the peer's child only
+    import transformers
+
+    shape = spec.shape
     cuda = torch.cuda.is_available()
-    if not cuda and not on_cpu:
-        return None
     device = "cuda" if cuda else "cpu"
     fam = families.get(shape.family)
-    cfg = fam.get_config(shape.size, **dict(shape.overrides))
-    torch.manual_seed(seed)
-    if shape.family == "llama2":
-        hf_cfg = transformers.LlamaConfig(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.d_model,
-            intermediate_size=cfg.d_ff,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.kv_heads,
-            head_dim=cfg.head_size,
-            max_position_embeddings=max(cfg.max_len, shape.targets),
-            rms_norm_eps=cfg.norm_eps,
-            rope_theta=cfg.rope_theta,
-            attn_implementation="sdpa",
-        )
-        model = transformers.LlamaForCausalLM(hf_cfg).to(device)
-    else:
-        hf_cfg = transformers.T5Config(
-            vocab_size=cfg.vocab_size,
-            d_model=cfg.d_model,
-            d_kv=cfg.head_dim,
-            d_ff=cfg.d_ff,
-            num_layers=cfg.num_encoder_layers,
-            num_decoder_layers=cfg.num_decoder_layers,
-            num_heads=cfg.num_heads,
-            feed_forward_proj="gated-gelu" if len(cfg.mlp_activations) == 2 else "relu",
-            dropout_rate=0.0,
-            tie_word_embeddings=cfg.logits_via_embedding,
-        )
-        model = transformers.T5ForConditionalGeneration(hf_cfg).to(device)
-    model.train()
-    fused = {"fused": True} if cuda else {}
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, **fused)
-    rng = np.random.default_rng(seed)
-    tokens = torch.as_tensor(rng.integers(3, cfg.vocab_size, (shape.batch, shape.targets)))
-    tokens = tokens.to(device)
-    kwargs = {"labels": tokens}
-    if shape.inputs:
-        enc = rng.integers(3, cfg.vocab_size, (shape.batch, shape.inputs))
-        kwargs["input_ids"] = torch.as_tensor(enc).to(device)
-    else:
-        kwargs["input_ids"] = tokens
-    forward = torch.compile(model) if shape.family == "llama2" and cuda else model
+    torch.manual_seed(0)
+    with harness.phase("setup"):
+        cfg = fam.get_config(shape.size, **dict(shape.overrides))
+        if shape.family == "llama2":
+            hf_cfg = transformers.LlamaConfig(
+                vocab_size=cfg.vocab_size,
+                hidden_size=cfg.d_model,
+                intermediate_size=cfg.d_ff,
+                num_hidden_layers=cfg.num_layers,
+                num_attention_heads=cfg.num_heads,
+                num_key_value_heads=cfg.kv_heads,
+                head_dim=cfg.head_size,
+                max_position_embeddings=max(cfg.max_len, shape.targets),
+                rms_norm_eps=cfg.norm_eps,
+                rope_theta=cfg.rope_theta,
+                attn_implementation="sdpa",
+            )
+            model = transformers.LlamaForCausalLM(hf_cfg).to(device)
+        else:
+            hf_cfg = transformers.T5Config(
+                vocab_size=cfg.vocab_size,
+                d_model=cfg.d_model,
+                d_kv=cfg.head_dim,
+                d_ff=cfg.d_ff,
+                num_layers=cfg.num_encoder_layers,
+                num_decoder_layers=cfg.num_decoder_layers,
+                num_heads=cfg.num_heads,
+                feed_forward_proj="gated-gelu" if len(cfg.mlp_activations) == 2 else "relu",
+                dropout_rate=0.0,
+                tie_word_embeddings=cfg.logits_via_embedding,
+                decoder_start_token_id=0,  # T5's: the pad id starts the decoder
+                pad_token_id=0,
+                eos_token_id=1,
+            )
+            model = transformers.T5ForConditionalGeneration(hf_cfg).to(device)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=2e-4, **({"fused": True} if cuda else {}))
+        rng = np.random.default_rng(0)
+        tokens = torch.as_tensor(rng.integers(3, cfg.vocab_size, (shape.batch, shape.targets)))
+        kwargs = {"labels": tokens.to(device)}
+        if shape.inputs:
+            enc = rng.integers(3, cfg.vocab_size, (shape.batch, shape.inputs))
+            kwargs["input_ids"] = torch.as_tensor(enc).to(device)
+        else:
+            kwargs["input_ids"] = kwargs["labels"]
+        forward = torch.compile(model) if spec.impl == "hf_compile" else model
 
     def step():
         with torch.autocast(device, dtype=torch.bfloat16):
@@ -300,120 +477,285 @@ def run_hf(shape: Shape, *, steps_: int, on_cpu: bool, seed: int = 0) -> dict | 
         if cuda:
             torch.cuda.synchronize()
 
-    for _ in range(2):  # compile and warm up
-        step()
-    sync()
+    start = time.perf_counter()
+    with harness.phase("compile" if spec.impl == "hf_compile" else "run"):
+        for _ in range(max(2, spec.warmup)):  # torch.compile's forward and backward graphs
+            loss = step()
+        sync()
+    compile_s = time.perf_counter() - start
+    warm_peak = torch.cuda.max_memory_allocated() if cuda else None
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps_):
-        t = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t)
-    step_s = statistics.median(times)
+    with harness.phase("run"):
+        times = []
+        for _ in range(spec.steps):
+            t = time.perf_counter()
+            loss = step()
+            sync()
+            times.append(time.perf_counter() - t)
+    steady_peak = torch.cuda.max_memory_allocated() if cuda else None
     _, with_attn = fam.flops_per_token(cfg, seq_len=shape.targets, inputs_len=shape.inputs)
-    kind = torch.cuda.get_device_name() if cuda else "cpu"
-    peak = peak_flops(kind)
-    model_flops = with_attn * shape.batch * shape.targets
     return {
-        "impl": "hf_compile" if forward is not model else "hf_eager",
-        "model": shape.size,
-        "remat": "none",
-        "attention": "sdpa" if shape.family == "llama2" else "eager",
-        "packed": False,
-        "dtype": "bfloat16 autocast",
-        "batch": shape.batch,
-        "inputs": shape.inputs,
-        "targets": shape.targets,
-        "device": kind,
-        "devices": 1,
-        "step_ms": 1e3 * step_s,
-        "tokens_per_s": shape.batch * shape.targets / step_s,
-        "mfu": None if peak is None else model_flops / step_s / peak,
-        "peak_bytes": float(torch.cuda.max_memory_allocated()) if cuda else None,
+        **_rates(
+            times,
+            tokens=shape.batch * shape.targets,
+            flops=with_attn * shape.batch * shape.targets,
+            kind=torch.cuda.get_device_name() if cuda else "cpu",
+            devices=1,
+        ),
+        "compile_s": compile_s,
+        "loss": float(loss),
+        "peak_bytes": None if not cuda else float(max(warm_peak, steady_peak)),
+        "peak_steady_bytes": None if not cuda else float(steady_peak),
+        "bytes_limit": float(torch.cuda.get_device_properties(0).total_memory) if cuda else None,
         "xla_bytes": None,
     }
 
 
-def _cell(value, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
+ROW_BODIES: dict[str, Callable[[RowSpec], dict[str, Any]]] = {
+    "xlscale": run_xlscale,
+    "hf_compile": run_hf,
+    "hf_eager": run_hf,
+}
 
 
-def print_table(rows: Sequence[dict], stream=None) -> None:
-    """One line per row; MFU and memory where known."""
-    stream = stream or sys.stdout
-    header = (
-        f"{'impl':<10} {'model':<16} {'remat':<14} {'attn':<6} {'packed':<6} {'step ms':>9} "
-        f"{'tokens/s':>10} {'MFU':>6} {'peak GiB':>8} {'XLA GiB':>8} {'vs HF':>6}"
+def probe(*, with_torch: bool) -> dict[str, Any]:
+    """What the parent needs to plan: JAX's backend, device kind and count, the device memory
+    limit where the backend reports one, and whether the torch peer can run (torch and
+    transformers import; CUDA there)."""
+    import importlib.util
+
+    devices = jax.devices()
+    stats = devices[0].memory_stats() or {}
+    found = {"backend": jax.default_backend(), "device_kind": devices[0].device_kind}
+    found.update(
+        device_count=len(devices), bytes_limit=stats.get("bytes_limit"), jax=jax.__version__
     )
-    print(header, file=stream)
-    print("-" * len(header), file=stream)
-    for r in rows:
-        mfu = None if r.get("mfu") is None else 100 * r["mfu"]
-        peak = None if r.get("peak_bytes") is None else r["peak_bytes"] / 2**30
-        xla = None if r.get("xla_bytes") is None else r["xla_bytes"] / 2**30
-        print(
-            f"{r['impl']:<10} {r['model']:<16} {r['remat']:<14} {r['attention']:<6} "
-            f"{str(r['packed']):<6} {r['step_ms']:>9.1f} {r['tokens_per_s']:>10,.0f} "
-            f"{_cell(mfu, '5.1f'):>5}% {_cell(peak, '8.1f')} {_cell(xla, '8.1f')} "
-            f"{_cell(r.get('vs_hf'), '6.2f')}",
-            file=stream,
+    found.update(torch=None, torch_cuda=False, torch_device=None, transformers=False)
+    if with_torch and importlib.util.find_spec("torch") is not None:
+        import torch  # the probe's own process: nothing of torch stays in the rows' processes
+
+        found.update(torch=torch.__version__, torch_cuda=torch.cuda.is_available())
+        found["torch_device"] = torch.cuda.get_device_name() if found["torch_cuda"] else None
+        found["transformers"] = importlib.util.find_spec("transformers") is not None
+    return found
+
+
+def child(args: argparse.Namespace) -> int:
+    """A child's whole life: run the probe or one row and print its result line."""
+    if args.probe is not None:
+        return harness.child_main("probe", lambda: probe(with_torch=args.probe == "torch"))
+    spec = RowSpec.from_json(args.row)
+    return harness.child_main(spec.name, lambda: ROW_BODIES[spec.impl](spec))
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: plan, run children, stream rows.
+
+
+@dataclasses.dataclass(frozen=True)
+class Planner:
+    """Turns row specs into child tasks with their environment, prior and budget key."""
+
+    accelerator: bool
+    steps: int
+    warmup: int
+    dtype: str
+    memory: MemorySettings
+    peer_device_ok: bool  # torch + transformers import, and CUDA is there (or --hf-on-cpu)
+
+    def task(self, spec: RowSpec) -> harness.Task:
+        """The child task of one row."""
+        extra = self.memory.jax_env() if spec.impl == "xlscale" else self.memory.torch_env()
+        return harness.Task(
+            name=spec.name,
+            fields=spec.fields(),
+            key=f"{spec.impl}/{spec.shape.size}",
+            prior_s=PRIOR_S[(spec.impl, self.accelerator)],
+            argv=(sys.executable, str(pathlib.Path(__file__).resolve()), "--row", spec.to_json()),
+            env=child_env(extra),
         )
+
+    def xlscale(self, shape: Shape, *, remat: str, packed: bool, attention="auto"):
+        """The task of one xlscale row."""
+        spec = RowSpec(
+            "xlscale", shape, remat, attention, packed, self.dtype, self.steps, self.warmup
+        )
+        return self.task(spec)
+
+    def peers(self, shape: Shape) -> list[harness.Task]:
+        """The peer's tasks at the shape's batch and its halvings (empty: no peer here)."""
+        if not self.peer_device_ok:
+            return []
+        impl = "hf_compile" if shape.family == "llama2" and self.accelerator else "hf_eager"
+        return [
+            self.task(
+                RowSpec(
+                    impl,
+                    dataclasses.replace(shape, batch=b),
+                    steps=self.steps,
+                    warmup=self.warmup,
+                )
+            )
+            for b in halvings(shape.batch)
+        ]
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """A child's environment: ours, the repo root first on `PYTHONPATH` (no install needed),
+    plus `extra` (its memory settings)."""
+    env = dict(os.environ)
+    paths = [str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.update(extra)
+    return env
+
+
+def plan_quick(session: harness.Session, planner: Planner, shapes: dict[str, Shape], limit):
+    """The headline rows: LLaMA with its best fitting remat (unpacked, then packed with it), its
+    peer; T5 with its best fitting remat, its peer at a batch it holds."""
+    llama, t5 = shapes["llama"], shapes["t5"]
+    tried = [
+        planner.xlscale(llama, remat=r, packed=False)
+        for r in remat_candidates(llama, bytes_limit=limit)
+    ]
+    fit = session.first_fit(tried)
+    if fit is not None:
+        session.run(planner.xlscale(llama, remat=fit["remat"], packed=True))
+    else:
+        session.say(f"  packed {llama.size} not run: no remat policy ran unpacked")
+    session.first_fit(planner.peers(llama))
+    tried = [
+        planner.xlscale(t5, remat=r, packed=False) for r in remat_candidates(t5, bytes_limit=limit)
+    ]
+    session.first_fit(tried)
+    session.first_fit(planner.peers(t5))
+
+
+def plan_grid(session: harness.Session, planner: Planner, shapes: dict[str, Shape], args):
+    """Every remat x attention x packing asked for, per model, then the model's peer."""
+    layouts = {"no": [False], "yes": [True], "both": [False, True]}[args.packed]
+    for name in args.models:
+        shape = shapes[name]
+        for remat in args.remat:
+            for attention in args.attention:
+                for packed in layouts:
+                    task = planner.xlscale(shape, remat=remat, packed=packed, attention=attention)
+                    session.run(task)
+        session.first_fit(planner.peers(shape))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--quick", action="store_true", help="the headline rows within 6 minutes on one H100")
+    add("--models", nargs="+", default=["llama", "t5"], choices=["llama", "t5"])
+    add("--remat", nargs="+", default=list(REMAT_ORDER))
+    add("--attention", nargs="+", default=["auto"])
+    add("--packed", choices=["no", "yes", "both"], default="both")
+    add("--dtype", default="bfloat16")
+    add("--steps", type=int, help="timed steps per row (default 10; --quick 5)")
+    add("--warmup", type=int, default=1, help="untimed steps before them (HF: at least 2)")
+    add("--batch", type=int, help="override the shapes' batch")
+    add("--no-hf", action="store_true", help="skip the Hugging Face peer")
+    add("--hf-on-cpu", action="store_true", help="run the HF peer without CUDA too")
+    add("--out", help="append every row to this JSON-lines file as it finishes")
+    add("--budget-s", type=float, help=f"whole-run wall clock (--quick: {QUICK_BUDGET_S:.0f})")
+    add("--row-timeout-s", type=float, default=900.0, help="at most this long per row")
+    add("--mem-fraction", type=float, default=0.95, help="XLA_PYTHON_CLIENT_MEM_FRACTION")
+    add("--preallocate", action=argparse.BooleanOptionalAction, default=True)
+    add("--row", help=argparse.SUPPRESS)  # child mode: run this RowSpec JSON
+    add("--probe", choices=["jax", "torch"], help=argparse.SUPPRESS)  # child mode: the probe
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    """Parses flags, runs every configuration asked for and prints the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["llama", "t5"], choices=["llama", "t5"])
-    parser.add_argument("--remat", nargs="+", default=["none", "full", "dots_saveable"])
-    parser.add_argument("--attention", nargs="+", default=["auto"])
-    parser.add_argument("--packed", choices=["no", "yes", "both"], default="both")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, help="override the shape's batch")
-    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face peer")
-    parser.add_argument("--hf-on-cpu", action="store_true", help="run the HF peer on CPU too")
-    parser.add_argument("--json", help="also write the rows to this file")
-    args = parser.parse_args(argv)
-    accelerator = jax.default_backend() != "cpu"
-    packed = {"no": [False], "yes": [True], "both": [False, True]}[args.packed]
-    rows: list[dict] = []
-    for name in args.models:
-        shape = SHAPES[(name, accelerator)]
-        if args.batch:
-            shape = dataclasses.replace(shape, batch=args.batch)
-        hf = None if args.no_hf else run_hf(shape, steps_=args.steps, on_cpu=args.hf_on_cpu)
-        for remat in args.remat:
-            for attention in args.attention:
-                for pack in packed:
-                    try:
-                        row = run_xlscale(
-                            shape,
-                            remat=remat,
-                            attention=attention,
-                            packed=pack,
-                            dtype=args.dtype,
-                            steps_=args.steps,
-                        )
-                    except Exception as e:  # noqa: BLE001 -- e.g. out of memory: report, go on
-                        print(f"{shape.size} remat={remat} attention={attention}: {e!r}"[:300])
-                        continue
-                    if hf is not None:
-                        row["vs_hf"] = row["tokens_per_s"] / hf["tokens_per_s"]
-                    rows.append(row)
-        if hf is not None:
-            rows.append(hf)
-    print(
-        f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; dtype {args.dtype}; "
-        f"median of {args.steps} steps; MFU = with-attention model FLOPs / (step s x peak), "
-        f"peak {peak_flops(jax.devices()[0].device_kind) or 'unknown'} FLOP/s per chip"
+    """Probes the device, runs the rows asked for (each in its own process) and returns them."""
+    args = parse_args(argv)
+    if args.row is not None or args.probe is not None:
+        raise SystemExit(child(args))
+    steps_ = args.steps or (5 if args.quick else 10)
+    budget = harness.Budget(args.budget_s or (QUICK_BUDGET_S if args.quick else None))
+    out = harness.JsonLines(args.out)
+    session = harness.Session(
+        budget=budget, out=out, cwd=str(REPO), row_timeout_s=args.row_timeout_s
     )
-    print_table(rows)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=2)
-    return rows
+    memory = MemorySettings(fraction=args.mem_fraction, preallocate=args.preallocate)
+    found = run_probe(args, memory, budget)
+    header = {
+        "record": "header",
+        "argv": list(argv if argv is not None else sys.argv[1:]),
+        "probe": found,
+        "memory": {**memory.jax_env(), **memory.torch_env()},
+        "steps": steps_,
+        "warmup": args.warmup,
+        "budget_s": budget.total_s,
+        "mfu_formula": MFU_FORMULA,
+        "peak_flops": peak_flops(found.get("device_kind") or ""),
+    }
+    out.write(header)
+    if found.get("status") != "ok":
+        session.say(f"probe failed ({found['status']}): {found.get('error')}")
+        session.summary()
+        raise SystemExit(1)
+    planner = Planner(
+        accelerator=found["backend"] != "cpu",
+        steps=steps_,
+        warmup=args.warmup,
+        dtype=args.dtype,
+        memory=memory,
+        peer_device_ok=not args.no_hf
+        and found["transformers"]
+        and (found["torch_cuda"] or args.hf_on_cpu),
+    )
+    print_header(session, header, args, planner)
+    shapes = {m: SHAPES[(m, planner.accelerator)] for m in ("llama", "t5")}
+    if args.batch:
+        shapes = {m: dataclasses.replace(s, batch=args.batch) for m, s in shapes.items()}
+    if args.quick:
+        plan_quick(session, planner, shapes, found.get("bytes_limit"))
+    else:
+        plan_grid(session, planner, shapes, args)
+    session.summary()
+    return session.rows
+
+
+def run_probe(args, memory: MemorySettings, budget: harness.Budget) -> dict[str, Any]:
+    """The probe child's findings (with its `status`); it never preallocates."""
+    mode = "jax" if args.no_hf else "torch"
+    env = child_env({**memory.jax_env(), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    left = budget.remaining()
+    timeout = PROBE_TIMEOUT_S if left is None else max(1.0, min(left, PROBE_TIMEOUT_S))
+    argv = (sys.executable, str(pathlib.Path(__file__).resolve()), "--probe", mode)
+    return harness.child_result(harness.run_child(argv, env=env, cwd=str(REPO), timeout_s=timeout))
+
+
+def print_header(session: harness.Session, header: dict, args, planner: Planner) -> None:
+    """The lines before the first row: device, memory settings, timing, formula, peer, budget."""
+    p = header["probe"]
+    peak = header["peak_flops"]
+    say = session.say
+    limit = "" if p["bytes_limit"] is None else f", bytes_limit {harness.gib(p['bytes_limit'])}"
+    say(f"device: {p['device_count']} x {p['device_kind']} ({p['backend']}{limit}); jax {p['jax']}")
+    say(
+        "memory: JAX rows "
+        + " ".join(f"{k}={v}" for k, v in sorted(planner.memory.jax_env().items()))
+        + "; torch rows "
+        + " ".join(f"{k}={v}" for k, v in sorted(planner.memory.torch_env().items()))
+    )
+    say(
+        f"timing: median of {header['steps']} steps after {header['warmup']} warm-up, "
+        f"{args.dtype} compute, float32 parameters; each row its own process"
+    )
+    say(f"{MFU_FORMULA}; peak {'unknown' if peak is None else f'{peak:.3g}'} FLOP/s per chip")
+    if planner.peer_device_ok:
+        say(f"peer: torch {p['torch']} on {p['torch_device'] or 'cpu'}")
+    else:
+        why = "--no-hf" if args.no_hf else "torch/transformers missing or no CUDA (--hf-on-cpu)"
+        say(f"peer: not run ({why})")
+    budget = header["budget_s"]
+    say(f"budget: {'none' if budget is None else f'{budget:.0f} s'}; out: {args.out or '-'}")
 
 
 if __name__ == "__main__":
