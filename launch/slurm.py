@@ -19,6 +19,7 @@ from launch import sbatch_options
 from launch.launchers import LaunchReport, start_launch
 from launch.status import PREEMPTED_EXIT_CODE, Progress
 from launch.sweep import Run
+from rundir import exits
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
@@ -198,8 +199,11 @@ class SlurmLauncher:
         return [f"#SBATCH {option}" for option in options + extra]
 
     def render(self, run: Run, *, allow_missing: bool = False) -> str:
-        """The batch script of one run."""
-        env = {"PYTHONUNBUFFERED": "1", **run.environment()}
+        """The batch script of one run. A job that asks for GPUs exports the expectation
+        (`XLSCALE_EXPECT_PLATFORM=gpu`): its trainer refuses to start, exit 69, if JAX finds no GPU
+        rather than train on the CPU backend (a run's own environment may say otherwise)."""
+        expect = {exits.EXPECT_PLATFORM_ENV: "gpu"} if self.gpus_per_node else {}
+        env = {"PYTHONUNBUFFERED": "1", **expect, **run.environment()}
         values = {
             "JOB_NAME": run.run_id,
             "NODES": str(self.nodes),

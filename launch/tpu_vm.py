@@ -13,6 +13,7 @@ from pathlib import Path
 from launch.launchers import SequentialLauncher
 from launch.status import Progress
 from launch.sweep import Run
+from rundir import exits
 
 
 def _remote_cd(directory: str) -> str:
@@ -69,8 +70,13 @@ class TpuVmLauncher(SequentialLauncher):
         )
 
     def remote_command(self, run: Run, *, allow_missing: bool = False) -> str:
-        """The shell command each worker runs."""
-        env = {"PYTHONUNBUFFERED": "1", **run.environment(allow_missing=allow_missing)}
+        """The shell command each worker runs; it exports `XLSCALE_EXPECT_PLATFORM=tpu`, so a
+        worker whose JAX finds no TPU refuses to start (exit 69) instead of training on its CPU."""
+        env = {
+            "PYTHONUNBUFFERED": "1",
+            exits.EXPECT_PLATFORM_ENV: "tpu",
+            **run.environment(allow_missing=allow_missing),
+        }
         exports = "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         train = shlex.join(run.argv(self.python, allow_missing=allow_missing))
         return f"{_remote_cd(self.remote_dir)} && {exports} && {train}"

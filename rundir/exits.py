@@ -20,6 +20,10 @@ import traceback
 from collections.abc import Callable, Sequence
 
 DEBUG_ENV = "XLSCALE_DEBUG"
+# The platform a job expects ('gpu', 'tpu', 'cpu'; 'any' for none), exported by the SLURM GPU and
+# TPU VM launchers: a trainer whose JAX runs elsewhere refuses to start with the `platform` code
+# (`trainer.platform`). Here, at the bottom, so launchers name it without importing JAX.
+EXPECT_PLATFORM_ENV = "XLSCALE_EXPECT_PLATFORM"
 VERBOSE_FLAG = "--verbose"
 BUG = 1  # an unexpected exception (its traceback is printed)
 
@@ -42,6 +46,7 @@ CLASSES: dict[str, ExitClass] = {
         ExitClass("storage", 74, "the storage service failed: retry, or check the URL named"),
         ExitClass("divergence", 65, "training diverged; the last checkpoint is finite"),
         ExitClass("preemption", 75, "stopped early with a checkpoint saved: start it again"),
+        ExitClass("platform", 69, "the job asked for an accelerator JAX cannot see"),
     )
 }
 PREEMPTED = CLASSES["preemption"].code
@@ -57,6 +62,7 @@ REFUSALS: dict[str, str] = {
     "rundir.checksums.CheckpointCorruptError": "contract",
     "rundir.storage.StorageError": "storage",
     "trainer.divergence.NonFiniteError": "divergence",
+    "trainer.platform.PlatformError": "platform",
 }
 # Lines gin appends to an exception raised inside a configurable (not the user's concern).
 _GIN_CONTEXT = ("  In call to configurable", "  In file ")

@@ -51,7 +51,10 @@ def test_tpu_vm_dry_run_renders_one_gcloud_ssh_per_run(runs):
         ]
         assert argv[11] == "--command" and len(argv) == 13
         remote = argv[12]
-        assert remote.startswith("cd ~/xlscale && export PYTHONUNBUFFERED=1 && ")
+        # the expectation makes a worker without a TPU refuse to start (trainer/platform.py)
+        assert remote.startswith(
+            "cd ~/xlscale && export PYTHONUNBUFFERED=1 XLSCALE_EXPECT_PLATFORM=tpu && "
+        )
         train = remote.split(" && ")[-1]
         assert shlex.split(train) == run.argv(".venv/bin/python")
     remote = shlex.split(report.commands[0])[-1]

@@ -31,6 +31,7 @@ from rundir import storage
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
 from trainer import models, restore
+from trainer import platform as platform_lib
 from trainer.data import DataConfig, EvalConfig
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
@@ -119,6 +120,7 @@ def evaluate(
     checkpoint: str | None = None,
     all_steps: bool = False,
     mesh: MeshConfig = MeshConfig(),
+    expect_platform: str | None = None,
 ) -> list[dict]:
     """Evaluates checkpoints of a run on `evaluation.tasks`; appends to `eval_metrics.jsonl`.
 
@@ -131,11 +133,15 @@ def evaluate(
       checkpoint: `'<dir>[@step]'` (default: `model_dir`, latest step).
       all_steps: evaluate every checkpoint kept in the directory instead of one step.
       mesh: mesh axis sizes.
+      expect_platform: the platform JAX must run on (`EXPECT_PLATFORM`; see
+        `trainer.platform.check`).
 
     Returns:
       The records written, one per step.
     """
     from trainer.jobs import build_job
+
+    platform_lib.check(expect_platform)
 
     if not evaluation.enabled:
         raise ValueError(

@@ -36,6 +36,7 @@ from etils import epath
 
 from rundir import storage
 from trainer import models, restore
+from trainer import platform as platform_lib
 from trainer.partitioning import MeshConfig
 
 INFER_FILE = "infer.jsonl"
@@ -137,13 +138,16 @@ def infer(
     max_examples: int | None = None,
     comet_model: str | None = None,
     comet_python: str | None = None,
+    expect_platform: str | None = None,
 ) -> list[dict]:
     """The gin-facing `infer` (`runs/infer.gin` binds each keyword to its macro): gathers the
     keywords into an `InferSource` and an `InferDecoding` and calls `run_inference`.
 
     Args: as the fields of `InferSource` and `InferDecoding` (`decode_method` is
-    `InferDecoding.method`), and those of `run_inference`.
+    `InferDecoding.method`), and those of `run_inference`; `expect_platform` as in
+    `trainer.platform.check` (`EXPECT_PLATFORM`), checked first.
     """
+    platform_lib.check(expect_platform)
     return run_inference(
         model_dir=model_dir,
         model=model,

@@ -42,6 +42,7 @@ from trainer import divergence, eval_schedule, models, validation
 from trainer import eval as eval_lib
 from trainer import fingerprint as fingerprint_lib
 from trainer import metrics as metrics_lib
+from trainer import platform as platform_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
 from trainer.jobs import Job, build_job
@@ -225,6 +226,7 @@ def train(
     gin_config: str = "",
     resume_policy: str | Sequence[str] | None = None,
     lease: LeaseConfig = LeaseConfig(),
+    expect_platform: str | None = None,
 ) -> TrainResult:
     """Trains (or resumes) one run and writes its outputs into `model_dir`.
 
@@ -258,10 +260,14 @@ def train(
         resumed (`RESUME_POLICY`; see `trainer.fingerprint`); None: nothing may change.
       lease: heartbeat and staleness of the exclusive lease on `model_dir` (`rundir.lease`),
         taken before anything is written there and released when the call ends.
+      expect_platform: the platform JAX must run on ('gpu', 'tpu', 'cpu'; `EXPECT_PLATFORM`),
+        else `$XLSCALE_EXPECT_PLATFORM`; None or 'any': whatever JAX finds. A mismatch raises
+        `trainer.platform.PlatformError` before anything is written or compiled.
 
     Returns:
       Where the run ended. A SIGTERM or `stop_after` ends it early with a checkpoint.
     """
+    platform_lib.check(expect_platform)  # a GPU job never trains on the CPU backend
     validation.check_choice(name="on_nonfinite", value=on_nonfinite, allowed=NONFINITE_MODES)
     validation.check_fraction(name="max_skipped_fraction", value=max_skipped_fraction)
     validation.check_choice(name="strategy", value=run.strategy, allowed=STRATEGIES)
@@ -372,6 +378,7 @@ def _train_holding_lease(
 ) -> TrainResult:
     """`train` once it holds the lease on `model_dir`: builds the job once (checking the init
     checkpoint and the fingerprint before compiling), then resumes or starts the run."""
+    log.info("%s", platform_lib.describe())
     checkpoints = ckpt_lib.checkpoints_dir(model_dir)
     resuming = checkpoints.is_dir() and any(checkpoints.iterdir())
     checked = {}
