@@ -1,16 +1,133 @@
-"""Test setup: 8 host CPU devices for sharding tests, set before anything imports JAX."""
+"""Test setup: the JAX platform and host devices, set before anything imports JAX.
 
+Every run uses the CPU backend with 8 host devices (sharding tests), except a run that selects
+the GPU tests (`pytest -m gpu`) on a machine with an NVIDIA device: JAX then picks its default
+backend (the GPU where JAX's CUDA plugin is installed). `XLSCALE_TEST_PLATFORMS` overrides both
+(it becomes `JAX_PLATFORMS`, e.g. `cuda,cpu`). Without a GPU backend every GPU test is skipped
+with one reason saying how to run them.
+
+A GPU run must also work on a bare JAX GPU image (no TensorFlow, seqio or gin, the project not
+installed): it collects only the test modules that hold GPU tests, and the `gcs_fixtures`
+plugin needs nothing but the standard library.
+"""
+
+import glob
 import os
+import shutil
+import sys
+from pathlib import Path
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-import pytest  # noqa: E402
+import pytest
 
 pytest_plugins = ["gcs_fixtures"]
+
+GPU_MARK = "gpu"
+# Set to JAX_PLATFORMS's syntax to choose the platforms of a test run yourself.
+PLATFORMS_ENV = "XLSCALE_TEST_PLATFORMS"
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
+HOW_TO_RUN = (
+    "run `pytest -m gpu` on a machine with an NVIDIA GPU and JAX's CUDA plugin "
+    "(pip install -e '.[gpu]'), or set XLSCALE_TEST_PLATFORMS=cuda,cpu"
+)
+
+
+def gpu_present() -> bool:
+    """Whether this machine shows an NVIDIA GPU (a device node, or `nvidia-smi`), without
+    importing JAX."""
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or shutil.which("nvidia-smi") is not None
+
+
+def selects_gpu_tests(markexpr: str, markers: list[str]) -> bool:
+    """Whether `-m markexpr` selects the GPU tests and nothing else: a test marked only `gpu`
+    matches it, an unmarked test or one marked with any other single marker does not."""
+    if not markexpr.strip():
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+
+        expression = Expression.compile(markexpr)
+
+        def selects(marks: set[str]) -> bool:
+            return expression.evaluate(lambda name, **kwargs: name in marks)
+
+    except Exception:  # another pytest: the plain `-m gpu`
+        return markexpr.strip() == GPU_MARK
+    others = [{name} for name in markers if name != GPU_MARK]
+    return selects({GPU_MARK}) and not any(selects(marks) for marks in [set(), *others])
+
+
+def _marker_names(config) -> list[str]:
+    return [line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")]
+
+
+def pytest_configure(config):
+    """Chooses the JAX platforms (before any test module imports JAX)."""
+    gpu_run = selects_gpu_tests(config.option.markexpr or "", _marker_names(config))
+    config.stash[_GPU_RUN] = gpu_run
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    flags = os.environ.get("XLA_FLAGS", "")
+    if HOST_DEVICES_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICES_FLAG}".strip()
+    if os.environ.get(PLATFORMS_ENV):
+        os.environ["JAX_PLATFORMS"] = os.environ[PLATFORMS_ENV]
+    elif gpu_run and gpu_present():
+        os.environ.pop("JAX_PLATFORMS", None)  # JAX's default: its GPU backend if it has one
+    else:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        config.stash[_NO_GPU] = (
+            "runs without -m gpu use the CPU backend"
+            if not gpu_run and gpu_present()
+            else "this machine shows no NVIDIA GPU (no /dev/nvidia*, no nvidia-smi)"
+        )
+    if "jax" in sys.modules:  # imported by a plugin: too late to choose its platforms
+        config.stash[_NO_GPU] = "JAX was imported before tests/conftest.py chose its platforms"
+
+
+_GPU_RUN = pytest.StashKey[bool]()
+_NO_GPU = pytest.StashKey[str]()
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """In a GPU run, test modules without GPU tests are not imported: their imports (seqio,
+    TensorFlow, gin) may be missing from a JAX GPU image, and they would select nothing."""
+    if not config.stash.get(_GPU_RUN, False) or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    try:
+        text = collection_path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return True if f"mark.{GPU_MARK}" not in text else None
+
+
+def _why_no_gpu(config) -> str | None:
+    """Why this run has no GPU backend (None: it has one)."""
+    reason = config.stash.get(_NO_GPU, None)
+    if reason is None:
+        import jax
+
+        try:
+            backend = jax.default_backend()
+        except RuntimeError as e:  # JAX_PLATFORMS names a platform that failed to start
+            return f"JAX could not start its backends ({str(e).splitlines()[0]})"
+        if backend == "gpu":
+            return None
+        reason = f"JAX runs on {backend} (is JAX's CUDA plugin installed?)"
+    return reason
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skips every GPU test, with one reason, where there is no GPU backend."""
+    gpu_items = [item for item in items if item.get_closest_marker(GPU_MARK) is not None]
+    if not gpu_items:
+        return
+    reason = _why_no_gpu(config)
+    if reason is None:
+        return
+    skip = pytest.mark.skipif(True, reason=f"no GPU backend: {reason}; {HOW_TO_RUN}")
+    for item in gpu_items:
+        item.add_marker(skip, append=False)  # before the tests' own skipifs: this reason shows
 
 
 @pytest.fixture

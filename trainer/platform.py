@@ -152,8 +152,8 @@ def check(setting: str | None = None, *, env: Mapping[str, str] | None = None) -
         ) from None
     if have.platform != want:
         raise PlatformError(
-            f"this job expects the {want} platform but JAX found no {want} devices: it would run "
-            f"on {have.describe()}{_visibility(env)}; {FIXES[want]} "
+            f"this job expects the {want} platform but JAX found no {want} device; it runs on "
+            f"{have.describe()}{_visibility(env)}; {FIXES[want]} "
             f"(or set {_source(setting, env=env)[0]} to {ANY!r} to run on {have.platform})"
         )
     return have
