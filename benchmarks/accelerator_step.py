@@ -7,13 +7,13 @@ beside the Hugging Face peer on the same shape, built to survive a short lease.
     python benchmarks/accelerator_step.py --models llama t5 --remat none full \
         --attention auto xla --packed both --budget-s 1200 --out grid.jsonl
 
-Runs from a checkout without an install (the repo root goes on `sys.path` and on the children's
-`PYTHONPATH`), and needs neither TensorFlow nor seqio nor gin (a test keeps it so).
+Runs from a checkout without an install (the children get the repo root on `PYTHONPATH`), and
+needs neither TensorFlow nor seqio nor gin (a test keeps it so).
 
-How it runs (`bench_harness`): the parent process only plans, never touches a JAX backend or
-torch; a short probe child reports the device; then every configuration and every peer is its own
-child process, so device memory starts fresh for each (a torch peer's cache once starved the JAX
-rows). Each row is printed and appended to `--out` (JSON lines) the moment it finishes; a failure
+How it runs (`bench_harness`): this parent process only plans and never imports JAX or torch, so
+it holds no device memory; a short probe child reports the device; then every configuration and
+every peer is its own child process (`accelerator_rows.py`), so device memory starts fresh for
+each (a torch peer's cache once starved the JAX rows). Each row is printed and appended to `--out` (JSON lines) the moment it finishes; a failure
 is a row (`oom` with the size asked, `compile_error`, `error`, `timeout`), never the end of the
 run. `--budget-s` bounds the whole run: a row whose expected duration (a prior per kind of row,
 then the measured duration of earlier rows of the same model) exceeds what is left is `skipped`,
@@ -64,27 +64,18 @@ import dataclasses
 import json
 import os
 import pathlib
-import statistics
 import sys
-import time
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
-for _path in (str(REPO), str(HERE)):  # a checkout, not an install; the harness beside us
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+CHILD = HERE / "accelerator_rows.py"  # the probe and the rows, each run as its own process
+if str(HERE) not in sys.path:  # the harness beside us, also when loaded by file path
+    sys.path.insert(0, str(HERE))
 
 import bench_harness as harness  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from modeling import family as families  # noqa: E402
-from trainer import jobs, models, steps  # noqa: E402
-from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
-from trainer.partitioning import MeshConfig  # noqa: E402
-from trainer.schedules import ScheduleConfig  # noqa: E402
 
 # Dense bf16 peak FLOP/s per chip, by `device_kind` prefix (vendor data sheets, no sparsity).
 PEAK_FLOPS: dict[str, float] = {
@@ -246,313 +237,6 @@ def halvings(batch: int, *, times: int = 3) -> list[int]:
     return sorted({max(1, batch >> i) for i in range(times + 1)}, reverse=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# Children: the probe and one row each.
-
-
-def segment_layout(
-    rng: np.random.Generator, *, batch: int, length: int, docs: np.ndarray | None = None
-):
-    """Segment ids and positions `[batch, length]`: one document per row when `docs` is None,
-    else `docs[row]` packed documents (at least an eighth of the row each)."""
-    seg = np.ones((batch, length), np.int32)
-    pos = np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)).copy()
-    if docs is not None:
-        margin = max(1, length // 8)
-        starts = np.arange(margin, length - margin + 1, margin)
-        for row in range(batch):
-            cuts = np.sort(rng.choice(starts, int(docs[row]) - 1, replace=False))
-            for doc, start in enumerate(cuts, start=2):
-                seg[row, start:] = doc
-                pos[row, start:] = np.arange(length - start)
-    return seg, pos
-
-
-def synthetic_batch(
-    rng: np.random.Generator, shape: Shape, *, vocab: int, packed: bool
-) -> dict[str, np.ndarray]:
-    """A trainer batch of random tokens with every position real: one document per row, or
-    2-4 packed ones (encoder and decoder rows of T5 pack the same number of examples)."""
-    b, lt = shape.batch, shape.targets
-    docs = rng.integers(2, 5, b) if packed else None
-    tokens = rng.integers(3, vocab, (b, lt), dtype=np.int32)
-    seg, pos = segment_layout(rng, batch=b, length=lt, docs=docs)
-    batch = {
-        "decoder_target_tokens": tokens,
-        "decoder_input_tokens": np.pad(tokens[:, :-1], ((0, 0), (1, 0))),
-        "decoder_loss_weights": np.ones_like(tokens),
-        "decoder_segment_ids": seg,
-        "decoder_positions": pos,
-        "decoder_task_ids": np.zeros_like(tokens),
-    }
-    if shape.inputs:
-        enc = rng.integers(3, vocab, (b, shape.inputs), dtype=np.int32)
-        enc_seg, enc_pos = segment_layout(rng, batch=b, length=shape.inputs, docs=docs)
-        batch.update(
-            encoder_input_tokens=enc, encoder_segment_ids=enc_seg, encoder_positions=enc_pos
-        )
-    return batch
-
-
-def _optimizer(shape: Shape) -> tuple[OptimizerConfig, ScheduleConfig]:
-    if shape.family == "t5":
-        return adafactor_defaults(), ScheduleConfig(name="rsqrt", base=1.0, rsqrt_offset=10_000)
-    return OptimizerConfig(name="adamw"), ScheduleConfig(name="cosine", peak=2e-4)
-
-
-def xla_analysis(compiled) -> dict[str, Any]:
-    """XLA's own view of the compiled step: memory (arguments + outputs - aliased + temporaries,
-    and its parts) and FLOPs (None where the backend does not say)."""
-    memory = compiled.memory_analysis()
-    parts = None
-    total = None
-    if memory is not None:
-        names = ("argument", "output", "alias", "temp", "generated_code")
-        parts = {n: int(getattr(memory, f"{n}_size_in_bytes")) for n in names}
-        total = float(parts["argument"] + parts["output"] + parts["temp"] - parts["alias"])
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) and cost else cost
-    flops = cost.get("flops") if isinstance(cost, dict) else None
-    return {"xla_bytes": total, "xla_memory": parts, "xla_flops": flops}
-
-
-def device_memory() -> dict[str, float | None]:
-    """The first device's allocator peak and limit (None where the backend keeps no stats)."""
-    stats = jax.devices()[0].memory_stats() or {}
-    peak, limit = stats.get("peak_bytes_in_use"), stats.get("bytes_limit")
-    return {
-        "peak_bytes": None if peak is None else float(peak),
-        "bytes_limit": None if limit is None else float(limit),
-    }
-
-
-def _rates(
-    step_times: Sequence[float], *, tokens: int, flops: float, kind: str, devices: int
-) -> dict:
-    step_s = statistics.median(step_times)
-    peak = peak_flops(kind)
-    return {
-        "device": kind,
-        "devices": devices,
-        "step_ms": 1e3 * step_s,
-        "tokens_per_s": tokens / step_s,
-        "mfu": None if peak is None else flops / step_s / (peak * devices),
-        "model_flops_per_step": flops,
-    }
-
-
-def run_xlscale(spec: RowSpec) -> dict[str, Any]:
-    """Compiles and times the trainer's step for one configuration; returns the row's fields."""
-    shape = spec.shape
-    fam = families.get(shape.family)
-    overrides = {**dict(shape.overrides), "dtype": spec.dtype, "remat_policy": spec.remat}
-    overrides["attention_kernel"] = spec.attention
-    model_spec = models.ModelSpec(
-        family=shape.family,
-        size=shape.size,
-        overrides=overrides,
-        dropout_rate=0.0 if shape.family == "t5" else None,
-    )
-    with harness.phase("setup"):
-        wrapper, partitioner, abstract = jobs.build_partitioned_model(model_spec, MeshConfig())
-        optimizer, schedule = _optimizer(shape)
-    lengths = {"targets": shape.targets, **({"inputs": shape.inputs} if shape.inputs else {})}
-    start = time.perf_counter()
-    with harness.phase("compile"):
-        job = jobs.compile_job(
-            model=wrapper,
-            partitioner=partitioner,
-            abstract_params=abstract,
-            components=["synthetic"],
-            total_steps=10_000,
-            batch_size=shape.batch,
-            seq_len=shape.targets,
-            feature_lengths=lengths,
-            eval_batch_size=None,
-            optimizer=optimizer,
-            schedule=schedule,
-            step_config=steps.StepConfig(num_components=1),
-        )
-    compile_s = time.perf_counter() - start
-    with harness.phase("run"):
-        state = job.init_state(np.asarray(jax.random.key_data(jax.random.key(0))))
-        host = synthetic_batch(
-            np.random.default_rng(0), shape, vocab=wrapper.vocab_size, packed=spec.packed
-        )
-        batch = partitioner.shard_batch(host)
-        for _ in range(max(1, spec.warmup)):  # (and autotuning on GPU)
-            state, m = job.train_step(state, batch)
-        jax.block_until_ready(m)
-        times = []
-        for _ in range(spec.steps):
-            t = time.perf_counter()
-            state, m = job.train_step(state, batch)
-            jax.block_until_ready(m)
-            times.append(time.perf_counter() - t)
-        loss = float(m["loss_sum"] / m["weight_sum"])
-    _, with_attn = fam.flops_per_token(
-        wrapper.config, seq_len=shape.targets, inputs_len=shape.inputs
-    )
-    return {
-        **_rates(
-            times,
-            tokens=shape.batch * shape.targets,
-            flops=with_attn * shape.batch * shape.targets,
-            kind=jax.devices()[0].device_kind,
-            devices=jax.device_count(),
-        ),
-        "compile_s": compile_s,
-        "loss": loss,
-        **device_memory(),
-        **xla_analysis(job.train_step),
-    }
-
-
-def run_hf(spec: RowSpec) -> dict[str, Any]:
-    """The Hugging Face peer on the spec's shape (CUDA when there, else the CPU): LLaMA with
-    sdpa attention (under `torch.compile` for `hf_compile`), T5 eager."""
-    import torch  # heavy optional dependencies: the peer's child only
-    import transformers
-
-    shape = spec.shape
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
-    fam = families.get(shape.family)
-    torch.manual_seed(0)
-    with harness.phase("setup"):
-        cfg = fam.get_config(shape.size, **dict(shape.overrides))
-        if shape.family == "llama2":
-            hf_cfg = transformers.LlamaConfig(
-                vocab_size=cfg.vocab_size,
-                hidden_size=cfg.d_model,
-                intermediate_size=cfg.d_ff,
-                num_hidden_layers=cfg.num_layers,
-                num_attention_heads=cfg.num_heads,
-                num_key_value_heads=cfg.kv_heads,
-                head_dim=cfg.head_size,
-                max_position_embeddings=max(cfg.max_len, shape.targets),
-                rms_norm_eps=cfg.norm_eps,
-                rope_theta=cfg.rope_theta,
-                attn_implementation="sdpa",
-            )
-            model = transformers.LlamaForCausalLM(hf_cfg).to(device)
-        else:
-            hf_cfg = transformers.T5Config(
-                vocab_size=cfg.vocab_size,
-                d_model=cfg.d_model,
-                d_kv=cfg.head_dim,
-                d_ff=cfg.d_ff,
-                num_layers=cfg.num_encoder_layers,
-                num_decoder_layers=cfg.num_decoder_layers,
-                num_heads=cfg.num_heads,
-                feed_forward_proj="gated-gelu" if len(cfg.mlp_activations) == 2 else "relu",
-                dropout_rate=0.0,
-                tie_word_embeddings=cfg.logits_via_embedding,
-                decoder_start_token_id=0,  # T5's: the pad id starts the decoder
-                pad_token_id=0,
-                eos_token_id=1,
-            )
-            model = transformers.T5ForConditionalGeneration(hf_cfg).to(device)
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=2e-4, **({"fused": True} if cuda else {}))
-        rng = np.random.default_rng(0)
-        tokens = torch.as_tensor(rng.integers(3, cfg.vocab_size, (shape.batch, shape.targets)))
-        kwargs = {"labels": tokens.to(device)}
-        if shape.inputs:
-            enc = rng.integers(3, cfg.vocab_size, (shape.batch, shape.inputs))
-            kwargs["input_ids"] = torch.as_tensor(enc).to(device)
-        else:
-            kwargs["input_ids"] = kwargs["labels"]
-        forward = torch.compile(model) if spec.impl == "hf_compile" else model
-
-    def step():
-        with torch.autocast(device, dtype=torch.bfloat16):
-            loss = forward(**kwargs).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    start = time.perf_counter()
-    with harness.phase("compile" if spec.impl == "hf_compile" else "run"):
-        for _ in range(max(2, spec.warmup)):  # torch.compile's forward and backward graphs
-            loss = step()
-        sync()
-    compile_s = time.perf_counter() - start
-    warm_peak = torch.cuda.max_memory_allocated() if cuda else None
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    with harness.phase("run"):
-        times = []
-        for _ in range(spec.steps):
-            t = time.perf_counter()
-            loss = step()
-            sync()
-            times.append(time.perf_counter() - t)
-    steady_peak = torch.cuda.max_memory_allocated() if cuda else None
-    _, with_attn = fam.flops_per_token(cfg, seq_len=shape.targets, inputs_len=shape.inputs)
-    return {
-        **_rates(
-            times,
-            tokens=shape.batch * shape.targets,
-            flops=with_attn * shape.batch * shape.targets,
-            kind=torch.cuda.get_device_name() if cuda else "cpu",
-            devices=1,
-        ),
-        "compile_s": compile_s,
-        "loss": float(loss),
-        "peak_bytes": None if not cuda else float(max(warm_peak, steady_peak)),
-        "peak_steady_bytes": None if not cuda else float(steady_peak),
-        "bytes_limit": float(torch.cuda.get_device_properties(0).total_memory) if cuda else None,
-        "xla_bytes": None,
-    }
-
-
-ROW_BODIES: dict[str, Callable[[RowSpec], dict[str, Any]]] = {
-    "xlscale": run_xlscale,
-    "hf_compile": run_hf,
-    "hf_eager": run_hf,
-}
-
-
-def probe(*, with_torch: bool) -> dict[str, Any]:
-    """What the parent needs to plan: JAX's backend, device kind and count, the device memory
-    limit where the backend reports one, and whether the torch peer can run (torch and
-    transformers import; CUDA there)."""
-    import importlib.util
-
-    devices = jax.devices()
-    stats = devices[0].memory_stats() or {}
-    found = {"backend": jax.default_backend(), "device_kind": devices[0].device_kind}
-    found.update(
-        device_count=len(devices), bytes_limit=stats.get("bytes_limit"), jax=jax.__version__
-    )
-    found.update(torch=None, torch_cuda=False, torch_device=None, transformers=False)
-    if with_torch and importlib.util.find_spec("torch") is not None:
-        import torch  # the probe's own process: nothing of torch stays in the rows' processes
-
-        found.update(torch=torch.__version__, torch_cuda=torch.cuda.is_available())
-        found["torch_device"] = torch.cuda.get_device_name() if found["torch_cuda"] else None
-        found["transformers"] = importlib.util.find_spec("transformers") is not None
-    return found
-
-
-def child(args: argparse.Namespace) -> int:
-    """A child's whole life: run the probe or one row and print its result line."""
-    if args.probe is not None:
-        return harness.child_main("probe", lambda: probe(with_torch=args.probe == "torch"))
-    spec = RowSpec.from_json(args.row)
-    return harness.child_main(spec.name, lambda: ROW_BODIES[spec.impl](spec))
-
-
-# ---------------------------------------------------------------------------------------------
-# The parent: plan, run children, stream rows.
-
-
 @dataclasses.dataclass(frozen=True)
 class Planner:
     """Turns row specs into child tasks with their environment, prior and budget key."""
@@ -563,16 +247,19 @@ class Planner:
     dtype: str
     memory: MemorySettings
     peer_device_ok: bool  # torch + transformers import, and CUDA is there (or --hf-on-cpu)
+    compile_cache: str
 
     def task(self, spec: RowSpec) -> harness.Task:
         """The child task of one row."""
-        extra = self.memory.jax_env() if spec.impl == "xlscale" else self.memory.torch_env()
+        extra = self.memory.torch_env()
+        if spec.impl == "xlscale":
+            extra = {**self.memory.jax_env(), **compile_cache_env(self.compile_cache)}
         return harness.Task(
             name=spec.name,
             fields=spec.fields(),
             key=f"{spec.impl}/{spec.shape.size}",
             prior_s=PRIOR_S[(spec.impl, self.accelerator)],
-            argv=(sys.executable, str(pathlib.Path(__file__).resolve()), "--row", spec.to_json()),
+            argv=(sys.executable, str(CHILD), "--row", spec.to_json()),
             env=child_env(extra),
         )
 
@@ -599,6 +286,16 @@ class Planner:
             )
             for b in halvings(shape.batch)
         ]
+
+
+def compile_cache_env(path: str) -> dict[str, str]:
+    """JAX's persistent compilation cache in `path`, for every compile: the packed and unpacked
+    rows of a configuration are one program (the trainer's batch always carries segment ids),
+    so the second loads what the first compiled instead of spending a lease's minute on it."""
+    return {
+        "JAX_COMPILATION_CACHE_DIR": path,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -665,16 +362,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--row-timeout-s", type=float, default=900.0, help="at most this long per row")
     add("--mem-fraction", type=float, default=0.95, help="XLA_PYTHON_CLIENT_MEM_FRACTION")
     add("--preallocate", action=argparse.BooleanOptionalAction, default=True)
-    add("--row", help=argparse.SUPPRESS)  # child mode: run this RowSpec JSON
-    add("--probe", choices=["jax", "torch"], help=argparse.SUPPRESS)  # child mode: the probe
+    add("--compile-cache", help="JAX compilation cache dir (default: a fresh one per run)")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Probes the device, runs the rows asked for (each in its own process) and returns them."""
     args = parse_args(argv)
-    if args.row is not None or args.probe is not None:
-        raise SystemExit(child(args))
     steps_ = args.steps or (5 if args.quick else 10)
     budget = harness.Budget(args.budget_s or (QUICK_BUDGET_S if args.quick else None))
     out = harness.JsonLines(args.out)
@@ -708,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         peer_device_ok=not args.no_hf
         and found["transformers"]
         and (found["torch_cuda"] or args.hf_on_cpu),
+        compile_cache=args.compile_cache or tempfile.mkdtemp(prefix="xlscale-bench-cache-"),
     )
     print_header(session, header, args, planner)
     shapes = {m: SHAPES[(m, planner.accelerator)] for m in ("llama", "t5")}
@@ -727,7 +422,7 @@ def run_probe(args, memory: MemorySettings, budget: harness.Budget) -> dict[str,
     env = child_env({**memory.jax_env(), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
     left = budget.remaining()
     timeout = PROBE_TIMEOUT_S if left is None else max(1.0, min(left, PROBE_TIMEOUT_S))
-    argv = (sys.executable, str(pathlib.Path(__file__).resolve()), "--probe", mode)
+    argv = (sys.executable, str(CHILD), "--probe", mode)
     return harness.child_result(harness.run_child(argv, env=env, cwd=str(REPO), timeout_s=timeout))
 
 
@@ -748,6 +443,7 @@ def print_header(session: harness.Session, header: dict, args, planner: Planner)
         f"timing: median of {header['steps']} steps after {header['warmup']} warm-up, "
         f"{args.dtype} compute, float32 parameters; each row its own process"
     )
+    say(f"compile cache: {planner.compile_cache} (a row's compile_s is a load when it hits)")
     say(f"{MFU_FORMULA}; peak {'unknown' if peak is None else f'{peak:.3g}'} FLOP/s per chip")
     if planner.peer_device_ok:
         say(f"peer: torch {p['torch']} on {p['torch_device'] or 'cpu'}")
