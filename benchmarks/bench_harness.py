@@ -16,6 +16,7 @@ its whole process group (torch.compile's workers included) and becomes a `timeou
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import fnmatch
 import json
@@ -38,6 +39,7 @@ ROW_MARK = "@@bench-row "
 # torch's out-of-memory error to stderr and exit 1 without a result line; `hang`: sleep until
 # killed). Never set outside tests.
 INJECT_ENV = "XLSCALE_BENCH_INJECT"
+PR_SET_PDEATHSIG = 1  # prctl(2)
 INJECTED_XLA_OOM = (
     "jaxlib._jax.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
     "33.74GiB."
@@ -180,11 +182,20 @@ class ChildRun:
     timed_out: bool
 
 
+def die_with_parent() -> None:
+    """Runs in a child before it starts (Linux): the kernel kills the child when the parent
+    dies, however the parent dies (a lease ending in SIGKILL included), so no orphaned row keeps
+    holding device memory."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def run_child(
     argv: Sequence[str], *, env: Mapping[str, str], cwd: str, timeout_s: float | None
 ) -> ChildRun:
-    """Runs `argv` in its own session; past `timeout_s` the whole process group is killed (a
-    hung compile, torch.compile's worker pool) and what it printed so far is kept."""
+    """Runs `argv` in its own session; past `timeout_s` (or when the parent is interrupted) the
+    whole process group is killed (a hung compile, torch.compile's worker pool) and what it
+    printed so far is kept."""
     start = time.monotonic()
     proc = subprocess.Popen(
         list(argv),
@@ -194,16 +205,24 @@ def run_child(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
     )
     try:
         out, err = proc.communicate(timeout=timeout_s)
         timed_out = False
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
         out, err = proc.communicate()
         timed_out = True
+    except BaseException:  # Ctrl-C, SystemExit: take the row down with us
+        _kill_group(proc)
+        raise
     return ChildRun(proc.returncode, out or "", err or "", time.monotonic() - start, timed_out)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def tail(text: str, lines: int = 20) -> str:

@@ -158,6 +158,16 @@ def test_failed_rows_are_rows_and_the_next_row_runs(bench, tmp_path, monkeypatch
     assert "out of memory asking 33.74 GiB" in printed
 
 
+def test_a_failed_probe_ends_the_run_in_one_line(bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(bench.harness.INJECT_ENV, "oom=probe")
+    out = tmp_path / "rows.jsonl"
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--no-hf", "--out", str(out)])
+    assert exit_.value.code == 1
+    assert "probe failed (oom): out of memory asking 33.74 GiB" in capsys.readouterr().out
+    assert [r["record"] for r in records(out)] == ["header", "summary"]
+
+
 def test_a_small_budget_skips_rows_and_says_which(tmp_path):
     # The parent runs in its own process here, so it can also show that it never imported JAX
     # (on a GPU a backend in the parent would hold memory the rows need).
@@ -197,22 +207,48 @@ def _parent(tmp_path, inject, *extra):
     )
 
 
+def children_of(pid):
+    """The live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 def test_rows_are_streamed_before_the_run_ends(tmp_path):
-    # The first row fails fast; the second hangs; the parent is killed once the first row is on
-    # disk. The finished row is there, the run never wrote its summary.
+    # The first row fails fast; the second hangs; the parent is killed (SIGKILL, as a lease
+    # ends) once the first row is on disk. The finished row is there, the run never wrote its
+    # summary, and the hung row died with its parent.
     proc = _parent(tmp_path, "oom=*/unpacked/*;hang=*/packed/*")
     out = tmp_path / "rows.jsonl"
     deadline = time.monotonic() + 90
+    hung = []
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             if out.exists() and any(r["record"] == "row" for r in records(out)):
-                break
+                hung = children_of(proc.pid)
+                if hung:
+                    break
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the parent and its hung child, started here
+        os.killpg(proc.pid, signal.SIGKILL)  # the parent, started here
         stdout, _ = proc.communicate()
     written = records(out)
     assert [(r["record"], r.get("status")) for r in written] == [("header", None), ("row", "oom")]
+    assert len(hung) == 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and pathlib.Path(f"/proc/{hung[0]}").exists():
+        state = pathlib.Path(f"/proc/{hung[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        assert not pathlib.Path(f"/proc/{hung[0]}").exists(), "the hung row outlived its parent"
     assert "out of memory asking 33.74 GiB" in stdout  # the table row was printed as it came
 
 
