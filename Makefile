@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup comet-env test lint format demo demo-smoke demo-mt demo-mt-smoke paper-check clean
+.PHONY: setup comet-env gpu-test-wheels test lint format demo demo-smoke demo-mt demo-mt-smoke paper-check clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,29 @@ $(COMET_STAMP): evals/comet_requirements.txt
 	@test -x $(COMET_VENV)/bin/python || $(PYTHON) -m venv $(COMET_VENV)
 	$(COMET_VENV)/bin/python -m pip install -q --no-compile -r evals/comet_requirements.txt
 	@touch $(COMET_STAMP)
+
+# Wheels for `pytest -m gpu` on a JAX GPU image that cannot reach the network (the lent GPU
+# machines): pytest and the pure-Python libraries the GPU tests import beyond JAX and numpy, at
+# this venv's versions, for Python GPU_PY (default: this venv's), into GPU_WHEELS (git-ignored).
+# Carry the folder to the GPU machine and install there, offline, what it lacks:
+#   python -m pip install --no-index --find-links .gpu-wheels --no-deps $$(cat .gpu-wheels/names.txt)
+#   python -m pytest -m gpu
+GPU_WHEELS ?= .gpu-wheels
+GPU_PY ?= $(shell $(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+GPU_TEST_PACKAGES := pytest pluggy iniconfig packaging pygments flax optax etils absl-py msgpack \
+	pyyaml rich markdown-it-py mdurl typing-extensions treescope cloudpickle filelock
+
+gpu-test-wheels: setup
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(BIN)/python -c 'import sys; from importlib.metadata import version; \
+		print("\n".join(f"{n}=={version(n)}" for n in sys.argv[1:]))' \
+		$(GPU_TEST_PACKAGES) > $(GPU_WHEELS)/requirements.txt
+	printf '%s\n' $(GPU_TEST_PACKAGES) > $(GPU_WHEELS)/names.txt
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --dest $(GPU_WHEELS) \
+		--python-version $(GPU_PY) --implementation cp --platform manylinux2014_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+		-r $(GPU_WHEELS)/requirements.txt
+	@ls $(GPU_WHEELS)
 
 lint: setup
 	$(BIN)/ruff check .

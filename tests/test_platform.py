@@ -11,6 +11,7 @@ harness (tests/conftest.py) that runs the GPU tests where there is a GPU.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -161,6 +162,20 @@ class Started(Exception):
 
 def _started(*args, **kwargs):
     raise Started
+
+
+def test_the_trainer_logs_its_platform_at_start(tiny_data, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(train_lib, "build_job", _started)  # stop right after the start-up line
+    logger = logging.getLogger(train_lib.__name__)  # `trainer` logs do not propagate to root
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger=train_lib.__name__), pytest.raises(Started):
+            train_lib.main(
+                tiny_train_flags(tiny_data, tmp_path / "run", "--gin.EXPECT_PLATFORM='cpu'")
+            )
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "platform cpu: 8 x cpu (8 devices, 1 process)" in caplog.messages
 
 
 @pytest.mark.parametrize(
