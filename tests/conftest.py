@@ -21,6 +21,12 @@ import pytest
 
 pytest_plugins = ["gcs_fixtures"]
 
+# The repository's packages, for a checkout that is not pip-installed (a GPU image running plain
+# `pytest` from the repository root); an installed copy comes first.
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
 GPU_MARK = "gpu"
 # Set to JAX_PLATFORMS's syntax to choose the platforms of a test run yourself.
 PLATFORMS_ENV = "XLSCALE_TEST_PLATFORMS"
@@ -109,8 +115,9 @@ def _why_no_gpu(config) -> str | None:
 
         try:
             backend = jax.default_backend()
-        except RuntimeError as e:  # JAX_PLATFORMS names a platform that failed to start
-            return f"JAX could not start its backends ({str(e).splitlines()[0]})"
+        except Exception as e:  # JAX_PLATFORMS names a platform that fails to start
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return f"JAX could not start its backends ({first}; JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r})"
         if backend == "gpu":
             return None
         reason = f"JAX runs on {backend} (is JAX's CUDA plugin installed?)"

@@ -80,7 +80,8 @@ def found() -> Found:
     """What JAX's default backend is (initialising the backends if nothing has yet).
 
     Raises:
-      RuntimeError: JAX could not initialise the platforms `JAX_PLATFORMS` insists on.
+      RuntimeError (or another exception of JAX's): JAX could not initialise the platforms
+        `JAX_PLATFORMS` insists on.
     """
     devices = jax.devices()
     return Found(
@@ -144,7 +145,9 @@ def check(setting: str | None = None, *, env: Mapping[str, str] | None = None) -
         return None
     try:
         have = found()
-    except RuntimeError as e:  # JAX_PLATFORMS names a platform that failed to initialise
+    # JAX_PLATFORMS names a platform that failed to start (RuntimeError), or one no installed
+    # plugin provides (JAX 0.10 then fails an assertion).
+    except Exception as e:  # noqa: BLE001
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PlatformError(
             f"this job expects the {want} platform but JAX could not start its backends "
