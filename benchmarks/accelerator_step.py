@@ -13,11 +13,15 @@ needs neither TensorFlow nor seqio nor gin (a test keeps it so).
 How it runs (`bench_harness`): this parent process only plans and never imports JAX or torch, so
 it holds no device memory; a short probe child reports the device; then every configuration and
 every peer is its own child process (`accelerator_rows.py`), so device memory starts fresh for
-each (a torch peer's cache once starved the JAX rows). Each row is printed and appended to `--out` (JSON lines) the moment it finishes; a failure
-is a row (`oom` with the size asked, `compile_error`, `error`, `timeout`), never the end of the
-run. `--budget-s` bounds the whole run: a row whose expected duration (a prior per kind of row,
-then the measured duration of earlier rows of the same model) exceeds what is left is `skipped`,
-and each child gets what is left as its timeout.
+each (a torch peer's cache once starved the JAX rows), and a child dies with the parent. Each
+row is printed and appended to `--out` (JSON lines: a `header` record, one `row` record per row,
+a `summary` record) the moment it finishes; a failure is a row (`oom` with the size asked,
+`compile_error`, `error`, `timeout`), never the end of the run. `--budget-s` bounds the whole
+run: a row whose expected duration (`PRIOR_S` per kind of row, then the slowest measured row of
+the same impl and model) exceeds what is left is `skipped`, and each child gets what is left as
+its timeout. The JAX children share a compilation cache (`--compile-cache`, default a fresh
+directory per run): the packed and unpacked rows of a configuration are one program (the
+trainer's batch always carries segment ids; only the data differ), so the second loads it.
 
 Memory settings are explicit and printed: JAX children get `XLA_PYTHON_CLIENT_PREALLOCATE`
 (default true) and `XLA_PYTHON_CLIENT_MEM_FRACTION` (default 0.95). Preallocating gives XLA the
@@ -52,9 +56,10 @@ bf16 autocast, fused AdamW. It starts at the shape's batch and halves on out-of-
 has finished, each xlscale row of its model gets `vs_hf` = xlscale tokens/s ÷ peer tokens/s.
 
 `--quick` (default budget 360 s, 5 timed steps after 1 warm-up), in this order: LLaMA 1.1B
-unpacked with the first remat policy that fits (`remat_candidates`: none, dots_saveable, full),
-packed with that policy, the HF `torch.compile` peer; T5-770M with the first policy that fits,
-its HF peer at the largest batch it holds.
+unpacked with the first remat policy that fits (`remat_candidates` over `--remat`, default none,
+dots_saveable, full), packed with that policy, the HF `torch.compile` peer; T5-770M with the
+first policy that fits, its HF peer at the largest batch it holds. `--models` narrows it (a
+second lease can finish what a first one skipped).
 """
 
 from __future__ import annotations
@@ -99,6 +104,8 @@ PRIOR_S: dict[tuple[str, bool], float] = {
     ("hf_compile", False): 60.0,
     ("hf_eager", False): 30.0,
 }
+# Quick mode: which models also get a packed row (with the remat policy that fit unpacked).
+QUICK_PACKED = {"llama": True, "t5": False}
 PROBE_TIMEOUT_S = 120.0
 QUICK_BUDGET_S = 360.0
 MFU_FORMULA = "MFU = with-attention model FLOPs per step / (step s x peak FLOP/s x devices)"
@@ -218,6 +225,7 @@ def remat_candidates(
     *,
     bytes_limit: float | None,
     estimate: Callable[[Shape, str], float] | None = None,
+    order: Sequence[str] = REMAT_ORDER,
 ) -> tuple[str, ...]:
     """The remat policies to try for `shape`, in order; the first whose row does not run out of
     memory is the one used (for the packed row too).
@@ -225,11 +233,11 @@ def remat_candidates(
     The seam for a memory model: given `estimate(shape, policy) -> bytes` (a family's model of
     the step, e.g. `modeling.memory` once it exists) and the device's `bytes_limit`, policies
     that cannot fit are dropped, so a lease spends no minute on a certain out-of-memory. Without
-    one every policy is tried, most memory-hungry (fastest) first."""
+    one every policy of `order` is tried, most memory-hungry (fastest) first."""
     if estimate is None or bytes_limit is None:
-        return REMAT_ORDER
-    fits = tuple(policy for policy in REMAT_ORDER if estimate(shape, policy) <= bytes_limit)
-    return fits or REMAT_ORDER[-1:]
+        return tuple(order)
+    fits = tuple(policy for policy in order if estimate(shape, policy) <= bytes_limit)
+    return fits or tuple(order[-1:])
 
 
 def halvings(batch: int, *, times: int = 3) -> list[int]:
@@ -308,25 +316,27 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def plan_quick(session: harness.Session, planner: Planner, shapes: dict[str, Shape], limit):
-    """The headline rows: LLaMA with its best fitting remat (unpacked, then packed with it), its
-    peer; T5 with its best fitting remat, its peer at a batch it holds."""
-    llama, t5 = shapes["llama"], shapes["t5"]
-    tried = [
-        planner.xlscale(llama, remat=r, packed=False)
-        for r in remat_candidates(llama, bytes_limit=limit)
-    ]
-    fit = session.first_fit(tried)
-    if fit is not None:
-        session.run(planner.xlscale(llama, remat=fit["remat"], packed=True))
-    else:
-        session.say(f"  packed {llama.size} not run: no remat policy ran unpacked")
-    session.first_fit(planner.peers(llama))
-    tried = [
-        planner.xlscale(t5, remat=r, packed=False) for r in remat_candidates(t5, bytes_limit=limit)
-    ]
-    session.first_fit(tried)
-    session.first_fit(planner.peers(t5))
+def plan_quick(
+    session: harness.Session,
+    planner: Planner,
+    shapes: dict[str, Shape],
+    *,
+    models: Sequence[str],
+    order: Sequence[str],
+    limit: float | None,
+):
+    """The headline rows, per model: the first remat policy of `order` that fits, unpacked
+    (then packed with that policy where `QUICK_PACKED` says), then the peer at the largest
+    batch it holds."""
+    for name in models:
+        shape = shapes[name]
+        policies = remat_candidates(shape, bytes_limit=limit, order=order)
+        fit = session.first_fit([planner.xlscale(shape, remat=r, packed=False) for r in policies])
+        if QUICK_PACKED[name] and fit is not None:
+            session.run(planner.xlscale(shape, remat=fit["remat"], packed=True))
+        elif QUICK_PACKED[name]:
+            session.say(f"  packed {shape.size} not run: no remat policy ran unpacked")
+        session.first_fit(planner.peers(shape))
 
 
 def plan_grid(session: harness.Session, planner: Planner, shapes: dict[str, Shape], args):
@@ -348,7 +358,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     add("--quick", action="store_true", help="the headline rows within 6 minutes on one H100")
     add("--models", nargs="+", default=["llama", "t5"], choices=["llama", "t5"])
-    add("--remat", nargs="+", default=list(REMAT_ORDER))
+    add("--remat", nargs="+", default=list(REMAT_ORDER), help="--quick: the order to try")
     add("--attention", nargs="+", default=["auto"])
     add("--packed", choices=["no", "yes", "both"], default="both")
     add("--dtype", default="bfloat16")
@@ -409,7 +419,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if args.batch:
         shapes = {m: dataclasses.replace(s, batch=args.batch) for m, s in shapes.items()}
     if args.quick:
-        plan_quick(session, planner, shapes, found.get("bytes_limit"))
+        limit = found.get("bytes_limit")
+        plan_quick(session, planner, shapes, models=args.models, order=args.remat, limit=limit)
     else:
         plan_grid(session, planner, shapes, args)
     session.summary()

@@ -302,3 +302,100 @@ def test_runs_without_tensorflow_seqio_or_gin(tmp_path):
     (row,) = [r for r in records(out) if r["record"] == "row"]
     assert row["status"] == "ok", row.get("log_tail")
     assert row["model"] == "t5_tiny" and math.isfinite(row["loss"]) and row["tokens_per_s"] > 0
+
+
+def test_quick_plan_falls_back_on_out_of_memory(bench, harness, monkeypatch, capsys):
+    # The plan itself, on the paper shapes, with every child faked (no process): LLaMA's `none`
+    # runs out of memory, so `dots_saveable` serves the unpacked and the packed row; the T5 peer
+    # holds only a quarter of its batch. Peers' ratios land on the xlscale rows of their model.
+    def fake_child(argv, *, env, cwd, timeout_s):
+        spec = bench.RowSpec.from_json(argv[-1])
+        oom = spec.name.startswith(("xlscale/llama2_1085m/none/", "hf_eager/t5_770m/b64"))
+        oom = oom or spec.name == "hf_eager/t5_770m/b32"
+        if oom:
+            result = {"status": "oom", "error": "out of memory", "oom_bytes": 1.0}
+        else:
+            speed = {"xlscale": 2000.0}.get(spec.impl, 1000.0)
+            result = {"status": "ok", "error": None, "tokens_per_s": speed, "step_ms": 1.0}
+        stdout = harness.ROW_MARK + json.dumps(result) + "\n"
+        return harness.ChildRun(0, stdout, "", 1.0, False)
+
+    monkeypatch.setattr(harness, "run_child", fake_child)
+    planner = bench.Planner(
+        accelerator=True,
+        steps=5,
+        warmup=1,
+        dtype="bfloat16",
+        memory=bench.MemorySettings(),
+        peer_device_ok=True,
+        compile_cache="/nonexistent",
+    )
+    session = harness.Session(
+        budget=harness.Budget(360.0), out=harness.JsonLines(None), cwd=".", row_timeout_s=None
+    )
+    shapes = {m: bench.SHAPES[(m, True)] for m in ("llama", "t5")}
+    bench.plan_quick(
+        session, planner, shapes, models=["llama", "t5"], order=bench.REMAT_ORDER, limit=None
+    )
+    assert [(r["name"], r["status"]) for r in session.rows] == [
+        ("xlscale/llama2_1085m/none/auto/unpacked/b8", "oom"),
+        ("xlscale/llama2_1085m/dots_saveable/auto/unpacked/b8", "ok"),
+        ("xlscale/llama2_1085m/dots_saveable/auto/packed/b8", "ok"),
+        ("hf_compile/llama2_1085m/b8", "ok"),
+        ("xlscale/t5_770m/none/auto/unpacked/b64", "ok"),
+        ("hf_eager/t5_770m/b64", "oom"),
+        ("hf_eager/t5_770m/b32", "oom"),
+        ("hf_eager/t5_770m/b16", "ok"),
+    ]
+    assert session.ratios == {
+        "xlscale/llama2_1085m/dots_saveable/auto/unpacked/b8": 2.0,
+        "xlscale/llama2_1085m/dots_saveable/auto/packed/b8": 2.0,
+        "xlscale/t5_770m/none/auto/unpacked/b64": 2.0,
+    }
+    assert "vs HF: xlscale/t5_770m/none/auto/unpacked/b64 2.00x hf_eager" in capsys.readouterr().out
+
+
+def test_budget_learns_row_durations_and_skips_what_cannot_finish(bench, harness, monkeypatch):
+    # Every (faked) row takes 100 s of a 250 s budget: the first LLaMA row runs on its prior
+    # (60 s), the second on the measured 100 s; then 50 s are left, less than the LLaMA peer's
+    # and T5's priors (90 s, 60 s): skipped, and the T5 search stops there. The T5 peer's prior
+    # (40 s) still fits.
+    now = [0.0]
+
+    def slow_child(argv, *, env, cwd, timeout_s):
+        now[0] += 100.0
+        result = {"status": "ok", "error": None, "tokens_per_s": 1.0, "step_ms": 1.0}
+        return harness.ChildRun(0, harness.ROW_MARK + json.dumps(result), "", 100.0, False)
+
+    monkeypatch.setattr(harness, "run_child", slow_child)
+    planner = bench.Planner(
+        accelerator=True,
+        steps=5,
+        warmup=1,
+        dtype="bfloat16",
+        memory=bench.MemorySettings(),
+        peer_device_ok=True,
+        compile_cache="/nonexistent",
+    )
+    session = harness.Session(
+        budget=harness.Budget(250.0, clock=lambda: now[0]),
+        out=harness.JsonLines(None),
+        cwd=".",
+        row_timeout_s=None,
+    )
+    shapes = {m: bench.SHAPES[(m, True)] for m in ("llama", "t5")}
+    bench.plan_quick(
+        session, planner, shapes, models=["llama", "t5"], order=bench.REMAT_ORDER, limit=None
+    )
+    assert [(r["name"], r["status"]) for r in session.rows] == [
+        ("xlscale/llama2_1085m/none/auto/unpacked/b8", "ok"),
+        ("xlscale/llama2_1085m/none/auto/packed/b8", "ok"),
+        ("hf_compile/llama2_1085m/b8", "skipped"),
+        ("xlscale/t5_770m/none/auto/unpacked/b64", "skipped"),
+        ("hf_eager/t5_770m/b64", "ok"),
+    ]
+    assert session.rows[2]["error"] == "needs ~90 s (prior), 50 s left"
+    assert list(session.summary()["skipped"]) == [
+        "hf_compile/llama2_1085m/b8",
+        "xlscale/t5_770m/none/auto/unpacked/b64",
+    ]
