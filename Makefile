@@ -30,14 +30,15 @@ $(COMET_STAMP): evals/comet_requirements.txt
 	$(COMET_VENV)/bin/python -m pip install -q --no-compile -r evals/comet_requirements.txt
 	@touch $(COMET_STAMP)
 
-# Wheels for `pytest -m gpu` on a JAX GPU image that cannot reach the network (the lent GPU
+# Wheels for `pytest -m gpu` on a JAX GPU image (Python >= 3.11, as this project) that cannot reach the network (the lent GPU
 # machines): pytest and the pure-Python libraries the GPU tests import beyond JAX and numpy, at
-# this venv's versions, for Python GPU_PY (default: this venv's), into GPU_WHEELS (git-ignored).
-# Carry the folder to the GPU machine and install there, offline, what it lacks:
-#   python -m pip install --no-index --find-links .gpu-wheels --no-deps $$(cat .gpu-wheels/names.txt)
-#   python -m pytest -m gpu
+# this venv's versions (msgpack and PyYAML built for each Python of GPU_PYTHONS), into GPU_WHEELS
+# (git-ignored). Carry the folder to the GPU machine; there, offline, install what it lacks and
+# run the GPU tests from the repository root:
+#   for p in $$(cat .gpu-wheels/names.txt); do python -m pip install -q --no-index \
+#     --find-links .gpu-wheels --no-deps "$$p"; done; python -m pytest -m gpu
 GPU_WHEELS ?= .gpu-wheels
-GPU_PY ?= $(shell $(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+GPU_PYTHONS ?= 3.11 3.12 3.13
 GPU_TEST_PACKAGES := pytest pluggy iniconfig packaging pygments flax optax etils absl-py msgpack \
 	pyyaml rich markdown-it-py mdurl typing-extensions treescope cloudpickle filelock
 
@@ -47,10 +48,12 @@ gpu-test-wheels: setup
 		print("\n".join(f"{n}=={version(n)}" for n in sys.argv[1:]))' \
 		$(GPU_TEST_PACKAGES) > $(GPU_WHEELS)/requirements.txt
 	printf '%s\n' $(GPU_TEST_PACKAGES) > $(GPU_WHEELS)/names.txt
-	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --dest $(GPU_WHEELS) \
-		--python-version $(GPU_PY) --implementation cp --platform manylinux2014_x86_64 \
-		--platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-		-r $(GPU_WHEELS)/requirements.txt
+	for py in $(GPU_PYTHONS); do \
+		$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --dest $(GPU_WHEELS) \
+			--python-version $$py --implementation cp --platform manylinux2014_x86_64 \
+			--platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+			-r $(GPU_WHEELS)/requirements.txt || exit 1; \
+	done
 	@ls $(GPU_WHEELS)
 
 lint: setup
