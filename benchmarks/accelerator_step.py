@@ -368,6 +368,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--no-hf", action="store_true", help="skip the Hugging Face peer")
     add("--hf-on-cpu", action="store_true", help="run the HF peer without CUDA too")
     add("--out", help="append every row to this JSON-lines file as it finishes")
+    add("--logs", help="write each child's whole stdout/stderr to DIR/<row name>.log")
     add("--budget-s", type=float, help=f"whole-run wall clock (--quick: {QUICK_BUDGET_S:.0f})")
     add("--row-timeout-s", type=float, default=900.0, help="at most this long per row")
     add("--mem-fraction", type=float, default=0.95, help="XLA_PYTHON_CLIENT_MEM_FRACTION")
@@ -382,8 +383,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     steps_ = args.steps or (5 if args.quick else 10)
     budget = harness.Budget(args.budget_s or (QUICK_BUDGET_S if args.quick else None))
     out = harness.JsonLines(args.out)
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
     session = harness.Session(
-        budget=budget, out=out, cwd=str(REPO), row_timeout_s=args.row_timeout_s
+        budget=budget, out=out, cwd=str(REPO), row_timeout_s=args.row_timeout_s, logs=args.logs
     )
     memory = MemorySettings(fraction=args.mem_fraction, preallocate=args.preallocate)
     found = run_probe(args, memory, budget)

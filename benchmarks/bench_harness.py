@@ -49,7 +49,7 @@ INJECTED_TORCH_OOM = (
     "capacity of 79.18 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process "
     "has 77.94 GiB memory in use."
 )
-# The columns of the printed table: (header, width, row -> text).
+# Bytes per unit of the sizes in out-of-memory messages (binary, as XLA and torch print them).
 _UNITS = {"": 1, "b": 1, "bytes": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _OOM_MARKERS = re.compile(
     r"out of memory|OutOfMemoryError|RESOURCE_EXHAUSTED|ran out of memory|Exceeded hbm capacity",
@@ -354,12 +354,20 @@ class Session:
     summary. Rows are dicts: the task's fields, the child's result, `name`, `wall_s`."""
 
     def __init__(
-        self, *, budget: Budget, out: JsonLines, cwd: str, row_timeout_s: float | None, stream=None
+        self,
+        *,
+        budget: Budget,
+        out: JsonLines,
+        cwd: str,
+        row_timeout_s: float | None,
+        logs: str | None = None,
+        stream=None,
     ):
         self.budget = budget
         self.out = out
         self.cwd = cwd
         self.row_timeout_s = row_timeout_s
+        self.logs = logs  # a directory for each child's whole output (None: failed rows' tails)
         self.stream: TextIO = stream or sys.stdout
         self.rows: list[dict[str, Any]] = []
         self.ratios: dict[str, float] = {}
@@ -368,10 +376,16 @@ class Session:
         """Prints a line now (a lease may end at any moment)."""
         print(text, file=self.stream, flush=True)
 
-    def _timeout(self) -> float | None:
-        left = self.budget.remaining()
-        caps = [c for c in (left, self.row_timeout_s) if c is not None]
-        return max(1.0, min(caps)) if caps else None
+    def _timeout(self) -> tuple[float | None, str]:
+        """A child's timeout and what set it: what is left of the budget, or the row cap."""
+        caps = [(c, why) for c, why in self._caps() if c is not None]
+        if not caps:
+            return None, ""
+        cap, why = min(caps)
+        return max(1.0, cap), why
+
+    def _caps(self):
+        return ((self.budget.remaining(), "the budget's end"), (self.row_timeout_s, "row timeout"))
 
     def run(self, task: Task) -> dict[str, Any]:
         """Runs one task (or skips it when its expected duration exceeds what is left of the
@@ -382,13 +396,22 @@ class Session:
         if left is not None and need > left:
             row.update(status="skipped", error=f"needs ~{need:.0f} s ({basis}), {left:.0f} s left")
             return self._finish(row)
-        run = run_child(task.argv, env=task.env, cwd=self.cwd, timeout_s=self._timeout())
+        timeout, why = self._timeout()
+        run = run_child(task.argv, env=task.env, cwd=self.cwd, timeout_s=timeout)
         row.update(child_result(run))
         row.update(wall_s=run.wall_s, exit_code=run.returncode)
-        if row.get("status") != "ok":
-            row["log_tail"] = tail(run.stderr)
-        if row["status"] != "timeout":
+        if row["status"] == "timeout":
+            row["error"] += f" at {why}"
+        else:
             self.budget.record(task.key, run.wall_s)
+        if row["status"] != "ok":
+            row["log_tail"] = tail(run.stderr)
+        if self.logs is not None:
+            log = os.path.join(self.logs, task.name.replace("/", "__") + ".log")
+            with open(log, "w", encoding="utf-8") as f:
+                f.write(
+                    f"$ {' '.join(task.argv)}\n--- stdout\n{run.stdout}--- stderr\n{run.stderr}"
+                )
         return self._finish(row)
 
     def first_fit(self, tasks: Sequence[Task]) -> dict[str, Any] | None:

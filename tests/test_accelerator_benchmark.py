@@ -253,13 +253,18 @@ def test_rows_are_streamed_before_the_run_ends(tmp_path):
 
 
 def test_a_hung_row_times_out_and_the_run_goes_on(tmp_path):
-    proc = _parent(tmp_path, "hang=*/unpacked/*;oom=*/packed/*", "--row-timeout-s", "3")
+    logs = tmp_path / "logs"
+    proc = _parent(
+        tmp_path, "hang=*/unpacked/*;oom=*/packed/*", "--row-timeout-s", "3", "--logs", str(logs)
+    )
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr[-2000:]
     rows = [r for r in records(tmp_path / "rows.jsonl") if r["record"] == "row"]
     assert [r["status"] for r in rows] == ["timeout", "oom"]
-    assert "killed" in rows[0]["error"] and 3 <= rows[0]["wall_s"] < 30
-    assert "1 timeout, 1 oom" in stdout or "1 oom, 1 timeout" in stdout
+    assert rows[0]["error"].endswith("(killed) at row timeout") and 3 <= rows[0]["wall_s"] < 30
+    assert "1 oom, 1 timeout" in stdout
+    log = (logs / "xlscale__llama2_tiny__none__auto__packed__b8.log").read_text()
+    assert "RESOURCE_EXHAUSTED: Out of memory" in log and "--- stderr" in log
 
 
 BLOCKER = '''\
