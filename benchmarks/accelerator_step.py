@@ -136,7 +136,7 @@ SHAPES: dict[tuple[str, bool], Shape] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RowSpec:
     """Everything a child needs to run one row (sent to it as JSON)."""
 
@@ -271,10 +271,17 @@ class Planner:
             env=child_env(extra),
         )
 
-    def xlscale(self, shape: Shape, *, remat: str, packed: bool, attention="auto"):
+    def xlscale(self, shape: Shape, *, remat: str, packed: bool, attention: str = "auto"):
         """The task of one xlscale row."""
         spec = RowSpec(
-            "xlscale", shape, remat, attention, packed, self.dtype, self.steps, self.warmup
+            impl="xlscale",
+            shape=shape,
+            remat=remat,
+            attention=attention,
+            packed=packed,
+            dtype=self.dtype,
+            steps=self.steps,
+            warmup=self.warmup,
         )
         return self.task(spec)
 
@@ -286,8 +293,8 @@ class Planner:
         return [
             self.task(
                 RowSpec(
-                    impl,
-                    dataclasses.replace(shape, batch=b),
+                    impl=impl,
+                    shape=dataclasses.replace(shape, batch=b),
                     steps=self.steps,
                     warmup=self.warmup,
                 )

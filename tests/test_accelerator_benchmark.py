@@ -69,7 +69,7 @@ def test_peak_table(bench):
 
 def test_row_specs_travel_as_json(bench):
     shape = bench.SHAPES[("llama", False)]
-    spec = bench.RowSpec("xlscale", shape, remat="full", packed=True, steps=3)
+    spec = bench.RowSpec(impl="xlscale", shape=shape, remat="full", packed=True, steps=3)
     assert bench.RowSpec.from_json(spec.to_json()) == spec
     assert spec.name == "xlscale/llama2_tiny/full/auto/packed/b8"
 
