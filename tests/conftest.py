@@ -111,13 +111,14 @@ def _why_no_gpu(config) -> str | None:
     """Why this run has no GPU backend (None: it has one)."""
     reason = config.stash.get(_NO_GPU, None)
     if reason is None:
-        import jax
+        import jax  # here, not at the top: JAX reads JAX_PLATFORMS once, when first imported
 
         try:
             backend = jax.default_backend()
         except Exception as e:  # JAX_PLATFORMS names a platform that fails to start
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            return f"JAX could not start its backends ({first}; JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r})"
+            platforms = os.environ.get("JAX_PLATFORMS")
+            return f"JAX could not start its backends ({first}; JAX_PLATFORMS={platforms!r})"
         if backend == "gpu":
             return None
         reason = f"JAX runs on {backend} (is JAX's CUDA plugin installed?)"

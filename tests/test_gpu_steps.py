@@ -193,7 +193,8 @@ def assert_same_training(got: Ran, want: Ran, *, largest: int = 3) -> None:
     np.testing.assert_allclose(got.grad_norms, want.grad_norms, rtol=GRAD_NORM_RTOL)
     assert got.before.keys() == want.before.keys()
     for name, start in want.before.items():
-        np.testing.assert_allclose(got.before[name], start, rtol=1e-5, atol=1e-6, err_msg=name)
+        # the same random bits; initialisers' erf_inv may differ by a few ulps between backends
+        np.testing.assert_allclose(got.before[name], start, rtol=1e-4, atol=1e-6, err_msg=name)
     names = sorted(want.before, key=lambda n: want.before[n].size, reverse=True)[:largest]
     for name in names:
         mine = (got.after[name] - got.before[name]).ravel().astype(np.float64)
