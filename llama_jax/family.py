@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from llama_jax import counting, hf_config, sizes
+from llama_jax import memory as memory_terms
 from modeling import axes
+from modeling.memory import MemoryEstimate, StepShape
 
 
 class LlamaFamily:
@@ -80,6 +82,11 @@ class LlamaFamily:
         projection (`counting.matmul_flops_per_token`)."""
         del inputs_len
         return float(counting.matmul_flops_per_token(config, seq_len=seq_len))
+
+    def memory_estimate(self, config: Any, *, shape: StepShape) -> MemoryEstimate:
+        """Per-device bytes of the trainer's step for `config` at `shape`, under
+        `config.remat_policy` (`llama_jax.memory`)."""
+        return memory_terms.memory_estimate(config, shape=shape)
 
     def axis_rules(self) -> tuple[tuple[str, Any], ...]:
         """The shared logical-axis rules (`modeling.axes`)."""

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from modeling import axes
+from modeling.memory import MemoryEstimate, StepShape
 from t5_jax import counting, sizes
+from t5_jax import memory as memory_terms
 
 # The MT paper's input and target length (Isik et al. 2024, appendix A.1).
 PAPER_SEQ_LEN = 512
@@ -78,6 +80,11 @@ class T5Family:
         """What a step computes per target token: the attention-inclusive count, which already
         holds the output projection."""
         return self.flops_per_token(config, seq_len=seq_len, inputs_len=inputs_len)[1]
+
+    def memory_estimate(self, config: Any, *, shape: StepShape) -> MemoryEstimate:
+        """Per-device bytes of the trainer's step for `config` at `shape` (inputs of
+        `shape.inputs_len`), under `config.remat_policy` (`t5_jax.memory`)."""
+        return memory_terms.memory_estimate(config, shape=shape)
 
     def axis_rules(self) -> tuple[tuple[str, Any], ...]:
         """The shared logical-axis rules (`modeling.axes`)."""

@@ -1,0 +1,296 @@
+"""The memory model against XLA: estimate vs `compiled.memory_analysis()` of the trainer's step.
+
+Compiles (never runs) the trainer's own train step (`trainer.jobs.compile_job`: forward,
+backward, optimizer update, donated state) for abstract shapes, and prints per row the
+family's estimate (`ModelFamily.memory_estimate`), XLA's per-device bytes (arguments + outputs
+− aliased + temporaries) and their ratio. Paper sizes compile on the CPU as abstract shapes in
+seconds to a minute; TPU rows compile ahead of time for a topology of compile-only devices
+where libtpu is installed; GPU rows where a GPU is present.
+
+    .venv/bin/python benchmarks/memory_model.py            # CPU rows (+ TPU, GPU if present)
+    .venv/bin/python benchmarks/memory_model.py --quick    # small sizes only
+
+Imports no TensorFlow, seqio or gin (it runs on a GPU image without them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ["JAX_PLATFORMS"] == "cpu":
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from modeling import family as family_lib  # noqa: E402
+from modeling.memory import GiB, MemoryEstimate, StepShape  # noqa: E402
+from trainer import jobs, models, partitioning, steps  # noqa: E402
+from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
+from trainer.partitioning import MeshConfig, Partitioner  # noqa: E402
+from trainer.schedules import ScheduleConfig  # noqa: E402
+
+# Optimizer name -> its trainer config (the papers': AdamW for LLaMA, Adafactor for T5).
+OPTIMIZERS = {"adamw": OptimizerConfig(), "adafactor": adafactor_defaults()}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Case:
+    """One step to compile: family, size, config overrides, global batch and lengths, mesh.
+
+    Attributes:
+      fsdp: mesh `fsdp` ways (the rest of `devices` is `data`).
+      devices: devices of the mesh (None: 1).
+      attention_kernel: the kernel asked for (`auto` resolves by the target platform).
+    """
+
+    family: str
+    size: str
+    overrides: tuple[tuple[str, object], ...] = ()
+    batch: int = 8
+    seq_len: int = 128
+    inputs_len: int | None = None
+    microbatches: int = 1
+    devices: int = 1
+    fsdp: int = 1
+    optimizer: str = "adamw"
+    attention_kernel: str = "xla"
+
+    def label(self) -> str:
+        """A short row label."""
+        extra = ",".join(f"{k}={v}" for k, v in self.overrides if k != "remat_policy")
+        policy = dict(self.overrides).get("remat_policy", "none")
+        return f"{self.size} {policy} {extra}".strip()
+
+
+def step_shape(case: Case, *, platform: str) -> StepShape:
+    """The memory model's `StepShape` of `case` on `platform`."""
+    return StepShape(
+        batch_size=case.batch,
+        seq_len=case.seq_len,
+        inputs_len=case.inputs_len,
+        num_microbatches=case.microbatches,
+        data_parallel=case.devices,
+        param_shards=case.fsdp,
+        optimizer=case.optimizer,
+        attention_kernel=case.attention_kernel,
+        platform=platform,
+        packed=True,
+    )
+
+
+def estimate(case: Case, *, platform: str) -> MemoryEstimate:
+    """The family's estimate of `case` on `platform`."""
+    family = family_lib.get(case.family)
+    config = family.get_config(
+        case.size, attention_kernel=case.attention_kernel, **dict(case.overrides)
+    )
+    return family.memory_estimate(config, shape=step_shape(case, platform=platform))
+
+
+def xla_bytes(compiled) -> int:
+    """Per-device bytes XLA plans for a compiled program: arguments + outputs − aliased +
+    temporaries (`benchmarks/aot_tpu.py` reads the same fields)."""
+    mem = compiled.memory_analysis()
+    return (
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+    )
+
+
+def compile_step(case: Case, devices=None):
+    """The trainer's compiled train step of `case` over `devices` (default: the first
+    `case.devices` of this backend); compile only, nothing runs."""
+    devices = list(devices if devices is not None else jax.devices()[: case.devices])
+    family = family_lib.get(case.family)
+    spec = models.ModelSpec(
+        family=case.family,
+        size=case.size,
+        overrides=dict(case.overrides),
+        attention_kernel=case.attention_kernel,
+        dropout_rate=0.0 if case.family == "t5" else None,
+    )
+    wrapper = family.build(spec)
+    data = len(devices) // case.fsdp
+    mesh = partitioning.build_mesh(MeshConfig(data=data, fsdp=case.fsdp, model=1), devices)
+    partitioner = Partitioner(mesh=mesh, rules=family.axis_rules())
+    variables = wrapper.abstract_variables()
+    abstract = jax.tree.map(
+        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+        partitioning.unbox(variables["params"]),
+        partitioner.params_shardings(variables),
+    )
+    lengths = {"inputs": case.inputs_len} if case.inputs_len else None
+    job = jobs.compile_job(
+        model=wrapper,
+        partitioner=partitioner,
+        abstract_params=abstract,
+        components=["lm"],
+        total_steps=1000,
+        batch_size=case.batch,
+        seq_len=case.seq_len,
+        feature_lengths=lengths,
+        eval_batch_size=None,
+        optimizer=OPTIMIZERS[case.optimizer],
+        schedule=ScheduleConfig(),
+        step_config=steps.StepConfig(num_microbatches=case.microbatches),
+    )
+    return job.train_step
+
+
+def compare(case: Case, *, devices=None, platform: str | None = None) -> dict:
+    """Compiles `case` and returns its row: estimate, XLA bytes, ratio, compile seconds."""
+    platform = platform or (devices[0].platform if devices else jax.default_backend())
+    start = time.perf_counter()
+    compiled = compile_step(case, devices)
+    seconds = time.perf_counter() - start
+    est = estimate(case, platform=platform)
+    xla = xla_bytes(compiled)
+    return {
+        "platform": platform,
+        "case": case.label(),
+        "family": case.family,
+        "size": case.size,
+        "batch": case.batch,
+        "seq_len": case.seq_len,
+        "estimate_gib": est.total / GiB,
+        "xla_gib": xla / GiB,
+        "ratio": est.total / xla,
+        "compile_s": seconds,
+        "kernel": est.kernel,
+    }
+
+
+def _case(family, size, policy="none", **kw) -> Case:
+    overrides = {"remat_policy": policy, **kw.pop("overrides", {})}
+    if family == "llama2":
+        overrides.setdefault("scan_layers", True)
+    return Case(family=family, size=size, overrides=tuple(sorted(overrides.items())), **kw)
+
+
+def cpu_cases(*, quick: bool) -> list[Case]:
+    """Three or more sizes per family, each remat policy at one size, bf16 at paper sizes."""
+    bf16 = {"dtype": "bfloat16"}
+    cases = [
+        _case("llama2", "llama2_tiny", seq_len=64),
+        _case("llama2", "llama2_cpu_d128", batch=8, seq_len=256),
+        _case("llama2", "llama2_cpu_d256", batch=8, seq_len=512),
+        _case("t5", "t5_tiny", seq_len=64, inputs_len=48, optimizer="adafactor"),
+        _case("t5", "t5_small", seq_len=128, inputs_len=96, optimizer="adafactor"),
+        _case("t5", "t5_base", seq_len=256, inputs_len=256, optimizer="adafactor"),
+    ]
+    cases += [
+        _case("llama2", "llama2_cpu_d256", p, batch=8, seq_len=512) for p in _POLICIES[1:]
+    ] + [
+        _case("t5", "t5_small", p, seq_len=128, inputs_len=96, optimizer="adafactor")
+        for p in _POLICIES[1:]
+    ]
+    if not quick:
+        cases += [
+            _case("llama2", "llama2_1085m", batch=8, seq_len=2048, overrides=bf16),
+            _case("llama2", "llama2_1085m", "full", batch=8, seq_len=2048, overrides=bf16),
+            _case("llama2", "llama2_1393m", "full", batch=16, seq_len=2048, overrides=bf16),
+            _case("t5", "t5_770m", batch=64, seq_len=114, inputs_len=512, overrides=bf16),
+            _case(
+                "t5",
+                "t5_770m",
+                "full",
+                batch=64,
+                seq_len=512,
+                inputs_len=512,
+                overrides=bf16,
+                optimizer="adafactor",
+            ),
+        ]
+    return cases
+
+
+_POLICIES = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full")
+
+
+def print_row(row: dict) -> None:
+    """One table row, flushed."""
+    print(
+        f"{row['platform']:<4} {row['case']:<46} {row['batch']:>4}x{row['seq_len']:<5} "
+        f"{row['kernel']:<6} {row['estimate_gib']:>9.3f} {row['xla_gib']:>9.3f} "
+        f"{row['ratio']:>6.3f} {row['compile_s']:>6.1f}",
+        flush=True,
+    )
+
+
+def main() -> int:
+    """Prints the table (CPU rows; TPU and GPU rows where available)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes only")
+    parser.add_argument("--tpu-topology", default="v5p:2x2x1", help="TPU AOT topology")
+    args = parser.parse_args()
+    header = (
+        f"{'plat':<4} {'case':<46} {'batch':>10} {'kernel':<6} {'est GiB':>9} {'XLA GiB':>9} "
+        f"{'ratio':>6} {'comp s':>6}"
+    )
+    print(header + "\n" + "-" * len(header), flush=True)
+    for case in cpu_cases(quick=args.quick):
+        print_row(compare(case, platform="cpu"))
+    if importlib.util.find_spec("libtpu") is not None:
+        from jax.experimental import topologies
+
+        devices = topologies.get_topology_desc(args.tpu_topology, platform="tpu").devices
+        for case in tpu_cases(len(devices), quick=args.quick):
+            print_row(compare(case, devices=devices, platform="tpu"))
+    else:
+        print("(no TPU rows: libtpu is not installed; pip install 'jax[tpu]==0.10.2')")
+    if any(d.platform == "gpu" for d in _all_devices()):
+        for case in gpu_cases():
+            print_row(compare(case, devices=jax.devices("gpu")[:1], platform="gpu"))
+    return 0
+
+
+def tpu_cases(n_devices: int, *, quick: bool) -> list[Case]:
+    """Paper sizes, pure FSDP over the topology's devices, splash attention, bf16."""
+    bf16 = {"dtype": "bfloat16"}
+    common = dict(devices=n_devices, fsdp=n_devices, attention_kernel="auto", overrides=bf16)
+    cases = [_case("llama2", "llama2_cpu_d256", batch=8, seq_len=512, **common)]
+    if not quick:
+        cases += [
+            _case("llama2", "llama2_1085m", batch=16, seq_len=2048, **common),
+            _case("llama2", "llama2_1085m", "full", batch=32, seq_len=2048, **common),
+            _case(
+                "t5",
+                "t5_770m",
+                batch=64,
+                seq_len=512,
+                inputs_len=512,
+                optimizer="adafactor",
+                **common,
+            ),
+        ]
+    return cases
+
+
+def gpu_cases() -> list[Case]:
+    """LLaMA 1.1B at HF's shape with cuDNN and xla attention, bf16, one GPU."""
+    bf16 = {"dtype": "bfloat16"}
+    return [
+        _case("llama2", "llama2_1085m", batch=8, seq_len=2048, overrides=bf16, attention_kernel=k)
+        for k in ("cudnn", "xla")
+    ]
+
+
+def _all_devices():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+if __name__ == "__main__":
+    del jnp
+    sys.exit(main())

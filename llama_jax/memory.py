@@ -1,0 +1,162 @@
+"""LLaMA2's memory terms: the activations one decoder block keeps for its backward pass.
+
+The terms follow what JAX saves for `llama_jax.layers.DecoderLayer` (read with
+`jax._src.ad_checkpoint.saved_residuals`, which a test compares these formulas with), per
+sequence of `S` tokens, with `c` the compute dtype's bytes:
+
+- `none` saves every intermediate a primitive's backward needs: the block input and the
+  residual sum `h` (`S·D·c` each); per RMSNorm its float32 input copy and two compute-dtype
+  outputs (`8·S·D`); query, key, value and the attention output (`S·(2H + 2K)·h·c`) and the RoPE
+  sine/cosine tables (`8·S·h`); SwiGLU's gate and up projections, SiLU's three intermediates and
+  their product (`6·S·F·c`); and the attention kernel's own residuals: the `xla` kernel keeps
+  the masked float32 logits, their exponent, the weights (compute dtype) and the boolean mask,
+  each `[H, S, S]` (`H·S²·(9 + c)`), while `cudnn` and `splash` keep only float32 softmax
+  statistics `[H, S]` (cuDNN on a packed batch also a `[1, S, S]` boolean mask and the bias it
+  becomes). It also keeps the compute-dtype copies of the block's weights (the stacked q/k/v
+  and w1/w3 matrices; with bf16 compute every cast weight): per layer, not per sequence.
+- `dots_saveable` keeps only matmul outputs: q/k/v, the out projection, gate/up, and with the
+  `xla` kernel the float32 attention logits and the attention output (a fused kernel is not a
+  matmul to JAX, so its outputs are recomputed).
+- `dots_with_no_batch_dims_saveable` keeps the weight matmuls' outputs only (the attention
+  einsums have batch dimensions).
+- `full` keeps each block's input only.
+
+Outside the blocks the forward keeps the final RMSNorm's residuals and the output projection's
+input (its custom VJP saves `x` and the kernel, never the logits), `S·D·(8 + c)`.
+"""
+
+from __future__ import annotations
+
+from llama_jax.config import LlamaConfig
+from modeling.memory import (
+    DTYPE_BYTES,
+    ActivationMemory,
+    MemoryEstimate,
+    StepShape,
+    estimate,
+    resolve_kernel,
+)
+
+
+def _norm_bytes(c: int) -> int:
+    """Bytes per element an RMSNorm saves: its float32 input copy (none when the compute dtype
+    is float32 already, then its float32 normalised value instead) and two outputs."""
+    return 4 + 2 * c if c < 4 else 2 * c
+
+
+def _attention_kernel_bytes(cfg: LlamaConfig, *, seq_len: int, kernel: str, packed: bool) -> int:
+    """Per sequence and layer, what the attention kernel itself keeps (policy `none`)."""
+    c = DTYPE_BYTES[cfg.dtype]
+    heads, s = cfg.num_heads, seq_len
+    by_kernel = {
+        # masked float32 logits, exp, weights in the compute dtype, the boolean mask
+        "xla": heads * s * s * (4 + 4 + c + 1),
+        # float32 softmax statistics; a packed batch's [1, S, S] mask and its bias
+        "cudnn": 4 * heads * s + (s * s * (1 + c) if packed else 0),
+        # float32 logsumexp and max per query row
+        "splash": 8 * heads * s,
+    }
+    return by_kernel[kernel]
+
+
+def _weight_copies(cfg: LlamaConfig) -> int:
+    """Per layer, the compute-dtype weight copies policy `none` keeps (not per sequence)."""
+    c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
+    d, f, h = cfg.d_model, cfg.d_ff, cfg.head_size
+    q, kv = cfg.num_heads * h, cfg.kv_heads * h
+    if c == w:  # no casts: only the stacked matrices are new arrays
+        qkv = 3 * d * q if cfg.kv_heads == cfg.num_heads else 2 * d * kv
+        return c * (qkv + 2 * d * f)
+    return c * (2 * d * q + 2 * d * kv + 3 * d * f)
+
+
+def layer_saved(
+    cfg: LlamaConfig, *, policy: str, seq_len: int, kernel: str, packed: bool
+) -> tuple[int, int]:
+    """(bytes per sequence, bytes per layer independent of the batch) one block saves under
+    `policy` (see the module docstring)."""
+    c = DTYPE_BYTES[cfg.dtype]
+    s, d, f, h = seq_len, cfg.d_model, cfg.d_ff, cfg.head_size
+    q, kv = s * cfg.num_heads * h, s * cfg.kv_heads * h
+    block_input = s * d * c
+    if policy == "full":
+        return block_input, 0
+    weight_dots = (q + 2 * kv) * c + s * d * c + 2 * s * f * c  # q/k/v, out proj, gate/up
+    if policy == "dots_with_no_batch_dims_saveable":
+        return block_input + weight_dots, 0
+    if policy == "dots_saveable":
+        attention = 4 * cfg.num_heads * s * s + q * c if kernel == "xla" else 0
+        return block_input + weight_dots + attention, 0
+    per_seq = (
+        2 * s * d * c  # block input, residual sum
+        + 2 * s * d * _norm_bytes(c)
+        + (2 * q + 2 * kv) * c  # query, key, value, attention output
+        + 8 * s * h  # RoPE tables
+        + 6 * s * f * c  # SwiGLU
+        + _attention_kernel_bytes(cfg, seq_len=s, kernel=kernel, packed=packed)
+    )
+    return per_seq, _weight_copies(cfg)
+
+
+def activation_memory(
+    cfg: LlamaConfig, *, batch: int, seq_len: int, kernel: str, packed: bool
+) -> ActivationMemory:
+    """`ActivationMemory` of `batch` sequences on one device under `cfg.remat_policy`.
+
+    The layer transient is one block's `none` residuals (what its backward recomputes, or
+    already holds, and about as many cotangents are live as residuals are freed).
+    """
+    c = DTYPE_BYTES[cfg.dtype]
+    per_seq, per_layer = layer_saved(
+        cfg, policy=cfg.remat_policy, seq_len=seq_len, kernel=kernel, packed=packed
+    )
+    full_seq, full_layer = layer_saved(
+        cfg, policy="none", seq_len=seq_len, kernel=kernel, packed=packed
+    )
+    outside = seq_len * cfg.d_model * (8 + c)
+    return ActivationMemory(
+        saved=cfg.num_layers * (batch * per_seq + per_layer) + batch * outside,
+        layer=batch * full_seq + full_layer,
+        logits=4 * batch * seq_len * cfg.vocab_size,
+    )
+
+
+def param_shapes(cfg: LlamaConfig) -> list[tuple[int, ...]]:
+    """Every parameter's shape (scanned layout when `cfg.scan_layers`), for optimizer state."""
+    d, f, h = cfg.d_model, cfg.d_ff, cfg.head_size
+    block = [
+        (d,),
+        (d, cfg.num_heads, h),
+        (d, cfg.kv_heads, h),
+        (d, cfg.kv_heads, h),
+        (cfg.num_heads, h, d),
+        (d,),
+        (d, f),
+        (d, f),
+        (f, d),
+    ]
+    if cfg.scan_layers:
+        layers = [(cfg.num_layers, *s) for s in block]
+    else:
+        layers = block * cfg.num_layers
+    return [(cfg.vocab_size, d), *layers, (d,), (d, cfg.vocab_size)]
+
+
+def memory_estimate(cfg: LlamaConfig, *, shape: StepShape) -> MemoryEstimate:
+    """Per-device bytes of the trainer's step for `cfg` at `shape` (`modeling.memory`)."""
+    kernel = resolve_kernel(
+        shape,
+        dtype=cfg.dtype,
+        head_dim=cfg.head_size,
+        q_length=shape.seq_len,
+        kv_length=shape.seq_len,
+    )
+    return estimate(
+        param_shapes=param_shapes(cfg),
+        param_dtype=cfg.param_dtype,
+        activations=lambda batch: activation_memory(
+            cfg, batch=batch, seq_len=shape.seq_len, kernel=kernel, packed=shape.packed
+        ),
+        shape=shape,
+        remat_policy=cfg.remat_policy,
+    )

@@ -1,0 +1,197 @@
+"""T5's memory terms: the activations its encoder and decoder blocks keep for the backward pass.
+
+As for LLaMA (`llama_jax.memory`), the terms follow what JAX saves for `t5_jax.model`'s
+`EncoderLayer` and `DecoderLayer` (`jax._src.ad_checkpoint.saved_residuals`), per example of
+`Si` input and `St` target tokens, `c` the compute dtype's bytes, `a = H·head_dim`:
+
+- `none`: the block input and each residual sum (`S·D·c`); per layer norm its float32 input,
+  the float32 normalised value and the output (`S·D·(8 + c)`); per attention the query, key,
+  value and output (`(2·Sq + 2·Sk)·a·c`) and the kernel's residuals (`xla`: masked float32
+  logits, their exponent, weights and boolean mask, `H·Sq·Sk·(9 + c)`; `cudnn`: float32
+  statistics and, packed, a `[Sq, Sk]` mask and bias); the MLP's matmul outputs and its
+  activation's intermediates (gated GELU: two projections, five tanh-GELU intermediates and
+  the product, `8·S·F·c`; ReLU: `2·S·F·c`). With bf16 compute each layer also keeps its cast
+  weights. Dropout, where on, adds its masks and the dropped attention weights.
+- `dots_saveable`: the dense layers' outputs and, with `xla`, the attention logits and output.
+- `dots_with_no_batch_dims_saveable`: the dense layers' outputs only.
+- `full`: each block's input.
+
+Outside the blocks: one relative-position bias `[H, S, S]` per stack (shared by the layers,
+not per example), the encoder output every cross-attention reads, the final norms and the
+float32 input of the output projection (`logits_dense` runs in float32).
+"""
+
+from __future__ import annotations
+
+from modeling.memory import (
+    DTYPE_BYTES,
+    ActivationMemory,
+    MemoryEstimate,
+    StepShape,
+    estimate,
+    resolve_kernel,
+)
+from t5_jax.config import T5Config
+
+# XLA:CPU keeps about this share of JAX's residuals for T5's unrolled (Python-loop) stack: with
+# every layer in one graph its fusion recomputes elementwise chains (norms, GELU, masks) inside
+# the backward instead of storing them (measured on t5_small and t5_base compiles; scanned
+# stacks, as LLaMA's, keep every residual).
+UNROLLED_CPU_KEEP = 0.5
+
+# Bytes per element (in units of the compute dtype's size) an MLP keeps, by activation tuple.
+_MLP_SAVED = {("gelu", "linear"): 8, ("relu",): 2}
+
+
+def _attention(
+    cfg: T5Config, *, policy: str, sq: int, sk: int, kernel: str, packed: bool, self_attn: bool
+) -> int:
+    """Per example, what one attention sublayer keeps under `policy` (norm and sum excluded)."""
+    c = DTYPE_BYTES[cfg.dtype]
+    a, h = cfg.num_heads * cfg.head_dim, cfg.num_heads
+    projections = (sq + 2 * sk) * a * c + sq * cfg.d_model * c  # q, k, v, out projection
+    if policy == "dots_with_no_batch_dims_saveable":
+        return projections
+    if policy == "dots_saveable":
+        return projections + (4 * h * sq * sk + sq * a * c if kernel == "xla" else 0)
+    by_kernel = {
+        "xla": h * sq * sk * (9 + c),
+        "cudnn": 4 * h * sq + (sq * sk * (1 + c) if packed else 0),
+        "splash": 8 * h * sq,
+    }
+    dropout = h * sq * sk * (1 + c) if cfg.dropout_rate and kernel == "xla" else 0
+    return (2 * sq + 2 * sk) * a * c + by_kernel[kernel] + dropout
+
+
+def _mlp(cfg: T5Config, *, policy: str, s: int) -> int:
+    """Per example, what one MLP sublayer keeps under `policy`."""
+    c = DTYPE_BYTES[cfg.dtype]
+    if policy in ("dots_saveable", "dots_with_no_batch_dims_saveable"):
+        return len(cfg.mlp_activations) * s * cfg.d_ff * c
+    saved = _MLP_SAVED.get(tuple(cfg.mlp_activations), 4 * len(cfg.mlp_activations))
+    dropout = s * cfg.d_ff * (1 + c) if cfg.dropout_rate else 0
+    return saved * s * cfg.d_ff * c + dropout
+
+
+def _layer_weights(cfg: T5Config, *, decoder: bool) -> int:
+    """Per layer, the cast weight copies policy `none` keeps (bf16 compute over float32
+    parameters; nothing when they share a dtype)."""
+    c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
+    if c == w:
+        return 0
+    attention = 4 * cfg.d_model * cfg.num_heads * cfg.head_dim
+    mlp = (len(cfg.mlp_activations) + 1) * cfg.d_model * cfg.d_ff
+    return c * ((2 if decoder else 1) * attention + mlp)
+
+
+def layer_saved(
+    cfg: T5Config, *, policy: str, sq: int, sk: int | None, kernel: str, packed: bool
+) -> int:
+    """Per example, what one encoder block (`sk` None) or decoder block (cross-attending to
+    `sk` encoder positions) keeps under `policy`."""
+    c = DTYPE_BYTES[cfg.dtype]
+    sd = sq * cfg.d_model
+    if policy == "full":
+        return sd * c
+    attn = dict(policy=policy, kernel=kernel, packed=packed)
+    total = _attention(cfg, sq=sq, sk=sq, self_attn=True, **attn) + _mlp(cfg, policy=policy, s=sq)
+    sublayers = 2
+    if sk is not None:
+        total += _attention(cfg, sq=sq, sk=sk, self_attn=False, **attn)
+        sublayers = 3
+    if policy == "none":
+        total += sd * c * sublayers + sd * (8 + c) * sublayers  # input and sums; norms
+    else:
+        total += sd * c  # block input
+    return total
+
+
+def activation_memory(
+    cfg: T5Config,
+    *,
+    batch: int,
+    inputs_len: int,
+    targets_len: int,
+    kernel: str,
+    packed: bool,
+    policy: str,
+) -> ActivationMemory:
+    """`ActivationMemory` of `batch` examples on one device under `policy`."""
+    c = DTYPE_BYTES[cfg.dtype]
+    si, st, d = inputs_len, targets_len, cfg.d_model
+    enc = dict(sq=si, sk=None, kernel=kernel, packed=packed)
+    dec = dict(sq=st, sk=si, kernel=kernel, packed=packed)
+    layers = cfg.num_encoder_layers * layer_saved(
+        cfg, policy=policy, **enc
+    ) + cfg.num_decoder_layers * layer_saved(cfg, policy=policy, **dec)
+    weights = 0
+    if policy == "none":
+        weights = cfg.num_encoder_layers * _layer_weights(
+            cfg, decoder=False
+        ) + cfg.num_decoder_layers * _layer_weights(cfg, decoder=True)
+    outside = si * d * (8 + c) + si * d * c + st * d * (8 + c) + st * d * 4
+    bias = cfg.num_heads * (si * si + st * st) * c
+    transient = max(
+        layer_saved(cfg, policy="none", **enc) if cfg.num_encoder_layers else 0,
+        layer_saved(cfg, policy="none", **dec),
+    )
+    return ActivationMemory(
+        saved=batch * (layers + outside) + weights + bias,
+        layer=batch * transient + _layer_weights(cfg, decoder=True),
+        logits=4 * batch * st * cfg.vocab_size,
+    )
+
+
+def param_shapes(cfg: T5Config) -> list[tuple[int, ...]]:
+    """Every parameter's shape, for the optimizer state (Adafactor factors the matrices)."""
+    d, f, a, h = cfg.d_model, cfg.d_ff, cfg.num_heads * cfg.head_dim, cfg.num_heads
+    attention = [(d, a), (d, a), (d, a), (a, d)]
+    mlp = [(d, f)] * len(cfg.mlp_activations) + [(f, d)]
+    encoder = [(d,), *attention, (d,), *mlp] * cfg.num_encoder_layers
+    decoder = [(d,), *attention, (d,), *attention, (d,), *mlp] * cfg.num_decoder_layers
+    shapes = [(cfg.vocab_size, d), *encoder, *decoder, (d,), (d,)]
+    shapes += [(cfg.relpos_num_buckets, h)] * 2
+    if not cfg.logits_via_embedding:
+        shapes.append((d, cfg.vocab_size))
+    return shapes
+
+
+def memory_estimate(cfg: T5Config, *, shape: StepShape) -> MemoryEstimate:
+    """Per-device bytes of the trainer's step for `cfg` at `shape` (`modeling.memory`).
+
+    T5's layers run in a Python loop, not a scan; XLA:CPU then schedules the rematerialised
+    forward as early as the original one, so on the CPU backend remat saves nothing and the
+    estimate counts policy `none` (measured: `full` compiles to `none`'s bytes there).
+    """
+    inputs_len = shape.inputs_len or shape.seq_len
+    kernel = resolve_kernel(
+        shape,
+        dtype=cfg.dtype,
+        head_dim=cfg.head_dim,
+        q_length=shape.seq_len,
+        kv_length=inputs_len,
+        has_bias=True,
+    )
+    cpu = shape.platform == "cpu"
+    policy = "none" if cpu else cfg.remat_policy
+
+    def activations(batch: int) -> ActivationMemory:
+        acts = activation_memory(
+            cfg,
+            batch=batch,
+            inputs_len=inputs_len,
+            targets_len=shape.seq_len,
+            kernel=kernel,
+            packed=shape.packed,
+            policy=policy,
+        )
+        keep = UNROLLED_CPU_KEEP if cpu else 1.0
+        return ActivationMemory(saved=int(keep * acts.saved), layer=acts.layer, logits=acts.logits)
+
+    return estimate(
+        param_shapes=param_shapes(cfg),
+        param_dtype=cfg.param_dtype,
+        activations=activations,
+        shape=shape,
+        remat_policy=cfg.remat_policy,
+    )
