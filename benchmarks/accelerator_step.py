@@ -65,6 +65,7 @@ second lease can finish what a first one skipped).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -361,7 +362,7 @@ def plan_grid(session: harness.Session, planner: Planner, shapes: dict[str, Shap
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     add = parser.add_argument
     add("--quick", action="store_true", help="the headline rows within 6 minutes on one H100")
     add("--models", nargs="+", default=["llama", "t5"], choices=["llama", "t5"])
@@ -384,9 +385,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
-    """Probes the device, runs the rows asked for (each in its own process) and returns them."""
-    args = parse_args(argv)
+def run(args: argparse.Namespace, *, argv, compile_cache: str) -> list[dict]:
+    """The run of `main`, its JAX children sharing `compile_cache`."""
     steps_ = args.steps or (5 if args.quick else 10)
     budget = harness.Budget(args.budget_s or (QUICK_BUDGET_S if args.quick else None))
     out = harness.JsonLines(args.out)
@@ -422,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         peer_device_ok=not args.no_hf
         and found["transformers"]
         and (found["torch_cuda"] or args.hf_on_cpu),
-        compile_cache=args.compile_cache or tempfile.mkdtemp(prefix="xlscale-bench-cache-"),
+        compile_cache=compile_cache,
     )
     print_header(session, header, args, planner)
     shapes = {m: SHAPES[(m, planner.accelerator)] for m in ("llama", "t5")}
@@ -435,6 +435,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         plan_grid(session, planner, shapes, args)
     session.summary()
     return session.rows
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    """Probes the device, runs the rows asked for (each in its own process) and returns them."""
+    args = parse_args(argv)
+    cache = (
+        contextlib.nullcontext(args.compile_cache)
+        if args.compile_cache
+        else tempfile.TemporaryDirectory(prefix="xlscale-bench-cache-")
+    )
+    with cache as compile_cache:
+        return run(args, argv=argv, compile_cache=compile_cache)
 
 
 def run_probe(args, memory: MemorySettings, budget: harness.Budget) -> dict[str, Any]:
@@ -469,7 +481,9 @@ def print_header(session: harness.Session, header: dict, args, planner: Planner)
     if planner.peer_device_ok:
         say(f"peer: torch {p['torch']} on {p['torch_device'] or 'cpu'}")
     else:
-        why = "--no-hf" if args.no_hf else "torch/transformers missing or no CUDA (--hf-on-cpu)"
+        why = "--no-hf" if args.no_hf else "torch and transformers do not both import"
+        if p["transformers"] and not p["torch_cuda"]:
+            why = "torch sees no CUDA; --hf-on-cpu runs it on the CPU"
         say(f"peer: not run ({why})")
     budget = header["budget_s"]
     say(f"budget: {'none' if budget is None else f'{budget:.0f} s'}; out: {args.out or '-'}")

@@ -198,7 +198,7 @@ def _parent(tmp_path, inject, *extra):
     env = {**os.environ, "XLSCALE_BENCH_INJECT": inject}
     argv = [sys.executable, str(PATH), "--models", "llama", "--remat", "none", "--no-hf"]
     return subprocess.Popen(
-        [*argv, "--out", str(tmp_path / "rows.jsonl"), *extra],
+        [*argv, "--out", str(tmp_path / "rows.jsonl"), "--compile-cache", str(tmp_path), *extra],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
