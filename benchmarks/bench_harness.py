@@ -442,9 +442,10 @@ class Session:
             ratio = ratio_to_peer(row, peer)
             if ratio is not None:
                 self.ratios[row["name"]] = ratio
+                at = "" if peer["batch"] == row["batch"] else f", peer at batch {peer['batch']}"
                 self.say(
                     f"  vs HF: {row['name']} {ratio:.2f}x {peer['impl']} "
-                    f"({row['tokens_per_s']:,.0f} / {peer['tokens_per_s']:,.0f} tokens/s)"
+                    f"({row['tokens_per_s']:,.0f} / {peer['tokens_per_s']:,.0f} tokens/s{at})"
                 )
 
     def summary(self) -> dict[str, Any]:

@@ -357,7 +357,9 @@ def test_quick_plan_falls_back_on_out_of_memory(bench, harness, monkeypatch, cap
         "xlscale/llama2_1085m/dots_saveable/auto/packed/b8": 2.0,
         "xlscale/t5_770m/none/auto/unpacked/b64": 2.0,
     }
-    assert "vs HF: xlscale/t5_770m/none/auto/unpacked/b64 2.00x hf_eager" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "vs HF: xlscale/t5_770m/none/auto/unpacked/b64 2.00x hf_eager" in printed
+    assert "tokens/s, peer at batch 16)" in printed
 
 
 def test_budget_learns_row_durations_and_skips_what_cannot_finish(bench, harness, monkeypatch):
