@@ -27,6 +27,8 @@ input (its custom VJP saves `x` and the kernel, never the logits), `S·D·(8 + c
 
 from __future__ import annotations
 
+import math
+
 from llama_jax.config import LlamaConfig
 from modeling.memory import (
     DTYPE_BYTES,
@@ -106,7 +108,7 @@ def activation_memory(
     The layer transient is one block's `none` residuals (what its backward recomputes, or
     already holds, and about as many cotangents are live as residuals are freed).
     """
-    c = DTYPE_BYTES[cfg.dtype]
+    c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
     per_seq, per_layer = layer_saved(
         cfg, policy=cfg.remat_policy, seq_len=seq_len, kernel=kernel, packed=packed
     )
@@ -118,6 +120,9 @@ def activation_memory(
         saved=cfg.num_layers * (batch * per_seq + per_layer) + batch * outside,
         layer=batch * full_seq + full_layer,
         logits=4 * batch * seq_len * cfg.vocab_size,
+        gathered_head=2 * w * cfg.vocab_size * cfg.d_model,
+        gathered_layer=w
+        * sum(math.prod(s) for s in param_shapes(cfg.replace(scan_layers=False))[1:10]),
     )
 
 

@@ -2,8 +2,8 @@
 
 Everything above the model packages (the trainer, the sweep, estimates, `xlscale sizes`) asks a
 family these questions instead of testing its name: which features its batches carry, its
-paper's context length, its size table, how to build and count a model of a size, its logical
-axis rules and its paper's training recipe. A new family is one module that defines `FAMILY`
+paper's context length, its size table, how to build and count a model of a size, how many
+bytes its training step needs on a device, its logical axis rules and its paper's training recipe. A new family is one module that defines `FAMILY`
 (an object satisfying `ModelFamily`) plus one line in `FAMILIES`; importing this registry
 imports no family (t5x's `BaseTransformerModel` plays the same role for its models).
 """
@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
+
+from modeling.memory import MemoryEstimate, StepShape
 
 # Family name -> the module that defines its `FAMILY`, imported only by `get`.
 FAMILIES: dict[str, str] = {
@@ -72,6 +74,13 @@ class ModelFamily(Protocol):
     def cost_per_token(self, config: Any, *, seq_len: int, inputs_len: int | None = None) -> float:
         """FLOPs a training step computes per target token (matmuls, attention and the output
         projection): what run-time estimates scale a measured throughput by."""
+        ...
+
+    def memory_estimate(self, config: Any, *, shape: StepShape) -> MemoryEstimate:
+        """Per-device bytes of the trainer's train step for `config` (its `remat_policy`,
+        dtypes, kernel) at `shape` (batch, lengths, microbatches, mesh, optimizer, platform):
+        parameters, optimizer state, gradients, saved activations, logits
+        (`modeling.memory`)."""
         ...
 
     def axis_rules(self) -> tuple[tuple[str, Any], ...]:

@@ -18,7 +18,10 @@ device, at its peak:
   gradients being written), and the optimizer update (gradients, the new parameters and the
   new moments, computed in full before the non-finite guard selects them).
 
-So `total = state + batch + saved + max(loss, layer + gradients, update)`. XLA's
+So `total = state + batch + max(saved + max(loss, layer + gradients), update)`. Under FSDP
+each device also holds, while it uses them, full (all-gathered) copies of the weights in use:
+the embedding and output projection at the loss, one layer's weights and their unreduced
+gradients in a layer's backward (`ActivationMemory.gathered_*`). XLA's
 `compiled.memory_analysis()` reports the same quantity as arguments + outputs − aliased +
 temporaries, and a test holds the estimate within ±15% of it on CPU compiles of tiny and small
 LLaMA and T5 models under each remat policy, and of a TPU ahead-of-time compile.
@@ -78,11 +81,17 @@ class ActivationMemory:
       layer: the transient of one layer's backward: the residuals it recomputes (all of them
         under `full`, the non-dots under the dots policies) and the cotangents it builds.
       logits: bytes of one float32 `[b, S, V]` logits array.
+      gathered_head: bytes of the embedding and output projection in the parameter dtype (all
+        gathered on every device for the loss when parameters are sharded).
+      gathered_layer: bytes of one layer's weights in the parameter dtype (gathered, with
+        their gradient before it is reduce-scattered, in that layer's backward).
     """
 
     saved: int
     layer: int
     logits: int
+    gathered_head: int = 0
+    gathered_layer: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -167,14 +176,16 @@ class MemoryEstimate:
 
     @property
     def transient(self) -> int:
-        """The largest of the three non-overlapping phases (loss, one layer's backward with
-        the gradients being written, the optimizer update)."""
-        return max(self.loss, self.layer + self.gradients, self.update)
+        """The larger of the backward pass (saved activations plus the larger of the loss and
+        one layer's backward with the gradients being written) and the optimizer update (the
+        activations are freed by then)."""
+        backward = self.activations + max(self.loss, self.layer + self.gradients)
+        return max(backward, self.update)
 
     @property
     def total(self) -> int:
-        """Peak bytes on one device: state + batch + saved activations + the largest phase."""
-        return self.params + self.optimizer_state + self.batch + self.activations + self.transient
+        """Peak bytes on one device: state + batch + the larger phase."""
+        return self.params + self.optimizer_state + self.batch + self.transient
 
     def parts_gib(self) -> dict[str, float]:
         """The parts in GiB, for tables."""
@@ -278,14 +289,17 @@ def estimate(
     # The update computes new parameters and moments in full before the non-finite guard
     # selects them: about one more copy of the state beside the gradients.
     update = grads + params + opt
+    sharded = shards > 1
+    loss = 2 * acts.logits + (acts.gathered_head if sharded else 0)
+    layer = acts.layer + (2 * acts.gathered_layer if sharded else 0)
     return MemoryEstimate(
         params=params,
         optimizer_state=opt,
         batch=4 * rows * features,
         gradients=grads,
         activations=acts.saved,
-        loss=2 * acts.logits,
-        layer=acts.layer,
+        loss=loss,
+        layer=layer,
         update=update,
         remat_policy=remat_policy,
         num_microbatches=shape.num_microbatches,
@@ -428,18 +442,29 @@ def plan(
     return Plan(fits=False, remat_policy=policy, num_microbatches=micro, estimate=est, limit=limit)
 
 
-def advice(plan_: Plan, *, current_policy: str, current_microbatches: int) -> str:
-    """What to change, in one phrase: the planner's policy and microbatches, or that nothing
-    fits (then: more chips, a smaller batch or a shorter sequence)."""
+def advice(
+    plan_: Plan, *, current_policy: str, current_microbatches: int, same_policy: Plan | None = None
+) -> str:
+    """What to change, in one phrase: the planner's policy and microbatches, and where they
+    differ, the fewest microbatches that fit under the current policy (`same_policy`, a plan
+    restricted to it); or, when nothing fits, more chips, a smaller batch or shorter sequences.
+    """
     if not plan_.fits:
         return (
             f"nothing fits even with remat_policy='full' and NUM_MICROBATCHES="
             f"{plan_.num_microbatches} (est. {plan_.estimate.total / GiB:.1f} GiB): use more "
             "chips (FSDP), a smaller batch or shorter sequences"
         )
-    parts = []
-    if plan_.remat_policy != current_policy:
-        parts.append(f"MODEL_OVERRIDES remat_policy='{plan_.remat_policy}'")
-    if plan_.num_microbatches != current_microbatches:
-        parts.append(f"NUM_MICROBATCHES={plan_.num_microbatches}")
-    return f"set {' and '.join(parts)} (est. {plan_.estimate.total / GiB:.1f} GiB)"
+
+    def change(p: Plan) -> str:
+        parts = []
+        if p.remat_policy != current_policy:
+            parts.append(f"MODEL_OVERRIDES remat_policy='{p.remat_policy}'")
+        if p.num_microbatches != current_microbatches:
+            parts.append(f"NUM_MICROBATCHES={p.num_microbatches}")
+        return f"{' and '.join(parts)} (est. {p.estimate.total / GiB:.1f} GiB)"
+
+    options = [change(plan_)]
+    if same_policy is not None and same_policy.fits and same_policy != plan_:
+        options.append(change(same_policy))
+    return "set " + " or ".join(options)

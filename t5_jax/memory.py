@@ -23,6 +23,8 @@ float32 input of the output projection (`logits_dense` runs in float32).
 
 from __future__ import annotations
 
+import dataclasses
+
 from modeling.memory import (
     DTYPE_BYTES,
     ActivationMemory,
@@ -117,7 +119,7 @@ def activation_memory(
     policy: str,
 ) -> ActivationMemory:
     """`ActivationMemory` of `batch` examples on one device under `policy`."""
-    c = DTYPE_BYTES[cfg.dtype]
+    c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
     si, st, d = inputs_len, targets_len, cfg.d_model
     enc = dict(sq=si, sk=None, kernel=kernel, packed=packed)
     dec = dict(sq=st, sk=si, kernel=kernel, packed=packed)
@@ -139,6 +141,9 @@ def activation_memory(
         saved=batch * (layers + outside) + weights + bias,
         layer=batch * transient + _layer_weights(cfg, decoder=True),
         logits=4 * batch * st * cfg.vocab_size,
+        gathered_head=(1 if cfg.logits_via_embedding else 2) * w * cfg.vocab_size * d,
+        gathered_layer=w
+        * (8 * d * cfg.num_heads * cfg.head_dim + (len(cfg.mlp_activations) + 1) * d * cfg.d_ff),
     )
 
 
@@ -186,7 +191,7 @@ def memory_estimate(cfg: T5Config, *, shape: StepShape) -> MemoryEstimate:
             policy=policy,
         )
         keep = UNROLLED_CPU_KEEP if cpu else 1.0
-        return ActivationMemory(saved=int(keep * acts.saved), layer=acts.layer, logits=acts.logits)
+        return dataclasses.replace(acts, saved=int(keep * acts.saved))
 
     return estimate(
         param_shapes=param_shapes(cfg),

@@ -1,6 +1,8 @@
 """Assembling a job: validate the configuration, build model, mesh, optimizer and data, and compile.
 
-`build_job` runs every check of `trainer.validation` before compiling anything, then compiles
+`build_job` runs every check of `trainer.validation` before compiling anything (including the
+memory check: a step whose estimated bytes exceed the device's memory is refused with the
+planner's suggestion, `check_memory`), then compiles
 the train and eval steps ahead of time (`jit(...).lower(...).compile()`) inside the mesh and
 logical-rules context, so that sharding constraints inside the model resolve and compile errors
 surface before the first batch is read. Train, eval and the benchmark share it.
@@ -19,6 +21,7 @@ import numpy as np
 import optax
 
 from modeling import family as family_lib
+from modeling import memory as memory_lib
 from trainer import data as data_lib
 from trainer import models, partitioning, steps, validation
 from trainer.data import DataConfig, EvalConfig
@@ -258,6 +261,17 @@ def build_job(
     total_steps = steps_fn(non_embedding, data.batch_size * data.seq_len)
     if precheck is not None:
         precheck(abstract_params, total_steps)
+    if compile_train:
+        check_memory(
+            model=wrapper,
+            partitioner=partitioner,
+            batch_size=data.batch_size,
+            seq_len=data.seq_len,
+            feature_lengths=data.task_feature_lengths,
+            optimizer=optimizer,
+            num_microbatches=num_microbatches,
+            limit=device_memory_limit(mesh, partitioner),
+        )
     return compile_job(
         model=wrapper,
         partitioner=partitioner,
@@ -275,6 +289,101 @@ def build_job(
         ),
         compile_train=compile_train,
     )
+
+
+def device_memory_limit(mesh: MeshConfig, partitioner: Partitioner) -> int | None:
+    """Bytes a device offers a step: `mesh.device_memory_gib` when set, else the first mesh
+    device's `memory_stats()['bytes_limit']` (GPU, TPU), else None (unknown: CPU)."""
+    if mesh.device_memory_gib is not None:
+        return int(mesh.device_memory_gib * memory_lib.GiB)
+    device = partitioner.mesh.devices.flat[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 -- compile-only and CPU devices may not answer
+        return None
+    return (stats or {}).get("bytes_limit")
+
+
+def step_shape(
+    *,
+    model: Any,
+    partitioner: Partitioner,
+    batch_size: int,
+    seq_len: int,
+    feature_lengths: Mapping[str, int] | None,
+    optimizer: OptimizerConfig,
+    num_microbatches: int,
+) -> memory_lib.StepShape:
+    """The memory model's view of a train step on this partitioner's mesh."""
+    mesh = partitioner.mesh
+    return memory_lib.StepShape(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        inputs_len=(feature_lengths or {}).get("inputs") if len(model.feature_keys) > 1 else None,
+        num_microbatches=num_microbatches,
+        data_parallel=partitioner.data_parallel_size,
+        param_shards=mesh.shape.get("fsdp", 1) * mesh.shape.get("model", 1),
+        optimizer=optimizer.name,
+        attention_kernel=model.config.attention_kernel,
+        platform=mesh.devices.flat[0].platform,
+        packed=True,
+    )
+
+
+def check_memory(
+    *,
+    model: Any,
+    partitioner: Partitioner,
+    batch_size: int,
+    seq_len: int,
+    feature_lengths: Mapping[str, int] | None,
+    optimizer: OptimizerConfig,
+    num_microbatches: int,
+    limit: int | None,
+) -> memory_lib.MemoryEstimate | None:
+    """Refuses, before compiling, a train step whose estimate exceeds `limit` bytes per device.
+
+    Returns the estimate (None when `limit` is None: the memory is unknown and nothing is
+    checked).
+
+    Raises:
+      trainer.validation.ConfigError: one line naming the size, the estimate, the device
+        memory and the planner's remat policy and microbatches that fit.
+    """
+    if limit is None:
+        return None
+    family = family_lib.get(model.family)
+    shape = step_shape(
+        model=model,
+        partitioner=partitioner,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        feature_lengths=feature_lengths,
+        optimizer=optimizer,
+        num_microbatches=num_microbatches,
+    )
+    config = model.config
+    est = family.memory_estimate(config, shape=shape)
+    if est.total <= limit:
+        return est
+
+    def estimator(policy: str, step: memory_lib.StepShape) -> memory_lib.MemoryEstimate:
+        return family.memory_estimate(dataclasses.replace(config, remat_policy=policy), shape=step)
+
+    validation.check_step_memory(
+        size=model.name,
+        estimate=est,
+        limit=limit,
+        advice=memory_lib.advice(
+            memory_lib.plan(estimator, shape=shape, limit=limit),
+            current_policy=config.remat_policy,
+            current_microbatches=num_microbatches,
+            same_policy=memory_lib.plan(
+                estimator, shape=shape, limit=limit, policies=(config.remat_policy,)
+            ),
+        ),
+    )
+    return est
 
 
 # Compiled (train step, eval step) pairs of this process, most recently used last. A sweep run in

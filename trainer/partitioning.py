@@ -38,13 +38,19 @@ class MeshConfig:
     """Sizes of the mesh axes; at most one may be -1 (the devices left over by the others).
 
     The default is pure data parallelism over every device. `num_devices` restricts the mesh to
-    the first devices (single-host experiments and tests; None = all).
+    the first devices (single-host experiments and tests; None = all). `device_memory_gib` is
+    the per-device memory a train step's estimate (`modeling.memory`) is checked against before
+    compiling (`trainer.jobs`); None takes the device's own limit (`memory_stats()
+    ['bytes_limit']` on GPU/TPU) and checks nothing where that is unknown (CPU). Bind it
+    (`partitioning.MeshConfig.device_memory_gib = 16`) to plan for a smaller chip, or to allow
+    more than the device reports when the estimate is known to be high.
     """
 
     data: int = -1
     fsdp: int = 1
     model: int = 1
     num_devices: int | None = None
+    device_memory_gib: float | None = None
 
     def sizes(self) -> dict[str, int]:
         """The requested sizes by axis name (may contain -1)."""

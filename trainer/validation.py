@@ -25,6 +25,7 @@ BINDINGS: dict[str, str] = {
     "tokens_per_param": "TOKENS_PER_PARAM (train.tokens_per_param)",
     "num_microbatches": "train.num_microbatches",
     "mesh": "partitioning.MeshConfig (data, fsdp, model)",
+    "device_memory": "partitioning.MeshConfig.device_memory_gib",
     "on_nonfinite": "ON_NONFINITE (train.on_nonfinite)",
     "max_skipped_fraction": "MAX_SKIPPED_FRACTION (train.max_skipped_fraction)",
     "decode_tasks": "DECODE_TASKS (downstream.DecodeConfig.tasks)",
@@ -215,4 +216,23 @@ def check_choice(*, name: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ConfigError(
             f"{BINDINGS.get(name, name)} = {value!r}; allowed: {', '.join(map(repr, allowed))}"
+        )
+
+
+def check_step_memory(*, size: str, estimate: Any, limit: int, advice: str) -> None:
+    """A train step whose estimated per-device bytes exceed the device's memory cannot run.
+
+    Args:
+      size: the model size (`MODEL_SIZE`).
+      estimate: its `modeling.memory.MemoryEstimate`.
+      limit: the device's memory in bytes.
+      advice: what to change (`modeling.memory.advice`).
+    """
+    if estimate.total > limit:
+        gib = 2**30
+        raise ConfigError(
+            f"{size}: the train step needs an estimated {estimate.total / gib:.1f} GiB per "
+            f"device (remat_policy={estimate.remat_policy!r}, {estimate.num_microbatches} "
+            f"microbatch(es), attention {estimate.kernel}) but the device has "
+            f"{limit / gib:.1f} GiB ({BINDINGS['device_memory']}); {advice}"
         )
