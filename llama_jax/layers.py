@@ -7,6 +7,8 @@ unsharded, under `jax.jit` with a mesh, and inside T5X. None of the layers has a
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -97,9 +99,32 @@ class RMSNorm(nn.Module):
         scale = param_with_axes(
             "scale", nn.initializers.ones, (x.shape[-1],), cfg.weight_dtype, axes=(axes.EMBED,)
         )
-        wide = x.astype(accum_dtype(x.dtype))
-        normed = wide * jax.lax.rsqrt(jnp.mean(wide * wide, axis=-1, keepdims=True) + cfg.norm_eps)
-        return normed.astype(cfg.compute_dtype) * scale.astype(cfg.compute_dtype)
+        return rms_norm(x, scale.astype(cfg.compute_dtype), cfg.norm_eps)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(2,))
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """`x` normalised over its last axis in float32 (or wider), times `scale`, in `scale`'s dtype.
+
+    Rematerialised (`jax.checkpoint`): its residuals -- a float32 copy of the input and the
+    float32 normalised value, 6 bytes per element beside the output -- cost more memory than
+    recomputing a few elementwise operations costs time, and its input is kept anyway.
+    """
+    wide = x.astype(accum_dtype(x.dtype))
+    normed = wide * jax.lax.rsqrt(jnp.mean(wide * wide, axis=-1, keepdims=True) + eps)
+    return normed.astype(scale.dtype) * scale
+
+
+@jax.checkpoint
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """`silu(gate) * up`, recomputed in the backward pass from `gate` and `up`.
+
+    Without the checkpoint JAX keeps SiLU's three intermediates and the product beside the two
+    projections (6 `[b, S, d_ff]` arrays per layer, the largest activations of a LLaMA block);
+    with it, the two projections and the product (3), as PyTorch's autograd keeps for HF's
+    LLaMA MLP.
+    """
+    return nn.silu(gate) * up
 
 
 class Attention(nn.Module):
@@ -219,7 +244,7 @@ class MLP(nn.Module):
         gate_up = jnp.einsum("bld,dsf->blsf", x, jnp.stack([w1, w3], axis=1))
         gate = constrain(gate_up[:, :, 0], axes.ACT_MLP)
         up = constrain(gate_up[:, :, 1], axes.ACT_MLP)
-        hidden = nn.silu(gate) * up
+        hidden = swiglu(gate, up)
         return constrain(jnp.einsum("blf,fd->bld", hidden, w2), axes.ACT_EMBED)
 
 

@@ -5,10 +5,11 @@ The terms follow what JAX saves for `llama_jax.layers.DecoderLayer` (read with
 sequence of `S` tokens, with `c` the compute dtype's bytes:
 
 - `none` saves every intermediate a primitive's backward needs: the block input and the
-  residual sum `h` (`S·D·c` each); per RMSNorm its float32 input copy and two compute-dtype
-  outputs (`8·S·D`); query, key, value and the attention output (`S·(2H + 2K)·h·c`) and the RoPE
-  sine/cosine tables (`8·S·h`); SwiGLU's gate and up projections, SiLU's three intermediates and
-  their product (`6·S·F·c`); and the attention kernel's own residuals: the `xla` kernel keeps
+  residual sum `h` (`S·D·c` each); each RMSNorm's output (`S·D·c`: the norm itself is
+  rematerialised, `llama_jax.layers.rms_norm`); query, key, value and the attention output
+  (`S·(2H + 2K)·h·c`) and the RoPE sine/cosine tables (`8·S·h`); SwiGLU's gate and up
+  projections and their product (`3·S·F·c`: the SiLU is rematerialised,
+  `llama_jax.layers.swiglu`); and the attention kernel's own residuals: the `xla` kernel keeps
   the masked float32 logits, their exponent, the weights (compute dtype) and the boolean mask,
   each `[H, S, S]` (`H·S²·(9 + c)`), while `cudnn` and `splash` keep only float32 softmax
   statistics `[H, S]` (cuDNN on a packed batch also a `[1, S, S]` boolean mask and the bias it
@@ -21,8 +22,9 @@ sequence of `S` tokens, with `c` the compute dtype's bytes:
   einsums have batch dimensions).
 - `full` keeps each block's input only.
 
-Outside the blocks the forward keeps the final RMSNorm's residuals and the output projection's
-input (its custom VJP saves `x` and the kernel, never the logits), `S·D·(8 + c)`.
+Outside the blocks the forward keeps the last block's output and the final RMSNorm's output,
+the output projection's input (its custom VJP saves `x` and the kernel, never the logits),
+`2·S·D·c`.
 """
 
 from __future__ import annotations
@@ -38,12 +40,6 @@ from modeling.memory import (
     estimate,
     resolve_kernel,
 )
-
-
-def _norm_bytes(c: int) -> int:
-    """Bytes per element an RMSNorm saves: its float32 input copy (none when the compute dtype
-    is float32 already, then its float32 normalised value instead) and two outputs."""
-    return 4 + 2 * c if c < 4 else 2 * c
 
 
 def _attention_kernel_bytes(cfg: LlamaConfig, *, seq_len: int, kernel: str, packed: bool) -> int:
@@ -91,10 +87,10 @@ def layer_saved(
         return block_input + weight_dots + attention, 0
     per_seq = (
         2 * s * d * c  # block input, residual sum
-        + 2 * s * d * _norm_bytes(c)
+        + 2 * s * d * c  # the two RMSNorm outputs (the norms recompute the rest)
         + (2 * q + 2 * kv) * c  # query, key, value, attention output
         + 8 * s * h  # RoPE tables
-        + 6 * s * f * c  # SwiGLU
+        + 3 * s * f * c  # SwiGLU: gate, up, and their product (the SiLU is recomputed)
         + _attention_kernel_bytes(cfg, seq_len=s, kernel=kernel, packed=packed)
     )
     return per_seq, _weight_copies(cfg)
@@ -115,7 +111,7 @@ def activation_memory(
     full_seq, full_layer = layer_saved(
         cfg, policy="none", seq_len=seq_len, kernel=kernel, packed=packed
     )
-    outside = seq_len * cfg.d_model * (8 + c)
+    outside = 2 * seq_len * cfg.d_model * c  # last block's output, the final norm's
     return ActivationMemory(
         saved=cfg.num_layers * (batch * per_seq + per_layer) + batch * outside,
         layer=batch * full_seq + full_layer,

@@ -147,7 +147,8 @@ def test_microbatches_and_shards_shrink_the_estimate():
     estimate = _estimator("llama2", "llama2_1085m")
     one = estimate("none", SHAPE)
     four = estimate("none", SHAPE.replace(num_microbatches=4))
-    assert four.activations == pytest.approx(one.activations / 4, rel=0.05)
+    # a quarter of the per-sequence residuals; the per-layer weight copies stay
+    assert one.activations / 4 < four.activations < one.activations / 3
     assert four.gradients == 2 * one.gradients  # an accumulating tree beside each microbatch's
     fsdp = estimate("none", SHAPE.replace(param_shards=8, data_parallel=8, batch_size=64))
     assert fsdp.params == one.params // 8 and fsdp.optimizer_state == one.optimizer_state // 8
@@ -189,7 +190,7 @@ def test_a_step_that_cannot_fit_is_refused_in_one_line():
         _check(0.6)
     message = str(error.value)
     assert "\n" not in message
-    assert message.startswith("llama2_cpu_d128: the train step needs an estimated 0.9 GiB")
+    assert message.startswith("llama2_cpu_d128: the train step needs an estimated 0.8 GiB")
     assert "the device has 0.6 GiB (partitioning.MeshConfig.device_memory_gib)" in message
     assert "set NUM_MICROBATCHES=2 (est. 0.5 GiB)" in message
     with pytest.raises(ConfigError, match="nothing fits"):
