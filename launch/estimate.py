@@ -1,6 +1,11 @@
 """Run-time estimates for sweep plans: from a throughput measured on this machine, a given step
 time, or the hardware users book (`hardware_throughput`: chips × dense bf16 peak × MFU).
 
+With `--hardware`, each run also gets a memory plan (`memory_plan`): the cheapest remat policy
+and the fewest microbatches whose estimate (`modeling.memory`) fits one chip of the slice, its
+parameters and optimizer state sharded over every chip (FSDP); `with_memory_plan` turns a plan
+into the run's `MODEL_OVERRIDES['remat_policy']` and `NUM_MICROBATCHES` bindings.
+
 The throughput is FLOPs per second of what a training step computes (`Counts.cost_per_token`:
 the 6·N matmuls, attention and the output projection), measured with one jitted
 forward+backward+update step of the real model (the trainer's wrapper) at the sweep's smallest size, or derived from a
@@ -10,14 +15,16 @@ is what scaling a measured step time by FLOPs means.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 import time
 from collections.abc import Sequence
 
 from launch import strategies
-from launch.sweep import Run
+from launch.sweep import Run, gin_literal
 from modeling import family as family_lib
+from modeling import memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,3 +231,79 @@ def plan_rows(runs: Sequence[Run], throughput: Throughput | None) -> list[dict]:
         }
         for r in runs
     ]
+
+
+# Accelerator kind of a `--hardware` slice -> its `modeling.memory.CHIPS` entry (A100s are
+# planned as the 80 GB part).
+CHIP_OF_KIND: dict[str, str] = {
+    "v4": "v4",
+    "v5p": "v5p",
+    "v5e": "v5e",
+    "v6e": "v6e",
+    "h100": "h100-80g",
+    "h200": "h200",
+    "a100": "a100-80g",
+}
+
+# The optimizer each family's paper trains with (what a run's state holds).
+PAPER_OPTIMIZER: dict[str, str] = {"llama2": "adamw", "t5": "adafactor"}
+
+
+def chip_of(hardware: Hardware) -> memory.Chip:
+    """The memory of one chip of a `--hardware` slice (`v5p-128` -> v5p, `8xH100` -> H100)."""
+    kind = hardware.name.split("-")[0] if "-" in hardware.name else hardware.name.split("x", 1)[1]
+    return memory.CHIPS[CHIP_OF_KIND[kind.lower()]]
+
+
+def _binding(run: Run, name: str):
+    """A run's gin binding `name` as a Python value (None when unset or not a literal)."""
+    text = dict(run.bindings).get(name)
+    try:
+        return None if text is None else ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+
+
+def memory_plan(run: Run, hardware: Hardware) -> memory.Plan | None:
+    """The remat policy and microbatches that fit `run`'s step on one chip of `hardware`, its
+    batch split and its parameters sharded over every chip (FSDP), with the run's own model
+    overrides (dtype, attention kernel); None where the family cannot say (an unknown size)."""
+    family = family_lib.get(run.family)
+    overrides = {**(_binding(run, "MODEL_OVERRIDES") or {}), **dict(run.overrides)}
+    try:
+        config = family.get_config(run.base_size, **overrides)
+    except (TypeError, ValueError, KeyError, FileNotFoundError):
+        return None
+    lengths = _binding(run, "TASK_FEATURE_LENGTHS") or {}
+    chip = chip_of(hardware)
+    shape = memory.StepShape(
+        batch_size=run.batch_size,
+        seq_len=int(lengths.get("targets", run.seq_len)),
+        inputs_len=int(lengths.get("inputs", run.seq_len))
+        if len(family.feature_keys) > 1
+        else None,
+        data_parallel=hardware.chips,
+        param_shards=hardware.chips,
+        optimizer=PAPER_OPTIMIZER.get(run.family, "adamw"),
+        attention_kernel=getattr(config, "attention_kernel", "auto"),
+        platform=memory.CHIP_PLATFORM[chip.name],
+    )
+
+    def estimator(policy: str, step: memory.StepShape) -> memory.MemoryEstimate:
+        return family.memory_estimate(dataclasses.replace(config, remat_policy=policy), shape=step)
+
+    return memory.plan(estimator, shape=shape, limit=chip.usable)
+
+
+def with_memory_plan(run: Run, plan: memory.Plan) -> Run:
+    """`run` with the plan's `MODEL_OVERRIDES['remat_policy']` and `NUM_MICROBATCHES` bindings.
+
+    The run keeps its id: remat and microbatches change how a step is computed, not what it
+    computes (`trainer.fingerprint` leaves remat out; microbatches only reorder the float sums
+    and are recorded in the fingerprint, so a resumed run keeps its chip's setting).
+    """
+    bindings = dict(run.bindings)
+    overrides = {**(_binding(run, "MODEL_OVERRIDES") or {}), "remat_policy": plan.remat_policy}
+    bindings["MODEL_OVERRIDES"] = gin_literal(dict(sorted(overrides.items())))
+    bindings["NUM_MICROBATCHES"] = str(plan.num_microbatches)
+    return dataclasses.replace(run, bindings=tuple(bindings.items()))

@@ -10,7 +10,9 @@ Schema (every table optional unless said):
 
     [sweep]     name (required), description, family ("llama2" | "t5"), runs_dir, seq_len,
                 gin_files (overlays after each strategy's file), gin_search_paths,
-                runner ("xlscale" | "t5x": real T5X's `t5x.train`, `launch.t5x_runner`)
+                runner ("xlscale" | "t5x": real T5X's `t5x.train`, `launch.t5x_runner`),
+                hardware (a slice, e.g. "v5p-128", "8xH100": each run gets the remat policy
+                and NUM_MICROBATCHES that fit one of its chips, `launch.estimate.memory_plan`)
     [vars]      NAME = "default"  -- `${NAME}` in any string below; "" means "must be given"
     [env]       environment for every launched job
     [slurm]     sbatch_lines = ["--constraint=h100", ...]  -- extra `#SBATCH` lines of every job
@@ -96,6 +98,9 @@ class Manifest:
     runner: str = "xlscale"
     t5x_paths: t5x_runner.T5xPaths = t5x_runner.T5xPaths()
     sbatch_lines: tuple[str, ...] = ()  # [slurm] sbatch_lines, checked
+    # [sweep] hardware: the slice the runs are planned for (`sweep run`/`plan` give each run the
+    # remat policy and microbatches that fit it, `launch.estimate.memory_plan`); None: as set.
+    hardware: str | None = None
 
     def missing_variables(self) -> list[str]:
         """Variables that have no value yet (declared as "" and not given)."""
@@ -345,7 +350,9 @@ def parse_manifest(
     """Validates an already-parsed TOML mapping (see `load_manifest`)."""
     _check_keys(data, _TOP_KEYS, path)
     sweep = data.get("sweep", {})
-    sweep_keys = "name description family runs_dir seq_len gin_files gin_search_paths runner"
+    sweep_keys = (
+        "name description family runs_dir seq_len gin_files gin_search_paths runner hardware"
+    )
     sweep_keys = sweep_keys.split()
     _check_keys(sweep, sweep_keys, f"{path} [sweep]")
     _require("name" in sweep, f"{path} [sweep]", "missing 'name'")
@@ -446,6 +453,7 @@ def parse_manifest(
         runner=runner,
         t5x_paths=t5x_paths or t5x_runner.T5xPaths.resolve(),
         sbatch_lines=sbatch_lines,
+        hardware=sweep.get("hardware"),
     )
     if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
         budgets.resolve(manifest.budget, where=f"{path} [budget]")

@@ -11,6 +11,7 @@ saves and what XLA plans, the planner, and the refusal of a step that cannot fit
 """
 
 import importlib.util
+import json
 import math
 import pathlib
 import sys
@@ -239,3 +240,62 @@ def test_adafactor_state_is_factored():
     state = memory.OPTIMIZER_STATE["adafactor"](shapes, 4)
     assert state == 4 * ((1024 + 2816 + 1) * 2 + (1024 + 2) + (64 * 100 + 2))
     assert memory.OPTIMIZER_STATE["adamw"](shapes, 4) == 8 * sum(np.prod(s) for s in shapes)
+
+
+def test_sizes_memory_shows_parts_and_the_plan_per_size(capsys):
+    from xlscale_cli.main import main
+
+    argv = ["sizes", "--memory", "--hardware", "v5e", "--chips", "16", "--json"]
+    assert main([*argv, "llama2_49m", "llama2_5534m"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["name"] for r in rows] == ["llama2_49m", "llama2_5534m"]
+    small, big = rows
+    assert small["remat_policy"] == "none" and big["remat_policy"] == "full"
+    assert all(r["fits"] and r["total"] <= 16 * 0.95 for r in rows)
+    assert small["batch"] == 512 and big["batch"] == 2048  # 1M and 4M tokens of 2048
+    assert big["kernel"] == "splash"
+    assert main(["sizes", "--memory", "--hardware", "a100-80g", "llama2_1085m"]) == 0
+    out = capsys.readouterr().out
+    assert "remat" in out.splitlines()[0] and "8 x a100-80g" in out
+    assert main(["sizes", "--memory", "--hardware", "h1000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "xlscale sizes: --hardware 'h1000': allowed h100-80g, h200, a100-80g, a100-40g, v5p, "
+        "v5e, v4, v6e"
+    )
+
+
+def test_sweep_plan_on_hardware_gives_each_run_a_policy_that_fits(capsys):
+    from launch import estimate, sweep
+    from xlscale_cli.main import main
+
+    assert main(["sweep", "plan", "cpt_paper", "--hardware", "v5e-16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["runs"]
+    assert all(r["fits"] and r["gib_per_chip"] <= 16 * 0.95 for r in rows)
+    policies = {r["remat_policy"] for r in rows}
+    assert "none" in policies and len(policies) > 1  # the large sizes need remat on 16 GiB
+    runs = sweep.expand(sweep.load_manifest("cpt_paper"))
+    big = next(r for r in runs if r.size == "llama2_5534m")
+    plan = estimate.memory_plan(big, estimate.parse_hardware("v5e-16"))
+    planned = estimate.with_memory_plan(big, plan)
+    bindings = dict(planned.bindings)
+    assert f"'remat_policy': '{plan.remat_policy}'" in bindings["MODEL_OVERRIDES"]
+    assert bindings["NUM_MICROBATCHES"] == str(plan.num_microbatches)
+    assert planned.run_id == big.run_id  # the plan is how a step runs, not which run it is
+    assert main(["sweep", "plan", "cpt_paper", "--hardware", "v5p-128"]) == 0
+    out = capsys.readouterr().out
+    assert "remat  micro  GiB/chip  fits" in out and "fits one v5p" in out
+
+
+def test_a_manifest_planned_for_a_chip_launches_runs_with_its_policy(tmp_path, capsys):
+    from launch import sweep
+    from xlscale_cli.main import main
+
+    text = (pathlib.Path(sweep.__file__).parent / "manifests" / "smoke.toml").read_text()
+    manifest = tmp_path / "planned.toml"
+    manifest.write_text(text.replace("[sweep]\n", '[sweep]\nhardware = "v5e-4"\n', 1))
+    assert sweep.load_manifest(str(manifest)).hardware == "v5e-4"
+    argv = ["sweep", "run", str(manifest), "--dry-run", "--runs-dir", str(tmp_path / "runs")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "--gin.NUM_MICROBATCHES=1" in out and "remat_policy" in out

@@ -70,7 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hardware",
         metavar="SLICE",
         help="estimate on the hardware you book instead of this machine: a TPU slice "
-        "(v5p-128, v5e-16, v4-8, v6e-256) or GPUs (8xH100, 64xA100); prints chip-hours",
+        "(v5p-128, v5e-16, v4-8, v6e-256) or GPUs (8xH100, 64xA100); prints chip-hours and "
+        "per run the remat policy and microbatches that fit one chip (default: the manifest's "
+        "[sweep] hardware)",
     )
     plan.add_argument(
         "--mfu",
@@ -80,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     run = actions.add_parser("run", parents=[common], help="launch the runs in dependency order")
+    run.add_argument(
+        "--hardware",
+        metavar="SLICE",
+        help="give every run the remat policy and NUM_MICROBATCHES that fit one chip of this "
+        "slice (e.g. v5p-128, 8xH100; default: the manifest's [sweep] hardware, else as set)",
+    )
     run.add_argument("--launcher", choices=sorted(launchers.LAUNCHERS), default="local")
     run.add_argument("--dry-run", action="store_true", help="print what would run; start nothing")
     run.add_argument("--retries", type=int, default=0, help="restarts of a failed run")
@@ -161,10 +169,10 @@ def plan(args) -> int:
     """Prints one row per run: id, strategy, N, tokens, FLOPs, steps, batch, estimated time."""
     manifest, runs = _runs(args)
     hardware = None
-    if args.hardware:
+    if args.hardware or manifest.hardware:
         if args.step_time:
             raise ValueError("--hardware and --step-time both set; allowed: one of them")
-        hardware = estimate.parse_hardware(args.hardware)
+        hardware = estimate.parse_hardware(args.hardware or manifest.hardware)
         throughput, why = estimate.hardware_throughput(hardware, mfu=args.mfu), ""
     else:
         throughput, why = estimate.throughput_for(
@@ -177,6 +185,9 @@ def plan(args) -> int:
     for row in rows:  # chip-hours: what a booking costs (only for booked hardware)
         seconds = row["estimated_s"]
         row["chip_hours"] = None if chips is None or seconds is None else chips * seconds / 3600
+    if hardware:
+        for row, r in zip(rows, runs, strict=True):
+            row.update(_memory_columns(estimate.memory_plan(r, hardware)))
     if args.json:
         print(json.dumps({"manifest": manifest.name, "runs": rows}, indent=1))
         return 0
@@ -184,7 +195,7 @@ def plan(args) -> int:
     if throughput:
         print(f"# time estimates: {throughput.flops_per_s:.3g} FLOP/s, {throughput.source}")
     header = ["run id", "N", "tokens", "FLOPs (6ND)", "steps", "batch", "est. time"]
-    header += ["chip-hours"] if hardware else []
+    header += ["chip-hours", "remat", "micro", "GiB/chip", "fits"] if hardware else []
     table = [
         [
             row["run_id"],
@@ -195,10 +206,29 @@ def plan(args) -> int:
             str(row["batch_size"]),
             run_states.format_seconds(row["estimated_s"]) if throughput else "-",
         ]
-        + ([_fmt(row["chip_hours"], ",.0f")] if hardware else [])
+        + (
+            [
+                _fmt(row["chip_hours"], ",.0f"),
+                row["remat_policy"] or "?",
+                _fmt(row["num_microbatches"], "d"),
+                _fmt(row["gib_per_chip"], ".1f"),
+                {True: "yes", False: "NO", None: "?"}[row["fits"]],
+            ]
+            if hardware
+            else []
+        )
         for row in rows
     ]
     print(_table(header, table))
+    if hardware:
+        chip = estimate.chip_of(hardware)
+        print(
+            f"# memory: per run the cheapest remat policy, then the fewest microbatches, whose "
+            f"estimate fits one {chip.name} ({chip.usable / 2**30:.1f} GiB usable of "
+            f"{chip.memory / 2**30:.1f} GiB), FSDP over {hardware.chips} chips; `sweep run "
+            f"--hardware {hardware.name}` (or [sweep] hardware) sets them as "
+            "MODEL_OVERRIDES['remat_policy'] and NUM_MICROBATCHES"
+        )
     for line in _plan_notes(manifest, runs, rows):
         print(line)
     flops = [r.flops for r in runs]
@@ -213,6 +243,41 @@ def plan(args) -> int:
         total += f", {hardware.chips * sum(total_s) / 3600:,.0f} chip-hours"
     print(total)
     return 0
+
+
+def _memory_columns(plan) -> dict:
+    """A run's memory-plan fields for the plan table and JSON (None where unknown)."""
+    if plan is None:
+        return {"remat_policy": None, "num_microbatches": None, "gib_per_chip": None, "fits": None}
+    return {
+        "remat_policy": plan.remat_policy,
+        "num_microbatches": plan.num_microbatches,
+        "gib_per_chip": plan.estimate.total / 2**30,
+        "fits": plan.fits,
+    }
+
+
+def _planned(args, manifest, runs):
+    """`runs` with the memory plan of `--hardware` (or the manifest's) applied, each run's
+    policy printed; unchanged without one."""
+    name = getattr(args, "hardware", None) or manifest.hardware
+    if not name:
+        return runs
+    hardware = estimate.parse_hardware(name)
+    planned = []
+    for r in runs:
+        plan = estimate.memory_plan(r, hardware)
+        if plan is None:
+            planned.append(r)
+            continue
+        if not plan.fits:
+            print(
+                f"# {r.run_id}: no remat policy or microbatch count fits one chip of {name} "
+                f"(est. {plan.estimate.total / 2**30:.1f} GiB with 'full'); use more chips",
+                file=sys.stderr,
+            )
+        planned.append(estimate.with_memory_plan(r, plan))
+    return planned
 
 
 def _plan_notes(manifest, runs, rows) -> list[str]:
@@ -304,10 +369,11 @@ def launch(args) -> int:
         f"{manifest.name}: {len(runs)} runs with the {args.launcher} launcher"
         + (" (dry run)" if args.dry_run else "")
     )
+    narrow = _only(args, manifest)
     reports, waiting = selection.launch_in_stages(
         manifest,
         launcher,
-        only=_only(args, manifest),
+        only=lambda runs: _planned(args, manifest, narrow(runs)),
         dry_run=args.dry_run,
         progress_factory=run_states.Progress,
         note=progress.note,
