@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -109,6 +110,11 @@ def xla_bytes(compiled) -> int:
 def compile_step(case: Case, devices=None):
     """The trainer's compiled train step of `case` over `devices` (default: the first
     `case.devices` of this backend); compile only, nothing runs."""
+    return compile_case(case, devices).train_step
+
+
+def compile_case(case: Case, devices=None) -> jobs.Job:
+    """The trainer's job of `case` (its compiled train step, state shapes and shardings)."""
     devices = list(devices if devices is not None else jax.devices()[: case.devices])
     family = family_lib.get(case.family)
     spec = models.ModelSpec(
@@ -143,7 +149,38 @@ def compile_step(case: Case, devices=None):
         schedule=ScheduleConfig(),
         step_config=steps.StepConfig(num_microbatches=case.microbatches),
     )
-    return job.train_step
+    return job
+
+
+def measure(case: Case) -> dict:
+    """Compiles `case` on the default device, runs one step on zero state and a batch of ones,
+    and returns the estimate, XLA's bytes and the device's `peak_bytes_in_use` (run it in a
+    fresh process: the peak counts everything the process allocated)."""
+    device = jax.devices()[0]
+    job = compile_case(case, [device])
+    state = jax.tree.map(
+        lambda a: jax.device_put(jnp.zeros(a.shape, a.dtype), a.sharding),
+        job.abstract_state_with_shardings(),
+    )
+    lengths = {"inputs": case.inputs_len} if case.inputs_len else None
+    abstract_batch = jobs.batch_abstract(
+        job.partitioner, batch_size=case.batch, seq_len=case.seq_len, feature_lengths=lengths
+    )
+    batch = {
+        key: jax.device_put(jnp.ones(a.shape, a.dtype), a.sharding)
+        for key, a in abstract_batch.items()
+    }
+    state, metrics = job.train_step(state, batch)
+    jax.block_until_ready((state, metrics))
+    stats = device.memory_stats() or {}
+    est = estimate(case, platform=device.platform)
+    return {
+        "estimate": est.total,
+        "xla": xla_bytes(job.train_step),
+        "peak": stats.get("peak_bytes_in_use"),
+        "kernel": est.kernel,
+        "loss_finite": bool(jnp.isfinite(metrics["loss_sum"])),
+    }
 
 
 def compare(case: Case, *, devices=None, platform: str | None = None) -> dict:
@@ -231,7 +268,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only")
     parser.add_argument("--tpu-topology", default="v5p:2x2x1", help="TPU AOT topology")
+    parser.add_argument(
+        "--measure",
+        metavar="JSON",
+        help="run one step of this Case (JSON fields) on the default device and print the "
+        "estimate, XLA's bytes and the peak bytes in use as JSON (what tests/test_gpu_memory.py "
+        "runs in a fresh process)",
+    )
     args = parser.parse_args()
+    if args.measure:
+        fields = json.loads(args.measure)
+        fields["overrides"] = tuple(sorted(fields.get("overrides", {}).items()))
+        print(json.dumps(measure(Case(**fields))))
+        return 0
     header = (
         f"{'plat':<4} {'case':<46} {'batch':>10} {'kernel':<6} {'est GiB':>9} {'XLA GiB':>9} "
         f"{'ratio':>6} {'comp s':>6}"
@@ -292,5 +341,4 @@ def _all_devices():
 
 
 if __name__ == "__main__":
-    del jnp
     sys.exit(main())
