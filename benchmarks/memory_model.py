@@ -86,12 +86,21 @@ def step_shape(case: Case, *, platform: str) -> StepShape:
     )
 
 
+def _spec(case: Case) -> models.ModelSpec:
+    """The trainer's model spec of `case` (T5 without dropout, as the MT paper pretrains)."""
+    return models.ModelSpec(
+        family=case.family,
+        size=case.size,
+        overrides=dict(case.overrides),
+        attention_kernel=case.attention_kernel,
+        dropout_rate=0.0 if case.family == "t5" else None,
+    )
+
+
 def estimate(case: Case, *, platform: str) -> MemoryEstimate:
     """The family's estimate of `case` on `platform`."""
     family = family_lib.get(case.family)
-    config = family.get_config(
-        case.size, attention_kernel=case.attention_kernel, **dict(case.overrides)
-    )
+    config = family.build(_spec(case)).config
     return family.memory_estimate(config, shape=step_shape(case, platform=platform))
 
 
@@ -117,14 +126,7 @@ def compile_case(case: Case, devices=None) -> jobs.Job:
     """The trainer's job of `case` (its compiled train step, state shapes and shardings)."""
     devices = list(devices if devices is not None else jax.devices()[: case.devices])
     family = family_lib.get(case.family)
-    spec = models.ModelSpec(
-        family=case.family,
-        size=case.size,
-        overrides=dict(case.overrides),
-        attention_kernel=case.attention_kernel,
-        dropout_rate=0.0 if case.family == "t5" else None,
-    )
-    wrapper = family.build(spec)
+    wrapper = family.build(_spec(case))
     data = len(devices) // case.fsdp
     mesh = partitioning.build_mesh(MeshConfig(data=data, fsdp=case.fsdp, model=1), devices)
     partitioner = Partitioner(mesh=mesh, rules=family.axis_rules())

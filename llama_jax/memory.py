@@ -160,4 +160,5 @@ def memory_estimate(cfg: LlamaConfig, *, shape: StepShape) -> MemoryEstimate:
         ),
         shape=shape,
         remat_policy=cfg.remat_policy,
+        kernel=kernel,
     )

@@ -264,6 +264,7 @@ def estimate(
     activations: Callable[[int], ActivationMemory],
     shape: StepShape,
     remat_policy: str,
+    kernel: str | None = None,
 ) -> MemoryEstimate:
     """Combines a family's terms into the per-device estimate (module docstring).
 
@@ -274,6 +275,7 @@ def estimate(
         shape, policy and kernel.
       shape: the step's shape and mesh.
       remat_policy: recorded in the result (the family's terms already use it).
+      kernel: the attention kernel the family's terms assumed (`resolve_kernel`); recorded.
     """
     w = DTYPE_BYTES[param_dtype]
     shards = max(1, shape.param_shards)
@@ -303,7 +305,7 @@ def estimate(
         update=update,
         remat_policy=remat_policy,
         num_microbatches=shape.num_microbatches,
-        kernel=shape.kernel,
+        kernel=kernel or shape.kernel,
     )
 
 

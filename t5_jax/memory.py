@@ -16,14 +16,21 @@ As for LLaMA (`llama_jax.memory`), the terms follow what JAX saves for `t5_jax.m
 - `dots_with_no_batch_dims_saveable`: the dense layers' outputs only.
 - `full`: each block's input.
 
+That is what JAX saves; what XLA keeps differs, because T5's layers run in a Python loop
+(unrolled, no scan): with the whole stack in one graph XLA fuses every elementwise chain into
+its consumer and recomputes it there, so under `none` only the fusion outputs stay live
+(`layer_kept_unrolled`: matmul outputs, attention weights, the MLP's product, norm outputs and
+sums), about half of JAX's list (measured: CPU compiles of t5_small and t5_base, a TPU
+ahead-of-time compile of T5-770M). The remat policies' lists are already of that kind. On the
+CPU backend XLA also schedules an unrolled stack's recomputation as early as the forward, so
+remat saves nothing there and the estimate counts `none`.
+
 Outside the blocks: one relative-position bias `[H, S, S]` per stack (shared by the layers,
 not per example), the encoder output every cross-attention reads, the final norms and the
 float32 input of the output projection (`logits_dense` runs in float32).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from modeling.memory import (
     DTYPE_BYTES,
@@ -34,12 +41,6 @@ from modeling.memory import (
     resolve_kernel,
 )
 from t5_jax.config import T5Config
-
-# XLA:CPU keeps about this share of JAX's residuals for T5's unrolled (Python-loop) stack: with
-# every layer in one graph its fusion recomputes elementwise chains (norms, GELU, masks) inside
-# the backward instead of storing them (measured on t5_small and t5_base compiles; scanned
-# stacks, as LLaMA's, keep every residual).
-UNROLLED_CPU_KEEP = 0.5
 
 # Bytes per element (in units of the compute dtype's size) an MLP keeps, by activation tuple.
 _MLP_SAVED = {("gelu", "linear"): 8, ("relu",): 2}
@@ -108,6 +109,26 @@ def layer_saved(
     return total
 
 
+def layer_kept_unrolled(
+    cfg: T5Config, *, sq: int, sk: int | None, kernel: str, packed: bool
+) -> int:
+    """Per example, what XLA keeps of one block under policy `none` in T5's unrolled stack.
+
+    With every layer in one graph XLA fuses each elementwise chain into the operation that
+    consumes it, in the forward and again in the backward, so what stays live between the
+    passes is the matmul outputs (`dots_saveable`'s set), the attention weights in the compute
+    dtype, the MLP's gated product and each sublayer's norm output and residual sum -- not
+    JAX's residual list (`layer_saved`), whose float32 norm copies, GELU intermediates and
+    masked logits are recomputed inside fusions.
+    """
+    c = DTYPE_BYTES[cfg.dtype]
+    sd = sq * cfg.d_model
+    kept = layer_saved(cfg, policy="dots_saveable", sq=sq, sk=sk, kernel=kernel, packed=packed)
+    sublayers = 2 if sk is None else 3
+    weights = cfg.num_heads * sq * (sq + (sk or 0)) * c if kernel == "xla" else 0
+    return kept + weights + sq * cfg.d_ff * c + 2 * sublayers * sd * c
+
+
 def activation_memory(
     cfg: T5Config,
     *,
@@ -123,22 +144,21 @@ def activation_memory(
     si, st, d = inputs_len, targets_len, cfg.d_model
     enc = dict(sq=si, sk=None, kernel=kernel, packed=packed)
     dec = dict(sq=st, sk=si, kernel=kernel, packed=packed)
-    layers = cfg.num_encoder_layers * layer_saved(
-        cfg, policy=policy, **enc
-    ) + cfg.num_decoder_layers * layer_saved(cfg, policy=policy, **dec)
-    weights = 0
-    if policy == "none":
-        weights = cfg.num_encoder_layers * _layer_weights(
-            cfg, decoder=False
-        ) + cfg.num_decoder_layers * _layer_weights(cfg, decoder=True)
+
+    def block(**where) -> int:
+        if policy == "none":
+            return layer_kept_unrolled(cfg, **where)
+        return layer_saved(cfg, policy=policy, **where)
+
+    layers = cfg.num_encoder_layers * block(**enc) + cfg.num_decoder_layers * block(**dec)
     outside = si * d * (8 + c) + si * d * c + st * d * (8 + c) + st * d * 4
     bias = cfg.num_heads * (si * si + st * st) * c
     transient = max(
-        layer_saved(cfg, policy="none", **enc) if cfg.num_encoder_layers else 0,
-        layer_saved(cfg, policy="none", **dec),
+        layer_kept_unrolled(cfg, **enc) if cfg.num_encoder_layers else 0,
+        layer_kept_unrolled(cfg, **dec),
     )
     return ActivationMemory(
-        saved=batch * (layers + outside) + weights + bias,
+        saved=batch * (layers + outside) + bias,
         layer=batch * transient + _layer_weights(cfg, decoder=True),
         logits=4 * batch * st * cfg.vocab_size,
         gathered_head=(1 if cfg.logits_via_embedding else 2) * w * cfg.vocab_size * d,
@@ -162,12 +182,9 @@ def param_shapes(cfg: T5Config) -> list[tuple[int, ...]]:
 
 
 def memory_estimate(cfg: T5Config, *, shape: StepShape) -> MemoryEstimate:
-    """Per-device bytes of the trainer's step for `cfg` at `shape` (`modeling.memory`).
-
-    T5's layers run in a Python loop, not a scan; XLA:CPU then schedules the rematerialised
-    forward as early as the original one, so on the CPU backend remat saves nothing and the
-    estimate counts policy `none` (measured: `full` compiles to `none`'s bytes there).
-    """
+    """Per-device bytes of the trainer's step for `cfg` at `shape` (`modeling.memory`); on
+    the CPU backend under policy `none` whatever `cfg.remat_policy` says (module docstring:
+    measured, `full` compiles to `none`'s bytes there)."""
     inputs_len = shape.inputs_len or shape.seq_len
     kernel = resolve_kernel(
         shape,
@@ -177,11 +194,11 @@ def memory_estimate(cfg: T5Config, *, shape: StepShape) -> MemoryEstimate:
         kv_length=inputs_len,
         has_bias=True,
     )
-    cpu = shape.platform == "cpu"
-    policy = "none" if cpu else cfg.remat_policy
-
-    def activations(batch: int) -> ActivationMemory:
-        acts = activation_memory(
+    policy = "none" if shape.platform == "cpu" else cfg.remat_policy
+    return estimate(
+        param_shapes=param_shapes(cfg),
+        param_dtype=cfg.param_dtype,
+        activations=lambda batch: activation_memory(
             cfg,
             batch=batch,
             inputs_len=inputs_len,
@@ -189,14 +206,8 @@ def memory_estimate(cfg: T5Config, *, shape: StepShape) -> MemoryEstimate:
             kernel=kernel,
             packed=shape.packed,
             policy=policy,
-        )
-        keep = UNROLLED_CPU_KEEP if cpu else 1.0
-        return dataclasses.replace(acts, saved=int(keep * acts.saved))
-
-    return estimate(
-        param_shapes=param_shapes(cfg),
-        param_dtype=cfg.param_dtype,
-        activations=activations,
+        ),
         shape=shape,
         remat_policy=cfg.remat_policy,
+        kernel=kernel,
     )
