@@ -293,6 +293,8 @@ def main() -> int:
     if importlib.util.find_spec("libtpu") is not None:
         from jax.experimental import topologies
 
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only
+
         devices = topologies.get_topology_desc(args.tpu_topology, platform="tpu").devices
         for case in tpu_cases(len(devices), quick=args.quick):
             print_row(compare(case, devices=devices, platform="tpu"))
@@ -316,7 +318,7 @@ def tpu_cases(n_devices: int, *, quick: bool) -> list[Case]:
             _case(
                 "t5",
                 "t5_770m",
-                batch=64,
+                batch=32,
                 seq_len=512,
                 inputs_len=512,
                 optimizer="adafactor",
