@@ -42,6 +42,7 @@ import numpy as np
 from modeling.attention import AUTO_BY_BACKEND, KERNELS, Problem, check_kernel_name
 
 GiB = 2**30
+MiB = 2**20
 
 # Remat policies in the order of their recompute cost, cheapest first: `none` recomputes
 # nothing; `dots_saveable` recomputes the elementwise work between matmuls; the batch-dims
@@ -318,7 +319,8 @@ class Chip:
 
     Attributes:
       name: the `--hardware` name.
-      memory: device memory in bytes, as sold (HBM).
+      memory: device memory in bytes, as the device reports it (HBM; `nvidia-smi`'s total
+        for GPUs, which is what "80GB" parts hold: 81,559 MiB on an H100 80GB HBM3).
       headroom: fraction kept back for the runtime, the compiled program, collectives'
         buffers and fragmentation; `usable` is what a step may plan to use.
     """
@@ -337,10 +339,10 @@ class Chip:
 # and the CUDA context on top of fragmentation, so 10% is kept back; TPUs keep 5% (the runtime
 # reserves less, and XLA's TPU memory analysis is what the limit is checked against).
 CHIPS: dict[str, Chip] = {
-    "h100-80g": Chip(name="h100-80g", memory=80 * 10**9),
-    "h200": Chip(name="h200", memory=141 * 10**9),
-    "a100-80g": Chip(name="a100-80g", memory=80 * 10**9),
-    "a100-40g": Chip(name="a100-40g", memory=40 * 10**9),
+    "h100-80g": Chip(name="h100-80g", memory=81_559 * MiB),
+    "h200": Chip(name="h200", memory=143_771 * MiB),
+    "a100-80g": Chip(name="a100-80g", memory=81_920 * MiB),
+    "a100-40g": Chip(name="a100-40g", memory=40_960 * MiB),
     "v5p": Chip(name="v5p", memory=95 * GiB, headroom=0.05),
     "v5e": Chip(name="v5e", memory=16 * GiB, headroom=0.05),
     "v4": Chip(name="v4", memory=32 * GiB, headroom=0.05),
