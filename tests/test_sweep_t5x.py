@@ -168,7 +168,10 @@ def test_tpu_vm_and_xmanager_dry_runs_start_t5x_train():
     runs = list(expand().values())
     launcher = tpu_vm.TpuVmLauncher(tpu="t", zone="z")
     remote = launcher.remote_command(runs[0])
-    assert "export PYTHONUNBUFFERED=1 XLSCALE_VOCAB_PATH=/data/spm.model" in remote
+    assert (
+        "export PYTHONUNBUFFERED=1 XLSCALE_EXPECT_PLATFORM=tpu XLSCALE_VOCAB_PATH=/data/spm.model"
+        in (remote)
+    )
     assert remote.endswith(shlex.join(runs[0].argv(".venv/bin/python")))
     stream = io.StringIO()
     report = xm_launch.XManagerLauncher(title="t").launch(
