@@ -1,7 +1,12 @@
 """The children of `accelerator_step.py`: the device probe and one benchmark row per process.
 
     python benchmarks/accelerator_rows.py --probe jax|torch      # one result line: the device
+    python benchmarks/accelerator_rows.py --probe jax --shapes '<estimate_request JSON>'
     python benchmarks/accelerator_rows.py --row '<RowSpec JSON>'  # one result line: the row
+
+The probe runs on the device, so it (not the parent) asks the memory model: given `--shapes`,
+it also answers, per model, the estimated bytes per device of the row's step under each remat
+policy, built exactly as a row builds its step (`model_spec`, `step_estimates`).
 
 Each prints exactly one `bench_harness.ROW_MARK` line (its result, or its failure classified as
 `oom`, `compile_error` or `error`). The parent (`accelerator_step.py`) imports none of this: it
@@ -13,7 +18,9 @@ trainer's own compiled step (`run_xlscale`) and the Hugging Face peer (`run_hf`)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
+import json
 import pathlib
 import statistics
 import sys
@@ -29,12 +36,12 @@ for _path in (str(HERE.parent), str(HERE)):  # a checkout, not an install; the p
 import bench_harness as harness  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from accelerator_step import RowSpec, Shape, peak_flops  # noqa: E402
+from accelerator_step import RowSpec, Shape, is_accelerator, peak_flops  # noqa: E402
 
 from modeling import family as families  # noqa: E402
 from trainer import jobs, models, steps  # noqa: E402
 from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
-from trainer.partitioning import MeshConfig  # noqa: E402
+from trainer.partitioning import MeshConfig, Partitioner, build_mesh  # noqa: E402
 from trainer.schedules import ScheduleConfig  # noqa: E402
 
 
@@ -129,22 +136,71 @@ def _rates(
     }
 
 
-def run_xlscale(spec: RowSpec) -> dict[str, Any]:
-    """Compiles and times the trainer's step for one configuration; returns the row's fields."""
+def model_spec(spec: RowSpec) -> models.ModelSpec:
+    """The trainer's model spec of an xlscale row: the shape's overrides, the row's compute
+    dtype, remat policy and attention kernel (T5 without dropout, as the MT paper pretrains)."""
     shape = spec.shape
-    fam = families.get(shape.family)
     overrides = {**dict(shape.overrides), "dtype": spec.dtype, "remat_policy": spec.remat}
     overrides["attention_kernel"] = spec.attention
-    model_spec = models.ModelSpec(
+    return models.ModelSpec(
         family=shape.family,
         size=shape.size,
         overrides=overrides,
         dropout_rate=0.0 if shape.family == "t5" else None,
     )
+
+
+def feature_lengths(shape: Shape) -> dict[str, int]:
+    """The task feature lengths of a shape (`inputs` only for an encoder-decoder)."""
+    return {"targets": shape.targets, **({"inputs": shape.inputs} if shape.inputs else {})}
+
+
+def step_estimates(
+    spec: RowSpec, *, partitioner: Partitioner, policies: Sequence[str]
+) -> dict[str, Any]:
+    """The memory model's bytes per device of the row's train step under each remat policy:
+    `{"kernel", "bytes": {policy: bytes}, "error": None}`, or `{"error": text}` when the model
+    cannot say (a measurement must not be lost to the estimate).
+
+    The step is the row's own: its model config (`model_spec`), optimizer, batch and lengths,
+    the partitioner's mesh, `auto` attention resolved for the backend, packed (the trainer's
+    batches always carry segment ids), one microbatch (`trainer.jobs.step_shape`, as the
+    trainer's own memory check builds it)."""
+    shape = spec.shape
+    try:
+        fam = families.get(shape.family)
+        wrapper = fam.build(model_spec(spec))
+        step = jobs.step_shape(
+            model=wrapper,
+            partitioner=partitioner,
+            batch_size=shape.batch,
+            seq_len=shape.targets,
+            feature_lengths=feature_lengths(shape),
+            optimizer=_optimizer(shape)[0],
+            num_microbatches=1,
+        )
+        found = {
+            p: fam.memory_estimate(dataclasses.replace(wrapper.config, remat_policy=p), shape=step)
+            for p in policies
+        }
+    except Exception as e:  # noqa: BLE001 -- reported beside the measurement, never instead
+        return {"error": f"{type(e).__name__}: {e}"}
+    kernel = next(iter(found.values())).kernel if found else None
+    return {"kernel": kernel, "bytes": {p: float(e.total) for p, e in found.items()}, "error": None}
+
+
+def run_xlscale(spec: RowSpec) -> dict[str, Any]:
+    """Compiles and times the trainer's step for one configuration; returns the row's fields,
+    the memory model's estimate of the step (`est_bytes`) among them, beside XLA's."""
+    shape = spec.shape
+    fam = families.get(shape.family)
     with harness.phase("setup"):
-        wrapper, partitioner, abstract = jobs.build_partitioned_model(model_spec, MeshConfig())
+        wrapper, partitioner, abstract = jobs.build_partitioned_model(
+            model_spec(spec), MeshConfig()
+        )
         optimizer, schedule = _optimizer(shape)
-    lengths = {"targets": shape.targets, **({"inputs": shape.inputs} if shape.inputs else {})}
+    estimate = step_estimates(spec, partitioner=partitioner, policies=(spec.remat,))
+    lengths = feature_lengths(shape)
     start = time.perf_counter()
     with harness.phase("compile"):
         job = jobs.compile_job(
@@ -193,6 +249,9 @@ def run_xlscale(spec: RowSpec) -> dict[str, Any]:
         "loss": loss,
         **device_memory(),
         **xla_analysis(job.train_step),
+        "est_bytes": (estimate.get("bytes") or {}).get(spec.remat),
+        "est_kernel": estimate.get("kernel"),
+        "est_error": estimate["error"],
     }
 
 
@@ -307,16 +366,32 @@ ROW_BODIES: dict[str, Callable[[RowSpec], dict[str, Any]]] = {
 }
 
 
-def probe(*, with_torch: bool) -> dict[str, Any]:
+def probe(*, with_torch: bool, request: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the parent needs to plan: JAX's backend, device kind and count, the device memory
-    limit where the backend reports one, and whether the torch peer can run (torch and
-    transformers import; CUDA there)."""
+    limit where the backend reports one, whether the torch peer can run (torch and
+    transformers import; CUDA there), and, given a `request` (`accelerator_step.
+    estimate_request`), the memory model's estimates of the rows' steps on this backend:
+    `estimates[model] = step_estimates(...)` for the request's accelerator or CPU specs."""
     devices = jax.devices()
     stats = devices[0].memory_stats() or {}
     found = {"backend": jax.default_backend(), "device_kind": devices[0].device_kind}
     found.update(
         device_count=len(devices), bytes_limit=stats.get("bytes_limit"), jax=jax.__version__
     )
+    if request is not None:
+        kind = "accelerator" if is_accelerator(found["backend"]) else "cpu"
+        specs = {m: RowSpec.from_dict(raw) for m, raw in request["rows"][kind].items()}
+        mesh = build_mesh(MeshConfig())  # the rows' mesh, with each family's rules
+        partitioners = {
+            s.shape.family: Partitioner(mesh=mesh, rules=families.get(s.shape.family).axis_rules())
+            for s in specs.values()
+        }
+        found["estimates"] = {
+            m: step_estimates(
+                s, partitioner=partitioners[s.shape.family], policies=request["policies"]
+            )
+            for m, s in specs.items()
+        }
     found.update(torch=None, torch_cuda=False, torch_device=None, transformers=False)
     if with_torch and importlib.util.find_spec("torch") is not None:
         import torch  # the probe's own process: nothing of torch stays in the rows' processes
@@ -334,9 +409,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--probe", choices=["jax", "torch"], help="report the device (and torch)")
     mode.add_argument("--row", help="run this RowSpec (JSON)")
+    parser.add_argument("--shapes", help="--probe: estimate these rows' steps (JSON)")
     args = parser.parse_args(argv)
     if args.probe is not None:
-        return harness.child_main("probe", lambda: probe(with_torch=args.probe == "torch"))
+        request = None if args.shapes is None else json.loads(args.shapes)
+        return harness.child_main(
+            "probe", lambda: probe(with_torch=args.probe == "torch", request=request)
+        )
     spec = RowSpec.from_json(args.row)
     return harness.child_main(spec.name, lambda: ROW_BODIES[spec.impl](spec))
 

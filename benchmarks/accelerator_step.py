@@ -11,7 +11,8 @@ Runs from a checkout without an install (the children get the repo root on `PYTH
 needs neither TensorFlow nor seqio nor gin (a test keeps it so).
 
 How it runs (`bench_harness`): this parent process only plans and never imports JAX or torch, so
-it holds no device memory; a short probe child reports the device; then every configuration and
+it holds no device memory; a short probe child reports the device (and, for `--quick`, the memory
+model's estimate of each row's step per remat policy, below); then every configuration and
 every peer is its own child process (`accelerator_rows.py`), so device memory starts fresh for
 each (a torch peer's cache once starved the JAX rows), and a child dies with the parent. Each
 row is printed and appended to `--out` (JSON lines: a `header` record, one `row` record per row,
@@ -39,7 +40,12 @@ on CPU tiny shapes (`llama2_tiny` at seq 128, `t5_tiny` at 64/32, vocab 512) so 
 testable. Each xlscale row compiles the trainer's step (`trainer.jobs.compile_job`: mesh over all
 devices, `NamedSharding`s, donation, the non-finite guard, token counters), feeds a synthetic
 batch through `Partitioner.shard_batch` and reports the median of `--steps` timed steps after
-`--warmup` steps, with XLA's `memory_analysis()` and `cost_analysis()` of the compiled step.
+`--warmup` steps, with XLA's `memory_analysis()` and `cost_analysis()` of the compiled step and
+the memory model's estimate of the same step (`est_bytes`: `ModelFamily.memory_estimate` at
+`trainer.jobs.step_shape`, as the trainer's own memory check asks it), so every accelerator run
+also validates the memory model against XLA (`xla_bytes`) and the allocator (`peak_bytes`).
+LLaMA's layers are scanned (`scan_layers=True`), as at paper scale and as its memory model
+assumes.
 
 MFU = model FLOPs per step ÷ (step time × the chip's dense bf16 peak × devices). Model FLOPs are
 the family's `flops_per_token(...).with_attention` per target token (LLaMA2: 6·N_non-emb +
@@ -59,7 +65,12 @@ has finished, each xlscale row of its model gets `vs_hf` = xlscale tokens/s ÷ p
 unpacked with the first remat policy that fits (`remat_candidates` over `--remat`, default none,
 dots_saveable, full), packed with that policy, the HF `torch.compile` peer; T5-770M with the
 first policy that fits, its HF peer at the largest batch it holds. `--models` narrows it (a
-second lease can finish what a first one skipped).
+second lease can finish what a first one skipped). Before any row, the policies the memory model
+puts over the device's `bytes_limit` are dropped (a line per model says which, with their
+estimates against the limit; the header record's `remat_plan` keeps them), so a lease spends no
+minute on a certain out-of-memory; the rest still fall back on a real one. Where the device
+reports no limit (the CPU) nothing is dropped; where nothing is predicted to fit, the last policy
+is still tried.
 """
 
 from __future__ import annotations
@@ -124,12 +135,22 @@ class Shape:
     overrides: tuple[tuple[str, object], ...] = ()
 
 
-# (model, accelerator?) -> shape. The accelerator shapes are the issue's measurements.
+# (model, accelerator?) -> shape. The accelerator shapes are the issue's measurements. LLaMA's
+# layers are scanned, as the paper-scale runs' are (`xlscale sizes --memory`, the TPU
+# ahead-of-time compiles): the memory model describes a scanned stack (unscanned, XLA may
+# schedule a remat policy's recomputation early and save nothing), and 22 scanned layers
+# compile as one.
 SHAPES: dict[tuple[str, bool], Shape] = {
-    ("llama", True): Shape("llama2", "llama2_1085m", batch=8, targets=2048),
+    ("llama", True): Shape(
+        "llama2", "llama2_1085m", batch=8, targets=2048, overrides=(("scan_layers", True),)
+    ),
     ("t5", True): Shape("t5", "t5_770m", batch=64, targets=114, inputs=512),
     ("llama", False): Shape(
-        "llama2", "llama2_tiny", batch=8, targets=128, overrides=(("vocab_size", 512),)
+        "llama2",
+        "llama2_tiny",
+        batch=8,
+        targets=128,
+        overrides=(("scan_layers", True), ("vocab_size", 512)),
     ),
     ("t5", False): Shape(
         "t5", "t5_tiny", batch=8, targets=32, inputs=64, overrides=(("vocab_size", 512),)
@@ -180,17 +201,26 @@ class RowSpec:
             "warmup": self.warmup,
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain JSON data (a child's `--row`, the probe's `--shapes` entries)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RowSpec:
+        """Inverse of `to_dict`."""
+        raw = dict(raw)
+        shape = dict(raw.pop("shape"))
+        shape["overrides"] = tuple(tuple(kv) for kv in shape["overrides"])
+        return cls(shape=Shape(**shape), **raw)
+
     def to_json(self) -> str:
         """The spec as one JSON string (a child's `--row`)."""
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str) -> RowSpec:
         """Inverse of `to_json`."""
-        raw = json.loads(text)
-        shape = raw.pop("shape")
-        shape["overrides"] = tuple(tuple(kv) for kv in shape["overrides"])
-        return cls(shape=Shape(**shape), **raw)
+        return cls.from_dict(json.loads(text))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,14 +261,106 @@ def remat_candidates(
     """The remat policies to try for `shape`, in order; the first whose row does not run out of
     memory is the one used (for the packed row too).
 
-    The seam for a memory model: given `estimate(shape, policy) -> bytes` (a family's model of
-    the step, e.g. `modeling.memory` once it exists) and the device's `bytes_limit`, policies
-    that cannot fit are dropped, so a lease spends no minute on a certain out-of-memory. Without
-    one every policy of `order` is tried, most memory-hungry (fastest) first."""
+    Given `estimate(shape, policy) -> bytes` (the memory model's bytes per device, which the
+    probe child computes: `modeling.memory` through the family) and the device's `bytes_limit`,
+    policies predicted not to fit are dropped, so a lease spends no minute on a certain
+    out-of-memory; when none is predicted to fit, the last (leanest) is still tried. Without
+    either every policy of `order` is tried, most memory-hungry (fastest) first."""
     if estimate is None or bytes_limit is None:
         return tuple(order)
     fits = tuple(policy for policy in order if estimate(shape, policy) <= bytes_limit)
     return fits or tuple(order[-1:])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RematChoice:
+    """The remat policies `--quick` tries for one model, and those the memory model dropped.
+
+    Attributes:
+      model: the model's name (`llama`, `t5`).
+      size: its shape's size name.
+      order: the policies asked for (`--remat`), in order.
+      candidates: those to try, in order (`remat_candidates`).
+      estimates: policy -> the memory model's bytes per device (empty: no estimate).
+      kernel: the attention kernel the estimates assumed (None: no estimate).
+      limit: the device's `bytes_limit` (None: unknown, as on the CPU: nothing is dropped).
+      error: why there is no estimate (None: there is one, or none was asked for).
+    """
+
+    model: str
+    size: str
+    order: tuple[str, ...]
+    candidates: tuple[str, ...]
+    estimates: dict[str, float]
+    kernel: str | None = None
+    limit: float | None = None
+    error: str | None = None
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        """The policies of `order` not tried."""
+        return tuple(p for p in self.order if p not in self.candidates)
+
+    def _est(self, policies: Sequence[str]) -> str:
+        return ", ".join(f"{p} {harness.gib(self.estimates.get(p))}" for p in policies)
+
+    def line(self) -> str:
+        """One printed line: what was dropped, the estimates against the limit, what is tried."""
+        head = f"memory model: {self.size}"
+        trying = f"trying {', '.join(self.candidates)}"
+        if not self.estimates:
+            return f"{head}: no estimate ({self.error or 'not asked'}); {trying}"
+        head += f" ({self.kernel} attention)"
+        if self.limit is None:
+            return (
+                f"{head}: est. {self._est(self.order)}; no bytes_limit, nothing dropped; {trying}"
+            )
+        limit = f"bytes_limit {harness.gib(self.limit)}"
+        if not self.dropped:
+            return f"{head}: drops nothing (est. {self._est(self.order)} <= {limit}); {trying}"
+        fits = any(self.estimates[p] <= self.limit for p in self.order)
+        return (
+            f"{head}: drops {', '.join(self.dropped)} (est. {self._est(self.dropped)} > {limit})"
+            f"{'' if fits else ', nothing fits'}; {trying} (est. {self._est(self.candidates)})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The choice as JSON data (the header record's `remat_plan`)."""
+        return {**dataclasses.asdict(self), "dropped": list(self.dropped)}
+
+
+def remat_choice(
+    model: str,
+    shape: Shape,
+    *,
+    order: Sequence[str],
+    limit: float | None,
+    answer: dict[str, Any] | None,
+) -> RematChoice:
+    """The policies to try for `model`, from the probe's `answer` for it (`{"kernel", "bytes":
+    {policy: bytes}, "error"}`; None: the probe estimated nothing)."""
+    answer = answer or {}
+    table = answer.get("bytes") or {}
+    missing = [p for p in order if p not in table]
+    error = answer.get("error")
+    if table and missing:
+        error = f"no estimate for {', '.join(missing)}"
+    known = error is None and not missing
+    return RematChoice(
+        model=model,
+        size=shape.size,
+        order=tuple(order),
+        candidates=remat_candidates(
+            shape,
+            bytes_limit=limit,
+            estimate=(lambda _shape, policy: table[policy]) if known else None,
+            order=order,
+        ),
+        estimates={p: table[p] for p in order} if known else {},
+        kernel=answer.get("kernel") if known else None,
+        limit=limit,
+        error=error,
+    )
 
 
 def halvings(batch: int, *, times: int = 3) -> list[int]:
@@ -328,18 +450,15 @@ def plan_quick(
     session: harness.Session,
     planner: Planner,
     shapes: dict[str, Shape],
-    *,
-    models: Sequence[str],
-    order: Sequence[str],
-    limit: float | None,
+    choices: dict[str, RematChoice],
 ):
-    """The headline rows, per model: the first remat policy of `order` that fits, unpacked
-    (then packed with that policy where `QUICK_PACKED` says), then the peer at the largest
-    batch it holds."""
-    for name in models:
+    """The headline rows, per model of `choices`: the first of its candidate remat policies that
+    does not run out of memory, unpacked (then packed with that policy where `QUICK_PACKED`
+    says), then the peer at the largest batch it holds."""
+    for name, choice in choices.items():
         shape = shapes[name]
-        policies = remat_candidates(shape, bytes_limit=limit, order=order)
-        fit = session.first_fit([planner.xlscale(shape, remat=r, packed=False) for r in policies])
+        tasks = [planner.xlscale(shape, remat=r, packed=False) for r in choice.candidates]
+        fit = session.first_fit(tasks)
         if QUICK_PACKED[name] and fit is not None:
             session.run(planner.xlscale(shape, remat=fit["remat"], packed=True))
         elif QUICK_PACKED[name]:
@@ -397,6 +516,9 @@ def run(args: argparse.Namespace, *, argv, compile_cache: str) -> list[dict]:
     )
     memory = MemorySettings(fraction=args.mem_fraction, preallocate=args.preallocate)
     found = run_probe(args, memory, budget)
+    ok = found.get("status") == "ok"
+    shapes = run_shapes(args, accelerator=ok and is_accelerator(found["backend"]))
+    choices = quick_choices(args, shapes, found) if ok and args.quick else {}
     header = {
         "record": "header",
         "argv": list(argv if argv is not None else sys.argv[1:]),
@@ -407,14 +529,15 @@ def run(args: argparse.Namespace, *, argv, compile_cache: str) -> list[dict]:
         "budget_s": budget.total_s,
         "mfu_formula": MFU_FORMULA,
         "peak_flops": peak_flops(found.get("device_kind") or ""),
+        "remat_plan": {m: choice.to_dict() for m, choice in choices.items()},
     }
     out.write(header)
-    if found.get("status") != "ok":
+    if not ok:
         session.say(f"probe failed ({found['status']}): {found.get('error')}")
         session.summary()
         raise SystemExit(1)
     planner = Planner(
-        accelerator=found["backend"] != "cpu",
+        accelerator=is_accelerator(found["backend"]),
         steps=steps_,
         warmup=args.warmup,
         dtype=args.dtype,
@@ -425,16 +548,59 @@ def run(args: argparse.Namespace, *, argv, compile_cache: str) -> list[dict]:
         compile_cache=compile_cache,
     )
     print_header(session, header, args, planner)
-    shapes = {m: SHAPES[(m, planner.accelerator)] for m in ("llama", "t5")}
-    if args.batch:
-        shapes = {m: dataclasses.replace(s, batch=args.batch) for m, s in shapes.items()}
+    for choice in choices.values():
+        session.say(choice.line())
     if args.quick:
-        limit = found.get("bytes_limit")
-        plan_quick(session, planner, shapes, models=args.models, order=args.remat, limit=limit)
+        plan_quick(session, planner, shapes, choices)
     else:
         plan_grid(session, planner, shapes, args)
     session.summary()
     return session.rows
+
+
+def is_accelerator(backend: str) -> bool:
+    """Whether JAX's `backend` gets the accelerator shapes (anything but the CPU)."""
+    return backend != "cpu"
+
+
+def run_shapes(args: argparse.Namespace, *, accelerator: bool) -> dict[str, Shape]:
+    """The shapes of this run on an accelerator or the CPU (`--batch` applied)."""
+    shapes = {m: SHAPES[(m, accelerator)] for m in ("llama", "t5")}
+    if args.batch:
+        shapes = {m: dataclasses.replace(s, batch=args.batch) for m, s in shapes.items()}
+    return shapes
+
+
+def estimate_request(args: argparse.Namespace) -> dict[str, Any]:
+    """What the probe child estimates for `--quick` (this process never imports JAX, so it
+    cannot ask the memory model itself): the policies of `--remat` and, for the accelerator
+    and the CPU shapes alike (which of them apply is the probe's finding), each model's row
+    spec (its remat policy aside: the probe replaces it by each policy)."""
+    return {
+        "policies": list(args.remat),
+        "rows": {
+            kind: {
+                m: RowSpec(impl="xlscale", shape=shape, dtype=args.dtype).to_dict()
+                for m, shape in run_shapes(args, accelerator=accelerator).items()
+                if m in args.models
+            }
+            for kind, accelerator in (("accelerator", True), ("cpu", False))
+        },
+    }
+
+
+def quick_choices(
+    args: argparse.Namespace, shapes: dict[str, Shape], found: dict[str, Any]
+) -> dict[str, RematChoice]:
+    """Per model asked for, the remat policies `--quick` tries: `--remat` less those the probe's
+    estimates put over its `bytes_limit`."""
+    answers = found.get("estimates") or {}
+    return {
+        m: remat_choice(
+            m, shapes[m], order=args.remat, limit=found.get("bytes_limit"), answer=answers.get(m)
+        )
+        for m in args.models
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -450,12 +616,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 def run_probe(args, memory: MemorySettings, budget: harness.Budget) -> dict[str, Any]:
-    """The probe child's findings (with its `status`); it never preallocates."""
+    """The probe child's findings (with its `status`): the device and, for `--quick`, the memory
+    model's estimates of the rows' steps (`estimate_request`). It never preallocates."""
     mode = "jax" if args.no_hf else "torch"
     env = child_env({**memory.jax_env(), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
     left = budget.remaining()
     timeout = PROBE_TIMEOUT_S if left is None else max(1.0, min(left, PROBE_TIMEOUT_S))
     argv = (sys.executable, str(CHILD), "--probe", mode)
+    if args.quick:
+        argv += ("--shapes", json.dumps(estimate_request(args)))
     return harness.child_result(harness.run_child(argv, env=env, cwd=str(REPO), timeout_s=timeout))
 
 

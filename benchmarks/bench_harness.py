@@ -304,6 +304,7 @@ COLUMNS: tuple[tuple[str, int, Any], ...] = (
     ("MFU %", 6, lambda r: _fmt(r.get("mfu"), ".1f", 100)),
     ("peak GiB", 8, lambda r: _fmt(r.get("peak_bytes"), ".2f", 2**-30)),
     ("XLA GiB", 8, lambda r: _fmt(r.get("xla_bytes"), ".2f", 2**-30)),
+    ("est GiB", 8, lambda r: _fmt(r.get("est_bytes"), ".2f", 2**-30)),
     ("vs HF", 6, lambda r: _fmt(r.get("vs_hf"), ".2f")),
     ("wall s", 6, lambda r: _fmt(r.get("wall_s"), ".0f")),
 )

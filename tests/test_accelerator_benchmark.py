@@ -119,12 +119,31 @@ def test_budget_estimates_from_priors_then_measurements(harness):
     assert harness.Budget(None).remaining() is None
 
 
-def test_remat_choice_has_a_seam_for_a_memory_model(bench):
+def test_remat_candidates_drop_what_the_memory_model_says_cannot_fit(bench):
     shape = bench.SHAPES[("llama", True)]
     assert bench.remat_candidates(shape, bytes_limit=None) == ("none", "dots_saveable", "full")
     cost = {"none": 90e9, "dots_saveable": 60e9, "full": 30e9}
     fits = bench.remat_candidates(shape, bytes_limit=76e9, estimate=lambda s, r: cost[r])
     assert fits == ("dots_saveable", "full")
+    # Nothing predicted to fit: the leanest policy is still tried, and the line says so.
+    answer = {"kernel": "cudnn", "bytes": cost, "error": None}
+    order = bench.REMAT_ORDER
+    tight = bench.remat_choice("llama", shape, order=order, limit=20e9, answer=answer)
+    assert tight.candidates == ("full",) and tight.dropped == ("none", "dots_saveable")
+    assert ", nothing fits; trying full (est. full 27.94 GiB)" in tight.line()
+    lean = bench.remat_choice("llama", shape, order=order, limit=40e9, answer=answer)
+    assert lean.candidates == ("full",) and "nothing fits" not in lean.line()
+    roomy = bench.remat_choice("llama", shape, order=order, limit=100e9, answer=answer)
+    assert roomy.candidates == order and "drops nothing" in roomy.line()
+    # No estimate for a policy asked for (or none at all): every policy is tried, saying why.
+    partial = {"kernel": "cudnn", "bytes": {"none": 90e9}, "error": None}
+    blind = bench.remat_choice("llama", shape, order=order, limit=20e9, answer=partial)
+    assert blind.candidates == order
+    assert "no estimate (no estimate for dots_saveable, full)" in blind.line()
+    failed = {"error": "ValueError: boom"}
+    assert (
+        bench.remat_choice("t5", shape, order=order, limit=1.0, answer=failed).candidates == order
+    )
     assert bench.halvings(64) == [64, 32, 16, 8] and bench.halvings(2) == [2, 1]
 
 
@@ -133,26 +152,30 @@ def test_failed_rows_are_rows_and_the_next_row_runs(bench, tmp_path, monkeypatch
     # torch's (printed, exit 1, no result line); the third compiles and runs for real.
     monkeypatch.setenv(
         bench.harness.INJECT_ENV,
-        "oom=xlscale/llama2_tiny/none/*;die-oom=xlscale/llama2_tiny/dots_saveable/*",
+        "oom=xlscale/llama2_tiny/full/*;die-oom=xlscale/llama2_tiny/dots_saveable/*",
     )
     out = tmp_path / "rows.jsonl"
     argv = ["--models", "llama", "--packed", "no", "--steps", "1", "--no-hf", "--out", str(out)]
-    rows = bench.main([*argv, "--remat", "none", "dots_saveable", "full"])
+    rows = bench.main([*argv, "--remat", "full", "dots_saveable", "none"])
     assert [(r["remat"], r["status"]) for r in rows] == [
-        ("none", "oom"),
+        ("full", "oom"),
         ("dots_saveable", "oom"),
-        ("full", "ok"),
+        ("none", "ok"),
     ]
     assert rows[0]["oom_bytes"] == pytest.approx(33.74 * 2**30)
     assert rows[1]["oom_bytes"] == pytest.approx(2 * 2**30) and "exit code 1" in rows[1]["error"]
     ok = rows[2]
     assert ok["step_ms"] > 0 and math.isfinite(ok["loss"]) and ok["mfu"] is None
     assert ok["xla_bytes"] > 0 and ok["xla_memory"]["temp"] > 0
+    # The memory model's estimate of the row's own step, beside XLA's (1.02x here).
+    assert ok["est_bytes"] == pytest.approx(ok["xla_bytes"], rel=0.15)
+    assert ok["est_kernel"] == "xla" and ok["est_error"] is None
     written = records(out)
     assert [r["record"] for r in written] == ["header", "row", "row", "row", "summary"]
     assert written[0]["memory"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.95"
     assert written[1:4] == rows
     printed = capsys.readouterr().out
+    assert "est GiB" in printed
     assert "MFU = with-attention model FLOPs" in printed
     assert "XLA_PYTHON_CLIENT_PREALLOCATE=true" in printed
     assert "out of memory asking 33.74 GiB" in printed
@@ -285,7 +308,9 @@ sys.meta_path.insert(0, _Blocked())
 
 def test_runs_without_tensorflow_seqio_or_gin(tmp_path):
     # A sitecustomize on PYTHONPATH blocks the three in the parent and (the parent keeps our
-    # PYTHONPATH for its children) in every child; one real T5 row runs through the child path.
+    # PYTHONPATH for its children) in every child; one real T5 row runs through the child path,
+    # in --quick, so the real probe answers with the memory model's estimates (the CPU has no
+    # bytes_limit: nothing is dropped) and the row's own estimate is the probe's.
     blocker = tmp_path / "blocker"
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(BLOCKER)
@@ -295,7 +320,7 @@ def test_runs_without_tensorflow_seqio_or_gin(tmp_path):
     )
     assert blocked.returncode != 0 and "is blocked" in blocked.stderr
     out = tmp_path / "rows.jsonl"
-    argv = ["--models", "t5", "--remat", "none", "--packed", "no", "--steps", "1", "--no-hf"]
+    argv = ["--quick", "--models", "t5", "--remat", "none", "full", "--steps", "1", "--no-hf"]
     done = subprocess.run(
         [sys.executable, str(PATH), *argv, "--out", str(out)],
         env=env,
@@ -307,6 +332,111 @@ def test_runs_without_tensorflow_seqio_or_gin(tmp_path):
     (row,) = [r for r in records(out) if r["record"] == "row"]
     assert row["status"] == "ok", row.get("log_tail")
     assert row["model"] == "t5_tiny" and math.isfinite(row["loss"]) and row["tokens_per_s"] > 0
+    assert row["est_bytes"] > 0 and row["est_error"] is None and row["remat"] == "none"
+    header = records(out)[0]
+    t5 = header["probe"]["estimates"]["t5"]
+    assert t5["error"] is None and set(t5["bytes"]) == {"none", "full"}
+    assert t5["bytes"]["none"] == row["est_bytes"]
+    assert header["remat_plan"]["t5"]["candidates"] == ["none", "full"]
+    assert "no bytes_limit, nothing dropped; trying none, full" in done.stdout
+
+
+GIB = 2**30
+
+
+def blind_choices(bench, shapes):
+    """Each model's remat choice without a memory model: every policy, in order."""
+    order = bench.REMAT_ORDER
+    return {
+        m: bench.remat_choice(m, s, order=order, limit=None, answer=None) for m, s in shapes.items()
+    }
+
+
+def row_name(bench, argv):
+    """The name of the row a faked child was asked to run."""
+    return bench.RowSpec.from_json(argv[-1]).name
+
+
+@pytest.mark.parametrize("limit_gib", [80.0, None])
+def test_quick_starts_where_the_memory_model_says_it_fits(
+    bench, harness, tmp_path, monkeypatch, capsys, limit_gib
+):
+    # The whole --quick run with every child faked: the probe reports an 80 GiB GPU and puts
+    # LLaMA's `none` at 153 GiB, so the plan starts at `dots_saveable` and says so; that row
+    # then really runs out of memory and `full` serves. Without a bytes_limit (as on the CPU)
+    # nothing is dropped: `none` is tried (and runs out of memory) first.
+    estimates = {
+        "llama": {
+            "kernel": "cudnn",
+            "bytes": {"none": 153 * GIB, "dots_saveable": 40 * GIB, "full": 37 * GIB},
+            "error": None,
+        },
+        "t5": {
+            "kernel": "xla",
+            "bytes": {"none": 43 * GIB, "dots_saveable": 30 * GIB, "full": 9 * GIB},
+            "error": None,
+        },
+    }
+    sent = {}
+
+    def fake_child(argv, *, env, cwd, timeout_s):
+        if "--probe" in argv:
+            sent.update(json.loads(argv[argv.index("--shapes") + 1]))
+            result = {
+                "status": "ok",
+                "backend": "gpu",
+                "device_kind": "NVIDIA H100 80GB HBM3",
+                "device_count": 1,
+                "bytes_limit": None if limit_gib is None else limit_gib * GIB,
+                "jax": "0.10.2",
+                "torch": None,
+                "torch_cuda": False,
+                "transformers": False,
+                "estimates": estimates,
+            }
+        elif row_name(bench, argv).startswith(
+            ("xlscale/llama2_1085m/none/", "xlscale/llama2_1085m/dots_saveable/")
+        ):
+            result = {"status": "oom", "error": "out of memory", "oom_bytes": 1.0}
+        else:
+            result = {"status": "ok", "error": None, "tokens_per_s": 1.0, "step_ms": 1.0}
+        return harness.ChildRun(0, harness.ROW_MARK + json.dumps(result), "", 1.0, False)
+
+    monkeypatch.setattr(harness, "run_child", fake_child)
+    out = tmp_path / "rows.jsonl"
+    rows = bench.main(["--quick", "--no-hf", "--out", str(out)])
+    # The probe was sent both sets of shapes; it answers for its own backend's.
+    assert sent["policies"] == list(bench.REMAT_ORDER)
+    llama = bench.RowSpec.from_dict(sent["rows"]["accelerator"]["llama"])
+    assert llama.shape == bench.SHAPES[("llama", True)] and llama.dtype == "bfloat16"
+    assert dict(llama.shape.overrides)["scan_layers"] is True  # as the memory model assumes
+    assert sent["rows"]["cpu"]["t5"]["shape"]["size"] == "t5_tiny"
+    tried = ["none", "dots_saveable", "full"] if limit_gib is None else ["dots_saveable", "full"]
+    assert [(r["name"], r["status"]) for r in rows] == [
+        *[(f"xlscale/llama2_1085m/{p}/auto/unpacked/b8", "oom") for p in tried[:-1]],
+        ("xlscale/llama2_1085m/full/auto/unpacked/b8", "ok"),
+        ("xlscale/llama2_1085m/full/auto/packed/b8", "ok"),
+        ("xlscale/t5_770m/none/auto/unpacked/b64", "ok"),
+    ]
+    header = records(out)[0]
+    plan = header["remat_plan"]["llama"]
+    assert plan["candidates"] == tried and plan["estimates"]["none"] == 153 * GIB
+    assert plan["dropped"] == ([] if limit_gib is None else ["none"])
+    assert header["remat_plan"]["t5"]["dropped"] == [] and header["probe"]["estimates"] == estimates
+    printed = capsys.readouterr().out
+    if limit_gib is None:
+        assert (
+            "memory model: llama2_1085m (cudnn attention): est. none 153.00 GiB, dots_saveable "
+            "40.00 GiB, full 37.00 GiB; no bytes_limit, nothing dropped; trying none, "
+            "dots_saveable, full"
+        ) in printed
+    else:
+        assert (
+            "memory model: llama2_1085m (cudnn attention): drops none (est. none 153.00 GiB > "
+            "bytes_limit 80.00 GiB); trying dots_saveable, full (est. dots_saveable 40.00 GiB, "
+            "full 37.00 GiB)"
+        ) in printed
+        assert "memory model: t5_770m (xla attention): drops nothing" in printed
 
 
 def test_quick_plan_falls_back_on_out_of_memory(bench, harness, monkeypatch, capsys):
@@ -339,9 +469,7 @@ def test_quick_plan_falls_back_on_out_of_memory(bench, harness, monkeypatch, cap
         budget=harness.Budget(360.0), out=harness.JsonLines(None), cwd=".", row_timeout_s=None
     )
     shapes = {m: bench.SHAPES[(m, True)] for m in ("llama", "t5")}
-    bench.plan_quick(
-        session, planner, shapes, models=["llama", "t5"], order=bench.REMAT_ORDER, limit=None
-    )
+    bench.plan_quick(session, planner, shapes, blind_choices(bench, shapes))
     assert [(r["name"], r["status"]) for r in session.rows] == [
         ("xlscale/llama2_1085m/none/auto/unpacked/b8", "oom"),
         ("xlscale/llama2_1085m/dots_saveable/auto/unpacked/b8", "ok"),
@@ -391,9 +519,7 @@ def test_budget_learns_row_durations_and_skips_what_cannot_finish(bench, harness
         row_timeout_s=None,
     )
     shapes = {m: bench.SHAPES[(m, True)] for m in ("llama", "t5")}
-    bench.plan_quick(
-        session, planner, shapes, models=["llama", "t5"], order=bench.REMAT_ORDER, limit=None
-    )
+    bench.plan_quick(session, planner, shapes, blind_choices(bench, shapes))
     assert [(r["name"], r["status"]) for r in session.rows] == [
         ("xlscale/llama2_1085m/none/auto/unpacked/b8", "ok"),
         ("xlscale/llama2_1085m/none/auto/packed/b8", "ok"),
