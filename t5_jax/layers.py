@@ -94,14 +94,26 @@ class LayerNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        """Normalises the last axis of `x` (computed in float32)."""
-        x = jnp.asarray(x, jnp.float32)
-        mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)
-        y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
+        """Normalises the last axis of `x` (computed in float32), in `dtype`."""
         scale = param_with_axes(
             "scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype, axes=(EMBED,)
         )
-        return y * jnp.asarray(scale, self.dtype)
+        return rms_norm(x, jnp.asarray(scale, self.dtype), self.epsilon)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(2,))
+def rms_norm(x: Array, scale: Array, eps: float) -> Array:
+    """`x` divided by its root mean square over the last axis (in float32), times `scale`, in
+    `scale`'s dtype.
+
+    Rematerialised (`jax.checkpoint`), as `llama_jax.layers.rms_norm`: its residuals -- a
+    float32 copy of the input and the float32 normalised value -- cost more memory than
+    recomputing a few elementwise operations costs time; it keeps its input instead.
+    """
+    x = jnp.asarray(x, jnp.float32)
+    mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)
+    y = jnp.asarray(x * lax.rsqrt(mean2 + eps), scale.dtype)
+    return y * scale
 
 
 class Dense(nn.Module):
@@ -357,19 +369,38 @@ class MlpBlock(nn.Module):
     def __call__(self, inputs: Array, *, deterministic: bool = True) -> Array:
         """[b, l, d] -> [b, l, d]."""
         dense = dict(kernel_init=DENSE_INIT, dtype=self.dtype, param_dtype=self.param_dtype)
-        x = None
-        for i, act in enumerate(self.activations):
-            name = "wi" if len(self.activations) == 1 else f"wi_{i}"
-            h = ACTIVATIONS[act](
-                Dense(self.intermediate_dim, kernel_axes=(EMBED, MLP), name=name, **dense)(inputs)
-            )
-            x = h if x is None else x * h
-        x = constrain(x, ACT_MLP)
+        branches = [
+            Dense(
+                self.intermediate_dim,
+                kernel_axes=(EMBED, MLP),
+                name="wi" if len(self.activations) == 1 else f"wi_{i}",
+                **dense,
+            )(inputs)
+            for i in range(len(self.activations))
+        ]
+        x = constrain(gated_product(tuple(self.activations), *branches), ACT_MLP)
         x = nn.Dropout(rate=self.intermediate_dropout_rate, broadcast_dims=(-2,))(
             x, deterministic=deterministic
         )
         out = Dense(inputs.shape[-1], kernel_axes=(MLP, EMBED), name="wo", **dense)(x)
         return constrain(out, ACT_EMBED)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(0,))
+def gated_product(activations: tuple[str, ...], *branches: Array) -> Array:
+    """`prod_i act_i(branch_i)` (`ACTIVATIONS` names), recomputed in the backward pass from the
+    branches.
+
+    Without the checkpoint JAX keeps each activation's intermediates beside the projections
+    (tanh-GELU: five `[b, S, d_ff]` arrays, and the product), the largest activations of a T5
+    block; with it, the projections (and the product, as `wo`'s input), as
+    `llama_jax.layers.swiglu` does for SwiGLU.
+    """
+    x = None
+    for act, branch in zip(activations, branches, strict=True):
+        h = ACTIVATIONS[act](branch)
+        x = h if x is None else x * h
+    return x
 
 
 def attention_segments(valid: Array, segment_ids: Array | None) -> Array:

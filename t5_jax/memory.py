@@ -4,14 +4,14 @@ As for LLaMA (`llama_jax.memory`), the terms follow what JAX saves for `t5_jax.m
 `EncoderLayer` and `DecoderLayer` (`jax._src.ad_checkpoint.saved_residuals`), per example of
 `Si` input and `St` target tokens, `c` the compute dtype's bytes, `a = H·head_dim`:
 
-- `none`: the block input and each residual sum (`S·D·c`); per layer norm its float32 input,
-  the float32 normalised value and the output (`S·D·(8 + c)`); per attention the query, key,
-  value and output (`(2·Sq + 2·Sk)·a·c`) and the kernel's residuals (`xla`: masked float32
-  logits, their exponent, weights and boolean mask, `H·Sq·Sk·(9 + c)`; `cudnn`: float32
-  statistics and, packed, a `[Sq, Sk]` mask and bias); the MLP's matmul outputs and its
-  activation's intermediates (gated GELU: two projections, five tanh-GELU intermediates and
-  the product, `8·S·F·c`; ReLU: `2·S·F·c`). With bf16 compute each layer also keeps its cast
-  weights. Dropout, where on, adds its masks and the dropped attention weights.
+- `none`: per sublayer its norm's input (the block input or a residual sum) and output
+  (`2·S·D·c`: the norm itself is rematerialised, `t5_jax.layers.rms_norm`); per attention the
+  query, key, value and output (`(2·Sq + 2·Sk)·a·c`) and the kernel's residuals (`xla`: masked
+  float32 logits, their exponent, weights and boolean mask, `H·Sq·Sk·(9 + c)`; `cudnn`: float32
+  statistics and, packed, a `[Sq, Sk]` mask and bias); the MLP's input projections and their
+  gated product (gated GELU `3·S·F·c`, ReLU `2·S·F·c`: the activation is rematerialised,
+  `t5_jax.layers.gated_product`). With bf16 compute each layer also keeps its cast weights.
+  Dropout, where on, adds its masks and the dropped attention weights.
 - `dots_saveable`: the dense layers' outputs and, with `xla`, the attention logits and output.
 - `dots_with_no_batch_dims_saveable`: the dense layers' outputs only.
 - `full`: each block's input.
@@ -20,14 +20,14 @@ That is what JAX saves; what XLA keeps differs, because T5's layers run in a Pyt
 (unrolled, no scan): with the whole stack in one graph XLA fuses every elementwise chain into
 its consumer and recomputes it there, so under `none` only the fusion outputs stay live
 (`layer_kept_unrolled`: matmul outputs, attention weights, the MLP's product, norm outputs and
-sums), about half of JAX's list (measured: CPU compiles of t5_small and t5_base, a TPU
-ahead-of-time compile of T5-770M). The remat policies' lists are already of that kind. On the
+sums): JAX's list less the attention kernel's float32 residuals (measured: CPU compiles of
+t5_small and t5_base, a TPU ahead-of-time compile of T5-770M). The remat policies' lists are already of that kind. On the
 CPU backend XLA also schedules an unrolled stack's recomputation as early as the forward, so
 remat saves nothing there and the estimate counts `none`.
 
 Outside the blocks: one relative-position bias `[H, S, S]` per stack (shared by the layers,
-not per example), the encoder output every cross-attention reads, the final norms and the
-float32 input of the output projection (`logits_dense` runs in float32).
+not per example), the final norms' inputs, the encoder output every cross-attention reads and
+the float32 input of the output projection (`logits_dense` runs in float32).
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ from modeling.memory import (
     resolve_kernel,
 )
 from t5_jax.config import T5Config
-
-# Bytes per element (in units of the compute dtype's size) an MLP keeps, by activation tuple.
-_MLP_SAVED = {("gelu", "linear"): 8, ("relu",): 2}
 
 
 def _attention(
@@ -71,7 +68,8 @@ def _mlp(cfg: T5Config, *, policy: str, s: int) -> int:
     c = DTYPE_BYTES[cfg.dtype]
     if policy in ("dots_saveable", "dots_with_no_batch_dims_saveable"):
         return len(cfg.mlp_activations) * s * cfg.d_ff * c
-    saved = _MLP_SAVED.get(tuple(cfg.mlp_activations), 4 * len(cfg.mlp_activations))
+    # the branches and their product (`wo`'s input); the activations are recomputed
+    saved = len(cfg.mlp_activations) + 1
     dropout = s * cfg.d_ff * (1 + c) if cfg.dropout_rate else 0
     return saved * s * cfg.d_ff * c + dropout
 
@@ -103,7 +101,7 @@ def layer_saved(
         total += _attention(cfg, sq=sq, sk=sk, self_attn=False, **attn)
         sublayers = 3
     if policy == "none":
-        total += sd * c * sublayers + sd * (8 + c) * sublayers  # input and sums; norms
+        total += 2 * sd * c * sublayers  # each norm's input (block input, sums) and output
     else:
         total += sd * c  # block input
     return total
@@ -117,9 +115,9 @@ def layer_kept_unrolled(
     With every layer in one graph XLA fuses each elementwise chain into the operation that
     consumes it, in the forward and again in the backward, so what stays live between the
     passes is the matmul outputs (`dots_saveable`'s set), the attention weights in the compute
-    dtype, the MLP's gated product and each sublayer's norm output and residual sum -- not
-    JAX's residual list (`layer_saved`), whose float32 norm copies, GELU intermediates and
-    masked logits are recomputed inside fusions.
+    dtype, the MLP's gated product and each sublayer's norm input and output -- not JAX's
+    residual list (`layer_saved`), whose masked float32 logits and their exponent are
+    recomputed inside fusions.
     """
     c = DTYPE_BYTES[cfg.dtype]
     sd = sq * cfg.d_model
@@ -151,7 +149,8 @@ def activation_memory(
         return layer_saved(cfg, policy=policy, **where)
 
     layers = cfg.num_encoder_layers * block(**enc) + cfg.num_decoder_layers * block(**dec)
-    outside = si * d * (8 + c) + si * d * c + st * d * (8 + c) + st * d * 4
+    # final norms' inputs, the encoder output, the float32 input of the output projection
+    outside = si * d * 2 * c + st * d * (c + 4)
     bias = cfg.num_heads * (si * si + st * st) * c
     transient = max(
         layer_kept_unrolled(cfg, **enc) if cfg.num_encoder_layers else 0,

@@ -268,9 +268,12 @@ def test_remat_policy_rematerialises_layers():
 
         return str(jax.make_jaxpr(jax.grad(loss))(_params(TINY)))
 
-    assert "checkpoint" not in grad_jaxpr(TINY) and "remat" not in grad_jaxpr(TINY)
+    # Every policy rematerialises the norms and the MLP's activation (elementwise, no policy:
+    # `t5_jax.layers.rms_norm`, `gated_product`); a remat policy also wraps each layer.
+    none = grad_jaxpr(TINY)
+    assert "remat" in none and "policy=<function" not in none
     full = grad_jaxpr(dataclasses.replace(TINY, remat_policy="full"))
-    assert full.count("checkpoint") + full.count("remat") >= 3  # one per layer
+    assert full.count("policy=<function") >= 3  # one per layer
 
 
 def test_sharded_forward_on_a_mesh_matches_unsharded():
