@@ -5,7 +5,8 @@ backward, optimizer update, donated state) for abstract shapes, and prints per r
 family's estimate (`ModelFamily.memory_estimate`), XLA's per-device bytes (arguments + outputs
 − aliased + temporaries) and their ratio. Paper sizes compile on the CPU as abstract shapes in
 seconds to a minute; TPU rows compile ahead of time for a topology of compile-only devices
-where libtpu is installed; GPU rows where a GPU is present.
+where libtpu is installed or `XLSCALE_LIBTPU` (or `TPU_LIBRARY_PATH`) names a libtpu.so; GPU
+rows where a GPU is present.
 
     .venv/bin/python benchmarks/memory_model.py            # CPU rows (+ TPU, GPU if present)
     .venv/bin/python benchmarks/memory_model.py --quick    # small sizes only
@@ -36,6 +37,10 @@ from trainer import jobs, models, partitioning, steps  # noqa: E402
 from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
 from trainer.partitioning import MeshConfig, Partitioner  # noqa: E402
 from trainer.schedules import ScheduleConfig  # noqa: E402
+
+# Names a libtpu.so that is not importable (`make test` installs one off the import path);
+# TPU_LIBRARY_PATH works too.
+LIBTPU_ENV = "XLSCALE_LIBTPU"
 
 # Optimizer name -> its trainer config (the papers': AdamW for LLaMA, Adafactor for T5).
 OPTIMIZERS = {"adamw": OptimizerConfig(), "adafactor": adafactor_defaults()}
@@ -290,16 +295,22 @@ def main() -> int:
     print(header + "\n" + "-" * len(header), flush=True)
     for case in cpu_cases(quick=args.quick):
         print_row(compare(case, platform="cpu"))
-    if importlib.util.find_spec("libtpu") is not None:
+    libtpu = os.environ.get(LIBTPU_ENV) or os.environ.get("TPU_LIBRARY_PATH", "")
+    if importlib.util.find_spec("libtpu") is not None or os.path.isfile(libtpu):
         from jax.experimental import topologies
 
+        if os.path.isfile(libtpu):  # a libtpu off the import path (`make test`'s)
+            os.environ["TPU_LIBRARY_PATH"] = libtpu
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only
 
         devices = topologies.get_topology_desc(args.tpu_topology, platform="tpu").devices
         for case in tpu_cases(len(devices), quick=args.quick):
             print_row(compare(case, devices=devices, platform="tpu"))
     else:
-        print("(no TPU rows: libtpu is not installed; pip install 'jax[tpu]==0.10.2')")
+        print(
+            f"(no TPU rows: libtpu is not installed; set {LIBTPU_ENV} to a libtpu.so or "
+            "pip install 'jax[tpu]==0.10.2')"
+        )
     if any(d.platform == "gpu" for d in _all_devices()):
         for case in gpu_cases():
             print_row(compare(case, devices=jax.devices("gpu")[:1], platform="gpu"))
