@@ -213,7 +213,7 @@ def test_microbatches_and_shards_shrink_the_estimate():
 
 def test_chip_table_and_bad_name():
     assert memory.get_chip("v5e").usable < 16 * 2**30 < memory.get_chip("v5p").usable
-    assert memory.get_chip("h200").memory == 141 * 10**9
+    assert memory.get_chip("h200").memory == 143_771 * 2**20  # nvidia-smi MiB of an H200
     with pytest.raises(ValueError, match=r"--hardware 'h1000': allowed h100-80g, h200"):
         memory.get_chip("h1000")
 
