@@ -208,6 +208,7 @@ def resolve_kernel(
     q_length: int,
     kv_length: int,
     has_bias: bool = False,
+    causal: bool = True,
 ) -> str:
     """The kernel that runs an attention call of a step of `shape` (`auto` resolved for its
     platform; a kernel that would refuse the call gives way to `xla`, as
@@ -219,7 +220,7 @@ def resolve_kernel(
         head_dim=head_dim,
         q_length=q_length,
         kv_length=kv_length,
-        causal=True,
+        causal=causal,
         segmented=shape.packed,
         has_bias=has_bias,
         decoding=False,

@@ -25,6 +25,11 @@ t5_small and t5_base, a TPU ahead-of-time compile of T5-770M). The remat policie
 CPU backend XLA also schedules an unrolled stack's recomputation as early as the forward, so
 remat saves nothing there and the estimate counts `none`.
 
+Self-attention adds the relative-position bias, which splash refuses, so on TPU it runs the
+`xla` kernel; cross-attention has no bias and runs the kernel asked for (measured on a TPU
+ahead-of-time compile of T5-770M: XLA keeps float32 logits and weights for the 48
+self-attentions only).
+
 Outside the blocks: one relative-position bias `[H, S, S]` per stack (shared by the layers,
 not per example), the final norms' inputs, the encoder output every cross-attention reads and
 the float32 input of the output projection (`logits_dense` runs in float32).
@@ -86,10 +91,18 @@ def _layer_weights(cfg: T5Config, *, decoder: bool) -> int:
 
 
 def layer_saved(
-    cfg: T5Config, *, policy: str, sq: int, sk: int | None, kernel: str, packed: bool
+    cfg: T5Config,
+    *,
+    policy: str,
+    sq: int,
+    sk: int | None,
+    kernel: str,
+    packed: bool,
+    cross_kernel: str | None = None,
 ) -> int:
     """Per example, what one encoder block (`sk` None) or decoder block (cross-attending to
-    `sk` encoder positions) keeps under `policy`."""
+    `sk` encoder positions) keeps under `policy`; `kernel` runs self-attention, `cross_kernel`
+    (default: the same) cross-attention."""
     c = DTYPE_BYTES[cfg.dtype]
     sd = sq * cfg.d_model
     if policy == "full":
@@ -98,6 +111,7 @@ def layer_saved(
     total = _attention(cfg, sq=sq, sk=sq, self_attn=True, **attn) + _mlp(cfg, policy=policy, s=sq)
     sublayers = 2
     if sk is not None:
+        attn["kernel"] = cross_kernel or kernel
         total += _attention(cfg, sq=sq, sk=sk, self_attn=False, **attn)
         sublayers = 3
     if policy == "none":
@@ -108,7 +122,13 @@ def layer_saved(
 
 
 def layer_kept_unrolled(
-    cfg: T5Config, *, sq: int, sk: int | None, kernel: str, packed: bool
+    cfg: T5Config,
+    *,
+    sq: int,
+    sk: int | None,
+    kernel: str,
+    packed: bool,
+    cross_kernel: str | None = None,
 ) -> int:
     """Per example, what XLA keeps of one block under policy `none` in T5's unrolled stack.
 
@@ -121,9 +141,20 @@ def layer_kept_unrolled(
     """
     c = DTYPE_BYTES[cfg.dtype]
     sd = sq * cfg.d_model
-    kept = layer_saved(cfg, policy="dots_saveable", sq=sq, sk=sk, kernel=kernel, packed=packed)
+    cross_kernel = cross_kernel or kernel
+    kept = layer_saved(
+        cfg,
+        policy="dots_saveable",
+        sq=sq,
+        sk=sk,
+        kernel=kernel,
+        packed=packed,
+        cross_kernel=cross_kernel,
+    )
     sublayers = 2 if sk is None else 3
-    weights = cfg.num_heads * sq * (sq + (sk or 0)) * c if kernel == "xla" else 0
+    weights = cfg.num_heads * sq * sq * c if kernel == "xla" else 0
+    if sk is not None and cross_kernel == "xla":
+        weights += cfg.num_heads * sq * sk * c
     return kept + weights + sq * cfg.d_ff * c + 2 * sublayers * sd * c
 
 
@@ -136,12 +167,14 @@ def activation_memory(
     kernel: str,
     packed: bool,
     policy: str,
+    cross_kernel: str | None = None,
 ) -> ActivationMemory:
-    """`ActivationMemory` of `batch` examples on one device under `policy`."""
+    """`ActivationMemory` of `batch` examples on one device under `policy`; `kernel` runs
+    self-attention, `cross_kernel` (default: the same) cross-attention."""
     c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
     si, st, d = inputs_len, targets_len, cfg.d_model
     enc = dict(sq=si, sk=None, kernel=kernel, packed=packed)
-    dec = dict(sq=st, sk=si, kernel=kernel, packed=packed)
+    dec = dict(sq=st, sk=si, kernel=kernel, packed=packed, cross_kernel=cross_kernel)
 
     def block(**where) -> int:
         if policy == "none":
@@ -185,14 +218,11 @@ def memory_estimate(cfg: T5Config, *, shape: StepShape) -> MemoryEstimate:
     the CPU backend under policy `none` whatever `cfg.remat_policy` says (module docstring:
     measured, `full` compiles to `none`'s bytes there)."""
     inputs_len = shape.inputs_len or shape.seq_len
-    kernel = resolve_kernel(
-        shape,
-        dtype=cfg.dtype,
-        head_dim=cfg.head_dim,
-        q_length=shape.seq_len,
-        kv_length=inputs_len,
-        has_bias=True,
-    )
+    resolve = dict(dtype=cfg.dtype, head_dim=cfg.head_dim, kv_length=inputs_len)
+    # Self-attention adds the relative-position bias (splash refuses it: `xla` runs on TPU);
+    # cross-attention has none, so the kernel asked for (splash, cuDNN) runs there.
+    kernel = resolve_kernel(shape, q_length=shape.seq_len, has_bias=True, **resolve)
+    cross_kernel = resolve_kernel(shape, q_length=shape.seq_len, causal=False, **resolve)
     policy = "none" if shape.platform == "cpu" else cfg.remat_policy
     return estimate(
         param_shapes=param_shapes(cfg),
@@ -205,6 +235,7 @@ def memory_estimate(cfg: T5Config, *, shape: StepShape) -> MemoryEstimate:
             kernel=kernel,
             packed=shape.packed,
             policy=policy,
+            cross_kernel=cross_kernel,
         ),
         shape=shape,
         remat_policy=cfg.remat_policy,
