@@ -17,7 +17,10 @@ project's model and trainer modules, which import no TensorFlow, seqio or gin).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import pathlib
 import re
+import sys
 
 import jax
 import numpy as np
@@ -81,46 +84,24 @@ CUDNN = {
 }
 
 
-def _segments(rng: np.random.Generator, docs: np.ndarray | None, *, batch: int, length: int):
-    """Segment ids and positions `[batch, length]`: one document per row, or `docs[row]` packed
-    documents of at least an eighth of the row each."""
-    seg = np.ones((batch, length), np.int32)
-    pos = np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)).copy()
-    if docs is None:
-        return seg, pos
-    margin = length // 8
-    starts = np.arange(margin, length - margin + 1, margin)
-    for row in range(batch):
-        cuts = np.sort(rng.choice(starts, int(docs[row]) - 1, replace=False))
-        for doc, start in enumerate(cuts, start=2):
-            seg[row, start:] = doc
-            pos[row, start:] = np.arange(length - start)
-    return seg, pos
+def _benchmark_rows():
+    """`benchmarks/accelerator_rows.py`, whose synthetic batches the GPU tests reuse (it imports
+    no TensorFlow, seqio or gin either)."""
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "accelerator_rows.py"
+    if "accelerator_rows" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("accelerator_rows", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses resolve their module by name
+        spec.loader.exec_module(module)
+    return sys.modules["accelerator_rows"]
 
 
 def make_batch(case: Case, *, vocab: int, packed: bool, seed: int) -> dict[str, np.ndarray]:
     """A trainer batch of random tokens, every position real; packed rows hold 2-4 documents
-    (an encoder-decoder packs as many examples in its encoder row as in its decoder row)."""
+    (the benchmark's `synthetic_batch`: an encoder-decoder packs as many examples in its encoder
+    row as in its decoder row)."""
     rng = np.random.default_rng(seed)
-    docs = rng.integers(2, 5, case.batch) if packed else None
-    tokens = rng.integers(3, vocab, (case.batch, case.targets), dtype=np.int32)
-    seg, pos = _segments(rng, docs, batch=case.batch, length=case.targets)
-    batch = {
-        "decoder_target_tokens": tokens,
-        "decoder_input_tokens": np.pad(tokens[:, :-1], ((0, 0), (1, 0))),
-        "decoder_loss_weights": np.ones_like(tokens),
-        "decoder_segment_ids": seg,
-        "decoder_positions": pos,
-        "decoder_task_ids": np.zeros_like(tokens),
-    }
-    if case.inputs:
-        enc_seg, enc_pos = _segments(rng, docs, batch=case.batch, length=case.inputs)
-        batch.update(
-            encoder_input_tokens=rng.integers(3, vocab, (case.batch, case.inputs), dtype=np.int32),
-            encoder_segment_ids=enc_seg,
-            encoder_positions=enc_pos,
-        )
-    return batch
+    return _benchmark_rows().synthetic_batch(rng, case, vocab=vocab, packed=packed)
 
 
 @dataclasses.dataclass(frozen=True)
