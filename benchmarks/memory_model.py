@@ -33,9 +33,9 @@ import jax.numpy as jnp  # noqa: E402
 
 from modeling import family as family_lib  # noqa: E402
 from modeling.memory import GiB, MemoryEstimate, StepShape  # noqa: E402
-from trainer import jobs, models, partitioning, steps  # noqa: E402
+from trainer import jobs, models, steps  # noqa: E402
 from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
-from trainer.partitioning import MeshConfig, Partitioner  # noqa: E402
+from trainer.partitioning import MeshConfig  # noqa: E402
 from trainer.schedules import ScheduleConfig  # noqa: E402
 
 # Names a libtpu.so that is not importable (`make test` installs one off the import path);
@@ -139,16 +139,9 @@ def compile_step(case: Case, devices=None):
 def compile_case(case: Case, devices=None) -> jobs.Job:
     """The trainer's job of `case` (its compiled train step, state shapes and shardings)."""
     devices = list(devices if devices is not None else jax.devices()[: case.devices])
-    family = family_lib.get(case.family)
-    wrapper = family.build(_spec(case))
-    data = len(devices) // case.fsdp
-    mesh = partitioning.build_mesh(MeshConfig(data=data, fsdp=case.fsdp, model=1), devices)
-    partitioner = Partitioner(mesh=mesh, rules=family.axis_rules())
-    variables = wrapper.abstract_variables()
-    abstract = jax.tree.map(
-        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-        partitioning.unbox(variables["params"]),
-        partitioner.params_shardings(variables),
+    mesh = MeshConfig(data=len(devices) // case.fsdp, fsdp=case.fsdp, model=1)
+    wrapper, partitioner, abstract = jobs.build_partitioned_model(
+        _spec(case), mesh, devices=devices
     )
     lengths = {"inputs": case.inputs_len} if case.inputs_len else None
     job = jobs.compile_job(

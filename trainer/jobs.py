@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -187,11 +187,11 @@ def batch_abstract(
 
 
 def build_partitioned_model(
-    spec: models.ModelSpec, mesh: MeshConfig
+    spec: models.ModelSpec, mesh: MeshConfig, *, devices: Sequence[jax.Device] | None = None
 ) -> tuple[Any, Partitioner, Any]:
-    """The model wrapper, the partitioner (the family's logical-axis rules over the mesh), and
-    its parameters' abstract tree with shardings (a restore target), after checking the family
-    and size."""
+    """The model wrapper, the partitioner (the family's logical-axis rules over the mesh of
+    `devices`, default all), and its parameters' abstract tree with shardings (a restore target),
+    after checking the family and size. Compile-only devices (a TPU topology) work too."""
     validation.check_choice(name="family", value=spec.family, allowed=family_lib.names())
     family = family_lib.get(spec.family)
     validation.check_model_size(
@@ -201,7 +201,9 @@ def build_partitioned_model(
         prefixes=family_lib.size_prefixes(family),
     )
     wrapper = family.build(spec)
-    partitioner = Partitioner(mesh=partitioning.build_mesh(mesh), rules=family.axis_rules())
+    partitioner = Partitioner(
+        mesh=partitioning.build_mesh(mesh, devices), rules=family.axis_rules()
+    )
     variables = wrapper.abstract_variables()
     shardings = partitioner.params_shardings(variables)
     abstract = jax.tree.map(
