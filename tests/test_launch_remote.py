@@ -433,14 +433,16 @@ def test_slurm_script_sends_sigterm_before_the_time_limit_of_each_start(runs, tm
     launcher = slurm.SlurmLauncher(gpus_per_node=0, signal_before=2, workdir=str(tmp_path))
     script = launcher.render(runs[0])
     assert not [line for line in _sbatch_lines(script) if "--signal" in line]
-    soon = datetime.datetime.now() + datetime.timedelta(seconds=3)
+    # The limit is 11 s away (10 s after the seconds are cut), so a loaded machine that takes
+    # several seconds to start bash still finds it more than 2 s away; the trainer outlasts it.
+    soon = datetime.datetime.now() + datetime.timedelta(seconds=11)
     code, out, calls = _fake_srun_script(
         script,
         tmp_path,
         exit_code=75,
         restarts=1,
         end_time=soon.isoformat(timespec="seconds"),
-        train_s=3,
+        train_s=12,
     )
     assert code == 0, out
     assert calls == ["srun", "scancel --signal=TERM 1042", "scontrol requeue 1042"], out
