@@ -24,7 +24,7 @@ from launch.sweep import Run
 from rundir import durations, lease, names, records, storage
 
 LAUNCH_FILE = names.LAUNCH_FILE  # the launcher's own record inside MODEL_DIR
-LOG_FILE = "train.log"
+LOG_FILE = names.LOG_FILE
 # trainer.train's exit code for a run stopped early with a checkpoint saved (EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
 

@@ -18,9 +18,32 @@ SET_ASIDE_SUBDIR = "checkpoints_set_aside"  # `<step>.corrupt`, `<step>.nonfinit
 CHECKSUMS_FILE = "xlscale_checksums.json"  # inside each committed step (`rundir.checksums`)
 ZEROSHOT_SUBDIR = "zeroshot"  # `zeroshot/<step>.json` (`rundir.zeroshot`)
 LAUNCH_FILE = "launch.json"  # the launcher's own record of how the run was started
+LOG_FILE = "train.log"  # the local launcher's process log of the run (`launch.launchers`)
+EVAL_METRICS_FILE = "eval_metrics.jsonl"  # `trainer.eval`: one record per evaluated step
+INFER_FILE = "infer.jsonl"  # `trainer.infer`: one decoded example (or LM continuation) a line
+SCORES_FILE = "scores.json"  # `trainer.infer`: the scores of `infer.jsonl` against its targets
+PREDICTIONS_SUBDIR = "predictions"  # `trainer.downstream`: `predictions/<task>_<step>.jsonl`
+# The keys of each line of a predictions file (and of `infer.jsonl`).
+PREDICTION_INPUTS = "inputs"  # the source text
+PREDICTION_TARGET = "target"  # the reference
+PREDICTION_OUTPUT = "prediction"  # the decoded text
 
 # RUNS_DIR/...
 SELECTION_FILE = "selection.json"  # a sweep's `[[select]]` choices
+
+
+def predictions_file(task: str, step: int) -> str:
+    """The name of the predictions file of `task` decoded at `step` (in `PREDICTIONS_SUBDIR`)."""
+    return f"{task}_{int(step)}.jsonl"
+
+
+def parse_predictions_file(name: str) -> tuple[str, int] | None:
+    """(task, step) of a `predictions_file` name; None for any other name."""
+    stem, dot, suffix = name.rpartition(".")
+    task, _, step = stem.rpartition("_")
+    if not dot or suffix != "jsonl" or not task or not step.isdigit():
+        return None
+    return task, int(step)
 
 
 def amended_config_file(step: int) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 import jax
 
-from rundir import storage
+from rundir import names, storage
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
 from trainer import models, restore
@@ -39,7 +39,7 @@ from trainer.schedules import ScheduleConfig
 
 log = logging.getLogger(__name__)
 
-EVAL_METRICS_FILE = "eval_metrics.jsonl"
+EVAL_METRICS_FILE = names.EVAL_METRICS_FILE
 
 
 def evaluate_params(

@@ -34,13 +34,13 @@ import jax
 import numpy as np
 from etils import epath
 
-from rundir import storage
+from rundir import names, storage
 from trainer import models, restore
 from trainer import platform as platform_lib
 from trainer.partitioning import MeshConfig
 
-INFER_FILE = "infer.jsonl"
-SCORES_FILE = "scores.json"
+INFER_FILE = names.INFER_FILE
+SCORES_FILE = names.SCORES_FILE
 
 
 def encode_prompts(vocabulary, prompts: Sequence[str], *, length: int) -> np.ndarray:
@@ -202,7 +202,7 @@ def run_inference(
       output_file: file name under `model_dir`.
       comet_model: a local COMET checkpoint for `scores.json` (see `trainer.downstream`).
       comet_python: COMET's side-environment interpreter (`COMET_PYTHON`; see
-        `evals.comet_scoring`).
+        `pipelines.comet.scoring`).
 
     Returns:
       One dict per prompt: `prompt`, `continuation`, `tokens` (generated ids); encoder-decoders:
@@ -353,9 +353,9 @@ def _infer_encdec(
     )
     results = []
     for ex, prediction in zip(examples, predictions, strict=True):
-        record = {"inputs": ex.inputs, "prediction": prediction}
+        record = {names.PREDICTION_INPUTS: ex.inputs, names.PREDICTION_OUTPUT: prediction}
         if has_target:
-            record["target"] = ex.target
+            record[names.PREDICTION_TARGET] = ex.target
         results.append(record)
     if jax.process_index() == 0:
         model_dir.mkdir(parents=True, exist_ok=True)
