@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rundir import storage
+from rundir import records, storage
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +45,7 @@ class TaskChoice:
 def run_languages(model_dir: str | os.PathLike) -> list[str]:
     """The languages a run was trained on (`run.json` `languages`, target and source language),
     target first."""
-    from trainer import metrics
-
-    info = metrics.read_run_json(model_dir)
-    langs = [info.get("target_lang"), *(info.get("languages") or []), info.get("source_lang")]
-    return list(dict.fromkeys(lang for lang in langs if lang))
+    return list(records.read_run_record(model_dir).all_languages)
 
 
 def default_local_dir() -> Path:

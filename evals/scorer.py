@@ -67,9 +67,9 @@ def read_run_spec(model_dir: str | os.PathLike, *, vocab_path: str | None = None
 
     if not records.has_run_json(model_dir):
         raise FileNotFoundError(f"model_dir={model_dir}: no {names.RUN_FILE} (not a run dir)")
-    info = records.read_run_json(model_dir)
-    fingerprint = info.get("fingerprint") or {}
-    model = fingerprint.get("model") or {"family": info.get("family"), "size": info.get("model")}
+    info = records.read_run_record(model_dir)
+    fingerprint = info.fingerprint or {}
+    model = fingerprint.get("model") or {"family": info.family, "size": info.model}
     spec = ModelSpec(
         family=str(model["family"]),
         size=str(model["size"]),
@@ -82,13 +82,12 @@ def read_run_spec(model_dir: str | os.PathLike, *, vocab_path: str | None = None
             f"model_dir={model_dir}: vocabulary {vocab!r} from run.json not found; pass "
             "vocab_path=<the run's SentencePiece .model> (xlscale zeroshot --vocab-path)"
         )
-    langs = [info.get("target_lang"), *(info.get("languages") or []), info.get("source_lang")]
     return RunSpec(
         model_dir=os.fspath(model_dir),
         model=spec,
         vocab_path=os.fspath(vocab),
-        seq_len=int(info.get("seq_len") or 0),
-        languages=tuple(dict.fromkeys(lang for lang in langs if lang)),
+        seq_len=int(info.seq_len or 0),
+        languages=info.all_languages,
     )
 
 

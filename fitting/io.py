@@ -159,7 +159,7 @@ def tidy(runs: Iterable[RunRecord]) -> list[dict[str, Any]]:
     """
     rows = []
     for run in runs:
-        m = run.meta
+        info = run.info
         for rec in run.evals():
             losses, scores = {}, {}
             for key, value in rec.items():
@@ -177,21 +177,21 @@ def tidy(runs: Iterable[RunRecord]) -> list[dict[str, Any]]:
                 {
                     "run_id": run.run_id,
                     "strategy": run.strategy,
-                    "family": m.get("family"),
-                    "model": m.get("model"),
+                    "family": info.family,
+                    "model": info.model,
                     "language": run.target_lang,
-                    "source_lang": m.get("source_lang"),
-                    "replay_ratio": num(m.get("replay_ratio", 0.0) or 0.0),
-                    "n_params": num(m.get("params_non_embedding")),
-                    "n_params_total": num(m.get("params_total")),
+                    "source_lang": info.source_lang,
+                    "replay_ratio": num(info.replay_ratio or 0.0),
+                    "n_params": num(info.params_non_embedding),
+                    "n_params_total": num(info.params_total),
                     "step": int(rec["step"]),
                     "tokens": num(rec.get("tokens")),
                     "tokens_by_task": dict(rec.get("tokens_by_task") or {}),
                     "flops": num(rec.get("flops")),
                     "losses": losses,
                     "scores": scores,
-                    "init_checkpoint": m.get("init_checkpoint"),
-                    "init_step": m.get("init_step"),
+                    "init_checkpoint": info.init_checkpoint,
+                    "init_step": info.init_step,
                     "completed": run.completed is not None,
                 }
             )

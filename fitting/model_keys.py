@@ -22,20 +22,24 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fitting.checks import FitInputError
+from rundir import run_record
 
 EXACT_KEY = "params_non_embedding"
 NOMINAL_KEY = "params_nominal"
 DEFAULT_BASIS = "exact"
 # Strategies of the upstream (CPT paper) fits, whose N the basis applies to.
-UPSTREAM = ("source", "scratch", "cpt", "cpt_replay")
+UPSTREAM = run_record.UPSTREAM
+# What the functions below read: run.json as a record, or (for callers with a dict) its object.
+Info = run_record.RunRecord | Mapping[str, Any]
 
 
-def model_label(meta: Mapping[str, Any]) -> str:
+def model_label(meta: Info) -> str:
     """The model of a run as one readable key: its size name (`llama2_49m`, `t5_770m`), prefixed
     by its family where the name does not already start with it (`llama2/demo_d48`); `?` when
     run.json names no model."""
-    model = str(meta.get("model") or "")
-    family = str(meta.get("family") or "")
+    info = run_record.RunRecord.of(meta)
+    model = str(info.model or "")
+    family = str(info.family or "")
     if not model:
         return f"{family}/?" if family else "?"
     if not family or model.startswith(family):
@@ -43,13 +47,13 @@ def model_label(meta: Mapping[str, Any]) -> str:
     return f"{family}/{model}"
 
 
-def nominal_params(meta: Mapping[str, Any]) -> float | None:
+def nominal_params(meta: Info) -> float | None:
     """The paper's nominal parameter count of a run's model: run.json's `params_nominal`, else
     the family's size table (`ModelFamily.nominal_params`); None where neither has one."""
-    recorded = meta.get(NOMINAL_KEY)
-    if recorded not in (None, ""):
-        return float(recorded)
-    family, model = meta.get("family"), meta.get("model")
+    info = run_record.RunRecord.of(meta)
+    if info.params_nominal not in (None, ""):
+        return float(info.params_nominal)
+    family, model = info.family, info.model
     if not family or not model:
         return None
     from modeling import family as families
@@ -60,13 +64,13 @@ def nominal_params(meta: Mapping[str, Any]) -> float | None:
         return None
 
 
-def _exact(meta: Mapping[str, Any]) -> float | None:
-    value = meta.get(EXACT_KEY)
+def _exact(meta: Info) -> float | None:
+    value = run_record.RunRecord.of(meta).params_non_embedding
     return None if value in (None, "") else float(value)
 
 
 # Basis name -> run.json -> N (None: the run has no such count).
-N_BASES: Mapping[str, Callable[[Mapping[str, Any]], float | None]] = {
+N_BASES: Mapping[str, Callable[[Info], float | None]] = {
     "exact": _exact,
     "nominal": nominal_params,
 }
@@ -78,7 +82,7 @@ def check_basis(basis: str) -> None:
         raise ValueError(f"unknown N basis {basis!r}; choose one of {', '.join(N_BASES)}")
 
 
-def n_params(meta: Mapping[str, Any], *, basis: str = DEFAULT_BASIS, run_id: str = "?") -> float:
+def n_params(meta: Info, *, basis: str = DEFAULT_BASIS, run_id: str = "?") -> float:
     """N of a run on `basis` (`N_BASES`).
 
     Raises:
@@ -104,6 +108,6 @@ def paper_basis(runs: Iterable[Any], *, strategies: Iterable[str] = UPSTREAM) ->
     sizes, which the paper never trained); a report must say which it used."""
     wanted = set(strategies)
     chosen = [r for r in runs if r.strategy in wanted]
-    if chosen and all(nominal_params(r.meta) is not None for r in chosen):
+    if chosen and all(nominal_params(r.info) is not None for r in chosen):
         return "nominal"
     return "exact"

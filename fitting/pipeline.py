@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,9 +54,10 @@ from fitting.checks import FitInputError, Unidentifiable, require_distinct
 from fitting.fit import FitResult, fit_chinchilla, fit_cpt
 from fitting.formats import json_safe
 from pipelines.names import mt_pair
-from rundir import storage
+from rundir import run_record, storage
+from rundir.run_record import Strategy
 
-FROM_SCRATCH = ("source", "scratch")
+FROM_SCRATCH = run_record.FROM_SCRATCH
 
 
 @dataclasses.dataclass
@@ -159,7 +159,7 @@ class Study:
 
         def make() -> FitResult | None:
             base = self.scratch_fit(lang)
-            pts = self.pooled("cpt", ("cpt",), lang)
+            pts = self.pooled("cpt", (Strategy.CPT,), lang)
             if not len(pts) or base is None:
                 return None
             return fit_cpt(
@@ -213,7 +213,7 @@ def _chinchilla(study: Study, step: Step) -> dict[str, Any]:
 
 def _cpt(study: Study, step: Step) -> dict[str, Any]:
     out = {}
-    for lang in study.languages(("cpt",)):
+    for lang in study.languages((Strategy.CPT,)):
         try:
             fit = study.cpt_fit(lang)
         except Unidentifiable as why:
@@ -226,7 +226,7 @@ def _cpt(study: Study, step: Step) -> dict[str, Any]:
             continue
         study.check(f"cpt/{lang}", fit)
         base = study.scratch_fit(lang)
-        pts = points.pool(study.curves(("cpt",), lang), rule=study.point_rule)
+        pts = points.pool(study.curves((Strategy.CPT,), lang), rule=study.point_rule)
         out[lang] = {
             "models": sorted(set(pts.models)),
             "points_per_run": _per_run(pts),
@@ -235,7 +235,7 @@ def _cpt(study: Study, step: Step) -> dict[str, Any]:
             "allocation_ci": _ci_json(allocation_cis(fit, budgets=_budgets(pts))),
         }
         try:
-            study.pooled("chinchilla", ("cpt",), lang)
+            study.pooled("chinchilla", (Strategy.CPT,), lang)
             chin = fit_chinchilla(pts.N, pts.D, pts.L, runs=pts.runs, grid=study.grid, series=lang)
         except Unidentifiable as why:
             study.skipped[f"cpt/{lang} (Chinchilla law on CPT runs)"] = str(why)
@@ -286,8 +286,8 @@ def _cpt(study: Study, step: Step) -> dict[str, Any]:
 
 def _compute(study: Study, step: Step) -> dict[str, Any]:
     out = {}
-    groups = {"scratch": FROM_SCRATCH, "cpt": ("cpt",)}
-    for lang in study.languages(FROM_SCRATCH + ("cpt",)):
+    groups = {"scratch": FROM_SCRATCH, "cpt": (Strategy.CPT,)}
+    for lang in study.languages(FROM_SCRATCH + (Strategy.CPT,)):
         curves, fronts = {}, {}
         for name, strategies in groups.items():
             cs = study.curves(strategies, lang)
@@ -320,8 +320,8 @@ def _compute(study: Study, step: Step) -> dict[str, Any]:
 
 def _transfer(study: Study, step: Step) -> dict[str, Any]:
     out = {}
-    for lang in study.languages(("cpt",)):
-        cpt_c = study.curves(("cpt",), lang)
+    for lang in study.languages((Strategy.CPT,)):
+        cpt_c = study.curves((Strategy.CPT,), lang)
         ref_c = study.curves(FROM_SCRATCH, lang)
         pairs = transfer.transfer_pairs(cpt_c, ref_c)
         if not pairs:
@@ -363,21 +363,21 @@ def _transfer(study: Study, step: Step) -> dict[str, Any]:
 
 def _replay(study: Study, step: Step) -> dict[str, Any]:
     out = {}
-    for lang in study.languages(("cpt_replay",)):
+    for lang in study.languages((Strategy.CPT_REPLAY,)):
         curves = []
         replay_runs = [
-            r for r in study.runs if r.strategy == "cpt_replay" and r.target_lang == lang
+            r for r in study.runs if r.strategy == Strategy.CPT_REPLAY and r.target_lang == lang
         ]
-        sizes = {float(r.meta.get("params_non_embedding", math.nan)) for r in replay_runs}
+        sizes = {r.info.n_non_embedding for r in replay_runs}
         plain = [
             r
             for r in study.runs
-            if r.strategy == "cpt"
+            if r.strategy == Strategy.CPT
             and r.target_lang == lang
-            and float(r.meta.get("params_non_embedding", math.nan)) in sizes
+            and r.info.n_non_embedding in sizes
         ]
         for run in replay_runs + plain:
-            src = run.meta.get("source_lang")
+            src = run.info.source_lang
             if not src:
                 continue
             s = points.curve(run, task=f"lm_{src}", n_basis=study.n_basis)
@@ -463,7 +463,7 @@ def _bleu(study: Study, step: Step) -> list[dict[str, Any]]:
     present = {
         k.rsplit("/", 1)[-1]
         for r in study.runs
-        if r.strategy in ("finetune", "finetune_scratch")
+        if r.strategy in run_record.FINETUNES
         for rec in r.records
         for k in rec
         if k.startswith("eval/") and k.count("/") == 2

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -37,6 +37,8 @@ import numpy as np
 from fitting import model_keys
 from fitting.checks import FitInputError
 from fitting.io import RunRecord
+from rundir import run_record
+from rundir.run_record import Strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +90,7 @@ class Points:
 
 def _component(run: RunRecord, lang: str) -> str | None:
     """The mixture component that carries `lang`'s language-modelling data."""
-    comps = list(run.meta.get("components") or [])
+    comps = list(run.info.components)
     if f"lm_{lang}" in comps:
         return f"lm_{lang}"
     for name in comps:
@@ -118,17 +120,17 @@ def curve(
     lang = run.target_lang
     task = task or f"lm_{lang}"
     task_lang = task.rsplit("_", 1)[-1]
-    n = _float(run.meta.get(n_key))
+    n = _float(getattr(run.info, n_key, None))
     if not (np.isfinite(n) and n > 0):
         raise FitInputError(f"run {run.run_id!r}: run.json has no positive {n_key}")
     # FLOPs were counted with the exact N: on another basis they follow N (C = 6·N·D).
     flops_scale = 1.0
     if n_basis != "exact":
-        basis_n = model_keys.n_params(run.meta, basis=n_basis, run_id=run.run_id)
+        basis_n = model_keys.n_params(run.info, basis=n_basis, run_id=run.run_id)
         n, flops_scale = basis_n, basis_n / n
     comp = _component(run, task_lang)
-    comps = list(run.meta.get("components") or [])
-    ratio = _float(run.meta.get("replay_ratio") or 0.0)
+    comps = list(run.info.components)
+    ratio = _float(run.info.replay_ratio or 0.0)
     steps, tokens, flops, loss, frac = [], [], [], [], []
     for rec in run.records:
         key = f"eval/{task}/loss"
@@ -164,7 +166,7 @@ def curve(
         flops=np.asarray(flops, np.float64),
         loss=np.asarray(loss, np.float64),
         fraction=np.asarray(frac, np.float64),
-        model=model_keys.model_label(run.meta),
+        model=model_keys.model_label(run.info),
         n_basis=n_basis,
     )
 
@@ -323,24 +325,26 @@ class DownstreamSeries:
 _GIN_DF = re.compile(r"^\s*FINETUNE_TOKENS\s*=\s*([0-9_eE.+]+)", re.MULTILINE)
 
 
-def finetune_tokens(meta: dict) -> int | None:
+def finetune_tokens(meta: run_record.RunRecord | Mapping[str, Any]) -> int | None:
     """Df of a finetuning run, in the MT paper's unit where the run has it: run.json's
     `finetune_tokens_paper` (pairs × 512, a set given with `FINETUNE_UNIT = 'paper'`), else its
     `finetune_tokens` (the `FINETUNE_TOKENS` it was given: about that many target tokens), else
     FINETUNE_TOKENS in its gin."""
-    for key in ("finetune_tokens_paper", "finetune_tokens"):
-        if meta.get(key) not in (None, ""):
-            return int(float(meta[key]))
-    m = _GIN_DF.search(str(meta.get("gin_config") or ""))
+    info = run_record.RunRecord.of(meta)
+    for value in (info.finetune_tokens_paper, info.finetune_tokens):
+        if value not in (None, ""):
+            return int(float(value))
+    m = _GIN_DF.search(str(info.gin_config or ""))
     return int(float(m.group(1).replace("_", ""))) if m else None
 
 
-def finetune_group(meta: dict) -> str:
+def finetune_group(meta: run_record.RunRecord | Mapping[str, Any]) -> str:
     """The finetuning recipe of a run, as the third part of a series key: its step count, and
     its Df when it recorded one (the MT paper finetunes 300 steps on sets of several sizes Df,
     so steps alone would merge them): `"300"` or `"300 steps, Df 6000000"`."""
-    steps = str(meta.get("train_steps", ""))
-    df = finetune_tokens(meta)
+    info = run_record.RunRecord.of(meta)
+    steps = str(info.train_steps) if info.holds("train_steps") else ""
+    df = finetune_tokens(info)
     return steps if df is None else f"{steps} steps, Df {df}"
 
 
@@ -365,27 +369,27 @@ def downstream_series(
     groups: dict[tuple[str, str, str, str], list[tuple[float, float, str]]] = {}
     baselines: dict[tuple[str, str, str], float] = {}
     for run in runs:
-        if run.strategy not in ("finetune", "finetune_scratch"):
+        if run.strategy not in run_record.FINETUNES:
             continue
-        task = str(run.meta.get("mixture_or_task", ""))
+        task = str(run.info.mixture_or_task)
         value = _final_value(run, task, metric)
         if value is None:
             continue
-        steps = finetune_group(run.meta)
-        model = model_keys.model_label(run.meta)
-        if run.strategy == "finetune_scratch":
+        steps = finetune_group(run.info)
+        model = model_keys.model_label(run.info)
+        if run.strategy == Strategy.FINETUNE_SCRATCH:
             baselines[(model, task, steps)] = value
             continue
-        ckpt = str(run.meta.get("init_checkpoint") or "")
+        ckpt = str(run.info.init_checkpoint or "")
         src_dir, _, at = ckpt.partition("@")
         src = by_id.get(PurePosixPath(src_dir.rstrip("/")).name)
         if src is None:
             raise FitInputError(
                 f"run {run.run_id!r}: init_checkpoint {ckpt!r} names no run in this directory"
             )
-        step = run.meta.get("init_step", at or None)
+        step = run.info.init_step if run.info.holds("init_step") else (at or None)
         dp = tokens_at(src, int(step) if step not in (None, "") else None)
-        mixture = str(src.meta.get("mixture_or_task", src.run_id))
+        mixture = str(src.info.mixture_or_task if src.info.holds("mixture_or_task") else src.run_id)
         groups.setdefault((model, mixture, task, steps), []).append((dp, value, run.run_id))
     out = []
     for (model, *key), items in sorted(groups.items()):
@@ -435,16 +439,17 @@ def _tokens_at(run: RunRecord, step: int | None, *, key: str = "tokens") -> floa
     return _float(last[key]) * step / max(int(last["step"]), 1)
 
 
-def paper_tokens_per_step(meta: dict) -> float | None:
+def paper_tokens_per_step(meta: run_record.RunRecord | Mapping[str, Any]) -> float | None:
     """A run's paper tokens per step from run.json: `tokens_paper_per_step`, else batch_size ×
     the paper's row length (the `inputs` feature length of an encoder-decoder, else `targets`;
     `rundir.paper_units`), else None (a run.json that says neither)."""
-    if meta.get("tokens_paper_per_step") not in (None, ""):
-        return _float(meta["tokens_paper_per_step"])
-    lengths = meta.get("task_feature_lengths") or {}
+    info = run_record.RunRecord.of(meta)
+    if info.tokens_paper_per_step not in (None, ""):
+        return _float(info.tokens_paper_per_step)
+    lengths = info.task_feature_lengths or {}
     length = lengths.get("inputs", lengths.get("targets"))
-    if meta.get("batch_size") and length:
-        return _float(meta["batch_size"]) * _float(length)
+    if info.batch_size and length:
+        return _float(info.batch_size) * _float(length)
     return None
 
 
@@ -455,7 +460,7 @@ def paper_tokens_at(run: RunRecord, step: int | None) -> float:
     already step × batch × length, or synthetic ones), their `tokens`."""
     if any("tokens_paper" in r for r in run.records):
         return _tokens_at(run, step, key="tokens_paper")
-    per_step = paper_tokens_per_step(run.meta)
+    per_step = paper_tokens_per_step(run.info)
     if per_step is None:
         return _tokens_at(run, step)
     if step is None:

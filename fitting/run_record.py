@@ -8,6 +8,8 @@ from typing import Any
 
 from etils import epath
 
+from rundir import run_record
+
 EVAL_PREFIX = "eval/"
 
 
@@ -21,6 +23,7 @@ class RunRecord:
       meta: the contents of run.json.
       records: metrics.jsonl objects (or TensorBoard scalars regrouped by step), by step.
       completed: the COMPLETED marker's contents, or None for a run still going (or failed).
+      info: `meta` as a typed record (`rundir.run_record.RunRecord`), what readers use.
     """
 
     run_id: str
@@ -28,19 +31,21 @@ class RunRecord:
     meta: dict[str, Any]
     records: tuple[dict[str, Any], ...]
     completed: dict[str, Any] | None = None
+    info: run_record.RunRecord = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "info", run_record.RunRecord.of(self.meta))
 
     @property
-    def strategy(self) -> str:
-        """source, scratch, cpt, cpt_replay, pretrain, finetune or finetune_scratch."""
-        return str(self.meta.get("strategy", ""))
+    def strategy(self) -> run_record.Strategy | str:
+        """A `rundir.run_record.Strategy` (compares equal to its name), or the record's string
+        where it names none."""
+        return self.info.strategy
 
     @property
     def target_lang(self) -> str:
         """Language the run is trained for (for a source run: its only language)."""
-        lang = self.meta.get("target_lang") or self.meta.get("source_lang")
-        if not lang and self.meta.get("languages"):
-            lang = self.meta["languages"][0]
-        return str(lang or "")
+        return self.info.language
 
     def evals(self) -> list[dict[str, Any]]:
         """Records that carry at least one eval/ value."""

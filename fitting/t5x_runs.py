@@ -48,6 +48,7 @@ from fitting.run_record import RunRecord
 from fitting.tensorboard import read_tensorboard
 from pipelines import names
 from rundir import paper_units, storage
+from rundir.run_record import Strategy
 
 CONFIG_FILE = "config.gin"
 TRAIN_DIR = "train"
@@ -251,7 +252,9 @@ def run_meta(config: GinConfig, *, text: str, checkpoint_steps: list[int]) -> di
         match = _CHECKPOINT_DIR.match(leaf)
         init_dir, init_step = (head, int(match.group(1))) if match else (init, None)
     pair = names.mt_pair(task)
-    strategy = ("finetune" if init else "finetune_scratch") if pair else "pretrain"
+    strategy = (
+        (Strategy.FINETUNE if init else Strategy.FINETUNE_SCRATCH) if pair else Strategy.PRETRAIN
+    )
     total = config.value("TRAIN_STEPS")
     relative = config.value("TRAIN_STEPS_RELATIVE")
     if relative is not None:

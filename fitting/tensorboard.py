@@ -12,7 +12,7 @@ from typing import Any
 from etils import epath
 
 from fitting.run_record import EVAL_PREFIX
-from rundir import storage
+from rundir import run_record, storage
 
 _DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64 = 1, 2, 3, 9
 _TENSOR_FORMATS = {_DT_FLOAT: "<f", _DT_DOUBLE: "<d", _DT_INT32: "<i", _DT_INT64: "<q"}
@@ -94,7 +94,8 @@ def _scalar(value: Any) -> float | None:
 
 
 def records_from_scalars(
-    scalars: Mapping[str, Sequence[tuple[int, float]]], meta: Mapping[str, Any]
+    scalars: Mapping[str, Sequence[tuple[int, float]]],
+    meta: run_record.RunRecord | Mapping[str, Any],
 ) -> list[dict[str, Any]]:
     """Regroups TensorBoard scalars by step into metrics.jsonl-like records.
 
@@ -105,12 +106,13 @@ def records_from_scalars(
     for tag, points in scalars.items():
         for step, value in points:
             by_step.setdefault(int(step), {"step": int(step)})[tag] = value
+    info = run_record.RunRecord.of(meta)
     per_step = None
-    if meta.get("batch_size") and meta.get("seq_len"):
-        per_step = float(meta["batch_size"]) * float(meta["seq_len"])
+    if info.batch_size and info.seq_len:
+        per_step = float(info.batch_size) * float(info.seq_len)
     for rec in by_step.values():
         if "tokens" not in rec and per_step is not None:
             rec["tokens"] = rec["step"] * per_step
-        if "flops" not in rec and "tokens" in rec and meta.get("flops_per_token"):
-            rec["flops"] = float(meta["flops_per_token"]) * rec["tokens"]
+        if "flops" not in rec and "tokens" in rec and info.flops_per_token:
+            rec["flops"] = float(info.flops_per_token) * rec["tokens"]
     return [by_step[s] for s in sorted(by_step)]

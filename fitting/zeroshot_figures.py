@@ -29,8 +29,10 @@ from typing import Any
 from fitting.checks import FitInputError
 from fitting.run_record import RunRecord
 from rundir import zeroshot
+from rundir.run_record import CPT_STRATEGIES, Strategy
 
-FIG3_STRATEGIES = ("source", "scratch", "cpt")  # the source model is the English checkpoint
+# The source model is the English checkpoint.
+FIG3_STRATEGIES = (Strategy.SOURCE, Strategy.SCRATCH, Strategy.CPT)
 
 
 def latest_scores(run: RunRecord) -> tuple[int, dict[str, zeroshot.ZeroshotScore]]:
@@ -49,7 +51,7 @@ def latest_scores(run: RunRecord) -> tuple[int, dict[str, zeroshot.ZeroshotScore
 
 
 def _size(run: RunRecord) -> float | None:
-    n = run.meta.get("params_non_embedding")
+    n = run.info.params_non_embedding
     return float(n) if n else None
 
 
@@ -86,9 +88,9 @@ class _Scored:
 
 def _source_lang(scored: _Scored, lang: str) -> str:
     langs = {
-        str(r.meta.get("source_lang") or "")
+        str(r.info.source_lang or "")
         for r in scored.runs.values()
-        if r.strategy in ("cpt", "cpt_replay") and r.target_lang == lang
+        if r.strategy in CPT_STRATEGIES and r.target_lang == lang
     } - {""}
     return sorted(langs)[0] if langs else "en"
 
@@ -103,9 +105,9 @@ def fig3(runs: Sequence[RunRecord], *, size: float | None = None):
       `averaged_over` and each benchmark's `chance`.
     """
     scored, out, skipped = _Scored(runs), {}, {}
-    for lang in sorted({r.target_lang for r in scored.runs.values() if r.strategy == "cpt"}):
+    for lang in sorted({r.target_lang for r in scored.runs.values() if r.strategy == Strategy.CPT}):
         src = _source_lang(scored, lang)
-        want = {"cpt": lang, "scratch": lang, "source": src}
+        want = {Strategy.CPT: lang, Strategy.SCRATCH: lang, Strategy.SOURCE: src}
         by = scored.best(
             lambda r, want=want: (
                 (r.strategy, _size(r)) if want.get(r.strategy) == r.target_lang else None
@@ -122,7 +124,7 @@ def fig3(runs: Sequence[RunRecord], *, size: float | None = None):
         picked = {s: by[(s, chosen)] for s in FIG3_STRATEGIES}
         tasks = {s: scored.scores[r.run_id][1] for s, r in picked.items()}
         common = set.intersection(*(set(t) for t in tasks.values()))
-        benchmarks = sorted(t for t in common if tasks["cpt"][t].language == lang)
+        benchmarks = sorted(t for t in common if tasks[Strategy.CPT][t].language == lang)
         if not benchmarks:
             skipped[lang] = f"no {lang} benchmark scored for all of {', '.join(FIG3_STRATEGIES)}"
             continue
@@ -138,15 +140,15 @@ def fig3(runs: Sequence[RunRecord], *, size: float | None = None):
             "acc_norm": acc,
             "average": {s: sum(v.values()) / len(v) for s, v in acc.items()},
             "averaged_over": benchmarks,
-            "chance": {t: tasks["cpt"][t].chance for t in benchmarks},
+            "chance": {t: tasks[Strategy.CPT][t].chance for t in benchmarks},
         }
     return out, skipped
 
 
 def _ratio(run: RunRecord) -> float | None:
-    if run.strategy == "cpt":
+    if run.strategy == Strategy.CPT:
         return 0.0
-    r = run.meta.get("replay_ratio")
+    r = run.info.replay_ratio if run.info.holds("replay_ratio") else None
     return float(r) if r is not None else None
 
 
@@ -162,14 +164,14 @@ def fig6(runs: Sequence[RunRecord], *, size: float | None = None):
       best such mean: max 1 per group).
     """
     scored, out, skipped = _Scored(runs), {}, {}
-    for lang in sorted({r.target_lang for r in scored.runs.values() if r.strategy == "cpt_replay"}):
+    for lang in sorted(
+        {r.target_lang for r in scored.runs.values() if r.strategy == Strategy.CPT_REPLAY}
+    ):
         src = _source_lang(scored, lang)
         by = scored.best(
             lambda r, lang=lang: (
                 (_size(r), _ratio(r))
-                if r.strategy in ("cpt", "cpt_replay")
-                and r.target_lang == lang
-                and _ratio(r) is not None
+                if r.strategy in CPT_STRATEGIES and r.target_lang == lang and _ratio(r) is not None
                 else None
             )
         )

@@ -20,7 +20,7 @@ from typing import Any
 
 from etils import epath
 
-from rundir import names, storage
+from rundir import names, run_record, storage
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,16 @@ def read_run_json(model_dir: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(info, dict):
         raise ValueError(f"{names.RUN_FILE} must hold a JSON object; file {path}")
     return info
+
+
+def read_run_record(model_dir: str | os.PathLike) -> run_record.RunRecord:
+    """Reads `run.json` as a typed record (`rundir.run_record.RunRecord`).
+
+    Raises:
+      FileNotFoundError: there is none.
+      ValueError: it is not a JSON object (naming the file).
+    """
+    return run_record.RunRecord.from_json(read_run_json(model_dir))
 
 
 def write_completed(model_dir: str | os.PathLike, *, step: int, tokens: int) -> None:

@@ -18,6 +18,7 @@ from fitting import report
 from fitting.formats import fmt
 from fitting.paper_values import CPT_TABLE2, ERROR_DEFINITIONS
 from rundir import storage
+from rundir.run_record import CPT_STRATEGIES, Strategy
 from studies import zeroshot_report
 
 
@@ -41,17 +42,19 @@ def _eval_curve(run, task: str) -> dict[int, float]:
 
 
 def _size(run) -> float:
-    return float(run.meta.get("params_non_embedding", math.nan))
+    return run.info.n_non_embedding
 
 
 def cpt_vs_scratch(runs: Sequence[Any], lang: str) -> list[dict[str, Any]]:
     """Per size: the CPT and scratch runs' target-language losses at the same steps (hence the
     same compute, as both train the same model on the same token budget). `evals_lower` counts
     the common evaluations after step 0 where CPT is lower (`evals` of them)."""
-    scratch = {_size(r): r for r in runs if r.strategy == "scratch" and r.target_lang == lang}
+    scratch = {
+        _size(r): r for r in runs if r.strategy == Strategy.SCRATCH and r.target_lang == lang
+    }
     rows = []
     for run in sorted(
-        (r for r in runs if r.strategy == "cpt" and r.target_lang == lang), key=_size
+        (r for r in runs if r.strategy == Strategy.CPT and r.target_lang == lang), key=_size
     ):
         ref = scratch.get(_size(run))
         if ref is None:
@@ -76,19 +79,21 @@ def cpt_vs_scratch(runs: Sequence[Any], lang: str) -> list[dict[str, Any]]:
 def replay_table(runs: Sequence[Any], lang: str) -> list[dict[str, Any]]:
     """Final source- and target-language losses of the replay runs (and the plain CPT run and
     the source run of the same size), ordered by replay ratio."""
-    replay = [r for r in runs if r.strategy == "cpt_replay" and r.target_lang == lang]
+    replay = [r for r in runs if r.strategy == Strategy.CPT_REPLAY and r.target_lang == lang]
     if not replay:
         return []
     sizes = {_size(r) for r in replay}
-    source_lang = replay[0].meta.get("source_lang") or "en"
+    source_lang = replay[0].info.source_lang or "en"
     rows = []
     for run in runs:
         if _size(run) not in sizes:
             continue
-        if run.strategy in ("cpt_replay", "cpt") and run.target_lang == lang:
-            ratio = float(run.meta.get("replay_ratio") or 0.0)
-            label = f"CPT, replay {ratio:.0%}" if run.strategy == "cpt_replay" else "CPT (plain)"
-        elif run.strategy == "source":
+        if run.strategy in CPT_STRATEGIES and run.target_lang == lang:
+            ratio = float(run.info.replay_ratio or 0.0)
+            label = (
+                f"CPT, replay {ratio:.0%}" if run.strategy == Strategy.CPT_REPLAY else "CPT (plain)"
+            )
+        elif run.strategy == Strategy.SOURCE:
             ratio, label = -1.0, f"source run ({source_lang} only)"
         else:
             continue

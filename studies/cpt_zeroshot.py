@@ -14,27 +14,27 @@ its final step is not scored again.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rundir import zeroshot
+from rundir.run_record import CPT_STRATEGIES, Strategy
 
 Log = Callable[[str], None]
 
-FIG3_STRATEGIES = ("source", "scratch", "cpt")
-REPLAY_STRATEGIES = ("source", "cpt", "cpt_replay")
+FIG3_STRATEGIES = (Strategy.SOURCE, Strategy.SCRATCH, Strategy.CPT)
+REPLAY_STRATEGIES = (Strategy.SOURCE, Strategy.CPT, Strategy.CPT_REPLAY)
 
 
 def _size(run) -> float:
-    return float(run.meta.get("params_non_embedding", math.nan))
+    return run.info.n_non_embedding
 
 
 def target_langs(runs: Sequence[Any]) -> list[str]:
     """The target languages of the study's CPT runs (plain and replay), sorted: from the runs,
     not a constant, so a study of zh, fr and ru gets a Fig. 3 group per language."""
-    return sorted({r.target_lang for r in runs if r.strategy in ("cpt", "cpt_replay")} - {None})
+    return sorted({r.target_lang for r in runs if r.strategy in CPT_STRATEGIES} - {None})
 
 
 def fig3_groups(runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
@@ -45,7 +45,7 @@ def fig3_groups(runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
     for lang in target_langs(runs):
         by_size: dict[float, dict[str, Any]] = {}
         for run in runs:
-            if run.strategy == "source" or (
+            if run.strategy == Strategy.SOURCE or (
                 run.strategy in FIG3_STRATEGIES and run.target_lang == lang
             ):
                 by_size.setdefault(_size(run), {})[run.strategy] = run
@@ -70,7 +70,7 @@ def replay_groups(runs: Sequence[Any]) -> dict[str, list[Any]]:
     source runs at the replay runs' sizes (ratio 0 and the source model of Fig. 6)."""
     groups = {}
     for lang in target_langs(runs):
-        replays = [r for r in runs if r.strategy == "cpt_replay" and r.target_lang == lang]
+        replays = [r for r in runs if r.strategy == Strategy.CPT_REPLAY and r.target_lang == lang]
         sizes = {_size(r) for r in replays}
         if replays:
             groups[lang] = [
@@ -78,7 +78,7 @@ def replay_groups(runs: Sequence[Any]) -> dict[str, list[Any]]:
                 for r in runs
                 if _size(r) in sizes
                 and (
-                    r.strategy == "source"
+                    r.strategy == Strategy.SOURCE
                     or (r.strategy in REPLAY_STRATEGIES and r.target_lang == lang)
                 )
             ]

@@ -22,7 +22,8 @@ import numpy as np
 from fitting import points
 from fitting.correlations import spearman
 from fitting.task_alignment import alignment_of
-from rundir import finetune_recipes
+from rundir import finetune_recipes, names
+from rundir.run_record import FINETUNES
 
 # Score names a finetuning run may report under eval/<task>/<metric>, in report order.
 SCORE_LABELS: dict[str, str] = {
@@ -102,7 +103,7 @@ def score_metrics(runs: Sequence[Any]) -> list[str]:
     found = {
         k.rsplit("/", 1)[-1]
         for r in runs
-        if r.strategy in ("finetune", "finetune_scratch")
+        if r.strategy in FINETUNES
         for rec in r.records
         for k in rec
         if k.startswith("eval/") and k.count("/") == 2
@@ -128,10 +129,10 @@ def collect(runs: Sequence[Any]) -> list[Cell]:
     cells = []
     for (model, mixture, task, steps), c in sorted(per_key.items()):
         order = sorted(c["Dp"], key=lambda rid: c["Dp"][rid])
-        dfs = {points.finetune_tokens(by_id[rid].meta) for rid in order}
-        n_steps = {_int(by_id[rid].meta.get("train_steps")) for rid in order}
+        dfs = {points.finetune_tokens(by_id[rid].info) for rid in order}
+        n_steps = {_int(by_id[rid].info.train_steps) for rid in order}
         init = tuple(
-            None if by_id[rid].meta.get("init_step") is None else int(by_id[rid].meta["init_step"])
+            None if by_id[rid].info.init_step is None else int(by_id[rid].info.init_step)
             for rid in order
         )
         cells.append(
@@ -355,10 +356,16 @@ def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str,
 # --------------------------------------------------------------------------------------- noise
 
 
-def _mtime(path: Any) -> float:
-    """Modification time of a run file: `etils.epath` (run paths) or `pathlib` stat results."""
-    stat = path.stat()
-    return stat.mtime if hasattr(stat, "mtime") else stat.st_mtime
+def final_predictions(run: Any) -> Any | None:
+    """The predictions file of a finetuning run's last decoded step (`trainer.downstream` writes
+    `predictions/<task>_<step>.jsonl`, `rundir.names.predictions_file`): of the run's own task
+    where it has one, else of any task; None when it has none."""
+    found = []
+    for path in (run.path / names.PREDICTIONS_SUBDIR).glob("*.jsonl"):
+        parsed = names.parse_predictions_file(path.name)
+        if parsed is not None:
+            found.append((parsed[0] == run.info.mixture_or_task, parsed[1], path.name, path))
+    return max(found)[-1] if found else None
 
 
 def bleu_noise(runs: Sequence[Any], *, n_bootstrap: int = 200) -> dict[str, tuple[float, float]]:
@@ -368,24 +375,23 @@ def bleu_noise(runs: Sequence[Any], *, n_bootstrap: int = 200) -> dict[str, tupl
 
     out = {}
     for r in runs:
-        if r.strategy not in ("finetune", "finetune_scratch"):
+        if r.strategy not in FINETUNES:
             continue
-        files = sorted((r.path / "predictions").glob("*.jsonl"), key=_mtime)
-        if not files:
+        path = final_predictions(r)
+        if path is None:
             continue
         refs, hyps = [], []
-        for line in files[-1].read_text().splitlines():
+        for line in path.read_text().splitlines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            ref = next((row[k] for k in ("targets", "target", "reference") if k in row), None)
-            hyp = next((row[k] for k in ("prediction", "predictions", "output") if k in row), None)
+            ref, hyp = row.get(names.PREDICTION_TARGET), row.get(names.PREDICTION_OUTPUT)
             if isinstance(ref, str) and isinstance(hyp, str):
                 refs.append(ref)
                 hyps.append(hyp)
         if len(refs) >= 10:
-            tgt = str(r.meta.get("mixture_or_task", "")).rsplit("_", 1)[-1]
+            tgt = str(r.info.mixture_or_task).rsplit("_", 1)[-1]
             score = BLEU(tokenize="zh" if tgt == "zh" else "13a").corpus_score(
                 hyps, [refs], n_bootstrap=n_bootstrap
             )
@@ -402,10 +408,10 @@ def comet_models(runs: Sequence[Any]) -> dict[str, list[str]]:
     """
     found: dict[str, list[str]] = {}
     for r in runs:
-        if r.strategy not in ("finetune", "finetune_scratch"):
+        if r.strategy not in FINETUNES:
             continue
         if not any(k.endswith(f"/{COMET}") for rec in r.records for k in rec):
             continue
-        m = _GIN_COMET.search(str(r.meta.get("gin_config") or ""))
+        m = _GIN_COMET.search(str(r.info.gin_config or ""))
         found.setdefault(m.group("path") if m else "?", []).append(r.run_id)
     return found

@@ -32,6 +32,7 @@ from fitting.points import finetune_tokens, paper_tokens_at
 from fitting.saved_fits import fit_entries, fit_object, held_out_max
 from fitting.task_alignment import alignment_of
 from rundir import storage
+from rundir.run_record import Strategy
 from studies import mt_comet
 from studies.mt_findings import (
     CE,
@@ -73,34 +74,34 @@ def runs_table(runs: Sequence[Any], cells: Sequence[Cell]) -> list[str]:
     head = "| run | strategy | pretraining data | init step | Dp | Df | steps | CE |"
     head += "".join(f" {SCORE_LABELS[m]} |" for m in metrics)
     lines = [head, "|" + "---|" * (8 + len(metrics))]
-    rank = {"pretrain": 0, "finetune_scratch": 1, "finetune": 2}
+    rank = {Strategy.PRETRAIN: 0, Strategy.FINETUNE_SCRATCH: 1, Strategy.FINETUNE: 2}
 
     def order(r):
         mix = dp[r.run_id][1].mixture if r.run_id in dp else ""
-        init = int(r.meta.get("init_step") or 0)
-        return (rank.get(r.strategy, 3), mix, finetune_tokens(r.meta) or 0, init, r.run_id)
+        init = int(r.info.init_step or 0)
+        return (rank.get(r.strategy, 3), mix, finetune_tokens(r.info) or 0, init, r.run_id)
 
     for r in sorted(runs, key=order):
-        meta = r.meta
-        task = str(meta.get("mixture_or_task", ""))
+        info = r.info
+        task = str(info.mixture_or_task)
         last = r.records[-1] if r.records else {}
-        if r.strategy == "pretrain":
+        if r.strategy == Strategy.PRETRAIN:
             ce = last.get("train/loss")
             row = [r.run_id, "pretrain", task, "–", count_label(_paper_dp(r)), "–"]
         else:
             mix = dp[r.run_id][1].mixture if r.run_id in dp else "none (random init)"
             d = dp.get(r.run_id, (math.nan,))[0]
-            init = meta.get("init_step")
+            init = info.init_step
             row = [
                 r.run_id,
                 r.strategy,
                 mix,
                 fmt(init),
                 count_label(d),
-                count_label(finetune_tokens(meta)),
+                count_label(finetune_tokens(info)),
             ]
             ce = _last(r, f"eval/{task}/loss")
-        row += [fmt(meta.get("train_steps")), fmt(num(ce))]
+        row += [fmt(info.train_steps), fmt(num(ce))]
         row += [fmt(num(_last(r, f"eval/{task}/{m}"))) for m in metrics]
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
     lines += [
@@ -405,7 +406,7 @@ def comparison(
 
 def caveats(cells: Sequence[Cell], runs: Sequence[Any], *, data_note: str = DEBIAN_NOTE) -> str:
     """Markdown: what the tiny scale makes impossible to reproduce, stated plainly."""
-    n = [r.meta.get("params_total") for r in runs if r.strategy == "pretrain"]
+    n = [r.info.params_total for r in runs if r.strategy == Strategy.PRETRAIN]
     n = max((float(x) for x in n if x), default=math.nan)
     dps = np.concatenate([c.Dp for c in cells]) if cells else np.zeros(0)
     dp_text = (

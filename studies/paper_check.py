@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from fitting import laws, paper_values, pipeline
+from rundir.run_record import Strategy
 from studies import paper_study
 
 # Relative tolerances of the CPT rows, for σ = 0.001 lognormal noise on every evaluation: about
@@ -207,7 +208,7 @@ def mt_rows(fits: Mapping[str, Any], runs: Sequence[Any], *, sigma: float) -> li
     }
     expected: dict[str, set] = {}
     for r in runs:
-        if r.strategy == "finetune":
+        if r.strategy == Strategy.FINETUNE:
             key = (r.coord("mixture"), r.coord("task"), int(r.coord("finetune_tokens")))
             expected.setdefault(r.base_size, set()).add(key)
     rows: list[Row] = []
@@ -299,7 +300,7 @@ def _baseline_rows(fits: Mapping[str, Any], runs: Sequence[Any]) -> list[Row]:
     """Every series' baseline is its own model's non-pretrained run (never the other model's)."""
     own: dict[tuple, str] = {}
     for r in runs:
-        if r.strategy == "finetune_scratch":
+        if r.strategy == Strategy.FINETUNE_SCRATCH:
             own[(r.base_size, r.coord("task"), int(r.coord("finetune_tokens")))] = r.run_id
     by_id = {r.run_id: r for r in runs}
     wrong, total = 0, 0

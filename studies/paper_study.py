@@ -37,6 +37,7 @@ from launch import sweep
 from modeling import family as family_lib
 from rundir import paper_units
 from rundir import records as rundir_records
+from rundir.run_record import FROM_SCRATCH, Strategy
 
 CPT_MANIFESTS = ("cpt_paper", "cpt_replay", "cpt_languages")
 MT_MANIFESTS = ("mt_paper",)
@@ -339,7 +340,7 @@ def _cosine_lr(step: int, steps: int, *, peak: float = 2e-4, warmup: float = 0.0
 def _cpt_layout(run: sweep.Run) -> dict[str, Any]:
     """Languages, mixture, components and eval tasks of a CPT-study run (the gin files')."""
     target, source = run.coord("target_lang"), SOURCE_LANG
-    if run.strategy == "source":
+    if run.strategy == Strategy.SOURCE:
         return {
             "languages": [source],
             "source_lang": source,
@@ -347,7 +348,7 @@ def _cpt_layout(run: sweep.Run) -> dict[str, Any]:
             "components": [f"lm_{source}"],
             "evals": [f"lm_{source}"],
         }
-    if run.strategy == "scratch":
+    if run.strategy == Strategy.SCRATCH:
         return {
             "languages": [target],
             "target_lang": target,
@@ -356,7 +357,7 @@ def _cpt_layout(run: sweep.Run) -> dict[str, Any]:
             "evals": [f"lm_{target}"],
         }
     both = [f"lm_{target}", f"lm_{source}"]
-    if run.strategy == "cpt":
+    if run.strategy == Strategy.CPT:
         return {
             "languages": [target],
             "target_lang": target,
@@ -396,8 +397,8 @@ def _cpt_loss(
     capped at `ceiling` (ln V, a uniform guess): the step-0 and earliest log-spaced points are
     stand-ins of the right shape, not the paper's values (its laws are fitted from ~1B tokens)."""
     d = max(by_task.get(task, 0.0), floor_tokens)
-    if strategy in ("source", "scratch"):
-        law = truth.source if strategy == "source" else truth.scratch
+    if strategy in FROM_SCRATCH:
+        law = truth.source if strategy == Strategy.SOURCE else truth.scratch
         return min(ceiling, float(laws.chinchilla(n, d, **law)))
     if task != f"lm_{SOURCE_LANG}":
         return min(ceiling, float(laws.cpt(n, d, **truth.cpt)))
@@ -481,13 +482,13 @@ def pretraining_runs(runs: Sequence[sweep.Run]) -> dict[str, sweep.Run]:
     grids = _lr_grids(runs)
     best: dict[tuple, sweep.Run] = {}
     for r in runs:
-        if r.strategy == "pretrain":
+        if r.strategy == Strategy.PRETRAIN:
             key = (r.base_size, r.coord("mixture"), r.coord("seed"))
             if key not in best or _lr_factor(r, grids) < _lr_factor(best[key], grids):
                 best[key] = r
     out = {}
     for r in runs:
-        if r.strategy != "finetune":
+        if r.strategy != Strategy.FINETUNE:
             continue
         key = (r.base_size, r.coord("mixture"), r.coord("seed"))
         if not r.parent and key not in best:
@@ -510,7 +511,7 @@ def write_mt_runs(
     parents = pretraining_runs(runs)
     first_step = {}
     for run in runs:  # each (model, task, Df)'s smallest checkpoint: where the baselines sit
-        if run.strategy == "finetune":
+        if run.strategy == Strategy.FINETUNE:
             key = (run.base_size, run.coord("task"), run.coord("finetune_tokens"))
             dp = paper_dp(run, parents[run.run_id])
             first_step[key] = min(first_step.get(key, dp), dp)
@@ -521,7 +522,7 @@ def write_mt_runs(
     for i, run in enumerate(runs):
         lengths = _lengths(run)
         worse = _lr_factor(run, grids)
-        if run.strategy == "pretrain":
+        if run.strategy == Strategy.PRETRAIN:
             mixture = run.coord("mixture")
             shares = _mixture_shares(mixture)
             meta = _meta(
@@ -560,7 +561,7 @@ def write_mt_runs(
                 "components": [task],
                 "finetune_tokens": df,
             }
-            if run.strategy == "finetune":
+            if run.strategy == Strategy.FINETUNE:
                 parent = parents[run.run_id]
                 fields.update(init_checkpoint=parent.model_dir, init_step=run.coord("init_step"))
                 dp, mixture = paper_dp(run, parent), run.coord("mixture")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rundir.run_record import Strategy
 from studies import cpt_zeroshot
 
 
@@ -50,7 +51,7 @@ def _row(run, lang: str, stats: dict[str, Any], **extra) -> dict[str, Any]:
         "language": lang,
         "strategy": run.strategy,
         "run": run.run_id,
-        "model": str(run.meta.get("model") or run.run_id),
+        "model": str(run.info.model or run.run_id),
         **stats,
         **extra,
     }
@@ -61,7 +62,7 @@ def _scale(runs: Sequence[Any]) -> str:
     from fitting.formats import fmt
 
     scored = [*cpt_zeroshot.fig3_runs(runs), *cpt_zeroshot.replay_runs(runs)]
-    params = [float(r.meta.get("params_non_embedding") or 0) for r in scored]
+    params = [float(r.info.params_non_embedding or 0) for r in scored]
     # Each run's last token count (zero-shot records, written after training, carry none).
     tokens = [max(float(rec.get("tokens") or 0) for rec in r.records) for r in scored]
     tokens = [t for t in tokens if t > 0]
@@ -95,7 +96,7 @@ def section(runs: Sequence[Any], out_dir: Path) -> str:
             fig3 += [_row(run, lang, stats, target=target) for lang, stats in pooled(run).items()]
     for target, group in cpt_zeroshot.replay_groups(runs).items():
         for run in group:
-            ratio = None if run.strategy == "source" else float(run.meta.get("replay_ratio") or 0.0)
+            ratio = None if run.strategy == Strategy.SOURCE else float(run.info.replay_ratio or 0.0)
             replay += [
                 _row(run, lang, stats, ratio=ratio, target=target)
                 for lang, stats in pooled(run).items()
@@ -104,7 +105,7 @@ def section(runs: Sequence[Any], out_dir: Path) -> str:
         return ""
     # The languages scored, the source language first, then the targets (from the runs).
     sources = sorted(
-        {str(r.meta.get("source_lang") or "en") for r in runs if r.strategy == "source"}
+        {str(r.info.source_lang or "en") for r in runs if r.strategy == Strategy.SOURCE}
     )
     found = {r["language"] for r in fig3 + replay}
     langs = [lang for lang in dict.fromkeys([*sources, *targets, *sorted(found)]) if lang in found]

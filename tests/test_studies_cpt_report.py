@@ -1,25 +1,25 @@
 """The CPT study's comparison with the paper on hand-made runs and fits (no training, no fits)."""
 
 import re
-import types
 
+from fitting.run_record import RunRecord
 from studies import cpt_report
 
 PI = 3.141592653589793
 
 
 def _run(strategy, lang, n, losses, **meta):
-    """A stand-in for `fitting.io.Run`: strategy, target language, metadata, eval records."""
+    """A run (`fitting.io.RunRecord`): strategy, target language, metadata, eval records."""
     records = [
         {"step": s, "tokens": s * 1000, f"eval/lm_{k}/loss": v}
         for s, per_lang in losses.items()
         for k, v in per_lang.items()
     ]
-    return types.SimpleNamespace(
-        strategy=strategy,
-        target_lang=lang,
-        meta={"params_non_embedding": n, **meta},
-        records=records,
+    return RunRecord(
+        run_id=f"{strategy}_{lang}_{n}",
+        path=None,
+        meta={"strategy": strategy, "target_lang": lang, "params_non_embedding": n, **meta},
+        records=tuple(records),
     )
 
 
