@@ -19,15 +19,15 @@ $(STAMP): pyproject.toml
 
 # COMET's own environment (`.comet-venv/`, beside `.venv`): unbabel-comet's pins (numpy<2,
 # transformers<5) cannot share the JAX/TF stack's, so COMET runs there as a subprocess
-# (`evals/comet_worker.py`); COMET_PYTHON names its interpreter (default: this venv's).
+# (`pipelines/comet/worker.py`); COMET_PYTHON names its interpreter (default: this venv's).
 COMET_VENV ?= .comet-venv
 COMET_STAMP := $(COMET_VENV)/.installed
 
 comet-env: $(COMET_STAMP)
 
-$(COMET_STAMP): evals/comet_requirements.txt
+$(COMET_STAMP): pipelines/comet/requirements.txt
 	@test -x $(COMET_VENV)/bin/python || $(PYTHON) -m venv $(COMET_VENV)
-	$(COMET_VENV)/bin/python -m pip install -q --no-compile -r evals/comet_requirements.txt
+	$(COMET_VENV)/bin/python -m pip install -q --no-compile -r pipelines/comet/requirements.txt
 	@touch $(COMET_STAMP)
 
 # Wheels for `pytest -m gpu` on a JAX GPU image (Python >= 3.11, as this project) that cannot reach the network (the lent GPU

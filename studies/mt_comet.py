@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from evals.comet_scoring import is_random_model
 from fitting.formats import fmt
 from fitting.saved_fits import fit_entries, fit_object, held_out_max
+from pipelines.comet.scoring import is_random_model
 from studies.mt_findings import COMET, TOLERANCE, Cell, comet_models, count_label
 
 FIGURE = "mt_comet_fig7.png"
@@ -95,7 +95,7 @@ def _model_lines(runs: Sequence[Any]) -> list[str]:
         elif is_random_model(path):
             lines.append(
                 f"- `{path}` ({n}): a **randomly initialised test model** "
-                "(`evals/comet_random_model.py`, COMET's architecture with random weights): its "
+                "(`pipelines/comet/random_model.py`, COMET's architecture with random weights): its "
                 "scores are **not meaningful** as translation quality; this section only shows "
                 "that the COMET wiring works."
             )

@@ -3,7 +3,7 @@
 unbabel-comet cannot join the project's environment (numpy<2, transformers<5), so the session
 builds COMET's own (`make comet-env`: `.comet-venv/`, once per checkout, under a lock for the
 parallel workers) and a small randomly initialised COMET model of the real architecture
-(`evals/comet_random_model.py`: wmt22-comet-da's RegressionMetric on a tiny XLM-R encoder with a
+(`pipelines/comet/random_model.py`: wmt22-comet-da's RegressionMetric on a tiny XLM-R encoder with a
 SentencePiece vocabulary trained on the UDHR fixture), offline. Its scores are random-weight
 outputs: the tests check the wiring (triples in, COMET's own mean, × 100, errors), not quality.
 """
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from evals import comet_scoring, comet_worker
+from pipelines.comet import scoring as comet_scoring
+from pipelines.comet import worker as comet_worker
 from trainer import downstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,7 +74,7 @@ def comet_model(comet_python, tmp_path_factory):
         for p in s["paragraphs"][lang]
     ]  # fmt: skip
     text.write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
-    script = ROOT / "evals" / "comet_random_model.py"
+    script = ROOT / "pipelines" / "comet" / "random_model.py"
     done = subprocess.run(
         [comet_python, "-I", os.fspath(script), "--text", os.fspath(text), "--out", root / "m"],
         capture_output=True,

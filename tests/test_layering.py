@@ -1,12 +1,14 @@
 """Layers point down and no module imports back into a circle (DESIGN.md, Layout; STYLE.md 14).
 
-Layers, bottom to top: `rundir` (the run directory; imports nothing of ours) < `modeling` (shared
-model pieces) < the model families `llama_jax`, `t5_jax` (which never import each other) <
-`pipelines`, `fitting`, `evals`, `trainer` and `convert` (conversion sits beside the trainer:
-`trainer` may import it, it never imports `trainer`; `pipelines.prepared`, tasks tokenized once
-and read by index, is part of `pipelines`) < `launch`, `studies` < `xlscale_cli`. Every
-import statement of every tracked module is read with `ast` (lazy imports inside functions
-included), so a hidden upward import fails here rather than in a user's process.
+Every package has a layer (`LAYERS`), bottom to top: `rundir` (the run directory; imports nothing
+of ours) < `modeling` (shared model pieces), `pipelines` (data, text metrics, COMET's caller) <
+the model families `llama_jax`, `t5_jax` (which never import each other) < `trainer`, `convert`,
+`fitting`, `evals` < `launch`, `studies` < `xlscale_cli`. Each import statement of every module
+(lazy imports inside functions included, so a hidden upward import fails here rather than in a
+user's process) is checked module by module: a module never imports a module of a higher layer,
+nor across one of the forbidden pairs of a layer (`ACROSS`: e.g. `trainer` never imports
+`evals`, which drives the trainer); a failure names the importing module, the imported one and
+both layers.
 
 Cycles: the module-level imports (statements run when a module is imported, not those inside
 functions) of every module of the project's packages form a graph that must have no cycle; a cycle
@@ -23,64 +25,122 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# Package -> the packages it must never import.
-TOP = {"xlscale_cli"}
-RUNNERS = {"launch", "studies"} | TOP
-MIDDLE = {"trainer", "convert", "fitting", "pipelines", "evals"}
-FORBIDDEN: dict[str, set[str]] = {
-    "modeling": {"llama_jax", "t5_jax"} | MIDDLE | RUNNERS,
-    "llama_jax": {"t5_jax"} | MIDDLE | RUNNERS,
-    "t5_jax": {"llama_jax"} | MIDDLE | RUNNERS,
-    "pipelines": {"trainer", "convert", "fitting", "evals"} | RUNNERS,
-    "fitting": {"trainer", "convert", "evals"} | RUNNERS,
-    "trainer": RUNNERS,
-    "convert": {"trainer", "fitting", "evals"} | RUNNERS,
-    "evals": RUNNERS,
-    "launch": {"studies"} | TOP,
-    "studies": TOP,
+# Each package's layer, bottom (0) to top; a module may import modules of its own layer or lower
+# ones, never of a higher layer (DESIGN.md: CLI -> studies, launch -> trainer, convert, fitting,
+# evals -> models -> modeling, pipelines -> rundir). `t5x_configs` (gin files and the T5X
+# environment's task registrations) sits with the data pipelines it registers.
+LAYERS: dict[str, int] = {
+    "rundir": 0,
+    "modeling": 1,
+    "pipelines": 1,
+    "t5x_configs": 1,
+    "llama_jax": 2,
+    "t5_jax": 2,
+    "trainer": 3,
+    "convert": 3,
+    "fitting": 3,
+    "evals": 3,
+    "launch": 4,
+    "studies": 4,
+    "xlscale_cli": 5,
 }
-# Every package of the project (what the cycle check reads); `rundir`, at the bottom, imports none.
-PACKAGES = set(FORBIDDEN) | {"rundir", "t5x_configs"}
-FORBIDDEN["rundir"] = PACKAGES - {"rundir"}
+# Imports across one layer that are forbidden too: the model families never import each other;
+# shared model pieces do not import the data pipelines; conversion sits beside the trainer (the
+# trainer may import it, never the reverse); fitting reads run directories only; the trainer never
+# imports the evaluation harness (which drives the trainer); launchers never import studies.
+ACROSS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("llama_jax", "t5_jax"),
+        ("t5_jax", "llama_jax"),
+        ("modeling", "pipelines"),
+        ("convert", "trainer"),
+        ("convert", "fitting"),
+        ("convert", "evals"),
+        ("fitting", "trainer"),
+        ("fitting", "convert"),
+        ("fitting", "evals"),
+        ("trainer", "evals"),
+        ("launch", "studies"),
+    }
+)
+PACKAGES = set(LAYERS)
 
 
-def imported_packages(path: pathlib.Path) -> list[tuple[int, str]]:
-    """(line, top-level package) of every absolute import in `path`, lazy ones included."""
+def _module_name(root: pathlib.Path, path: pathlib.Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: pathlib.Path, *, module: str) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import of a project package in `path`, lazy ones included:
+    `import a.b` gives `a.b`, `from a.b import c` gives `a.b.c` (a module or a name in `a.b`);
+    relative imports are resolved against `module`."""
     found = []
+    is_package = path.name == "__init__.py"
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.append((node.lineno, node.module.split(".")[0]))
-    return found
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join([*package, base] if base else package)
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return [(line, name) for line, name in found if name.split(".")[0] in PACKAGES]
+
+
+def _allowed(importer: str, imported: str) -> bool:
+    if importer == imported:
+        return True
+    if importer == "rundir":  # the bottom imports nothing of ours
+        return False
+    return LAYERS[imported] <= LAYERS[importer] and (importer, imported) not in ACROSS
 
 
 def violations(root: pathlib.Path) -> list[str]:
-    """`file:line imports pkg` for every import that points up or across the model families."""
+    """`file:line: module (package, layer n) imports module (package, layer m)` for every import
+    of a higher layer or across a forbidden pair (`ACROSS`)."""
     bad = []
-    for package, forbidden in FORBIDDEN.items():
+    for package in sorted(LAYERS):
         for path in sorted((root / package).rglob("*.py")):
-            for line, imported in imported_packages(path):
-                if imported in forbidden:
-                    bad.append(f"{path.relative_to(root)}:{line} imports {imported}")
+            module = _module_name(root, path)
+            for line, name in imported_modules(path, module=module):
+                target = name.split(".")[0]
+                if not _allowed(package, target):
+                    bad.append(
+                        f"{path.relative_to(root)}:{line}: {module} ({package}, layer "
+                        f"{LAYERS[package]}) imports {name} ({target}, layer {LAYERS[target]})"
+                    )
     return bad
 
 
-def test_no_package_imports_a_higher_layer():
+def test_no_module_imports_a_higher_layer():
     assert violations(ROOT) == []
 
 
 def test_the_check_catches_an_upward_import(tmp_path):
-    (tmp_path / "t5_jax").mkdir()
-    (tmp_path / "t5_jax" / "predict.py").write_text(
-        "def f():\n    from trainer import decoding\n    return decoding\n"
+    def write(path: str, text: str) -> None:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+
+    write("t5_jax/predict.py", "def f():\n    from trainer import decoding\n    return decoding\n")
+    write("modeling/ok.py", "import jax\nfrom modeling import axes\nfrom rundir import names\n")
+    write(
+        "trainer/downstream.py", "from evals import comet_scoring\nfrom pipelines import metrics\n"
     )
-    (tmp_path / "modeling").mkdir()
-    (tmp_path / "modeling" / "ok.py").write_text("import jax\nfrom modeling import axes\n")
-    assert violations(tmp_path) == ["t5_jax/predict.py:2 imports trainer"]
+    write("rundir/records.py", "from . import names\nfrom pipelines.names import mt_pair\n")
+    assert violations(tmp_path) == [
+        "rundir/records.py:2: rundir.records (rundir, layer 0) imports pipelines.names.mt_pair "
+        "(pipelines, layer 1)",
+        "t5_jax/predict.py:2: t5_jax.predict (t5_jax, layer 2) imports trainer.decoding "
+        "(trainer, layer 3)",
+        "trainer/downstream.py:1: trainer.downstream (trainer, layer 3) imports "
+        "evals.comet_scoring (evals, layer 3)",
+    ]
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+@pytest.mark.parametrize("package", sorted(LAYERS))
 def test_every_layer_is_a_package_or_absent(package):
     # A renamed package would silently drop out of the check: each name is a real package or
     # (for layers not built yet) absent altogether, never a stray module.
@@ -90,12 +150,12 @@ def test_every_layer_is_a_package_or_absent(package):
         assert (path / "__init__.py").exists()
 
 
+def test_every_top_level_package_has_a_layer():
+    found = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "benchmarks"}
+    assert found <= set(LAYERS), sorted(found - set(LAYERS))
+
+
 # --- module-level import cycles -----------------------------------------------------------
-
-
-def _module_name(root: pathlib.Path, path: pathlib.Path) -> str:
-    parts = path.relative_to(root).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _is_type_checking(node: ast.If) -> bool:

@@ -302,11 +302,11 @@ def test_the_df_finding_says_whether_df_or_training_length_varies(cells):
 @pytest.fixture(scope="module")
 def comet_runs_dir(runs_dir, tmp_path_factory):
     """`runs_dir` with COMET (0-100) logged by every finetuning run, scored by a random test
-    model (a checkpoint with `evals.comet_random_model`'s marker beside it) named in the runs'
+    model (a checkpoint with `pipelines.comet.random_model`'s marker beside it) named in the runs'
     resolved gin configs."""
     import shutil
 
-    from evals.comet_random_model import RANDOM_MARKER
+    from pipelines.comet.random_model import RANDOM_MARKER
 
     root = tmp_path_factory.mktemp("mt_comet") / "runs"
     shutil.copytree(runs_dir, root)
@@ -373,3 +373,30 @@ def test_the_comet_model_is_read_from_each_runs_gin_config():
         run("d", "COMET_MODEL = '/m/other.ckpt'\n", comet=False),  # logged no COMET
     ]
     assert find.comet_models(runs) == {"/m/wmt22/checkpoints/model.ckpt": ["a", "b"], "?": ["c"]}
+
+
+def test_bleu_noise_reads_the_last_step_predictions_the_trainer_writes(tmp_path):
+    # The writer (`trainer.downstream.write_predictions`) and the reader share the file names and
+    # row keys (`rundir.names`); the file is chosen by the step in its name, not by mtime.
+    import os
+
+    from fitting.run_record import RunRecord
+    from studies import mt_findings
+    from trainer import downstream
+
+    examples = [
+        downstream.TextExample(inputs=f"src {i}", target=f"the cat sat on mat {i}", source=f"s {i}")
+        for i in range(12)
+    ]
+    good = [ex.target for ex in examples]
+    bad = ["x"] * len(examples)
+    meta = {"strategy": "finetune", "mixture_or_task": "mt_en_fr"}
+    run = RunRecord(run_id="ft", path=tmp_path, meta=meta, records=({"step": 20},))
+    late = downstream.write_predictions(tmp_path, "mt_en_fr", 20, examples, good)
+    early = downstream.write_predictions(tmp_path, "mt_en_fr", 5, examples, bad)
+    other = downstream.write_predictions(tmp_path, "mt_en_de", 40, examples, bad)
+    os.utime(late, (1, 1))  # the oldest file on disk is still the last step's
+    assert early.name == "mt_en_fr_5.jsonl" and other.exists()
+    assert mt_findings.final_predictions(run).name == late.name
+    bleu, _ = mt_findings.bleu_noise([run], n_bootstrap=20)["ft"]
+    assert bleu == pytest.approx(100.0)

@@ -15,7 +15,7 @@ asked), each task of `DecodeConfig.tasks` is decoded on its held-out split:
   precisions (`pipelines.metrics.BLEU_PARTS`, the MT paper's Remark 2), chrF++, Unicode-aware
   ROUGE-L, all 0-100; COMET only when a local COMET checkpoint is configured (`COMET_MODEL`), on
   the MT paper's 0-100 scale (COMET's system score × 100), computed in COMET's own environment
-  (`COMET_PYTHON`, `make comet-env`; `evals.comet_scoring`);
+  (`COMET_PYTHON`, `make comet-env`; `pipelines.comet.scoring`);
 - `MODEL_DIR/predictions/<task>_<step>.jsonl` gets one `{"inputs", "target", "prediction"}`
   object per example.
 
@@ -40,11 +40,12 @@ import jax
 import numpy as np
 from etils import epath
 
-from rundir import storage
+from pipelines.comet import scoring as comet_scoring
+from rundir import names, storage
 
 log = logging.getLogger(__name__)
 
-PREDICTIONS_SUBDIR = "predictions"
+PREDICTIONS_SUBDIR = names.PREDICTIONS_SUBDIR
 DECODE_METHODS = ("greedy", "beam")
 _MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
 _PROMPT = re.compile(r"^translate [A-Za-z]+ to [A-Za-z]+: ")
@@ -234,7 +235,7 @@ def comet_score(
     """System-level COMET of a local checkpoint on the MT paper's 0-100 scale (COMET's own system
     score × 100, as the paper's Figs. 1 and 7 plot it).
 
-    COMET runs in its own environment (`make comet-env`; `evals.comet_scoring`), as a
+    COMET runs in its own environment (`make comet-env`; `pipelines.comet.scoring`), as a
     subprocess with the Hugging Face hub offline, so that neither torch nor COMET's pins enter
     this process and nothing is downloaded.
 
@@ -245,11 +246,9 @@ def comet_score(
 
     Raises:
       FileNotFoundError: no file at `model_path` (names COMET_MODEL).
-      evals.comet_scoring.CometError: no side environment (names COMET_PYTHON and `make
+      pipelines.comet.scoring.CometError: no side environment (names COMET_PYTHON and `make
         comet-env`), or COMET failed (its last stderr lines).
     """
-    from evals import comet_scoring
-
     return comet_scoring.score(
         model_path,
         sources=sources,
@@ -309,9 +308,16 @@ def write_predictions(
     """Writes `MODEL_DIR/predictions/<task>_<step>.jsonl` (`inputs`, `target`, `prediction`)."""
     directory = storage.as_path(model_dir, name="MODEL_DIR") / PREDICTIONS_SUBDIR
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{task}_{step}.jsonl"
+    path = directory / names.predictions_file(task, step)
     lines = (
-        json.dumps({"inputs": ex.inputs, "target": ex.target, "prediction": p}, ensure_ascii=False)
+        json.dumps(
+            {
+                names.PREDICTION_INPUTS: ex.inputs,
+                names.PREDICTION_TARGET: ex.target,
+                names.PREDICTION_OUTPUT: p,
+            },
+            ensure_ascii=False,
+        )
         for ex, p in zip(examples, predictions, strict=True)
     )
     storage.write_text_atomic(path, "".join(line + "\n" for line in lines))

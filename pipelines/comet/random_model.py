@@ -8,7 +8,7 @@ on the given text. Its scores are random-weight outputs: NOT a measure of transl
 
 Runs in COMET's side environment (`make comet-env`) and imports nothing of the project:
 
-    .comet-venv/bin/python -I evals/comet_random_model.py --text a.txt [b.txt ...] --out DIR
+    .comet-venv/bin/python -I pipelines/comet/random_model.py --text a.txt [b.txt ...] --out DIR
 
 `DIR` is laid out as a downloaded COMET model, so `comet.load_from_checkpoint` reads it:
 `DIR/hparams.yaml` (COMET reads the class from it), `DIR/checkpoints/model.ckpt` (a Lightning

@@ -1,8 +1,8 @@
 """COMET scoring inside COMET's own environment: one request on stdin, the scores on stdout.
 
 unbabel-comet cannot share the project's environment (it needs numpy<2 and transformers<5), so
-`evals.comet_scoring` runs this file with the side environment's interpreter (`make comet-env`,
-`COMET_PYTHON`) as `python -I comet_worker.py`. It uses only the standard library and `comet`
+`pipelines.comet.scoring` runs this file with the side environment's interpreter (`make comet-env`,
+`COMET_PYTHON`) as `python -I worker.py`. It uses only the standard library and `comet`
 and imports nothing of the project.
 
 Request (JSON on stdin): `{"model": "<dir>/checkpoints/model.ckpt", "samples": [{"src", "mt",

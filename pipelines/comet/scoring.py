@@ -1,9 +1,9 @@
-"""COMET scores from the project's side: run `evals/comet_worker.py` in COMET's own environment.
+"""COMET scores from the project's side: run `pipelines/comet/worker.py` in COMET's own environment.
 
 unbabel-comet 2.2.7 needs numpy<2, transformers<5, protobuf<5 and torchmetrics<0.11, which the
 project's pinned JAX/TF stack cannot share, and the model and trainer packages must not import
 torch. So COMET lives in a side environment (`make comet-env` builds `.comet-venv/` from
-`evals/comet_requirements.txt`), and each scoring call starts its interpreter on the worker
+`pipelines/comet/requirements.txt`), and each scoring call starts its interpreter on the worker
 script with the triples as JSON, as T5X is run beside the project.
 
 Settings:
@@ -24,16 +24,16 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from evals import comet_worker
-from evals.comet_random_model import RANDOM_MARKER
+from pipelines.comet import worker as comet_worker
+from pipelines.comet.random_model import RANDOM_MARKER
 
 # COMET's scores (about 0-1) -> the MT paper's scale.
 COMET_SCALE = 100.0
 COMET_PYTHON_ENV = "COMET_PYTHON"
-DEFAULT_VENV = Path(__file__).resolve().parent.parent / ".comet-venv"
+DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".comet-venv"
 WORKER = Path(comet_worker.__file__).resolve()
 BATCH_SIZE = 16
-_BUILD_HINT = "run `make comet-env` (builds .comet-venv/ from evals/comet_requirements.txt)"
+_BUILD_HINT = "run `make comet-env` (builds .comet-venv/ from pipelines/comet/requirements.txt)"
 
 
 class CometError(RuntimeError):
@@ -92,7 +92,7 @@ def check_model(model: str) -> Path:
 
 
 def is_random_model(model: str | os.PathLike) -> bool:
-    """Whether `model` is a randomly initialised test model (`evals.comet_random_model`), whose
+    """Whether `model` is a randomly initialised test model (`pipelines.comet.random_model`), whose
     scores say nothing about translation quality."""
     return (Path(model).expanduser().parent.parent / RANDOM_MARKER).is_file()
 
