@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 from accelerator_step import RowSpec, Shape, is_accelerator, peak_flops  # noqa: E402
 
 from modeling import family as families  # noqa: E402
+from pipelines import features  # noqa: E402
 from trainer import jobs, models, steps  # noqa: E402
 from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
 from trainer.partitioning import MeshConfig, Partitioner, build_mesh  # noqa: E402
@@ -68,25 +69,15 @@ def synthetic_batch(
 ) -> dict[str, np.ndarray]:
     """A trainer batch of random tokens with every position real: one document per row, or
     2-4 packed ones (encoder and decoder rows of T5 pack the same number of examples)."""
-    b, lt = shape.batch, shape.targets
+    b = shape.batch
     docs = rng.integers(2, 5, b) if packed else None
-    tokens = rng.integers(3, vocab, (b, lt), dtype=np.int32)
-    seg, pos = segment_layout(rng, batch=b, length=lt, docs=docs)
-    batch = {
-        "decoder_target_tokens": tokens,
-        "decoder_input_tokens": np.pad(tokens[:, :-1], ((0, 0), (1, 0))),
-        "decoder_loss_weights": np.ones_like(tokens),
-        "decoder_segment_ids": seg,
-        "decoder_positions": pos,
-        "decoder_task_ids": np.zeros_like(tokens),
-    }
-    if shape.inputs:
-        enc = rng.integers(3, vocab, (b, shape.inputs), dtype=np.int32)
-        enc_seg, enc_pos = segment_layout(rng, batch=b, length=shape.inputs, docs=docs)
-        batch.update(
-            encoder_input_tokens=enc, encoder_segment_ids=enc_seg, encoder_positions=enc_pos
-        )
-    return batch
+    tokens, layouts = {}, {}
+    for feature, length in feature_lengths(shape).items():  # targets first: the same draws
+        tokens[feature] = rng.integers(3, vocab, (b, length), dtype=np.int32)
+        layouts[feature] = segment_layout(rng, batch=b, length=length, docs=docs)
+    return features.synthetic_batch(
+        feature_lengths(shape), batch_size=b, tokens=tokens, layouts=layouts
+    )
 
 
 def _optimizer(shape: Shape) -> tuple[OptimizerConfig, ScheduleConfig]:

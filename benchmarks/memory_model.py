@@ -33,6 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from modeling import family as family_lib  # noqa: E402
 from modeling.memory import GiB, MemoryEstimate, StepShape  # noqa: E402
+from pipelines import features  # noqa: E402
 from trainer import jobs, models, steps  # noqa: E402
 from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
 from trainer.partitioning import MeshConfig  # noqa: E402
@@ -162,7 +163,7 @@ def compile_case(case: Case, devices=None) -> jobs.Job:
 
 
 def measure(case: Case) -> dict:
-    """Compiles `case` on the default device, runs one step on zero state and a batch of ones,
+    """Compiles `case` on the default device, runs one step on zero state and a zero batch,
     and returns the estimate, XLA's bytes and the device's `peak_bytes_in_use` (run it in a
     fresh process: the peak counts everything the process allocated)."""
     device = jax.devices()[0]
@@ -175,10 +176,10 @@ def measure(case: Case) -> dict:
     abstract_batch = jobs.batch_abstract(
         job.partitioner, batch_size=case.batch, seq_len=case.seq_len, feature_lengths=lengths
     )
-    batch = {
-        key: jax.device_put(jnp.ones(a.shape, a.dtype), a.sharding)
-        for key, a in abstract_batch.items()
-    }
+    host = features.synthetic_batch(
+        {"targets": case.seq_len, **(lengths or {})}, batch_size=case.batch
+    )
+    batch = {key: jax.device_put(host[key], a.sharding) for key, a in abstract_batch.items()}
     state, metrics = job.train_step(state, batch)
     jax.block_until_ready((state, metrics))
     stats = device.memory_stats() or {}

@@ -25,6 +25,7 @@ import time
 import jax
 import numpy as np
 
+from pipelines import features
 from t5_jax import counting
 from trainer import jobs, models, steps
 from trainer.optimizers import adafactor_defaults
@@ -54,26 +55,9 @@ def synthetic_batch(
     rng: np.random.Generator, *, vocab: int, batch: int, inputs: int, targets: int
 ) -> dict[str, np.ndarray]:
     """A packed-format encoder-decoder batch with one full-length example per row."""
-
-    def feature(length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        tokens = rng.integers(3, vocab, (batch, length), dtype=np.int32)
-        ones = np.ones_like(tokens)
-        positions = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape).copy()
-        return tokens, ones, positions
-
-    enc, enc_seg, enc_pos = feature(inputs)
-    dec, dec_seg, dec_pos = feature(targets)
-    return {
-        "encoder_input_tokens": enc,
-        "encoder_segment_ids": enc_seg,
-        "encoder_positions": enc_pos,
-        "decoder_target_tokens": dec,
-        "decoder_input_tokens": np.pad(dec[:, :-1], ((0, 0), (1, 0))),
-        "decoder_loss_weights": dec_seg,
-        "decoder_segment_ids": dec_seg,
-        "decoder_positions": dec_pos,
-        "decoder_task_ids": np.zeros_like(dec),
-    }
+    lengths = {"inputs": inputs, "targets": targets}
+    tokens = {k: rng.integers(3, vocab, (batch, n), dtype=np.int32) for k, n in lengths.items()}
+    return features.synthetic_batch(lengths, batch_size=batch, tokens=tokens)
 
 
 def benchmark(size: str, *, dtype: str, steps_: int, seed: int = 0) -> dict:

@@ -34,6 +34,7 @@ import optax
 from llama_jax.config import LlamaConfig
 from llama_jax.counting import matmul_flops_per_token
 from llama_jax.model import Llama
+from pipelines import features
 from trainer import jobs, metrics, models, steps
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
@@ -54,18 +55,13 @@ llama_step = _load_bare()
 
 def synthetic_batch(tokens: np.ndarray) -> dict[str, np.ndarray]:
     """A decoder batch (one document per row) from `[batch, length + 1]` random tokens."""
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    ones = np.ones_like(targets)
-    return {
-        "decoder_input_tokens": inputs,
-        "decoder_target_tokens": targets,
-        "decoder_loss_weights": ones,
-        "decoder_segment_ids": ones,
-        "decoder_positions": np.broadcast_to(
-            np.arange(targets.shape[1], dtype=np.int32), targets.shape
-        ).copy(),
-        "decoder_task_ids": np.zeros_like(targets),
-    }
+    batch, length = tokens.shape[0], tokens.shape[1] - 1
+    return features.synthetic_batch(
+        {"targets": length},
+        batch_size=batch,
+        tokens={"targets": tokens[:, 1:]},
+        decoder_inputs=tokens[:, :-1],
+    )
 
 
 def trainer_step(config: LlamaConfig, *, seq_len: int, batch: int, host: dict):

@@ -128,3 +128,18 @@ def token_fractions(mixture_or_task: str) -> dict[str, float]:
     if total <= 0:
         raise ValueError(f"mixture {mixture_or_task!r} has no positive rate")
     return {name: rate / total for name, rate in rates.items()}
+
+
+def replay_fraction(
+    *, mixture_or_task: str, target_lang: str | None, source_lang: str | None
+) -> float:
+    """The share of source-language tokens `mixture_or_task` replays into a run on `target_lang`:
+    the `lm_<source>` fraction of a mixture of `RATIOS` that also holds `lm_<target>`, else 0 (a
+    task, or a mixture without both languages). This, not the `REPLAY_RATIO` asked for, is what
+    the data applies and `run.json` may record."""
+    if not (target_lang and source_lang) or target_lang == source_lang:
+        return 0.0
+    fractions = RATIOS.get(mixture_or_task, {})
+    if lm_task_name(target_lang) not in fractions:
+        return 0.0
+    return float(fractions.get(lm_task_name(source_lang), 0.0))

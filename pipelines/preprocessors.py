@@ -33,6 +33,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from pipelines import features
+
 # The span arithmetic lives in the TF-free module the by-index input shares (one definition).
 from pipelines.prepared.spans import (  # noqa: F401 - re-exported: callers use prep.<name>
     MEAN_NOISE_SPAN_LENGTH,
@@ -459,23 +461,23 @@ def _decoder_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Te
     segments = rows["targets_segment_ids"]
     first = tf.not_equal(segments, _shift_right(segments))
     return {
-        "decoder_target_tokens": targets,
-        "decoder_input_tokens": tf.where(
+        features.DECODER_TARGET_TOKENS: targets,
+        features.DECODER_INPUT_TOKENS: tf.where(
             first, tf.cast(bos_id, targets.dtype), _shift_right(targets)
         ),
-        "decoder_loss_weights": tf.cast(tf.not_equal(targets, 0), tf.int32),
-        "decoder_segment_ids": segments,
-        "decoder_positions": rows["targets_positions"],
-        "decoder_task_ids": rows["component"] - 1,
+        features.DECODER_LOSS_WEIGHTS: tf.cast(tf.not_equal(targets, 0), tf.int32),
+        features.DECODER_SEGMENT_IDS: segments,
+        features.DECODER_POSITIONS: rows["targets_positions"],
+        features.DECODER_TASK_IDS: rows["component"] - 1,
     }
 
 
 def _encdec_rows(rows: Mapping[str, tf.Tensor], bos_id: int) -> dict[str, tf.Tensor]:
     """`_decoder_rows` plus the encoder features of packed `inputs`."""
     out = _decoder_rows(rows, bos_id)
-    out["encoder_input_tokens"] = rows["inputs"]
-    out["encoder_segment_ids"] = rows["inputs_segment_ids"]
-    out["encoder_positions"] = rows["inputs_positions"]
+    out[features.ENCODER_INPUT_TOKENS] = rows["inputs"]
+    out[features.ENCODER_SEGMENT_IDS] = rows["inputs_segment_ids"]
+    out[features.ENCODER_POSITIONS] = rows["inputs_positions"]
     return out
 
 
@@ -514,8 +516,9 @@ class _TaskIdsConverter(seqio.FeatureConverter):
     def get_model_feature_lengths(self, task_feature_lengths):
         """Every model feature of the decoder (and encoder) has its side's length."""
         return {
-            key: task_feature_lengths["inputs" if key.startswith("encoder") else "targets"]
-            for key in self.MODEL_FEATURES
+            key: length
+            for key, length in features.batch_lengths(task_feature_lengths).items()
+            if key in self.MODEL_FEATURES
         }
 
 
@@ -528,17 +531,7 @@ class DecoderTaskIdsFeatureConverter(_TaskIdsConverter):
         "targets": _FeatureSpec(dtype=tf.int32),
         "component": _FeatureSpec(dtype=tf.int32, rank=0),
     }
-    MODEL_FEATURES = {
-        key: _FeatureSpec(dtype=tf.int32)
-        for key in (
-            "decoder_target_tokens",
-            "decoder_input_tokens",
-            "decoder_loss_weights",
-            "decoder_segment_ids",
-            "decoder_positions",
-            "decoder_task_ids",
-        )
-    }
+    MODEL_FEATURES = {key: _FeatureSpec(dtype=tf.int32) for key in features.DECODER_KEYS}
 
 
 class EncDecTaskIdsFeatureConverter(_TaskIdsConverter):
@@ -551,10 +544,7 @@ class EncDecTaskIdsFeatureConverter(_TaskIdsConverter):
         "component": _FeatureSpec(dtype=tf.int32, rank=0),
     }
     MODEL_FEATURES = {
-        **DecoderTaskIdsFeatureConverter.MODEL_FEATURES,
-        **{
-            key: _FeatureSpec(dtype=tf.int32)
-            for key in ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
-        },
+        key: _FeatureSpec(dtype=tf.int32)
+        for key in (*features.DECODER_KEYS, *features.ENCODER_KEYS)
     }
     _ROWS = staticmethod(_encdec_rows)

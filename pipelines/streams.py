@@ -48,8 +48,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from pipelines import features, tasks
 from pipelines import preprocessors as prep
-from pipelines import tasks
 from pipelines.mixtures import component_names, token_fractions
 
 MEASURE_DOCS = 20_000
@@ -555,8 +555,7 @@ def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         return batch
     out = {}
     for key, value in batch.items():
-        fill = -1 if key == "decoder_task_ids" else 0
-        pad = np.full((short, *value.shape[1:]), fill, value.dtype)
+        pad = np.full((short, *value.shape[1:]), features.padding_value(key), value.dtype)
         out[key] = np.concatenate([value, pad])
     return out
 
@@ -612,5 +611,5 @@ def eval_batches(
         for value in batch.values():
             value.setflags(write=False)
         batches.append(batch)
-        tokens += int(batch["decoder_loss_weights"].sum())
+        tokens += int(batch[features.DECODER_LOSS_WEIGHTS].sum())
     return list(_remember(_EVAL, key, batches))

@@ -9,7 +9,7 @@ import pytest
 
 from llama_jax import counting as llama_counting
 from modeling import family as family_lib
-from trainer import data, models, validation
+from trainer import models, recipes, validation
 
 # Tiny shapes of each family, with distinct dimensions.
 TINY = {"llama2": ("llama2_tiny", {"vocab_size": 96}), "t5": ("t5_tiny", {"vocab_size": 112})}
@@ -74,13 +74,13 @@ def test_unknown_family_names_the_allowed_ones():
 
 def test_paper_batch_size_asks_the_family():
     # CPT paper bands: 1M tokens up to 1B parameters, 2M to 2.5B, 4M above (2^20 ... 2^22).
-    assert data.paper_batch_size(model_size="llama2_992m", seq_len=2048) == 512
-    assert data.paper_batch_size(model_size="llama2_1239m", seq_len=2048) == 1024
-    assert data.paper_batch_size(model_size="llama2_5534m", seq_len=1024) == 4096
+    assert recipes.paper_batch_size(model_size="llama2_992m", seq_len=2048) == 512
+    assert recipes.paper_batch_size(model_size="llama2_1239m", seq_len=2048) == 1024
+    assert recipes.paper_batch_size(model_size="llama2_5534m", seq_len=1024) == 4096
     with pytest.raises(validation.ConfigError, match="MODEL_SIZE.*llama2_49m"):
-        data.paper_batch_size(model_size="llama2_7b", seq_len=2048)
+        recipes.paper_batch_size(model_size="llama2_7b", seq_len=2048)
     with pytest.raises(validation.ConfigError, match="BATCH_SIZE"):
-        data.paper_batch_size(model_size="t5_770m", seq_len=512, family="t5")
+        recipes.paper_batch_size(model_size="t5_770m", seq_len=512, family="t5")
 
 
 def test_registry_imports_no_family_until_asked():

@@ -66,9 +66,9 @@ def test_macros_only_another_job_reads_are_logged_not_refused(caplog):
             r"no configurable 'partitioning.MeshConfg'; did you mean partitioning.MeshConfig ",
         ),
         (
-            "--gin.MIXTURE_OR_TASK_NAME=@data.lm_tsk()",
-            r"data.lm_tsk \(set by --gin.MIXTURE_OR_TASK_NAME=@data.lm_tsk\(\)\).*"
-            r"did you mean data.lm_task ",
+            "--gin.MIXTURE_OR_TASK_NAME=@recipes.lm_tsk()",
+            r"recipes.lm_tsk \(set by --gin.MIXTURE_OR_TASK_NAME=@recipes.lm_tsk\(\)\).*"
+            r"did you mean recipes.lm_task ",
         ),
         (
             "--gin.EVAL_PERIOD=%CHECKPOINT_PERIODD",

@@ -25,6 +25,10 @@ LIGHT_MODULES = [
     # training hosts read prepared tasks without TensorFlow
     "pipelines.prepared.manifest",
     "pipelines.prepared.shards",
+    "pipelines.features",
+    # the trainer's data wiring and gin recipes import seqio only when a run reads seqio data
+    "trainer.data",
+    "trainer.recipes",
 ]
 
 

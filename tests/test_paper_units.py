@@ -20,7 +20,7 @@ import pytest
 
 from fitting import io, points
 from rundir import paper_units
-from trainer import data, metrics
+from trainer import data, metrics, recipes
 from trainer import train as train_lib
 from trainer.data import DataConfig
 
@@ -106,7 +106,7 @@ def test_paper_df_is_pairs_at_fixed_steps_and_target_df_is_one_pass():
     lengths = {"inputs": 512, "targets": 512}
     steps = {
         unit: [
-            data.finetune_steps(
+            recipes.finetune_steps(
                 finetune_tokens=df, batch_size=128, task_feature_lengths=lengths, unit=unit
             )
             for df in (625_000, 3_000_000, 312_483_840)
@@ -115,16 +115,16 @@ def test_paper_df_is_pairs_at_fixed_steps_and_target_df_is_one_pass():
     }
     assert steps["paper"] == [300, 300, 300]  # the paper: 300 steps at every Df
     assert steps["target"] == [10, 46, 4769]  # unchanged: one pass over Df target tokens
-    assert [data.finetune_pairs(finetune_tokens=df, unit="paper") for df in (625_000, 6e6)] == [
+    assert [recipes.finetune_pairs(finetune_tokens=df, unit="paper") for df in (625_000, 6e6)] == [
         1221,
         11_719,
     ]
-    assert data.finetune_pairs(finetune_tokens=312_483_840, unit="paper") == 610_320
-    assert data.finetune_subset_tokens(finetune_tokens=312_483_840, unit="paper") is None
-    assert data.finetune_pairs(finetune_tokens=6_000_000, unit="target") is None
-    assert data.finetune_subset_tokens(finetune_tokens=6_000_000, unit="target") == 6_000_000
+    assert recipes.finetune_pairs(finetune_tokens=312_483_840, unit="paper") == 610_320
+    assert recipes.finetune_subset_tokens(finetune_tokens=312_483_840, unit="paper") is None
+    assert recipes.finetune_pairs(finetune_tokens=6_000_000, unit="target") is None
+    assert recipes.finetune_subset_tokens(finetune_tokens=6_000_000, unit="target") == 6_000_000
     with pytest.raises(ValueError, match="FINETUNE_UNIT = 'pairs'.*'target', 'paper'"):
-        data.finetune_pairs(finetune_tokens=6_000_000, unit="pairs")
+        recipes.finetune_pairs(finetune_tokens=6_000_000, unit="pairs")
     with pytest.raises(ValueError, match="subset_tokens or subset_examples"):
         DataConfig(subset_tokens=10, subset_examples=10)
 

@@ -348,7 +348,6 @@ def test_the_digest_is_of_the_content_not_of_when_or_where_it_was_made(prepared,
     """Re-preparing the same data, or mounting it elsewhere, keeps the resume identity; a sample
     (max_documents) or another shard does not."""
     from pipelines.prepared.manifest import Manifest
-    from trainer.data import manifest_digest
 
     made = Manifest.from_json((prepared / "lm_en" / "manifest.json").read_text())
     same = dataclasses.replace(
@@ -357,11 +356,11 @@ def test_the_digest_is_of_the_content_not_of_when_or_where_it_was_made(prepared,
         source={"repr": "elsewhere", "files": []},
         vocab_path="/mnt/other/spm.model",
     )
-    assert manifest_digest(same) == manifest_digest(made)
-    assert manifest_digest(dataclasses.replace(made, max_documents=3)) != manifest_digest(made)
+    assert same.content_digest() == made.content_digest()
+    assert dataclasses.replace(made, max_documents=3).content_digest() != made.content_digest()
     shard = dataclasses.replace(made.shards[0], sha256="0" * 64)
     other = dataclasses.replace(made, shards=(shard, *made.shards[1:]))
-    assert manifest_digest(other) != manifest_digest(made)
+    assert other.content_digest() != made.content_digest()
 
 
 def test_a_prepared_validation_split_is_not_training_data(

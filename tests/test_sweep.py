@@ -169,7 +169,7 @@ def test_variables_must_be_given_for_real_runs_but_not_dry_runs(tmp_path):
 
 def test_gin_literals():
     assert sweep.gin_literal("a'b") == '"a\'b"'
-    assert sweep.gin_literal("@data.lm_task()") == "@data.lm_task()"
+    assert sweep.gin_literal("@recipes.lm_task()") == "@recipes.lm_task()"
     assert sweep.gin_literal("%TARGET_LANG") == "%TARGET_LANG"
     assert sweep.gin_literal(True) == "True"
     assert sweep.gin_literal(3e-4) == "0.0003"

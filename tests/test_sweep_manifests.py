@@ -201,7 +201,7 @@ def test_mt_paper_df_conditions_are_pairs_under_raffels_2_18_steps():
 
     from launch import estimate
     from tests.test_gin_configs import _evaluate
-    from trainer import data, gin_entry
+    from trainer import gin_entry, recipes
 
     runs = sweep.expand(sweep.load_manifest("mt_paper"))
     finetunes = [r for r in runs if r.strategy in ("finetune", "finetune_scratch")]
@@ -211,7 +211,7 @@ def test_mt_paper_df_conditions_are_pairs_under_raffels_2_18_steps():
         assert "--gin.FINETUNE_RECIPE='raffel_2^18'" in run.argv(allow_missing=True)
         assert (run.steps, run.batch_size) == (2**18, 128)
         df = run.coord("finetune_tokens")
-        pairs[run.coord("task")].add(data.finetune_pairs(finetune_tokens=df, unit="paper"))
+        pairs[run.coord("task")].add(recipes.finetune_pairs(finetune_tokens=df, unit="paper"))
     assert dict(pairs) == PAPER_PAIRS
     rows = {row["run_id"]: row for row in estimate.plan_rows(runs, None)}
     assert {rows[r.run_id]["steps"] for r in finetunes} == {2**18}

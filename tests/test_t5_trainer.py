@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from trainer import checkpoints, data, downstream, metrics, models, steps
+from pipelines import features
+from trainer import checkpoints, downstream, metrics, models, recipes, steps
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -50,8 +51,8 @@ def _packed_and_single_batches():
     li, lt = 20, 14
 
     def row(parts, *, packed):
-        enc = {k: np.zeros(li, np.int32) for k in data.ENCODER_KEYS}
-        dec = {k: np.zeros(lt, np.int32) for k in data.DECODER_KEYS}
+        enc = {k: np.zeros(li, np.int32) for k in features.ENCODER_KEYS}
+        dec = {k: np.zeros(lt, np.int32) for k in features.DECODER_KEYS}
         i = t = 0
         for seg, (inputs, targets) in enumerate(parts, start=1):
             enc["encoder_input_tokens"][i : i + len(inputs)] = inputs
@@ -123,15 +124,18 @@ def test_encdec_counts_and_flops_per_target_token():
 
 
 def test_finetune_steps_follow_the_token_budget():
-    assert data.finetune_steps(
+    assert recipes.finetune_steps(
         finetune_tokens=6_000_000, batch_size=128, task_feature_lengths={"targets": 512}
     ) == math.ceil(6_000_000 / (128 * 512))
-    assert data.finetune_steps(finetune_tokens=5, batch_size=8, task_feature_lengths=LENGTHS) == 1
     assert (
-        data.finetune_steps(finetune_tokens=None, batch_size=8, task_feature_lengths=LENGTHS) == 300
+        recipes.finetune_steps(finetune_tokens=5, batch_size=8, task_feature_lengths=LENGTHS) == 1
+    )
+    assert (
+        recipes.finetune_steps(finetune_tokens=None, batch_size=8, task_feature_lengths=LENGTHS)
+        == 300
     )
     with pytest.raises(ValueError, match="FINETUNE_TOKENS"):
-        data.finetune_steps(finetune_tokens=0, batch_size=8, task_feature_lengths=LENGTHS)
+        recipes.finetune_steps(finetune_tokens=0, batch_size=8, task_feature_lengths=LENGTHS)
 
 
 def test_constant_lr_finetunes_of_any_length_lower_to_the_same_program():

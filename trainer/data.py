@@ -4,45 +4,40 @@ Everything about corpora, vocabularies and mixtures lives in `pipelines`; this m
 it to a run: it registers the tasks and mixtures a run names (from `VOCAB_PATH` and `DATA_DIR`),
 opens the training stream at the checkpointed position and keeps this host's rows of it (by
 default every host builds the global stream, so the batches do not depend on the host count;
-`DataConfig.host_sharding`), and produces fixed-shape eval batches. The name helpers are what gin files use to build task names from macros
-(`TARGET_LANG`, `REPLAY_RATIO`) and step counts and finetuning sets from token budgets
-(`FINETUNE_TOKENS` in `FINETUNE_UNIT`, `rundir.paper_units`), since gin cannot compute.
+`DataConfig.host_sharding`), or reads them by index from prepared data after checking it, and
+produces fixed-shape eval batches. The batches hold the model features `pipelines.features`
+declares; the name helpers gin files compute with are `trainer.recipes`.
 
-Decoder-only runs read `{"targets": L}` tasks as `DECODER_KEYS` arrays `[batch, L]`; encoder-
-decoder runs (`task_feature_lengths = {"inputs": Li, "targets": Lt}`) add `ENCODER_KEYS` arrays
-`[batch, Li]` (`batch_lengths` maps every key to its length).
+seqio, TensorFlow and the `pipelines` modules that import them are imported inside the functions
+that need them: the trainer's jobs import this module in processes that never read seqio data
+(`tests/test_import_hygiene.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from rundir import paper_units
+from pipelines import features
+from pipelines import vocab as vocab_lib
+from pipelines.corpora import paths
+from pipelines.prepared import batches, shards
+from rundir import storage
+from trainer import eval_schedule, validation
 
-DECODER_KEYS = (
-    "decoder_input_tokens",
-    "decoder_target_tokens",
-    "decoder_loss_weights",
-    "decoder_segment_ids",
-    "decoder_positions",
-    "decoder_task_ids",
-)
-ENCODER_KEYS = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
+# moved to pipelines.features; still imported by trainer/jobs.py
+batch_lengths = features.batch_lengths
 
 
-def batch_lengths(task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
-    """Each batch array's row length: decoder keys take `targets`; with an `inputs` length (an
-    encoder-decoder), the encoder keys take it."""
-    lengths = {key: int(task_feature_lengths["targets"]) for key in DECODER_KEYS}
-    if "inputs" in task_feature_lengths:
-        lengths.update({key: int(task_feature_lengths["inputs"]) for key in ENCODER_KEYS})
-    return lengths
+# moved to pipelines.mixtures.replay_fraction; still imported by trainer/train.py
+def applied_replay_ratio(**kwargs):
+    from pipelines import mixtures  # seqio: imported on use
+
+    return mixtures.replay_fraction(**kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +97,6 @@ class DataConfig:
     prepared_dir: str | None = None
 
     def __post_init__(self):
-        from trainer import validation
-
         if self.subset_tokens is not None and self.subset_examples is not None:
             raise validation.ConfigError(
                 "data.DataConfig: set subset_tokens or subset_examples, not both (a finetuning "
@@ -171,8 +164,6 @@ class EvalConfig:
     log_start: float = 0.001
 
     def __post_init__(self):
-        from trainer import eval_schedule
-
         if self.schedule not in eval_schedule.SCHEDULES:
             raise ValueError(
                 f"EVAL_SCHEDULE = {self.schedule!r} (data.EvalConfig.schedule); allowed: "
@@ -190,135 +181,6 @@ class EvalConfig:
         return bool(self.tasks) or bool(self.decoding is not None and self.decoding.tasks)
 
 
-def lm_task(*, lang: str) -> str:
-    """The language-modelling task of `lang` (`lm_<lang>`)."""
-    from pipelines import tasks
-
-    return tasks.lm_task_name(lang)
-
-
-def lm_tasks(*, langs: Sequence[str]) -> list[str]:
-    """`lm_<lang>` for each language, duplicates dropped (for `EVAL_TASKS`)."""
-    return list(dict.fromkeys(lm_task(lang=lang) for lang in langs))
-
-
-def replay_mixture(*, target_lang: str, source_lang: str, replay_ratio: float) -> str:
-    """The CPT replay mixture `cpt_<target>_replay_<source>_<pct>`: `replay_ratio` (0-1) of the
-    tokens from the source language, the rest from the target.
-
-    Raises:
-      trainer.validation.ConfigError: no such mixture in `pipelines.mixtures.RATIOS`, naming
-        `REPLAY_RATIO` and its allowed values (or `TARGET_LANG`/`SOURCE_LANG` and theirs), rather
-        than an unregistered mixture name later on.
-    """
-    from pipelines import mixtures
-    from trainer import validation
-
-    allowed = [
-        p for p in range(101) if mixtures.cpt_name(target_lang, source_lang, p) in mixtures.RATIOS
-    ]
-    if not allowed:
-        pairs = sorted(
-            {tuple(name.split("_")[1:4:2]) for name in mixtures.RATIOS if "_replay_" in name}
-        )
-        raise validation.ConfigError(
-            f"no replay mixtures for TARGET_LANG = {target_lang!r} with SOURCE_LANG = "
-            f"{source_lang!r} (data.replay_mixture); allowed (target, source): "
-            + ", ".join(f"({t!r}, {s!r})" for t, s in pairs)
-        )
-    pct = round(100 * replay_ratio)
-    if abs(pct - 100 * replay_ratio) > 1e-6 or pct not in allowed:
-        raise validation.ConfigError(
-            f"REPLAY_RATIO = {replay_ratio!r} (data.replay_mixture.replay_ratio) names no replay "
-            f"mixture of {target_lang!r} with {source_lang!r}; allowed: "
-            + ", ".join(f"{p / 100:g}" for p in allowed)
-        )
-    return mixtures.cpt_name(target_lang, source_lang, pct)
-
-
-def applied_replay_ratio(
-    *, mixture_or_task: str, target_lang: str | None, source_lang: str | None
-) -> float:
-    """The share of source-language tokens `mixture_or_task` replays into a run on `target_lang`:
-    the `lm_<source>` fraction of a mixture of `pipelines.mixtures.RATIOS` that also holds
-    `lm_<target>`, else 0 (a task, or a mixture without both languages). This, not the
-    `REPLAY_RATIO` asked for, is what the data applies and `run.json` may record."""
-    from pipelines import mixtures, tasks
-
-    if not (target_lang and source_lang) or target_lang == source_lang:
-        return 0.0
-    fractions = mixtures.RATIOS.get(mixture_or_task, {})
-    if tasks.lm_task_name(target_lang) not in fractions:
-        return 0.0
-    return float(fractions.get(tasks.lm_task_name(source_lang), 0.0))
-
-
-def paper_batch_size(*, model_size: str, seq_len: int, family: str = "llama2") -> int:
-    """The family's paper batch (in sequences of `seq_len`) for a size, from its
-    `paper_recipe` (LLaMA2: the CPT paper's 1M, 2M or 4M tokens by parameter band, its Table 1).
-
-    Raises:
-      trainer.validation.ConfigError: unknown family or size, or a family whose paper fixes no
-        batch per size (set `BATCH_SIZE` instead).
-    """
-    from modeling import family as family_lib
-    from trainer import validation
-
-    validation.check_choice(name="family", value=family, allowed=family_lib.names())
-    spec = family_lib.get(family)
-    validation.check_model_size(
-        family=family,
-        size=model_size,
-        allowed=spec.sizes(),
-        prefixes=family_lib.size_prefixes(spec),
-    )
-    recipe = spec.paper_recipe(model_size, seq_len=seq_len)
-    if recipe is None:
-        raise validation.ConfigError(
-            f"the {family} paper fixes no batch per size; set {validation.BINDINGS['batch_size']}"
-        )
-    return recipe.batch_size
-
-
-def finetune_steps(
-    *,
-    finetune_tokens: int | None,
-    batch_size: int,
-    task_feature_lengths: Mapping[str, int],
-    default_steps: int = 300,
-    unit: str = "target",
-) -> int:
-    """Steps of a finetuning run on a set of size `finetune_tokens` (Df, `FINETUNE_TOKENS`) in
-    `unit` (`FINETUNE_UNIT`, a key of `paper_units.DF_UNITS`).
-
-    `'target'`: one pass over about Df target tokens, `ceil(Df / (batch × targets length))`, at
-    least 1 (packed rows are not completely full, so a run sees slightly fewer real tokens;
-    `metrics.jsonl` counts the exact number, `tokens`). `'paper'`: `default_steps` (the MT
-    paper's 300) whatever Df, so that small and large sets differ in how often their pairs
-    repeat, not in training length. `default_steps` too when Df is None.
-
-    Raises:
-      ValueError: a non-positive budget (naming `FINETUNE_TOKENS`) or an unknown unit.
-    """
-    chosen = paper_units.finetune_set(finetune_tokens=finetune_tokens, unit=unit)
-    if chosen.subset_tokens is None:
-        return int(default_steps)
-    per_step = int(batch_size) * int(task_feature_lengths["targets"])
-    return max(1, math.ceil(chosen.subset_tokens / per_step))
-
-
-def finetune_subset_tokens(*, finetune_tokens: int | None, unit: str = "target") -> int | None:
-    """`DataConfig.subset_tokens` of a finetuning set of size Df in `unit`: Df for `'target'`,
-    else None (gin cannot compute; `runs/finetune.gin` binds it)."""
-    return paper_units.finetune_set(finetune_tokens=finetune_tokens, unit=unit).subset_tokens
-
-
-def finetune_pairs(*, finetune_tokens: int | None, unit: str = "target") -> int | None:
-    """`DataConfig.subset_examples` of a finetuning set of size Df in `unit`: for `'paper'` the
-    MT paper's pair count `round(Df / 512)`, else None."""
-    return paper_units.finetune_set(finetune_tokens=finetune_tokens, unit=unit).pairs
-
-
 def register(config: DataConfig) -> Any:
     """Registers the tasks and mixtures of `config.vocab_path`; returns the vocabulary (or None
     when `vocab_path` is None and the caller registered the tasks).
@@ -330,9 +192,7 @@ def register(config: DataConfig) -> Any:
     """
     if config.vocab_path is None:
         return None
-    from pipelines import mixtures, tasks, vocab
-    from rundir import storage
-    from trainer import validation
+    from pipelines import mixtures, tasks
 
     # Through the project's storage layer (local paths and gs:// alike): TensorFlow's own GCS
     # client would bypass it (and, pointed at an emulator, reach for www.googleapis.com).
@@ -342,8 +202,8 @@ def register(config: DataConfig) -> Any:
             "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
         )
     try:
-        vocabulary = vocab.load_vocab(config.vocab_path, extra_ids=config.extra_ids)
-    except vocab.VocabularyFileError as e:
+        vocabulary = vocab_lib.load_vocab(config.vocab_path, extra_ids=config.extra_ids)
+    except vocab_lib.VocabularyFileError as e:
         raise validation.ConfigError(
             f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: {e}; "
             "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
@@ -371,8 +231,6 @@ def _check_corpora(config: DataConfig, *, registered: Sequence[str]) -> None:
     """The training mixture's tasks must have found their text under the corpora directory; a
     missing or empty `DATA_DIR` otherwise surfaces as an unregistered task with nothing allowed."""
     from pipelines import mixtures
-    from pipelines.corpora import paths
-    from trainer import validation
 
     name = config.mixture_or_task
     wanted = list(mixtures.RATIOS.get(name, {name: 1.0}))
@@ -479,7 +337,7 @@ def _packed_stream(config, *, seed, start_step, shard):
         subset_examples=config.subset_examples,
     )
     for batch in stream:
-        yield _model_arrays(batch)
+        yield features.model_arrays(batch)
 
 
 def _prepare_command(config: DataConfig, task: str) -> str:
@@ -503,9 +361,6 @@ def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str
         file and what differs, and the command that prepares it).
     """
     from pipelines import mixtures
-    from pipelines.prepared import shards
-    from rundir import storage
-    from trainer import validation
 
     out = {}
     root = storage.as_path(config.prepared_dir, name="PREPARED_DATA")
@@ -530,37 +385,13 @@ def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str
     return out
 
 
-def manifest_digest(manifest: Any) -> str:
-    """The sha256 of what a prepared task holds (task, split, vocabulary, read-time kind,
-    features, the sample size, and every shard's documents, tokens and sha256), not of how or
-    where it was made (time, source paths, the vocabulary file's path): re-preparing the same
-    data, or mounting it elsewhere, gives the same digest; other data gives another."""
-    import hashlib
-    import json
-
-    content = {
-        "task": manifest.task,
-        "split": manifest.split,
-        "vocab_hash": manifest.vocab_hash,
-        "vocab_size": manifest.vocab_size,
-        "eos_id": manifest.eos_id,
-        "postprocess": manifest.postprocess,
-        "preprocessors": {k: list(v) for k, v in manifest.preprocessors.items()},
-        "features": list(manifest.features),
-        "max_documents": manifest.max_documents,
-        "shards": [[s.documents, dict(s.tokens), s.sha256] for s in manifest.shards],
-        "format_version": manifest.format_version,
-    }
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-
-
 def prepared_input(config: DataConfig, datasets: Mapping[str, Any]) -> dict[str, Any]:
     """What the run's fingerprint records of a prepared input: the directory and each
-    component's content digest (`manifest_digest`: every shard's sha256, the sample size), so
+    component's content digest (`Manifest.content_digest`: every shard's sha256, the sample size), so
     that a resume reading other prepared data is refused like any other change of the data."""
     return {
         "dir": config.prepared_dir,
-        "manifests": {name: manifest_digest(ds.manifest) for name, ds in datasets.items()},
+        "manifests": {name: ds.manifest.content_digest() for name, ds in datasets.items()},
     }
 
 
@@ -573,9 +404,6 @@ def _prepared_stream(config, *, seed, start_step, host_rows, datasets, vocabular
         PREPARED_DATA and why: lengths, Df subset, fractions, sentinels, ...).
     """
     from pipelines import mixtures
-    from pipelines import vocab as vocab_lib
-    from pipelines.prepared import batches
-    from trainer import validation
 
     if vocabulary is None:  # the run registered its tasks: their targets vocabulary
         import seqio
@@ -608,7 +436,7 @@ def _prepared_stream(config, *, seed, start_step, host_rows, datasets, vocabular
         raise validation.ConfigError(
             f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}: {e}"
         ) from e
-    return map(_model_arrays, stream)
+    return map(features.model_arrays, stream)
 
 
 def train_batches(
@@ -659,13 +487,6 @@ def train_batches(
     )
 
 
-def _model_arrays(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The model features of a batch (decoder, and encoder where present) as int32 arrays
-    (other keys dropped)."""
-    keys = (*ENCODER_KEYS, *DECODER_KEYS)
-    return {key: np.asarray(batch[key], np.int32) for key in keys if key in batch}
-
-
 def eval_batches(
     *,
     task: str,
@@ -693,7 +514,7 @@ def eval_batches(
         batch_size=batch_size,
         max_tokens=max_tokens,
     ):
-        batch = _model_arrays(batch)
+        batch = features.model_arrays(batch)
         rows = next(iter(batch.values())).shape[0]
         if rows < batch_size:
             batch = {

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from pipelines import features
 from trainer.partitioning import Partitioner
 
 
@@ -60,10 +61,10 @@ class StepConfig:
 
 def tokens_by_component(batch: Mapping[str, jax.Array], num_components: int) -> jax.Array:
     """Target tokens of the batch per mixture component (int32 `[num_components]`)."""
-    weights = (batch["decoder_loss_weights"] > 0).astype(jnp.int32)
-    if "decoder_task_ids" not in batch:
+    weights = (batch[features.DECODER_LOSS_WEIGHTS] > 0).astype(jnp.int32)
+    if features.DECODER_TASK_IDS not in batch:
         return jnp.zeros((num_components,), jnp.int32).at[0].set(weights.sum())
-    ids = batch["decoder_task_ids"]
+    ids = batch[features.DECODER_TASK_IDS]
     ids = jnp.where((ids >= 0) & (ids < num_components), ids, num_components)
     counts = jax.ops.segment_sum(weights.ravel(), ids.ravel(), num_segments=num_components + 1)
     return counts[:num_components]
@@ -170,8 +171,9 @@ def make_train_step(
             "finite_update": finite_update,
             "tokens_by_task": tokens_by_component(batch, config.num_components),
         }
-        if "encoder_input_tokens" in batch:  # encoder-decoder: also count the inputs
-            metrics["input_tokens"] = (batch["encoder_input_tokens"] > 0).sum(dtype=jnp.int32)
+        if features.ENCODER_INPUT_TOKENS in batch:  # encoder-decoder: also count the inputs
+            inputs = batch[features.ENCODER_INPUT_TOKENS]
+            metrics["input_tokens"] = (inputs > 0).sum(dtype=jnp.int32)
         return new_state, metrics
 
     return train_step

@@ -167,6 +167,27 @@ class Manifest:
             out.append(out[-1] + shard.documents)
         return tuple(out)
 
+    def content_digest(self) -> str:
+        """The sha256 of what the prepared task holds (task, split, vocabulary, read-time kind,
+        features, the sample size, and every shard's documents, tokens and sha256), not of how or
+        where it was made (time, source paths, the vocabulary file's path): re-preparing the same
+        data, or mounting it elsewhere, gives the same digest; other data gives another. A run's
+        fingerprint records it (`trainer.data.prepared_input`)."""
+        content = {
+            "task": self.task,
+            "split": self.split,
+            "vocab_hash": self.vocab_hash,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "postprocess": self.postprocess,
+            "preprocessors": {k: list(v) for k, v in self.preprocessors.items()},
+            "features": list(self.features),
+            "max_documents": self.max_documents,
+            "shards": [[s.documents, dict(s.tokens), s.sha256] for s in self.shards],
+            "format_version": self.format_version,
+        }
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
     def without_time(self) -> Manifest:
         """The manifest with `created` blanked: what two preparations of the same data share."""
         return dataclasses.replace(self, created="")

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from pipelines import features
+
 
 def next_fit(lengths: np.ndarray, limits: Sequence[int]) -> np.ndarray:
     """Packs examples in order: an example joins the current row if every feature still fits.
@@ -92,15 +94,17 @@ def model_features(
     segments = packed["targets"]["segment_ids"]
     first = segments != _shift_right(segments)
     out = {
-        "decoder_input_tokens": np.where(first, np.int32(start_id), _shift_right(targets)),
-        "decoder_target_tokens": targets,
-        "decoder_loss_weights": (targets != 0).astype(np.int32),
-        "decoder_segment_ids": segments,
-        "decoder_positions": packed["targets"]["positions"],
-        "decoder_task_ids": np.where(segments > 0, components[:, None], -1),
+        features.DECODER_INPUT_TOKENS: np.where(first, np.int32(start_id), _shift_right(targets)),
+        features.DECODER_TARGET_TOKENS: targets,
+        features.DECODER_LOSS_WEIGHTS: (targets != 0).astype(np.int32),
+        features.DECODER_SEGMENT_IDS: segments,
+        features.DECODER_POSITIONS: packed["targets"]["positions"],
+        features.DECODER_TASK_IDS: np.where(
+            segments > 0, components[:, None], features.TASK_ID_PADDING
+        ),
     }
     if "inputs" in packed:
-        out["encoder_input_tokens"] = packed["inputs"]["tokens"]
-        out["encoder_segment_ids"] = packed["inputs"]["segment_ids"]
-        out["encoder_positions"] = packed["inputs"]["positions"]
-    return {key: value.astype(np.int32) for key, value in out.items()}
+        out[features.ENCODER_INPUT_TOKENS] = packed["inputs"]["tokens"]
+        out[features.ENCODER_SEGMENT_IDS] = packed["inputs"]["segment_ids"]
+        out[features.ENCODER_POSITIONS] = packed["inputs"]["positions"]
+    return {key: value.astype(features.DTYPE) for key, value in out.items()}
