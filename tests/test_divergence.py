@@ -17,6 +17,7 @@ from trainer import checkpoints, data, divergence, metrics
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import EvalConfig
+from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
 from trainer.validation import ConfigError
@@ -24,6 +25,7 @@ from trainer.validation import ConfigError
 HUGE = ScheduleConfig(peak=3.4e38)  # the PEAK_LR: finite grads, infinite parameters
 SANE = ScheduleConfig(peak=3e-3)
 STEPS = 4
+SKIP = LoopConfig(log_every=1, on_nonfinite="skip")
 
 
 def short(tiny_data, **overrides):
@@ -33,7 +35,7 @@ def short(tiny_data, **overrides):
         mesh=MeshConfig(num_devices=1),
         checkpoint=CheckpointConfig(period=1, keep_last=10),
         evaluation=EvalConfig(),
-        log_every=1,
+        loop=LoopConfig(log_every=1),
     )
     kwargs.update(overrides)
     return tiny_kwargs(tiny_data, **kwargs)
@@ -120,7 +122,7 @@ def test_divergence_is_never_checkpointed_and_a_sane_restart_resumes_from_a_fini
 def test_skip_mode_fails_when_most_updates_diverge(tiny_data, tmp_path, seqio_registry):
     model_dir = tmp_path / "skip_huge"
     with pytest.raises(train_lib.NonFiniteError, match="MAX_SKIPPED_FRACTION") as e:
-        train_lib.train(model_dir=model_dir, on_nonfinite="skip", **short(tiny_data, schedule=HUGE))
+        train_lib.train(model_dir=model_dir, **short(tiny_data, schedule=HUGE, loop=SKIP))
     assert "2 of 3 updates were skipped" in str(e.value)
     assert "resumes from step 2" in str(e.value)
     assert not (model_dir / metrics.COMPLETED_FILE).exists()
@@ -144,9 +146,7 @@ def test_skip_mode_counts_only_applied_updates(tiny_data, tmp_path, monkeypatch,
 
     monkeypatch.setattr(data, "train_batches", poisoned)
     model_dir = tmp_path / "skip_one"
-    result = train_lib.train(
-        model_dir=model_dir, on_nonfinite="skip", **short(tiny_data, schedule=SANE)
-    )
+    result = train_lib.train(model_dir=model_dir, **short(tiny_data, schedule=SANE, loop=SKIP))
     assert result.completed and (model_dir / metrics.COMPLETED_FILE).exists()
     records = metrics.read_metrics(model_dir)
     applied = [s for s in range(1, STEPS + 1) if s != 3]

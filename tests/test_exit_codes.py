@@ -51,12 +51,12 @@ def tiny_train(tiny_data, model_dir, *extra):
     ]
 
 
-def _diverged(model_dir, settings, **kwargs):
+def _diverged(plan, **kwargs):
     raise divergence.NonFiniteError(f"step 3: the loss was not finite; {divergence.ADVICE}")
 
 
-def _preempted(model_dir, settings, **kwargs):
-    return train_lib.TrainResult(model_dir=str(model_dir), step=3, tokens=1, completed=False)
+def _preempted(plan, **kwargs):
+    return train_lib.TrainResult(model_dir=str(plan.model_dir), step=3, tokens=1, completed=False)
 
 
 CASES = {
@@ -80,7 +80,7 @@ def test_each_refusal_class_is_one_message_and_its_exit_code(
         _write_lease(run, _holder(sleeper))
     monkeypatch.setattr(
         train_lib,
-        "_train_holding_lease",
+        "_run",
         after_checks or (lambda *a, **k: pytest.fail("the refusal came too late")),
     )
     monkeypatch.delenv(exits.DEBUG_ENV, raising=False)
@@ -107,10 +107,10 @@ def test_verbose_and_xlscale_debug_print_the_traceback(tiny_data, tmp_path, monk
 
 
 def test_a_bug_keeps_its_traceback(tiny_data, tmp_path, monkeypatch):
-    def bug(model_dir, settings, **kwargs):
+    def bug(plan, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(train_lib, "_train_holding_lease", bug)
+    monkeypatch.setattr(train_lib, "_run", bug)
     with pytest.raises(ZeroDivisionError):
         main.main(tiny_train(tiny_data, tmp_path / "run"))
 

@@ -28,6 +28,7 @@ from llama_jax.counting import param_counts
 from llama_jax.model import Llama
 from trainer import checkpoints as ckpt_lib
 from trainer import validation
+from trainer.loop import LoopConfig
 
 # Distinct sizes everywhere: vocab 61, d_model 48, 6 query heads of 8, 2 kv heads, d_ff 40.
 HF_SHAPE = dict(
@@ -423,7 +424,7 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
         mesh=MeshConfig(num_devices=1),
         run=train_lib.RunInfo(strategy="cpt", source_lang="en", target_lang="fr"),
         init_checkpoint=f"hf:{published}",
-        log_every=1,
+        loop=LoopConfig(log_every=1),
     )
     assert result.completed
     from pipelines import streams

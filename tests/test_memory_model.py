@@ -307,9 +307,7 @@ def test_refusal_comes_from_build_job_before_compiling(monkeypatch):
             optimizer=OptimizerConfig(),
             schedule=ScheduleConfig(),
             mesh=MeshConfig(num_devices=1, device_memory_gib=0.5),
-            num_microbatches=1,
-            z_loss=0.0,
-            steps_fn=lambda *_: 4,
+            train_steps=4,
             register=False,
         )
     assert calls == [("check", 2**29)]

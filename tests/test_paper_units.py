@@ -20,7 +20,7 @@ import pytest
 
 from fitting import io, points
 from rundir import paper_units
-from trainer import data, metrics, recipes
+from trainer import data, metrics, recipes, run_files
 from trainer import train as train_lib
 from trainer.data import DataConfig
 
@@ -74,7 +74,9 @@ def test_run_json_states_the_token_units_and_the_paper_df():
         subset_examples=610_320,
     )
     run = train_lib.RunInfo(strategy="finetune", finetune_tokens=312_483_840, finetune_unit="paper")
-    info = train_lib._run_json(_job(["mt_en_ro"]), run=run, data=finetune, seed=0, init={}, gin="")
+    info = run_files.run_record(
+        _job(["mt_en_ro"]), run=run, data=finetune, seed=0, init={}, gin=""
+    ).to_json()
     assert info["finetune_unit"] == "paper" and info["finetune_pairs"] == 610_320
     assert info["finetune_tokens_paper"] == 610_320 * 512 == 312_483_840
     assert info["tokens_paper_per_step"] == 128 * 512
@@ -89,15 +91,15 @@ def test_run_json_states_the_token_units_and_the_paper_df():
     pretrain = DataConfig(
         mixture_or_task="mix_en_100", task_feature_lengths=MT_PRETRAIN_LENGTHS, batch_size=256
     )
-    info = train_lib._run_json(
+    info = run_files.run_record(
         _job(["span_en"]), run=train_lib.RunInfo(), data=pretrain, seed=0, init={}, gin=""
-    )
+    ).to_json()
     assert info["tokens_paper_per_step"] == 256 * 512  # not 256 × 114
     assert info["finetune_pairs"] is None and info["finetune_tokens_paper"] is None
     decoder = DataConfig(mixture_or_task="lm_en", task_feature_lengths={"targets": 2048})
-    info = train_lib._run_json(
+    info = run_files.run_record(
         _job(["lm_en"]), run=train_lib.RunInfo("source"), data=decoder, seed=0, init={}, gin=""
-    )
+    ).to_json()
     assert info["tokens_paper_per_step"] == 512 * 2048
     assert "2048" in info["token_units"]["tokens_paper"]
 
@@ -246,7 +248,7 @@ def test_trainer_t5x_reader_and_paper_study_record_the_same_units():
 
     df = 312_483_840 + 300  # 610,320.6 pairs: the set holds 610,321
     lengths = {"inputs": 512, "targets": 512}
-    trainer_fields = train_lib._run_json(
+    trainer_fields = run_files.run_record(
         _job(["mt_en_ro"]),
         run=train_lib.RunInfo(strategy="finetune", finetune_tokens=df, finetune_unit="paper"),
         data=DataConfig(
@@ -258,7 +260,7 @@ def test_trainer_t5x_reader_and_paper_study_record_the_same_units():
         seed=0,
         init={},
         gin="",
-    )
+    ).to_json()
     keys = ("token_units", "tokens_paper_per_step", "finetune_pairs", "finetune_tokens_paper")
     expected = {k: trainer_fields[k] for k in keys}
     assert expected["finetune_tokens_paper"] == 610_321 * 512

@@ -140,7 +140,7 @@ def test_the_environment_variable_refuses_the_same_job(
     tiny_data, tmp_path, monkeypatch, capsys, no_expectation
 ):
     monkeypatch.setenv(platform.ENV, "gpu")
-    monkeypatch.setattr(train_lib, "_train_holding_lease", lambda *a, **k: pytest.fail("ran"))
+    monkeypatch.setattr(train_lib, "_run", lambda *a, **k: pytest.fail("ran"))
     run = tmp_path / "run"
     code = exits.run_main(
         train_lib.main, prog="python -m trainer.train", argv=tiny_train_flags(tiny_data, run)
@@ -150,14 +150,14 @@ def test_the_environment_variable_refuses_the_same_job(
     assert err.startswith("python -m trainer.train: this job expects the gpu platform")
     assert len(err.splitlines()) == 1 and not run.exists()
     # EXPECT_PLATFORM = 'any' overrides what the launcher exported: the job starts
-    monkeypatch.setattr(train_lib, "_train_holding_lease", _started)
+    monkeypatch.setattr(train_lib, "_run", _started)
     gin.clear_config()
     with pytest.raises(Started):
         train_lib.main(tiny_train_flags(tiny_data, run, "--gin.EXPECT_PLATFORM='any'"))
 
 
 class Started(Exception):
-    """Raised where `_train_holding_lease` would have trained."""
+    """Raised where `_run` would have trained."""
 
 
 def _started(*args, **kwargs):
@@ -165,7 +165,7 @@ def _started(*args, **kwargs):
 
 
 def test_the_trainer_logs_its_platform_at_start(tiny_data, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(train_lib, "build_job", _started)  # stop right after the start-up line
+    monkeypatch.setattr(train_lib.jobs, "compile_plan", _started)  # right after start-up
     logger = logging.getLogger(train_lib.__name__)  # `trainer` logs do not propagate to root
     logger.addHandler(caplog.handler)
     try:

@@ -18,6 +18,7 @@ from trainer import metrics, models, validation
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
+from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
 
@@ -49,6 +50,11 @@ def prepared(tiny_data, seqio_state, tmp_path_factory):
     return out
 
 
+def STOP_AT(step):  # noqa: N802 -- reads as a constant at the call
+    """Logging every step, stopping (with a checkpoint) after `step`."""
+    return LoopConfig(log_every=1, stop_after=step)
+
+
 def _kwargs(tiny_data, prepared_dir, **overrides):
     kwargs = dict(
         model=models.ModelSpec(size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}),
@@ -69,7 +75,7 @@ def _kwargs(tiny_data, prepared_dir, **overrides):
         run=train_lib.RunInfo(
             strategy="cpt_replay", source_lang="en", target_lang="fr", replay_ratio=0.2
         ),
-        log_every=1,
+        loop=LoopConfig(log_every=1),
         seed=0,
     )
     kwargs.update(overrides)
@@ -83,7 +89,7 @@ def test_a_run_on_prepared_data_resumes_to_the_uninterrupted_records(
     try:
         full = train_lib.train(model_dir=tmp_path / "full", **_kwargs(tiny_data, prepared))
         train_lib.train(
-            model_dir=tmp_path / "resumed", stop_after=4, **_kwargs(tiny_data, prepared)
+            model_dir=tmp_path / "resumed", **_kwargs(tiny_data, prepared, loop=STOP_AT(4))
         )
         resumed = train_lib.train(model_dir=tmp_path / "resumed", **_kwargs(tiny_data, prepared))
     finally:
@@ -115,7 +121,8 @@ def test_a_resume_on_other_prepared_data_is_refused(tiny_data, prepared, tmp_pat
     saved = seqio_state.snapshot()
     try:
         train_lib.train(
-            model_dir=tmp_path / "run", stop_after=2, **_kwargs(tiny_data, prepared, train_steps=4)
+            model_dir=tmp_path / "run",
+            **_kwargs(tiny_data, prepared, train_steps=4, loop=STOP_AT(2)),
         )
         with pytest.raises(validation.ConfigError) as refused:
             train_lib.train(
@@ -182,7 +189,7 @@ def test_t5_pretrains_on_prepared_span_corruption_and_finetunes_on_prepared_pair
         checkpoint=CheckpointConfig(period=4, keep_last=1),
         mesh=MeshConfig(num_devices=1),
         evaluation=EvalConfig(tasks=(), period=0),
-        log_every=1,
+        loop=LoopConfig(log_every=1),
         seed=0,
     )
     try:

@@ -31,6 +31,7 @@ from trainer import checkpoints, metrics
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig, CheckpointStore
 from trainer.data import EvalConfig
+from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
 
 
@@ -55,12 +56,12 @@ def _write_lease(model_dir: Path, holder: dict) -> Path:
 
 @pytest.fixture
 def no_compile(monkeypatch):
-    """Makes any attempt to build (compile) a job fail: the checks under test come first."""
+    """Makes any attempt to plan (and so compile) a run fail: the checks under test come first."""
 
     def refuse(**kwargs):
-        raise AssertionError("build_job was called")
+        raise AssertionError("the run was planned")
 
-    monkeypatch.setattr(train_lib, "build_job", refuse)
+    monkeypatch.setattr(train_lib.plan_lib, "build_run_plan", refuse)
 
 
 def test_second_writer_is_refused_naming_the_holder(tiny_data, tmp_path, no_compile):
@@ -276,7 +277,7 @@ def test_resume_skips_a_truncated_latest_step_and_a_torn_metrics_line(
         checkpoint=CheckpointConfig(period=2, keep_last=10),
         mesh=MeshConfig(num_devices=1),
         evaluation=EvalConfig(),
-        log_every=1,
+        loop=LoopConfig(log_every=1),
     )
     model_dir = tmp_path / "run"
     train_lib.train(model_dir=model_dir, **kwargs)

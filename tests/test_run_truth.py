@@ -105,12 +105,13 @@ def test_an_early_refusal_leaves_no_model_dir_behind(tiny_data, tmp_path, seqio_
 SIGTERM_AT_START = """
 import os, signal, sys
 from rundir import exits
+from trainer import jobs
 from trainer import train as t
-real = t.build_job
-def build(**kwargs):  # SIGTERM after the lease is taken, while the job is being built
+real = jobs.compile_plan
+def build(plan, **kwargs):  # SIGTERM after the lease is taken, while the job is being built
     os.kill(os.getpid(), signal.SIGTERM)
-    return real(**kwargs)
-t.build_job = build
+    return real(plan, **kwargs)
+jobs.compile_plan = build
 sys.exit(exits.run_main(t.main, prog="python -m trainer.train", argv=sys.argv[1:]))
 """
 

@@ -27,9 +27,11 @@ from trainer import checkpoints, downstream, metrics, models, recipes, steps
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
+from trainer.loop import LoopConfig
 from trainer.optimizers import adafactor_defaults, build_optimizer
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig, build_schedule
+from trainer.steps import StepConfig
 
 LENGTHS = {"inputs": 64, "targets": 32}
 T5_TINY = models.ModelSpec(family="t5", size="t5_tiny", overrides={"vocab_size": 512})
@@ -182,8 +184,8 @@ def _pretrain_kwargs(paths):
         checkpoint=CheckpointConfig(period=5, keep_last=1, keep_every=5),
         mesh=MeshConfig(num_devices=1),
         run=train_lib.RunInfo(strategy="pretrain"),
-        log_every=100,  # records only where checkpoints are kept (and at the end)
-        z_loss=1e-4,
+        loop=LoopConfig(log_every=100),  # records only where checkpoints are kept (and at the end)
+        step=StepConfig(z_loss=1e-4),
     )
 
 
@@ -279,15 +281,15 @@ def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_
             optimizer=adafactor_defaults(),
             schedule=ScheduleConfig(name="constant", peak=0.03),
             mesh=MeshConfig(num_devices=1),
-            num_microbatches=1,
-            z_loss=0.0,
-            steps_fn=lambda *_: 4,
+            train_steps=4,
             compile_train=False,
         )
     finally:
         seqio_state.restore(saved)
     store = checkpoints.CheckpointStore(mt_runs["root"] / "empty", CheckpointConfig())
-    state, _, init = train_lib._initial_state(job, store, init_checkpoint=source, seed=3)
+    state, _, init = train_lib._initial_state(
+        job, store, resume=False, init_checkpoint=source, seed=3
+    )
     store.close()
     source_store = checkpoints.CheckpointStore(
         checkpoints.checkpoints_dir(mt_runs["root"] / "pre"), CheckpointConfig(), read_only=True

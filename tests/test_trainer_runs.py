@@ -27,6 +27,7 @@ from trainer import checkpoints, data, metrics, models
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
+from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
 
@@ -67,7 +68,7 @@ def tiny_kwargs(tiny_data, **overrides):
         mesh=MeshConfig(data=2, fsdp=2, model=2),
         evaluation=EvalConfig(tasks=("lm_en",), period=6, max_tokens=1024),
         run=train_lib.RunInfo(strategy="source", source_lang="en"),
-        log_every=2,
+        loop=LoopConfig(log_every=2),
         seed=0,
     )
     kwargs.update(overrides)
@@ -83,7 +84,8 @@ def runs(tiny_data, tmp_path_factory, seqio_state):
     try:
         out["full"] = train_lib.train(model_dir=root / "full", **tiny_kwargs(tiny_data))
         out["stopped"] = train_lib.train(
-            model_dir=root / "resumed", stop_after=6, **tiny_kwargs(tiny_data)
+            model_dir=root / "resumed",
+            **tiny_kwargs(tiny_data, loop=LoopConfig(log_every=2, stop_after=6)),
         )
         out["stopped_metrics"] = metrics.read_metrics(root / "resumed")
         out["resumed"] = train_lib.train(model_dir=root / "resumed", **tiny_kwargs(tiny_data))
@@ -192,13 +194,13 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
         optimizer=train_lib.OptimizerConfig(),
         schedule=kwargs["schedule"],
         mesh=kwargs["mesh"],
-        num_microbatches=1,
-        z_loss=0.0,
-        steps_fn=lambda *_: 4,
+        train_steps=4,
         compile_train=False,
     )
     store = checkpoints.CheckpointStore(tmp_path / "empty", CheckpointConfig())
-    state, saved, init = train_lib._initial_state(job, store, init_checkpoint=source, seed=1)
+    state, saved, init = train_lib._initial_state(
+        job, store, resume=False, init_checkpoint=source, seed=1
+    )
     store.close()
     source_store = checkpoints.CheckpointStore(
         checkpoints.checkpoints_dir(runs["root"] / "full"), CheckpointConfig(), read_only=True
@@ -261,7 +263,9 @@ def test_nan_injection_stops_without_writing_a_bad_checkpoint(
 
     monkeypatch.setattr(data, "train_batches", poisoned)
     model_dir = tmp_path / "nan"
-    kwargs = tiny_kwargs(tiny_data, checkpoint=CheckpointConfig(period=2), log_every=4)
+    kwargs = tiny_kwargs(
+        tiny_data, checkpoint=CheckpointConfig(period=2), loop=LoopConfig(log_every=4)
+    )
     with pytest.raises(train_lib.NonFiniteError, match="step 5"):
         train_lib.train(model_dir=model_dir, **kwargs)
     store = checkpoints.CheckpointStore(

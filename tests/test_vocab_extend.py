@@ -28,6 +28,7 @@ from trainer import checkpoints, models
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import EvalConfig
+from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
 
 PIECES = 100
@@ -235,7 +236,7 @@ def test_cpt_run_trains_from_the_grown_checkpoint(extended, source_run, tmp_path
             mesh=MeshConfig(num_devices=1),
             evaluation=EvalConfig(),
             run=train_lib.RunInfo(strategy="cpt", source_lang="en", target_lang="zh"),
-            log_every=1,
+            loop=LoopConfig(log_every=1),
         )
         kwargs["data"] = dataclasses.replace(
             kwargs["data"],

@@ -78,9 +78,7 @@ def test_scores_equal_the_trainers_eval_loss(run_dir, lm, tiny_data, seqio_state
             optimizer=train_lib.OptimizerConfig(),
             schedule=kwargs["schedule"],
             mesh=MeshConfig(num_devices=1),
-            num_microbatches=1,
-            z_loss=0.0,
-            steps_fn=lambda *_: 1,
+            train_steps=1,
             compile_train=False,
         )
         params, _, _ = checkpoints.restore_init_params(

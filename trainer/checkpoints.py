@@ -103,6 +103,20 @@ def checkpoints_dir(model_dir: str | os.PathLike) -> epath.Path:
     return storage.as_path(model_dir, name="MODEL_DIR") / CHECKPOINTS_SUBDIR
 
 
+def committed_step(model_dir: str | os.PathLike) -> int | None:
+    """The newest committed checkpoint step of the run in `model_dir` (orbax's `latest_step`:
+    a step whose save did not finish is not one), or None for a fresh run. The one rule by
+    which a run decides that it resumes; opens nothing for writing and creates nothing."""
+    directory = checkpoints_dir(model_dir)
+    if not directory.is_dir():
+        return None
+    store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
+    try:
+        return store.latest_step()
+    finally:
+        store.close()
+
+
 class CheckpointStore:
     """A run's checkpoints: periodic saves with a keep policy, and full restores for resume.
 

@@ -29,16 +29,6 @@ from pipelines.prepared import batches, shards
 from rundir import storage
 from trainer import eval_schedule, validation
 
-# moved to pipelines.features; still imported by trainer/jobs.py
-batch_lengths = features.batch_lengths
-
-
-# moved to pipelines.mixtures.replay_fraction; still imported by trainer/train.py
-def applied_replay_ratio(**kwargs):
-    from pipelines import mixtures  # seqio: imported on use
-
-    return mixtures.replay_fraction(**kwargs)
-
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:

@@ -1,4 +1,4 @@
-"""What the training loop does when an update is not finite (`train.on_nonfinite`).
+"""What the training loop does when an update is not finite (`loop.LoopConfig.on_nonfinite`).
 
 The train step never applies a non-finite update (`trainer.steps`), so the state in memory and
 every checkpoint stay finite. This module turns the step's finiteness flags into decisions and
@@ -30,7 +30,7 @@ FINITE_PARTS: dict[str, str] = {
 MIN_SKIPS_TOLERATED = 1
 ADVICE = (
     "lower the learning rate (PEAK_LR, schedules.ScheduleConfig.peak) or lengthen its warm-up, "
-    "add a z-loss (train.z_loss), or check the data; resuming with a changed setting needs "
+    "add a z-loss (Z_LOSS, steps.StepConfig.z_loss), or check the data; resuming with a changed setting needs "
     "--gin.RESUME_POLICY naming it (e.g. 'schedule')"
 )
 
@@ -63,7 +63,7 @@ def stop_message(
         f"non-finite {', '.join(nonfinite_parts(metrics))} at step {step} (learning rate {lr:.3g}); "
         f"the run stopped without saving and rolls back to {rollback}: rerunning with "
         f"MODEL_DIR {model_dir} resumes from there (metrics.jsonl was truncated to that step). "
-        f"To go on, {ADVICE}; or set ON_NONFINITE='skip' (train.on_nonfinite) to drop such updates "
+        f"To go on, {ADVICE}; or set ON_NONFINITE='skip' (loop.LoopConfig.on_nonfinite) to drop such updates "
         f"(the run then fails past MAX_SKIPPED_FRACTION of skipped steps)."
     )
 
@@ -90,7 +90,7 @@ def check_skipped(
         )
         raise NonFiniteError(
             f"{skipped} of {step} updates were skipped as non-finite, more than "
-            f"MAX_SKIPPED_FRACTION = {max_fraction} (train.max_skipped_fraction) allows: the run "
+            f"MAX_SKIPPED_FRACTION = {max_fraction} (loop.LoopConfig.max_skipped_fraction) allows: the run "
             f"is diverging. It stopped without saving; a rerun resumes from {resume}. "
             f"To go on, {ADVICE}."
         )

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ import jax
 from rundir import names, storage
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import models, restore
+from trainer import gin_entry, jobs, models, restore
 from trainer import platform as platform_lib
 from trainer.data import DataConfig, EvalConfig
 from trainer.optimizers import OptimizerConfig
@@ -139,8 +138,6 @@ def evaluate(
     Returns:
       The records written, one per step.
     """
-    from trainer.jobs import build_job
-
     platform_lib.check(expect_platform)
 
     if not evaluation.enabled:
@@ -151,16 +148,14 @@ def evaluate(
     if not data.mixture_or_task:
         first = [*evaluation.tasks, *(evaluation.decoding.tasks if evaluation.decoding else ())]
         data = dataclasses.replace(data, mixture_or_task=first[0])
-    job = build_job(
+    job = jobs.build_job(
         model=model,
         data=data,
         evaluation=evaluation,
         optimizer=OptimizerConfig(),
         schedule=ScheduleConfig(name="constant"),
         mesh=mesh,
-        num_microbatches=1,
-        z_loss=0.0,
-        steps_fn=lambda *_: 1,
+        train_steps=1,
         register=False,
         compile_train=False,
     )
@@ -192,16 +187,9 @@ def evaluate(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m trainer.eval --gin_file=F [--gin.KEY=VALUE ...]`."""
-    from trainer import eval as lib
-    from trainer import gin_entry
-
-    config = gin_entry.parse(sys.argv[1:] if argv is None else argv, job="eval")
-    gin_entry.call(lib.evaluate, config)
-    return 0
+    """`python -m trainer.eval --gin_file=F [--gin_file=...] [--gin.KEY=VALUE ...]`."""
+    return gin_entry.run("eval", argv)
 
 
 if __name__ == "__main__":
-    from rundir import exits
-
-    sys.exit(exits.run_main(main, prog="python -m trainer.eval"))
+    gin_entry.main("eval")

@@ -64,6 +64,8 @@ _MACROS: dict[str, str] = {
     "num_microbatches": "num_microbatches",
     "vocab_sha256": "vocab_path",
 }
+# StepConfig fields derived from the data, not set by a run.
+_DERIVED_STEP_FIELDS = ("num_components",)
 # Keys added to the fingerprint after runs were started: a stored fingerprint without one cannot
 # be compared on it (a warning), and is not refused for it.
 ADDED_LATER: tuple[str, ...] = ("vocab_sha256", "run.finetune_recipe")
@@ -94,16 +96,28 @@ def _sections(*, data: Any, optimizer: Any, schedule: Any, run: Any) -> dict[str
     }
 
 
-def fingerprint_defaults(*, data: Any, optimizer: Any, schedule: Any, run: Any) -> dict[str, Any]:
+def _step_settings(step: Any) -> dict[str, Any]:
+    """The train step's settings (`steps.StepConfig`), every field but the derived
+    `num_components`: top-level keys, as runs have always recorded `num_microbatches` and
+    `z_loss`."""
+    return {k: v for k, v in dataclasses.asdict(step).items() if k not in _DERIVED_STEP_FIELDS}
+
+
+def fingerprint_defaults(
+    *, data: Any, optimizer: Any, schedule: Any, run: Any, step: Any
+) -> dict[str, Any]:
     """The sections of a fingerprint at their dataclasses' defaults (`check_resume`'s
     `defaults`: a setting added to the code after a run started is accepted at its default)."""
     return _jsonable(
-        _sections(
-            data=type(data)(),
-            optimizer=type(optimizer)(),
-            schedule=type(schedule)(),
-            run=type(run)(),
-        )
+        {
+            **_sections(
+                data=type(data)(),
+                optimizer=type(optimizer)(),
+                schedule=type(schedule)(),
+                run=type(run)(),
+            ),
+            **_step_settings(type(step)()),
+        }
     )
 
 
@@ -128,8 +142,7 @@ def run_fingerprint(
     tokens_per_param: float | None,
     total_steps: int,
     seed: int,
-    num_microbatches: int,
-    z_loss: float,
+    step: Any,
     init_checkpoint: str | None,
     process_count: int | None = None,
     vocab_hash: str | None = None,
@@ -143,6 +156,8 @@ def run_fingerprint(
       data, optimizer, schedule, run: the run's dataclasses, every field included.
       evaluation: an `EvalConfig`; its tasks, split and token budget (not its period).
       total_steps: the resolved number of optimizer steps.
+      step: the train step's settings (`steps.StepConfig`: microbatches, z-loss), every field
+        recorded at the top level.
       process_count: hosts (default: `jax.process_count()`): per-host data sharding makes the
         data order depend on it.
       vocab_hash: `vocab_sha256(data.vocab_path)`, the vocabulary's contents.
@@ -173,8 +188,7 @@ def run_fingerprint(
         "tokens_per_param": tokens_per_param,
         "total_steps": int(total_steps),
         "seed": seed,
-        "num_microbatches": num_microbatches,
-        "z_loss": z_loss,
+        **_step_settings(step),
         "init_checkpoint": init_checkpoint,
         "process_count": int(process_count),
         "vocab_sha256": vocab_hash,
@@ -450,27 +464,18 @@ def _policy_for(key: str) -> str:
     return key
 
 
-def latest_checkpoint_step(model_dir: str | os.PathLike) -> int | None:
-    """The newest committed checkpoint step under `MODEL_DIR/checkpoints` (orbax renames a step
-    directory to its number only once it is complete), or None."""
-    directory = storage.as_path(model_dir, name="MODEL_DIR") / names.CHECKPOINTS_SUBDIR
-    if not directory.is_dir():
-        return None
-    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir()]
-    return max(steps, default=None)
-
-
 def check_model_dir(
     model_dir: str | os.PathLike,
     *,
     new: Mapping[str, Any],
     policy: str | Sequence[str] | None,
+    step: int | None,
     defaults: Mapping[str, Any] | None = None,
 ) -> Amendment | None:
-    """`check_resume` against the fingerprint in `model_dir`'s `run.json`, when `model_dir`
-    holds a checkpoint to resume (else None: a fresh run). The policy is checked either way."""
+    """`check_resume` against the fingerprint in `model_dir`'s `run.json`, when the run resumes
+    from its checkpoint `step` (None: a fresh run, nothing to compare). The policy is checked
+    either way."""
     _allowed_keys(parse_resume_policy(policy), list(_flatten(new)))
-    step = latest_checkpoint_step(model_dir)
     if step is None:
         return None
     has_run = records.has_run_json(model_dir)

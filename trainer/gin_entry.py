@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import inspect
 import io
 import logging
@@ -23,6 +24,7 @@ from typing import Any
 
 import gin
 
+from rundir import exits
 from trainer import compile_cache, gin_checks, partitioning, validation
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "t5x_configs"
@@ -37,6 +39,13 @@ REQUIRED_MACROS: dict[str, tuple[str, ...]] = {
     ),
     "eval": ("MODEL_DIR", "MODEL_SIZE", "EVAL_TASKS"),
     "infer": ("MODEL_DIR", "MODEL_SIZE", "VOCAB_PATH"),
+}
+# Job -> (module, function): what the gin files configure (the importable module, not
+# `__main__`, so that `python -m trainer.train` binds the same function the files name).
+JOBS: dict[str, tuple[str, str]] = {
+    "train": ("trainer.train", "train"),
+    "eval": ("trainer.eval", "evaluate"),
+    "infer": ("trainer.infer", "infer"),
 }
 
 
@@ -247,3 +256,27 @@ def call(fn: Callable, config: ParsedConfig) -> Any:
     if "gin_config" in inspect.signature(fn).parameters:
         return configured(gin_config=config.config_str)
     return configured()
+
+
+def run(job: str, argv: Sequence[str] | None = None) -> int:
+    """One job from its flags (`python -m trainer.<job>` and `xlscale <job>`): parses them
+    (`parse`), calls the job's gin-configured function and returns the exit code: 0, or
+    `rundir.exits.PREEMPTED` for a run that stopped early with a checkpoint (rerun it)."""
+    module, name = JOBS[job]
+    fn = getattr(importlib.import_module(module), name)
+    config = parse(sys.argv[1:] if argv is None else argv, job=job)
+    result = call(fn, config)
+    return 0 if getattr(result, "completed", True) else exits.PREEMPTED
+
+
+def main(job: str) -> None:
+    """The `if __name__ == "__main__"` of a job module: `run` with one-line errors and their
+    exit codes (`rundir.exits`). A failed job ends at once: it may leave background threads (an
+    orbax save retrying against storage that went away) that would hold the process for many
+    minutes; nothing they write matters any more, and the error has been reported."""
+    code = exits.run_main(lambda argv: run(job, argv), prog=f"python -m {JOBS[job][0]}")
+    if code not in (0, exits.PREEMPTED):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

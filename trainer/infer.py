@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from collections.abc import Sequence
 
 import jax
@@ -35,7 +34,7 @@ import numpy as np
 from etils import epath
 
 from rundir import names, storage
-from trainer import models, restore
+from trainer import gin_entry, models, restore
 from trainer import platform as platform_lib
 from trainer.partitioning import MeshConfig
 
@@ -383,16 +382,9 @@ def _infer_encdec(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m trainer.infer --gin_file=F [--gin.KEY=VALUE ...]`."""
-    from trainer import gin_entry
-    from trainer import infer as lib
-
-    config = gin_entry.parse(sys.argv[1:] if argv is None else argv, job="infer")
-    gin_entry.call(lib.infer, config)
-    return 0
+    """`python -m trainer.infer --gin_file=F [--gin_file=...] [--gin.KEY=VALUE ...]`."""
+    return gin_entry.run("infer", argv)
 
 
 if __name__ == "__main__":
-    from rundir import exits
-
-    sys.exit(exits.run_main(main, prog="python -m trainer.infer"))
+    gin_entry.main("infer")

@@ -1,17 +1,20 @@
-"""Assembling a job: validate the configuration, build model, mesh, optimizer and data, and compile.
+"""Assembling a job: plan it (model, mesh, checks, counts, steps), then compile its steps.
 
-`build_job` runs every check of `trainer.validation` before compiling anything (including the
+`plan_job` runs every check of `trainer.validation` before anything is compiled (including the
 memory check: a step whose estimated bytes exceed the device's memory is refused with the
-planner's suggestion, `check_memory`), then compiles
+planner's suggestion, `check_memory`) and returns a frozen `JobPlan`; `compile_plan` compiles
 the train and eval steps ahead of time (`jit(...).lower(...).compile()`) inside the mesh and
 logical-rules context, so that sharding constraints inside the model resolve and compile errors
-surface before the first batch is read. Train, eval and the benchmark share it.
+surface before the first batch is read. A training run wraps the `JobPlan` in its
+`trainer.plan.RunPlan`; evaluation calls `build_job` (both at once); the benchmarks call
+`compile_job` directly.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +25,7 @@ import optax
 
 from modeling import family as family_lib
 from modeling import memory as memory_lib
+from pipelines import features
 from trainer import data as data_lib
 from trainer import models, partitioning, steps, validation
 from trainer.data import DataConfig, EvalConfig
@@ -179,7 +183,7 @@ def batch_abstract(
     """Shapes and shardings of a global batch: decoder arrays `[batch, seq_len]`, plus encoder
     arrays `[batch, inputs]` when `feature_lengths` has `inputs`."""
     sharding = partitioner.batch_sharding()
-    lengths = data_lib.batch_lengths({"targets": seq_len, **(feature_lengths or {})})
+    lengths = features.batch_lengths({"targets": seq_len, **(feature_lengths or {})})
     return {
         key: jax.ShapeDtypeStruct((batch_size, length), jnp.int32, sharding=sharding)
         for key, length in lengths.items()
@@ -214,7 +218,52 @@ def build_partitioned_model(
     return wrapper, partitioner, abstract
 
 
-def build_job(
+def resolve_train_steps(
+    *, train_steps: int | None, tokens_per_param: float | None, params: int, tokens_per_step: int
+) -> int:
+    """`train_steps`, or enough steps for `tokens_per_param × params` tokens (rounded up)."""
+    validation.check_steps(train_steps=train_steps, tokens_per_param=tokens_per_param)
+    if train_steps is not None:
+        return int(train_steps)
+    return max(1, math.ceil(tokens_per_param * params / tokens_per_step))
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """What a job compiles, decided and checked before anything is compiled.
+
+    Attributes:
+      spec, data, evaluation, optimizer, schedule: the configs as given.
+      step: the train step's settings, `num_components` filled in from the mixture.
+      model: the model wrapper (`modeling.models`).
+      partitioner: mesh and logical-axis shardings.
+      abstract_params: parameter shapes with shardings (a restore target).
+      components: mixture components (the order of `tokens_by_task`).
+      params_total, params_non_embedding: parameter counts (N is the non-embedding one).
+      total_steps: optimizer steps of the whole run.
+      eval_batch_size: the global eval batch, None without eval tasks.
+      memory: the memory model's estimate of the train step (None: the device memory is
+        unknown, or no train step is compiled).
+    """
+
+    spec: models.ModelSpec
+    data: DataConfig
+    evaluation: EvalConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    step: steps.StepConfig
+    model: Any
+    partitioner: Partitioner
+    abstract_params: Any
+    components: list[str]
+    params_total: int
+    params_non_embedding: int
+    total_steps: int
+    eval_batch_size: int | None
+    memory: memory_lib.MemoryEstimate | None = None
+
+
+def plan_job(
     *,
     model: models.ModelSpec,
     data: DataConfig,
@@ -222,23 +271,23 @@ def build_job(
     optimizer: OptimizerConfig,
     schedule: ScheduleConfig,
     mesh: MeshConfig,
-    num_microbatches: int,
-    z_loss: float,
-    steps_fn: Callable[[int, int], int],
+    step: steps.StepConfig = steps.StepConfig(),
+    train_steps: int | None = None,
+    tokens_per_param: float | None = None,
     register: bool = True,
-    compile_train: bool = True,
-    precheck: Callable[[Any, int], None] | None = None,
-) -> Job:
-    """Validates, registers the data, builds and compiles everything a run needs.
+    train: bool = True,
+) -> JobPlan:
+    """Builds the model and partitioner, registers the data and runs every check that needs no
+    compilation (`trainer.validation`), counts parameters and resolves the steps.
 
     Args:
-      steps_fn: `(non-embedding params, tokens per step) -> total steps`.
+      step: microbatches and z-loss (`num_components` is taken from the mixture).
+      train_steps, tokens_per_param: the run's length (`resolve_train_steps`).
       register: register the tasks of `data.vocab_path` (False when the caller has).
-      compile_train: compile the train step (evaluation-only jobs skip it).
-      precheck: called with the abstract parameters and the total steps after validation,
-        before compiling (the trainer checks `INIT_CHECKPOINT` and the run's fingerprint there).
+      train: the job trains: its step's memory is checked against the device's
+        (evaluation-only jobs compile no train step).
     Raises:
-      trainer.validation.ConfigError: before compiling, for any invalid setting.
+      trainer.validation.ConfigError: for any invalid setting, before anything is compiled.
     """
     wrapper, partitioner, abstract_params = build_partitioned_model(model, mesh)
     if register:
@@ -249,7 +298,7 @@ def build_job(
         data=data,
         evaluation=evaluation,
         partitioner=partitioner,
-        microbatches=num_microbatches,
+        microbatches=step.num_microbatches,
     )
     eval_batch = evaluation.batch_size or data.batch_size
     if evaluation.tasks:
@@ -259,38 +308,67 @@ def build_job(
             process_count=jax.process_count(),
         )
     components = data_lib.components(data.mixture_or_task)
-    _, non_embedding = wrapper.param_counts()
-    total_steps = steps_fn(non_embedding, data.batch_size * data.seq_len)
-    if precheck is not None:
-        precheck(abstract_params, total_steps)
-    if compile_train:
-        check_memory(
+    total, non_embedding = wrapper.param_counts()
+    total_steps = resolve_train_steps(
+        train_steps=train_steps,
+        tokens_per_param=tokens_per_param,
+        params=non_embedding,
+        tokens_per_step=data.batch_size * data.seq_len,
+    )
+    estimate = None
+    if train:
+        estimate = check_memory(
             model=wrapper,
             partitioner=partitioner,
             batch_size=data.batch_size,
             seq_len=data.seq_len,
             feature_lengths=data.task_feature_lengths,
             optimizer=optimizer,
-            num_microbatches=num_microbatches,
+            num_microbatches=step.num_microbatches,
             limit=device_memory_limit(mesh, partitioner),
         )
-    return compile_job(
+    return JobPlan(
+        spec=model,
+        data=data,
+        evaluation=evaluation,
+        optimizer=optimizer,
+        schedule=schedule,
+        step=dataclasses.replace(step, num_components=len(components)),
         model=wrapper,
         partitioner=partitioner,
         abstract_params=abstract_params,
         components=components,
+        params_total=total,
+        params_non_embedding=non_embedding,
         total_steps=total_steps,
-        batch_size=data.batch_size,
-        seq_len=data.seq_len,
-        feature_lengths=data.task_feature_lengths,
         eval_batch_size=eval_batch if evaluation.tasks else None,
-        optimizer=optimizer,
-        schedule=schedule,
-        step_config=steps.StepConfig(
-            num_microbatches=num_microbatches, z_loss=z_loss, num_components=len(components)
-        ),
+        memory=estimate,
+    )
+
+
+def compile_plan(plan: JobPlan, *, compile_train: bool = True) -> Job:
+    """Compiles the planned job's steps (`compile_job`)."""
+    return compile_job(
+        model=plan.model,
+        partitioner=plan.partitioner,
+        abstract_params=plan.abstract_params,
+        components=plan.components,
+        total_steps=plan.total_steps,
+        batch_size=plan.data.batch_size,
+        seq_len=plan.data.seq_len,
+        feature_lengths=plan.data.task_feature_lengths,
+        eval_batch_size=plan.eval_batch_size,
+        optimizer=plan.optimizer,
+        schedule=plan.schedule,
+        step_config=plan.step,
         compile_train=compile_train,
     )
+
+
+def build_job(*, compile_train: bool = True, **kwargs) -> Job:
+    """`plan_job(**kwargs)` compiled (`compile_plan`): evaluation and tests, which need no run
+    directory around the job."""
+    return compile_plan(plan_job(train=compile_train, **kwargs), compile_train=compile_train)
 
 
 def device_memory_limit(mesh: MeshConfig, partitioner: Partitioner) -> int | None:

@@ -5,17 +5,23 @@
         --gin.INIT_CHECKPOINT="'/runs/source_en_49m'" --gin.VOCAB_PATH="'/data/vocab/cpt.model'"
 
 `train` takes keyword arguments and small frozen dataclasses only; gin configures it from the
-files in `t5x_configs/` (see `trainer.gin_entry`). A run writes into `model_dir`: `config.gin`,
-`run.json`, `metrics.jsonl`, TensorBoard events under `tb/`, orbax checkpoints under
-`checkpoints/`, and `COMPLETED` last (docs/interfaces.md, "Training outputs"). Starting a run whose
-`model_dir` holds checkpoints resumes it exactly: parameters, optimizer state, step, RNG,
-data-stream position and the token counters all come back, once the settings are checked
-against the run's fingerprint in `run.json` (`trainer.fingerprint`, `resume_policy`).
+files in `t5x_configs/` (see `trainer.gin_entry`). It reads top to bottom: checks that need
+nothing built; the lease on `model_dir`; the run's plan (`trainer.plan`: model, counts and steps,
+the resume decision, init checks, fingerprint, inputs; nothing written); the compiled steps
+(`trainer.jobs`); the restored or fresh state and the run files; then the step loop
+(`trainer.loop`) with two hooks, a metrics record (with evaluation) and a checkpoint.
 
-A `metrics.jsonl` record is written every `log_every` steps, at every eval step and at the end;
-its `train/loss` is the token-weighted mean cross-entropy over the steps since the previous record
-(so no step is left out of the curve whatever `log_every` is), `learning_rate` and
-`train/grad_norm` are those of its last step.
+A run writes into `model_dir`: `config.gin`, `run.json`, `metrics.jsonl`, TensorBoard events
+under `tb/`, orbax checkpoints under `checkpoints/`, and `COMPLETED` last (docs/interfaces.md,
+"Training outputs"). Starting a run whose `model_dir` holds checkpoints resumes it exactly:
+parameters, optimizer state, step, RNG, data-stream position and the token counters all come
+back, once the settings are checked against the run's fingerprint in `run.json`
+(`trainer.fingerprint`, `resume_policy`).
+
+A `metrics.jsonl` record is written every `loop.log_every` steps, at every eval step, at kept
+checkpoints and at the end; its `train/loss` is the token-weighted mean cross-entropy over the
+steps since the previous record (so no step is left out of the curve whatever `log_every` is),
+`learning_rate` and `train/grad_norm` are those of its last step.
 """
 
 from __future__ import annotations
@@ -23,37 +29,37 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import os
-import sys
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 from etils import epath
 
-from convert import hf_checkpoints, vocab_growth
-from rundir import exits, finetune_recipes, names, paper_units, records, storage
+from rundir import exits, finetune_recipes, paper_units, records, storage
 from rundir import lease as lease_lib
 from rundir.lease import LeaseConfig
+from rundir.run_record import Strategy
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import divergence, eval_schedule, models, validation
+from trainer import divergence, eval_schedule, gin_entry, jobs, models, run_files, validation
 from trainer import eval as eval_lib
-from trainer import fingerprint as fingerprint_lib
+from trainer import loop as loop_lib
 from trainer import metrics as metrics_lib
+from trainer import plan as plan_lib
 from trainer import platform as platform_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
-from trainer.jobs import Job, build_job
+from trainer.jobs import Job
+from trainer.loop import LoopConfig
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
+from trainer.steps import StepConfig
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("source", "scratch", "cpt", "cpt_replay", "pretrain", "finetune", "finetune_scratch")
-NONFINITE_MODES = ("stop", "skip")
+STRATEGIES = tuple(s.value for s in Strategy)  # `RunInfo.strategy`
 # EX_TEMPFAIL: the run saved a checkpoint and should be started again (`rundir.exits`).
 PREEMPTED_EXIT_CODE = exits.PREEMPTED
 # At most this many of the records logged since the previous checkpoint are kept in the next one
@@ -106,102 +112,6 @@ class TrainResult:
 NonFiniteError = divergence.NonFiniteError
 
 
-def resolve_train_steps(
-    *, train_steps: int | None, tokens_per_param: float | None, params: int, tokens_per_step: int
-) -> int:
-    """`train_steps`, or enough steps for `tokens_per_param × params` tokens (rounded up)."""
-    validation.check_steps(train_steps=train_steps, tokens_per_param=tokens_per_param)
-    if train_steps is not None:
-        return int(train_steps)
-    return max(1, math.ceil(tokens_per_param * params / tokens_per_step))
-
-
-def _languages(run: RunInfo, components: Sequence[str]) -> list[str]:
-    if run.languages:
-        return list(run.languages)
-    langs = [c.split("_", 1)[1] for c in components if c.startswith(("lm_", "span_"))]
-    langs += [lang for c in components if c.startswith("mt_") for lang in c.split("_")[1:]]
-    return list(dict.fromkeys(langs))
-
-
-def _mt_langs(run: RunInfo, components: Sequence[str]) -> tuple[str | None, str | None]:
-    """(source, target) language: as given, or those of a translation task `mt_<src>_<tgt>`."""
-    if run.source_lang or run.target_lang or len(components) != 1:
-        return run.source_lang, run.target_lang
-    parts = components[0].split("_")
-    if parts[0] == "mt" and len(parts) == 3:
-        return parts[1], parts[2]
-    return None, None
-
-
-def _run_json(job: Job, *, run: RunInfo, data: DataConfig, seed: int, init: dict, gin: str):
-    total, non_embedding = job.model.param_counts()
-    source_lang, target_lang = _mt_langs(run, job.components)
-    return {
-        "model": job.model.name,
-        "family": job.model.family,
-        "params_total": total,
-        "params_non_embedding": non_embedding,
-        "strategy": run.strategy,
-        "languages": _languages(run, job.components),
-        "target_lang": target_lang,
-        "source_lang": source_lang,
-        "replay_ratio": float(run.replay_ratio),
-        "mixture_or_task": data.mixture_or_task,
-        "components": list(job.components),
-        "init_checkpoint": init.get("init_checkpoint"),
-        "init_step": init.get("init_step"),
-        "init_params_hash": init.get("init_params_hash"),
-        **vocab_growth.run_fields(init),  # a grown INIT_CHECKPOINT's vocabulary extension
-        **hf_checkpoints.run_fields(init),  # an imported INIT_CHECKPOINT's source (hf:, Meta)
-        "seed": seed,
-        "seq_len": data.seq_len,
-        "task_feature_lengths": dict(data.task_feature_lengths),
-        "finetune_tokens": run.finetune_tokens,
-        "finetune_recipe": run.finetune_recipe,
-        **paper_units.run_fields(
-            batch_size=data.batch_size,
-            task_feature_lengths=data.task_feature_lengths,
-            subset_examples=data.subset_examples,
-            finetune_unit=run.finetune_unit,
-        ),
-        "batch_size": data.batch_size,
-        "train_steps": job.total_steps,
-        "flops_per_token": job.flops_per_token,
-        "flops_per_token_attn": job.flops_per_token_attn,
-        "gin_config": gin,
-    }
-
-
-def _write_run_files(
-    model_dir: epath.Path,
-    *,
-    info,
-    fingerprint,
-    amendment,
-    resumed: bool,
-    step: int,
-    gin_config: str,
-) -> None:
-    """`config.gin` and `run.json` (with the fingerprint) of a fresh run; on an amended resume
-    the old `config.gin` is kept as `config.<step>.gin` and `run.json` records the amendment."""
-    info = {**info, "fingerprint": fingerprint}
-    has_run_json = records.has_run_json(model_dir)
-    if amendment is not None and has_run_json:
-        info = fingerprint_lib.record_resume(
-            model_dir,
-            old_info=records.read_run_json(model_dir),
-            new_info=info,
-            amendment=amendment,
-            step=step,
-        )
-    storage.write_text_atomic(
-        model_dir / names.CONFIG_FILE, gin_config or "# trainer.train called directly\n"
-    )
-    if not resumed or not has_run_json or amendment is not None:
-        records.write_run_json(model_dir, info)
-
-
 def train(
     *,
     model_dir: str | os.PathLike,
@@ -214,15 +124,11 @@ def train(
     checkpoint: CheckpointConfig = CheckpointConfig(),
     mesh: MeshConfig = MeshConfig(),
     evaluation: EvalConfig = EvalConfig(),
+    step: StepConfig = StepConfig(),
+    loop: LoopConfig = LoopConfig(),
     run: RunInfo = RunInfo(),
     init_checkpoint: str | None = None,
     seed: int = 0,
-    log_every: int = 100,
-    num_microbatches: int = 1,
-    z_loss: float = 0.0,
-    on_nonfinite: str = "stop",
-    max_skipped_fraction: float = 0.05,
-    stop_after: int | None = None,
     gin_config: str = "",
     resume_policy: str | Sequence[str] | None = None,
     lease: LeaseConfig = LeaseConfig(),
@@ -240,21 +146,13 @@ def train(
       checkpoint: save period and keep policy.
       mesh: mesh axis sizes.
       evaluation: periodic validation losses.
+      step: the train step's settings: microbatches and z-loss (`trainer.steps.StepConfig`).
+      loop: logging period, non-finite handling and `stop_after` (`trainer.loop.LoopConfig`).
       run: strategy and languages, recorded in `run.json`.
       init_checkpoint: `'<dir>[@step]'` to initialise the parameters from (CPT, finetuning), or
         `'hf:<dir>'`, a Hugging Face LLaMA directory (`convert.hf_cache`); ignored when `model_dir`
         already holds a checkpoint (the run resumes instead).
       seed: parameter initialisation and data order.
-      log_every: write a `metrics.jsonl` record every this many steps (and at eval steps).
-      num_microbatches: gradient accumulation over this many microbatches per step.
-      z_loss: weight of the auxiliary z-loss.
-      on_nonfinite: what a non-finite loss, gradient or update does: "stop" raises
-        `NonFiniteError` and rolls back to the last checkpoint (all checkpoints are finite);
-        "skip" drops such updates (counting neither their tokens nor their loss) and goes on.
-      max_skipped_fraction: in "skip" mode, fail with `NonFiniteError` once more than this
-        fraction of the steps so far were skipped (one skip is always tolerated); a run that
-        applied no update never counts as completed.
-      stop_after: stop (saving a checkpoint) after this step, as a preemption would.
       gin_config: the resolved gin config, written to `config.gin` and `run.json`.
       resume_policy: settings that may differ from the run's fingerprint when `model_dir` is
         resumed (`RESUME_POLICY`; see `trainer.fingerprint`); None: nothing may change.
@@ -265,11 +163,9 @@ def train(
         `trainer.platform.PlatformError` before anything is written or compiled.
 
     Returns:
-      Where the run ended. A SIGTERM or `stop_after` ends it early with a checkpoint.
+      Where the run ended. A SIGTERM or `loop.stop_after` ends it early with a checkpoint.
     """
     platform_lib.check(expect_platform)  # a GPU job never trains on the CPU backend
-    validation.check_choice(name="on_nonfinite", value=on_nonfinite, allowed=NONFINITE_MODES)
-    validation.check_fraction(name="max_skipped_fraction", value=max_skipped_fraction)
     validation.check_choice(name="strategy", value=run.strategy, allowed=STRATEGIES)
     validation.check_init_for_strategy(strategy=run.strategy, init_checkpoint=init_checkpoint)
     _check_replay(run=run, data=data)
@@ -277,34 +173,31 @@ def train(
         raise validation.ConfigError(f"{validation.BINDINGS['model_dir']} must be set")
     # Local or object storage; an unsupported scheme is refused here, before anything is written.
     model_dir = storage.as_path(model_dir, name="MODEL_DIR")
-    settings = _Settings(
-        model=model,
-        data=data,
-        train_steps=train_steps,
-        tokens_per_param=tokens_per_param,
-        optimizer=optimizer,
-        schedule=schedule,
-        checkpoint=checkpoint,
-        mesh=mesh,
-        evaluation=evaluation,
-        run=run,
-        init_checkpoint=init_checkpoint,
-        seed=seed,
-        log_every=log_every,
-        num_microbatches=num_microbatches,
-        z_loss=z_loss,
-        on_nonfinite=on_nonfinite,
-        max_skipped_fraction=max_skipped_fraction,
-        stop_after=stop_after,
-        gin_config=gin_config,
-        resume_policy=resume_policy,
-    )
     created = not storage.is_remote(model_dir) and not model_dir.exists()
     sigterm = ckpt_lib.SigtermFlag()  # from before the lease is taken until it is released
     held = None
     try:
         held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails if not writable
-        return _train_holding_lease(model_dir, settings, sigterm=sigterm)
+        plan = plan_lib.build_run_plan(
+            model_dir=model_dir,
+            model=model,
+            data=data,
+            train_steps=train_steps,
+            tokens_per_param=tokens_per_param,
+            optimizer=optimizer,
+            schedule=schedule,
+            checkpoint=checkpoint,
+            mesh=mesh,
+            evaluation=evaluation,
+            step=step,
+            loop=loop,
+            run=run,
+            init_checkpoint=init_checkpoint,
+            seed=seed,
+            gin_config=gin_config,
+            resume_policy=resume_policy,
+        )
+        return _run(plan, sigterm=sigterm)
     except storage.StorageError:
         if held is not None:  # the store is unreachable: each further request would wait too
             held.release(remove_file=False)
@@ -333,11 +226,11 @@ def _remove_if_empty(model_dir: epath.Path) -> None:
 
 def _check_replay(*, run: RunInfo, data: DataConfig) -> None:
     """`run.replay_ratio` is recorded in `run.json` only if the mixture applies it."""
-    from pipelines import mixtures
+    from pipelines import mixtures  # seqio: imported by a run, not by `import trainer.train`
 
     validation.check_replay_ratio(
         replay_ratio=run.replay_ratio,
-        applied=data_lib.applied_replay_ratio(
+        applied=mixtures.replay_fraction(
             mixture_or_task=data.mixture_or_task,
             target_lang=run.target_lang,
             source_lang=run.source_lang,
@@ -347,135 +240,50 @@ def _check_replay(*, run: RunInfo, data: DataConfig) -> None:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Settings:
-    """`train`'s arguments but the run directory and the lease (see `train` for each)."""
-
-    model: models.ModelSpec
-    data: DataConfig
-    train_steps: int | None
-    tokens_per_param: float | None
-    optimizer: OptimizerConfig
-    schedule: ScheduleConfig
-    checkpoint: CheckpointConfig
-    mesh: MeshConfig
-    evaluation: EvalConfig
-    run: RunInfo
-    init_checkpoint: str | None
-    seed: int
-    log_every: int
-    num_microbatches: int
-    z_loss: float
-    on_nonfinite: str
-    max_skipped_fraction: float
-    stop_after: int | None
-    gin_config: str
-    resume_policy: str | Sequence[str] | None
-
-
-def _train_holding_lease(
-    model_dir: epath.Path, s: _Settings, *, sigterm: ckpt_lib.SigtermFlag | None = None
-) -> TrainResult:
-    """`train` once it holds the lease on `model_dir`: builds the job once (checking the init
-    checkpoint and the fingerprint before compiling), then resumes or starts the run."""
+def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None) -> TrainResult:
+    """A planned run, once its lease is held: compiles, restores or initialises the state,
+    writes the run files and runs the loop."""
     log.info("%s", platform_lib.describe())
-    checkpoints = ckpt_lib.checkpoints_dir(model_dir)
-    resuming = checkpoints.is_dir() and any(checkpoints.iterdir())
-    checked = {}
-
-    def precheck(abstract_params, total_steps: int):
-        if s.init_checkpoint and not resuming:
-            ckpt_lib.check_init_checkpoint(s.init_checkpoint, abstract_params=abstract_params)
-        vocab_hash = fingerprint_lib.vocab_sha256(s.data.vocab_path)
-        if s.data.prepared_dir is not None:  # verified (shards, vocabulary) before compiling
-            checked["prepared"] = data_lib.prepared_datasets(s.data, vocab_hash=vocab_hash)
-        # Compare with the run being resumed before anything is compiled or written.
-        sections = dict(data=s.data, optimizer=s.optimizer, schedule=s.schedule, run=s.run)
-        checked["fingerprint"] = fingerprint_lib.run_fingerprint(
-            model=s.model,
-            **sections,
-            evaluation=s.evaluation,
-            train_steps=s.train_steps,
-            tokens_per_param=s.tokens_per_param,
-            total_steps=total_steps,
-            seed=s.seed,
-            num_microbatches=s.num_microbatches,
-            z_loss=s.z_loss,
-            init_checkpoint=s.init_checkpoint,
-            vocab_hash=vocab_hash,
-            prepared=data_lib.prepared_input(s.data, checked["prepared"])
-            if "prepared" in checked
-            else None,
-        )
-        checked["amendment"] = fingerprint_lib.check_model_dir(
-            model_dir,
-            new=checked["fingerprint"],
-            policy=s.resume_policy,
-            defaults=fingerprint_lib.fingerprint_defaults(**sections),
-        )
-
-    job = build_job(
-        model=s.model,
-        data=s.data,
-        evaluation=s.evaluation,
-        optimizer=s.optimizer,
-        schedule=s.schedule,
-        mesh=s.mesh,
-        num_microbatches=s.num_microbatches,
-        z_loss=s.z_loss,
-        steps_fn=lambda params, tokens_per_step: resolve_train_steps(
-            train_steps=s.train_steps,
-            tokens_per_param=s.tokens_per_param,
-            params=params,
-            tokens_per_step=tokens_per_step,
-        ),
-        precheck=precheck,
-    )
+    log.info("%s", plan_lib.describe(plan))
+    job = jobs.compile_plan(plan.job)
+    model_dir = plan.model_dir
     is_chief = jax.process_index() == 0
     if is_chief:
         model_dir.mkdir(parents=True, exist_ok=True)
-    store = ckpt_lib.CheckpointStore(checkpoints, s.checkpoint)
+    store = ckpt_lib.CheckpointStore(ckpt_lib.checkpoints_dir(model_dir), plan.checkpoint)
     writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
     watcher = ckpt_lib.PreemptionWatcher(store, flag=sigterm)
     failed: BaseException | None = None
     try:
         state, saved, init = _initial_state(
-            job, store, init_checkpoint=s.init_checkpoint, seed=s.seed
+            job,
+            store,
+            resume=plan.resuming,
+            init_checkpoint=plan.init_checkpoint,
+            seed=plan.seed,
         )
         start = int(saved.get("step", 0))
         if is_chief:
-            _write_run_files(
+            run_files.write_run_files(
                 model_dir,
-                info=_run_json(
-                    job, run=s.run, data=s.data, seed=s.seed, init=init, gin=s.gin_config
+                record=run_files.run_record(
+                    job,
+                    run=plan.run,
+                    data=plan.job.data,
+                    seed=plan.seed,
+                    init=init,
+                    gin=plan.gin_config,
                 ),
-                fingerprint=checked["fingerprint"],
-                amendment=checked["amendment"] if saved else None,
+                fingerprint=plan.fingerprint,
+                amendment=plan.amendment if saved else None,
                 resumed=bool(saved),
                 step=start,
-                gin_config=s.gin_config,
+                gin_config=plan.gin_config,
             )
         writer.truncate_after(start)
         writer.restore_lost(saved.get("records", []), step=start)
-        return _loop(
-            job,
-            state,
-            model_dir=model_dir,
-            data=s.data,
-            evaluation=s.evaluation,
-            checkpoint=s.checkpoint,
-            saved=saved,
-            start=start,
-            seed=s.seed,
-            log_every=s.log_every,
-            on_nonfinite=s.on_nonfinite,
-            max_skipped_fraction=s.max_skipped_fraction,
-            stop_after=s.stop_after,
-            prepared=checked.get("prepared"),
-            store=store,
-            writer=writer,
-            watcher=watcher,
-        )
+        training = _Training(plan, job, state, saved=saved, start=start, store=store, writer=writer)
+        return training.run(watcher)
     except BaseException as e:
         failed = e
         raise
@@ -505,9 +313,10 @@ def _close(watcher, writer, store, *, failed: BaseException | None) -> None:
             log.warning("while stopping after %s: %s", type(failed).__name__, e)
 
 
-def _initial_state(job: Job, store, *, init_checkpoint: str | None, seed: int):
-    """Resumed state (with its saved JSON), or a fresh one (from `init_checkpoint` if given)."""
-    if store.latest_step() is not None:
+def _initial_state(job: Job, store, *, resume: bool, init_checkpoint: str | None, seed: int):
+    """Resumed state (with its saved JSON) when `resume`, else a fresh one (from
+    `init_checkpoint` if given) and the `init_*` fields of `run.json`."""
+    if resume:
         abstract = job.abstract_state_with_shardings()
         # The newest step that verifies, loads and is finite (newer ones are logged and set aside:
         # corrupt files, or non-finite values written by older code).
@@ -541,175 +350,185 @@ def _initial_state(job: Job, store, *, init_checkpoint: str | None, seed: int):
     return job.init_state(rng, params=params), {}, init
 
 
-def _loop(
-    job: Job,
-    state,
-    *,
-    model_dir,
-    data,
-    evaluation,
-    checkpoint,
-    saved,
-    start,
-    seed,
-    log_every,
-    on_nonfinite,
-    max_skipped_fraction,
-    stop_after,
-    prepared,
-    store,
-    writer,
-    watcher,
-) -> TrainResult:
-    """Runs steps `start+1 .. total`, logging, evaluating and saving along the way."""
-    counters = metrics_lib.Counters(
-        job.components,
-        saved,
-        tokens_paper_per_step=paper_units.tokens_paper_per_step(
-            batch_size=data.batch_size, task_feature_lengths=data.task_feature_lengths
-        ),
-    )
-    total = job.total_steps
-    progress = metrics_lib.StepRate(
-        total_steps=total,
-        tokens_per_step=data.batch_size * data.seq_len,
-        flops_per_token=job.flops_per_token_attn,
-        num_devices=jax.device_count(),
-        peak_flops=metrics_lib.peak_flops_per_device(jax.devices()[0].device_kind),
-    )
-    stream = data_lib.train_batches(
-        data,
-        seed=seed,
-        start_step=int(saved.get("data_position", start)),
-        shard_index=jax.process_index(),
-        num_shards=jax.process_count(),
-        host_rows=job.partitioner.host_rows(data.batch_size),
-        prepared=prepared,
-    )
+class _Training:
+    """A run's side of the step loop (`trainer.loop.StepLoop`): the state, the counters and the
+    work of its hooks -- a metrics record (with evaluation) and a checkpoint."""
 
-    def evaluate(step):
+    def __init__(self, plan: plan_lib.RunPlan, job: Job, state, *, saved, start, store, writer):
+        self.plan, self.job, self.state = plan, job, state
+        self.start, self.store, self.writer = start, store, writer
+        data = plan.job.data
+        self.counters = metrics_lib.Counters(
+            job.components,
+            saved,
+            tokens_paper_per_step=paper_units.tokens_paper_per_step(
+                batch_size=data.batch_size, task_feature_lengths=data.task_feature_lengths
+            ),
+        )
+        self.progress = metrics_lib.StepRate(
+            total_steps=job.total_steps,
+            tokens_per_step=data.batch_size * data.seq_len,
+            flops_per_token=job.flops_per_token_attn,
+            num_devices=jax.device_count(),
+            peak_flops=metrics_lib.peak_flops_per_device(jax.devices()[0].device_kind),
+        )
+        self.stream = data_lib.train_batches(
+            data,
+            seed=plan.seed,
+            start_step=int(saved.get("data_position", start)),
+            shard_index=jax.process_index(),
+            num_shards=jax.process_count(),
+            host_rows=job.partitioner.host_rows(data.batch_size),
+            prepared=plan.prepared,
+        )
+        # The steps this run evaluates at (`trainer.eval_schedule`: periodic or log-spaced; 0
+        # first with EVAL_AT_START, run only on a fresh start since a resumed run logged it).
+        self.eval_at = frozenset(
+            eval_schedule.eval_steps(plan.job.evaluation, total=job.total_steps)
+        )
+        # Records logged since the last checkpoint: the next one keeps them
+        # (`train_state["records"]`) so that a resume can log again what it covers but
+        # `metrics.jsonl` lost.
+        self.unsaved: list[dict] = []
+
+    def run_step(self):
+        """One train step on the next batch; its metrics stay on the device."""
+        batch = self.job.partitioner.shard_batch(next(self.stream))
+        self.state, metrics = self.job.train_step(self.state, batch)
+        return metrics
+
+    def first_step(self, step: int, metrics) -> None:
+        """Leaves compilation out of the throughput."""
+        jax.block_until_ready(metrics)
+        self.progress.start(step)
+
+    def sync(self, pending) -> None:
+        """Fetches the pending steps' metrics; a non-finite update stops (rolling back) or is
+        counted as skipped (`trainer.divergence`) before any hook acts."""
+        self.counters.absorb(jax.device_get(pending))
+        if self.counters.nonfinite:
+            divergence.on_nonfinite(
+                self.counters,
+                step=pending[-1][0],
+                mode=self.plan.loop.on_nonfinite,
+                max_skipped_fraction=self.plan.loop.max_skipped_fraction,
+                model_dir=self.plan.model_dir,
+                store=self.store,
+                writer=self.writer,
+            )
+
+    def evaluate(self, step: int) -> dict:
+        """Validation losses (and decoding scores) of the current parameters."""
         return eval_lib.evaluate_params(
-            job,
-            state.params,
-            evaluation,
-            seq_len=data.seq_len,
+            self.job,
+            self.state.params,
+            self.plan.job.evaluation,
+            seq_len=self.plan.job.data.seq_len,
             step=step,
-            final=step == total,
-            model_dir=model_dir,
+            final=step == self.job.total_steps,
+            model_dir=self.plan.model_dir,
         )
 
-    # Records logged since the last checkpoint: the next one keeps them (`train_state["records"]`)
-    # so that a resume can log again what it covers but `metrics.jsonl` lost.
-    unsaved = []
+    def log_record(self, record: dict) -> None:
+        """Writes a `metrics.jsonl` record, kept for the next checkpoint too."""
+        self.writer.write(record)
+        self.unsaved.append(dict(record))
+        del self.unsaved[:-_RECORDS_PER_CHECKPOINT]
 
-    def log_record(record):
-        writer.write(record)
-        unsaved.append(dict(record))
-        del unsaved[:-_RECORDS_PER_CHECKPOINT]
+    def logs_at(self, info: loop_lib.StepInfo) -> bool:
+        """A record at the end, at eval steps, at kept checkpoints (fitting dates a kept
+        checkpoint by its record's `tokens`) and every `log_every` steps."""
+        checkpoint, step = self.plan.checkpoint, info.step
+        kept = bool(checkpoint.keep_every) and step % checkpoint.period == 0
+        kept = kept and step % checkpoint.keep_every == 0
+        return info.last or step in self.eval_at or kept or step % self.plan.loop.log_every == 0
 
-    def save(step):
+    def log(self, info: loop_lib.StepInfo) -> None:
+        """The log hook: a record of the steps since the last one, with evaluation if due."""
+        step = info.step
+        timing = self.progress.timing(step)
+        record = self.counters.record(step, **self.job.flops_kwargs())
+        self.progress.log_line(
+            step,
+            loss=record.get("train/loss", float("nan")),
+            learning_rate=record["learning_rate"],
+            timing=timing,
+        )
+        if step in self.eval_at:
+            record.update(self.evaluate(step))
+            self.progress.start(step)
+        self.log_record({**record, **timing})
+
+    def saves_at(self, info: loop_lib.StepInfo) -> bool:
+        """A checkpoint at the end, before a stop and every `checkpoint.period` steps."""
+        return info.last or info.stopping or info.step % self.plan.checkpoint.period == 0
+
+    def save(self, info: loop_lib.StepInfo) -> None:
+        """The checkpoint hook: state, counters, and the records logged since the last one."""
+        state = self.state
         train_state = {
-            "step": step,
-            "data_position": step,
+            "step": info.step,
+            "data_position": info.step,
             "rng": [int(x) for x in np.asarray(jax.device_get(state.rng)).ravel()],
             "skipped": int(jax.device_get(state.skipped)),
-            **counters.to_json(),
-            "records": list(unsaved),
+            **self.counters.to_json(),
+            "records": list(self.unsaved),
         }
-        store.save(step, params=state.params, opt_state=state.opt_state, train_state=train_state)
-        unsaved.clear()
-
-    if watcher.signalled():  # SIGTERM while starting up: nothing trained, nothing to save
-        log.warning("stopping before step %d (SIGTERM during start-up); rerun to resume", start + 1)
-        return TrainResult(
-            model_dir=os.fspath(model_dir), step=start, tokens=counters.tokens, completed=False
+        self.store.save(
+            info.step, params=state.params, opt_state=state.opt_state, train_state=train_state
         )
-    # The steps this run evaluates at (`trainer.eval_schedule`: periodic or log-spaced; 0 first
-    # with EVAL_AT_START, run only on a fresh start since a resumed run logged it already).
-    eval_at = frozenset(eval_schedule.eval_steps(evaluation, total=total))
-    if start == 0 and 0 in eval_at:
-        log_record({**counters.record(0, **job.flops_kwargs()), **evaluate(0)})
-    step, pending, preempted = start, [], False
-    progress.start(step)
-    while step < total:
-        batch = job.partitioner.shard_batch(next(stream))
-        state, step_metrics = job.train_step(state, batch)
-        pending.append((step + 1, step_metrics))
-        step += 1
-        if step == start + 1:  # leave compilation out of the throughput
-            jax.block_until_ready(step_metrics)
-            progress.start(step)
-        last = step == total
-        do_eval = step in eval_at
-        periodic_save = step % checkpoint.period == 0
-        # Every checkpoint kept for good (KEEP_EVERY) has a record: fitting dates it by `tokens`.
-        kept = periodic_save and bool(checkpoint.keep_every) and step % checkpoint.keep_every == 0
-        do_log = last or do_eval or kept or step % log_every == 0
-        preempted = not last and (step == stop_after or watcher.should_stop(step))
-        do_save = last or preempted or periodic_save
-        if not (do_log or do_save):
-            continue
-        counters.absorb(jax.device_get(pending))
-        pending = []
-        if counters.nonfinite:
-            divergence.on_nonfinite(
-                counters,
-                step=step,
-                mode=on_nonfinite,
-                max_skipped_fraction=max_skipped_fraction,
-                model_dir=model_dir,
-                store=store,
-                writer=writer,
+        self.unsaved.clear()
+        self.progress.start(info.step)
+
+    def result(self, step: int, *, completed: bool) -> TrainResult:
+        """How the run ended."""
+        return TrainResult(
+            model_dir=os.fspath(self.plan.model_dir),
+            step=step,
+            tokens=self.counters.tokens,
+            completed=completed,
+        )
+
+    def run(self, watcher: ckpt_lib.PreemptionWatcher) -> TrainResult:
+        """Steps `start+1 .. total` with the log and checkpoint hooks, then `COMPLETED`."""
+        start, total = self.start, self.job.total_steps
+        if watcher.signalled():  # SIGTERM while starting up: nothing trained, nothing to save
+            log.warning(
+                "stopping before step %d (SIGTERM during start-up); rerun to resume", start + 1
             )
-        if do_log:
-            timing = progress.timing(step)
-            record = counters.record(step, **job.flops_kwargs())
-            progress.log_line(
-                step,
-                loss=record.get("train/loss", float("nan")),
-                learning_rate=record["learning_rate"],
-                timing=timing,
+            return self.result(start, completed=False)
+        if start == 0 and 0 in self.eval_at:
+            self.log_record(
+                {**self.counters.record(0, **self.job.flops_kwargs()), **self.evaluate(0)}
             )
-            if do_eval:
-                record.update(evaluate(step))
-            log_record({**record, **timing})
-        if do_save:
-            save(step)
-        if do_eval or do_save:
-            progress.start(step)
-        if preempted:
+        stop_after = self.plan.loop.stop_after
+        steps = loop_lib.StepLoop(
+            start=start,
+            total=total,
+            run_step=self.run_step,
+            sync=self.sync,
+            should_stop=lambda step: step == stop_after or watcher.should_stop(step),
+            on_first_step=self.first_step,
+        )
+        steps.add_hook("log", self.log, when=self.logs_at)
+        steps.add_hook("checkpoint", self.save, when=self.saves_at)
+        self.progress.start(start)
+        step = steps.run()
+        if step < total:
             log.warning("stopping at step %d (checkpoint saved); rerun to resume", step)
-            break
-    store.wait()
-    completed = step >= total
-    if completed:
-        divergence.check_applied(step=step, skipped=counters.skipped)
-    if completed and jax.process_index() == 0:
-        records.write_completed(model_dir, step=step, tokens=counters.tokens)
-    return TrainResult(
-        model_dir=os.fspath(model_dir), step=step, tokens=counters.tokens, completed=completed
-    )
+        self.store.wait()
+        completed = step >= total
+        if completed:
+            divergence.check_applied(step=step, skipped=self.counters.skipped)
+        if completed and jax.process_index() == 0:
+            records.write_completed(self.plan.model_dir, step=step, tokens=self.counters.tokens)
+        return self.result(step, completed=completed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m trainer.train --gin_file=F [--gin_file=...] [--gin.KEY=VALUE ...]`."""
-    from trainer import gin_entry
-    from trainer import train as lib  # the importable module, which the gin files name
-
-    config = gin_entry.parse(sys.argv[1:] if argv is None else argv, job="train")
-    result = gin_entry.call(lib.train, config)
-    return 0 if result.completed else PREEMPTED_EXIT_CODE
+    return gin_entry.run("train", argv)
 
 
 if __name__ == "__main__":
-    from rundir import exits
-
-    code = exits.run_main(main, prog="python -m trainer.train")
-    if code not in (0, PREEMPTED_EXIT_CODE):
-        # A failed run may leave background threads (an orbax save retrying against storage
-        # that went away) that would hold the process for many minutes; nothing they write
-        # matters any more, and the error has been reported.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    gin_entry.main("train")

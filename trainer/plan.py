@@ -1,0 +1,169 @@
+"""A training run's plan: everything decided and checked before anything is compiled or written.
+
+`build_run_plan` is straight-line code, each step using only what the steps above produced:
+
+1. the model and its partitioner, the data registered and every configuration checked
+   (`jobs.plan_job`);
+2. parameter counts and the run's steps (same call), and the train step's memory;
+3. one resume decision, from the checkpoint store: the newest committed step (`resume_step`);
+4. the initial checkpoint checked against the model from metadata (a fresh run only);
+5. the prepared input opened and verified (when the batches are read by index);
+6. the run's fingerprint, and the amendment a resume is allowed to make (`trainer.fingerprint`).
+
+A refusal at any step leaves `MODEL_DIR` as it was: nothing here writes. `jobs.compile_plan`
+follows, then the trainer restores or initialises the state and runs the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from etils import epath
+
+from trainer import checkpoints as ckpt_lib
+from trainer import data as data_lib
+from trainer import fingerprint as fingerprint_lib
+from trainer import jobs, models, steps
+from trainer.checkpoints import CheckpointConfig
+from trainer.data import DataConfig, EvalConfig
+from trainer.loop import LoopConfig
+from trainer.optimizers import OptimizerConfig
+from trainer.partitioning import MeshConfig
+from trainer.schedules import ScheduleConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """One training run, planned.
+
+    Attributes:
+      model_dir: the run directory.
+      job: model, partitioner, counts and steps (`jobs.JobPlan`).
+      checkpoint, loop, mesh: how the run saves, loops and is laid out.
+      run: strategy and languages (`trainer.train.RunInfo`).
+      init_checkpoint: `'<dir>[@step]'` or `'hf:<dir>'` to start from (None: random init);
+        unused when resuming.
+      seed, gin_config: as given to `train`.
+      resume_step: the newest committed checkpoint step in `model_dir` (None: a fresh start).
+      vocab_hash: SHA-256 of the vocabulary file (None without one).
+      prepared: the opened, verified prepared datasets by component (None: seqio).
+      fingerprint: the settings that define the run (`run.json`'s `fingerprint`).
+      amendment: the allowed changes a resume makes to the stored fingerprint (None: none).
+    """
+
+    model_dir: epath.Path
+    job: jobs.JobPlan
+    checkpoint: CheckpointConfig
+    loop: LoopConfig
+    mesh: MeshConfig
+    run: Any
+    init_checkpoint: str | None
+    seed: int
+    gin_config: str
+    resume_step: int | None
+    vocab_hash: str | None
+    prepared: dict[str, Any] | None
+    fingerprint: dict[str, Any]
+    amendment: fingerprint_lib.Amendment | None
+
+    @property
+    def resuming(self) -> bool:
+        """Whether the run continues from a checkpoint of its own."""
+        return self.resume_step is not None
+
+
+def build_run_plan(
+    *,
+    model_dir: epath.Path,
+    model: models.ModelSpec,
+    data: DataConfig,
+    train_steps: int | None,
+    tokens_per_param: float | None,
+    optimizer: OptimizerConfig,
+    schedule: ScheduleConfig,
+    checkpoint: CheckpointConfig,
+    mesh: MeshConfig,
+    evaluation: EvalConfig,
+    step: steps.StepConfig,
+    loop: LoopConfig,
+    run: Any,
+    init_checkpoint: str | None,
+    seed: int,
+    gin_config: str,
+    resume_policy: Any,
+) -> RunPlan:
+    """Plans a run (see the module docstring for the order); `train`'s arguments.
+
+    Raises:
+      trainer.validation.ConfigError, FileNotFoundError, ValueError,
+      rundir.checksums.CheckpointCorruptError, fingerprint refusals: before anything is
+      compiled or written.
+    """
+    job = jobs.plan_job(
+        model=model,
+        data=data,
+        evaluation=evaluation,
+        optimizer=optimizer,
+        schedule=schedule,
+        mesh=mesh,
+        step=step,
+        train_steps=train_steps,
+        tokens_per_param=tokens_per_param,
+    )
+    resume_step = ckpt_lib.committed_step(model_dir)
+    if init_checkpoint and resume_step is None:
+        ckpt_lib.check_init_checkpoint(init_checkpoint, abstract_params=job.abstract_params)
+    vocab_hash = fingerprint_lib.vocab_sha256(data.vocab_path)
+    prepared = None
+    if data.prepared_dir is not None:  # verified (shards, vocabulary) before compiling
+        prepared = data_lib.prepared_datasets(data, vocab_hash=vocab_hash)
+    sections = dict(data=data, optimizer=optimizer, schedule=schedule, run=run)
+    fingerprint = fingerprint_lib.run_fingerprint(
+        model=model,
+        **sections,
+        evaluation=evaluation,
+        train_steps=train_steps,
+        tokens_per_param=tokens_per_param,
+        total_steps=job.total_steps,
+        seed=seed,
+        step=step,
+        init_checkpoint=init_checkpoint,
+        vocab_hash=vocab_hash,
+        prepared=data_lib.prepared_input(data, prepared) if prepared is not None else None,
+    )
+    amendment = fingerprint_lib.check_model_dir(
+        model_dir,
+        new=fingerprint,
+        policy=resume_policy,
+        step=resume_step,
+        defaults=fingerprint_lib.fingerprint_defaults(**sections, step=step),
+    )
+    return RunPlan(
+        model_dir=model_dir,
+        job=job,
+        checkpoint=checkpoint,
+        loop=loop,
+        mesh=mesh,
+        run=run,
+        init_checkpoint=init_checkpoint,
+        seed=seed,
+        gin_config=gin_config,
+        resume_step=resume_step,
+        vocab_hash=vocab_hash,
+        prepared=prepared,
+        fingerprint=fingerprint,
+        amendment=amendment,
+    )
+
+
+def describe(plan: RunPlan) -> str:
+    """One line for the start-up log: size, counts, steps, and fresh start or resume."""
+    job = plan.job
+    start = f"resuming from step {plan.resume_step}" if plan.resuming else "fresh start"
+    return (
+        f"{os.fspath(plan.model_dir)}: {job.spec.size} ({job.params_non_embedding:,} "
+        f"non-embedding parameters), {job.total_steps} steps of {job.data.batch_size} × "
+        f"{job.data.seq_len} tokens; {start}"
+    )

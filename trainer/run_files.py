@@ -1,0 +1,114 @@
+"""A run's own files: `run.json` (a `rundir.run_record.RunRecord`) and `config.gin`.
+
+`run_record` says what the run is -- model and counts, strategy and languages, data, where its
+parameters came from, the paper units -- from the compiled job and the run's settings;
+`write_run_files` writes it with the fingerprint on a fresh start, and on an amended resume
+keeps the old `config.gin` beside the new one and appends the amendment (`trainer.fingerprint`).
+This is the interface between training and fitting (docs/interfaces.md, "Training outputs").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from etils import epath
+
+from convert import hf_checkpoints, vocab_growth
+from rundir import names, paper_units, records, storage
+from rundir.run_record import RunRecord
+from trainer import fingerprint as fingerprint_lib
+from trainer.data import DataConfig
+
+
+def languages(run: Any, components: Sequence[str]) -> list[str]:
+    """The run's languages: as given (`RunInfo.languages`), else those of its mixture's
+    components (`lm_<lang>`, `span_<lang>`, `mt_<src>_<tgt>`), in order, each once."""
+    if run.languages:
+        return list(run.languages)
+    langs = [c.split("_", 1)[1] for c in components if c.startswith(("lm_", "span_"))]
+    langs += [lang for c in components if c.startswith("mt_") for lang in c.split("_")[1:]]
+    return list(dict.fromkeys(langs))
+
+
+def mt_langs(run: Any, components: Sequence[str]) -> tuple[str | None, str | None]:
+    """(source, target) language: as given, or those of a translation task `mt_<src>_<tgt>`."""
+    if run.source_lang or run.target_lang or len(components) != 1:
+        return run.source_lang, run.target_lang
+    parts = components[0].split("_")
+    if parts[0] == "mt" and len(parts) == 3:
+        return parts[1], parts[2]
+    return None, None
+
+
+def run_record(
+    job: Any, *, run: Any, data: DataConfig, seed: int, init: dict, gin: str
+) -> RunRecord:
+    """The run's record from its compiled job (`trainer.jobs.Job`), its `RunInfo`, its data,
+    and `init`, the `init_*` fields of a run initialised from a checkpoint."""
+    total, non_embedding = job.model.param_counts()
+    source_lang, target_lang = mt_langs(run, job.components)
+    return RunRecord(
+        model=job.model.name,
+        family=job.model.family,
+        params_total=total,
+        params_non_embedding=non_embedding,
+        strategy=run.strategy,
+        languages=tuple(languages(run, job.components)),
+        target_lang=target_lang,
+        source_lang=source_lang,
+        replay_ratio=float(run.replay_ratio),
+        mixture_or_task=data.mixture_or_task,
+        components=tuple(job.components),
+        init_checkpoint=init.get("init_checkpoint"),
+        init_step=init.get("init_step"),
+        init_params_hash=init.get("init_params_hash"),
+        **vocab_growth.run_fields(init),  # a grown INIT_CHECKPOINT's vocabulary extension
+        **hf_checkpoints.run_fields(init),  # an imported INIT_CHECKPOINT's source (hf:, Meta)
+        seed=seed,
+        seq_len=data.seq_len,
+        task_feature_lengths=dict(data.task_feature_lengths),
+        finetune_tokens=run.finetune_tokens,
+        finetune_recipe=run.finetune_recipe,
+        **paper_units.run_fields(
+            batch_size=data.batch_size,
+            task_feature_lengths=data.task_feature_lengths,
+            subset_examples=data.subset_examples,
+            finetune_unit=run.finetune_unit,
+        ),
+        batch_size=data.batch_size,
+        train_steps=job.total_steps,
+        flops_per_token=job.flops_per_token,
+        flops_per_token_attn=job.flops_per_token_attn,
+        gin_config=gin,
+    )
+
+
+def write_run_files(
+    model_dir: epath.Path,
+    *,
+    record: RunRecord,
+    fingerprint: dict[str, Any],
+    amendment: fingerprint_lib.Amendment | None,
+    resumed: bool,
+    step: int,
+    gin_config: str,
+) -> None:
+    """`config.gin` and `run.json` (with the fingerprint) of a fresh run; on an amended resume
+    the old `config.gin` is kept as `config.<step>.gin` and `run.json` records the amendment."""
+    info = dataclasses.replace(record, fingerprint=fingerprint).to_json()
+    has_run_json = records.has_run_json(model_dir)
+    if amendment is not None and has_run_json:
+        info = fingerprint_lib.record_resume(
+            model_dir,
+            old_info=records.read_run_json(model_dir),
+            new_info=info,
+            amendment=amendment,
+            step=step,
+        )
+    storage.write_text_atomic(
+        model_dir / names.CONFIG_FILE, gin_config or "# trainer.train called directly\n"
+    )
+    if not resumed or not has_run_json or amendment is not None:
+        records.write_run_json(model_dir, info)
