@@ -40,7 +40,8 @@ from accelerator_step import RowSpec, Shape, is_accelerator, peak_flops  # noqa:
 
 from modeling import family as families  # noqa: E402
 from pipelines import features  # noqa: E402
-from trainer import jobs, models, steps  # noqa: E402
+from trainer import jobs, steps  # noqa: E402
+from trainer import model_spec as spec_lib  # noqa: E402
 from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
 from trainer.partitioning import MeshConfig, Partitioner, build_mesh  # noqa: E402
 from trainer.schedules import ScheduleConfig  # noqa: E402
@@ -127,13 +128,13 @@ def _rates(
     }
 
 
-def model_spec(spec: RowSpec) -> models.ModelSpec:
+def model_spec(spec: RowSpec) -> spec_lib.ModelSpec:
     """The trainer's model spec of an xlscale row: the shape's overrides, the row's compute
     dtype, remat policy and attention kernel (T5 without dropout, as the MT paper pretrains)."""
     shape = spec.shape
     overrides = {**dict(shape.overrides), "dtype": spec.dtype, "remat_policy": spec.remat}
     overrides["attention_kernel"] = spec.attention
-    return models.ModelSpec(
+    return spec_lib.ModelSpec(
         family=shape.family,
         size=shape.size,
         overrides=overrides,

@@ -70,18 +70,18 @@ def compile_step(args: argparse.Namespace) -> None:
     from jax.experimental import topologies
 
     from llama_jax.counting import matmul_flops_per_token
-    from trainer import jobs, models, partitioning, steps
+    from trainer import jobs, model_spec, partitioning, steps
     from trainer.optimizers import OptimizerConfig
     from trainer.partitioning import MeshConfig
     from trainer.schedules import ScheduleConfig
 
-    spec = models.ModelSpec(
+    spec = model_spec.ModelSpec(
         family="llama2",
         size=args.size,
         overrides={"dtype": args.dtype, "remat_policy": args.remat_policy, "scan_layers": True},
         attention_kernel=args.attention,
     )
-    wrapper = models.build_model(spec)
+    wrapper = model_spec.build_model(spec)
     topology = topologies.get_topology_desc(args.topology, platform="tpu")
     devices = topology.devices
     data, fsdp, model = (int(n) for n in args.mesh.split(","))
@@ -167,12 +167,12 @@ def _topology_mesh(topology: str):
 def _compile_train(size: str, mesh, *, batch: int, seq_len: int, microbatches: int, **overrides):
     """The trainer's compiled train step for `size` (config `overrides`) on `mesh`."""
 
-    from trainer import jobs, models, steps
+    from trainer import jobs, model_spec, steps
     from trainer.optimizers import OptimizerConfig
     from trainer.schedules import ScheduleConfig
 
-    spec = models.ModelSpec(family="llama2", size=size, overrides=overrides)
-    wrapper = models.build_model(spec)
+    spec = model_spec.ModelSpec(family="llama2", size=size, overrides=overrides)
+    wrapper = model_spec.build_model(spec)
     partitioner, abstract = _partitioned(wrapper, mesh)
     job = jobs.compile_job(
         model=wrapper,

@@ -38,7 +38,7 @@ BATCH = 8
 PREPARED_STEPS = (0, 1_000, 100_000, 1_000_000)
 SEQIO_STEPS = (0, 200, 1_000)
 MFU = 0.5
-# (host, chips, dense bf16 peak FLOP/s per chip): trainer.metrics.PEAK_FLOPS's values.
+# (host, chips, dense bf16 peak FLOP/s per chip): trainer.metrics_log.PEAK_FLOPS's values.
 HOSTS = (("v5p-8 host (4 chips)", 4, 459e12), ("8xH100 host", 8, 989e12))
 # (label, family, size, targets length, inputs length): the smallest and largest model of each
 # paper at its sequence lengths (CPT: 2,048-token context; MT: T5's 512 inputs / 114 targets).

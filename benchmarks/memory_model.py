@@ -34,7 +34,7 @@ import jax.numpy as jnp  # noqa: E402
 from modeling import family as family_lib  # noqa: E402
 from modeling.memory import GiB, MemoryEstimate, StepShape  # noqa: E402
 from pipelines import features  # noqa: E402
-from trainer import jobs, models, steps  # noqa: E402
+from trainer import jobs, model_spec, steps  # noqa: E402
 from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
 from trainer.partitioning import MeshConfig  # noqa: E402
 from trainer.schedules import ScheduleConfig  # noqa: E402
@@ -92,9 +92,9 @@ def step_shape(case: Case, *, platform: str) -> StepShape:
     )
 
 
-def _spec(case: Case) -> models.ModelSpec:
+def _spec(case: Case) -> model_spec.ModelSpec:
     """The trainer's model spec of `case` (T5 without dropout, as the MT paper pretrains)."""
-    return models.ModelSpec(
+    return model_spec.ModelSpec(
         family=case.family,
         size=case.size,
         overrides=dict(case.overrides),

@@ -27,7 +27,7 @@ import numpy as np
 
 from pipelines import features
 from t5_jax import counting
-from trainer import jobs, models, steps
+from trainer import jobs, model_spec, steps
 from trainer.optimizers import adafactor_defaults
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
@@ -63,7 +63,7 @@ def synthetic_batch(
 def benchmark(size: str, *, dtype: str, steps_: int, seed: int = 0) -> dict:
     """Compiles the trainer step for `size` and times `steps_` steps; returns a JSON-able row."""
     base, overrides, batch, li, lt = CONFIGS[size]
-    spec = models.ModelSpec(
+    spec = model_spec.ModelSpec(
         family="t5", size=base, overrides={**overrides, "dtype": dtype}, dropout_rate=0.0
     )
     wrapper, partitioner, abstract = jobs.build_partitioned_model(spec, MeshConfig())

@@ -6,7 +6,7 @@ For each config it runs, in the same process and on the same random tokens:
   logical axis rules, AOT-compiled `jax.jit` with donation, AdamW with clipping and weight-decay
   mask, per-token loss over packed rows with segment ids, non-finite guard, per-component token
   counts), fed through `Partitioner.shard_batch` and with the host-side metrics path of the
-  training loop (`metrics.Counters`, fetched every `--log-every` steps);
+  training loop (`metrics_log.Counters`, fetched every `--log-every` steps);
 - **bare**: `benchmarks/llama_step.py`'s step (the module + AdamW, nothing else).
 
 It prints tokens/s, model FLOP/s (`llama_jax.counting.matmul_flops_per_token`) divided by the
@@ -35,7 +35,7 @@ from llama_jax.config import LlamaConfig
 from llama_jax.counting import matmul_flops_per_token
 from llama_jax.model import Llama
 from pipelines import features
-from trainer import jobs, metrics, models, steps
+from trainer import jobs, metrics_log, model_spec, steps
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
@@ -71,7 +71,7 @@ def trainer_step(config: LlamaConfig, *, seq_len: int, batch: int, host: dict):
         k: getattr(config, k)
         for k in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "dtype")
     }
-    spec = models.ModelSpec(
+    spec = model_spec.ModelSpec(
         size="llama2_tiny", overrides={**fields, "num_kv_heads": None, "max_len": seq_len}
     )
     wrapper, partitioner, abstract = jobs.build_partitioned_model(spec, MeshConfig())
@@ -122,7 +122,7 @@ def compare(config: LlamaConfig, *, seq_len: int, batch: int, steps_: int, log_e
     job, ours = trainer_step(config, seq_len=seq_len, batch=batch, host=host)
     bare = bare_step(config, tokens=tokens)
     jax.block_until_ready((ours(), bare()))  # compile and warm up
-    counters = metrics.Counters(job.components)
+    counters = metrics_log.Counters(job.components)
     times = {"trainer": [], "bare": []}
     for _ in range(steps_):
         for name, fn in (("trainer", ours), ("bare", bare)):

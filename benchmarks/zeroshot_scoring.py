@@ -47,7 +47,7 @@ def _requests(task_dir: Path, *, count: int) -> list[_Request]:
 def _train(root: Path, *, size: str, seq_len: int) -> tuple[Path, Path]:
     from pipelines import vocab
     from pipelines.corpora.fixture import write_fixture_corpora
-    from trainer import models
+    from trainer import model_spec
     from trainer import train as train_lib
     from trainer.checkpoints import CheckpointConfig
     from trainer.data import DataConfig, EvalConfig
@@ -60,7 +60,7 @@ def _train(root: Path, *, size: str, seq_len: int) -> tuple[Path, Path]:
     run_dir = root / "run"
     train_lib.train(
         model_dir=run_dir,
-        model=models.ModelSpec(size=size, overrides={"vocab_size": 512, "max_len": seq_len}),
+        model=model_spec.ModelSpec(size=size, overrides={"vocab_size": 512, "max_len": seq_len}),
         data=DataConfig(
             mixture_or_task="lm_en",
             task_feature_lengths={"targets": seq_len},

@@ -4,7 +4,7 @@
 cache directory (`$XLSCALE_HF_CACHE`, default `~/.cache/xlscale/hf_init`), keyed by the source's
 path, config and weight files' sizes and modification times, and reuses it after.
 `local_init_spec` is the one place an `INIT_CHECKPOINT` spec is resolved to an orbax directory:
-`trainer.checkpoints` and `convert.vocab_growth` call it. This module imports
+`trainer.checkpoints` and `convert.grown_init` call it. This module imports
 `convert.hf_checkpoints` and below, never `trainer`.
 """
 

@@ -78,7 +78,7 @@ def write_results(
     """
     import jax
 
-    from trainer import metrics as metrics_lib
+    from trainer import metrics_log as metrics_lib
 
     extra = dict(extra or {})
     tasks = summarise(results, include_path=extra.get("include_path"))

@@ -42,7 +42,7 @@ class RunSpec:
 
     Attributes:
       model_dir: the run directory.
-      model: the `trainer.models.ModelSpec` it was trained as.
+      model: the `trainer.model_spec.ModelSpec` it was trained as.
       vocab_path: its SentencePiece model.
       seq_len: its context length (the longest row scored).
       languages: the run's languages, target first.
@@ -63,7 +63,7 @@ def read_run_spec(model_dir: str | os.PathLike, *, vocab_path: str | None = None
       FileNotFoundError: no `run.json`, or the vocabulary file is missing (naming it and the
         `vocab_path=` model argument that overrides it).
     """
-    from trainer.models import ModelSpec
+    from trainer.model_spec import ModelSpec
 
     if not records.has_run_json(model_dir):
         raise FileNotFoundError(f"model_dir={model_dir}: no {names.RUN_FILE} (not a run dir)")

@@ -57,7 +57,7 @@ class ModelFamily(Protocol):
 
     def build(self, spec: Any) -> Any:
         """The model wrapper (`modeling.models`) of a spec with `size`, `overrides`,
-        `dropout_rate` and `attention_kernel` attributes (`trainer.models.ModelSpec`)."""
+        `dropout_rate` and `attention_kernel` attributes (`trainer.model_spec.ModelSpec`)."""
         ...
 
     def param_counts(self, config: Any) -> tuple[int, int]:

@@ -14,7 +14,7 @@ WuDao Chinese; `pipelines.corpora.hf_sources`).
   vocabulary end; see `pipelines.preprocessors`). Needs a vocabulary with extra ids.
 - `mt_<src>_<tgt>` for both directions of every pair: inputs `translate English to German: ...`,
   targets the translation; splits `train`, `validation` and, where present, `test`; metrics BLEU,
-  chrF++ and ROUGE-L from `pipelines.metrics`.
+  chrF++ and ROUGE-L from `pipelines.text_metrics`.
 
 Tokenisation (batched, `pipelines.preprocessors.tokenize`) sits before a
 `seqio.CacheDatasetPlaceholder`, so everything before it is deterministic and may be cached
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import seqio
 
-from pipelines import metrics
 from pipelines import preprocessors as prep
+from pipelines import text_metrics
 from pipelines.corpora import hf_sources, paths
 from pipelines.names import LANG_NAMES
 
@@ -211,7 +211,7 @@ def _register_pair(spec: SourceSpec, pair: str, vocabulary) -> list[str]:
                     seqio.CacheDatasetPlaceholder(),
                     seqio.preprocessors.append_eos_after_trim,
                 ],
-                metric_fns=[functools.partial(metrics.translation_metrics, target_lang=tgt)],
+                metric_fns=[functools.partial(text_metrics.translation_metrics, target_lang=tgt)],
             )
         )
     return names

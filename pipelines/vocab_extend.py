@@ -152,7 +152,7 @@ def old_ids_of_new_pieces(
 ) -> dict[int, list[int]]:
     """Maps each piece of `new` beyond `old`'s size to the old ids its string splits into under
     the OLD tokenizer (byte pieces where the old model falls back to bytes) — what
-    `llama_jax.vocab_growth` averages to initialise the new embedding rows.
+    `llama_jax.embedding_growth` averages to initialise the new embedding rows.
 
     Raises:
       VocabPrefixError: when `new` does not extend `old` (`check_prefix`).

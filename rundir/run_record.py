@@ -1,7 +1,7 @@
 """`run.json` as a typed record: `RunRecord`, and the training strategies (`Strategy`).
 
 The trainer writes one `run.json` per run (`trainer.train`), the converters one per converted
-checkpoint (`convert.hf_checkpoints`, `convert.vocab_growth`, which set `kind`), and the synthetic
+checkpoint (`convert.hf_checkpoints`, `convert.grown_init`, which set `kind`), and the synthetic
 studies write the trainer's format from the papers' laws; `fitting`, `studies`, `launch`, `evals`
 and the CLI read it. Every field is declared here once, in the order the trainer writes it, with
 the default a reader assumes where an older record lacks it (the field defaults below are that
@@ -97,7 +97,7 @@ class RunRecord:
       replay_ratio: the source-language share of a CPT-with-replay mixture.
       mixture_or_task: the seqio mixture or task trained on; components: its tasks.
       init_checkpoint, init_step, init_params_hash: the checkpoint the parameters came from.
-      init_vocab_extension: a grown `INIT_CHECKPOINT`'s extension record (`convert.vocab_growth`).
+      init_vocab_extension: a grown `INIT_CHECKPOINT`'s extension record (`convert.grown_init`).
       init_import: an imported `INIT_CHECKPOINT`'s provenance (`convert.hf_checkpoints`).
       seed, seq_len, task_feature_lengths: the data settings.
       finetune_tokens, finetune_recipe: a finetune's Df as given and its recipe name.
@@ -109,7 +109,7 @@ class RunRecord:
       amendments: the amended resumes, in order (`trainer.fingerprint.record_resume`).
       params_nominal: the paper's nominal N where a record carries it.
       kind, vocab_size, llama_config, tokenizer_file: a converted checkpoint's record
-        (`convert.hf_checkpoints.IMPORT_KIND`, `convert.vocab_growth.GROWN_KIND`).
+        (`convert.hf_checkpoints.IMPORT_KIND`, `convert.grown_init.GROWN_KIND`).
       extra: keys this module does not know, kept for the round trip (e.g. T5X's `runner`).
       key_order: the keys of the JSON object the record was read from (empty for a record built
         directly); `to_json` writes them in that order.

@@ -9,7 +9,7 @@ import pytest
 
 from llama_jax import counting as llama_counting
 from modeling import family as family_lib
-from trainer import models, recipes, validation
+from trainer import model_spec, recipes, validation
 
 # Tiny shapes of each family, with distinct dimensions.
 TINY = {"llama2": ("llama2_tiny", {"vocab_size": 96}), "t5": ("t5_tiny", {"vocab_size": 112})}
@@ -39,7 +39,9 @@ def test_families_differ_where_the_papers_do():
 def test_counts_agree_with_the_initialised_tree(name):
     size, overrides = TINY[name]
     family = family_lib.get(name)
-    wrapper = models.build_model(models.ModelSpec(family=name, size=size, overrides=overrides))
+    wrapper = model_spec.build_model(
+        model_spec.ModelSpec(family=name, size=size, overrides=overrides)
+    )
     config = family.get_config(size, **overrides)
     assert wrapper.family == name and wrapper.feature_keys == family.feature_keys
     params = wrapper.abstract_variables()["params"]
@@ -69,7 +71,7 @@ def test_unknown_family_names_the_allowed_ones():
     with pytest.raises(ValueError, match="'gpt'.*llama2, t5"):
         family_lib.get("gpt")
     with pytest.raises(ValueError, match="'gpt'.*llama2"):
-        models.build_model(models.ModelSpec(family="gpt", size="x"))
+        model_spec.build_model(model_spec.ModelSpec(family="gpt", size="x"))
 
 
 def test_paper_batch_size_asks_the_family():
@@ -129,17 +131,19 @@ def test_wrappers_share_one_loss_over_their_logits():
 
 
 def test_attention_kernel_reaches_both_configs_and_overrides_win():
-    from trainer import models
+    from trainer import model_spec
 
     for family, size in (("llama2", "llama2_tiny"), ("t5", "t5_tiny")):
-        spec = models.ModelSpec(family=family, size=size, attention_kernel="splash")
-        assert models.build_model(spec).config.attention_kernel == "splash"
-        spec = models.ModelSpec(
+        spec = model_spec.ModelSpec(family=family, size=size, attention_kernel="splash")
+        assert model_spec.build_model(spec).config.attention_kernel == "splash"
+        spec = model_spec.ModelSpec(
             family=family,
             size=size,
             attention_kernel="splash",
             overrides={"attention_kernel": "xla"},
         )
-        assert models.build_model(spec).config.attention_kernel == "xla"
+        assert model_spec.build_model(spec).config.attention_kernel == "xla"
         with pytest.raises(ValueError, match="attention_kernel must be one of"):
-            models.build_model(models.ModelSpec(family=family, size=size, attention_kernel="flash"))
+            model_spec.build_model(
+                model_spec.ModelSpec(family=family, size=size, attention_kernel="flash")
+            )

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from modeling import family as families
-from trainer import jobs, models, partitioning, steps
+from trainer import jobs, model_spec, partitioning, steps
 from trainer.optimizers import OptimizerConfig, adafactor_defaults
 from trainer.partitioning import MeshConfig, Partitioner
 from trainer.schedules import ScheduleConfig
@@ -55,9 +55,9 @@ class Case:
     inputs: int | None = None
     overrides: tuple[tuple[str, object], ...] = ()
 
-    def spec(self, *, attention: str) -> models.ModelSpec:
+    def spec(self, *, attention: str) -> model_spec.ModelSpec:
         overrides = {**dict(self.overrides), "dtype": "bfloat16", "attention_kernel": attention}
-        return models.ModelSpec(
+        return model_spec.ModelSpec(
             family=self.family,
             size=self.size,
             overrides=overrides,

@@ -383,7 +383,7 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
 
     from pipelines import vocab as vocab_lib
     from trainer import infer as infer_lib
-    from trainer import models
+    from trainer import model_spec
     from trainer import train as train_lib
     from trainer.checkpoints import CheckpointConfig
     from trainer.data import DataConfig
@@ -405,7 +405,7 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
     # A published LLaMA's own tokenizer layout (unk 0, <s> 1, </s> 2, no pad), trained here on
     # the fixture: its <s> is the start token of every training document, prompt and export.
     _llama_tokenizer(tiny_data, published / "tokenizer.model")
-    spec = models.ModelSpec(size=f"hf:{published}")
+    spec = model_spec.ModelSpec(size=f"hf:{published}")
     vocab_path = os.fspath(published / "tokenizer.model")
     result = train_lib.train(
         model_dir=tmp_path / "cpt",
@@ -457,7 +457,7 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
     # The exported directory is itself a size and an INIT_CHECKPOINT, decoding the same tokens.
     from_export = infer_lib.infer(
         model_dir=tmp_path / "infer_export",
-        model=models.ModelSpec(size=f"hf:{tmp_path / 'export'}"),
+        model=model_spec.ModelSpec(size=f"hf:{tmp_path / 'export'}"),
         vocab_path=os.fspath(tmp_path / "export" / "tokenizer.model"),
         prompts=prompts,
         checkpoint=f"hf:{tmp_path / 'export'}",

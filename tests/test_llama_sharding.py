@@ -109,14 +109,14 @@ def test_sharded_forward_backward_equals_unsharded():
 _COMPILE_SHARDED_STEP = """
 import json
 import sys
-from trainer import jobs, models, steps
+from trainer import jobs, model_spec, steps
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
 
 family, size = sys.argv[1], sys.argv[2]
 overrides, lengths = json.loads(sys.argv[3]), json.loads(sys.argv[4])
-spec = models.ModelSpec(family=family, size=size, overrides=overrides)
+spec = model_spec.ModelSpec(family=family, size=size, overrides=overrides)
 wrapper, partitioner, abstract = jobs.build_partitioned_model(
     spec, MeshConfig(data=2, fsdp=2, model=2)
 )

@@ -245,10 +245,12 @@ def test_chip_table_and_bad_name():
 
 def _check(limit_gib):
     family = family_lib.get("llama2")
-    from trainer import models
+    from trainer import model_spec
 
     wrapper = family.build(
-        models.ModelSpec(family="llama2", size="llama2_cpu_d128", overrides={"scan_layers": True})
+        model_spec.ModelSpec(
+            family="llama2", size="llama2_cpu_d128", overrides={"scan_layers": True}
+        )
     )
     mesh_config = MeshConfig(data=1, num_devices=1, device_memory_gib=limit_gib)
     partitioner = Partitioner(
@@ -295,13 +297,13 @@ def test_refusal_comes_from_build_job_before_compiling(monkeypatch):
     monkeypatch.setattr(jobs, "check_memory", refuse)
     monkeypatch.setattr(jobs, "_check", lambda **kw: None)
     monkeypatch.setattr(jobs.data_lib, "components", lambda name: ["lm"])
-    from trainer import models
+    from trainer import model_spec
     from trainer.data import DataConfig, EvalConfig
     from trainer.schedules import ScheduleConfig
 
     with pytest.raises(ConfigError, match="refused"):
         jobs.build_job(
-            model=models.ModelSpec(family="llama2", size="llama2_tiny"),
+            model=model_spec.ModelSpec(family="llama2", size="llama2_tiny"),
             data=DataConfig(mixture_or_task="lm_en", task_feature_lengths={"targets": 64}),
             evaluation=EvalConfig(),
             optimizer=OptimizerConfig(),

@@ -5,7 +5,7 @@ import random
 import pytest
 import sacrebleu
 
-from pipelines import metrics
+from pipelines import text_metrics
 
 REFS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -33,13 +33,13 @@ def _lcs_dp(a, b):
 
 def test_bleu_equals_sacrebleu_13a():
     expected = sacrebleu.corpus_bleu(HYPS, [REFS], tokenize="13a").score
-    assert metrics.bleu(REFS, HYPS, target_lang="de") == pytest.approx(expected, abs=1e-12)
+    assert text_metrics.bleu(REFS, HYPS, target_lang="de") == pytest.approx(expected, abs=1e-12)
     assert 0 < expected < 100
 
 
 def test_bleu_uses_zh_tokenizer_for_chinese():
     expected = sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="zh").score
-    got = metrics.bleu(ZH_REFS, ZH_HYPS, target_lang="zh")
+    got = text_metrics.bleu(ZH_REFS, ZH_HYPS, target_lang="zh")
     assert got == pytest.approx(expected, abs=1e-12)
     # With 13a, whole Chinese sentences are single tokens and BLEU collapses.
     assert got > sacrebleu.corpus_bleu(ZH_HYPS, [ZH_REFS], tokenize="13a").score
@@ -47,18 +47,18 @@ def test_bleu_uses_zh_tokenizer_for_chinese():
 
 def test_chrf_pp_equals_sacrebleu():
     expected = sacrebleu.corpus_chrf(HYPS, [REFS], word_order=2).score
-    assert metrics.chrf_pp(REFS, HYPS) == pytest.approx(expected, abs=1e-12)
+    assert text_metrics.chrf_pp(REFS, HYPS) == pytest.approx(expected, abs=1e-12)
     assert expected != sacrebleu.corpus_chrf(HYPS, [REFS]).score  # the ++ matters
 
 
 def test_rouge_tokenizer_is_unicode_aware():
-    assert metrics.rouge_tokenize("Științele și artele, Ελλάδα!") == [
+    assert text_metrics.rouge_tokenize("Științele și artele, Ελλάδα!") == [
         "științele",
         "și",
         "artele",
         "ελλάδα",
     ]
-    assert metrics.rouge_tokenize("人人有权 Freedom 2024") == [
+    assert text_metrics.rouge_tokenize("人人有权 Freedom 2024") == [
         "人",
         "人",
         "有",
@@ -66,18 +66,18 @@ def test_rouge_tokenizer_is_unicode_aware():
         "freedom",
         "2024",
     ]
-    assert metrics.rouge_tokenize("Права человека") == ["права", "человека"]
+    assert text_metrics.rouge_tokenize("Права человека") == ["права", "человека"]
 
 
 def test_rouge_l_chinese_is_nonzero_and_exact_on_known_case():
-    score = metrics.rouge_l(ZH_REFS, ZH_HYPS)
+    score = text_metrics.rouge_l(ZH_REFS, ZH_HYPS)
     assert 0 < score < 100
     # By hand: ref 4 chars, hyp 3, LCS "人权" = 2, so P = 2/3, R = 2/4, F = 2PR/(P+R).
-    assert metrics.rouge_l_f("人人有权", "人的权") == pytest.approx(
+    assert text_metrics.rouge_l_f("人人有权", "人的权") == pytest.approx(
         2 * (2 / 3) * 0.5 / (2 / 3 + 0.5)
     )
-    assert metrics.rouge_l(["identical text"], ["identical text"]) == pytest.approx(100.0)
-    assert metrics.rouge_l(["abc"], ["xyz"]) == 0.0
+    assert text_metrics.rouge_l(["identical text"], ["identical text"]) == pytest.approx(100.0)
+    assert text_metrics.rouge_l(["abc"], ["xyz"]) == 0.0
 
 
 def test_lcs_matches_dynamic_programming():
@@ -85,15 +85,15 @@ def test_lcs_matches_dynamic_programming():
     for _ in range(200):
         a = [rng.choice("abcde") for _ in range(rng.randint(0, 40))]
         b = [rng.choice("abcde") for _ in range(rng.randint(0, 70))]
-        assert metrics.lcs_length(a, b) == _lcs_dp(a, b)
+        assert text_metrics.lcs_length(a, b) == _lcs_dp(a, b)
 
 
 def test_bleu_parts_are_sacrebleus_brevity_penalty_and_precisions():
     # Remark 2 of the MT paper needs BLEU's parts: a short hypothesis set has bp < 1.
     short = [h.split(".")[0].rsplit(" ", 2)[0] for h in HYPS]
     expected = sacrebleu.corpus_bleu(short, [REFS], tokenize="13a")
-    out = metrics.bleu_parts(REFS, short, target_lang="de")
-    assert set(out) == {"bleu", *metrics.BLEU_PARTS}
+    out = text_metrics.bleu_parts(REFS, short, target_lang="de")
+    assert set(out) == {"bleu", *text_metrics.BLEU_PARTS}
     assert out["bleu"] == pytest.approx(expected.score, abs=1e-12)
     assert out["bleu_bp"] == pytest.approx(expected.bp) and 0 < out["bleu_bp"] < 1
     assert [out[f"bleu_p{n}"] for n in range(1, 5)] == pytest.approx(expected.precisions)
@@ -101,11 +101,11 @@ def test_bleu_parts_are_sacrebleus_brevity_penalty_and_precisions():
 
 
 def test_translation_metrics_bundle():
-    out = metrics.translation_metrics(REFS, HYPS, target_lang="en")
-    assert set(out) == {"bleu", "chrf", "rougeL", *metrics.BLEU_PARTS}
+    out = text_metrics.translation_metrics(REFS, HYPS, target_lang="en")
+    assert set(out) == {"bleu", "chrf", "rougeL", *text_metrics.BLEU_PARTS}
     assert all(0 < out[k] < 100 for k in ("bleu", "chrf", "rougeL", "bleu_p1"))
     with pytest.raises(ValueError):
-        metrics.rouge_l(REFS, HYPS[:1])
+        text_metrics.rouge_l(REFS, HYPS[:1])
 
 
 def test_durations_print_one_way_in_every_progress_line():

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.test_trainer_runs import REPO, tiny_kwargs
-from trainer import checkpoints, data, metrics, partitioning, validation
+from trainer import checkpoints, data, metrics_log, partitioning, validation
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 
@@ -184,7 +184,7 @@ def _two_hosts(model_dir, tiny_data, tmp, *, name, cache, on_start=None):
 
 
 def _loss_rows(model_dir):
-    return [{k: r[k] for k in LOSS_KEYS if k in r} for r in metrics.read_metrics(model_dir)]
+    return [{k: r[k] for k in LOSS_KEYS if k in r} for r in metrics_log.read_metrics(model_dir)]
 
 
 def _final_params(model_dir):

@@ -18,9 +18,11 @@ import gin
 import numpy as np
 import pytest
 
-from fitting import io, points
+from fitting.readers import points
+from fitting.readers import run_dirs as io
+from fitting.readers.run_data import RunData
 from rundir import paper_units
-from trainer import data, metrics, recipes, run_files
+from trainer import data, metrics_log, recipes, run_files
 from trainer import train as train_lib
 from trainer.data import DataConfig
 
@@ -36,7 +38,7 @@ def test_records_carry_paper_tokens_beside_the_real_ones():
     assert paper_units.tokens_paper_per_step(
         batch_size=8, task_feature_lengths={"targets": 2048}
     ) == (8 * 2048)
-    counters = metrics.Counters(["span_en"], tokens_paper_per_step=per_step)
+    counters = metrics_log.Counters(["span_en"], tokens_paper_per_step=per_step)
     step = {
         "finite": True,
         "tokens_by_task": np.asarray([100]),
@@ -50,7 +52,7 @@ def test_records_carry_paper_tokens_beside_the_real_ones():
     record = counters.record(4, flops_per_token=1.0, flops_per_token_attn=1.0)
     assert record["tokens"] == 300  # real target tokens, unchanged
     assert record["tokens_paper"] == 3 * 256 * 512
-    assert "tokens_paper" not in metrics.Counters(["x"]).record(
+    assert "tokens_paper" not in metrics_log.Counters(["x"]).record(
         0, flops_per_token=1.0, flops_per_token_attn=1.0
     )
 
@@ -184,14 +186,14 @@ def test_the_finetune_gin_files_size_the_paper_set_in_pairs():
 def _pretrain(meta_extra, records):
     meta = {"model": "t5_3b", "family": "t5", "strategy": "pretrain", **meta_extra}
     meta.setdefault("mixture_or_task", "mix_en_100")
-    return io.RunRecord("pre", Path("/runs/pre"), meta, tuple(records))
+    return RunData("pre", Path("/runs/pre"), meta, tuple(records))
 
 
 def _finetunes(step_values, **meta):
     out = []
     for step, bleu in step_values:
         out.append(
-            io.RunRecord(
+            RunData(
                 f"ft{step}",
                 Path(f"/runs/ft{step}"),
                 {
@@ -243,7 +245,7 @@ def test_downstream_dp_and_df_are_in_the_papers_units():
 def test_trainer_t5x_reader_and_paper_study_record_the_same_units():
     # One definition (`rundir.paper_units`): a Df in the paper's unit that is not a whole number
     # of pairs is recorded as the pairs actually held × 512 by every writer and reader.
-    from fitting import t5x_runs
+    from fitting.readers import t5x_runs
     from studies import paper_study
 
     df = 312_483_840 + 300  # 610,320.6 pairs: the set holds 610,321

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pipelines.prepared import prepare as prepare_lib
-from trainer import metrics, models, validation
+from trainer import metrics_log, model_spec, validation
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -57,7 +57,9 @@ def STOP_AT(step):  # noqa: N802 -- reads as a constant at the call
 
 def _kwargs(tiny_data, prepared_dir, **overrides):
     kwargs = dict(
-        model=models.ModelSpec(size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}),
+        model=model_spec.ModelSpec(
+            size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}
+        ),
         data=DataConfig(
             mixture_or_task=MIXTURE,
             task_feature_lengths={"targets": 64},
@@ -95,10 +97,10 @@ def test_a_run_on_prepared_data_resumes_to_the_uninterrupted_records(
     finally:
         seqio_state.restore(saved)
     assert full.completed and resumed.completed
-    records = metrics.read_metrics(tmp_path / "full")
-    again = metrics.read_metrics(tmp_path / "resumed")
-    assert [metrics.without_timing(r) for r in again] == [
-        metrics.without_timing(r) for r in records
+    records = metrics_log.read_metrics(tmp_path / "full")
+    again = metrics_log.read_metrics(tmp_path / "resumed")
+    assert [metrics_log.without_timing(r) for r in again] == [
+        metrics_log.without_timing(r) for r in records
     ]
     losses = [r["train/loss"] for r in records]
     assert losses[-1] < losses[0], losses
@@ -181,7 +183,7 @@ def test_t5_pretrains_on_prepared_span_corruption_and_finetunes_on_prepared_pair
         vocab_path=tiny_data["vocab"], corpora_dir=tiny_data["corpora"], extra_ids=100
     )
     lengths = {"inputs": 64, "targets": 32}
-    t5 = models.ModelSpec(family="t5", size="t5_tiny", overrides={"vocab_size": 512})
+    t5 = model_spec.ModelSpec(family="t5", size="t5_tiny", overrides={"vocab_size": 512})
     common = dict(
         model=t5,
         optimizer=adafactor_defaults(),
@@ -232,11 +234,11 @@ def test_t5_pretrains_on_prepared_span_corruption_and_finetunes_on_prepared_pair
     finally:
         seqio_state.restore(saved)
     assert pretrained.completed and finetuned.completed
-    records = metrics.read_metrics(tmp_path / "pretrain")
+    records = metrics_log.read_metrics(tmp_path / "pretrain")
     by_task = records[-1]["tokens_by_task"]
     assert set(by_task) == {"span_en", "span_fr"}
     assert by_task["span_en"] / sum(by_task.values()) == pytest.approx(0.5, abs=0.1), by_task
-    tuned = metrics.read_metrics(tmp_path / "finetune")
+    tuned = metrics_log.read_metrics(tmp_path / "finetune")
     assert all(np.isfinite(r["train/loss"]) for r in tuned), tuned
 
 

@@ -78,11 +78,11 @@ def test_a_corrupt_vocabulary_names_the_file(tmp_path, seqio_registry):
 
 def test_an_unwritable_tensorboard_directory_names_it_and_model_dir(tmp_path):
     from rundir.lease import ModelDirNotWritableError
-    from trainer import metrics
+    from trainer import metrics_log
 
     (tmp_path / "tb").write_text("not a directory")  # as unwritable as a chmod, even for root
     with pytest.raises(ModelDirNotWritableError) as e:
-        metrics.MetricsWriter(tmp_path, is_chief=True)
+        metrics_log.MetricsWriter(tmp_path, is_chief=True)
     message = str(e.value)
     assert message.startswith(f"MODEL_DIR {tmp_path}: cannot write TensorBoard events into ")
     assert f"{tmp_path / 'tb'} (" in message and "{{" not in message and "\n" not in message

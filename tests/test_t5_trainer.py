@@ -23,7 +23,7 @@ import pytest
 import sacrebleu
 
 from pipelines import features
-from trainer import checkpoints, downstream, metrics, models, recipes, steps
+from trainer import checkpoints, downstream, metrics_log, model_spec, recipes, steps
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -34,7 +34,7 @@ from trainer.schedules import ScheduleConfig, build_schedule
 from trainer.steps import StepConfig
 
 LENGTHS = {"inputs": 64, "targets": 32}
-T5_TINY = models.ModelSpec(family="t5", size="t5_tiny", overrides={"vocab_size": 512})
+T5_TINY = model_spec.ModelSpec(family="t5", size="t5_tiny", overrides={"vocab_size": 512})
 PRETRAIN_STEPS = 20
 FINETUNE_TOKENS = 1500  # ceil(1500 / (8 x 32)) = 6 steps
 
@@ -90,7 +90,7 @@ def _random_params(model, seed=1):
 
 
 def test_encdec_loss_on_a_packed_row_equals_the_sum_over_its_examples():
-    model = models.build_model(T5_TINY)
+    model = model_spec.build_model(T5_TINY)
     assert (model.family, model.feature_keys) == ("t5", ("inputs", "targets"))
     params = _random_params(model)
     packed, singles = _packed_and_single_batches()
@@ -113,7 +113,7 @@ def test_encdec_loss_on_a_packed_row_equals_the_sum_over_its_examples():
 
 
 def test_encdec_counts_and_flops_per_target_token():
-    model = models.build_model(T5_TINY)
+    model = model_spec.build_model(T5_TINY)
     total, non_embedding = model.param_counts()
     assert total - non_embedding == 2 * 512 * 24  # shared embedding + untied logits
     six_n, with_attn = model.flops_per_token(seq_len=32, inputs_len=64)
@@ -122,7 +122,7 @@ def test_encdec_counts_and_flops_per_target_token():
     per_example = counting.flops_per_example(model.config, inputs_length=64, targets_length=32)
     assert six_n == per_example.six_n / 32 and with_attn == per_example.with_attention / 32
     with pytest.raises(ValueError, match="llama2 has no dropout"):
-        models.build_model(models.ModelSpec(size="llama2_tiny", dropout_rate=0.1))
+        model_spec.build_model(model_spec.ModelSpec(size="llama2_tiny", dropout_rate=0.1))
 
 
 def test_finetune_steps_follow_the_token_budget():
@@ -146,7 +146,7 @@ def test_constant_lr_finetunes_of_any_length_lower_to_the_same_program():
     from trainer import partitioning
     from trainer.jobs import batch_abstract
 
-    model = models.build_model(T5_TINY)
+    model = model_spec.build_model(T5_TINY)
     partitioner = partitioning.Partitioner(
         mesh=partitioning.build_mesh(MeshConfig(num_devices=1)), rules=()
     )
@@ -248,7 +248,7 @@ def test_pretraining_keeps_the_checkpoint_grid_with_token_counts(mt_runs):
     )
     assert store.all_steps() == [5, 10, 15, 20]
     store.close()
-    records = metrics.read_metrics(model_dir)
+    records = metrics_log.read_metrics(model_dir)
     assert [r["step"] for r in records] == [5, 10, 15, 20]
     tokens = [r["tokens"] for r in records]
     assert tokens[0] > 0 and all(np.diff(tokens) > 0)
@@ -257,7 +257,7 @@ def test_pretraining_keeps_the_checkpoint_grid_with_token_counts(mt_runs):
         assert set(r["tokens_by_task"]) == {"span_en", "span_fr"}
         assert r["input_tokens"] > r["tokens"]  # span corruption: short targets
     assert records[-1]["train/loss"] < records[0]["train/loss"]
-    run = metrics.read_run_json(model_dir)
+    run = metrics_log.read_run_json(model_dir)
     assert (run["family"], run["model"], run["strategy"]) == ("t5", "t5_tiny", "pretrain")
     assert run["languages"] == ["en", "fr"] and run["mixture_or_task"] == "mix_en_50_fr_50"
     assert run["components"] == ["span_en", "span_fr"]
@@ -303,7 +303,7 @@ def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_
     assert int(state.step) == 0
     assert all(not np.asarray(x).any() for x in jax.tree.leaves(state.opt_state))  # fresh
     assert init["init_step"] == 10
-    run = metrics.read_run_json(mt_runs["root"] / "ft")
+    run = metrics_log.read_run_json(mt_runs["root"] / "ft")
     assert run["init_params_hash"] == checkpoints.params_hash(reference)
     assert run["init_checkpoint"] == os.fspath(mt_runs["root"] / "pre")
     assert (run["init_step"], run["strategy"], run["family"]) == (10, "finetune", "t5")
@@ -317,7 +317,7 @@ def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_
 def test_finetune_ends_with_downstream_scores_equal_to_sacrebleu(mt_runs):
     model_dir = mt_runs["root"] / "ft"
     assert mt_runs["finetune"].completed and mt_runs["finetune"].step == 6
-    last = metrics.read_metrics(model_dir)[-1]
+    last = metrics_log.read_metrics(model_dir)[-1]
     assert last["step"] == 6
     for name in ("loss", "bleu", "chrf", "rouge_l"):
         assert math.isfinite(last[f"eval/mt_en_fr/{name}"]), name
@@ -341,14 +341,14 @@ def test_finetune_ends_with_downstream_scores_equal_to_sacrebleu(mt_runs):
 @pytest.mark.slow
 def test_finetune_scratch_is_the_non_pretrained_baseline(mt_runs):
     model_dir = mt_runs["root"] / "scratch"
-    run = metrics.read_run_json(model_dir)
+    run = metrics_log.read_run_json(model_dir)
     assert run["strategy"] == "finetune_scratch"
     assert run["init_checkpoint"] is None and run["init_step"] is None
-    last = metrics.read_metrics(model_dir)[-1]
+    last = metrics_log.read_metrics(model_dir)[-1]
     assert {"eval/mt_en_fr/loss", "eval/mt_en_fr/bleu", "eval/mt_en_fr/rouge_l"} <= set(last)
     assert (model_dir / downstream.PREDICTIONS_SUBDIR / "mt_en_fr_6.jsonl").exists()
     # Pretraining helps even here: the finetuned model's downstream CE is lower.
-    finetuned = metrics.read_metrics(mt_runs["root"] / "ft")[-1]
+    finetuned = metrics_log.read_metrics(mt_runs["root"] / "ft")[-1]
     assert finetuned["eval/mt_en_fr/loss"] < last["eval/mt_en_fr/loss"]
 
 

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 
-from trainer import checkpoints, data, metrics, models
+from trainer import checkpoints, data, metrics_log, model_spec
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -53,7 +53,9 @@ def tiny_kwargs(tiny_data, **overrides):
     """Arguments of a 12-step run of `llama2_tiny` on English (overridable); model and lengths
     as in `experiments/tiny.gin`."""
     kwargs = dict(
-        model=models.ModelSpec(size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}),
+        model=model_spec.ModelSpec(
+            size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}
+        ),
         data=DataConfig(
             mixture_or_task="lm_en",
             task_feature_lengths={"targets": 64},
@@ -87,7 +89,7 @@ def runs(tiny_data, tmp_path_factory, seqio_state):
             model_dir=root / "resumed",
             **tiny_kwargs(tiny_data, loop=LoopConfig(log_every=2, stop_after=6)),
         )
-        out["stopped_metrics"] = metrics.read_metrics(root / "resumed")
+        out["stopped_metrics"] = metrics_log.read_metrics(root / "resumed")
         out["resumed"] = train_lib.train(model_dir=root / "resumed", **tiny_kwargs(tiny_data))
         out["single"] = train_lib.train(
             model_dir=root / "single", **tiny_kwargs(tiny_data, mesh=MeshConfig(num_devices=1))
@@ -98,7 +100,7 @@ def runs(tiny_data, tmp_path_factory, seqio_state):
 
 
 def test_loss_decreases_in_a_tiny_real_run(runs):
-    records = metrics.read_metrics(runs["root"] / "full")
+    records = metrics_log.read_metrics(runs["root"] / "full")
     assert runs["full"].completed and runs["full"].step == TRAIN_STEPS
     assert [r["step"] for r in records] == list(range(2, TRAIN_STEPS + 1, 2))
     losses = [r["train/loss"] for r in records]
@@ -121,7 +123,7 @@ def test_outputs_follow_the_training_outputs_contract(runs):
     assert run["languages"] == ["en"] and run["components"] == ["lm_en"]
     assert run["flops_per_token"] == 6 * run["params_non_embedding"]
     assert run["train_steps"] == TRAIN_STEPS and run["seq_len"] == 64
-    records = metrics.read_metrics(model_dir)
+    records = metrics_log.read_metrics(model_dir)
     tokens = [r["tokens"] for r in records]
     assert all(b > a for a, b in zip(tokens, tokens[1:], strict=False))
     for r in records:
@@ -144,14 +146,16 @@ def test_outputs_follow_the_training_outputs_contract(runs):
 def test_stop_and_resume_gives_identical_metrics(runs):
     assert not runs["stopped"].completed and runs["stopped"].step == 6
     assert [r["step"] for r in runs["stopped_metrics"]] == [2, 4, 6]
-    full = [metrics.without_timing(r) for r in metrics.read_metrics(runs["root"] / "full")]
-    resumed = [metrics.without_timing(r) for r in metrics.read_metrics(runs["root"] / "resumed")]
+    full = [metrics_log.without_timing(r) for r in metrics_log.read_metrics(runs["root"] / "full")]
+    resumed = [
+        metrics_log.without_timing(r) for r in metrics_log.read_metrics(runs["root"] / "resumed")
+    ]
     assert resumed == full  # bit-exact: losses, token counts, data order, eval losses
 
 
 def test_eight_device_mesh_matches_one_device(runs):
-    sharded = metrics.read_metrics(runs["root"] / "full")
-    single = metrics.read_metrics(runs["root"] / "single")
+    sharded = metrics_log.read_metrics(runs["root"] / "full")
+    single = metrics_log.read_metrics(runs["root"] / "single")
     assert [r["tokens"] for r in sharded] == [r["tokens"] for r in single]
     for a, b in zip(sharded, single, strict=True):
         np.testing.assert_allclose(a["train/loss"], b["train/loss"], rtol=2e-4)
@@ -225,7 +229,7 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
     assert run["init_checkpoint"] == os.fspath(runs["root"] / "full")
     assert run["strategy"] == "cpt_replay" and run["replay_ratio"] == 0.1
     assert run["components"] == ["lm_en", "lm_fr"]
-    records = metrics.read_metrics(model_dir)
+    records = metrics_log.read_metrics(model_dir)
     evaluated = [r for r in records if "eval/lm_fr/loss" in r]
     assert [r["step"] for r in evaluated] == [0, 1, 2, 4]
     assert evaluated[0]["tokens"] == 0 and evaluated[0]["flops"] == 0  # before the first update
@@ -239,7 +243,7 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
 
 def test_mismatched_init_checkpoint_names_each_parameter(runs, tiny_data, tmp_path, seqio_registry):
     kwargs = tiny_kwargs(tiny_data)
-    kwargs["model"] = models.ModelSpec(
+    kwargs["model"] = model_spec.ModelSpec(
         size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128, "d_ff": 96}
     )
     with pytest.raises(ValueError) as e:
@@ -276,7 +280,7 @@ def test_nan_injection_stops_without_writing_a_bad_checkpoint(
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metadata)
     params = store.restore_params(4, abstract_params=abstract)
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
-    assert [r["step"] for r in metrics.read_metrics(model_dir)] == [4]
+    assert [r["step"] for r in metrics_log.read_metrics(model_dir)] == [4]
     assert not (model_dir / "COMPLETED").exists()
 
 
@@ -295,7 +299,7 @@ def test_eval_and_infer_jobs_read_a_checkpoint(runs, tiny_data, tmp_path, seqio_
         mesh=MeshConfig(num_devices=1),
     )
     assert [r["step"] for r in records] == [4, 8, 12]
-    in_training = [r for r in metrics.read_metrics(runs["root"] / "full") if r["step"] == 12]
+    in_training = [r for r in metrics_log.read_metrics(runs["root"] / "full") if r["step"] == 12]
     np.testing.assert_allclose(
         records[-1]["eval/lm_en/loss"], in_training[0]["eval/lm_en/loss"], rtol=2e-4
     )
@@ -342,7 +346,7 @@ def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
-            if len(metrics.read_metrics(model_dir)) >= 3:
+            if len(metrics_log.read_metrics(model_dir)) >= 3:
                 break
             time.sleep(0.5)
         assert proc.poll() is None, proc.stderr.read()[-3000:]
@@ -362,13 +366,13 @@ def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
     params = store.restore_params(step, abstract_params=abstract)
     assert params["lm_head"]["kernel"].shape == (32, 512)
     assert not (model_dir / "COMPLETED").exists()
-    assert max(r["step"] for r in metrics.read_metrics(model_dir)) == step
+    assert max(r["step"] for r in metrics_log.read_metrics(model_dir)) == step
 
 
 def test_what_the_trainer_writes_is_what_fitting_and_status_read(runs):
     # One contract (`rundir`): every entry of a finished run directory is a name `rundir.names`
     # defines, and the readers of fitting, status and the run records see the same run.
-    from fitting import io as fit_io
+    from fitting.readers import run_dirs as fit_io
     from launch import status
     from rundir import names, records
 

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from trainer import checkpoints, models, optimizers, partitioning, schedules, steps, validation
+from trainer import checkpoints, model_spec, optimizers, partitioning, schedules, steps, validation
 
 # --- schedules ---------------------------------------------------------------------------------
 
@@ -122,7 +122,7 @@ def test_params_and_optimizer_state_shard_by_logical_axes():
     mesh = partitioning.build_mesh(partitioning.MeshConfig(data=2, fsdp=2, model=2))
     assert mesh.axis_names == ("data", "fsdp", "model") and mesh.devices.shape == (2, 2, 2)
     partitioner = partitioning.Partitioner(mesh=mesh, rules=axes.logical_axis_rules())
-    model = models.build_model(models.ModelSpec(size="llama2_tiny"))
+    model = model_spec.build_model(model_spec.ModelSpec(size="llama2_tiny"))
     variables = model.abstract_variables()
     shardings = partitioner.params_shardings(variables)
     spec = shardings["layers_0"]["mlp"]["w1"].spec  # [embed, mlp]
@@ -203,7 +203,7 @@ def test_required_macros_and_unknown_size_and_steps():
 
 def test_unknown_model_family_lists_registry():
     with pytest.raises(ValueError, match="llama2"):
-        models.build_model(models.ModelSpec(family="gpt", size="x"))
+        model_spec.build_model(model_spec.ModelSpec(family="gpt", size="x"))
 
 
 # --- checkpoints helpers -----------------------------------------------------------------------
@@ -245,8 +245,8 @@ def test_params_hash_depends_on_values_and_names_only():
 
 
 def _tiny_step_setup(num_microbatches=1, tx=None):
-    model = models.build_model(
-        models.ModelSpec(
+    model = model_spec.build_model(
+        model_spec.ModelSpec(
             size="llama2_tiny", overrides={"vocab_size": 64, "max_len": 16, "num_layers": 1}
         )
     )
@@ -353,12 +353,12 @@ def test_cli_forwards_remaining_arguments(monkeypatch):
 def test_compiled_steps_are_shared_by_identical_jobs_of_one_process():
     # The demos run many jobs of one shape in one process; tracing and lowering their steps again
     # costs seconds each. Steps are shared only when nothing they depend on differs.
-    from trainer import jobs, models, steps
+    from trainer import jobs, model_spec, steps
     from trainer.optimizers import OptimizerConfig
     from trainer.partitioning import MeshConfig
     from trainer.schedules import ScheduleConfig
 
-    spec = models.ModelSpec(
+    spec = model_spec.ModelSpec(
         family="llama2", size="llama2_tiny", overrides={"vocab_size": 64, "max_len": 16}
     )
 

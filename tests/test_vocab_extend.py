@@ -19,12 +19,12 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from test_trainer_runs import tiny_kwargs
 
-from convert import vocab_growth as grow_lib
+from convert import grown_init as grow_lib
+from llama_jax import embedding_growth, sizes
 from llama_jax import model as llama_model
-from llama_jax import sizes, vocab_growth
 from pipelines import vocab, vocab_extend
 from pipelines.corpora import paths
-from trainer import checkpoints, models
+from trainer import checkpoints, model_spec
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import EvalConfig
@@ -136,7 +136,7 @@ def test_growth_keeps_old_logits_and_averages_subword_rows(extended):
     tokens = jnp.asarray(np.random.default_rng(0).integers(3, base, (2, 16)), jnp.int32)
     params = _random_params(old_cfg, 0)
     new_size = base + len(sources) + 3  # 3 rows of padding beyond the new pieces
-    grown = vocab_growth.grow_params(
+    grown = embedding_growth.grow_params(
         params, new_vocab_size=new_size, base_size=base, new_pieces=sources
     )
     emb, head = (
@@ -161,7 +161,7 @@ def test_growth_keeps_old_logits_and_averages_subword_rows(extended):
     np.testing.assert_allclose(new_logits[..., :base], old_logits, rtol=0, atol=1e-6)
 
     # The documented alternative: every new row is the mean of all base rows.
-    mean = vocab_growth.grow_params(
+    mean = embedding_growth.grow_params(
         params, new_vocab_size=new_size, base_size=base, new_pieces=sources, method="mean"
     )
     np.testing.assert_array_equal(mean["token_embedder"]["embedding"][:base], emb)
@@ -169,7 +169,7 @@ def test_growth_keeps_old_logits_and_averages_subword_rows(extended):
         mean["token_embedder"]["embedding"][base], emb.mean(0), rtol=1e-6, atol=1e-7
     )
     # A table with padding beyond the base tokenizer: new pieces take the padding ids.
-    padded = vocab_growth.grow_rows(
+    padded = embedding_growth.grow_rows(
         np.arange(12.0).reshape(6, 2), new_vocab_size=6, base_size=4, new_pieces={4: [1, 3]}
     )
     np.testing.assert_array_equal(padded[:4], np.arange(8.0).reshape(4, 2))
@@ -228,7 +228,7 @@ def test_cpt_run_trains_from_the_grown_checkpoint(extended, source_run, tmp_path
     try:
         kwargs = tiny_kwargs(
             {"vocab": extended["extended"], "corpora": extended["corpora"]},
-            model=models.ModelSpec(
+            model=model_spec.ModelSpec(
                 size="llama2_tiny", overrides={"vocab_size": new_size, "max_len": 128}
             ),
             train_steps=3,
@@ -288,11 +288,13 @@ def test_clear_errors(extended, source_run, tmp_path):
     grow_lib.grow_checkpoint(
         source=f"{source_run['dir']}@7", vocab_path=extended["extended"], out_dir=grown
     )
-    old_model = models.build_model(
-        models.ModelSpec(size="llama2_tiny", overrides={"vocab_size": source_run["base"]})
+    old_model = model_spec.build_model(
+        model_spec.ModelSpec(size="llama2_tiny", overrides={"vocab_size": source_run["base"]})
     )
     abstract = old_model.abstract_variables()["params"]
     with pytest.raises(ValueError, match="token_embedder/embedding: checkpoint has shape"):
         checkpoints.check_init_checkpoint(str(grown), abstract_params=abstract)
     with pytest.raises(ValueError, match="new piece id 2 is outside"):
-        vocab_growth.grow_rows(np.zeros((4, 2)), new_vocab_size=5, base_size=4, new_pieces={2: [1]})
+        embedding_growth.grow_rows(
+            np.zeros((4, 2)), new_vocab_size=5, base_size=4, new_pieces={2: [1]}
+        )

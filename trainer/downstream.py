@@ -10,9 +10,9 @@ asked), each task of `DecodeConfig.tasks` is decoded on its held-out split:
 - inputs are tokenised with the task's vocabulary, EOS appended, truncated to the `inputs` feature
   length, and decoded in fixed-size batches (one compiled program per run shape) by the model's
   `predict_batch`: T5X beam search (4 beams, brevity penalty 0.6) or greedy;
-- predictions are detokenised and scored against the references with `pipelines.metrics`:
+- predictions are detokenised and scored against the references with `pipelines.text_metrics`:
   sacreBLEU BLEU (`13a`; `zh` for Chinese targets) with its brevity penalty and 1-4-gram
-  precisions (`pipelines.metrics.BLEU_PARTS`, the MT paper's Remark 2), chrF++, Unicode-aware
+  precisions (`pipelines.text_metrics.BLEU_PARTS`, the MT paper's Remark 2), chrF++, Unicode-aware
   ROUGE-L, all 0-100; COMET only when a local COMET checkpoint is configured (`COMET_MODEL`), on
   the MT paper's 0-100 scale (COMET's system score × 100), computed in COMET's own environment
   (`COMET_PYTHON`, `make comet-env`; `pipelines.comet.scoring`);
@@ -266,18 +266,18 @@ def score(
     comet_model: str | None = None,
     comet_python: str | None = None,
 ) -> dict[str, float]:
-    """`{"bleu", "chrf", "rouge_l"}` (0-100) and BLEU's parts (`metrics.BLEU_PARTS`) of
+    """`{"bleu", "chrf", "rouge_l"}` (0-100) and BLEU's parts (`text_metrics.BLEU_PARTS`) of
     `predictions` against the examples' targets, plus `"comet"` (0-100) when `comet_model` is given
     (a clear one-time log line says how otherwise), scored with `comet_python`'s COMET
     (`comet_score`)."""
-    from pipelines import metrics
+    from pipelines import text_metrics
 
     global _COMET_HINT_LOGGED
     targets = [ex.target for ex in examples]
     out = {
-        **metrics.bleu_parts(targets, predictions, target_lang=target_lang(task)),
-        "chrf": metrics.chrf_pp(targets, predictions),
-        "rouge_l": metrics.rouge_l(targets, predictions),
+        **text_metrics.bleu_parts(targets, predictions, target_lang=target_lang(task)),
+        "chrf": text_metrics.chrf_pp(targets, predictions),
+        "rouge_l": text_metrics.rouge_l(targets, predictions),
     }
     if comet_model:
         out["comet"] = comet_score(

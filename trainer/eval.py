@@ -29,7 +29,7 @@ import jax
 from rundir import names, storage
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import gin_entry, jobs, models, restore
+from trainer import gin_entry, jobs, model_spec, restore
 from trainer import platform as platform_lib
 from trainer.data import DataConfig, EvalConfig
 from trainer.optimizers import OptimizerConfig
@@ -113,7 +113,7 @@ def evaluate_params(
 def evaluate(
     *,
     model_dir: str | os.PathLike,
-    model: models.ModelSpec,
+    model: model_spec.ModelSpec,
     data: DataConfig,
     evaluation: EvalConfig,
     checkpoint: str | None = None,

@@ -151,7 +151,7 @@ def run_fingerprint(
     """The settings that define a run, as a JSON-able dict (stored in `run.json`).
 
     Args:
-      model: a `trainer.models.ModelSpec` (family, size, overrides minus `NEUTRAL_OVERRIDES`,
+      model: a `trainer.model_spec.ModelSpec` (family, size, overrides minus `NEUTRAL_OVERRIDES`,
         dropout).
       data, optimizer, schedule, run: the run's dataclasses, every field included.
       evaluation: an `EvalConfig`; its tasks, split and token budget (not its period).

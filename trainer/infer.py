@@ -34,7 +34,7 @@ import numpy as np
 from etils import epath
 
 from rundir import names, storage
-from trainer import gin_entry, models, restore
+from trainer import gin_entry, model_spec, restore
 from trainer import platform as platform_lib
 from trainer.partitioning import MeshConfig
 
@@ -119,7 +119,7 @@ class InferDecoding:
 def infer(
     *,
     model_dir: str | os.PathLike,
-    model: models.ModelSpec,
+    model: model_spec.ModelSpec,
     vocab_path: str,
     prompts: Sequence[str] = (),
     prompts_file: str | None = None,
@@ -177,7 +177,7 @@ def infer(
 def run_inference(
     *,
     model_dir: str | os.PathLike,
-    model: models.ModelSpec,
+    model: model_spec.ModelSpec,
     vocab_path: str,
     source: InferSource,
     decoding: InferDecoding = InferDecoding(),

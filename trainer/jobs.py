@@ -27,7 +27,7 @@ from modeling import family as family_lib
 from modeling import memory as memory_lib
 from pipelines import features
 from trainer import data as data_lib
-from trainer import models, partitioning, steps, validation
+from trainer import model_spec, partitioning, steps, validation
 from trainer.data import DataConfig, EvalConfig
 from trainer.optimizers import OptimizerConfig, build_optimizer
 from trainer.partitioning import MeshConfig, Partitioner
@@ -135,7 +135,7 @@ def _init_compiler_options() -> dict[str, int] | None:
 
 
 def _check(
-    *, spec: models.ModelSpec, model, data: DataConfig, evaluation, partitioner, microbatches
+    *, spec: model_spec.ModelSpec, model, data: DataConfig, evaluation, partitioner, microbatches
 ):
     """All configuration checks that need no compilation (see `trainer.validation`)."""
     dp, hosts = partitioner.data_parallel_size, jax.process_count()
@@ -191,7 +191,7 @@ def batch_abstract(
 
 
 def build_partitioned_model(
-    spec: models.ModelSpec, mesh: MeshConfig, *, devices: Sequence[jax.Device] | None = None
+    spec: model_spec.ModelSpec, mesh: MeshConfig, *, devices: Sequence[jax.Device] | None = None
 ) -> tuple[Any, Partitioner, Any]:
     """The model wrapper, the partitioner (the family's logical-axis rules over the mesh of
     `devices`, default all), and its parameters' abstract tree with shardings (a restore target),
@@ -246,7 +246,7 @@ class JobPlan:
         unknown, or no train step is compiled).
     """
 
-    spec: models.ModelSpec
+    spec: model_spec.ModelSpec
     data: DataConfig
     evaluation: EvalConfig
     optimizer: OptimizerConfig
@@ -265,7 +265,7 @@ class JobPlan:
 
 def plan_job(
     *,
-    model: models.ModelSpec,
+    model: model_spec.ModelSpec,
     data: DataConfig,
     evaluation: EvalConfig,
     optimizer: OptimizerConfig,

@@ -25,7 +25,7 @@ from etils import epath
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
 from trainer import fingerprint as fingerprint_lib
-from trainer import jobs, models, steps
+from trainer import jobs, model_spec, steps
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
 from trainer.loop import LoopConfig
@@ -77,7 +77,7 @@ class RunPlan:
 def build_run_plan(
     *,
     model_dir: epath.Path,
-    model: models.ModelSpec,
+    model: model_spec.ModelSpec,
     data: DataConfig,
     train_steps: int | None,
     tokens_per_param: float | None,

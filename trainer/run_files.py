@@ -15,7 +15,7 @@ from typing import Any
 
 from etils import epath
 
-from convert import hf_checkpoints, vocab_growth
+from convert import grown_init, hf_checkpoints
 from rundir import names, paper_units, records, storage
 from rundir.run_record import RunRecord
 from trainer import fingerprint as fingerprint_lib
@@ -64,7 +64,7 @@ def run_record(
         init_checkpoint=init.get("init_checkpoint"),
         init_step=init.get("init_step"),
         init_params_hash=init.get("init_params_hash"),
-        **vocab_growth.run_fields(init),  # a grown INIT_CHECKPOINT's vocabulary extension
+        **grown_init.run_fields(init),  # a grown INIT_CHECKPOINT's vocabulary extension
         **hf_checkpoints.run_fields(init),  # an imported INIT_CHECKPOINT's source (hf:, Meta)
         seed=seed,
         seq_len=data.seq_len,

@@ -42,10 +42,10 @@ from rundir.lease import LeaseConfig
 from rundir.run_record import Strategy
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import divergence, eval_schedule, gin_entry, jobs, models, run_files, validation
+from trainer import divergence, eval_schedule, gin_entry, jobs, model_spec, run_files, validation
 from trainer import eval as eval_lib
 from trainer import loop as loop_lib
-from trainer import metrics as metrics_lib
+from trainer import metrics_log as metrics_lib
 from trainer import plan as plan_lib
 from trainer import platform as platform_lib
 from trainer.checkpoints import CheckpointConfig
@@ -115,7 +115,7 @@ NonFiniteError = divergence.NonFiniteError
 def train(
     *,
     model_dir: str | os.PathLike,
-    model: models.ModelSpec,
+    model: model_spec.ModelSpec,
     data: DataConfig,
     train_steps: int | None = None,
     tokens_per_param: float | None = None,

@@ -67,7 +67,7 @@ def _extend_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _grow_arguments(parser: argparse.ArgumentParser) -> None:
-    from llama_jax import vocab_growth
+    from llama_jax import embedding_growth as vocab_growth
 
     parser.add_argument("--run", required=True, help="source MODEL_DIR (or checkpoints dir)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
@@ -144,7 +144,7 @@ def _extend(args: argparse.Namespace) -> int:
 
 
 def _grow(args: argparse.Namespace) -> int:
-    from convert import vocab_growth
+    from convert import grown_init as vocab_growth
 
     source = args.run if args.step is None else f"{args.run}@{args.step}"
     record = vocab_growth.grow_checkpoint(

@@ -1,7 +1,8 @@
 """Which model a run trains: the gin-configured `ModelSpec`, and `build_model`, which asks the
 spec's family (`modeling.family`) for its wrapper (`modeling.models`).
 
-The gin files bind `models.ModelSpec` (`from trainer import models`), so the spec stays here;
+The gin files bind `models.ModelSpec` (`from trainer import model_spec as models`: the gin name
+users type stays `models.ModelSpec`), so the spec stays here;
 the wrappers and the family protocol live below the trainer, in `modeling`.
 """
 

@@ -3,7 +3,7 @@
 `grow_checkpoint` reads one step of a source run (`'<dir>[@step]'`, as `INIT_CHECKPOINT` takes
 it), checks that the extended vocabulary starts with the source run's own (`VOCAB_PATH` of its
 fingerprint; the extension's base tokenizer when the run does not record one), grows the
-embedding and output matrices (`llama_jax.vocab_growth`: old rows bit-identical, new rows the
+embedding and output matrices (`llama_jax.embedding_growth`: old rows bit-identical, new rows the
 mean of their subword rows) and writes a run-like directory:
 
     DST/checkpoints/<step>/{params, train_state, checksums}   what INIT_CHECKPOINT restores
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from convert import hf_cache, init_checkpoints
-from llama_jax import vocab_growth
+from llama_jax import embedding_growth
 from pipelines import vocab_extend
 from rundir import names, records, storage
 
@@ -63,7 +63,7 @@ def grow_checkpoint(
       out_dir: the directory to write (must not hold checkpoints yet).
       vocab_size: rows of the grown tables; default: the larger of the checkpoint's rows and
         the extended vocabulary's size.
-      method: a key of `llama_jax.vocab_growth.INIT_METHODS`.
+      method: a key of `llama_jax.embedding_growth.INIT_METHODS`.
       old_vocab_path: the tokenizer the source run trained with; default: its `VOCAB_PATH`
         (from its `run.json`), else the extension's recorded base model.
 
@@ -104,7 +104,7 @@ def grow_checkpoint(
 
     directory, step = init_checkpoints.resolve_step(hf_cache.local_init_spec(source))
     params = init_checkpoints.read_params(directory, step)
-    old_rows = vocab_growth.vocab_rows(params)
+    old_rows = embedding_growth.vocab_rows(params)
     if old_rows < base_size:
         raise ValueError(
             f"vocab size mismatch: checkpoint {source!r} step {step} has {old_rows} vocabulary "
@@ -117,7 +117,7 @@ def grow_checkpoint(
             f"vocab_size {rows} is smaller than the extended vocabulary ({new_size} pieces) or "
             f"the checkpoint's table ({old_rows} rows)"
         )
-    grown = vocab_growth.grow_params(
+    grown = embedding_growth.grow_params(
         params, new_vocab_size=rows, base_size=base_size, new_pieces=new_pieces, method=method
     )
     record = {
