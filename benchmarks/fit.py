@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     t0, c0 = time.perf_counter(), time.process_time()
     import jax  # noqa: F401  (imported here so that its import time is reported apart)
 
-    from fitting import fit, laws, optim, synthetic
+    from fitting.laws import formulas as laws
+    from fitting.laws import optim, synthetic
+    from fitting.laws import robust_fit as fit
 
     import_s = time.perf_counter() - t0
     N, D, L = synthetic.chinchilla_points(200, seed=args.seed)

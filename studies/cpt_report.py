@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fitting import report
 from fitting.formats import fmt
-from fitting.paper_values import CPT_TABLE2, ERROR_DEFINITIONS
+from fitting.reports import markdown as report
+from fitting.reports.paper_values import CPT_TABLE2, ERROR_DEFINITIONS
 from rundir import storage
 from rundir.run_record import CPT_STRATEGIES, Strategy
 from studies import zeroshot_report
@@ -221,7 +221,9 @@ def write(
     *, runs_dir: Path, out_dir: Path, bootstrap: int = 100, log: Callable[[str], None] = print
 ) -> Path:
     """Fits the runs (fits.json, plots, report.md) and puts the comparison at the report's top."""
-    from fitting import io, model_keys, pipeline
+    from fitting.readers import model_keys
+    from fitting.readers import run_dirs as io
+    from fitting.reports import fit_all as pipeline
 
     runs = io.read_runs(runs_dir)
     basis = model_keys.paper_basis(runs)  # the paper's basis wherever the runs have it

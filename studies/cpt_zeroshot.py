@@ -125,7 +125,7 @@ def evaluate_study_runs(
         )
         return []
     from evals import job, local_tasks
-    from fitting import io
+    from fitting.readers import run_dirs as io
 
     tasks = local_tasks.write_local_tasks(
         corpora, out_dir / "zeroshot_tasks", langs=list(langs), items=items

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fitting.formats import fmt
-from fitting.saved_fits import fit_entries, fit_object, held_out_max
+from fitting.laws.saved_fits import fit_entries, fit_object, held_out_max
 from pipelines.comet.scoring import is_random_model
 from studies.mt_findings import COMET, TOLERANCE, Cell, comet_models, count_label
 
@@ -46,7 +46,7 @@ def _mixtures(cells: Sequence[Cell]) -> list[str]:
 def figure(cells: Sequence[Cell], fits: Mapping[str, Any], out_dir: Path) -> str | None:
     """Writes the Fig. 7 analogue (`FIGURE`) when some run logged COMET; returns its file name
     (None: nothing to draw)."""
-    from fitting import plots
+    from fitting.reports import plots
 
     cc = comet_cells(cells)
     if not cc:

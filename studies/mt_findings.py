@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from fitting import points
-from fitting.correlations import spearman
-from fitting.task_alignment import alignment_of
+from fitting.analyses.correlations import spearman
+from fitting.analyses.task_alignment import alignment_of
+from fitting.readers import points
 from rundir import finetune_recipes, names
 from rundir.run_record import FINETUNES
 
@@ -340,7 +340,7 @@ def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, An
 def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str, str, Any], Any]:
     """The §3.5 valuation verdict of each cell's score series (`fitting.valuation.assess`), keyed
     by (model, mixture, task, Df): two models' series of one mixture are two verdicts."""
-    from fitting import valuation
+    from fitting.analyses import valuation
 
     out = {}
     for c in cells:

@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from fitting.analyses.task_alignment import alignment_of
 from fitting.checks import FitInputError
 from fitting.formats import fmt, json_safe, num
-from fitting.paper_values import ERROR_DEFINITIONS, MT_EN_FR
-from fitting.points import finetune_tokens, paper_tokens_at
-from fitting.saved_fits import fit_entries, fit_object, held_out_max
-from fitting.task_alignment import alignment_of
+from fitting.laws.saved_fits import fit_entries, fit_object, held_out_max
+from fitting.readers.points import finetune_tokens, paper_tokens_at
+from fitting.reports.paper_values import ERROR_DEFINITIONS, MT_EN_FR
 from rundir import storage
 from rundir.run_record import Strategy
 from studies import mt_comet
@@ -461,7 +461,7 @@ def _styles(cells: Sequence[Cell]) -> tuple[dict[str, str], dict[Any, str]]:
 
 def figures(cells: Sequence[Cell], fits: Mapping[str, Any], out_dir: Path) -> list[str]:
     """Writes the Figs. 2–3 grid per task and the Fig. 5 score-vs-CE plot; returns file names."""
-    from fitting import plots
+    from fitting.reports import plots
 
     entries = fit_entries(fits)
     colors, styles = _styles(cells)
@@ -551,7 +551,8 @@ def write(
     Returns:
       The path of fits.json.
     """
-    from fitting import io, pipeline
+    from fitting.readers import run_dirs as io
+    from fitting.reports import fit_all as pipeline
 
     out_dir = storage.as_path(out_dir, name="--out")
     log(f"[demo-mt] fitting the downstream laws on {runs_dir} ...")

@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from fitting import laws, paper_values, pipeline
+from fitting.laws import formulas as laws
+from fitting.reports import fit_all as pipeline
+from fitting.reports import paper_values
 from rundir.run_record import Strategy
 from studies import paper_study
 

@@ -86,7 +86,7 @@ def section(runs: Sequence[Any], out_dir: Path) -> str:
     """Markdown for report.md (empty when no run has zero-shot scores); writes
     `zeroshot_by_strategy.png` and `zeroshot_vs_replay.png` into `out_dir`."""
     from evals import confidence
-    from fitting import zeroshot_plots
+    from fitting.reports import zeroshot_plots
 
     targets = cpt_zeroshot.target_langs(runs)
     several = len(targets) > 1

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from fitting import fit, laws
-from fitting.allocation import allocation_cis, compute_optimal, isoloss_grid
+from fitting.analyses.allocation import allocation_cis, compute_optimal, isoloss_grid
+from fitting.laws import formulas, robust_fit
 
 SCRATCH = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.40, "beta": 0.30}
 CPT = {"E": 1.55, "A": 420.0, "alpha": 0.40, "B": 433.3, "beta": 0.20, "gamma": 0.08}
@@ -47,7 +47,7 @@ def test_optimum_spends_the_budget_and_minimises_loss_on_the_isoflop_line(params
         assert 6 * n * d == pytest.approx(C, rel=1e-10)
         best = float(al.loss(C))
         for factor in (0.8, 1.25):
-            other = laws.predict(al.law, params, n * factor, C / (6 * n * factor))
+            other = formulas.predict(al.law, params, n * factor, C / (6 * n * factor))
             assert other > best
 
 
@@ -58,7 +58,7 @@ def test_no_interior_optimum_is_reported_not_invented():
 
 def test_fit_result_input_ci_from_bootstrap_samples_and_isoloss_grid():
     samples = tuple({**SCRATCH, "beta": b} for b in np.linspace(0.28, 0.32, 21))
-    res = fit.FitResult(
+    res = robust_fit.FitResult(
         law="chinchilla",
         params=SCRATCH,
         objective=0.0,
@@ -80,4 +80,4 @@ def test_fit_result_input_ci_from_bootstrap_samples_and_isoloss_grid():
     assert ci["N_opt@1e+21"][0] < compute_optimal(res).n_opt(1e21) < ci["N_opt@1e+21"][1]
     cc, nn, ll = isoloss_grid("cpt", CPT, compute=(1e18, 1e22), n_params=(1e7, 1e10), num=30)
     assert cc.shape == nn.shape == ll.shape == (30, 30)
-    np.testing.assert_allclose(ll[3, 4], laws.cpt(nn[3, 4], cc[3, 4] / (6 * nn[3, 4]), **CPT))
+    np.testing.assert_allclose(ll[3, 4], formulas.cpt(nn[3, 4], cc[3, 4] / (6 * nn[3, 4]), **CPT))

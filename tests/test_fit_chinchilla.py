@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from fitting import fit, laws, lse, optim, synthetic
 from fitting.checks import FitInputError
+from fitting.laws import formulas, lse, optim, robust_fit, synthetic
 
 TRUTH = synthetic.SCRATCH
 CPT_TRUTH = synthetic.CPT
@@ -25,8 +25,8 @@ SMALL_GRID = {
 @pytest.fixture(scope="module")
 def clean_fit():
     N, D, _ = synthetic.chinchilla_points(200, seed=1, sigma=0.0)
-    L = laws.chinchilla(N, D, **TRUTH)
-    return N, D, fit.fit_chinchilla(N, D, L)  # the full default (Hoffmann) grid
+    L = formulas.chinchilla(N, D, **TRUTH)
+    return N, D, robust_fit.fit_chinchilla(N, D, L)  # the full default (Hoffmann) grid
 
 
 def test_noise_free_recovery_with_the_full_default_grid(clean_fit):
@@ -46,25 +46,25 @@ def test_result_is_frozen_exports_unrounded_json_and_predicts(clean_fit):
     d = json.loads(json.dumps(res.to_dict(), allow_nan=False))
     assert d["params"] == res.params  # bit-identical floats
     assert d["converged"] is True and d["n_starts"] == 4500
-    np.testing.assert_allclose(res.predict(N, D), laws.chinchilla(N, D, **TRUTH), rtol=1e-6)
+    np.testing.assert_allclose(res.predict(N, D), formulas.chinchilla(N, D, **TRUTH), rtol=1e-6)
     assert res.log_params["a"] == pytest.approx(math.log(res.params["A"]))
 
 
 def test_noisy_data_pin_exponents_and_predicted_loss():
     # Noise cannot pin A and α apart (they trade off), so test what the data determine.
     N, D, L = synthetic.chinchilla_points(200, seed=3, sigma=0.005)
-    res = fit.fit_chinchilla(N, D, L, grid=SMALL_GRID)
+    res = robust_fit.fit_chinchilla(N, D, L, grid=SMALL_GRID)
     assert res.converged
     assert res.params["beta"] == pytest.approx(TRUTH["beta"], abs=0.02)
     assert res.params["alpha"] == pytest.approx(TRUTH["alpha"], abs=0.08)
-    np.testing.assert_allclose(res.predict(N, D), laws.chinchilla(N, D, **TRUTH), rtol=0.01)
+    np.testing.assert_allclose(res.predict(N, D), formulas.chinchilla(N, D, **TRUTH), rtol=0.01)
 
 
 def test_two_stage_cpt_fit_recovers_the_cpt_law(clean_fit):
     _, _, base = clean_fit
     N, D, _ = synthetic.chinchilla_points(70, seed=2, sigma=0.0)
-    L = laws.cpt(N, D, **CPT_TRUTH)
-    res = fit.fit_cpt(N, D, L, base=base)
+    L = formulas.cpt(N, D, **CPT_TRUTH)
+    res = robust_fit.fit_cpt(N, D, L, base=base)
     assert res.converged and res.law == "cpt"
     assert res.fixed == ("E", "A", "alpha")
     for k in ("E", "A", "alpha"):
@@ -72,7 +72,7 @@ def test_two_stage_cpt_fit_recovers_the_cpt_law(clean_fit):
     for k in ("B", "beta", "gamma"):
         assert res.params[k] == pytest.approx(CPT_TRUTH[k], rel=1e-3), k
     with pytest.raises(FitInputError, match="chinchilla"):
-        fit.fit_cpt(N, D, L, base=dataclasses.replace(base, law="cpt"))
+        robust_fit.fit_cpt(N, D, L, base=dataclasses.replace(base, law="cpt"))
 
 
 def test_bootstrap_resamples_runs_and_covers_the_truth():
@@ -82,9 +82,9 @@ def test_bootstrap_resamples_runs_and_covers_the_truth():
     sizes = np.geomspace(5e7, 5e9, 20)
     N = np.repeat(sizes, 10)
     D = np.concatenate([20 * n * np.geomspace(0.05, 1, 10) for n in sizes])
-    L = laws.chinchilla(N, D, **TRUTH) * np.exp(0.004 * rng.standard_normal(len(N)))
+    L = formulas.chinchilla(N, D, **TRUTH) * np.exp(0.004 * rng.standard_normal(len(N)))
     runs = [f"run{int(i)}" for i in np.repeat(np.arange(20), 10)]
-    res = fit.fit_chinchilla(N, D, L, grid=SMALL_GRID, bootstrap=40, seed=0, runs=runs)
+    res = robust_fit.fit_chinchilla(N, D, L, grid=SMALL_GRID, bootstrap=40, seed=0, runs=runs)
     assert res.n_runs == 20 and res.n_bootstrap == 40
     assert res.n_bootstrap_converged >= 30
     assert len(res.samples) == res.n_bootstrap_converged
@@ -98,9 +98,9 @@ def test_bootstrap_resamples_runs_and_covers_the_truth():
 
 def test_non_finite_starts_are_masked_and_never_chosen():
     N, D, _ = synthetic.chinchilla_points(60, seed=4, sigma=0.0)
-    L = laws.chinchilla(N, D, **TRUTH)
+    L = formulas.chinchilla(N, D, **TRUTH)
     grid = dict(SMALL_GRID, alpha=[0.5, float("nan")])
-    res = fit.fit_chinchilla(N, D, L, grid=grid)
+    res = robust_fit.fit_chinchilla(N, D, L, grid=grid)
     assert res.n_starts == 36 and res.n_finite == 18
     assert all(np.isfinite(v) for v in res.params.values())
     assert res.converged
@@ -109,20 +109,20 @@ def test_non_finite_starts_are_masked_and_never_chosen():
 def test_convergence_flag_follows_the_polished_gradient():
     N, D, L = synthetic.chinchilla_points(80, seed=5, sigma=0.005)
     problem = lse.LseProblem(
-        terms=laws.fit_spec("chinchilla").terms,
-        features=laws.fit_spec("chinchilla").features(N, D),
+        terms=formulas.fit_spec("chinchilla").terms,
+        features=formulas.fit_spec("chinchilla").features(N, D),
         target=np.log(L),
         weights=np.ones(len(L)),
         delta=1e-3,
     )
     std, r = lse.standardise(problem)
-    starts = fit._starts(laws.fit_spec("chinchilla"), SMALL_GRID, {}) @ r.T
+    starts = robust_fit._starts(formulas.fit_spec("chinchilla"), SMALL_GRID, {}) @ r.T
     ok = optim.multistart(std, starts, iters=40)
     assert ok.converged
     # No float gradient is exactly zero: an impossible tolerance must report non-convergence.
     strict = optim.multistart(std, starts, iters=40, grad_rtol=0.0)
     assert not strict.converged
-    res = fit.FitResult(
+    res = robust_fit.FitResult(
         law="chinchilla",
         params={},
         objective=1.0,
@@ -140,11 +140,11 @@ def test_convergence_flag_follows_the_polished_gradient():
 
 def test_loss_compute_and_power_fits_recover_the_frontier_laws():
     C = np.geomspace(1e18, 1e22, 15)
-    pw = fit.fit_power(C, laws.power(C, k=33.69907, g=0.0579))
+    pw = robust_fit.fit_power(C, formulas.power(C, k=33.69907, g=0.0579))
     assert pw.converged
     assert pw.params["k"] == pytest.approx(33.69907, rel=1e-6)
     assert pw.params["g"] == pytest.approx(0.0579, rel=1e-6)
-    lc = fit.fit_loss_compute(C, laws.loss_compute(C, E=1.6, A=3000.0, gamma=0.17))
+    lc = robust_fit.fit_loss_compute(C, formulas.loss_compute(C, E=1.6, A=3000.0, gamma=0.17))
     assert lc.converged
     assert lc.params == pytest.approx({"E": 1.6, "A": 3000.0, "gamma": 0.17}, rel=1e-4)
 
@@ -174,4 +174,4 @@ def test_loss_compute_and_power_fits_recover_the_frontier_laws():
 )
 def test_bad_inputs_name_the_point_or_run(N, D, L, runs, match):
     with pytest.raises(FitInputError, match=match):
-        fit.fit_chinchilla(N, D, L, runs=runs, grid=SMALL_GRID)
+        robust_fit.fit_chinchilla(N, D, L, runs=runs, grid=SMALL_GRID)

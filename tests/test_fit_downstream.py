@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from fitting import alignment, downstream, laws, valuation
+from fitting.analyses import alignment, valuation
 from fitting.checks import FitInputError
+from fitting.laws import downstream_laws, formulas
 
 BLEU = {"log_A": -180.75, "alpha": 9.0, "beta": 0.75}  # MT paper Table 3, first row
 CE = {"E": 0.9, "A": 60.0, "alpha": 0.2}
@@ -15,19 +16,19 @@ DP = np.geomspace(2e9, 5e11, 8)
 
 
 def test_log_law_recovers_known_coefficients_and_predicts_the_held_out_points():
-    res = downstream.fit_bleu_law(DP, laws.log_law(DP, **BLEU))
+    res = downstream_laws.fit_bleu_law(DP, formulas.log_law(DP, **BLEU))
     assert res.law == "log_law" and res.converged and res.n_fit == 4
     for k, v in BLEU.items():
         assert res.params[k] == pytest.approx(v, rel=1e-3), k
     assert list(res.fitted) == [True] * 4 + [False] * 4
     assert res.prediction_error < 1e-12
-    np.testing.assert_allclose(res.predict(DP), laws.log_law(DP, **BLEU), rtol=1e-6)
+    np.testing.assert_allclose(res.predict(DP), formulas.log_law(DP, **BLEU), rtol=1e-6)
 
 
 def test_log_law_on_noisy_scores_reports_held_out_huber_and_residuals():
     rng = np.random.default_rng(0)
-    score = laws.log_law(DP, **BLEU) * np.exp(0.01 * rng.standard_normal(len(DP)))
-    res = downstream.fit_bleu_law(DP[::-1], score[::-1])  # order does not matter
+    score = formulas.log_law(DP, **BLEU) * np.exp(0.01 * rng.standard_normal(len(DP)))
+    res = downstream_laws.fit_bleu_law(DP[::-1], score[::-1])  # order does not matter
     np.testing.assert_array_equal(res.Dp, DP)
     assert res.residuals.shape == (8,)
     np.testing.assert_allclose(res.residuals, np.log(score) - np.log(res.predicted))
@@ -39,14 +40,14 @@ def test_log_law_on_noisy_scores_reports_held_out_huber_and_residuals():
 
 
 def test_ce_power_law_recovery_and_held_out_error():
-    res = downstream.fit_ce_law(DP, laws.power_law(DP, **CE))
+    res = downstream_laws.fit_ce_law(DP, formulas.power_law(DP, **CE))
     assert res.law == "power_law" and res.converged
     for k, v in CE.items():
         assert res.params[k] == pytest.approx(v, rel=1e-3), k
     assert res.prediction_error < 1e-12
     rng = np.random.default_rng(1)
-    noisy = laws.power_law(DP, **CE) * np.exp(0.002 * rng.standard_normal(len(DP)))
-    res = downstream.fit_ce_law(DP, noisy, n_fit=5)
+    noisy = formulas.power_law(DP, **CE) * np.exp(0.002 * rng.standard_normal(len(DP)))
+    res = downstream_laws.fit_ce_law(DP, noisy, n_fit=5)
     assert res.n_fit == 5 and res.fitted.sum() == 5 and np.isfinite(res.prediction_error)
 
 
@@ -57,7 +58,7 @@ def test_ce_power_law_with_its_optimum_at_e_zero_converges():
     # flagged although the predictions hold.
     dp = np.array([46036.0, 92068.0, 138131.0, 184111.0, 230155.0, 276262.0])
     ce = np.array([5.275636, 5.172779, 5.003993, 4.942508, 4.883460, 4.854043])
-    res = downstream.fit_ce_law(dp, ce)
+    res = downstream_laws.fit_ce_law(dp, ce)
     assert res.converged, res.grad_norm
     assert res.params["E"] < 1e-4 and 0.03 < res.params["alpha"] < 0.07
     assert np.max(np.abs(res.residuals[~res.fitted])) < 0.01
@@ -75,7 +76,7 @@ def test_ce_power_law_with_its_optimum_at_e_zero_converges():
 )
 def test_downstream_bad_inputs(Dp, y, n_fit, match):
     with pytest.raises(FitInputError, match=match):
-        downstream.fit_bleu_law(Dp, y, n_fit=n_fit)
+        downstream_laws.fit_bleu_law(Dp, y, n_fit=n_fit)
 
 
 def test_alignment_score_examples_from_the_paper():
@@ -107,21 +108,23 @@ def test_valuation_misaligned_compares_best_checkpoint_with_baseline():
 
 
 def test_valuation_law_fits_predicts_and_gives_dp_for_a_target():
-    scores = laws.log_law(DP, **BLEU)
+    scores = formulas.log_law(DP, **BLEU)
     v = valuation.assess(DP, scores, target=30.0)
     assert v.kind == "law_fits"
     big = 10 * DP[-1]
-    assert v.predictions[float(big)] == pytest.approx(float(laws.log_law(big, **BLEU)), rel=1e-6)
+    assert v.predictions[float(big)] == pytest.approx(
+        float(formulas.log_law(big, **BLEU)), rel=1e-6
+    )
     assert v.dp_for_target == pytest.approx(math.exp((30.0 ** (1 / 0.75) + 180.75) / 9.0), rel=1e-5)
     assert "keep pretraining" in v.explanation
-    slow = laws.log_law(DP, **{**BLEU, "beta": 0.2})  # gains flatten out far below the target
+    slow = formulas.log_law(DP, **{**BLEU, "beta": 0.2})  # gains flatten out far below the target
     unreachable = valuation.assess(DP, slow, target=40.0)
     assert unreachable.kind == "law_fits" and unreachable.dp_for_target is None
     assert "not worth" in unreachable.explanation
 
 
 def test_valuation_law_breaks_at_a_later_point():
-    scores = laws.log_law(DP, **BLEU).copy()
+    scores = formulas.log_law(DP, **BLEU).copy()
     scores[6:] *= 0.8  # the law holds for six checkpoints, then the scores drop
     v = valuation.assess(DP, scores)
     assert v.kind == "law_breaks" and v.break_index == 6

@@ -7,10 +7,12 @@ import shutil
 import numpy as np
 import pytest
 
-from fitting import fit, io, laws, pipeline, points, synthetic
-from fitting.allocation import compute_optimal
+from fitting.analyses.allocation import compute_optimal
 from fitting.checks import FitInputError, Unidentifiable
-from fitting.paper_values import CPT_TABLE2
+from fitting.laws import formulas, robust_fit, synthetic
+from fitting.readers import points, run_dirs
+from fitting.reports import fit_all
+from fitting.reports.paper_values import CPT_TABLE2
 from xlscale_cli.main import main
 
 SMALL_GRID = {
@@ -46,7 +48,7 @@ def paper_runs(tmp_path_factory):
 def test_nominal_basis_recovers_table_2_and_eqs_8_9_and_exact_does_not(paper_runs, tmp_path):
     meta = json.loads((paper_runs / "scratch_llama2_49m" / "run.json").read_text())
     assert meta["params_non_embedding"] != 49e6  # the runs record exact counts, as trained
-    pipeline.fit_runs(
+    fit_all.fit_runs(
         paper_runs,
         tmp_path / "nominal",
         law="chinchilla",
@@ -68,7 +70,7 @@ def test_nominal_basis_recovers_table_2_and_eqs_8_9_and_exact_does_not(paper_run
     assert zh["allocation"]["a"] == pytest.approx(EQ8[1], abs=1e-3)
     assert zh["allocation"]["d_coef"] == pytest.approx(EQ8[2], rel=1e-2)
     # Eq. 9: the CPT law's second stage on the same basis (the pipeline's own fits, no plots).
-    study = pipeline.Study(io.read_runs(paper_runs), tmp_path, 0, 0, SMALL_GRID, "nominal")
+    study = fit_all.Study(run_dirs.read_runs(paper_runs), tmp_path, 0, 0, SMALL_GRID, "nominal")
     cpt = study.cpt_fit("zh")
     assert cpt.converged and cpt.params["gamma"] == pytest.approx(0.08, abs=1e-3)
     alloc = compute_optimal(cpt)
@@ -76,7 +78,7 @@ def test_nominal_basis_recovers_table_2_and_eqs_8_9_and_exact_does_not(paper_run
     assert alloc.a == pytest.approx(EQ9[1], abs=1e-3)
     assert alloc.d_coef == pytest.approx(EQ9[2], rel=2e-2)  # the paper prints 0.035 (2 digits)
     # The exact basis (today's default) is not the paper's: α, A and eq. 8 come out far off.
-    exact = pipeline.fit_runs(
+    exact = fit_all.fit_runs(
         paper_runs, tmp_path / "exact", law="chinchilla", bootstrap=0, grid=SMALL_GRID
     )
     assert exact["n_basis"] == "exact"
@@ -92,7 +94,7 @@ def test_nominal_basis_names_a_run_without_a_paper_size(tmp_path, capsys):
     assert "(model llama2/00_3e+07): no nominal parameter count" in capsys.readouterr().err
     import argparse
 
-    from fitting import model_keys
+    from fitting.readers import model_keys
     from xlscale_cli import fit as fit_cli
 
     parser = argparse.ArgumentParser()
@@ -103,9 +105,9 @@ def test_nominal_basis_names_a_run_without_a_paper_size(tmp_path, capsys):
         FitInputError,
         match=r"run 'source_00_3e\+07' \(model llama2/00_3e\+07\): no nominal parameter",
     ):
-        pipeline.fit_runs(tmp_path / "runs", tmp_path / "o", law="chinchilla", n_basis="nominal")
+        fit_all.fit_runs(tmp_path / "runs", tmp_path / "o", law="chinchilla", n_basis="nominal")
     with pytest.raises(ValueError, match="unknown N basis 'total'"):
-        pipeline.fit_runs(tmp_path / "runs", tmp_path / "o", law="chinchilla", n_basis="total")
+        fit_all.fit_runs(tmp_path / "runs", tmp_path / "o", law="chinchilla", n_basis="total")
 
 
 def _second_model(root, *, model, scale, baseline):
@@ -133,7 +135,7 @@ def test_two_models_in_one_runs_dir_are_two_series_with_their_own_baselines(tmp_
     root = tmp_path / "runs"
     synthetic.write_study(root, sizes=(3e7, 1e8, 3e8), evals=3, replay_ratios=())
     _second_model(root, model="t5_3b", scale=2.0, baseline=99.0)
-    series = points.downstream_series(io.read_runs(root), metric="bleu")
+    series = points.downstream_series(run_dirs.read_runs(root), metric="bleu")
     assert [(s.model, s.key) for s in series] == [
         ("t5_3b", ("mix_en_50_fr_50", "mt_en_fr", "300")),
         ("t5_770m", ("mix_en_50_fr_50", "mt_en_fr", "300")),
@@ -147,7 +149,7 @@ def test_two_models_in_one_runs_dir_are_two_series_with_their_own_baselines(tmp_
     # The study's cells (studies.mt_findings) follow the same split.
     from studies import mt_findings
 
-    cells = mt_findings.collect(io.read_runs(root))
+    cells = mt_findings.collect(run_dirs.read_runs(root))
     assert sorted((c.model, len(c.Dp), c.baseline["bleu"] == 99.0) for c in cells) == [
         ("t5_3b", 8, True),
         ("t5_770m", 8, False),
@@ -160,7 +162,7 @@ def test_fit_rows_and_report_name_their_model(tmp_path):
     root = tmp_path / "runs"
     synthetic.write_study(root, sizes=(3e7, 1e8, 3e8), evals=3, replay_ratios=())
     _second_model(root, model="t5_3b", scale=2.0, baseline=99.0)
-    res = pipeline.fit_runs(root, tmp_path / "o", law="bleu", bootstrap=0)
+    res = fit_all.fit_runs(root, tmp_path / "o", law="bleu", bootstrap=0)
     rows = {e["model"]: e for e in res["bleu"]}
     assert set(rows) == {"t5_770m", "t5_3b"}
     assert rows["t5_3b"]["baseline"] == 99.0 and rows["t5_770m"]["baseline"] != 99.0
@@ -187,7 +189,7 @@ def test_one_model_size_is_refused_naming_law_language_and_model(paper_runs, tmp
     for d in fr.iterdir():
         if not d.name.startswith("source_"):
             shutil.copytree(d, root / f"fr_{d.name}")
-    res = pipeline.fit_runs(root, tmp_path / "o", law="chinchilla", bootstrap=0, grid=SMALL_GRID)
+    res = fit_all.fit_runs(root, tmp_path / "o", law="chinchilla", bootstrap=0, grid=SMALL_GRID)
     assert set(res["chinchilla"]) == {"zh"}  # fr is not reported, converged or not
     assert res["skipped"]["chinchilla/fr"] == (
         "chinchilla/fr: needs >= 3 model sizes, got 1 (llama2_49m)"
@@ -195,22 +197,24 @@ def test_one_model_size_is_refused_naming_law_language_and_model(paper_runs, tmp
     assert "chinchilla/fr: needs >= 3 model sizes" in (tmp_path / "o" / "report.md").read_text()
     # Asked for by name on fr alone, the law is an error with the same message.
     with pytest.raises(FitInputError, match=r"needs >= 3 model sizes, got 1 \(llama2_49m\)"):
-        pipeline.fit_runs(fr, tmp_path / "o2", law="cpt", bootstrap=0, grid=SMALL_GRID)
+        fit_all.fit_runs(fr, tmp_path / "o2", law="cpt", bootstrap=0, grid=SMALL_GRID)
 
 
 def test_unidentifiable_fits_raise_and_runaway_values_never_overflow():
     N = np.repeat([1e8, 3e8], 4)
     D = np.tile([1e9, 2e9, 4e9, 8e9], 2)
-    L = laws.chinchilla(N, D, **synthetic.SCRATCH)
+    L = formulas.chinchilla(N, D, **synthetic.SCRATCH)
     with pytest.raises(Unidentifiable, match=r"chinchilla/fr: needs >= 3 distinct values of N"):
-        fit.fit_chinchilla(N, D, L, grid=SMALL_GRID, series="fr")
+        robust_fit.fit_chinchilla(N, D, L, grid=SMALL_GRID, series="fr")
     with pytest.raises(Unidentifiable, match="4 points cannot determine 5 parameters"):
-        fit.fit_chinchilla(N[::2], D[::2], L[::2], grid=SMALL_GRID)
-    base = fit.fit_chinchilla(*synthetic.chinchilla_points(40, seed=1, sigma=0.0), grid=SMALL_GRID)
+        robust_fit.fit_chinchilla(N[::2], D[::2], L[::2], grid=SMALL_GRID)
+    base = robust_fit.fit_chinchilla(
+        *synthetic.chinchilla_points(40, seed=1, sigma=0.0), grid=SMALL_GRID
+    )
     with pytest.raises(Unidentifiable, match=r"cpt: needs >= 2 distinct values of N, got 1"):
-        fit.fit_cpt(np.full(8, 1e8), D, L, base=base)
+        robust_fit.fit_cpt(np.full(8, 1e8), D, L, base=base)
     # A runaway optimum past float range is inf (not converged), never an OverflowError.
-    params = laws.fit_spec("chinchilla").to_params(
+    params = formulas.fit_spec("chinchilla").to_params(
         {"a": 1e4, "b": 1.0, "e": 0.0, "alpha": -2.1e10, "beta": 0.3}
     )
     assert params["A"] == np.inf

@@ -6,8 +6,9 @@ import struct
 import numpy as np
 import pytest
 
-from fitting import io, laws, points, synthetic
 from fitting.checks import FitInputError
+from fitting.laws import formulas, synthetic
+from fitting.readers import event_files, points, run_dirs
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def study(tmp_path_factory):
 
 
 def test_read_runs_and_tidy_table(study):
-    runs = io.read_runs(study)
+    runs = run_dirs.read_runs(study)
     by_id = {r.run_id: r for r in runs}
     assert {r.strategy for r in runs} == {
         "source",
@@ -30,7 +31,7 @@ def test_read_runs_and_tidy_table(study):
         "finetune_scratch",
     }
     assert by_id["scratch_01_1e+08"].completed is not None
-    rows = io.tidy(runs)
+    rows = run_dirs.tidy(runs)
     scratch = [r for r in rows if r["run_id"] == "scratch_01_1e+08"]
     assert len(scratch) == 5
     row = scratch[-1]
@@ -41,11 +42,13 @@ def test_read_runs_and_tidy_table(study):
     assert set(row["losses"]) == {"lm_zh"} and row["tokens_by_task"] == {"lm_zh": row["tokens"]}
     ft = [r for r in rows if r["strategy"] == "finetune"][0]
     assert set(ft["scores"]) == {"mt_en_fr/bleu"} and "mt_en_fr" in ft["losses"]
-    np.testing.assert_array_equal(io.column(scratch, "step"), sorted(io.column(scratch, "step")))
+    np.testing.assert_array_equal(
+        run_dirs.column(scratch, "step"), sorted(run_dirs.column(scratch, "step"))
+    )
 
 
 def test_points_use_target_tokens_for_replay_and_every_eval(study):
-    runs = io.read_runs(study)
+    runs = run_dirs.read_runs(study)
     replay = [r for r in runs if r.run_id == "replay_50"][0]
     tgt = points.curve(replay)
     assert tgt.task == "lm_zh"
@@ -62,7 +65,7 @@ def test_points_use_target_tokens_for_replay_and_every_eval(study):
     assert len(series[0].Dp) == 8 and np.all(np.diff(series[0].Dp) > 0)
     assert series[0].baseline is not None
     np.testing.assert_allclose(
-        series[0].values, laws.log_law(series[0].Dp, **synthetic.BLEU), rtol=0.05
+        series[0].values, formulas.log_law(series[0].Dp, **synthetic.BLEU), rtol=0.05
     )
 
 
@@ -110,7 +113,7 @@ def test_tensorboard_reader_t5x_layout_and_run_fallback(tmp_path):
         run / "training_eval" / "lm_fr" / "events.out.tfevents.2.host",
         [(100, "loss", 3.5, True), (200, "loss", 3.25, True)],
     )
-    scalars = io.read_tensorboard(run)
+    scalars = event_files.read_tensorboard(run)
     assert scalars["loss"] == [(100, 3.0), (200, 2.5)]
     assert scalars["eval/lm_fr/loss"] == [(100, 3.5), (200, 3.25)]
     meta = {
@@ -122,7 +125,7 @@ def test_tensorboard_reader_t5x_layout_and_run_fallback(tmp_path):
         "flops_per_token": 6e8,
     }
     (run / "run.json").write_text(json.dumps(meta))
-    r = io.read_run(run)  # no metrics.jsonl: falls back to the events
+    r = run_dirs.read_run(run)  # no metrics.jsonl: falls back to the events
     c = points.curve(r)
     np.testing.assert_allclose(c.loss, [3.5, 3.25])
     np.testing.assert_allclose(c.tokens, [100 * 32, 200 * 32])
@@ -133,23 +136,23 @@ def test_bad_run_directories_name_the_run(tmp_path):
     (tmp_path / "empty_run").mkdir()
     (tmp_path / "empty_run" / "run.json").write_text("{}")
     with pytest.raises(FitInputError, match=r"run 'empty_run'.*no metrics.jsonl"):
-        io.read_runs(tmp_path)
+        run_dirs.read_runs(tmp_path)
     (tmp_path / "empty_run" / "run.json").unlink()
     (tmp_path / "empty_run" / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(FitInputError, match=r"run 'empty_run'.*but no run.json"):
-        io.read_runs(tmp_path)
+        run_dirs.read_runs(tmp_path)
     (tmp_path / "empty_run" / "run.json").write_text('{"strategy": "scratch"')
     with pytest.raises(FitInputError, match=r"run 'empty_run': run.json is not valid JSON"):
-        io.read_runs(tmp_path)
+        run_dirs.read_runs(tmp_path)
     (tmp_path / "empty_run" / "run.json").write_text("{}")
     (tmp_path / "empty_run" / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
     with pytest.raises(FitInputError, match=r"run 'empty_run': metrics.jsonl line 2 is not JSON"):
-        io.read_runs(tmp_path)
+        run_dirs.read_runs(tmp_path)
     # a truncated last line (a run still writing) is dropped, not an error
     (tmp_path / "empty_run" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "tok')
-    assert len(io.read_runs(tmp_path)[0].records) == 1
+    assert len(run_dirs.read_runs(tmp_path)[0].records) == 1
     with pytest.raises(FitInputError, match="does not exist"):
-        io.read_runs(tmp_path / "missing")
+        run_dirs.read_runs(tmp_path / "missing")
 
 
 def test_bad_values_in_runs_name_run_and_step(tmp_path):
@@ -167,12 +170,12 @@ def test_bad_values_in_runs_name_run_and_step(tmp_path):
         {"step": 20, "tokens": 2e6, "eval/lm_zh/loss": float("nan")},
     ]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-    runs = io.read_runs(tmp_path)
+    runs = run_dirs.read_runs(tmp_path)
     with pytest.raises(FitInputError, match=r"run 'nan_run' step 20: eval/lm_zh/loss = nan"):
         points.curve(runs[0])
     (run / "run.json").write_text(json.dumps({**meta, "params_non_embedding": None}))
     with pytest.raises(FitInputError, match=r"run 'nan_run': run.json has no positive"):
-        points.curve(io.read_runs(tmp_path)[0])
+        points.curve(run_dirs.read_runs(tmp_path)[0])
 
 
 def test_finetunes_of_several_df_at_equal_steps_are_separate_series(study, tmp_path):
@@ -191,7 +194,7 @@ def test_finetunes_of_several_df_at_equal_steps_are_separate_series(study, tmp_p
                 shutil.copytree(sub, copy)
                 (copy / "run.json").write_text(json.dumps({**meta, "finetune_tokens": df}))
             shutil.rmtree(sub)
-    series = points.downstream_series(io.read_runs(root), metric="bleu")
+    series = points.downstream_series(run_dirs.read_runs(root), metric="bleu")
     keys = sorted(s.key for s in series)
     assert keys == [
         ("mix_en_50_fr_50", "mt_en_fr", "300 steps, Df 31000000"),
@@ -204,7 +207,7 @@ def test_finetunes_of_several_df_at_equal_steps_are_separate_series(study, tmp_p
 def test_the_fit_point_rule_is_stated_and_configurable(study):
     """Default: every evaluation after the first token (today's rule, unchanged); `per_run`
     evens out the runs' shares (1: final losses only), `min_fraction` drops early evaluations."""
-    runs = io.read_runs(study)
+    runs = run_dirs.read_runs(study)
     cs = points.curves(runs, strategies=("scratch",), language="zh")
     default = points.pool(cs, rule=points.PointRule())
     assert len(default) == len(points.pool(cs)) == 3 * 5

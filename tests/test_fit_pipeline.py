@@ -1,4 +1,4 @@
-"""`fitting.pipeline.fit_runs` and `xlscale fit` end to end on synthetic run directories."""
+"""`fitting.reports.fit_all.fit_runs` and `xlscale fit` end to end on synthetic run directories."""
 
 import json
 import re
@@ -7,8 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
-from fitting import fit, io, pipeline, points, synthetic
 from fitting.checks import FitInputError
+from fitting.laws import robust_fit, synthetic
+from fitting.readers import points, run_dirs
+from fitting.reports import fit_all
 from xlscale_cli.main import main
 
 SMALL_GRID = {
@@ -30,7 +32,7 @@ def study(tmp_path_factory):
 @pytest.fixture(scope="module")
 def result(study, tmp_path_factory):
     out = tmp_path_factory.mktemp("fits")
-    return out, pipeline.fit_runs(study, out, bootstrap=5, grid=SMALL_GRID)
+    return out, fit_all.fit_runs(study, out, bootstrap=5, grid=SMALL_GRID)
 
 
 def test_fit_runs_writes_every_output(result):
@@ -89,8 +91,8 @@ def test_cli_law_choices_are_the_pipeline_steps():
     parser = argparse.ArgumentParser()
     fit_cli.add_arguments(parser)
     law = next(a for a in parser._actions if a.dest == "law")
-    assert tuple(law.choices) == pipeline.LAWS
-    assert pipeline.LAWS == (
+    assert tuple(law.choices) == fit_all.LAWS
+    assert fit_all.LAWS == (
         "chinchilla",
         "cpt",
         "compute",
@@ -107,9 +109,9 @@ def test_fits_json_is_unrounded_and_matches_a_direct_fit(study, result):
     out, _ = result
     saved = json.loads((out / "fits.json").read_text())
     zh = saved["chinchilla"]["zh"]["fit"]
-    runs = io.read_runs(study)
+    runs = run_dirs.read_runs(study)
     pts = points.pool(points.curves(runs, strategies=("source", "scratch"), language="zh"))
-    direct = fit.fit_chinchilla(pts.N, pts.D, pts.L, runs=pts.runs, grid=SMALL_GRID)
+    direct = robust_fit.fit_chinchilla(pts.N, pts.D, pts.L, runs=pts.runs, grid=SMALL_GRID)
     assert zh["params"] == direct.params  # exact floats survive the export
     assert zh["converged"] is True and zh["n_bootstrap"] == 5 and len(zh["ci"]) == 5
     cpt = saved["cpt"]["zh"]
@@ -125,7 +127,7 @@ def test_fits_json_is_unrounded_and_matches_a_direct_fit(study, result):
 
 
 def test_report_flags_non_converged_fits():
-    bad = fit.FitResult(
+    bad = robust_fit.FitResult(
         law="chinchilla",
         params={"E": 1.0, "A": 2.0, "B": 3.0, "alpha": 0.3, "beta": 0.2},
         objective=1.0,
@@ -155,7 +157,7 @@ def test_report_flags_non_converged_fits():
             }
         },
     }
-    text = pipeline.render_report(res)
+    text = fit_all.render_report(res)
     assert "did not converge" in text and "**NOT CONVERGED** (gradient 0.25)" in text
 
 
@@ -194,9 +196,9 @@ def test_cli_bad_input_names_the_run(study, tmp_path, capsys):
         for f in d.iterdir():
             (only_scratch / d.name / f.name).write_bytes(f.read_bytes())
     with pytest.raises(FitInputError, match="replay: no cpt_replay runs"):
-        pipeline.fit_runs(only_scratch, tmp_path / "o2", law="replay", bootstrap=0)
+        fit_all.fit_runs(only_scratch, tmp_path / "o2", law="replay", bootstrap=0)
     with pytest.raises(ValueError, match="unknown law"):
-        pipeline.fit_runs(only_scratch, tmp_path / "o3", law="kaplan")
+        fit_all.fit_runs(only_scratch, tmp_path / "o3", law="kaplan")
     assert np.isfinite(json.loads(json.dumps(1.0)))
 
 
@@ -215,7 +217,7 @@ def test_a_zero_score_skips_only_its_series(tmp_path):
             r = json.loads((d / "metrics.jsonl").read_text())
             r["eval/mt_en_fr/chrf"] = 20.0 + 10 * np.log10(float(d.name.rsplit("_", 1)[1]))
             (d / "metrics.jsonl").write_text(json.dumps(r) + "\n")
-    res = pipeline.fit_runs(root, tmp_path / "out", law="all", bootstrap=0)
+    res = fit_all.fit_runs(root, tmp_path / "out", law="all", bootstrap=0)
     reason = res["skipped"]["bleu/t5_770m/mix_en_50_fr_50/mt_en_fr/300/bleu"]
     assert "score = 0.0; it must be positive" in reason
     assert [e["metric"] for e in res["bleu"]] == ["chrf"]
@@ -223,12 +225,13 @@ def test_a_zero_score_skips_only_its_series(tmp_path):
 
 
 def test_mt_figures_draw_fits_baselines_and_zero_scores(tmp_path):
-    from fitting import downstream, plots
+    from fitting.laws import downstream_laws
+    from fitting.reports import plots
 
     dp = np.geomspace(1e6, 3e7, 6)
     bleu = np.array([2.0, 2.6, 3.1, 3.3, 3.6, 3.8])
     ce = np.array([3.0, 2.8, 2.7, 2.65, 2.6, 2.58])
-    fitted = plots.SeriesStyle("Df=40k", dp, bleu, downstream.fit_bleu_law(dp, bleu), 1.5)
+    fitted = plots.SeriesStyle("Df=40k", dp, bleu, downstream_laws.fit_bleu_law(dp, bleu), 1.5)
     raw = plots.SeriesStyle("no fit", dp, np.array([0.0, 1, 0, 2, 1, 1]), color="C1", linestyle=":")
     grid = plots.downstream_grid(
         [[("mix A", "BLEU", [fitted, raw])], [("mix A", "CE", [plots.SeriesStyle("ce", dp, ce)])]],
@@ -253,7 +256,8 @@ def test_short_log_axes_get_compact_labels_and_titles_count_unconverged_laws(tmp
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from fitting import downstream, plots
+    from fitting.laws import downstream_laws
+    from fitting.reports import plots
 
     values = (250_000, 46_000.0, 1.5e6, 4.62, 3e9)
     assert [plots.compact_number(v) for v in values] == ["250k", "46k", "1.5M", "4.62", "3G"]
@@ -268,7 +272,7 @@ def test_short_log_axes_get_compact_labels_and_titles_count_unconverged_laws(tmp
     assert labels and all(len(text) <= 5 for text in labels), labels
 
     dp = np.geomspace(1e6, 3e7, 6)
-    fit = downstream.fit_bleu_law(dp, np.array([2.0, 2.6, 3.1, 3.3, 3.6, 3.8]))
+    fit = downstream_laws.fit_bleu_law(dp, np.array([2.0, 2.6, 3.1, 3.3, 3.6, 3.8]))
     stalled = dataclasses.replace(fit, converged=False)
     series = [
         plots.SeriesStyle("a", dp, fit.observed, fit),
@@ -310,7 +314,7 @@ def test_cli_passes_the_fit_point_rule(study, tmp_path, monkeypatch, capsys):
         seen.update(kw)
         return {"warnings": [], "skipped": {}, "plots": [], "n_basis": "exact", "converged": True}
 
-    monkeypatch.setattr(pipeline, "fit_runs", fake)
+    monkeypatch.setattr(fit_all, "fit_runs", fake)
     args = ["fit", "--runs", str(study), "--out", str(tmp_path / "o")]
     assert main([*args, "--points-per-run", "1", "--points-min-fraction", "0.25"]) == 0
     assert seen["point_rule"] == points.PointRule(per_run=1, min_fraction=0.25)
@@ -327,15 +331,15 @@ def test_too_few_finetuning_points_say_so_when_the_law_is_asked_for(tmp_path):
     for d in finetunes[1:]:
         shutil.rmtree(d)
     with pytest.raises(FitInputError) as e:
-        pipeline.fit_runs(root, tmp_path / "out", law="ce", bootstrap=0)
+        fit_all.fit_runs(root, tmp_path / "out", law="ce", bootstrap=0)
     message = str(e.value)
     assert "1 point; a fit needs at least 3" in message and "mt_en_fr" in message, message
     assert "no finetuning runs" not in message
 
 
 def test_report_sets_the_cpt_papers_headline_numbers_beside_the_fitted_ones(result):
-    from fitting import paper_headlines
     from fitting.formats import fmt
+    from fitting.reports import paper_headlines
 
     out, res = result
     rows = {(r["lang"], r["quantity"]): r for r in paper_headlines.rows(res)}

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from fitting import frontier, laws, transfer
+from fitting.analyses import frontier, transfer
 from fitting.checks import FitInputError
-from fitting.fit import FitResult
-from fitting.points import Curve
+from fitting.laws import formulas
+from fitting.laws.robust_fit import FitResult
+from fitting.readers.points import Curve
 
 SCRATCH = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.40, "beta": 0.30}
 CPT = {"E": 1.55, "A": 420.0, "alpha": 0.40, "B": 433.3, "beta": 0.20, "gamma": 0.08}
@@ -45,7 +46,7 @@ def test_frontier_fits_recover_the_frontier_law_with_bootstrap():
         c = np.geomspace(1e18, 1e22, 40)
         C.append(c)
         noise = 1 + (0.005 + 0.02 * rng.random(40)) * (r > 0)
-        L.append(laws.loss_compute(c, E=1.6, A=3000.0, gamma=0.17) * noise)
+        L.append(formulas.loss_compute(c, E=1.6, A=3000.0, gamma=0.17) * noise)
         runs += [f"r{r}"] * 40
     fr = frontier.fit_frontier(np.concatenate(C), np.concatenate(L), runs, bootstrap=10)
     assert set(fr.runs) == {"r0"}
@@ -61,9 +62,9 @@ def test_frontier_fits_recover_the_frontier_law_with_bootstrap():
 def test_equal_loss_transfer_matches_the_laws():
     n = 4e8
     d = np.geomspace(1e8, 8e9, 60)
-    scratch = _curve("scratch", "scratch", n, d, laws.chinchilla(n, d, **SCRATCH))
+    scratch = _curve("scratch", "scratch", n, d, formulas.chinchilla(n, d, **SCRATCH))
     cpt_tokens = np.geomspace(2e8, 2e9, 8)
-    cpt = _curve("cpt", "cpt", n, cpt_tokens, laws.cpt(n, cpt_tokens, **CPT))
+    cpt = _curve("cpt", "cpt", n, cpt_tokens, formulas.cpt(n, cpt_tokens, **CPT))
     t = transfer.equal_loss_transfer(cpt, scratch)
     ok = np.isfinite(t.flops_saved)
     assert ok.sum() >= 5
@@ -77,7 +78,9 @@ def test_equal_loss_transfer_matches_the_laws():
     assert t.flops_saved[ok][0] > 0.3 and np.all(np.diff(t.flops_saved[ok]) < 0)
     # the law's D_PT gives the scratch law the CPT law's loss
     np.testing.assert_allclose(
-        laws.chinchilla(n, law.tokens_pt, **SCRATCH), laws.cpt(n, cpt_tokens, **CPT), rtol=1e-10
+        formulas.chinchilla(n, law.tokens_pt, **SCRATCH),
+        formulas.cpt(n, cpt_tokens, **CPT),
+        rtol=1e-10,
     )
     with pytest.raises(FitInputError, match="differ in size"):
         transfer.equal_loss_transfer(cpt, _curve("s2", "scratch", 2 * n, d, scratch.loss))

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from fitting import pipeline, zeroshot_figures
+from fitting.analyses import zeroshot_figures
 from fitting.checks import FitInputError
+from fitting.readers import run_dirs
+from fitting.reports import fit_all
 from rundir import records, zeroshot
 
 SMALL, LARGE = 1.0e8, 1.4e9
@@ -89,7 +91,7 @@ def _runs_dir(tmp_path, *, scored=True):
 
 def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
     root = _runs_dir(tmp_path)
-    res = pipeline.fit_runs(root, tmp_path / "out", law="zeroshot", bootstrap=0)["zeroshot"]
+    res = fit_all.fit_runs(root, tmp_path / "out", law="zeroshot", bootstrap=0)["zeroshot"]
     fig3 = res["fig3"]
     assert sorted(fig3) == ["fr", "ru", "zh"]
     for lang, e in fig3.items():
@@ -129,7 +131,7 @@ def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
 
 
 def test_zeroshot_size_picks_the_closest_complete_size(tmp_path):
-    runs = pipeline.io.read_runs(_runs_dir(tmp_path))
+    runs = run_dirs.read_runs(_runs_dir(tmp_path))
     fig3, _ = zeroshot_figures.fig3(runs, size=2e8)
     assert {e["size"] for e in fig3.values()} == {SMALL}
     assert "closest to 2e+08" in fig3["zh"]["size_rule"]
@@ -141,11 +143,11 @@ def test_zeroshot_size_picks_the_closest_complete_size(tmp_path):
 def test_runs_without_zeroshot_results_skip_the_step(tmp_path):
     root = _runs_dir(tmp_path, scored=False)
     with pytest.raises(FitInputError, match="zeroshot: no run has zero-shot results"):
-        pipeline.fit_runs(root, tmp_path / "out", law="zeroshot", bootstrap=0)
-    res = pipeline.fit_runs(root, tmp_path / "all", law="compute", bootstrap=0)
+        fit_all.fit_runs(root, tmp_path / "out", law="zeroshot", bootstrap=0)
+    res = fit_all.fit_runs(root, tmp_path / "all", law="compute", bootstrap=0)
     assert "zeroshot" not in res
     grid = {"a": [5.0], "b": [5.0], "e": [0.5], "alpha": [0.3], "beta": [0.3]}
-    skipped = pipeline.fit_runs(root, tmp_path / "o2", law="all", bootstrap=0, grid=grid)["skipped"]
+    skipped = fit_all.fit_runs(root, tmp_path / "o2", law="all", bootstrap=0, grid=grid)["skipped"]
     assert skipped["zeroshot"].startswith("no run has zero-shot results")
 
 

@@ -1,10 +1,10 @@
-"""Rank correlation of measured series (`fitting.correlations`)."""
+"""Rank correlation of measured series (`fitting.analyses.correlations`)."""
 
 import math
 
 import pytest
 
-from fitting.correlations import spearman
+from fitting.analyses.correlations import spearman
 
 
 def test_spearman():

@@ -155,6 +155,60 @@ def test_every_top_level_package_has_a_layer():
     assert found <= set(LAYERS), sorted(found - set(LAYERS))
 
 
+# Inside `fitting`, subpackages point down too: its root modules (`fitting.checks`,
+# `fitting.formats`: input errors and number formats every part shares) < `readers` (run
+# directories in, fit inputs out) < `laws` (the laws and their fits) < `analyses` (what the fits
+# say) < `reports` (what `xlscale fit` writes).
+FITTING_LAYERS: dict[str, int] = {"": 0, "readers": 1, "laws": 2, "analyses": 3, "reports": 4}
+
+
+def _fitting_layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FITTING_LAYERS else ""
+
+
+def fitting_violations(root: pathlib.Path) -> list[str]:
+    """`file:line: module (layer) imports module (layer)` for every import within `fitting` from
+    a lower subpackage of `FITTING_LAYERS` to a higher one (lazy imports included)."""
+    bad = []
+    for path in sorted((root / "fitting").rglob("*.py")):
+        module = _module_name(root, path)
+        low = _fitting_layer(module)
+        for line, name in imported_modules(path, module=module):
+            high = _fitting_layer(name)
+            if name.startswith("fitting.") and FITTING_LAYERS[high] > FITTING_LAYERS[low]:
+                bad.append(
+                    f"{path.relative_to(root)}:{line}: {module} ({low or 'fitting'}) imports "
+                    f"{name} ({high})"
+                )
+    return bad
+
+
+def test_fitting_subpackages_point_down():
+    assert set(FITTING_LAYERS) - {""} == {
+        p.parent.name for p in (ROOT / "fitting").glob("*/__init__.py")
+    }
+    assert fitting_violations(ROOT) == []
+
+
+def test_the_fitting_check_catches_an_upward_import(tmp_path):
+    def write(path: str, text: str) -> None:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+
+    write("fitting/checks.py", "from fitting.readers import points\n")
+    write("fitting/readers/points.py", "from fitting import checks\nfrom fitting.laws import fit\n")
+    write("fitting/laws/fit.py", "def f():\n    from fitting.reports.plots import draw\n")
+    write("fitting/reports/plots.py", "from fitting.analyses import transfer\n")
+    assert fitting_violations(tmp_path) == [
+        "fitting/checks.py:1: fitting.checks (fitting) imports fitting.readers.points (readers)",
+        "fitting/laws/fit.py:2: fitting.laws.fit (laws) imports fitting.reports.plots.draw "
+        "(reports)",
+        "fitting/readers/points.py:2: fitting.readers.points (readers) imports "
+        "fitting.laws.fit (laws)",
+    ]
+
+
 # --- module-level import cycles -----------------------------------------------------------
 
 

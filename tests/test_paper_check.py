@@ -6,7 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from fitting import io, laws, points
+from fitting.laws import formulas as laws
+from fitting.readers import points
+from fitting.readers import run_dirs as io
 from studies import paper_check, paper_study
 
 

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from fitting.readers import points
-from fitting.readers import run_dirs as io
 from fitting.readers.run_data import RunData
 from rundir import paper_units
 from trainer import data, metrics_log, recipes, run_files

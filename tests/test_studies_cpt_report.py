@@ -2,7 +2,7 @@
 
 import re
 
-from fitting.run_record import RunRecord
+from fitting.readers.run_data import RunData as RunRecord
 from studies import cpt_report
 
 PI = 3.141592653589793
@@ -73,7 +73,7 @@ def max_significant_digits(text: str) -> int:
 
 
 def test_table_2_comparison_says_which_n_basis_it_is_on():
-    from fitting import model_keys
+    from fitting.readers import model_keys
 
     fits = {"chinchilla": {"zh": {"fit": {"params": {"alpha": 0.4, "beta": 0.3, "E": 1.5}}}}}
     exact = cpt_report.comparison(fits, _runs(), "zh")
@@ -108,7 +108,7 @@ def test_replay_wording_is_the_papers():
 def test_appendix_b_is_compared_through_the_ratio_of_the_two_laws_errors():
     """The paper's Appendix B errors are not per-point means (δ = 1e-3 makes 0.009 impossible
     as one): only the ratio of the two laws' errors on the same points is set against it."""
-    from fitting import report
+    from fitting.reports import markdown as report
 
     b = {
         "chinchilla_fit": {"delta": 1e-3, "converged": True},

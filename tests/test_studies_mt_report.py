@@ -6,7 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from fitting import io, laws, points
+from fitting.laws import formulas as laws
+from fitting.readers import points
+from fitting.readers import run_dirs as io
 from studies import mt_findings as find
 from studies import mt_report as rep
 
@@ -357,7 +359,7 @@ def test_without_comet_the_report_says_so_in_one_line(runs_dir, tmp_path):
 
 
 def test_the_comet_model_is_read_from_each_runs_gin_config():
-    from fitting.run_record import RunRecord
+    from fitting.readers.run_data import RunData as RunRecord
 
     def run(rid, gin, comet=True):
         rec = {"step": 1, "eval/mt_en_fr/bleu": 1.0}
@@ -380,7 +382,7 @@ def test_bleu_noise_reads_the_last_step_predictions_the_trainer_writes(tmp_path)
     # row keys (`rundir.names`); the file is chosen by the step in its name, not by mtime.
     import os
 
-    from fitting.run_record import RunRecord
+    from fitting.readers.run_data import RunData as RunRecord
     from studies import mt_findings
     from trainer import downstream
 

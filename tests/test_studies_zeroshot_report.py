@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from test_fit_zeroshot import LARGE, _runs_dir
 
-from fitting import io
+from fitting.readers import run_dirs as io
 from studies import cpt_zeroshot, zeroshot_report
 
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fitting import io, laws, pipeline, points, t5x_runs
 from fitting.checks import FitInputError
+from fitting.laws import formulas
+from fitting.readers import event_files, points, run_dirs, t5x_runs
+from fitting.reports import fit_all
 from t5_jax import counting, sizes
 
 pytest.importorskip("tensorboard")
@@ -190,7 +192,7 @@ def test_pretrain_meta_from_config_gin(tmp_path):
         ckpts=[0, 100, 200, 300],
         ce={100: 3.0, 200: 2.5, 300: 2.2},
     )
-    run = io.read_runs(d)[0]
+    run = run_dirs.read_runs(d)[0]
     m = run.meta
     want = counting.param_counts(sizes.get_config("t5_770m"))
     assert m["model"] == "t5_770m" and m["family"] == "t5"
@@ -255,7 +257,7 @@ def test_finetune_meta_and_inference_eval_scores(tmp_path):
         init=125,
         bleu=21.5,
     )
-    runs = {r.run_id: r for r in io.read_runs(tmp_path)}
+    runs = {r.run_id: r for r in run_dirs.read_runs(tmp_path)}
     m = runs["ft"].meta
     assert m["strategy"] == "finetune" and m["init_checkpoint"] == "/runs/pre@125"
     assert m["init_step"] == 125 and m["train_steps"] == 300  # T5X counts on from the checkpoint
@@ -264,7 +266,7 @@ def test_finetune_meta_and_inference_eval_scores(tmp_path):
     assert last["eval/mt_en_de/bleu"] == 21.5 and last["eval/mt_en_de/chrf"] == 40.0
     assert last["eval/mt_en_de/rouge_l"] == 50.0  # seqio's rougeL under xlscale's name
     assert runs["ft"].completed is not None
-    rows = io.tidy([runs["ft"]])
+    rows = run_dirs.tidy([runs["ft"]])
     assert rows[-1]["scores"]["mt_en_de/bleu"] == 21.5
 
 
@@ -282,7 +284,7 @@ def test_loss_normalizing_factor_rules(tmp_path):
 def test_read_tensorboard_puts_inference_eval_scores_under_their_task(tmp_path):
     write_events(tmp_path / "inference_eval" / "mt_en_fr", {"eval/bleu": [(10, 30.0)]})
     write_events(tmp_path / "training_eval" / "mt_en_fr", {"loss": [(10, 2.0)]})
-    assert io.read_tensorboard(tmp_path) == {
+    assert event_files.read_tensorboard(tmp_path) == {
         "eval/mt_en_fr/bleu": [(10, 30.0)],
         "eval/mt_en_fr/loss": [(10, 2.0)],
     }
@@ -318,17 +320,17 @@ def _mt_study(root: Path) -> None:
             ce={init + 300: 0.5 + 60.0 * dp**-0.2},
             parent="pre_en",
             init=init,
-            bleu=float(laws.log_law(dp, log_A=-5.0, alpha=0.5, beta=1.5)),
+            bleu=float(formulas.log_law(dp, log_A=-5.0, alpha=0.5, beta=1.5)),
         )
 
 
 def test_fit_pipeline_on_t5x_runs(tmp_path):
     _mt_study(tmp_path / "runs")
-    series = points.downstream_series(io.read_runs(tmp_path / "runs"), metric="bleu")
+    series = points.downstream_series(run_dirs.read_runs(tmp_path / "runs"), metric="bleu")
     assert len(series) == 1 and series[0].key == ("mix_en_100", "mt_en_de", "300")
     np.testing.assert_array_equal(series[0].Dp, [s * 256 * 512 for s in (200, 400, 600, 800)])
     assert series[0].model == "t5_770m"
-    result = pipeline.fit_runs(tmp_path / "runs", tmp_path / "out", law="ce", bootstrap=0)
+    result = fit_all.fit_runs(tmp_path / "runs", tmp_path / "out", law="ce", bootstrap=0)
     (entry,) = result["ce"]
     assert entry["fit"]["converged"] and entry["fit"]["params"]["alpha"] == pytest.approx(
         0.2, rel=1e-2
@@ -336,7 +338,7 @@ def test_fit_pipeline_on_t5x_runs(tmp_path):
 
 
 def test_xlscale_fit_cli_on_t5x_and_xlscale_runs(tmp_path, capsys):
-    from fitting import synthetic
+    from fitting.laws import synthetic
     from xlscale_cli import main as cli
 
     _mt_study(tmp_path / "runs")

@@ -19,7 +19,7 @@ from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401  (mod
 pytest.importorskip("lm_eval")
 
 from evals import harness, results, scorer  # noqa: E402
-from fitting import io as fit_io  # noqa: E402
+from fitting.readers import run_dirs as fit_io  # noqa: E402
 from rundir import zeroshot as zeroshot_lib  # noqa: E402
 from trainer import checkpoints, jobs  # noqa: E402
 from trainer import data as data_lib  # noqa: E402

@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     """Runs the fits; exits 1 on bad input (the message names the run or point), 2 on a bad
     fit-point rule, 3 if a fit did not converge (the outputs are still written and say so)."""
     from fitting.checks import FitInputError
-    from fitting.pipeline import fit_runs
-    from fitting.points import PointRule
+    from fitting.readers.points import PointRule
+    from fitting.reports.fit_all import fit_runs
 
     try:
         rule = PointRule(

@@ -13,7 +13,7 @@ coefficient vector), so both reduce to a handful of per-point moments. Parameter
 (`free` False) get a zero gradient and a unit Hessian row, so a damped step never moves them and
 each lane can carry its own fixed values (the CPT bootstrap pairs each resample with a resample of
 the from-scratch fit). `screen` runs the batched
-Levenberg–Marquardt of `fitting.optim` for thousands of starts inside one compiled JAX loop.
+Levenberg–Marquardt of `fitting.laws.optim` for thousands of starts inside one compiled JAX loop.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fitting import optim
+from fitting.laws import optim
 
 # A term is (parameter index, feature column); a component is a tuple of terms.
 Terms = tuple[tuple[tuple[int, int], ...], ...]
@@ -33,10 +33,10 @@ Terms = tuple[tuple[tuple[int, int], ...], ...]
 
 @dataclasses.dataclass(frozen=True)
 class LawSpec:
-    """How one LSE-affine law is fitted (`fitting.fit.fit_law`); each law's is in `fitting.laws`.
+    """How one LSE-affine law is fitted (`fitting.laws.robust_fit.fit_law`); each law's is in `fitting.laws.formulas`.
 
     Attributes:
-      law: its name in `fitting.laws.LAWS`.
+      law: its name in `fitting.laws.formulas.LAWS`.
       names: the fitted (log-space) variables, in internal order.
       terms: LSE components as (variable index, feature column) pairs.
       features: inputs (positive 1-D arrays) → [P, F] feature matrix.

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fitting import laws
+from fitting.laws import formulas
 from rundir import records as rundir_records
 from rundir import storage
 
@@ -47,7 +47,7 @@ def chinchilla_points(
     rng = np.random.default_rng(seed)
     N = np.exp(rng.uniform(*np.log(n_range), n))
     D = np.exp(rng.uniform(*np.log(d_range), n))
-    L = laws.chinchilla(N, D, **truth) * np.exp(sigma * rng.standard_normal(n))
+    L = formulas.chinchilla(N, D, **truth) * np.exp(sigma * rng.standard_normal(n))
     return N, D, L
 
 
@@ -166,7 +166,7 @@ def write_study(
     def cpt_losses(n: float) -> dict[str, Any]:
         # Target loss from the CPT law; source loss forgotten and (with replay) relearned.
         return {
-            lm_t: lambda bt, t: noisy(laws.cpt(n, bt[lm_t], **cpt)),
+            lm_t: lambda bt, t: noisy(formulas.cpt(n, bt[lm_t], **cpt)),
             lm_s: lambda bt, t: noisy(
                 forgetting(n, bt.get(lm_s, 0.0), t, source_law, tokens_per_param * n)
             ),
@@ -207,7 +207,7 @@ def write_study(
                     {task: 1.0},
                     {
                         task: lambda bt, t, n=n, task=task, law=law: noisy(
-                            laws.chinchilla(n, bt[task], **law)
+                            formulas.chinchilla(n, bt[task], **law)
                         )
                     },
                     batch,
@@ -270,10 +270,10 @@ def forgetting(
       law: the source language's Chinchilla law (its loss at 20·n tokens is the start).
       total: the run's total tokens.
     """
-    start = laws.chinchilla(n, 20 * n, **law)
+    start = formulas.chinchilla(n, 20 * n, **law)
     frac = tokens / total
     bump = 0.6 * frac / (0.15 + frac)
-    relief = laws.chinchilla(n, max(source_tokens, 1.0), **law) - start
+    relief = formulas.chinchilla(n, max(source_tokens, 1.0), **law) - start
     return float(start + bump / (1 + 30 * source_tokens / total) + 0.05 * np.tanh(relief))
 
 
@@ -311,8 +311,8 @@ def _write_mt(root: Path, rng: np.random.Generator, sigma: float) -> None:
     )
     for s in steps:
         dp = float(s * batch)
-        bleu = float(laws.log_law(dp, **BLEU) * np.exp(sigma * rng.standard_normal()))
-        ce = float(laws.power_law(dp, **CE) * np.exp(sigma * 0.2 * rng.standard_normal()))
+        bleu = float(formulas.log_law(dp, **BLEU) * np.exp(sigma * rng.standard_normal()))
+        ce = float(formulas.power_law(dp, **CE) * np.exp(sigma * 0.2 * rng.standard_normal()))
         rec = {
             "step": 300,
             "tokens": 300 * 128 * 512.0,
@@ -341,8 +341,8 @@ def _write_mt(root: Path, rng: np.random.Generator, sigma: float) -> None:
         "step": 300,
         "tokens": 300 * 128 * 512.0,
         "flops": 1.0,
-        "eval/mt_en_fr/loss": float(laws.power_law(1e9, **CE) * 1.3),
-        "eval/mt_en_fr/bleu": float(laws.log_law(1e10, **BLEU) * 0.7),
+        "eval/mt_en_fr/loss": float(formulas.power_law(1e9, **CE) * 1.3),
+        "eval/mt_en_fr/bleu": float(formulas.log_law(1e10, **BLEU) * 0.7),
     }
     _write_run(
         root,

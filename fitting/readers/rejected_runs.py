@@ -4,7 +4,7 @@ A manifest's `[[select]]` stage (a learning-rate grid, say) keeps one run per gr
 differ only in the grid's value, and `xlscale sweep select` (or `xlscale sweep run`) records the
 choice in `<runs_dir>/selection.json` (format: docs/interfaces.md, "Sweep manifests"). Fitting
 every candidate would put five learning rates of one finetune into one series, so
-`fitting.io.read_runs` drops the candidates that were not chosen. Runs in no selection group,
+`fitting.readers.run_dirs.read_runs` drops the candidates that were not chosen. Runs in no selection group,
 and groups still pending, are untouched. This reader needs nothing from `launch`.
 """
 

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fitting.allocation import compute_optimal, isoloss_grid
-from fitting.downstream import DownstreamFit
-from fitting.fit import FitResult
-from fitting.frontier import Frontier
-from fitting.points import Curve
-from fitting.transfer import ReplayCurve, TransferCurve
+from fitting.analyses.allocation import compute_optimal, isoloss_grid
+from fitting.analyses.frontier import Frontier
+from fitting.analyses.transfer import ReplayCurve, TransferCurve
+from fitting.laws.downstream_laws import DownstreamFit
+from fitting.laws.robust_fit import FitResult
+from fitting.readers.points import Curve
 from rundir import storage
 
 _COLORS = {
@@ -413,7 +413,7 @@ def score_vs_ce(
 def zeroshot_strategies(entry: Mapping, path: Path, *, title: str) -> Path:
     """CPT paper Fig. 3 for one target language: acc_norm per benchmark and their mean, one bar
     per model (source, scratch, CPT), each benchmark's chance level dotted
-    (`fitting.zeroshot_figures.fig3` entry)."""
+    (`fitting.analyses.zeroshot_figures.fig3` entry)."""
     fig, (ax,) = _figure(size=(6.5, 4.5))
     groups = [*entry["benchmarks"], "average"]
     strategies = list(entry["acc_norm"])
@@ -435,7 +435,7 @@ def zeroshot_strategies(entry: Mapping, path: Path, *, title: str) -> Path:
 def zeroshot_replay(entry: Mapping, path: Path, *, title: str) -> Path:
     """CPT paper Fig. 6: relative performance (acc_norm ÷ the best across replay settings) vs
     the source-language replay ratio, one panel per benchmark group, one line per benchmark
-    plus the group's mean (`fitting.zeroshot_figures.fig6` entry)."""
+    plus the group's mean (`fitting.analyses.zeroshot_figures.fig6` entry)."""
     groups = entry["groups"]
     fig, axes = _figure(ncols=len(groups), size=(5.0, 4.0))
     xs = [100 * s["ratio"] for s in entry["settings"]]

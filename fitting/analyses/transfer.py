@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fitting import fit as fit_mod
 from fitting.checks import FitInputError
-from fitting.fit import FitResult
-from fitting.points import Curve
+from fitting.laws import robust_fit
+from fitting.laws.robust_fit import FitResult
+from fitting.readers.points import Curve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +225,9 @@ def replay_curve(source: Curve, target: Curve) -> ReplayCurve:
         c_tail, l_tail = src_c[peak:], source.loss[peak:]
         ok = np.isfinite(c_tail) & (c_tail > 0)
         if len(np.unique(c_tail[ok])) >= 3:
-            tail = fit_mod.fit_power(c_tail[ok], l_tail[ok], runs=[source.run_id] * int(ok.sum()))
+            tail = robust_fit.fit_power(
+                c_tail[ok], l_tail[ok], runs=[source.run_id] * int(ok.sum())
+            )
     nan = float("nan")
     return ReplayCurve(
         run_id=source.run_id,

@@ -12,9 +12,9 @@ run, for replay runs only the target language's component (`tokens_by_task`); C 
 cumulative 6·N·D FLOPs. An evaluation before any token was seen (D = 0) cannot be a point of a
 power law and is always skipped; a NaN or non-positive loss is an error naming the run and step.
 
-N is on the basis the caller picks (`fitting.model_keys.N_BASES`: exact non-embedding counts or
+N is on the basis the caller picks (`fitting.readers.model_keys.N_BASES`: exact non-embedding counts or
 the paper's nominal sizes; C follows it). Curves and downstream series carry their model
-(family + size, `fitting.model_keys.model_label`): a downstream series and its baseline are one
+(family + size, `fitting.readers.model_keys.model_label`): a downstream series and its baseline are one
 model's, never a mix.
 
 Downstream Dp and Df are in the MT paper's units by default: Dp = pretraining steps × batch ×
@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from fitting import model_keys
 from fitting.checks import FitInputError
-from fitting.io import RunRecord
+from fitting.readers import model_keys
+from fitting.readers.run_data import RunData
 from rundir import run_record
 from rundir.run_record import Strategy
 
@@ -53,7 +53,7 @@ class Curve:
         component for replay runs (D of the CPT law), flops the whole run's 6·N·tokens.
       fraction: share of the run's tokens that went to `task`'s language (1 without replay), so
         that compute "allocated to the language" is flops × fraction (CPT paper Fig. 4).
-      model: the run's model (`fitting.model_keys.model_label`).
+      model: the run's model (`fitting.readers.model_keys.model_label`).
       n_basis: the basis of `n_params` and `flops` ("exact" or "nominal").
     """
 
@@ -88,7 +88,7 @@ class Points:
         return len(self.L)
 
 
-def _component(run: RunRecord, lang: str) -> str | None:
+def _component(run: RunData, lang: str) -> str | None:
     """The mixture component that carries `lang`'s language-modelling data."""
     comps = list(run.info.components)
     if f"lm_{lang}" in comps:
@@ -100,7 +100,7 @@ def _component(run: RunRecord, lang: str) -> str | None:
 
 
 def curve(
-    run: RunRecord,
+    run: RunData,
     *,
     task: str | None = None,
     n_key: str = "params_non_embedding",
@@ -172,7 +172,7 @@ def curve(
 
 
 def curves(
-    runs: Iterable[RunRecord],
+    runs: Iterable[RunData],
     *,
     strategies: Sequence[str],
     language: str | None = None,
@@ -302,7 +302,7 @@ class DownstreamSeries:
       runs: the finetuning run ids.
       baseline: the same model's same finetuning from random initialisation
         (finetune_scratch), if present.
-      model: the finetuned model (`fitting.model_keys.model_label`: family + size).
+      model: the finetuned model (`fitting.readers.model_keys.model_label`: family + size).
       dp_unit: what `Dp` counts (a key of `DP_UNITS`).
     """
 
@@ -349,7 +349,7 @@ def finetune_group(meta: run_record.RunRecord | Mapping[str, Any]) -> str:
 
 
 def downstream_series(
-    runs: Sequence[RunRecord], *, metric: str, dp_unit: str = "paper"
+    runs: Sequence[RunData], *, metric: str, dp_unit: str = "paper"
 ) -> list[DownstreamSeries]:
     """Groups finetuning runs into (Dp, final value) series, one per model × pretraining run ×
     task × finetuning recipe.
@@ -409,7 +409,7 @@ def downstream_series(
     return out
 
 
-def _final_value(run: RunRecord, task: str, metric: str) -> float | None:
+def _final_value(run: RunData, task: str, metric: str) -> float | None:
     """Last evaluation of `task`'s metric in a run (scores live at eval/<task>/<metric>)."""
     key = f"eval/{task}/{metric}"
     for rec in reversed(run.records):
@@ -421,7 +421,7 @@ def _final_value(run: RunRecord, task: str, metric: str) -> float | None:
     return None
 
 
-def _tokens_at(run: RunRecord, step: int | None, *, key: str = "tokens") -> float:
+def _tokens_at(run: RunData, step: int | None, *, key: str = "tokens") -> float:
     """The cumulative count `key` of a pretraining run at `step` (its last record when step is
     None), from its records."""
     recs = [r for r in run.records if key in r]
@@ -453,7 +453,7 @@ def paper_tokens_per_step(meta: run_record.RunRecord | Mapping[str, Any]) -> flo
     return None
 
 
-def paper_tokens_at(run: RunRecord, step: int | None) -> float:
+def paper_tokens_at(run: RunData, step: int | None) -> float:
     """Dp of a pretraining run's checkpoint at `step` in the papers' unit (the MT paper's steps ×
     batch 256 × 512): its records' `tokens_paper`; for runs written before that field, step ×
     `paper_tokens_per_step`; for run directories that record neither (T5X's, whose `tokens` are

@@ -31,7 +31,7 @@ CPT_APPENDIX_B = {
     "cpt": {"chinchilla": 0.0108, "cpt_law": 0.0093, "gamma": 0.080},
 }
 
-# The CPT paper's headline numbers (zh target, 40 sizes), as printed; `fitting.paper_headlines`
+# The CPT paper's headline numbers (zh target, 40 sizes), as printed; `fitting.reports.paper_headlines`
 # sets them beside the fitted ones.
 CPT_HEADLINES = {
     # §4.2, eq. 3's pure power L = k·C^(−g) through the lowest loss at each compute (the frontier),

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from fitting.lse import LawSpec, neglog_features
+from fitting.laws.lse import LawSpec, neglog_features
 
 
 def _arr(x) -> np.ndarray:
@@ -94,8 +94,8 @@ class Law:
       name: the key in `LAWS`, in `FitResult.law` and in fits.json.
       params: the law's parameters in the order fits report them.
       predict: the pure, vectorised formula (inputs positional, parameters by keyword).
-      spec: how `fitting.fit.fit_law` fits it as an LSE-affine law (None: fitted otherwise, e.g.
-        the log-law by `fitting.downstream.fit_bleu_law`).
+      spec: how `fitting.laws.robust_fit.fit_law` fits it as an LSE-affine law (None: fitted otherwise, e.g.
+        the log-law by `fitting.laws.downstream_laws.fit_bleu_law`).
       inputs: the names of its inputs, in `predict`'s order.
       min_distinct: the fewest distinct values of each input that identify the parameters. The
         Chinchilla law needs 3 model sizes: each size's curve along D pins only its offset
@@ -117,7 +117,7 @@ def _register(*entries: Law) -> Mapping[str, Law]:
 
 
 # One entry per law. The pipeline step that fits it, its report section and its plot are in
-# `fitting.pipeline.STEPS`, which names these laws.
+# `fitting.reports.fit_all.STEPS`, which names these laws.
 LAWS: Mapping[str, Law] = _register(
     Law(
         name="chinchilla",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fitting import alignment
+from fitting.analyses import alignment
 from pipelines.names import mt_pair
 
 

@@ -2,7 +2,7 @@
 
 The run format is the contract of docs/interfaces.md ("Training outputs"); nothing else is needed
 to fit. `read_runs` reads a directory of runs (less the runs a sweep's `[[select]]` stage
-rejected, see `fitting.selection`), `tidy` flattens them into one row per run ×
+rejected, see `fitting.readers.rejected_runs`), `tidy` flattens them into one row per run ×
 evaluation, and `read_tensorboard` reads scalar summaries from event files (T5X's own layout
 included) without TensorFlow: the TFRecord framing is parsed here and the records are decoded with
 TensorBoard's protobuf classes. Every error names the run (and line or step) at fault.
@@ -19,23 +19,21 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from fitting import t5x_runs
 from fitting.checks import FitInputError
 from fitting.formats import num
-from fitting.run_record import EVAL_PREFIX, RunRecord
-from fitting.selection import read_selection, rejected_runs
-from fitting.tensorboard import read_tensorboard, records_from_scalars
+from fitting.readers import t5x_runs
+from fitting.readers.event_files import read_tensorboard, records_from_scalars
+from fitting.readers.rejected_runs import read_selection, rejected_runs
+from fitting.readers.run_data import EVAL_PREFIX, RunData
 from rundir import names, records, storage
 
 RUN_FILE = names.RUN_FILE
 METRICS_FILE = names.METRICS_FILE
 COMPLETED_FILE = names.COMPLETED_FILE
-# Re-exported: `fitting.io` is where readers of runs have always found these.
-__all__ = ["EVAL_PREFIX", "RunRecord", "read_tensorboard", "records_from_scalars"]
 log = logging.getLogger(__name__)
 
 
-def read_run(path: str | os.PathLike) -> RunRecord:
+def read_run(path: str | os.PathLike) -> RunData:
     """Reads one run directory (local or `gs://`); falls back to TensorBoard events when
     metrics.jsonl is absent.
 
@@ -66,7 +64,7 @@ def read_run(path: str | os.PathLike) -> RunRecord:
         raise FitInputError(f"run {run_id!r}: {METRICS_FILE} holds no records")
     completed = records.read_completed(path)
     found = sorted(found, key=lambda r: r["step"])
-    return RunRecord(run_id, path, meta, tuple(found), completed)
+    return RunData(run_id, path, meta, tuple(found), completed)
 
 
 def _is_xlscale_run(path: epath.Path) -> bool:
@@ -83,11 +81,11 @@ class RunFormat:
     one, `read(path)` reads it."""
 
     detect: Callable[[epath.Path], bool]
-    read: Callable[[epath.Path], RunRecord]
+    read: Callable[[epath.Path], RunData]
 
 
 # Run-directory formats, tried in order: xlscale's (run.json) and T5X's MODEL_DIR (config.gin +
-# summaries or checkpoint_<step>/, `fitting.t5x_runs`).
+# summaries or checkpoint_<step>/, `fitting.readers.t5x_runs`).
 RUN_FORMATS: Mapping[str, RunFormat] = {
     "xlscale": RunFormat(_is_xlscale_run, read_run),
     "t5x": RunFormat(_is_t5x_run, t5x_runs.read_t5x_run),
@@ -104,9 +102,9 @@ def run_format(path: epath.Path) -> str | None:
 
 def read_runs(
     root: str | os.PathLike, *, pattern: str = "*", use_selection: bool = True
-) -> list[RunRecord]:
+) -> list[RunData]:
     """Reads every run directory directly under `root`: xlscale's (run.json) and T5X's
-    (`RUN_FORMATS`; a T5X MODEL_DIR is read by `fitting.t5x_runs`), mixed freely.
+    (`RUN_FORMATS`; a T5X MODEL_DIR is read by `fitting.readers.t5x_runs`), mixed freely.
 
     A subdirectory with metrics.jsonl but no run.json, or with run.json but no metrics, is an error
     naming it; other subdirectories (e.g. plots) are ignored. `root` may itself be a run.
@@ -150,7 +148,7 @@ def read_runs(
     return runs
 
 
-def tidy(runs: Iterable[RunRecord]) -> list[dict[str, Any]]:
+def tidy(runs: Iterable[RunData]) -> list[dict[str, Any]]:
     """One row per run × evaluation step, with everything the fits need.
 
     Row keys: run_id, strategy, family, model, language, source_lang, replay_ratio, n_params

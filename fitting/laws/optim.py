@@ -15,8 +15,8 @@ and `converged` is read off that gradient.
 Objectives are written once against an array namespace `xp` (`numpy` or `jax.numpy`), so the
 compiled screen and the float64 polish evaluate the same function. A problem object supplies
 `value(xp, theta, weights)` (theta [..., n] → f [...]) and `derivs(xp, theta, weights)`
-(theta [S, n] → f, g [S, n], H [S, n, n]); `fitting.lse.LseProblem` is the one used by every
-upstream law, `fitting.downstream` defines the MT paper's log-law.
+(theta [S, n] → f, g [S, n], H [S, n, n]); `fitting.laws.lse.LseProblem` is the one used by every
+upstream law, `fitting.laws.downstream_laws` defines the MT paper's log-law.
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def multistart(
       iters: the most LM iterations of the batched screen any lane runs (each stops once it
         stalls).
       screen: callable (problem, finite starts, iters) → end points; default `lm_rounds` in
-        numpy. `fitting.lse.screen` runs large LSE problems in a compiled float32 block.
+        numpy. `fitting.laws.lse.screen` runs large LSE problems in a compiled float32 block.
       n_polish: how many of the best distinct end points get the float64 polish.
       basin_rtol: a start "reached the best basin" when its end objective is within this relative
         tolerance of the polished best, plus a floor of 1e-6·½δ²Σw (noise-free data have a

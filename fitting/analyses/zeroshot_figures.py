@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fitting.checks import FitInputError
-from fitting.run_record import RunRecord
+from fitting.readers.run_data import RunData
 from rundir import zeroshot
 from rundir.run_record import CPT_STRATEGIES, Strategy
 
@@ -35,7 +35,7 @@ from rundir.run_record import CPT_STRATEGIES, Strategy
 FIG3_STRATEGIES = (Strategy.SOURCE, Strategy.SCRATCH, Strategy.CPT)
 
 
-def latest_scores(run: RunRecord) -> tuple[int, dict[str, zeroshot.ZeroshotScore]]:
+def latest_scores(run: RunData) -> tuple[int, dict[str, zeroshot.ZeroshotScore]]:
     """(step, task -> score) at the run's latest scored step, tasks with a finite acc_norm only
     ((-1, {}) when the run has no zero-shot results).
 
@@ -50,7 +50,7 @@ def latest_scores(run: RunRecord) -> tuple[int, dict[str, zeroshot.ZeroshotScore
     return (scores[0].step if kept else -1), kept
 
 
-def _size(run: RunRecord) -> float | None:
+def _size(run: RunData) -> float | None:
     n = run.info.params_non_embedding
     return float(n) if n else None
 
@@ -66,17 +66,17 @@ def _choose(sizes: Sequence[float], size: float | None) -> tuple[float, str]:
 class _Scored:
     """The runs with zero-shot scores and, per role key, the longest-scored run."""
 
-    def __init__(self, runs: Sequence[RunRecord]):
+    def __init__(self, runs: Sequence[RunData]):
         self.scores: dict[str, tuple[int, dict[str, zeroshot.ZeroshotScore]]] = {}
-        self.runs: dict[str, RunRecord] = {}
+        self.runs: dict[str, RunData] = {}
         for run in runs:
             step, tasks = latest_scores(run)
             if tasks and _size(run):
                 self.scores[run.run_id], self.runs[run.run_id] = (step, tasks), run
 
-    def best(self, pick) -> dict[Any, RunRecord]:
+    def best(self, pick) -> dict[Any, RunData]:
         """Key -> run over the scored runs with `pick(run)` not None, latest step winning."""
-        out: dict[Any, RunRecord] = {}
+        out: dict[Any, RunData] = {}
         for rid in sorted(self.runs):
             key = pick(self.runs[rid])
             if key is None:
@@ -95,7 +95,7 @@ def _source_lang(scored: _Scored, lang: str) -> str:
     return sorted(langs)[0] if langs else "en"
 
 
-def fig3(runs: Sequence[RunRecord], *, size: float | None = None):
+def fig3(runs: Sequence[RunData], *, size: float | None = None):
     """Fig. 3 per target language of the scored CPT runs.
 
     Returns:
@@ -145,14 +145,14 @@ def fig3(runs: Sequence[RunRecord], *, size: float | None = None):
     return out, skipped
 
 
-def _ratio(run: RunRecord) -> float | None:
+def _ratio(run: RunData) -> float | None:
     if run.strategy == Strategy.CPT:
         return 0.0
     r = run.info.replay_ratio if run.info.holds("replay_ratio") else None
     return float(r) if r is not None else None
 
 
-def fig6(runs: Sequence[RunRecord], *, size: float | None = None):
+def fig6(runs: Sequence[RunData], *, size: float | None = None):
     """Fig. 6 per target language with scored cpt_replay runs.
 
     Returns:
@@ -235,7 +235,7 @@ def _rel(value: float, values: Sequence[float]) -> float | None:
     return value / best if best > 0 else None
 
 
-def figures(runs: Sequence[RunRecord], *, size: float | None = None) -> dict[str, Mapping]:
+def figures(runs: Sequence[RunData], *, size: float | None = None) -> dict[str, Mapping]:
     """`{"fig3": ..., "fig6": ..., "skipped": {"fig3/<lang>"|"fig6/<lang>": why}}`."""
     f3, s3 = fig3(runs, size=size)
     f6, s6 = fig6(runs, size=size)
@@ -243,6 +243,6 @@ def figures(runs: Sequence[RunRecord], *, size: float | None = None) -> dict[str
     return {"fig3": f3, "fig6": f6, "skipped": skipped}
 
 
-def has_scores(runs: Sequence[RunRecord]) -> bool:
+def has_scores(runs: Sequence[RunData]) -> bool:
     """Whether any run has zero-shot results."""
     return any(latest_scores(r)[1] for r in runs)

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from fitting.checks import FitInputError
-from fitting.run_record import RunRecord
-from fitting.tensorboard import read_tensorboard
+from fitting.readers.event_files import read_tensorboard
+from fitting.readers.run_data import RunData
 from pipelines import names
 from rundir import paper_units, storage
 from rundir.run_record import Strategy
@@ -462,8 +462,8 @@ def _real_rows(windows: list[tuple[int, int, float]], *, start: int, step: int) 
     return total
 
 
-def read_t5x_run(path: str | Path) -> RunRecord:
-    """Reads one T5X MODEL_DIR as a `RunRecord` (meta from config.gin, records from summaries).
+def read_t5x_run(path: str | Path) -> RunData:
+    """Reads one T5X MODEL_DIR as a `RunData` (meta from config.gin, records from summaries).
 
     Raises:
       FitInputError: no or unparsable config.gin, no summaries and no checkpoints, or a
@@ -490,4 +490,4 @@ def read_t5x_run(path: str | Path) -> RunRecord:
     done = done and steps[-1] >= (meta["init_step"] or 0) + meta["train_steps"]
     # T5X writes no COMPLETED marker: a checkpoint at the last step says the same.
     completed = {"step": steps[-1], "tokens": recs[-1].get("tokens")} if done else None
-    return RunRecord(run_id, path, meta, tuple(recs), completed)
+    return RunData(run_id, path, meta, tuple(recs), completed)

@@ -1,5 +1,5 @@
-"""`RunRecord`: one training run as `fitting` sees it, whichever format it was read from
-(xlscale's run directory, `fitting.io`; T5X's, `fitting.t5x_runs`)."""
+"""`RunData`: one training run as `fitting` sees it, whichever format it was read from
+(xlscale's run directory, `fitting.readers.run_dirs`; T5X's, `fitting.readers.t5x_runs`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ EVAL_PREFIX = "eval/"
 
 
 @dataclasses.dataclass(frozen=True)
-class RunRecord:
+class RunData:
     """One training run as written by the trainer.
 
     Attributes:

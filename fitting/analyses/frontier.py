@@ -15,10 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fitting import fit as fit_mod
-from fitting import laws
 from fitting.checks import FitInputError
-from fitting.fit import FitResult
+from fitting.laws import formulas, robust_fit
+from fitting.laws.robust_fit import FitResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +95,8 @@ def fit_frontier(
         )
     fc, fl, fr = frontier_points(C, L, runs, bins_per_decade=bins_per_decade)
     distinct = len(np.unique(fc))  # each law needs as many distinct C as it has parameters
-    lc = fit_mod.fit_loss_compute(fc, fl, delta=delta, runs=fr) if distinct >= 3 else None
-    pw = fit_mod.fit_power(fc, fl, delta=delta, runs=fr) if distinct >= 2 else None
+    lc = robust_fit.fit_loss_compute(fc, fl, delta=delta, runs=fr) if distinct >= 3 else None
+    pw = robust_fit.fit_power(fc, fl, delta=delta, runs=fr) if distinct >= 2 else None
     if bootstrap > 0 and (lc or pw):
         lc, pw = _bootstrap(C, L, list(runs), lc, pw, delta, bootstrap, seed, bins_per_decade)
     return Frontier(fc, fl, fr, lc, pw)
@@ -119,14 +118,14 @@ def _bootstrap(C, L, runs, lc, pw, delta, n_boot, seed, bins_per_decade):
         idx = np.concatenate(idx)
         fc, fl, fr = frontier_points(C[idx], L[idx], labels, bins_per_decade=bins_per_decade)
         for name, base, spec in (
-            ("loss_compute", lc, laws.fit_spec("loss_compute")),
-            ("power", pw, laws.fit_spec("power")),
+            ("loss_compute", lc, formulas.fit_spec("loss_compute")),
+            ("power", pw, formulas.fit_spec("power")),
         ):
             if base is None or len(np.unique(fc)) < len(spec.names):
                 continue
             start = np.array([[base.log_params[n] for n in spec.names]])
             try:
-                res = fit_mod.fit_law(
+                res = robust_fit.fit_law(
                     spec,
                     [fc],
                     fl,
@@ -149,7 +148,7 @@ def _bootstrap(C, L, runs, lc, pw, delta, n_boot, seed, bins_per_decade):
         out.append(
             dataclasses.replace(
                 base,
-                ci=fit_mod.percentile_cis(s),
+                ci=robust_fit.percentile_cis(s),
                 samples=s,
                 n_bootstrap=n_boot,
                 n_bootstrap_converged=len(s),

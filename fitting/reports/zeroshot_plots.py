@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fitting.plots import _COLORS, _figure, _save
+from fitting.reports.plots import _COLORS, _figure, _save
 
 _LABELS = {"source": "source (en)", "scratch": "scratch", "cpt": "CPT", "cpt_replay": "CPT+replay"}
 

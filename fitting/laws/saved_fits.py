@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-# fits.json sections holding downstream fits (`fitting.pipeline.fit_runs(law="all")`).
+# fits.json sections holding downstream fits (`fitting.reports.fit_all.fit_runs(law="all")`).
 DOWNSTREAM_SECTIONS = ("bleu", "ce")
 
 
@@ -32,7 +32,7 @@ def fit_object(entry: Mapping[str, Any] | None):
     for no entry; nulls (non-finite values in strict JSON) come back as NaN."""
     if not entry:
         return None
-    from fitting.downstream import DownstreamFit
+    from fitting.laws.downstream_laws import DownstreamFit
 
     d = entry["fit"]
 

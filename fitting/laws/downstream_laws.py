@@ -23,17 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from fitting import laws, optim
 from fitting.checks import FitInputError, as_points, require_distinct
-from fitting.fit import LawFit, fit_univariate
 from fitting.formats import json_safe
+from fitting.laws import formulas, optim
+from fitting.laws.robust_fit import LawFit, fit_univariate
 
 
 @dataclasses.dataclass(frozen=True)
 class DownstreamFit(LawFit):
     """A downstream law fitted on the first points and checked on the rest.
 
-    Attributes (after `fitting.fit.LawFit`'s law, params, objective, converged, grad_norm,
+    Attributes (after `fitting.laws.robust_fit.LawFit`'s law, params, objective, converged, grad_norm,
     n_starts; law is "log_law" for scores or "power_law" for cross-entropy):
       n_at_best: starts that reached the best basin.
       n_fit: points used for the fit (the smallest Dp).
@@ -78,7 +78,7 @@ class DownstreamFit(LawFit):
 
 @dataclasses.dataclass(frozen=True)
 class LogLawProblem:
-    """Huber objective of the log-law in (v, u, β), for `fitting.optim` (numpy only)."""
+    """Huber objective of the log-law in (v, u, β), for `fitting.laws.optim` (numpy only)."""
 
     z: np.ndarray  # log Dp − z̄ of the fitted points
     target: np.ndarray  # log score
@@ -154,7 +154,7 @@ def _checked(
     `fit` is the optimiser's result (`optim.MultiStartResult` or `FitResult`): its objective,
     converged, n_starts and n_at_best are recorded.
     """
-    pred = laws.predict(law, params, Dp)
+    pred = formulas.predict(law, params, Dp)
     with np.errstate(invalid="ignore", divide="ignore"):
         res = np.log(obs) - np.log(pred)
     fitted = np.arange(len(Dp)) < n_fit

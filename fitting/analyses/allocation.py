@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from fitting import laws
-from fitting.fit import FitResult, percentile_cis
+from fitting.laws import formulas
+from fitting.laws.robust_fit import FitResult, percentile_cis
 
 FLOPS_PER_PARAM_TOKEN = 6.0
 
@@ -57,7 +57,7 @@ class Allocation:
 
     def loss(self, C) -> np.ndarray:
         """Loss the law predicts at the compute-optimal allocation of C."""
-        return laws.predict(self.law, self.params, self.n_opt(C), self.d_opt(C))
+        return formulas.predict(self.law, self.params, self.n_opt(C), self.d_opt(C))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (unrounded)."""
@@ -147,4 +147,4 @@ def isoloss_grid(
     c = np.logspace(np.log10(compute[0]), np.log10(compute[1]), num)
     n = np.logspace(np.log10(n_params[0]), np.log10(n_params[1]), num)
     cc, nn = np.meshgrid(c, n)
-    return cc, nn, laws.predict(law, params, nn, cc / (FLOPS_PER_PARAM_TOKEN * nn))
+    return cc, nn, formulas.predict(law, params, nn, cc / (FLOPS_PER_PARAM_TOKEN * nn))

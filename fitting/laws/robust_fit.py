@@ -5,7 +5,7 @@ LSE(a − α log N, b − β log D, e) and log L, with A = exp(a), B = exp(b), E
 points (the mean-scaled objective made Hoffmann's L-BFGS stop early; Besiroglu et al. 2024), in
 float64, from a grid of starts (default the Hoffmann/Epoch grid, 4,500 starts), then a tight polish
 of the best. In place of Hoffmann's per-start L-BFGS, every start runs a batched exact-Hessian
-damped Newton (`fitting.optim`, `fitting.lse`), which reaches the same optimum several times faster
+damped Newton (`fitting.laws.optim`, `fitting.laws.lse`), which reaches the same optimum several times faster
 (benchmarks/fit.py). `fit_cpt` is the paper's two-stage fit: E, A and α come from the from-scratch fit and
 only B', β', γ are fitted. Every result says whether it converged; bootstrap CIs resample whole runs.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from fitting import laws, lse, optim
 from fitting.checks import FitInputError, Unidentifiable, as_points, require_distinct
+from fitting.laws import formulas, lse, optim
 
 CI_LEVEL = 0.95
 _BOOT_STARTS = 8  # starts per bootstrap resample: the fit's optimum plus its best other basins
@@ -28,10 +28,10 @@ _BOOT_STARTS = 8  # starts per bootstrap resample: the fit's optimum plus its be
 
 @dataclasses.dataclass(frozen=True)
 class LawFit:
-    """What every fitted law records first (`FitResult`, `fitting.downstream.DownstreamFit`).
+    """What every fitted law records first (`FitResult`, `fitting.laws.downstream_laws.DownstreamFit`).
 
     Attributes:
-      law: key into `fitting.laws.LAWS` ("chinchilla", "cpt", "loss_compute", "power", ...).
+      law: key into `fitting.laws.formulas.LAWS` ("chinchilla", "cpt", "loss_compute", "power", ...).
       params: parameter name → value (e.g. E, A, B, alpha, beta).
       objective: the summed Huber objective at the optimum.
       converged: the polish reached a vanishing gradient; a False here must be reported.
@@ -48,7 +48,7 @@ class LawFit:
 
     def predict(self, *inputs) -> np.ndarray:
         """The fitted law at `inputs` (N, D for chinchilla/cpt; C for the compute laws; Dp)."""
-        return laws.predict(self.law, self.params, *inputs)
+        return formulas.predict(self.law, self.params, *inputs)
 
     @property
     def status(self) -> str:
@@ -180,7 +180,7 @@ def fit_law(
         {**dict(zip(names, inputs, strict=True)), "L": y}, runs=runs, n_params=n_free, law=where
     )
     xs = [pts[n] for n in names]
-    law = laws.LAWS.get(spec.law)
+    law = formulas.LAWS.get(spec.law)
     for name, x, minimum in zip(names, xs, law.min_distinct if law else (), strict=False):
         require_distinct(
             law=spec.law,
@@ -364,7 +364,7 @@ def fit_chinchilla(
         than parameters.
     """
     return fit_law(
-        laws.fit_spec("chinchilla"),
+        formulas.fit_spec("chinchilla"),
         [N, D],
         L,
         delta=delta,
@@ -421,7 +421,7 @@ def fit_cpt(
         "alpha": base.params["alpha"],
     }
     res = fit_law(
-        laws.fit_spec("cpt"),
+        formulas.fit_spec("cpt"),
         [N, D],
         L,
         delta=delta,
@@ -436,7 +436,7 @@ def fit_cpt(
         series=series,
     )
     # Report stage one's values bit for bit (not their exp(log(·)) round trip).
-    params = {**res.params, **{k: base.params[k] for k in laws.fit_spec("cpt").fixed_params}}
+    params = {**res.params, **{k: base.params[k] for k in formulas.fit_spec("cpt").fixed_params}}
     return dataclasses.replace(res, params=params)
 
 
@@ -472,6 +472,6 @@ def fit_power(
 def fit_univariate(
     law: str, x, y, *, input_name: str = "C", iters: int = 60, **kwargs: Any
 ) -> FitResult:
-    """Fits a one-input law of `fitting.laws` (loss against compute C, cross-entropy against Dp)
+    """Fits a one-input law of `fitting.laws.formulas` (loss against compute C, cross-entropy against Dp)
     by `fit_law` with the law's own spec; `kwargs` as for `fit_law` (delta, grid, bootstrap...)."""
-    return fit_law(laws.fit_spec(law), [x], y, iters=iters, input_names=(input_name,), **kwargs)
+    return fit_law(formulas.fit_spec(law), [x], y, iters=iters, input_names=(input_name,), **kwargs)

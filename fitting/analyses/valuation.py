@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from fitting import laws
 from fitting.checks import as_points
-from fitting.downstream import DownstreamFit, fit_bleu_law
+from fitting.laws import formulas
+from fitting.laws.downstream_laws import DownstreamFit, fit_bleu_law
 
 VERDICTS = ("too_few_points", "misaligned", "law_fits", "law_breaks")
 
@@ -82,7 +82,7 @@ def dp_for_score(params: dict[str, float], score: float) -> float | None:
     if not np.isfinite(log_dp) or log_dp > 700:
         return None
     dp = math.exp(log_dp)
-    pred = float(laws.log_law(dp, **params))
+    pred = float(formulas.log_law(dp, **params))
     return dp if np.isfinite(pred) and abs(math.log(pred / score)) < 1e-6 else None
 
 

@@ -3,7 +3,7 @@
 A fit report reads as a replication only if its numbers sit next to the paper's: eq. 3's
 loss–compute frontier (k·C^−g for scratch and CPT), the 25–50% FLOPs saved, the 5.5B example
 (70B CPT tokens ≈ 110B from scratch) and both columns of Appendix B. `rows` turns a
-`fitting.pipeline.fit_runs` result into one row per (language, quantity): paper, ours, and a
+`fitting.reports.fit_all.fit_runs` result into one row per (language, quantity): paper, ours, and a
 note saying on which basis the two may be compared; `section` renders them for report.md.
 The paper's numbers are for a Chinese target; rows for other languages say so.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fitting.formats import fmt
-from fitting.paper_values import CPT_APPENDIX_B, CPT_HEADLINES
+from fitting.reports.paper_values import CPT_APPENDIX_B, CPT_HEADLINES
 
 PAPER_LANG = "zh"
 
@@ -91,7 +91,7 @@ def scratch_tokens(
 ) -> float:
     """D_PT with L_scratch(N, D_PT) = L_CPT(N, D): the from-scratch tokens that reach the loss
     CPT reaches with `tokens` (NaN where the scratch law never gets that low)."""
-    from fitting import transfer
+    from fitting.analyses import transfer
 
     return float(transfer._scratch_tokens(scratch, cpt, np.float64(n_params), np.float64(tokens)))
 

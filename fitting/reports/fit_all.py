@@ -4,9 +4,9 @@
 the from-scratch Chinchilla law (source and scratch runs), the CPT law's second stage on the CPT
 runs, both loss–compute frontiers, the transfer measures, the replay curves, and the MT paper's
 downstream laws with the data-valuation verdicts, and the CPT paper's zero-shot Fig. 3 and
-Fig. 6 tables from the runs' zero-shot results (`fitting.zeroshot_figures`).
+Fig. 6 tables from the runs' zero-shot results (`fitting.analyses.zeroshot_figures`).
 
-`STEPS` holds one `Step` record per `xlscale fit --law NAME`: the laws of `fitting.laws.LAWS` it
+`STEPS` holds one `Step` record per `xlscale fit --law NAME`: the laws of `fitting.laws.formulas.LAWS` it
 fits, the function that fits them, its report section and its plot, so a new law is one `Law`
 entry plus one `Step` entry. A step without suitable runs is skipped (and recorded) under
 law="all" and is an error when asked for by name.
@@ -14,11 +14,11 @@ law="all" and is an error when asked for by name.
 A fit the data cannot identify (`fitting.checks.Unidentifiable`: one model size for a language's
 Chinchilla law, fewer points than parameters) is skipped with a message naming the law, the
 language or series and what is missing; it is never reported, let alone as converged.
-Downstream series are one model's each (family + size; `fitting.points.downstream_series`), and
-every row names its model. N is on the basis `n_basis` names (`fitting.model_keys.N_BASES`:
+Downstream series are one model's each (family + size; `fitting.readers.points.downstream_series`), and
+every row names its model. N is on the basis `n_basis` names (`fitting.readers.model_keys.N_BASES`:
 "exact" non-embedding counts, or the paper's "nominal" sizes, the basis of the CPT paper's
 Table 2 and eqs. 8-9); fits.json and report.md record it. Which evaluations of a run are points
-of the L(N, D) laws (Chinchilla, CPT, Appendix B) is `point_rule` (`fitting.points.PointRule`;
+of the L(N, D) laws (Chinchilla, CPT, Appendix B) is `point_rule` (`fitting.readers.points.PointRule`;
 default every evaluation after the first token); fits.json (`fit_points`, and `points_per_run`
 per fit) and report.md state it. The loss–compute frontier is an envelope over whole training
 curves and always takes every evaluation.
@@ -35,24 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from fitting import (
-    alignment,
-    downstream,
-    frontier,
-    io,
-    laws,
-    model_keys,
-    plots,
-    points,
-    report,
-    transfer,
-    valuation,
-    zeroshot_figures,
-)
-from fitting.allocation import allocation_cis, compute_optimal
+from fitting.analyses import alignment, frontier, transfer, valuation, zeroshot_figures
+from fitting.analyses.allocation import allocation_cis, compute_optimal
 from fitting.checks import FitInputError, Unidentifiable, require_distinct
-from fitting.fit import FitResult, fit_chinchilla, fit_cpt
 from fitting.formats import json_safe
+from fitting.laws import downstream_laws, formulas
+from fitting.laws.robust_fit import FitResult, fit_chinchilla, fit_cpt
+from fitting.readers import model_keys, points, run_dirs
+from fitting.readers.run_data import RunData
+from fitting.reports import markdown, plots
 from pipelines.names import mt_pair
 from rundir import run_record, storage
 from rundir.run_record import Strategy
@@ -64,7 +55,7 @@ FROM_SCRATCH = run_record.FROM_SCRATCH
 class Study:
     """Shared state of one `fit_runs` call: the runs, settings, fit cache and outputs."""
 
-    runs: list[io.RunRecord]
+    runs: list[RunData]
     out: Path
     bootstrap: int
     seed: int
@@ -87,7 +78,7 @@ class Study:
     def curves(
         self, strategies: Sequence[str], lang: str, *, task: str | None = None
     ) -> list[points.Curve]:
-        """`fitting.points.curves` of a language's runs, N on the study's basis."""
+        """`fitting.readers.points.curves` of a language's runs, N on the study's basis."""
         return points.curves(
             self.runs, strategies=strategies, language=lang, task=task, n_basis=self.n_basis
         )
@@ -103,7 +94,7 @@ class Study:
                 series=lang,
                 what="model sizes",
                 values=pts.N,
-                minimum=laws.LAWS[law].min_distinct[0],
+                minimum=formulas.LAWS[law].min_distinct[0],
                 names=pts.models,
             )
         return pts
@@ -176,7 +167,7 @@ class Study:
         return self._cached(("cpt", lang), make)
 
     def draw(self, plot: Callable[..., Path], name: str, *args: Any, **kwargs: Any) -> None:
-        """Draws `plot(*args, out/name, **kwargs)` (a `fitting.plots` figure) and records it."""
+        """Draws `plot(*args, out/name, **kwargs)` (a `fitting.reports.plots` figure) and records it."""
         plot(*args, self.out / name, **kwargs)
         self.plots.append(name)
 
@@ -412,7 +403,7 @@ def _downstream(study: Study, step: Step, metrics: Sequence[str]) -> list[dict[s
                 continue
             n_fit = min(4, len(s.Dp))
             try:
-                fit = downstream.fit_series(s.Dp, s.values, metric=metric, n_fit=n_fit)
+                fit = downstream_laws.fit_series(s.Dp, s.values, metric=metric, n_fit=n_fit)
             except FitInputError as why:  # e.g. a BLEU of 0: no log-law; the other series go on
                 study.skipped[where] = str(why)
                 continue
@@ -503,11 +494,11 @@ class Step:
 
     Attributes:
       name: the CLI name and the key of its results in fits.json.
-      laws: the `fitting.laws.LAWS` entries it fits (the record of each law's formula and fit).
+      laws: the `fitting.laws.formulas.LAWS` entries it fits (the record of each law's formula and fit).
       run: fits them to a `Study`'s runs; returns the JSON-ready results (raises `Skip` when no
         run suits it).
-      section: the results → report.md lines (`fitting.report`).
-      plot: the `fitting.plots` figure it draws (None: no figure).
+      section: the results → report.md lines (`fitting.reports.markdown`).
+      plot: the `fitting.reports.plots` figure it draws (None: no figure).
     """
 
     name: str
@@ -518,7 +509,7 @@ class Step:
 
 
 def _register(*steps: Step) -> dict[str, Step]:
-    unknown = {law for s in steps for law in s.laws} - set(laws.LAWS)
+    unknown = {law for s in steps for law in s.laws} - set(formulas.LAWS)
     if unknown:
         raise ValueError(f"steps name unknown laws {sorted(unknown)}")
     return {s.name: s for s in steps}
@@ -526,33 +517,33 @@ def _register(*steps: Step) -> dict[str, Step]:
 
 # One entry per `xlscale fit --law` name, in report order.
 STEPS: Mapping[str, Step] = _register(
-    Step("chinchilla", ("chinchilla",), _chinchilla, report.chinchilla),
-    Step("cpt", ("chinchilla", "cpt"), _cpt, report.cpt, plots.isoloss),
-    Step("compute", ("loss_compute", "power"), _compute, report.compute, plots.loss_compute),
-    Step("transfer", ("chinchilla", "cpt"), _transfer, report.transfer, plots.transfer),
-    Step("replay", ("power",), _replay, report.replay, plots.replay),
+    Step("chinchilla", ("chinchilla",), _chinchilla, markdown.chinchilla),
+    Step("cpt", ("chinchilla", "cpt"), _cpt, markdown.cpt, plots.isoloss),
+    Step("compute", ("loss_compute", "power"), _compute, markdown.compute, plots.loss_compute),
+    Step("transfer", ("chinchilla", "cpt"), _transfer, markdown.transfer, plots.transfer),
+    Step("replay", ("power",), _replay, markdown.replay, plots.replay),
     Step(
         "bleu",
         ("log_law",),
         _bleu,
-        functools.partial(report.downstream, title="Downstream translation scores (log-law)"),
+        functools.partial(markdown.downstream, title="Downstream translation scores (log-law)"),
         plots.downstream,
     ),
     Step(
         "ce",
         ("power_law",),
         _ce,
-        functools.partial(report.downstream, title="Downstream cross-entropy (power law)"),
+        functools.partial(markdown.downstream, title="Downstream cross-entropy (power law)"),
         plots.downstream,
     ),
-    Step("zeroshot", (), _zeroshot, report.zeroshot, plots.zeroshot_strategies),
+    Step("zeroshot", (), _zeroshot, markdown.zeroshot, plots.zeroshot_strategies),
 )
 LAWS = (*STEPS, "all")
 
 
 def render_report(result: Mapping[str, Any]) -> str:
     """report.md for a `fit_runs` result, one section per step that has results."""
-    return report.render(result, sections={n: s.section for n, s in STEPS.items()})
+    return markdown.render(result, sections={n: s.section for n, s in STEPS.items()})
 
 
 def fit_runs(
@@ -571,19 +562,19 @@ def fit_runs(
 
     Args:
       runs_dir: a directory of run directories (run.json + metrics.jsonl each, or real T5X
-        MODEL_DIRs, `fitting.t5x_runs`).
+        MODEL_DIRs, `fitting.readers.t5x_runs`).
       out_dir: where fits.json, report.md and the plots go (created).
       law: one of `LAWS`; "all" runs every step that has suitable runs.
       bootstrap: resamples of whole runs for the intervals (0: none).
       seed: bootstrap seed.
       grid: start values for the Chinchilla fits (default: the 4,500-start Hoffmann grid).
-      n_basis: N of the upstream fits (`fitting.model_keys.N_BASES`): "exact" non-embedding
+      n_basis: N of the upstream fits (`fitting.readers.model_keys.N_BASES`): "exact" non-embedding
         counts, or "nominal", the paper's sizes (CPT paper Table 4), the basis its Table 2 and
         eqs. 8-9 were fitted on; C = 6·N·D follows it.
       point_rule: which evaluations of each run are points of the L(N, D) laws (default
-        `fitting.points.PointRule()`: every one after the first token).
+        `fitting.readers.points.PointRule()`: every one after the first token).
       zeroshot_size: non-embedding N near which the zero-shot figures compare models
-        (`fitting.zeroshot_figures`; default None: per language, the largest size at which
+        (`fitting.analyses.zeroshot_figures`; default None: per language, the largest size at which
         every compared model has scores; the paper's figures are at 1.4B).
 
     Returns:
@@ -599,7 +590,7 @@ def fit_runs(
     out = storage.as_path(out_dir, name="--out")
     out.mkdir(parents=True, exist_ok=True)
     rule = point_rule if point_rule is not None else points.PointRule()
-    study = Study(io.read_runs(runs_dir), out, int(bootstrap), int(seed), grid, n_basis, rule)
+    study = Study(run_dirs.read_runs(runs_dir), out, int(bootstrap), int(seed), grid, n_basis, rule)
     study.zeroshot_size = zeroshot_size
     for name in STEPS if law == "all" else (law,):
         try:

@@ -1,8 +1,8 @@
-"""Markdown report of a `fitting.pipeline.fit_runs` result.
+"""Markdown report of a `fitting.reports.fit_all.fit_runs` result.
 
 Numbers are rounded for people (`fitting.formats.fmt`, 4 significant digits); fits.json keeps them
 unrounded. A fit that did not converge is flagged next to its numbers and listed at the top. Each
-section function here is named after the `fitting.pipeline.STEPS` entry whose results it reports.
+section function here is named after the `fitting.reports.fit_all.STEPS` entry whose results it reports.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from fitting import paper_headlines
 from fitting.formats import fmt
+from fitting.reports import paper_headlines
 
 # fits.json's `n_basis` -> the sentence report.md states it in.
 N_BASIS_NOTES = {
@@ -135,8 +135,8 @@ def cpt(res: Mapping[str, Any]) -> list[str]:
 def appendix_b(b: Mapping[str, Any]) -> list[str]:
     """Both laws' fitting errors on the CPT runs, set against the CPT paper's Appendix B only
     through their ratio: the paper's absolute values are normalised in a way it does not state
-    (`fitting.paper_values.ERROR_DEFINITIONS`), the ratio on the same points is not."""
-    from fitting.paper_values import CPT_APPENDIX_B
+    (`fitting.reports.paper_values.ERROR_DEFINITIONS`), the ratio on the same points is not."""
+    from fitting.reports.paper_values import CPT_APPENDIX_B
 
     chin, cpt_ = b["mean_huber_chinchilla"], b["mean_huber_cpt"]
     ratio = cpt_ / chin if chin else float("nan")
@@ -276,7 +276,7 @@ def downstream(entries: Sequence[Mapping[str, Any]], *, title: str) -> list[str]
 
 def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], list[str]]]) -> str:
     """The report as markdown: a header, then `sections[key](result[key])` for each key present
-    (in `sections`' order; `fitting.pipeline.render_report` passes its steps' sections)."""
+    (in `sections`' order; `fitting.reports.fit_all.render_report` passes its steps' sections)."""
     lines = [
         "# xlscale fit report",
         "",

@@ -11,7 +11,7 @@ from typing import Any
 
 from etils import epath
 
-from fitting.run_record import EVAL_PREFIX
+from fitting.readers.run_data import EVAL_PREFIX
 from rundir import run_record, storage
 
 _DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64 = 1, 2, 3, 9
@@ -25,7 +25,7 @@ def read_tensorboard(path: str | os.PathLike) -> dict[str, list[tuple[int, float
     `MODEL_DIR/train/`, `MODEL_DIR/training_eval/<task>/` (a tag `loss` under
     training_eval/<task> becomes `eval/<task>/loss`) and `MODEL_DIR/inference_eval/<task>/`
     (seqio's `eval/bleu` there becomes `eval/<task>/bleu`). The tags stay T5X's own here;
-    `fitting.t5x_runs` maps them onto xlscale's. A truncated final record is ignored.
+    `fitting.readers.t5x_runs` maps them onto xlscale's. A truncated final record is ignored.
     """
     from tensorboard.compat.proto import event_pb2
 
