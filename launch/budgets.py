@@ -10,22 +10,14 @@ or batch key replace the earlier one's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
+
+from launch.manifest_checks import check_keys, require
 
 AMOUNT_KEYS = ("tokens_per_param", "tokens", "steps")
 BATCH_KEYS = ("batch_tokens", "batch_size", "batch_tokens_bands")
 PARAM_BASES = ("non_embedding", "total", "nominal")
-
-
-def _require(ok: bool, where: str, message: str) -> None:
-    if not ok:
-        raise ValueError(f"{where}: {message}")
-
-
-def _check_keys(table: Mapping, allowed: Iterable[str], where: str) -> None:
-    unknown = sorted(set(table) - set(allowed))
-    _require(not unknown, where, f"unknown keys {unknown}; valid: {sorted(allowed)}")
 
 
 def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -41,19 +33,19 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
 
 def resolve(budget: Mapping[str, Any], *, where: str) -> tuple[str, str, str]:
     """Validates a budget; returns its amount key, batch key and parameter basis."""
-    _check_keys(budget, (*AMOUNT_KEYS, *BATCH_KEYS, "param_basis"), where)
+    check_keys(budget, (*AMOUNT_KEYS, *BATCH_KEYS, "param_basis"), where)
     amounts = [k for k in AMOUNT_KEYS if k in budget]
     batches = [k for k in BATCH_KEYS if k in budget]
-    _require(len(amounts) == 1, where, f"set exactly one of {AMOUNT_KEYS}, got {amounts}")
-    _require(len(batches) == 1, where, f"set exactly one of {BATCH_KEYS}, got {batches}")
+    require(len(amounts) == 1, where, f"set exactly one of {AMOUNT_KEYS}, got {amounts}")
+    require(len(batches) == 1, where, f"set exactly one of {BATCH_KEYS}, got {batches}")
     basis = budget.get("param_basis", "non_embedding")
-    _require(basis in PARAM_BASES, where, f"param_basis must be one of {PARAM_BASES}")
+    require(basis in PARAM_BASES, where, f"param_basis must be one of {PARAM_BASES}")
     if batches[0] == "batch_tokens_bands":
         bands = budget["batch_tokens_bands"]
         ok = all(isinstance(b, list) and len(b) == 2 for b in bands) and bands
-        _require(bool(ok), where, "batch_tokens_bands is a list of [max_params, batch_tokens]")
+        require(bool(ok), where, "batch_tokens_bands is a list of [max_params, batch_tokens]")
         bounds = [float(b[0]) for b in bands]
-        _require(bounds == sorted(bounds), where, "batch_tokens_bands must be in increasing order")
+        require(bounds == sorted(bounds), where, "batch_tokens_bands must be in increasing order")
     return amounts[0], batches[0], basis
 
 
@@ -64,7 +56,7 @@ def steps_and_batch(
     (None when unknown, which only rules that need N reject)."""
     amount_key, batch_key, basis = resolve(budget, where=where)
     needs_params = amount_key == "tokens_per_param" or batch_key == "batch_tokens_bands"
-    _require(
+    require(
         params is not None or not needs_params,
         where,
         f"{amount_key}/{batch_key} need the {basis} parameter count, which is unavailable",
@@ -75,7 +67,7 @@ def steps_and_batch(
         tokens = budget.get("batch_tokens")
         if batch_key == "batch_tokens_bands":
             fitting = [int(t) for bound, t in budget[batch_key] if params <= float(bound)]
-            _require(bool(fitting), where, f"no batch_tokens_bands entry covers N={params:.4g}")
+            require(bool(fitting), where, f"no batch_tokens_bands entry covers N={params:.4g}")
             tokens = fitting[0]
         batch_size = max(1, int(tokens) // seq_len)
     amount = float(budget[amount_key])

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 from launch import strategies
-from launch.sweep import Run, gin_literal
+from launch.runs import Run, gin_literal
 from modeling import family as family_lib
 from modeling import memory
 
@@ -120,7 +120,8 @@ def measure(run: Run, *, seq_len: int = 256, batch_size: int = 1, steps: int = 3
     import jax.numpy as jnp
     import numpy as np
 
-    from trainer import models, partitioning
+    from trainer import model_spec as models
+    from trainer import partitioning
 
     base, shape = _base_and_shape(run)
     wrapper = models.build_model(models.ModelSpec(family=run.family, size=base, overrides=shape))

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from launch.runs import Run
 from launch.status import (
     LAUNCH_FILE,
     LOG_FILE,
@@ -42,7 +43,7 @@ from launch.status import (
     local_path,
     read_json,
 )
-from launch.sweep import Run, topological_order
+from launch.sweep import topological_order
 from rundir import storage
 
 # Name -> "module:Class"; imported on use, so `xmanager` costs nothing until chosen.

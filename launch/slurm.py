@@ -17,8 +17,8 @@ from pathlib import Path
 
 from launch import sbatch_options
 from launch.launchers import LaunchReport, start_launch
+from launch.runs import Run
 from launch.status import PREEMPTED_EXIT_CODE, Progress
-from launch.sweep import Run
 from rundir import exits
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from launch.sweep import Run
+from launch.runs import Run
 from rundir import durations, lease, names, records, storage
 
 LAUNCH_FILE = names.LAUNCH_FILE  # the launcher's own record inside MODEL_DIR

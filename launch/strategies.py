@@ -1,7 +1,8 @@
 """The sweep's registries: training strategies, manifest axes, and model families.
 
-A strategy names the experiment gin file a run uses, the coordinates it expands over (each set
-through its gin macro) and the strategy whose checkpoint initialises it. Model families are
+A strategy (`rundir.run_record.Strategy`, the name `run.json` records) has a `StrategySpec`: the
+experiment gin file its runs use, the coordinates they expand over (each set through its gin macro)
+and the strategy whose checkpoint initialises them. Model families are
 `modeling.family`'s registry; `counts` asks one for a shape's parameters and FLOPs.
 """
 
@@ -11,13 +12,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from rundir.run_record import Strategy
+
 
 @dataclasses.dataclass(frozen=True)
-class Strategy:
-    """How one kind of run is trained.
+class StrategySpec:
+    """How the runs of one strategy are trained.
 
     Attributes:
-      name: the `run.json` strategy name.
+      name: the strategy (`run.json`'s name).
       gin_file: the experiment gin file (relative to the gin search path).
       family: model family the strategy trains.
       axes: coordinates (besides size and seed) the strategy expands over, each set by its macro.
@@ -25,43 +28,50 @@ class Strategy:
       macros: fixed gin macros, for strategies that share a gin file (e.g. `STRATEGY`).
     """
 
-    name: str
+    name: Strategy
     gin_file: str
     family: str
     axes: tuple[str, ...] = ()
-    parent: str | None = None
+    parent: Strategy | None = None
     macros: tuple[tuple[str, Any], ...] = ()
 
 
-# Name -> strategy. A manifest may point a strategy at another gin file ([strategies.X] gin_file).
-STRATEGIES: dict[str, Strategy] = {
+# Strategy -> its spec. A manifest may point a strategy at another gin file ([strategies.X]
+# gin_file).
+STRATEGIES: dict[Strategy, StrategySpec] = {
     s.name: s
     for s in (
-        Strategy("source", "experiments/cpt_source_en.gin", "llama2"),
-        Strategy("scratch", "experiments/cpt_scratch.gin", "llama2", ("target_lang",)),
-        Strategy("cpt", "experiments/cpt.gin", "llama2", ("target_lang",), parent="source"),
-        Strategy(
-            "cpt_replay",
+        StrategySpec(Strategy.SOURCE, "experiments/cpt_source_en.gin", "llama2"),
+        StrategySpec(Strategy.SCRATCH, "experiments/cpt_scratch.gin", "llama2", ("target_lang",)),
+        StrategySpec(
+            Strategy.CPT,
+            "experiments/cpt.gin",
+            "llama2",
+            ("target_lang",),
+            parent=Strategy.SOURCE,
+        ),
+        StrategySpec(
+            Strategy.CPT_REPLAY,
             "experiments/cpt_replay.gin",
             "llama2",
             ("target_lang", "replay_ratio"),
-            parent="source",
+            parent=Strategy.SOURCE,
         ),
-        Strategy("pretrain", "experiments/mt_pretrain.gin", "t5", ("mixture",)),
-        Strategy(
-            "finetune",
+        StrategySpec(Strategy.PRETRAIN, "experiments/mt_pretrain.gin", "t5", ("mixture",)),
+        StrategySpec(
+            Strategy.FINETUNE,
             "experiments/mt_finetune.gin",
             "t5",
             ("mixture", "init_step", "task", "finetune_tokens"),
-            parent="pretrain",
-            macros=(("STRATEGY", "finetune"),),
+            parent=Strategy.PRETRAIN,
+            macros=(("STRATEGY", Strategy.FINETUNE.value),),
         ),
-        Strategy(
-            "finetune_scratch",
+        StrategySpec(
+            Strategy.FINETUNE_SCRATCH,
             "experiments/mt_finetune.gin",
             "t5",
             ("task", "finetune_tokens"),
-            macros=(("STRATEGY", "finetune_scratch"),),
+            macros=(("STRATEGY", Strategy.FINETUNE_SCRATCH.value),),
         ),
     )
 }

@@ -39,6 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rundir.run_record import FINETUNES, Strategy
+
 MODULE = "t5x.train"
 TASK_MODULE = "t5x_configs.t5x_tasks"
 T5X_DIR_ENV = "T5X_DIR"
@@ -51,12 +53,11 @@ MODEL_GIN: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "t5_tiny": ("t5x/models/t5_770m.gin", ("t5x/models/tiny.gin",)),
 }
 # Strategy -> (run file under t5x_configs/, the coordinate naming its MIXTURE_OR_TASK_NAME).
-RUN_GIN: Mapping[str, tuple[str, str]] = {
-    "pretrain": ("t5x/runs/span_pretrain.gin", "mixture"),
-    "finetune": ("t5x/runs/finetune.gin", "task"),
-    "finetune_scratch": ("t5x/runs/finetune.gin", "task"),
+RUN_GIN: Mapping[Strategy, tuple[str, str]] = {
+    Strategy.PRETRAIN: ("t5x/runs/span_pretrain.gin", "mixture"),
+    Strategy.FINETUNE: ("t5x/runs/finetune.gin", "task"),
+    Strategy.FINETUNE_SCRATCH: ("t5x/runs/finetune.gin", "task"),
 }
-FINETUNES = ("finetune", "finetune_scratch")
 # Coordinates passed on as macros beyond the agreed form: the finetuning set size Df (recorded in
 # T5X's config.gin, gin.config_str(), where `fitting.t5x_runs` reads it back; the set itself is
 # cut by `t5x_configs.t5x_tasks` from `XLSCALE_FINETUNE_PAIRS`, see `environment`).
@@ -141,7 +142,7 @@ def check(run: Any, *, manifest: str) -> None:
     if run.strategy not in RUN_GIN:
         raise ValueError(
             f"{_where(run, manifest)}: the t5x runner has no run file for strategy "
-            f"{run.strategy!r}; allowed: {', '.join(RUN_GIN)}"
+            f"{str(run.strategy)!r}; allowed: {', '.join(RUN_GIN)}"
         )
 
 
@@ -162,7 +163,7 @@ def _init_checkpoint(run: Any) -> str:
 def total_steps(run: Any) -> int:
     """T5X's TRAIN_STEPS of a run: its steps, plus the restored step for a finetune."""
     steps = int(run.steps)
-    if run.strategy == "finetune":
+    if run.strategy == Strategy.FINETUNE:
         steps += int(run.coord("init_step") or 0)  # T5X counts on from the restored step
     return steps
 
@@ -204,9 +205,9 @@ def gin_args(
         # The sweep's seed, as the trainer gets it (T5X's default None draws a time-based one).
         f"--gin.RANDOM_SEED={int(run.coord('seed') or 0)}",
     ]
-    if run.strategy == "finetune":
+    if run.strategy == Strategy.FINETUNE:
         args.append(f"--gin.INITIAL_CHECKPOINT_PATH={_init_checkpoint(run)!r}")
-    elif run.strategy == "finetune_scratch":
+    elif run.strategy == Strategy.FINETUNE_SCRATCH:
         args.append("--gin.INITIAL_CHECKPOINT_PATH=None")
     if run.strategy in FINETUNES:
         # t5x/runs/finetune.gin counts TRAIN_STEPS_RELATIVE = FINETUNE_STEPS from the checkpoint.

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launch.launchers import SequentialLauncher
+from launch.runs import Run
 from launch.status import Progress
-from launch.sweep import Run
 from rundir import exits
 
 

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launch.launchers import LaunchReport, start_launch
+from launch.runs import Run
 from launch.status import Progress
-from launch.sweep import Run, topological_order
+from launch.sweep import topological_order
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Executor name -> xmanager.xm_local class name.
@@ -188,7 +189,7 @@ class XManagerLauncher:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m launch.xm_launch MANIFEST [--var K=V] [--runs-dir D] [--dry-run] [xm options]`."""
-    from launch.selection import launch_in_stages
+    from launch.run_selection import launch_in_stages
     from launch.sweep import load_manifest
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -25,7 +25,7 @@ import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launch.sweep import Run
+from launch.runs import Run
 from studies import mt_report
 from studies.skeleton import (
     Log,

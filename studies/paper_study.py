@@ -34,6 +34,7 @@ import numpy as np
 
 from fitting import laws, paper_values, synthetic
 from launch import sweep
+from launch.runs import Run, substitute
 from modeling import family as family_lib
 from rundir import paper_units
 from rundir import records as rundir_records
@@ -120,14 +121,14 @@ class StudyDirs:
 
     cpt: Path
     mt: Path
-    cpt_runs: tuple[sweep.Run, ...]
-    mt_runs: tuple[sweep.Run, ...]
+    cpt_runs: tuple[Run, ...]
+    mt_runs: tuple[Run, ...]
 
 
-def expand_manifests(names: Sequence[str], *, runs_dir: str | Path) -> list[sweep.Run]:
+def expand_manifests(names: Sequence[str], *, runs_dir: str | Path) -> list[Run]:
     """The union of the manifests' runs (a run shared by two manifests once), parents first,
     with `runs_dir` as their runs directory (placeholder variables: ids do not depend on them)."""
-    runs: dict[str, sweep.Run] = {}
+    runs: dict[str, Run] = {}
     for name in names:
         manifest = sweep.load_manifest(name, runs_dir=str(runs_dir))
         values = {k: f"synthetic_{k.lower()}" for k in manifest.missing_variables()}
@@ -203,12 +204,12 @@ def _write_run(path, meta: Mapping[str, Any], records: Sequence[Mapping[str, Any
     rundir_records.write_run(path, info=meta, records=list(records))
 
 
-def _lengths(run: sweep.Run) -> dict[str, int]:
+def _lengths(run: Run) -> dict[str, int]:
     bound = dict(run.bindings).get("TASK_FEATURE_LENGTHS")
     return {k: int(v) for k, v in ast.literal_eval(bound).items()} if bound else {}
 
 
-def _counts(run: sweep.Run) -> dict[str, float]:
+def _counts(run: Run) -> dict[str, float]:
     """The run's counts as the trainer records them (the family's own counting; an
     encoder-decoder's FLOPs per target token at its feature lengths)."""
     fam = family_lib.get(run.family)
@@ -225,7 +226,7 @@ def _counts(run: sweep.Run) -> dict[str, float]:
     }
 
 
-def _unit_fields(run: sweep.Run) -> dict[str, Any]:
+def _unit_fields(run: Run) -> dict[str, Any]:
     """run.json's paper-unit fields, as `rundir.paper_units.run_fields` records them: tokens per
     step in the papers' count (batch × the `inputs` length of an encoder-decoder, else the
     `targets` length) and, for a finetune whose Df is in the paper's unit (`FINETUNE_UNIT =
@@ -243,22 +244,22 @@ def _unit_fields(run: sweep.Run) -> dict[str, Any]:
     )
 
 
-def _gin_value(run: sweep.Run, macro: str, default: Any) -> Any:
+def _gin_value(run: Run, macro: str, default: Any) -> Any:
     """A macro's value among the run's bindings (a gin literal), else `default`."""
     bound = dict(run.bindings).get(macro)
     return default if bound is None else ast.literal_eval(bound)
 
 
-def _gin_config(run: sweep.Run) -> str:
+def _gin_config(run: Run) -> str:
     variables = dict(run.variables)
     lines = [f"# synthetic run (studies.paper_study); gin files: {', '.join(run.gin_files)}"]
     lines += [
-        f"{k} = {sweep.substitute(v, variables, allow_missing=True)}" for k, v in run.bindings
+        f"{k} = {substitute(v, variables, allow_missing=True)}" for k, v in run.bindings
     ]
     return "\n".join(lines) + "\n"
 
 
-def _meta(run: sweep.Run, **fields: Any) -> dict[str, Any]:
+def _meta(run: Run, **fields: Any) -> dict[str, Any]:
     """run.json as trainer.train writes it (`_run_json`)."""
     lengths = _lengths(run)
     meta = {
@@ -288,7 +289,7 @@ def _meta(run: sweep.Run, **fields: Any) -> dict[str, Any]:
     return meta
 
 
-def eval_steps(run: sweep.Run, *, period: int = EVAL_PERIOD) -> list[int]:
+def eval_steps(run: Run, *, period: int = EVAL_PERIOD) -> list[int]:
     """The steps `run` evaluates at under its manifest's evaluation settings (`EVAL_PERIOD`,
     `EVAL_AT_START`, `EVAL_SCHEDULE`, `EVAL_LOG_POINTS`, `EVAL_LOG_START`), computed by the
     trainer's own `trainer.eval_schedule`, so a synthetic study has the points a real one would:
@@ -307,7 +308,7 @@ def eval_steps(run: sweep.Run, *, period: int = EVAL_PERIOD) -> list[int]:
     return eval_schedule.eval_steps(config, total=run.steps)
 
 
-def _lr_factor(run: sweep.Run, grids: Mapping[str, Sequence[float]]) -> float:
+def _lr_factor(run: Run, grids: Mapping[str, Sequence[float]]) -> float:
     """≥ 1: how much worse the run is for its learning-rate coordinates (1 at the best value)."""
     factor = 1.0
     for name, values in grids.items():
@@ -319,7 +320,7 @@ def _lr_factor(run: sweep.Run, grids: Mapping[str, Sequence[float]]) -> float:
     return factor
 
 
-def _lr_grids(runs: Iterable[sweep.Run]) -> dict[str, list[float]]:
+def _lr_grids(runs: Iterable[Run]) -> dict[str, list[float]]:
     grids: dict[str, set[float]] = {}
     for run in runs:
         for name in BEST_LR:
@@ -337,7 +338,7 @@ def _cosine_lr(step: int, steps: int, *, peak: float = 2e-4, warmup: float = 0.0
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def _cpt_layout(run: sweep.Run) -> dict[str, Any]:
+def _cpt_layout(run: Run) -> dict[str, Any]:
     """Languages, mixture, components and eval tasks of a CPT-study run (the gin files')."""
     target, source = run.coord("target_lang"), SOURCE_LANG
     if run.strategy == Strategy.SOURCE:
@@ -406,7 +407,7 @@ def _cpt_loss(
 
 
 def write_cpt_runs(
-    runs: Sequence[sweep.Run], *, truth: Truth = Truth(), seed: int = 0, log: Callable = print
+    runs: Sequence[Run], *, truth: Truth = Truth(), seed: int = 0, log: Callable = print
 ) -> None:
     """Writes the CPT study's runs (source, scratch, cpt, cpt_replay) into their model dirs."""
     rng = np.random.default_rng(seed)
@@ -474,13 +475,13 @@ def _mixture_shares(mixture: str) -> dict[str, float]:
     }
 
 
-def pretraining_runs(runs: Sequence[sweep.Run]) -> dict[str, sweep.Run]:
+def pretraining_runs(runs: Sequence[Run]) -> dict[str, Run]:
     """Finetune id -> the pretraining run it starts from: its parent, or, where a select stage
     picks it (a learning-rate grid: no parent until the choice), the run of its model and
     mixture that the stage will choose, the one at the grid's best learning rate (`BEST_LR`)."""
     by_id = {r.run_id: r for r in runs}
     grids = _lr_grids(runs)
-    best: dict[tuple, sweep.Run] = {}
+    best: dict[tuple, Run] = {}
     for r in runs:
         if r.strategy == Strategy.PRETRAIN:
             key = (r.base_size, r.coord("mixture"), r.coord("seed"))
@@ -497,13 +498,13 @@ def pretraining_runs(runs: Sequence[sweep.Run]) -> dict[str, sweep.Run]:
     return out
 
 
-def paper_dp(run: sweep.Run, parent: sweep.Run) -> float:
+def paper_dp(run: Run, parent: Run) -> float:
     """The MT paper's Dp of a finetune's checkpoint: steps × batch × 512 input tokens."""
     return float(run.coord("init_step")) * parent.batch_size * MT_INPUT_LENGTH
 
 
 def write_mt_runs(
-    runs: Sequence[sweep.Run], *, truth: Truth = Truth(), seed: int = 0, log: Callable = print
+    runs: Sequence[Run], *, truth: Truth = Truth(), seed: int = 0, log: Callable = print
 ) -> None:
     """Writes the MT study's runs (pretrain, finetune, finetune_scratch) into their model dirs."""
     rng = np.random.default_rng(seed + 1)
@@ -610,15 +611,15 @@ def write_mt_runs(
             log(f"  mt: {i + 1}/{len(runs)} runs written")
 
 
-def run_select_stages(names: Sequence[str], *, runs_dir: str | Path, runs: Sequence[sweep.Run]):
+def run_select_stages(names: Sequence[str], *, runs_dir: str | Path, runs: Sequence[Run]):
     """Runs the manifests' `[[select]]` stages (if they declare any) on the written runs, as
     `xlscale sweep select` would: `<runs_dir>/selection.json`, which the fits read."""
     for name in names:
         manifest = sweep.load_manifest(name, runs_dir=str(runs_dir))
         if getattr(manifest, "selects", ()):
-            from launch import selection  # only manifests with select stages need it
+            from launch import run_selection  # only manifests with select stages need it
 
-            selection.select_and_write(manifest, runs, status=lambda _run: "done")
+            run_selection.select_and_write(manifest, runs, status=lambda _run: "done")
 
 
 def write_paper_study(

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from launch.launchers import LocalLauncher, default_jobs
+from launch.manifest import Manifest
+from launch.runs import Run
 from launch.status import Progress
-from launch.sweep import Manifest, Run, expand, load_manifest
+from launch.sweep import expand, load_manifest
 from rundir import storage
 
 Log = Callable[[str], None]

@@ -25,6 +25,7 @@ import pytest
 from slurm_cluster import ClusterUnavailable, SlurmCluster, ensure_installed
 
 from launch import status, sweep
+from launch.runs import Run
 from rundir import records
 
 REPO = Path(sweep.__file__).resolve().parent.parent
@@ -196,7 +197,7 @@ def _sweep_run(manifest: Path, runs_dir: Path, script_dir: Path, tiny_data, *ext
     )
 
 
-def _runs(manifest: Path, runs_dir: Path, tiny_data) -> list[sweep.Run]:
+def _runs(manifest: Path, runs_dir: Path, tiny_data) -> list[Run]:
     variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
     loaded = sweep.load_manifest(manifest, variables=variables, runs_dir=str(runs_dir))
     return sweep.expand(loaded)
@@ -368,7 +369,7 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     print(f"stopped at steps {stopped_at} of {LONG_STEPS}")
 
 
-def _loss_rows(run: sweep.Run) -> list[dict]:
+def _loss_rows(run: Run) -> list[dict]:
     keys = ("step", "tokens", "tokens_by_task", "train/loss", "learning_rate", "eval/lm_en/loss")
     return [{k: r[k] for k in keys if k in r} for r in records.read_metrics(run.model_dir)]
 

@@ -6,6 +6,7 @@ import textwrap
 import pytest
 
 from launch import sweep
+from launch.runs import gin_literal
 
 BASE = """
 [sweep]
@@ -168,14 +169,14 @@ def test_variables_must_be_given_for_real_runs_but_not_dry_runs(tmp_path):
 
 
 def test_gin_literals():
-    assert sweep.gin_literal("a'b") == '"a\'b"'
-    assert sweep.gin_literal("@recipes.lm_task()") == "@recipes.lm_task()"
-    assert sweep.gin_literal("%TARGET_LANG") == "%TARGET_LANG"
-    assert sweep.gin_literal(True) == "True"
-    assert sweep.gin_literal(3e-4) == "0.0003"
-    assert sweep.gin_literal({"targets": 64, "x": [1, "a"]}) == "{'targets': 64, 'x': [1, 'a']}"
+    assert gin_literal("a'b") == '"a\'b"'
+    assert gin_literal("@recipes.lm_task()") == "@recipes.lm_task()"
+    assert gin_literal("%TARGET_LANG") == "%TARGET_LANG"
+    assert gin_literal(True) == "True"
+    assert gin_literal(3e-4) == "0.0003"
+    assert gin_literal({"targets": 64, "x": [1, "a"]}) == "{'targets': 64, 'x': [1, 'a']}"
     with pytest.raises(TypeError):
-        sweep.gin_literal(object())
+        gin_literal(object())
 
 
 def test_budget_rules(tmp_path):

@@ -111,7 +111,7 @@ def test_mt_paper_grid():
     """The paper's design, learning-rate grids and vocabulary. Each pretraining run is repeated
     over the base-LR grid and each finetune over the finetuning grid; the finetunes start from the
     pretraining run a [[select]] chooses (here: as if 0.5 had won every group)."""
-    from launch import estimate, select_spec
+    from launch import estimate, select_tables
 
     variables = {"DATA_DIR": "/tfds", "VOCAB_PATH": "/v.model"}
     manifest = sweep.load_manifest("mt_paper", variables=variables)
@@ -146,7 +146,7 @@ def test_mt_paper_grid():
         assert sorted(p.coord("BASE_LR") for p in parents) == PRETRAIN_LRS
 
     chosen = {
-        select_spec.group_key(dict(r.coords), ["BASE_LR"]): r.run_id
+        select_tables.group_key(dict(r.coords), ["BASE_LR"]): r.run_id
         for r in grouped["pretrain"]
         if r.coord("BASE_LR") == 0.5
     }

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fitting import io as fit_io
-from launch import selection, sweep
+from launch import run_selection, sweep
 from launch.launchers import LocalLauncher
 from xlscale_cli.main import main
 
@@ -111,7 +111,7 @@ def test_selection_picks_the_best_run_and_dependents_start_from_it(tmp_path):
     sources = {r.coord("PEAK_LR"): r for r in runs if r.strategy == "source"}
     for run in sources.values():
         fake_train(run)
-    document = selection.decide(manifest, runs)
+    document = run_selection.decide(manifest, runs)
     stage = document["selections"]["source_lr"]
     assert (stage["rule"], stage["metric"], stage["over"]) == (
         "min",
@@ -124,11 +124,11 @@ def test_selection_picks_the_best_run_and_dependents_start_from_it(tmp_path):
     assert decided["value"] == 2.9 and decided["model_dir"] == sources[0.003].model_dir
     values = {c["coords"]["PEAK_LR"]: c["value"] for c in decided["candidates"]}
     assert values == LOSS
-    selection.write(manifest.runs_dir, document)
-    assert selection.read(manifest.runs_dir)["selections"]["source_lr"]["groups"] == {
+    run_selection.write(manifest.runs_dir, document)
+    assert run_selection.read(manifest.runs_dir)["selections"]["source_lr"]["groups"] == {
         group: json.loads(json.dumps(decided))
     }
-    again = sweep.expand(manifest, selection=selection.read(manifest.runs_dir))
+    again = sweep.expand(manifest, selection=run_selection.read(manifest.runs_dir))
     assert [r.run_id for r in again] == [r.run_id for r in runs]  # ids do not depend on the choice
     (cpt,) = [r for r in again if r.strategy == "cpt"]
     assert not cpt.waits_for_selection and cpt.depends_on == (sources[0.003].run_id,)
@@ -142,18 +142,18 @@ def test_max_rule_failed_and_pending_candidates(tmp_path):
     fake_train(sources[0.001])
     fake_train(sources[0.003])
     states = {sources[0.01].run_id: "running"}
-    document = selection.decide(manifest, runs, status=lambda r: states.get(r.run_id, "done"))
+    document = run_selection.decide(manifest, runs, status=lambda r: states.get(r.run_id, "done"))
     stage = document["selections"]["source_lr"]
     assert not stage["groups"] and list(stage["pending"].values()) == [[sources[0.01].run_id]]
     states[sources[0.01].run_id] = "failed"  # e.g. diverged: it loses, whatever the rule
-    stage = selection.decide(manifest, runs, status=lambda r: states.get(r.run_id, "done"))[
+    stage = run_selection.decide(manifest, runs, status=lambda r: states.get(r.run_id, "done"))[
         "selections"
     ]["source_lr"]
     (decided,) = stage["groups"].values()
     assert decided["chosen"] == sources[0.001].run_id  # max of 3.2 and 2.9
     for run in sources.values():
         fake_train(run, loss=float("nan"))
-    stage = selection.decide(manifest, runs)["selections"]["source_lr"]
+    stage = run_selection.decide(manifest, runs)["selections"]["source_lr"]
     assert not stage["groups"] and "no candidate has a finite" in next(
         iter(stage["failed"].values())
     )
@@ -168,17 +168,17 @@ def diverging_train(run, log_path=None):
 
 def test_a_sweep_runs_in_stages_and_fits_skip_the_runs_not_chosen(tmp_path, caplog):
     manifest = load(tmp_path)
-    reports, waiting = selection.launch_in_stages(
+    reports, waiting = run_selection.launch_in_stages(
         manifest, LocalLauncher(runner=diverging_train), note=lambda _: None
     )
-    runs = sweep.expand(manifest, selection=selection.read(manifest.runs_dir))
+    runs = sweep.expand(manifest, selection=run_selection.read(manifest.runs_dir))
     best = next(r for r in runs if r.strategy == "source" and r.coord("PEAK_LR") == 0.003)
     diverged = next(r for r in runs if r.strategy == "source" and r.coord("PEAK_LR") == 0.01)
     (cpt,) = [r for r in runs if r.strategy == "cpt"]
     assert not waiting and len(reports) == 2
     assert reports[0].failed == [diverged.run_id] and not reports[1].failed  # not retried
     assert reports[1].completed == [cpt.run_id]
-    (decided,) = selection.read(manifest.runs_dir)["selections"]["source_lr"]["groups"].values()
+    (decided,) = run_selection.read(manifest.runs_dir)["selections"]["source_lr"]["groups"].values()
     states = {c["run_id"]: (c["state"], c["value"]) for c in decided["candidates"]}
     assert states[diverged.run_id] == ("failed", None) and decided["chosen"] == best.run_id
     meta = json.loads((tmp_path / "runs" / cpt.run_id / "run.json").read_text())

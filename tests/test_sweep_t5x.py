@@ -9,6 +9,8 @@ import tomllib
 import pytest
 
 from launch import status, sweep, t5x_runner, tpu_vm, xm_launch
+from launch.manifest import parse_manifest
+from rundir.run_record import FINETUNES
 from xlscale_cli.main import main
 
 MANIFEST = """
@@ -62,14 +64,14 @@ VARS = {"DATA_DIR": "/data/corpora", "VOCAB_PATH": "/data/spm.model"}
 def mt_paper_runs():
     """The runs of `mt_paper.toml` under the t5x runner."""
     text = sweep.resolve_manifest_path("mt_paper").read_text()
-    manifest = sweep.parse_manifest(
+    manifest = parse_manifest(
         tomllib.loads(text), path="mt_paper.toml", variables=VARS, runner="t5x", t5x_paths=PATHS
     )
     return sweep.expand(manifest)
 
 
 def expand(text=MANIFEST, *, paths=PATHS, runner=None):
-    manifest = sweep.parse_manifest(
+    manifest = parse_manifest(
         tomllib.loads(text), path="t5x_small.toml", variables=VARS, runner=runner, t5x_paths=paths
     )
     return {r.strategy: r for r in sweep.expand(manifest)}
@@ -205,7 +207,7 @@ def test_cli_dry_run_of_the_mt_paper_under_t5x(launcher, capsys, tmp_path, monke
 
 
 def test_t5x_runs_finish_at_their_last_checkpoint_and_select_on_their_summaries(tmp_path):
-    from launch import selection
+    from launch import run_selection
     from tests.test_t5x_runs import write_t5x_run
 
     text = MANIFEST.replace('runs_dir = "RUNS"', f'runs_dir = "{tmp_path}"')
@@ -218,8 +220,8 @@ def test_t5x_runs_finish_at_their_last_checkpoint_and_select_on_their_summaries(
     )
     assert status.is_completed(pre)
     assert status.run_status(pre).state == "done"
-    assert selection.final_value(pre.model_dir, "train/loss") == (pytest.approx(2.25), 400)
-    assert selection.final_value(pre.model_dir, "eval/nope/loss") == (None, None)
+    assert run_selection.final_value(pre.model_dir, "train/loss") == (pytest.approx(2.25), 400)
+    assert run_selection.final_value(pre.model_dir, "eval/nope/loss") == (None, None)
 
 
 def test_a_recipe_and_a_budget_that_disagree_are_refused():
@@ -278,7 +280,7 @@ def test_the_mt_papers_vocabulary_reaches_t5x_and_unpassable_overrides_are_refus
 def test_the_step_0_evaluation_reaches_t5x_and_a_log_schedule_is_refused():
     # mt_paper.toml evaluates every finetune before its first update (EVAL_AT_START); under T5X
     # that is run_eval_before_training, bound to the same macro in both run files.
-    finetunes = [r for r in mt_paper_runs() if r.strategy in t5x_runner.FINETUNES]
+    finetunes = [r for r in mt_paper_runs() if r.strategy in FINETUNES]
     assert finetunes
     assert all("--gin.EVAL_AT_START=True" in r.gin_args(allow_missing=True) for r in finetunes)
     for run_file in ("finetune.gin", "span_pretrain.gin"):

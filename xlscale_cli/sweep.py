@@ -17,9 +17,10 @@ import argparse
 import json
 import sys
 
-from launch import estimate, launchers, selection, t5x_runner
+from launch import estimate, launchers, run_selection, t5x_runner
 from launch import status as run_states
-from launch.sweep import RUNNERS, expand, load_manifest, select
+from launch.runs import RUNNERS
+from launch.sweep import expand, load_manifest, select
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -148,7 +149,7 @@ def _only(args, manifest):
 
 def _runs(args):
     manifest = _manifest(args)
-    runs = expand(manifest, selection=selection.read(manifest.runs_dir))
+    runs = expand(manifest, selection=run_selection.read(manifest.runs_dir))
     return manifest, _only(args, manifest)(runs)
 
 
@@ -318,11 +319,11 @@ def _candidate_values(candidates, over) -> str:
 def choose(args) -> int:
     """Decides the [[select]] groups whose candidates have finished; writes selection.json."""
     manifest = _manifest(args)
-    runs = expand(manifest, selection=selection.read(manifest.runs_dir))
+    runs = expand(manifest, selection=run_selection.read(manifest.runs_dir))
     if not manifest.selects:
         raise ValueError(f"{manifest.path} has no [[select]] tables; nothing to choose")
-    document = selection.decide(manifest, runs, stale_s=args.stale)
-    path = selection.write(manifest.runs_dir, document)
+    document = run_selection.decide(manifest, runs, stale_s=args.stale)
+    path = run_selection.write(manifest.runs_dir, document)
     if args.json:
         print(json.dumps(document, indent=1, default=str))
         return 0
@@ -357,7 +358,7 @@ def run(args) -> int:
 
 def launch(args) -> int:
     """Runs (or dry-runs) the manifest's runs with the chosen launcher, stage by stage around
-    its [[select]]s (`launch.selection.launch_in_stages`)."""
+    its [[select]]s (`launch.run_selection.launch_in_stages`)."""
     manifest, runs = _runs(args)
     args.manifest_name = manifest.name
     launcher = launchers.get_launcher(args.launcher).from_args(args)
@@ -370,7 +371,7 @@ def launch(args) -> int:
         + (" (dry run)" if args.dry_run else "")
     )
     narrow = _only(args, manifest)
-    reports, waiting = selection.launch_in_stages(
+    reports, waiting = run_selection.launch_in_stages(
         manifest,
         launcher,
         only=lambda runs: _planned(args, manifest, narrow(runs)),
@@ -424,7 +425,7 @@ def status(args) -> int:
         print(line)
     waiting = sum(r.waits_for_selection for r in runs)
     if manifest.selects:
-        document = selection.read(manifest.runs_dir) or {}
+        document = run_selection.read(manifest.runs_dir) or {}
         for spec in manifest.selects:
             groups = (document.get("selections") or {}).get(spec.name, {}).get("groups") or {}
             print(f"# [[select]] {spec.name}: {len(groups)} groups chosen (selection.json)")

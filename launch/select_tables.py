@@ -7,7 +7,7 @@ its own (named by the macro), carried into run ids (`base_lr0.5`) and `--gin.MAC
 A `[[select]]` table names how to pick one run out of each group of runs that differ only in
 some coordinates (`over`): by a metric of `metrics.jsonl` (its last logged value) and a rule
 (`min` | `max`). Runs that depend on a selected strategy (finetuning from the best pretraining
-learning rate) start from the chosen run's checkpoint; `launch.selection` makes the choice and
+learning rate) start from the chosen run's checkpoint; `launch.run_selection` makes the choice and
 writes it to `<runs_dir>/selection.json`, which `fitting.selection` reads so that fits use only
 the chosen runs.
 
@@ -130,7 +130,10 @@ def parse_selects(
                 _fail(where, f"missing {key!r}")
         strategy = table["strategy"]
         if strategy not in set(strategies):
-            _fail(where, f"strategy {strategy!r} is not a strategy; valid: {sorted(strategies)}")
+            _fail(
+                where,
+                f"strategy {strategy!r} is not a strategy; valid: {sorted(map(str, strategies))}",
+            )
         if strategy not in coordinates:
             _fail(where, f"strategy {strategy!r} has no runs in this manifest's grids")
         known = coordinates[strategy]

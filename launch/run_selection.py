@@ -28,8 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from launch import status as run_states
-from launch.select_spec import SelectSpec, group_key
-from launch.sweep import Manifest, Run, expand, matches
+from launch.manifest import Manifest, matches
+from launch.runs import Run
+from launch.select_tables import SelectSpec, group_key
+from launch.sweep import expand
 from rundir import records, storage
 from rundir.names import SELECTION_FILE
 
