@@ -14,7 +14,7 @@ loses), picks the best by the stage's rule, and returns the document that `write
          "failed": {"<group>": "why no candidate could be chosen"}}}}
 
 `launch.sweep.expand(manifest, selection=read(runs_dir))` then starts dependent runs from the
-chosen run's checkpoint, and `fitting.selection` makes fits skip the runs not chosen.
+chosen run's checkpoint, and `fitting.readers.rejected_runs` makes fits skip the runs not chosen.
 `launch_in_stages` runs a sweep stage by stage: the runs that can start, then the selections
 their results decide, then the runs those selections unblock, and so on.
 """
@@ -74,7 +74,7 @@ def _t5x_final_value(model_dir: str, metric: str) -> tuple[float | None, int | N
     directory = run_states.any_path(model_dir)
     if not directory.is_dir():
         return None, None
-    from fitting import t5x_runs
+    from fitting.readers import t5x_runs
 
     if not t5x_runs.is_t5x_run(directory):
         return None, None

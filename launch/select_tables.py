@@ -8,7 +8,7 @@ A `[[select]]` table names how to pick one run out of each group of runs that di
 some coordinates (`over`): by a metric of `metrics.jsonl` (its last logged value) and a rule
 (`min` | `max`). Runs that depend on a selected strategy (finetuning from the best pretraining
 learning rate) start from the chosen run's checkpoint; `launch.run_selection` makes the choice and
-writes it to `<runs_dir>/selection.json`, which `fitting.selection` reads so that fits use only
+writes it to `<runs_dir>/selection.json`, which `fitting.readers.rejected_runs` reads so that fits use only
 the chosen runs.
 
 This module holds only parsing and naming (no file access), so `launch.sweep` can use it.

@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from fitting import laws, paper_values, synthetic
+from fitting.laws import formulas as laws
+from fitting.laws import synthetic
+from fitting.reports import paper_values
 from launch import sweep
 from launch.runs import Run, substitute
 from modeling import family as family_lib

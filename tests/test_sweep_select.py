@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fitting import io as fit_io
+from fitting.readers import run_dirs as fit_io
 from launch import run_selection, sweep
 from launch.launchers import LocalLauncher
 from xlscale_cli.main import main
@@ -183,7 +183,7 @@ def test_a_sweep_runs_in_stages_and_fits_skip_the_runs_not_chosen(tmp_path, capl
     assert states[diverged.run_id] == ("failed", None) and decided["chosen"] == best.run_id
     meta = json.loads((tmp_path / "runs" / cpt.run_id / "run.json").read_text())
     assert meta["init_checkpoint"] == repr(best.model_dir)
-    with caplog.at_level(logging.INFO, logger="fitting.io"):
+    with caplog.at_level(logging.INFO, logger="fitting.readers.run_dirs"):
         read = {r.run_id for r in fit_io.read_runs(tmp_path / "runs")}
     assert read == {best.run_id, cpt.run_id, *(r.run_id for r in runs if r.strategy == "scratch")}
     assert "skipping 1 runs that selection.json did not choose" in caplog.text
