@@ -13,7 +13,7 @@ paper's nominal N basis), and compares, row by row (`Row`):
   where the paper prints the coefficients and four points can identify them, coefficient by
   coefficient; every model has its own series and its own baseline; Dp is in the paper's unit.
 
-Tolerances (`TOLERANCES`, relative) are set for the study's noise (`paper_study.Truth`: σ 0.001
+Tolerances (`TOLERANCES`, relative) are set for the study's noise (`paper_truth.Truth`: σ 0.001
 on CPT losses, 5e-5 on MT scores and cross-entropies). A log-law's or CE law's coefficient is
 compared only when the condition number κ of its fit (the Jacobian of log f in the relative
 coefficients on the four fitted points) is at most `MAX_KAPPA_SIGMA`/σ: above it, 4 points with
@@ -42,7 +42,7 @@ from fitting.laws import formulas as laws
 from fitting.reports import fit_all as pipeline
 from fitting.reports import paper_values
 from rundir.run_record import Strategy
-from studies import paper_study
+from studies import paper_study, paper_truth
 
 # Relative tolerances of the CPT rows, for σ = 0.001 lognormal noise on every evaluation: about
 # twice the largest error over five noise seeds. A/N^α and the allocation prefactors (eqs. 8-9's
@@ -167,7 +167,7 @@ def cpt_rows(fits: Mapping[str, Any]) -> list[Row]:
 # --- MT -------------------------------------------------------------------------------------------
 
 
-def _relative_jacobian(law: paper_study.MTLaw, dp: np.ndarray) -> np.ndarray:
+def _relative_jacobian(law: paper_truth.MTLaw, dp: np.ndarray) -> np.ndarray:
     """∂ log f / ∂ log|θ| at `dp`, by central differences (one column per coefficient)."""
     cols = []
     for name, value in law.params.items():
@@ -180,7 +180,7 @@ def _relative_jacobian(law: paper_study.MTLaw, dp: np.ndarray) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
-def kappa(law: paper_study.MTLaw, dp: Sequence[float]) -> float:
+def kappa(law: paper_truth.MTLaw, dp: Sequence[float]) -> float:
     """Condition number of the law's fit on the points `dp`, in relative coefficients."""
     jac = _relative_jacobian(law, np.asarray(dp, float))
     if not np.all(np.isfinite(jac)):
@@ -224,7 +224,7 @@ def mt_rows(fits: Mapping[str, Any], runs: Sequence[Any], *, sigma: float) -> li
             model, mixture, task = entry["model"], entry["pretraining"], entry["task"]
             df = int(by_id[entry["runs"][0]].coord("finetune_tokens"))  # as the manifest gives it
             found.setdefault((model, metric), set()).add((mixture, task, df))
-            truth = paper_study.mt_truth(model, mixture, task, df, metric)
+            truth = paper_truth.mt_truth(model, mixture, task, df, metric)
             fit = entry["fit"]
             dp_true = np.sort([paper_dp[r] for r in entry["runs"]])
             ratio = float(np.median(np.asarray(fit["Dp"]) / dp_true))
@@ -329,7 +329,7 @@ def run_paper_check(
     out: str | Path,
     *,
     seed: int = 0,
-    truth: paper_study.Truth = paper_study.Truth(),
+    truth: paper_truth.Truth = paper_truth.Truth(),
     log: Callable[[str], None] = print,
     grid: Mapping[str, Sequence[float]] | None = FAST_GRID,
     jobs: int = 2,

@@ -9,7 +9,7 @@ import pytest
 from fitting.laws import formulas as laws
 from fitting.readers import points
 from fitting.readers import run_dirs as io
-from studies import paper_check, paper_study
+from studies import paper_check, paper_study, paper_truth
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def en_de_study(tmp_path_factory):
     runs = paper_study.expand_manifests(paper_study.MT_MANIFESTS, runs_dir=root)
     # The grid's best learning rates only, where the manifest has LR grids (the select stage's
     # choice; the other candidates would be further points at the same Dp).
-    best = [r for r in runs if all(r.coord(k) in (None, v) for k, v in paper_study.BEST_LR.items())]
+    best = [r for r in runs if all(r.coord(k) in (None, v) for k, v in paper_truth.BEST_LR.items())]
     keep = [
         r
         for r in best
@@ -63,18 +63,18 @@ def test_mixed_t5_770m_and_t5_3b_runs_give_one_series_per_model(en_de_study):
         assert sorted(s.model for s in series) == ["t5_3b", "t5_770m"]
         for s in series:
             assert len(s.Dp) == 8 and np.all(np.diff(s.Dp) > 0)  # no zig-zag of two models
-            truth = paper_study.mt_truth(s.model, "mix_en_50_de_50", "mt_en_de", 6_000_000, metric)
+            truth = paper_truth.mt_truth(s.model, "mix_en_50_de_50", "mt_en_de", 6_000_000, metric)
             dp_paper = [paper_study.paper_dp(by_id[i], parents[i]) for i in s.runs]
             np.testing.assert_allclose(s.values, truth(dp_paper), rtol=1e-3)
             assert s.baseline is not None
         base = {s.model: s.baseline for s in series}
         assert base["t5_3b"] != base["t5_770m"]  # each model's own non-pretrained run
     # T5-3B's balanced en-de 6M law is the paper's Table 3 row; T5-770M's a stand-in below it.
-    assert paper_study.mt_truth(
+    assert paper_truth.mt_truth(
         "t5_3b", "mix_en_50_de_50", "mt_en_de", 6_000_000, "bleu"
     ).from_paper
     dp = np.asarray([3.3e9, 1.3e11])
-    small = paper_study.mt_truth("t5_770m", "mix_en_50_de_50", "mt_en_de", 6_000_000, "bleu")(dp)
+    small = paper_truth.mt_truth("t5_770m", "mix_en_50_de_50", "mt_en_de", 6_000_000, "bleu")(dp)
     big = laws.log_law(dp, log_A=-180.75, alpha=9.0, beta=0.75)
     np.testing.assert_allclose(small, 0.85 * big, rtol=1e-9)
 

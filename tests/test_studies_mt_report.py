@@ -9,6 +9,7 @@ import pytest
 from fitting.laws import formulas as laws
 from fitting.readers import points
 from fitting.readers import run_dirs as io
+from studies import mt_comparison
 from studies import mt_findings as find
 from studies import mt_report as rep
 
@@ -270,7 +271,7 @@ def test_no_error_value_is_set_against_the_papers_undefined_prediction_error(cel
             for c in cells
         ]
     }
-    text = "\n".join(rep.fits_table(cells, fits)) + rep.comparison(cells, fits, {})
+    text = "\n".join(rep.fits_table(cells, fits)) + mt_comparison.comparison(cells, fits, {})
     assert "0.061" not in text and "0.025" not in text
     assert "the paper's measure" not in text
     assert "Held-out Huber (ours)" in text and "not set against them" in text
@@ -283,18 +284,18 @@ def test_the_df_finding_says_whether_df_or_training_length_varies(cells):
     import dataclasses
 
     assert {(c.df, c.train_steps) for c in cells} == {(40_000, 20), (400_000, 200)}
-    text = "\n".join(rep._q_finetune_size(cells, "bleu"))
+    text = "\n".join(mt_comparison._q_finetune_size(cells, "bleu"))
     assert "Df and the finetuning length vary together (Df=40k: 20 steps; Df=400k: 200 steps)" in (
         text
     )
     assert "so this mixes the two effects." in text
     fixed = [dataclasses.replace(c, train_steps=300) for c in cells]
-    text = "\n".join(rep._q_finetune_size(fixed, "bleu"))
+    text = "\n".join(mt_comparison._q_finetune_size(fixed, "bleu"))
     assert "varies at a fixed 300 finetuning steps (FINETUNE_RECIPE 'paper_300')" in text
     assert "mixes" not in text
     # The recipe the runs used is named (2^18 steps: Raffel et al.'s, the mt_paper manifest's).
     raffel = [dataclasses.replace(c, train_steps=2**18) for c in cells]
-    text = "\n".join(rep._q_finetune_size(raffel, "bleu"))
+    text = "\n".join(mt_comparison._q_finetune_size(raffel, "bleu"))
     assert "fixed 262144 finetuning steps (FINETUNE_RECIPE 'raffel_2^18')" in text
 
 
