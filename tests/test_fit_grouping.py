@@ -11,7 +11,7 @@ from fitting.analyses.allocation import compute_optimal
 from fitting.checks import FitInputError, Unidentifiable
 from fitting.laws import formulas, robust_fit, synthetic
 from fitting.readers import points, run_dirs
-from fitting.reports import fit_all
+from fitting.reports import fit_all, fit_steps
 from fitting.reports.paper_values import CPT_TABLE2
 from xlscale_cli.main import main
 
@@ -70,7 +70,7 @@ def test_nominal_basis_recovers_table_2_and_eqs_8_9_and_exact_does_not(paper_run
     assert zh["allocation"]["a"] == pytest.approx(EQ8[1], abs=1e-3)
     assert zh["allocation"]["d_coef"] == pytest.approx(EQ8[2], rel=1e-2)
     # Eq. 9: the CPT law's second stage on the same basis (the pipeline's own fits, no plots).
-    study = fit_all.Study(run_dirs.read_runs(paper_runs), tmp_path, 0, 0, SMALL_GRID, "nominal")
+    study = fit_steps.Study(run_dirs.read_runs(paper_runs), tmp_path, 0, 0, SMALL_GRID, "nominal")
     cpt = study.cpt_fit("zh")
     assert cpt.converged and cpt.params["gamma"] == pytest.approx(0.08, abs=1e-3)
     alloc = compute_optimal(cpt)

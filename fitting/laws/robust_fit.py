@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from fitting.checks import FitInputError, Unidentifiable, as_points, require_dis
 from fitting.laws import formulas, lse, optim
 
 CI_LEVEL = 0.95
+DELTA = 1e-3  # Huber threshold on log residuals (Hoffmann et al.; CPT paper eqs. 6-7)
 _BOOT_STARTS = 8  # starts per bootstrap resample: the fit's optimum plus its best other basins
 
 
@@ -135,7 +136,7 @@ def fit_law(
     inputs: Sequence[np.ndarray],
     y: np.ndarray,
     *,
-    delta: float,
+    delta: float = DELTA,
     grid: Mapping[str, Sequence[float]] | None = None,
     bootstrap: int = 0,
     seed: int = 0,
@@ -331,67 +332,46 @@ def percentile_cis(
     return out
 
 
-def fit_chinchilla(
-    N,
-    D,
-    L,
-    *,
-    delta: float = 1e-3,
-    grid: Mapping[str, Sequence[float]] | None = None,
-    bootstrap: int = 0,
-    seed: int = 0,
-    runs: Sequence[str] | None = None,
-    iters: int = 40,
-    series: str = "",
-) -> FitResult:
+class FitOptions(TypedDict, total=False):
+    """The options every `fit_*` takes, passed on to `fit_law` (see its Args).
+
+    Attributes:
+      delta: Huber threshold on log residuals (default `DELTA`).
+      grid: start values per variable (missing variables use the law's default grid).
+      bootstrap: resamples of whole runs for percentile CIs (0: none).
+      seed: bootstrap seed.
+      runs: run id of each point (default: one run per distinct value of the first input).
+      iters: the most batched LM iterations a start runs (each stops once it stalls).
+      series: what is fitted (e.g. the language), named in messages.
+    """
+
+    delta: float
+    grid: Mapping[str, Sequence[float]] | None
+    bootstrap: int
+    seed: int
+    runs: Sequence[str] | None
+    iters: int
+    series: str
+
+
+def fit_chinchilla(N, D, L, **options: Unpack[FitOptions]) -> FitResult:
     """Fits L = E + A/N^α + B/D^β (CPT paper eqs. 1 and 6) from the Hoffmann grid of starts.
 
     Args:
       N: parameters of each point (non-embedding by convention).
       D: training tokens of each point.
       L: loss (nats) of each point.
-      delta: Huber threshold on log L.
-      grid: start values per variable `a, b, e, alpha, beta` (default: α, β ∈ {0, 0.5, …, 2},
-        e ∈ {−1, −0.5, …, 1}, a, b ∈ {0, 5, …, 25}: 4,500 starts).
-      bootstrap: resamples of whole runs for percentile CIs (0: none).
-      seed: bootstrap seed.
-      runs: run id of each point (default: one run per distinct N).
-      iters: the most batched LM iterations a start runs (each stops once it stalls).
-      series: what is fitted (e.g. the language), named in messages.
+      **options: `FitOptions`; the grid's variables are `a, b, e, alpha, beta` (default α, β ∈
+        {0, 0.5, …, 2}, e ∈ {−1, −0.5, …, 1}, a, b ∈ {0, 5, …, 25}: 4,500 starts).
 
     Raises:
       Unidentifiable: fewer than 3 model sizes (distinct N) or 3 distinct D, or fewer points
         than parameters.
     """
-    return fit_law(
-        formulas.fit_spec("chinchilla"),
-        [N, D],
-        L,
-        delta=delta,
-        grid=grid,
-        bootstrap=bootstrap,
-        seed=seed,
-        runs=runs,
-        iters=iters,
-        input_names=("N", "D"),
-        series=series,
-    )
+    return fit_law(formulas.fit_spec("chinchilla"), [N, D], L, input_names=("N", "D"), **options)
 
 
-def fit_cpt(
-    N,
-    D,
-    L,
-    *,
-    base: FitResult,
-    delta: float = 1e-3,
-    grid: Mapping[str, Sequence[float]] | None = None,
-    bootstrap: int = 0,
-    seed: int = 0,
-    runs: Sequence[str] | None = None,
-    iters: int = 40,
-    series: str = "",
-) -> FitResult:
+def fit_cpt(N, D, L, *, base: FitResult, **options: Unpack[FitOptions]) -> FitResult:
     """Second stage of the CPT paper's fit (eq. 7): L = E + A/N^α + B'/(D^β'·N^γ) with E, A, α
     taken from the from-scratch fit `base`; only B' (B), β' (beta) and γ (gamma) are fitted.
 
@@ -402,14 +382,14 @@ def fit_cpt(
     Args:
       N, D, L: points of the CPT runs.
       base: a `fit_chinchilla` result on the from-scratch runs.
-      delta, grid, bootstrap, seed, runs, iters, series: as for `fit_chinchilla`; the grid's
-        variables are `b, beta, gamma` (default b ∈ {0, 5, …, 25}, β' ∈ {0, 0.25, …, 2},
-        γ ∈ {−1, …, 1}).
+      **options: `FitOptions`; the grid's variables are `b, beta, gamma` (default b ∈ {0, 5, …,
+        25}, β' ∈ {0, 0.25, …, 2}, γ ∈ {−1, …, 1}).
 
     Raises:
       Unidentifiable: fewer than 2 model sizes (γ) or 2 distinct D (β'), or fewer points than
         the 3 fitted parameters.
     """
+    series = options.get("series", "")
     if base.law != "chinchilla":
         raise FitInputError(f"cpt: base must be a chinchilla fit, got {base.law!r}")
     if not all(np.isfinite(base.params[k]) for k in ("E", "A", "alpha")):
@@ -420,58 +400,35 @@ def fit_cpt(
         "a": math.log(base.params["A"]),
         "alpha": base.params["alpha"],
     }
+    spec = formulas.fit_spec("cpt")
     res = fit_law(
-        formulas.fit_spec("cpt"),
+        spec,
         [N, D],
         L,
-        delta=delta,
-        grid=grid,
-        bootstrap=bootstrap,
-        seed=seed,
-        runs=runs,
         fixed=fixed,
         fixed_samples=list(base.samples) or None,
-        iters=iters,
         input_names=("N", "D"),
-        series=series,
+        **options,
     )
     # Report stage one's values bit for bit (not their exp(log(·)) round trip).
-    params = {**res.params, **{k: base.params[k] for k in formulas.fit_spec("cpt").fixed_params}}
+    params = {**res.params, **{k: base.params[k] for k in spec.fixed_params}}
     return dataclasses.replace(res, params=params)
 
 
-def fit_loss_compute(
-    C,
-    L,
-    *,
-    delta: float = 1e-3,
-    grid: Mapping[str, Sequence[float]] | None = None,
-    bootstrap: int = 0,
-    seed: int = 0,
-    runs: Sequence[str] | None = None,
-) -> FitResult:
+def fit_loss_compute(C, L, **options: Unpack[FitOptions]) -> FitResult:
     """Fits the frontier law L = E' + A'/C^γ (CPT paper eq. 3) to (compute, loss) points."""
-    return fit_univariate(
-        "loss_compute", C, L, delta=delta, grid=grid, bootstrap=bootstrap, seed=seed, runs=runs
-    )
+    return fit_univariate("loss_compute", C, L, **options)
 
 
-def fit_power(
-    C,
-    L,
-    *,
-    delta: float = 1e-3,
-    bootstrap: int = 0,
-    seed: int = 0,
-    runs: Sequence[str] | None = None,
-) -> FitResult:
+def fit_power(C, L, **options: Unpack[FitOptions]) -> FitResult:
     """Fits the pure power law L = k·C^(−g) (the form of the CPT paper's §4.2 frontier fits)."""
-    return fit_univariate("power", C, L, delta=delta, bootstrap=bootstrap, seed=seed, runs=runs)
+    return fit_univariate("power", C, L, **options)
 
 
 def fit_univariate(
-    law: str, x, y, *, input_name: str = "C", iters: int = 60, **kwargs: Any
+    law: str, x, y, *, input_name: str = "C", **options: Unpack[FitOptions]
 ) -> FitResult:
-    """Fits a one-input law of `fitting.laws.formulas` (loss against compute C, cross-entropy against Dp)
-    by `fit_law` with the law's own spec; `kwargs` as for `fit_law` (delta, grid, bootstrap...)."""
-    return fit_law(formulas.fit_spec(law), [x], y, iters=iters, input_names=(input_name,), **kwargs)
+    """Fits a one-input law of `fitting.laws.formulas` (loss against compute C, cross-entropy
+    against Dp) by `fit_law` with the law's own spec and 60 LM iterations unless `iters` says."""
+    options.setdefault("iters", 60)
+    return fit_law(formulas.fit_spec(law), [x], y, input_names=(input_name,), **options)
