@@ -12,7 +12,8 @@ Each prints exactly one `bench_harness.ROW_MARK` line (its result, or its failur
 `oom`, `compile_error` or `error`). The parent (`accelerator_step.py`) imports none of this: it
 never imports JAX or torch, so it never holds device memory the rows need. Row bodies: the
 trainer's own compiled step (`run_xlscale`) and the Hugging Face peer (`run_hf`); see
-`accelerator_step.py` for the shapes, the MFU formula and the memory settings.
+`accelerator_step.py` for the MFU formula, `accelerator_specs.py` for the shapes, the row specs
+and the memory settings both sides share.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ for _path in (str(HERE.parent), str(HERE)):  # a checkout, not an install; the p
         sys.path.insert(0, _path)
 
 import bench_harness as harness  # noqa: E402
+import compiled_step  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from accelerator_step import RowSpec, Shape, is_accelerator, peak_flops  # noqa: E402
+from accelerator_specs import RowSpec, Shape, is_accelerator, peak_flops  # noqa: E402
 
 from modeling import family as families  # noqa: E402
 from pipelines import features  # noqa: E402
-from trainer import jobs, steps  # noqa: E402
+from trainer import jobs  # noqa: E402
 from trainer import model_spec as spec_lib  # noqa: E402
 from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
 from trainer.partitioning import MeshConfig, Partitioner, build_mesh  # noqa: E402
@@ -187,27 +189,20 @@ def run_xlscale(spec: RowSpec) -> dict[str, Any]:
     shape = spec.shape
     fam = families.get(shape.family)
     with harness.phase("setup"):
-        wrapper, partitioner, abstract = jobs.build_partitioned_model(
-            model_spec(spec), MeshConfig()
-        )
+        built = jobs.build_partitioned_model(model_spec(spec), MeshConfig())
+        wrapper, partitioner, _ = built
         optimizer, schedule = _optimizer(shape)
     estimate = step_estimates(spec, partitioner=partitioner, policies=(spec.remat,))
     lengths = feature_lengths(shape)
     start = time.perf_counter()
     with harness.phase("compile"):
-        job = jobs.compile_job(
-            model=wrapper,
-            partitioner=partitioner,
-            abstract_params=abstract,
-            components=["synthetic"],
-            total_steps=10_000,
+        job = compiled_step.compile_train_step(
+            built,
             batch_size=shape.batch,
             seq_len=shape.targets,
             feature_lengths=lengths,
-            eval_batch_size=None,
             optimizer=optimizer,
             schedule=schedule,
-            step_config=steps.StepConfig(num_components=1),
         )
     compile_s = time.perf_counter() - start
     with harness.phase("run"):

@@ -39,25 +39,6 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:8.3f} GiB"
 
 
-def _partitioned(wrapper, mesh):
-    """The partitioner of `mesh` (the family's axis rules) and the wrapper's abstract parameters
-    with their shardings (what `compile_job` takes)."""
-    import jax
-
-    from modeling import family
-    from trainer import partitioning
-    from trainer.partitioning import Partitioner
-
-    partitioner = Partitioner(mesh=mesh, rules=family.get(wrapper.family).axis_rules())
-    variables = wrapper.abstract_variables()
-    abstract = jax.tree.map(
-        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-        partitioning.unbox(variables["params"]),
-        partitioner.params_shardings(variables),
-    )
-    return partitioner, abstract
-
-
 def compile_step(args: argparse.Namespace) -> None:
     """Compiles the trainer's own train and eval steps for `args.topology`; prints memory, FLOPs.
 
@@ -65,12 +46,13 @@ def compile_step(args: argparse.Namespace) -> None:
     partitioner, AdamW + cosine, optimizer state sharded like the parameters, donated state), on
     a mesh of compile-only TPU devices, so what is checked here is what a pod would run.
     """
+    import compiled_step
     import jax
     import numpy as np
     from jax.experimental import topologies
 
     from llama_jax.counting import matmul_flops_per_token
-    from trainer import jobs, model_spec, partitioning, steps
+    from trainer import jobs, model_spec
     from trainer.optimizers import OptimizerConfig
     from trainer.partitioning import MeshConfig
     from trainer.schedules import ScheduleConfig
@@ -81,7 +63,6 @@ def compile_step(args: argparse.Namespace) -> None:
         overrides={"dtype": args.dtype, "remat_policy": args.remat_policy, "scan_layers": True},
         attention_kernel=args.attention,
     )
-    wrapper = model_spec.build_model(spec)
     topology = topologies.get_topology_desc(args.topology, platform="tpu")
     devices = topology.devices
     data, fsdp, model = (int(n) for n in args.mesh.split(","))
@@ -90,8 +71,9 @@ def compile_step(args: argparse.Namespace) -> None:
             f"mesh {args.mesh} needs {data * fsdp * model} devices, "
             f"topology {args.topology} has {len(devices)}"
         )
-    mesh = partitioning.build_mesh(MeshConfig(data=data, fsdp=fsdp, model=model), devices)
-    partitioner, abstract = _partitioned(wrapper, mesh)
+    mesh = MeshConfig(data=data, fsdp=fsdp, model=model)
+    built = jobs.build_partitioned_model(spec, mesh, devices=devices)
+    wrapper = built[0]
     total, non_embedding = wrapper.param_counts()
     print(
         f"{args.size}: {total:,} parameters ({non_embedding:,} non-embedding) on {args.topology} "
@@ -99,18 +81,15 @@ def compile_step(args: argparse.Namespace) -> None:
         f"model {model}; global batch {args.batch} x {args.seq_len}"
     )
     start = time.perf_counter()
-    job = jobs.compile_job(
-        model=wrapper,
-        partitioner=partitioner,
-        abstract_params=abstract,
-        components=["lm"],
-        total_steps=1000,
+    job = compiled_step.compile_train_step(
+        built,
         batch_size=args.batch,
         seq_len=args.seq_len,
         eval_batch_size=args.batch,
         optimizer=OptimizerConfig(),
         schedule=ScheduleConfig(),
-        step_config=steps.StepConfig(num_microbatches=1, z_loss=0.0, num_components=1),
+        components=["lm"],
+        total_steps=1000,
     )
     print(f"compiled train + eval steps in {time.perf_counter() - start:.1f} s")
 
@@ -156,38 +135,36 @@ def _topology_mesh(topology: str):
     """A pure-FSDP mesh over the compile-only devices of a TPU topology, and the devices."""
     from jax.experimental import topologies
 
-    from trainer import partitioning
     from trainer.partitioning import MeshConfig
 
     devices = topologies.get_topology_desc(topology, platform="tpu").devices
-    mesh = partitioning.build_mesh(MeshConfig(data=1, fsdp=len(devices), model=1), devices)
-    return mesh, devices
+    return MeshConfig(data=1, fsdp=len(devices), model=1), devices
 
 
-def _compile_train(size: str, mesh, *, batch: int, seq_len: int, microbatches: int, **overrides):
-    """The trainer's compiled train step for `size` (config `overrides`) on `mesh`."""
+def _compile_train(
+    size: str, mesh, devices, *, batch: int, seq_len: int, microbatches: int, **overrides
+):
+    """The trainer's compiled train step for `size` (config `overrides`) on the `MeshConfig`
+    `mesh` over `devices`."""
+    import compiled_step
 
     from trainer import jobs, model_spec, steps
     from trainer.optimizers import OptimizerConfig
     from trainer.schedules import ScheduleConfig
 
     spec = model_spec.ModelSpec(family="llama2", size=size, overrides=overrides)
-    wrapper = model_spec.build_model(spec)
-    partitioner, abstract = _partitioned(wrapper, mesh)
-    job = jobs.compile_job(
-        model=wrapper,
-        partitioner=partitioner,
-        abstract_params=abstract,
-        components=["lm"],
-        total_steps=1000,
+    built = jobs.build_partitioned_model(spec, mesh, devices=devices)
+    job = compiled_step.compile_train_step(
+        built,
         batch_size=batch,
         seq_len=seq_len,
-        eval_batch_size=None,
         optimizer=OptimizerConfig(),
         schedule=ScheduleConfig(),
-        step_config=steps.StepConfig(num_microbatches=microbatches, num_components=1),
+        step_config=steps.StepConfig(num_microbatches=microbatches),
+        components=["lm"],
+        total_steps=1000,
     )
-    return wrapper, job.train_step
+    return built[0], job.train_step
 
 
 def table(args: argparse.Namespace) -> list[dict]:
@@ -224,6 +201,7 @@ def table(args: argparse.Namespace) -> list[dict]:
         wrapper, step = _compile_train(
             name,
             mesh,
+            devices,
             batch=batch,
             seq_len=args.seq_len,
             microbatches=micro,
@@ -245,6 +223,7 @@ def table(args: argparse.Namespace) -> list[dict]:
             _, small = _compile_train(
                 name,
                 mesh,
+                devices,
                 batch=n_dev,
                 seq_len=args.seq_len,
                 microbatches=1,

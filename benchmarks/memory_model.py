@@ -24,10 +24,14 @@ import os
 import sys
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # compiled_step beside us, also when loaded by file path
+    sys.path.insert(0, HERE)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ["JAX_PLATFORMS"] == "cpu":
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
+import compiled_step  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
@@ -141,23 +145,18 @@ def compile_case(case: Case, devices=None) -> jobs.Job:
     """The trainer's job of `case` (its compiled train step, state shapes and shardings)."""
     devices = list(devices if devices is not None else jax.devices()[: case.devices])
     mesh = MeshConfig(data=len(devices) // case.fsdp, fsdp=case.fsdp, model=1)
-    wrapper, partitioner, abstract = jobs.build_partitioned_model(
-        _spec(case), mesh, devices=devices
-    )
+    built = jobs.build_partitioned_model(_spec(case), mesh, devices=devices)
     lengths = {"inputs": case.inputs_len} if case.inputs_len else None
-    job = jobs.compile_job(
-        model=wrapper,
-        partitioner=partitioner,
-        abstract_params=abstract,
-        components=["lm"],
-        total_steps=1000,
+    job = compiled_step.compile_train_step(
+        built,
         batch_size=case.batch,
         seq_len=case.seq_len,
         feature_lengths=lengths,
-        eval_batch_size=None,
         optimizer=OPTIMIZERS[case.optimizer],
         schedule=ScheduleConfig(),
         step_config=steps.StepConfig(num_microbatches=case.microbatches),
+        components=["lm"],
+        total_steps=1000,
     )
     return job
 

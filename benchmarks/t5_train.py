@@ -22,6 +22,7 @@ import argparse
 import json
 import time
 
+import compiled_step
 import jax
 import numpy as np
 
@@ -66,18 +67,14 @@ def benchmark(size: str, *, dtype: str, steps_: int, seed: int = 0) -> dict:
     spec = model_spec.ModelSpec(
         family="t5", size=base, overrides={**overrides, "dtype": dtype}, dropout_rate=0.0
     )
-    wrapper, partitioner, abstract = jobs.build_partitioned_model(spec, MeshConfig())
+    built = jobs.build_partitioned_model(spec, MeshConfig())
+    wrapper, partitioner, _ = built
     start = time.perf_counter()
-    job = jobs.compile_job(
-        model=wrapper,
-        partitioner=partitioner,
-        abstract_params=abstract,
-        components=["synthetic"],
-        total_steps=10_000,
+    job = compiled_step.compile_train_step(
+        built,
         batch_size=batch,
         seq_len=lt,
         feature_lengths={"inputs": li, "targets": lt},
-        eval_batch_size=None,
         optimizer=adafactor_defaults(),
         schedule=ScheduleConfig(name="rsqrt", base=1.0, rsqrt_offset=10_000),
         step_config=steps.StepConfig(z_loss=1e-4, num_components=1),

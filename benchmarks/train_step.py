@@ -26,6 +26,7 @@ import importlib.util
 import time
 from pathlib import Path
 
+import compiled_step
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +36,7 @@ from llama_jax.config import LlamaConfig
 from llama_jax.counting import matmul_flops_per_token
 from llama_jax.model import Llama
 from pipelines import features
-from trainer import jobs, metrics_log, model_spec, steps
+from trainer import jobs, metrics_log, model_spec
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
@@ -74,19 +75,14 @@ def trainer_step(config: LlamaConfig, *, seq_len: int, batch: int, host: dict):
     spec = model_spec.ModelSpec(
         size="llama2_tiny", overrides={**fields, "num_kv_heads": None, "max_len": seq_len}
     )
-    wrapper, partitioner, abstract = jobs.build_partitioned_model(spec, MeshConfig())
-    job = jobs.compile_job(
-        model=wrapper,
-        partitioner=partitioner,
-        abstract_params=abstract,
-        components=["synthetic"],
-        total_steps=10_000,
+    built = jobs.build_partitioned_model(spec, MeshConfig())
+    wrapper, partitioner, _ = built
+    job = compiled_step.compile_train_step(
+        built,
         batch_size=batch,
         seq_len=seq_len,
-        eval_batch_size=None,
         optimizer=OptimizerConfig(),
         schedule=ScheduleConfig(peak=1e-4),
-        step_config=steps.StepConfig(num_components=1),
     )
     box = {"state": job.init_state(np.asarray(jax.random.key_data(jax.random.key(0))))}
 

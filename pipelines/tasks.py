@@ -34,7 +34,7 @@ import seqio
 
 from pipelines import preprocessors as prep
 from pipelines import text_metrics
-from pipelines.corpora import hf_sources, paths
+from pipelines.corpora import hf_catalog, hf_sources, paths
 from pipelines.names import LANG_NAMES
 
 SHUFFLE_BUFFER_SIZE = 1000
@@ -140,7 +140,7 @@ SOURCES: dict[str, tuple[Callable, Callable]] = {
             functools.partial(_hf_mono, source=name),
             functools.partial(_hf_parallel, source=name),
         )
-        for name in hf_sources.SOURCE_CORPORA
+        for name in hf_catalog.SOURCE_CORPORA
     },
 }
 

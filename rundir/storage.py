@@ -24,17 +24,15 @@ import contextlib
 import dataclasses
 import datetime
 import errno
-import fcntl
-import hashlib
-import json
 import os
 import pathlib
 import re
-import uuid
 from collections.abc import Iterator
 
 import fsspec
 from etils import epath
+
+from rundir import gcs_objects, local_files
 
 Path = epath.Path
 PathLike = str | os.PathLike
@@ -48,12 +46,6 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 _GS_URL = re.compile(r"^gs://([^/]*)(/.*)?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
 _KNOWN_SCHEMES = {"gs", "gcs", "s3", "s3a", "az", "abfs", "hf", "http", "https", "file", "ftp"}
-
-# Uploads smaller than this go as one multipart request (our own, so that it can carry a
-# generation precondition); larger `write_bytes` payloads use gcsfs's resumable upload.
-_MULTIPART_MAX = 32 * 2**20
-# How often a conditional step is retried when another writer wins the race in between.
-_CAS_ATTEMPTS = 8
 
 
 class UnsupportedPathError(ValueError):
@@ -255,222 +247,6 @@ def service_errors(path: PathLike, action: str) -> Iterator[None]:
         raise StorageError(f"{action} {os.fspath(path)} failed: {_one_line(e)}") from e
 
 
-# --------------------------------------------------------------------------- gs://
-
-
-def _gcs():
-    """The process's gcsfs filesystem: the same cached instance epath's fsspec backend uses."""
-    return fsspec.filesystem("gcs", finalize_on_close=True)
-
-
-def _split(path: epath.Path) -> tuple[str, str]:
-    bucket, _, key = os.fspath(path)[len("gs://") :].partition("/")
-    if not key:
-        raise IsADirectoryError(f"{os.fspath(path)} is a bucket, not a file")
-    return bucket, key
-
-
-def _gs_metadata(path: epath.Path) -> dict | None:
-    """The object's JSON metadata, or None when it does not exist."""
-    bucket, key = _split(path)
-    try:
-        return _gcs().call("GET", "b/{}/o/{}", bucket, key, json_out=True)
-    except FileNotFoundError:
-        return None
-
-
-def _gs_upload(path: epath.Path, data: bytes, *, if_generation_match: int | None = None) -> dict:
-    """One multipart upload (atomic: the object appears whole or not at all).
-
-    With `if_generation_match` the server writes only if the live generation equals it (0: only
-    if absent) and answers 412, raised by gcsfs as FileExistsError, otherwise. Our own request
-    rather than gcsfs's `simple_upload`, which knows only 0 and uses a fixed multipart boundary.
-    """
-    bucket, key = _split(path)
-    boundary = uuid.uuid4().hex
-    while boundary.encode() in data:
-        boundary = uuid.uuid4().hex
-    body = b"".join(
-        [
-            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
-            json.dumps({"name": key}).encode(),
-            f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
-            data,
-            f"\r\n--{boundary}--\r\n".encode(),
-        ]
-    )
-    fs = _gcs()
-    params = {} if if_generation_match is None else {"ifGenerationMatch": str(if_generation_match)}
-    return fs.call(
-        "POST",
-        f"{fs._location}/upload/storage/v1/b/{{}}/o",
-        bucket,
-        uploadType="multipart",
-        headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
-        data=body,
-        json_out=True,
-        **params,
-    )
-
-
-def _gs_write(path: epath.Path, data: bytes) -> None:
-    if len(data) < _MULTIPART_MAX:
-        _gs_upload(path, data)
-    else:
-        _gcs().pipe_file(os.fspath(path), data)
-
-
-def _gs_read_versioned(path: epath.Path) -> tuple[bytes, Version] | None:
-    """Content and generation from one GET (GCS sends the generation it served as a header)."""
-    bucket, key = _split(path)
-    try:
-        headers, data = _gcs().call("GET", "b/{}/o/{}", bucket, key, alt="media")
-    except FileNotFoundError:
-        return None
-    return data, Version(f"gs:{int(headers['X-Goog-Generation'])}")
-
-
-def _gs_holds(path: epath.Path, data: bytes) -> bool:
-    """After a 412 to a conditional write: whether the object holds exactly `data` anyway (a
-    retried request whose first attempt landed but whose answer was lost sees its own write)."""
-    found = _gs_read_versioned(path)
-    return found is not None and found[0] == data
-
-
-def _gs_compose(path: epath.Path, parts: list[tuple[str, int | None]], generation: int) -> None:
-    """`path` := concatenation of `parts` (keys, each pinned to a generation or not), only if
-    `path`'s live generation is `generation` (0: absent); 412 -> FileExistsError."""
-    bucket, key = _split(path)
-    sources = [{"name": k} if g is None else {"name": k, "generation": str(g)} for k, g in parts]
-    _gcs().call(
-        "POST",
-        "b/{}/o/{}/compose",
-        bucket,
-        key,
-        ifGenerationMatch=str(generation),
-        headers={"Content-Type": "application/json"},
-        json={
-            "kind": "storage#composeRequest",
-            "sourceObjects": sources,
-            "destination": {"contentType": "application/octet-stream"},
-        },
-        json_out=True,
-    )
-
-
-def _gs_append(path: epath.Path, data: bytes) -> None:
-    """Appends by compose: the chunk goes up once as a temporary object, the server concatenates
-    (O(chunk) traffic), the temporary object is deleted. Each compose is conditional on the
-    generation it extends, so a concurrent writer's append is never overwritten; after a 412 a
-    lost answer to our own compose is recognised by the object's new size and tail."""
-    meta = _gs_metadata(path)
-    if meta is None:
-        try:
-            _gs_upload(path, data, if_generation_match=0)
-            return
-        except FileExistsError:
-            if _gs_holds(path, data):  # a retried create whose first attempt landed
-                return
-            meta = _gs_metadata(path)
-    bucket, key = _split(path)
-    directory, _, name = key.rpartition("/")
-    tmp_key = f"{directory}/.{name}.append-{uuid.uuid4().hex}".lstrip("/")
-    tmp = epath.Path(f"gs://{bucket}/{tmp_key}")
-    _gs_upload(tmp, data)
-    try:
-        for _ in range(_CAS_ATTEMPTS):
-            if meta is None:  # deleted meanwhile: the chunk becomes the whole object
-                parts, generation, size = [(tmp_key, None)], 0, 0
-            else:
-                generation, size = int(meta["generation"]), int(meta["size"])
-                parts = [(key, generation), (tmp_key, None)]
-            try:
-                _gs_compose(path, parts, generation)
-                return
-            except FileExistsError:
-                meta = _gs_metadata(path)
-                if meta is not None and int(meta["size"]) == size + len(data):
-                    _, tail = _gcs().call(
-                        "GET", "b/{}/o/{}", bucket, key, alt="media",
-                        headers={"Range": f"bytes={size}-"},
-                    )  # fmt: skip
-                    if tail == data:
-                        return
-        raise StorageError(f"appending to {os.fspath(path)} failed: contended {_CAS_ATTEMPTS}x")
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            _gcs().call("DELETE", "b/{}/o/{}", bucket, tmp_key)
-
-
-# --------------------------------------------------------------------------- local disk
-
-
-@contextlib.contextmanager
-def _dir_lock(directory: str) -> Iterator[None]:
-    """An exclusive `flock` on `directory`, held by every local mutator here, so that a
-    compare-and-swap's check and its replace are one step for all writers using this module.
-    Filesystems without flock (some network ones) leave the check-then-replace window open."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _staged(target: str, data: bytes) -> Iterator[str]:
-    """A complete, fsynced temporary copy of the new content beside `target`, written before any
-    lock is taken; removed on the way out unless the body moved it into place."""
-    directory, name = os.path.split(target)
-    tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        yield tmp
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-def _local_read_versioned(target: str) -> tuple[bytes, Version] | None:
-    """Content and version read from one open file (re-read if an append changed it meanwhile)."""
-    for _ in range(_CAS_ATTEMPTS):
-        try:
-            with open(target, "rb") as f:
-                before = os.fstat(f.fileno())
-                data = f.read()
-                after = os.fstat(f.fileno())
-        except FileNotFoundError:
-            return None
-        if (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns):
-            digest = hashlib.sha256(data).hexdigest()[:32]
-            token = f"local:{after.st_ino}:{after.st_mtime_ns}:{after.st_size}:{digest}"
-            return data, Version(token)
-    raise OSError(errno.EAGAIN, "file keeps changing while read", target)
-
-
-def _local_target(path: epath.Path) -> tuple[str, str]:
-    target = os.fspath(path)
-    directory = os.path.dirname(target)
-    os.makedirs(directory, exist_ok=True)
-    return target, directory
-
-
 # --------------------------------------------------------------------------- primitives
 
 
@@ -483,12 +259,12 @@ def write_bytes(path: PathLike, data: bytes) -> None:
     path = as_path(path)
     if is_remote(path):
         with storage_errors(path, "writing"):
-            _gs_write(path, bytes(data))
+            gcs_objects.write(path, bytes(data))
         return
-    target, directory = _local_target(path)
-    with _staged(target, bytes(data)) as tmp, _dir_lock(directory):
+    target, directory = local_files.target_and_dir(path)
+    with local_files.staged(target, bytes(data)) as tmp, local_files.dir_lock(directory):
         os.replace(tmp, target)
-    _fsync_dir(directory)
+    local_files.fsync_dir(directory)
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:
@@ -514,10 +290,13 @@ def append_text(path: PathLike, text: str) -> None:
     data = text.encode("utf-8")
     if is_remote(path):
         with storage_errors(path, "appending to"):
-            _gs_append(path, data)
+            try:
+                gcs_objects.append(path, data)
+            except gcs_objects.ContendedError as e:
+                raise StorageError(str(e)) from None
         return
-    target, directory = _local_target(path)
-    with _dir_lock(directory), open(target, "ab") as f:
+    target, directory = local_files.target_and_dir(path)
+    with local_files.dir_lock(directory), open(target, "ab") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -537,17 +316,17 @@ def create_exclusive(path: PathLike, text: str) -> bool:
     if is_remote(path):
         with storage_errors(path, "creating"):
             try:
-                _gs_upload(path, data, if_generation_match=0)
+                gcs_objects.upload(path, data, if_generation_match=0)
                 return True
             except FileExistsError:
-                return _gs_holds(path, data)
-    target, directory = _local_target(path)
-    with _staged(target, data) as tmp:
+                return gcs_objects.holds(path, data)
+    target, directory = local_files.target_and_dir(path)
+    with local_files.staged(target, data) as tmp:
         try:
             os.link(tmp, target)  # (filesystems without hard links, e.g. FUSE: use gs:// itself)
         except FileExistsError:
             return False
-    _fsync_dir(directory)
+    local_files.fsync_dir(directory)
     return True
 
 
@@ -556,10 +335,10 @@ def read_versioned(path: PathLike) -> tuple[str, Version] | None:
     path = as_path(path)
     if is_remote(path):
         with storage_errors(path, "reading"):
-            found = _gs_read_versioned(path)
-    else:
-        found = _local_read_versioned(os.fspath(path))
-    return None if found is None else (found[0].decode("utf-8"), found[1])
+            found = gcs_objects.read_generation(path)
+        return None if found is None else (found[0].decode("utf-8"), Version(f"gs:{found[1]}"))
+    found = local_files.read_versioned(os.fspath(path))
+    return None if found is None else (found[0].decode("utf-8"), Version(found[1]))
 
 
 def replace_if(path: PathLike, text: str, version: Version) -> bool:
@@ -576,17 +355,17 @@ def replace_if(path: PathLike, text: str, version: Version) -> bool:
             if version.generation is None:
                 return False
             try:
-                _gs_upload(path, data, if_generation_match=version.generation)
+                gcs_objects.upload(path, data, if_generation_match=version.generation)
                 return True
             except FileExistsError:
-                return _gs_holds(path, data)
-    target, directory = _local_target(path)
-    with _staged(target, data) as tmp, _dir_lock(directory):
-        found = _local_read_versioned(target)
-        if found is None or found[1] != version:
+                return gcs_objects.holds(path, data)
+    target, directory = local_files.target_and_dir(path)
+    with local_files.staged(target, data) as tmp, local_files.dir_lock(directory):
+        found = local_files.read_versioned(target)
+        if found is None or Version(found[1]) != version:
             return False
         os.replace(tmp, target)
-    _fsync_dir(directory)
+    local_files.fsync_dir(directory)
     return True
 
 
@@ -600,24 +379,14 @@ def delete_if(path: PathLike, version: Version) -> bool:
     path = as_path(path)
     if is_remote(path):
         with storage_errors(path, "deleting"):
-            meta = _gs_metadata(path)
-            if meta is None or int(meta["generation"]) != version.generation:
-                return False
-            bucket, key = _split(path)
-            try:
-                _gcs().call(
-                    "DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(version.generation)
-                )
-            except (FileExistsError, FileNotFoundError):
-                return False
-            return True
-    target, directory = _local_target(path)
-    with _dir_lock(directory):
-        found = _local_read_versioned(target)
-        if found is None or found[1] != version:
+            return gcs_objects.delete(path, version.generation)
+    target, directory = local_files.target_and_dir(path)
+    with local_files.dir_lock(directory):
+        found = local_files.read_versioned(target)
+        if found is None or Version(found[1]) != version:
             return False
         os.unlink(target)
-    _fsync_dir(directory)
+    local_files.fsync_dir(directory)
     return True
 
 
@@ -630,7 +399,7 @@ def mtime(path: PathLike) -> float | None:
         except FileNotFoundError:
             return None
     with storage_errors(path, "reading the metadata of"):
-        meta = _gs_metadata(path)
+        meta = gcs_objects.metadata(path)
     if meta is None:
         return None
     return datetime.datetime.fromisoformat(meta["updated"]).timestamp()
@@ -649,7 +418,7 @@ def list_files(path: PathLike) -> list[epath.Path]:
         return sorted(epath.Path(f) for f in found)
     prefix = top[len("gs://") :].rstrip("/") + "/"
     with storage_errors(path, "listing"):
-        names = _gcs().find(top)
+        names = gcs_objects.filesystem().find(top)
     return sorted(
         epath.Path(f"gs://{n}") for n in names if n.startswith(prefix) and not n.endswith("/")
     )
@@ -669,4 +438,4 @@ def move_tree(src: PathLike, dst: PathLike) -> None:
         os.replace(src, dst)
         return
     with storage_errors(src, f"moving to {dst}"):
-        _gcs().mv(os.fspath(src), os.fspath(dst), recursive=True)
+        gcs_objects.filesystem().mv(os.fspath(src), os.fspath(dst), recursive=True)

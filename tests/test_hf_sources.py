@@ -18,7 +18,7 @@ import pytest
 import seqio
 
 from pipelines import tasks, vocab
-from pipelines.corpora import hf_sources
+from pipelines.corpora import hf_catalog, hf_sources
 from rundir import storage
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -301,7 +301,7 @@ def test_reads_from_object_storage(gcs_bucket):
 
 
 def test_paper_sources_cover_the_paper_manifests():
-    for manifest, entry in hf_sources.PAPER_SOURCES.items():
+    for manifest, entry in hf_catalog.PAPER_SOURCES.items():
         sweep = tomllib.loads((REPO / "launch" / "manifests" / f"{manifest}.toml").read_text())
         langs = set(sweep.get("axes", {}).get("target_langs", []))
         text = json.dumps(sweep)
@@ -309,14 +309,14 @@ def test_paper_sources_cover_the_paper_manifests():
         pairs = {f"en-{x}" for x in ("de", "fr", "ro") if f"mt_en_{x}" in text}
         keys = set(entry) - {"source"}
         assert langs | pairs <= keys, manifest
-        table = hf_sources.SOURCE_CORPORA[entry["source"]]
+        table = hf_catalog.SOURCE_CORPORA[entry["source"]]
         for key in keys:
             names = [entry[key]] if isinstance(entry[key], str) else entry[key]
             assert tuple(names) == table["parallel" if "-" in key else "mono"][key]
-    markdown = hf_sources.paper_sources_markdown()
+    markdown = hf_catalog.paper_sources_markdown()
     assert markdown.count("\n") == 2 + sum(
         len([n] if isinstance(n, str) else n)
-        for e in hf_sources.PAPER_SOURCES.values()
+        for e in hf_catalog.PAPER_SOURCES.values()
         for k, n in e.items()
         if k != "source"
     )

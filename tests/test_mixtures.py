@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines import mixtures, streams, tasks
+from pipelines import component_examples, mixtures, streams, tasks
 
 LANGS = ["en", "zh", "fr", "ru", "de", "ro"]
 
@@ -78,7 +78,9 @@ def test_missing_tasks_skip_defaults_but_fail_explicit(seqio_registry, data):
 def _example_token_shares(name, lengths, n=10_240):
     """Token shares per component over the first `n` mixed examples (before packing, which
     neither adds nor drops tokens)."""
-    ds = streams.mixed_examples(name, split="train", sequence_length=lengths, seed=0).take(n)
+    ds = component_examples.mixed_examples(
+        name, split="train", sequence_length=lengths, seed=0
+    ).take(n)
     ds = ds.map(lambda ex: (ex["component"], tf.size(ex["targets"]))).batch(4096)
     comp, size = (np.concatenate(x) for x in zip(*ds.as_numpy_iterator(), strict=True))
     counts = np.bincount(comp, weights=size, minlength=len(mixtures.component_names(name)))
@@ -92,7 +94,8 @@ def test_realised_token_ratio_within_two_percent(registered, name):
     lengths = {"targets": 256}
     shares, example_shares = _example_token_shares(name, lengths)
     means = {
-        n: streams.mean_target_tokens(n, split="train", sequence_length=lengths) for n in names
+        n: component_examples.mean_target_tokens(n, split="train", sequence_length=lengths)
+        for n in names
     }
     for i, n in enumerate(names):
         assert shares[i] == pytest.approx(fractions[n], abs=0.02), (n, shares)
@@ -124,11 +127,13 @@ def test_replay_zero_has_no_source_tokens(registered):
 
 
 def test_example_weights_and_choices():
-    w = streams.example_weights({"a": 0.25, "b": 0.75, "c": 0.0}, {"a": 10.0, "b": 60.0})
+    w = component_examples.example_weights({"a": 0.25, "b": 0.75, "c": 0.0}, {"a": 10.0, "b": 60.0})
     assert w == pytest.approx([2 / 3, 1 / 3, 0.0])
-    choices = np.array(list(streams.weighted_choices([0.7, 0.3, 0.0], block=64).take(10_000)))
+    choices = np.array(
+        list(component_examples.weighted_choices([0.7, 0.3, 0.0], block=64).take(10_000))
+    )
     for n in (37, 1000, 10_000):
         counts = np.bincount(choices[:n], minlength=3)
         assert abs(counts[0] - 0.7 * n) <= 2 and counts[2] == 0, (n, counts)
-    rare = np.array(list(streams.weighted_choices([0.99, 0.01]).take(1000)))
+    rare = np.array(list(component_examples.weighted_choices([0.99, 0.01]).take(1000)))
     assert rare.sum() == 10 and np.diff(np.flatnonzero(rare)).min() >= 50  # spread out

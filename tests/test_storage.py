@@ -18,7 +18,7 @@ import pytest
 from gcs_server import GcsServer
 from no_egress import no_egress_guard
 
-from rundir import storage
+from rundir import gcs_objects, storage
 
 
 @pytest.fixture(params=["local", "gs"])
@@ -93,7 +93,7 @@ def test_an_append_on_gcs_uploads_the_chunk_not_the_file(gcs_bucket, monkeypatch
     path = f"{gcs_bucket}/metrics.jsonl"
     head = "x" * 200_000 + "\n"
     storage.write_text_atomic(path, head)
-    fs = storage._gcs()
+    fs = gcs_objects.filesystem()
     sent = []
     request = fs._request
 
@@ -116,7 +116,7 @@ def test_an_append_whose_answer_was_lost_is_not_repeated(gcs_bucket, monkeypatch
     its own generation precondition (412); the append must not be made twice."""
     path = f"{gcs_bucket}/metrics.jsonl"
     storage.append_text(path, "a\n")
-    compose = storage._gs_compose
+    compose = gcs_objects.compose
     calls = []
 
     def lost_answer(*args):
@@ -125,7 +125,7 @@ def test_an_append_whose_answer_was_lost_is_not_repeated(gcs_bucket, monkeypatch
         if len(calls) == 1:
             raise FileExistsError("412 on the retried compose")
 
-    monkeypatch.setattr(storage, "_gs_compose", lost_answer)
+    monkeypatch.setattr(gcs_objects, "compose", lost_answer)
     storage.append_text(path, "b\n")
     assert storage.read_text(path) == "a\nb\n" and len(calls) == 1
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import seqio
 
-from pipelines import mixtures, streams, tasks
+from pipelines import component_examples, mixtures, streams, tasks
 
 DECODER_KEYS = {
     "decoder_input_tokens",
@@ -170,10 +170,10 @@ def test_token_subset_is_a_fixed_repeated_sample(registered):
         batch_size=2,
         pack=False,
     )
-    mean = streams.mean_target_tokens(
+    mean = component_examples.mean_target_tokens(
         "mt_en_de", split="train", sequence_length=args["sequence_length"]
     )
-    n = streams.subset_examples(
+    n = component_examples.subset_examples(
         "mt_en_de", split="train", sequence_length=args["sequence_length"], subset_tokens=60
     )
     assert n == int(np.ceil(60 / mean)) and 1 <= n < 20
@@ -192,7 +192,7 @@ def test_token_subset_is_a_fixed_repeated_sample(registered):
     ]
     assert len(set(whole)) > n
     with pytest.raises(ValueError, match="single task"):
-        streams.subset_examples(
+        component_examples.subset_examples(
             "mix_en_50_de_50", split="train", sequence_length={"inputs": 8}, subset_tokens=60
         )
 
@@ -216,13 +216,13 @@ def test_pair_subset_holds_exactly_that_many_examples(registered):
     assert len(set(seen)) == 5  # exactly 5 pairs, each seen repeatedly
     assert set(examples(1, 5)) == set(seen)  # the run's seed reorders, never resamples
     assert [
-        streams.shard_examples("mt_en_de", subset_size=7, shard_index=i, num_shards=3)
+        component_examples.shard_examples("mt_en_de", subset_size=7, shard_index=i, num_shards=3)
         for i in range(3)
     ] == [3, 2, 2]
     with pytest.raises(ValueError, match="not both"):
         examples(0, 5, subset_tokens=60)
     with pytest.raises(ValueError, match="single task"):
-        streams.shard_examples("mix_en_50_de_50", subset_size=5)
+        component_examples.shard_examples("mix_en_50_de_50", subset_size=5)
 
 
 def test_wrong_stream_kind_is_refused(registered):
