@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +78,28 @@ def _exp(v: float) -> float:
         return math.inf
 
 
+# Public parameters fitted as their logarithm (E = exp(e), A = exp(a), ...), by the name of their
+# fitted variable; every other parameter is fitted as itself.
+LOG_VARIABLES: Mapping[str, str] = {"E": "e", "A": "a", "B": "b", "k": "log_k"}
+
+
+def to_internal(params: Mapping[str, float]) -> dict[str, float]:
+    """Fitted variables from public parameters (log of those in `LOG_VARIABLES`)."""
+    return {
+        LOG_VARIABLES.get(p, p): math.log(v) if p in LOG_VARIABLES else float(v)
+        for p, v in params.items()
+    }
+
+
+def _to_params(params: tuple[str, ...]) -> Callable[[Mapping[str, float]], dict[str, float]]:
+    """A `LawSpec.to_params`: fitted variables → the public `params`, in that order."""
+
+    def to_params(v: Mapping[str, float]) -> dict[str, float]:
+        return {p: _exp(v[LOG_VARIABLES[p]]) if p in LOG_VARIABLES else float(v[p]) for p in params}
+
+    return to_params
+
+
 HOFFMANN_GRID = {
     "alpha": np.arange(0.0, 2.0 + 1e-9, 0.5),
     "beta": np.arange(0.0, 2.0 + 1e-9, 0.5),
@@ -112,6 +135,21 @@ class Law:
     min_distinct: tuple[int, ...] = ()
 
 
+def _law(
+    *,
+    name: str,
+    params: tuple[str, ...],
+    predict: Callable[..., np.ndarray],
+    inputs: tuple[str, ...],
+    min_distinct: tuple[int, ...],
+    **spec: Any,
+) -> Law:
+    """A `Law`; given the `LawSpec` fields that say how it is fitted (names, terms, features,
+    grid, ...), fitted as an LSE-affine law whose variables map onto `params`."""
+    fit = LawSpec(law=name, to_params=_to_params(params), **spec) if spec else None
+    return Law(name, params, predict, fit, inputs, min_distinct)
+
+
 def _register(*entries: Law) -> Mapping[str, Law]:
     return {law.name: law for law in entries}
 
@@ -119,128 +157,87 @@ def _register(*entries: Law) -> Mapping[str, Law]:
 # One entry per law. The pipeline step that fits it, its report section and its plot are in
 # `fitting.reports.fit_all.STEPS`, which names these laws.
 LAWS: Mapping[str, Law] = _register(
-    Law(
+    _law(
         name="chinchilla",
         params=("E", "A", "B", "alpha", "beta"),
         predict=chinchilla,
         inputs=("N", "D"),
         min_distinct=(3, 3),
-        spec=LawSpec(
-            law="chinchilla",
-            names=("a", "b", "e", "alpha", "beta"),
-            # columns: 0 one(a), 1 −log N, 2 one(b), 3 −log D, 4 one(e)
-            terms=(((0, 0), (3, 1)), ((1, 2), (4, 3)), ((2, 4),)),
-            features=lambda N, D: neglog_features(N, D, layout=(-1, 0, -1, 1, -1)),
-            to_params=lambda v: {
-                "E": _exp(v["e"]),
-                "A": _exp(v["a"]),
-                "B": _exp(v["b"]),
-                "alpha": float(v["alpha"]),
-                "beta": float(v["beta"]),
-            },
-            grid=HOFFMANN_GRID,
-        ),
+        names=("a", "b", "e", "alpha", "beta"),
+        # columns: 0 one(a), 1 −log N, 2 one(b), 3 −log D, 4 one(e)
+        terms=(((0, 0), (3, 1)), ((1, 2), (4, 3)), ((2, 4),)),
+        features=lambda N, D: neglog_features(N, D, layout=(-1, 0, -1, 1, -1)),
+        grid=HOFFMANN_GRID,
     ),
-    Law(
+    _law(
         name="cpt",
         params=("E", "A", "alpha", "B", "beta", "gamma"),
         predict=cpt,
         inputs=("N", "D"),
         min_distinct=(2, 2),
         # The paper's second stage: E, A, alpha come from the from-scratch fit.
-        spec=LawSpec(
-            law="cpt",
-            names=("a", "b", "e", "alpha", "beta", "gamma"),
-            # columns: 0 one(a), 1 −log N, 2 one(b'), 3 −log D, 4 −log N (γ), 5 one(e)
-            terms=(((0, 0), (3, 1)), ((1, 2), (4, 3), (5, 4)), ((2, 5),)),
-            features=lambda N, D: neglog_features(N, D, layout=(-1, 0, -1, 1, 0, -1)),
-            to_params=lambda v: {
-                "E": _exp(v["e"]),
-                "A": _exp(v["a"]),
-                "alpha": float(v["alpha"]),
-                "B": _exp(v["b"]),
-                "beta": float(v["beta"]),
-                "gamma": float(v["gamma"]),
-            },
-            grid={
-                "b": np.arange(0.0, 25.0 + 1e-9, 5.0),
-                "beta": np.arange(0.0, 2.0 + 1e-9, 0.25),
-                "gamma": np.arange(-1.0, 1.0 + 1e-9, 0.5),
-            },
-            free=(False, True, False, False, True, True),
-            fixed_params=("E", "A", "alpha"),
-        ),
+        names=("a", "b", "e", "alpha", "beta", "gamma"),
+        # columns: 0 one(a), 1 −log N, 2 one(b'), 3 −log D, 4 −log N (γ), 5 one(e)
+        terms=(((0, 0), (3, 1)), ((1, 2), (4, 3), (5, 4)), ((2, 5),)),
+        features=lambda N, D: neglog_features(N, D, layout=(-1, 0, -1, 1, 0, -1)),
+        grid={
+            "b": np.arange(0.0, 25.0 + 1e-9, 5.0),
+            "beta": np.arange(0.0, 2.0 + 1e-9, 0.25),
+            "gamma": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+        },
+        free=(False, True, False, False, True, True),
+        fixed_params=("E", "A", "alpha"),
     ),
-    Law(
+    _law(
         name="loss_compute",
         params=("E", "A", "gamma"),
         predict=loss_compute,
         inputs=("C",),
         min_distinct=(3,),
-        spec=LawSpec(
-            law="loss_compute",
-            names=("a", "gamma", "e"),
-            terms=(((0, 0), (1, 1)), ((2, 2),)),
-            features=lambda C: neglog_features(C, layout=(-1, 0, -1)),
-            to_params=lambda v: {
-                "E": _exp(v["e"]),
-                "A": _exp(v["a"]),
-                "gamma": float(v["gamma"]),
-            },
-            grid={
-                "a": np.arange(0.0, 25.0 + 1e-9, 2.5),
-                "gamma": np.array([0.01, 0.03, 0.1, 0.3, 1.0]),
-                "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
-            },
-        ),
+        names=("a", "gamma", "e"),
+        terms=(((0, 0), (1, 1)), ((2, 2),)),
+        features=lambda C: neglog_features(C, layout=(-1, 0, -1)),
+        grid={
+            "a": np.arange(0.0, 25.0 + 1e-9, 2.5),
+            "gamma": np.array([0.01, 0.03, 0.1, 0.3, 1.0]),
+            "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+        },
     ),
-    Law(
+    _law(
         name="power",
         params=("k", "g"),
         predict=power,
         inputs=("C",),
         min_distinct=(2,),
-        spec=LawSpec(
-            law="power",
-            names=("log_k", "g"),
-            terms=(((0, 0), (1, 1)),),
-            features=lambda C: neglog_features(C, layout=(-1, 0)),
-            to_params=lambda v: {"k": _exp(v["log_k"]), "g": float(v["g"])},
-            grid={
-                "log_k": np.arange(0.0, 10.0 + 1e-9, 2.0),
-                "g": np.array([0.0, 0.03, 0.1, 0.3, 1.0]),
-            },
-        ),
+        names=("log_k", "g"),
+        terms=(((0, 0), (1, 1)),),
+        features=lambda C: neglog_features(C, layout=(-1, 0)),
+        grid={
+            "log_k": np.arange(0.0, 10.0 + 1e-9, 2.0),
+            "g": np.array([0.0, 0.03, 0.1, 0.3, 1.0]),
+        },
     ),
-    Law(
+    _law(
         name="log_law",
         params=("log_A", "alpha", "beta"),
         predict=log_law,
         inputs=("Dp",),
         min_distinct=(3,),
     ),
-    Law(
+    _law(
         name="power_law",
         params=("E", "A", "alpha"),
         predict=power_law,
         inputs=("Dp",),
         min_distinct=(3,),
-        spec=LawSpec(
-            law="power_law",
-            names=("a", "alpha", "e"),
-            terms=(((0, 0), (1, 1)), ((2, 2),)),
-            features=lambda Dp: neglog_features(Dp, layout=(-1, 0, -1)),
-            to_params=lambda v: {
-                "E": _exp(v["e"]),
-                "A": _exp(v["a"]),
-                "alpha": float(v["alpha"]),
-            },
-            grid={
-                "a": np.arange(0.0, 25.0 + 1e-9, 5.0),
-                "alpha": np.arange(0.0, 2.0 + 1e-9, 0.5),
-                "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
-            },
-        ),
+        names=("a", "alpha", "e"),
+        terms=(((0, 0), (1, 1)), ((2, 2),)),
+        features=lambda Dp: neglog_features(Dp, layout=(-1, 0, -1)),
+        grid={
+            "a": np.arange(0.0, 25.0 + 1e-9, 5.0),
+            "alpha": np.arange(0.0, 2.0 + 1e-9, 0.5),
+            "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
+        },
     ),
 )
 

@@ -257,13 +257,8 @@ def fit_law(
 
 def _fixed_vector(spec: lse.LawSpec, values: Mapping[str, float]) -> dict[int, float]:
     """Internal indices → values of the fixed variables, from public parameters (E, A, alpha)."""
-    logs = {"e": "E", "a": "A", "b": "B"}
-    out: dict[int, float] = {}
-    for i, name in enumerate(spec.names):
-        if spec.free is not None and not spec.free[i]:
-            pub = logs.get(name)
-            out[i] = math.log(values[pub]) if pub else float(values[name])
-    return out
+    fixed = formulas.to_internal({p: values[p] for p in spec.fixed_params})
+    return {spec.names.index(name): v for name, v in fixed.items()}
 
 
 def _bootstrap(
@@ -395,12 +390,8 @@ def fit_cpt(N, D, L, *, base: FitResult, **options: Unpack[FitOptions]) -> FitRe
     if not all(np.isfinite(base.params[k]) for k in ("E", "A", "alpha")):
         where = f"cpt/{series}" if series else "cpt"
         raise Unidentifiable(f"{where}: base fit has non-finite E, A or alpha")
-    fixed = {
-        "e": math.log(base.params["E"]),
-        "a": math.log(base.params["A"]),
-        "alpha": base.params["alpha"],
-    }
     spec = formulas.fit_spec("cpt")
+    fixed = formulas.to_internal({p: base.params[p] for p in spec.fixed_params})
     res = fit_law(
         spec,
         [N, D],

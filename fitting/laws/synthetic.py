@@ -309,10 +309,9 @@ def _write_mt(root: Path, rng: np.random.Generator, sigma: float) -> None:
         ),
         recs,
     )
-    for s in steps:
-        dp = float(s * batch)
-        bleu = float(formulas.log_law(dp, **BLEU) * np.exp(sigma * rng.standard_normal()))
-        ce = float(formulas.power_law(dp, **CE) * np.exp(sigma * 0.2 * rng.standard_normal()))
+
+    def finetune(run_id: str, strategy: str, ce: float, bleu: float, **extra: Any) -> None:
+        """One 300-step finetune on mt_en_fr with its final cross-entropy and BLEU."""
         rec = {
             "step": 300,
             "tokens": 300 * 128 * 512.0,
@@ -320,42 +319,28 @@ def _write_mt(root: Path, rng: np.random.Generator, sigma: float) -> None:
             "eval/mt_en_fr/loss": ce,
             "eval/mt_en_fr/bleu": bleu,
         }
-        _write_run(
-            root,
-            f"finetune_en_fr_{s}",
-            _meta(
-                "t5_770m",
-                n,
-                "finetune",
-                family="t5",
-                languages=["en", "fr"],
-                mixture_or_task="mt_en_fr",
-                components=["mt_en_fr"],
-                init_checkpoint=f"{root / pre_id}@{int(s)}",
-                init_step=int(s),
-                train_steps=300,
-            ),
-            [rec],
-        )
-    base = {
-        "step": 300,
-        "tokens": 300 * 128 * 512.0,
-        "flops": 1.0,
-        "eval/mt_en_fr/loss": float(formulas.power_law(1e9, **CE) * 1.3),
-        "eval/mt_en_fr/bleu": float(formulas.log_law(1e10, **BLEU) * 0.7),
-    }
-    _write_run(
-        root,
-        "finetune_scratch_en_fr",
-        _meta(
+        meta = _meta(
             "t5_770m",
             n,
-            "finetune_scratch",
+            strategy,
             family="t5",
             languages=["en", "fr"],
             mixture_or_task="mt_en_fr",
             components=["mt_en_fr"],
+            **extra,
             train_steps=300,
-        ),
-        [base],
+        )
+        _write_run(root, run_id, meta, [rec])
+
+    for s in steps:
+        dp = float(s * batch)
+        bleu = float(formulas.log_law(dp, **BLEU) * np.exp(sigma * rng.standard_normal()))
+        ce = float(formulas.power_law(dp, **CE) * np.exp(sigma * 0.2 * rng.standard_normal()))
+        start = {"init_checkpoint": f"{root / pre_id}@{int(s)}", "init_step": int(s)}
+        finetune(f"finetune_en_fr_{s}", "finetune", ce, bleu, **start)
+    finetune(
+        "finetune_scratch_en_fr",
+        "finetune_scratch",
+        float(formulas.power_law(1e9, **CE) * 1.3),
+        float(formulas.log_law(1e10, **BLEU) * 0.7),
     )
