@@ -183,8 +183,8 @@ def _by_language(
 
 
 def _attempt(study: Study, key: str, fit: Callable[[], Any]) -> Any:
-    """`fit()`, or None with the reason recorded under `key` when the data cannot identify it;
-    a fit that did not converge is warned about under `key`."""
+    """`fit()` (None: nothing to fit), or None with the reason recorded under `key` when the data
+    cannot identify it; a fit that did not converge is warned about under `key`."""
     try:
         got = fit()
     except Unidentifiable as why:
@@ -207,14 +207,9 @@ def _law_entry(fit: FitResult, pts: points.Points) -> dict[str, Any]:
 
 def chinchilla_step(study: Study, step: Step) -> dict[str, Any]:
     def entry(lang: str) -> dict[str, Any] | None:
-        try:
-            fit = study.scratch_fit(lang)
-        except Unidentifiable as why:
-            study.skipped[f"chinchilla/{lang}"] = str(why)
-            return None
+        fit = _attempt(study, f"chinchilla/{lang}", lambda: study.scratch_fit(lang))
         if fit is None:
             return None
-        study.check(f"chinchilla/{lang}", fit)
         pts = points.pool(study.curves(FROM_SCRATCH, lang), rule=study.point_rule)
         return _law_entry(fit, pts)
 
@@ -225,17 +220,12 @@ def chinchilla_step(study: Study, step: Step) -> dict[str, Any]:
 
 def cpt_step(study: Study, step: Step) -> dict[str, Any]:
     def entry(lang: str) -> dict[str, Any] | None:
-        try:
-            fit = study.cpt_fit(lang)
-        except Unidentifiable as why:
-            study.skipped[f"cpt/{lang}"] = str(why)
-            return None
-        if fit is None:
-            study.skipped[f"cpt/{lang}"] = (
-                "no from-scratch runs of this language for the first stage"
+        fit = _attempt(study, f"cpt/{lang}", lambda: study.cpt_fit(lang))
+        if fit is None:  # unidentifiable (the reason is recorded), or no first stage
+            study.skipped.setdefault(
+                f"cpt/{lang}", "no from-scratch runs of this language for the first stage"
             )
             return None
-        study.check(f"cpt/{lang}", fit)
         base = study.scratch_fit(lang)
         pts = points.pool(study.curves((Strategy.CPT,), lang), rule=study.point_rule)
         out = _law_entry(fit, pts)
