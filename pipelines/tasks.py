@@ -256,18 +256,16 @@ def register_tasks(
     if unknown:
         raise ValueError(f"unknown languages/pairs {unknown}")
     names: list[str] = []
-    for lang in langs if langs is not None else paths.LANGS:
-        spec = mono_fn(root, lang) if langs is not None else _build(mono_fn, root, lang)
-        if spec is None:
-            if langs is not None:
-                raise FileNotFoundError(f"no training text for {lang!r} under {root}")
-            continue
-        names += _register_mono(spec, lang, vocabulary)
-    for pair in pairs if pairs is not None else paths.PAIRS:
-        spec = pair_fn(root, pair) if pairs is not None else _build(pair_fn, root, pair)
-        if spec is None:
-            if pairs is not None:
-                raise FileNotFoundError(f"no parallel training data for {pair!r} under {root}")
-            continue
-        names += _register_pair(spec, pair, vocabulary)
+    kinds = (  # (asked for, every one, source, registration, what a missing one lacks)
+        (langs, paths.LANGS, mono_fn, _register_mono, "training text"),
+        (pairs, paths.PAIRS, pair_fn, _register_pair, "parallel training data"),
+    )
+    for asked, every, build, register, what in kinds:
+        for key in asked if asked is not None else every:
+            spec = build(root, key) if asked is not None else _build(build, root, key)
+            if spec is None:
+                if asked is not None:
+                    raise FileNotFoundError(f"no {what} for {key!r} under {root}")
+                continue
+            names += register(spec, key, vocabulary)
     return names

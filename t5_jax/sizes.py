@@ -13,55 +13,30 @@ from types import MappingProxyType
 
 from t5_jax.config import GATED_GELU, RELU, T5Config
 
-_ROWS: dict[str, dict] = {
-    # name: d_model, heads x head_dim, enc + dec layers, d_ff, MLP, tied logits
-    "t5_tiny": dict(
-        vocab_size=104,
-        d_model=24,
-        num_heads=4,
-        head_dim=10,
-        num_encoder_layers=1,
-        num_decoder_layers=2,
-        d_ff=36,
-        relpos_num_buckets=8,
-        relpos_max_distance=20,
-    ),
-    "t5_small": dict(
-        d_model=512, num_heads=6, head_dim=64, num_encoder_layers=8, num_decoder_layers=8, d_ff=1024
-    ),
-    "t5_base": dict(
-        d_model=768,
-        num_heads=12,
-        head_dim=64,
-        num_encoder_layers=12,
-        num_decoder_layers=12,
-        d_ff=2048,
-    ),
-    # MT paper, Table 2.
-    "t5_770m": dict(
-        d_model=1024,
-        num_heads=16,
-        head_dim=64,
-        num_encoder_layers=24,
-        num_decoder_layers=24,
-        d_ff=2816,
-    ),
-    # MT paper, Table 1 (original T5-3B: ReLU, tied embedding).
-    "t5_3b": dict(
-        d_model=1024,
-        num_heads=32,
-        head_dim=128,
-        num_encoder_layers=24,
-        num_decoder_layers=24,
-        d_ff=16384,
-        mlp_activations=RELU,
-        logits_via_embedding=True,
-    ),
+# name: d_model, num_heads, head_dim, encoder layers, decoder layers, d_ff, MLP, tied logits
+_ROWS: dict[str, tuple] = {
+    "t5_tiny": (24, 4, 10, 1, 2, 36, GATED_GELU, False),
+    "t5_small": (512, 6, 64, 8, 8, 1024, GATED_GELU, False),
+    "t5_base": (768, 12, 64, 12, 12, 2048, GATED_GELU, False),
+    "t5_770m": (1024, 16, 64, 24, 24, 2816, GATED_GELU, False),  # MT paper, Table 2
+    "t5_3b": (1024, 32, 128, 24, 24, 16384, RELU, True),  # MT paper, Table 1 (original T5-3B)
 }
+_COLUMNS = (
+    "d_model",
+    "num_heads",
+    "head_dim",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "d_ff",
+    "mlp_activations",
+    "logits_via_embedding",
+)
+# The tiny test size also shrinks the vocabulary and the relative-position buckets.
+_EXTRA = {"t5_tiny": {"vocab_size": 104, "relpos_num_buckets": 8, "relpos_max_distance": 20}}
 
 SIZES: MappingProxyType = MappingProxyType(
     {
-        name: T5Config(**{"mlp_activations": GATED_GELU, "logits_via_embedding": False, **row})
+        name: T5Config(**dict(zip(_COLUMNS, row, strict=True)), **_EXTRA.get(name, {}))
         for name, row in _ROWS.items()
     }
 )

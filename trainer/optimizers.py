@@ -14,6 +14,8 @@ from collections.abc import Callable
 import jax
 import optax
 
+from trainer import validation
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
@@ -54,43 +56,31 @@ def _decay_mask(config: OptimizerConfig) -> Callable:
 
 
 def adamw(config: OptimizerConfig, learning_rate: optax.Schedule) -> optax.GradientTransformation:
-    """AdamW with global-norm clipping (CPT paper / LLaMA2 settings by default)."""
-    parts = []
-    if config.grad_clip_norm is not None:
-        parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
-    parts.append(
-        optax.adamw(
-            learning_rate=learning_rate,
-            b1=config.b1,
-            b2=config.b2,
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            mask=_decay_mask(config),
-        )
+    """AdamW (CPT paper / LLaMA2 settings by default); `build_optimizer` adds the clipping."""
+    return optax.adamw(
+        learning_rate=learning_rate,
+        b1=config.b1,
+        b2=config.b2,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        mask=_decay_mask(config),
     )
-    return optax.chain(*parts)
 
 
 def adafactor(
     config: OptimizerConfig, learning_rate: optax.Schedule
 ) -> optax.GradientTransformation:
-    """Adafactor with T5's defaults (`optax.adafactor`); optional global-norm clipping first."""
-    parts = []
-    if config.grad_clip_norm is not None:
-        parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
-    parts.append(
-        optax.adafactor(
-            learning_rate=learning_rate,
-            min_dim_size_to_factor=config.min_dim_size_to_factor,
-            decay_rate=config.decay_rate,
-            multiply_by_parameter_scale=config.multiply_by_parameter_scale,
-            clipping_threshold=config.clipping_threshold,
-            weight_decay_rate=config.weight_decay or None,
-            weight_decay_mask=_decay_mask(config) if config.weight_decay else None,
-            factored=True,
-        )
+    """Adafactor with T5's defaults (`optax.adafactor`); `build_optimizer` adds the clipping."""
+    return optax.adafactor(
+        learning_rate=learning_rate,
+        min_dim_size_to_factor=config.min_dim_size_to_factor,
+        decay_rate=config.decay_rate,
+        multiply_by_parameter_scale=config.multiply_by_parameter_scale,
+        clipping_threshold=config.clipping_threshold,
+        weight_decay_rate=config.weight_decay or None,
+        weight_decay_mask=_decay_mask(config) if config.weight_decay else None,
+        factored=True,
     )
-    return optax.chain(*parts)
 
 
 OPTIMIZERS: dict[str, Callable[[OptimizerConfig, optax.Schedule], optax.GradientTransformation]] = {
@@ -102,17 +92,19 @@ OPTIMIZERS: dict[str, Callable[[OptimizerConfig, optax.Schedule], optax.Gradient
 def build_optimizer(
     config: OptimizerConfig, *, learning_rate: optax.Schedule
 ) -> optax.GradientTransformation:
-    """The optimizer named by `config.name`, driven by the `learning_rate` schedule.
+    """The optimizer named by `config.name`, driven by the `learning_rate` schedule, after
+    global-norm clipping when `config.grad_clip_norm` is set (one `optax.chain` either way).
 
     Raises:
       ValueError: for an unknown name, listing the known ones.
     """
-    if config.name not in OPTIMIZERS:
-        raise ValueError(
-            f"unknown optimizer {config.name!r} (OptimizerConfig.name); "
-            f"choose one of {sorted(OPTIMIZERS)}"
-        )
-    return OPTIMIZERS[config.name](config, learning_rate)
+    build = validation.registry_entry(
+        OPTIMIZERS, key=config.name, what="optimizer", binding="OptimizerConfig.name"
+    )
+    clipping = (
+        [] if config.grad_clip_norm is None else [optax.clip_by_global_norm(config.grad_clip_norm)]
+    )
+    return optax.chain(*clipping, build(config, learning_rate))
 
 
 def adafactor_defaults() -> OptimizerConfig:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 import jax.numpy as jnp
 import optax
 
+from trainer import validation
+
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig:
@@ -97,13 +99,11 @@ def build_schedule(config: ScheduleConfig, *, total_steps: int) -> optax.Schedul
     Raises:
       ValueError: for an unknown name, listing the known ones.
     """
-    if config.name not in SCHEDULES:
-        raise ValueError(
-            f"unknown schedule {config.name!r} (ScheduleConfig.name); "
-            f"choose one of {sorted(SCHEDULES)}"
-        )
+    build = validation.registry_entry(
+        SCHEDULES, key=config.name, what="schedule", binding="ScheduleConfig.name"
+    )
     if not math.isfinite(config.peak) or config.peak < 0:
         raise ValueError(
             f"ScheduleConfig.peak must be a finite non-negative number, got {config.peak}"
         )
-    return SCHEDULES[config.name](config, total_steps)
+    return build(config, total_steps)

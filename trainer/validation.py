@@ -211,6 +211,14 @@ def check_fraction(*, name: str, value: float) -> None:
         raise ConfigError(f"{BINDINGS.get(name, name)} = {value!r}; allowed: a number in [0, 1]")
 
 
+def registry_entry(registry: Mapping[str, Any], *, key: str, what: str, binding: str) -> Any:
+    """`registry[key]` (a builder of a gin-named option); ValueError naming the gin `binding` and
+    listing the known keys when there is none."""
+    if key not in registry:
+        raise ValueError(f"unknown {what} {key!r} ({binding}); choose one of {sorted(registry)}")
+    return registry[key]
+
+
 def check_choice(*, name: str, value: str, allowed: Sequence[str]) -> None:
     """A string option must be one of `allowed`."""
     if value not in allowed:
