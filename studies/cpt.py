@@ -12,32 +12,20 @@ with the comparison against the paper (`studies.cpt_report`, `studies.zeroshot_r
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
 from pathlib import Path
 
 from studies import cpt_report, cpt_zeroshot
-from studies.skeleton import (
-    Log,
-    Stages,
-    debian_corpora,
-    fixture_corpora,
-    run_profile,
-    study_vocabulary,
-)
+from studies.skeleton import Log, Stages, StudyProfile, profile_stages, run_profile
 
 TAG = "demo"
 LANGS = ("en", "zh")
 
 
 @dataclasses.dataclass(frozen=True)
-class Profile:
-    """One way to run the CPT study: which manifest, which corpora, which vocabulary."""
+class Profile(StudyProfile):
+    """One way to run the CPT study (`StudyProfile`), with its fits' and zero-shot settings."""
 
-    manifest: str
-    corpora: str  # key of CORPORA
-    vocab_size: int
-    description: str
+    langs: tuple[str, ...] = LANGS
     bootstrap: int = 100  # resamples of whole runs for the fits' intervals
     zeroshot_items: int = 100  # items per local zero-shot task (at most; fewer held-out passages)
 
@@ -60,31 +48,14 @@ PROFILES: dict[str, Profile] = {
 }
 
 
-def _debian(out: Path, data_dir: Path | None, log: Log) -> Path:
-    return debian_corpora(data_dir=data_dir, langs=LANGS, tag=TAG, log=log)
-
-
-def _fixture(out: Path, data_dir: Path | None, log: Log) -> Path:
-    return fixture_corpora(out_dir=out, tag=TAG, log=log)
-
-
-# Profile.corpora -> (out_dir, data_dir, log) -> corpora directory.
-CORPORA: dict[str, Callable[[Path, Path | None, Log], Path]] = {
-    "debian": _debian,
-    "fixture": _fixture,
-}
-
-
 def stages(spec: Profile, log: Log) -> Stages:
     """The CPT study's plug-ins for the skeleton under profile `spec`."""
-    return Stages(
+    return profile_stages(
+        spec,
         study="cpt",
         tag=TAG,
-        manifest=spec.manifest,
-        corpora=functools.partial(CORPORA[spec.corpora], log=log),
-        vocabulary=lambda corpora, out: study_vocabulary(
-            corpora, out, langs=LANGS, vocab_size=spec.vocab_size, name="demo", log=log, tag=TAG
-        ),
+        vocab_name="demo",
+        log=log,
         report=lambda runs_dir, out: cpt_report.write(
             runs_dir=runs_dir, out_dir=out, bootstrap=spec.bootstrap, log=log
         ),
@@ -92,7 +63,7 @@ def stages(spec: Profile, log: Log) -> Stages:
             runs_dir=runs_dir,
             corpora=corpora,
             out_dir=out,
-            langs=LANGS,
+            langs=spec.langs,
             items=spec.zeroshot_items,
             log=log,
         ),

@@ -21,48 +21,29 @@ The five stages of `studies.skeleton`, each cached so that a re-run reuses what 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from launch.runs import Run
 from studies import mt_report
-from studies.skeleton import (
-    Log,
-    Stages,
-    debian_corpora,
-    fixture_corpora,
-    run_profile,
-    study_vocabulary,
-)
+from studies.skeleton import Log, Stages, StudyProfile, profile_stages, run_profile
 
 TAG = "demo-mt"
 EXTRA_IDS = 100  # T5's span-corruption sentinels, appended to the vocabulary at load time
 
 
 @dataclasses.dataclass(frozen=True)
-class MtProfile:
-    """One way to run the translation study.
+class MtProfile(StudyProfile):
+    """One way to run the translation study (`StudyProfile`: its pretraining languages, its
+    translation pair; the model's vocabulary is `vocab_size` plus `EXTRA_IDS`).
 
     Attributes:
-      manifest: the sweep manifest (a name under launch/manifests).
-      corpora: key of `CORPORA`.
-      vocab_size: SentencePiece pieces (pad, eos, unk and 256 byte pieces included); the model's
-        vocabulary is this plus `EXTRA_IDS`.
-      description: one line for `--help` and the log.
-      langs: pretraining languages (the vocabulary's sample).
-      pair: the translation pair (its train and test files must exist).
-      vocab_sentences: lines of text the vocabulary is trained on (at most).
       data_note: what the corpora are, for the report's caveats ("": the Debian note).
     """
 
-    manifest: str
-    corpora: str
-    vocab_size: int
-    description: str
     langs: tuple[str, ...] = ("en", "fr")
-    pair: str = "en-fr"
-    vocab_sentences: int = 100_000
+    pairs: tuple[str, ...] = ("en-fr",)
+    vocab_sentences: int | None = 100_000
     data_note: str = ""
 
 
@@ -91,35 +72,6 @@ PROFILES: dict[str, MtProfile] = {
 }
 
 
-def _debian(out: Path, data_dir: Path | None, spec: MtProfile, log: Log) -> Path:
-    return debian_corpora(data_dir=data_dir, langs=spec.langs, pairs=(spec.pair,), tag=TAG, log=log)
-
-
-def _fixture(out: Path, data_dir: Path | None, spec: MtProfile, log: Log) -> Path:
-    return fixture_corpora(out_dir=out, tag=TAG, log=log)
-
-
-# MtProfile.corpora -> (out_dir, data_dir, profile, log) -> corpora directory.
-CORPORA: dict[str, Callable[[Path, Path | None, MtProfile, Log], Path]] = {
-    "debian": _debian,
-    "fixture": _fixture,
-}
-
-
-def vocabulary(corpora: Path, out: Path, spec: MtProfile, log: Log) -> Path:
-    """Trains (or reuses) the study's SentencePiece model on the pretraining languages."""
-    return study_vocabulary(
-        corpora,
-        out,
-        langs=spec.langs,
-        vocab_size=spec.vocab_size,
-        name="mt",
-        log=log,
-        tag=TAG,
-        max_sentences=spec.vocab_sentences,
-    )
-
-
 def check_vocab_fits(runs: Sequence[Run], vocab_path: Path) -> int:
     """The model vocabulary every run needs (pieces + sentinels); raises if a run's is smaller.
 
@@ -144,12 +96,12 @@ def check_vocab_fits(runs: Sequence[Run], vocab_path: Path) -> int:
 def stages(spec: MtProfile, log: Log) -> Stages:
     """The translation study's plug-ins for the skeleton under profile `spec`."""
     note = {"data_note": spec.data_note} if spec.data_note else {}
-    return Stages(
+    return profile_stages(
+        spec,
         study="mt",
         tag=TAG,
-        manifest=spec.manifest,
-        corpora=functools.partial(CORPORA[spec.corpora], spec=spec, log=log),
-        vocabulary=functools.partial(vocabulary, spec=spec, log=log),
+        vocab_name="mt",
+        log=log,
         report=lambda runs_dir, out: mt_report.write(
             runs_dir=runs_dir, out_dir=out, log=log, **note
         ),

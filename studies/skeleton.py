@@ -16,6 +16,7 @@ study stops before fitting and says which runs and where their logs are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -60,6 +61,66 @@ class Stages:
     zeroshot: Callable[[Path, Path, Path], Any] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class StudyProfile:
+    """One way to run a study: which manifest, which corpora, which vocabulary.
+
+    Attributes:
+      manifest: the sweep manifest (a name under launch/manifests).
+      corpora: key of `CORPORA` ("debian": built from Debian packages, "fixture": the committed
+        UDHR fixture).
+      vocab_size: SentencePiece pieces (pad, eos, unk and 256 byte pieces included).
+      description: one line for `--help` and the log.
+      langs: the corpora's languages (the vocabulary's sample).
+      pairs: translation pairs whose train and test files the corpora must have.
+      vocab_sentences: lines of text the vocabulary is trained on (at most; None: the trainer's
+        default).
+    """
+
+    manifest: str
+    corpora: str
+    vocab_size: int
+    description: str
+    langs: tuple[str, ...] = ("en",)
+    pairs: tuple[str, ...] = ()
+    vocab_sentences: int | None = None
+
+
+def profile_stages(
+    spec: StudyProfile,
+    *,
+    study: str,
+    tag: str,
+    vocab_name: str,
+    log: Log,
+    report: Callable[[Path, Path], Path],
+    check_runs: Callable[[Sequence[Run], Path], Any] | None = None,
+    zeroshot: Callable[[Path, Path, Path], Any] | None = None,
+) -> Stages:
+    """A study's stages under profile `spec`: the corpora and the vocabulary the profile names
+    (`CORPORA`, `study_vocabulary` as `<vocab_name>_<langs>_<size>`), and the study's own report,
+    run check and zero-shot stage."""
+    return Stages(
+        study=study,
+        tag=tag,
+        manifest=spec.manifest,
+        corpora=functools.partial(CORPORA[spec.corpora], spec=spec, tag=tag, log=log),
+        vocabulary=lambda corpora, out: study_vocabulary(
+            corpora,
+            out,
+            langs=spec.langs,
+            vocab_size=spec.vocab_size,
+            name=vocab_name,
+            log=log,
+            tag=tag,
+            max_sentences=spec.vocab_sentences,
+        ),
+        report=report,
+        check_runs=check_runs,
+        zeroshot=zeroshot,
+    )
+
+
 def debian_corpora(
     *, data_dir: Path | None, langs: Sequence[str], pairs: Sequence[str] = (), tag: str, log: Log
 ) -> Path:
@@ -88,6 +149,18 @@ def fixture_corpora(*, out_dir: Path, tag: str, log: Log) -> Path:
 
     log(f"[{tag}] corpora: the committed UDHR fixture (smoke profile)")
     return Path(fixture.write_fixture_corpora(out_dir / "data")).resolve()
+
+
+def _debian(out: Path, data_dir: Path | None, *, spec: StudyProfile, tag: str, log: Log) -> Path:
+    return debian_corpora(data_dir=data_dir, langs=spec.langs, pairs=spec.pairs, tag=tag, log=log)
+
+
+def _fixture(out: Path, data_dir: Path | None, *, spec: StudyProfile, tag: str, log: Log) -> Path:
+    return fixture_corpora(out_dir=out, tag=tag, log=log)
+
+
+# StudyProfile.corpora -> (out_dir, data_dir, *, spec, tag, log) -> corpora directory.
+CORPORA: dict[str, Callable[..., Path]] = {"debian": _debian, "fixture": _fixture}
 
 
 def study_vocabulary(
