@@ -55,6 +55,15 @@ LAUNCHERS: dict[str, str] = {
 }
 
 
+def options_from_args(args: Any, same: Sequence[str] = (), **renamed: str) -> dict[str, Any]:
+    """A launcher's keyword arguments from parsed command-line options (`from_args`): each name in
+    `same` from the option of that dest, each `keyword="dest"` of `renamed` from its option."""
+    return {
+        **{keyword: getattr(args, keyword) for keyword in same},
+        **{keyword: getattr(args, dest) for keyword, dest in renamed.items()},
+    }
+
+
 def get_launcher(name: str) -> type:
     """The launcher class registered as `name`."""
     if name not in LAUNCHERS:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launch import sbatch_options
-from launch.launchers import LaunchReport, start_launch
+from launch.launchers import LaunchReport, options_from_args, start_launch
 from launch.runs import Run
 from launch.status import PREEMPTED_EXIT_CODE, Progress
 from rundir import exits
@@ -162,22 +162,16 @@ class SlurmLauncher:
     @classmethod
     def from_args(cls, args) -> SlurmLauncher:
         """Builds the launcher from parsed command-line options."""
+        same = "nodes tasks_per_node gpus_per_node cpus_per_task mem partition account qos"
+        same += " time_limit max_requeues signal_before script_dir"
         return cls(
-            nodes=args.nodes,
-            tasks_per_node=args.tasks_per_node,
-            gpus_per_node=args.gpus_per_node,
-            cpus_per_task=args.cpus_per_task,
-            mem=args.mem,
-            partition=args.partition,
-            account=args.account,
-            qos=args.qos,
-            sbatch_lines=args.sbatch_line,
-            time_limit=args.time_limit,
-            max_requeues=args.max_requeues,
-            signal_before=args.signal_before,
-            script_dir=args.script_dir,
-            workdir=args.slurm_workdir,
-            python=args.slurm_python,
+            **options_from_args(
+                args,
+                same.split(),
+                sbatch_lines="sbatch_line",
+                workdir="slurm_workdir",
+                python="slurm_python",
+            )
         )
 
     def sbatch_options(self, run: Run | None = None) -> list[str]:

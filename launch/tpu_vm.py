@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from launch.launchers import SequentialLauncher
+from launch.launchers import SequentialLauncher, options_from_args
 from launch.runs import Run
 from launch.status import Progress
 from rundir import exits
@@ -61,13 +61,7 @@ class TpuVmLauncher(SequentialLauncher):
         """Builds the launcher from parsed command-line options."""
         if not args.tpu or not args.zone:
             raise ValueError("--launcher tpu_vm needs --tpu NAME and --zone ZONE")
-        return cls(
-            tpu=args.tpu,
-            zone=args.zone,
-            project=args.project,
-            remote_dir=args.remote_dir,
-            retries=args.retries,
-        )
+        return cls(**options_from_args(args, ("tpu", "zone", "project", "remote_dir", "retries")))
 
     def remote_command(self, run: Run, *, allow_missing: bool = False) -> str:
         """The shell command each worker runs; it exports `XLSCALE_EXPECT_PLATFORM=tpu`, so a

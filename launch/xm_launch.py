@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launch.launchers import LaunchReport, start_launch
+from launch.launchers import LaunchReport, options_from_args, start_launch
 from launch.runs import Run
 from launch.status import Progress
 from launch.sweep import topological_order
@@ -81,10 +81,13 @@ class XManagerLauncher:
         """Builds the launcher from parsed command-line options."""
         return cls(
             title=args.xm_title or getattr(args, "manifest_name", "xlscale"),
-            executor=args.xm_executor,
-            accelerator=args.xm_accelerator,
-            accelerator_count=args.xm_accelerator_count,
-            base_image=args.xm_base_image,
+            **options_from_args(
+                args,
+                executor="xm_executor",
+                accelerator="xm_accelerator",
+                accelerator_count="xm_accelerator_count",
+                base_image="xm_base_image",
+            ),
         )
 
     def docker_instructions(self) -> list[str]:
