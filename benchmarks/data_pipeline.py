@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_data
+
 LANG = "en"
 TASK = f"lm_{LANG}"
 SEQ_LEN = 2048
@@ -48,17 +50,6 @@ PAPER_MODELS = (
     ("MT smallest", "t5", "t5_770m", 114, 512),
     ("MT largest", "t5", "t5_3b", 114, 512),
 )
-
-
-def _corpora(args, tmp: Path) -> tuple[Path, str]:
-    from pipelines.corpora import fixture, paths
-
-    if not args.fixture:
-        root = Path(args.data_dir) if args.data_dir else paths.data_root()
-        corpora = paths.corpora_dir(root)
-        if paths.mono_file(corpora, LANG, "train").exists():
-            return corpora, f"Debian corpora at {corpora}"
-    return fixture.write_fixture_corpora(tmp), "the UDHR fixture"
 
 
 def _first_batch_s(make, step: int, repeats: int) -> float:
@@ -106,16 +97,13 @@ def _demand() -> list[dict]:
 def main() -> None:
     """Prepares the task once, measures both paths and prints the four tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=None, help="data root (default $XLSCALE_DATA)")
-    parser.add_argument("--fixture", action="store_true", help="use the UDHR fixture")
-    parser.add_argument("--vocab", default=None, help="a .model to use instead of training one")
-    parser.add_argument("--vocab-size", type=int, default=2048, help="as the issue's measurement")
+    bench_data.add_arguments(parser, vocab_size_help="as the issue's measurement")
     parser.add_argument("--seconds", type=float, default=10.0, help="rate measuring time per path")
     parser.add_argument("--repeats", type=int, default=3, help="first-batch timings per step")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
 
-    from pipelines import mixtures, streams, tasks, vocab
+    from pipelines import streams
     from pipelines import vocab as vocab_lib
     from pipelines.prepared import batches as prepared_batches
     from pipelines.prepared import prepare as prepare_lib
@@ -124,19 +112,8 @@ def main() -> None:
     results: dict = {"cpus": os.cpu_count(), "seq_len": SEQ_LEN, "batch": BATCH}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        corpora, where = _corpora(args, tmp)
-        model = Path(args.vocab) if args.vocab else None
-        if model is None:
-            model = vocab.train_vocab(
-                corpora_dir=corpora,
-                langs=(LANG,),
-                out_prefix=tmp / "bench",
-                vocab_size=args.vocab_size,
-                max_sentences=20_000,
-            )
-        vocabulary = vocab.load_vocab(model, extra_ids=0)
-        tasks.register_tasks(vocabulary=vocabulary, corpora_dir=corpora, langs=[LANG], pairs=[])
-        mixtures.register_mixtures()
+        corpora, where = bench_data.corpora(args, tmp, (LANG,))
+        model, vocabulary, _ = bench_data.register(args, corpora, tmp, langs=(LANG,), extra_ids=0)
         print(f"data: {where}; task {TASK}; {os.cpu_count()} CPUs; batches {BATCH} x {SEQ_LEN}")
 
         t = time.perf_counter()

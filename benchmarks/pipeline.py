@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_data
 import numpy as np
 
 CONSUMPTION = 30_000  # tokens/s; see the module docstring
@@ -46,17 +47,6 @@ CONFIGS: dict[str, tuple[str, str, object, int]] = {
     ),
     "span (512/114, B=8)": ("encdec", "mix_en_50_de_50", {"inputs": 512, "targets": 114}, 8),
 }
-
-
-def _corpora(args: argparse.Namespace, tmp: Path) -> tuple[Path, str]:
-    from pipelines.corpora import fixture, paths
-
-    if not args.fixture:
-        root = Path(args.data_dir) if args.data_dir else paths.data_root()
-        corpora = paths.corpora_dir(root)
-        if all(paths.mono_file(corpora, lang, "train").exists() for lang in LANGS):
-            return corpora, f"Debian corpora at {corpora}"
-    return fixture.write_fixture_corpora(tmp), "the UDHR fixture"
 
 
 def _measure(kind: str, mixture: str, lengths, batch: int, seconds: float) -> dict:
@@ -107,36 +97,18 @@ def _measure(kind: str, mixture: str, lengths, batch: int, seconds: float) -> di
 def main() -> None:
     """Runs every config and prints the table (and optionally writes JSON)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=None, help="data root (default $XLSCALE_DATA)")
-    parser.add_argument("--fixture", action="store_true", help="use the UDHR fixture")
-    parser.add_argument("--vocab", default=None, help="a .model to use instead of training one")
-    parser.add_argument("--vocab-size", type=int, default=2048, help="as the demo's vocabulary")
+    bench_data.add_arguments(parser, vocab_size_help="as the demo's vocabulary")
     parser.add_argument("--seconds", type=float, default=15.0, help="measuring time per config")
     parser.add_argument("--consumption", type=float, default=CONSUMPTION, help="trainer tokens/s")
     parser.add_argument("--configs", nargs="*", default=None, help=f"subset of {list(CONFIGS)}")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
 
-    from pipelines import mixtures, tasks, vocab
-
     with tempfile.TemporaryDirectory() as tmp:
-        corpora, where = _corpora(args, Path(tmp))
-        if args.vocab:
-            model = Path(args.vocab)
-        else:
-            t = time.perf_counter()
-            model = vocab.train_vocab(
-                corpora_dir=corpora,
-                langs=LANGS,
-                out_prefix=Path(tmp) / "bench",
-                vocab_size=args.vocab_size,
-                max_sentences=20_000,
-            )
-            took = time.perf_counter() - t
+        corpora, where = bench_data.corpora(args, Path(tmp), LANGS)
+        _, _, took = bench_data.register(args, corpora, Path(tmp), langs=LANGS, extra_ids=100)
+        if took is not None:
             print(f"vocabulary: {args.vocab_size} pieces on {'+'.join(LANGS)} in {took:.1f}s")
-        vocabulary = vocab.load_vocab(model, extra_ids=100)
-        tasks.register_tasks(vocabulary=vocabulary, corpora_dir=corpora, langs=LANGS, pairs=[])
-        mixtures.register_mixtures()
         print(
             f"data: {where}; {os.cpu_count()} CPUs; trainer reference {args.consumption:,.0f} tok/s"
         )

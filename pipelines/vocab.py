@@ -175,13 +175,6 @@ def tokens_per_char(
     }
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def train_vocab(
     *,
     corpora_dir: str | os.PathLike,
@@ -249,7 +242,7 @@ def train_vocab(
     )
     out_prefix = Path(out_prefix)
     model_path = out_prefix.with_name(out_prefix.name + ".model")
-    _atomic_write_bytes(model_path, model.getvalue())
+    storage.write_bytes(model_path, model.getvalue())
 
     processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
     measured = {}
@@ -273,7 +266,7 @@ def train_vocab(
         "corpora_dir": str(corpora_dir),
     }
     json_path = out_prefix.with_name(out_prefix.name + ".json")
-    _atomic_write_bytes(
+    storage.write_bytes(
         json_path,
         (json.dumps(info, ensure_ascii=False, indent=2, sort_keys=True) + "\n").encode("utf-8"),
     )

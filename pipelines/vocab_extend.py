@@ -40,6 +40,7 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from pipelines import vocab
 from pipelines.corpora import paths
+from rundir import storage
 
 NORMAL = model_pb2.ModelProto.SentencePiece.NORMAL
 # New pieces score at least this far below the lowest source score.
@@ -59,13 +60,6 @@ def _proto(model: bytes | str | os.PathLike) -> model_pb2.ModelProto:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def merge_pieces(
@@ -237,7 +231,7 @@ def extend_vocab(
     for entry in added:
         entry["old_ids"] = old_ids[entry["id"]]
     model_path = out_prefix.with_name(out_prefix.name + ".model")
-    _write_atomic(model_path, merged)
+    storage.write_bytes(model_path, merged)
 
     before = spm.SentencePieceProcessor(model_proto=base)
     after = spm.SentencePieceProcessor(model_proto=merged)
@@ -273,7 +267,7 @@ def extend_vocab(
         "corpora_dir": os.fspath(corpora_dir),
         "seed": seed,
     }
-    _write_atomic(
+    storage.write_bytes(
         model_path.with_suffix(".json"),
         (json.dumps(info, ensure_ascii=False, indent=2, sort_keys=True) + "\n").encode("utf-8"),
     )

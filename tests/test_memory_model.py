@@ -256,7 +256,7 @@ def _check(limit_gib):
     partitioner = Partitioner(
         mesh=partitioning.build_mesh(mesh_config, jax.devices()[:1]), rules=family.axis_rules()
     )
-    return jobs.check_memory(
+    shape = jobs.step_shape(
         model=wrapper,
         partitioner=partitioner,
         batch_size=8,
@@ -264,7 +264,9 @@ def _check(limit_gib):
         feature_lengths={"targets": 256},
         optimizer=OptimizerConfig(),
         num_microbatches=1,
-        limit=jobs.device_memory_limit(mesh_config, partitioner),
+    )
+    return jobs.check_memory(
+        model=wrapper, shape=shape, limit=jobs.device_memory_limit(mesh_config, partitioner)
     )
 
 

@@ -317,7 +317,7 @@ def plan_job(
     )
     estimate = None
     if train:
-        estimate = check_memory(
+        shape = step_shape(
             model=wrapper,
             partitioner=partitioner,
             batch_size=data.batch_size,
@@ -325,7 +325,9 @@ def plan_job(
             feature_lengths=data.task_feature_lengths,
             optimizer=optimizer,
             num_microbatches=step.num_microbatches,
-            limit=device_memory_limit(mesh, partitioner),
+        )
+        estimate = check_memory(
+            model=wrapper, shape=shape, limit=device_memory_limit(mesh, partitioner)
         )
     return JobPlan(
         spec=model,
@@ -411,17 +413,10 @@ def step_shape(
 
 
 def check_memory(
-    *,
-    model: Any,
-    partitioner: Partitioner,
-    batch_size: int,
-    seq_len: int,
-    feature_lengths: Mapping[str, int] | None,
-    optimizer: OptimizerConfig,
-    num_microbatches: int,
-    limit: int | None,
+    *, model: Any, shape: memory_lib.StepShape, limit: int | None
 ) -> memory_lib.MemoryEstimate | None:
-    """Refuses, before compiling, a train step whose estimate exceeds `limit` bytes per device.
+    """Refuses, before compiling, a train step of `shape` (`step_shape`) whose estimate exceeds
+    `limit` bytes per device.
 
     Returns the estimate (None when `limit` is None: the memory is unknown and nothing is
     checked).
@@ -433,15 +428,6 @@ def check_memory(
     if limit is None:
         return None
     family = family_lib.get(model.family)
-    shape = step_shape(
-        model=model,
-        partitioner=partitioner,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        feature_lengths=feature_lengths,
-        optimizer=optimizer,
-        num_microbatches=num_microbatches,
-    )
     config = model.config
     est = family.memory_estimate(config, shape=shape)
     if est.total <= limit:
@@ -457,7 +443,7 @@ def check_memory(
         advice=memory_lib.advice(
             memory_lib.plan(estimator, shape=shape, limit=limit),
             current_policy=config.remat_policy,
-            current_microbatches=num_microbatches,
+            current_microbatches=shape.num_microbatches,
             same_policy=memory_lib.plan(
                 estimator, shape=shape, limit=limit, policies=(config.remat_policy,)
             ),
