@@ -40,6 +40,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from accelerator_specs import RowSpec, Shape, is_accelerator, peak_flops  # noqa: E402
 
+from llama_jax import hf_config  # noqa: E402
 from modeling import family as families  # noqa: E402
 from pipelines import features  # noqa: E402
 from trainer import jobs  # noqa: E402
@@ -256,19 +257,10 @@ def run_hf(spec: RowSpec) -> dict[str, Any]:
     with harness.phase("setup"):
         cfg = fam.get_config(shape.size, **dict(shape.overrides))
         if shape.family == "llama2":
-            hf_cfg = transformers.LlamaConfig(
-                vocab_size=cfg.vocab_size,
-                hidden_size=cfg.d_model,
-                intermediate_size=cfg.d_ff,
-                num_hidden_layers=cfg.num_layers,
-                num_attention_heads=cfg.num_heads,
-                num_key_value_heads=cfg.kv_heads,
-                head_dim=cfg.head_size,
-                max_position_embeddings=max(cfg.max_len, shape.targets),
-                rms_norm_eps=cfg.norm_eps,
-                rope_theta=cfg.rope_theta,
-                attn_implementation="sdpa",
-            )
+            # The exporter's config.json of this shape (`llama_jax.hf_config`), one mapping.
+            fields = hf_config.hf_config(cfg, bos_id=1, eos_id=2)  # LlamaConfig's defaults
+            fields["max_position_embeddings"] = max(cfg.max_len, shape.targets)
+            hf_cfg = transformers.LlamaConfig(**fields, attn_implementation="sdpa")
             model = transformers.LlamaForCausalLM(hf_cfg).to(device)
         else:
             hf_cfg = transformers.T5Config(
