@@ -61,7 +61,7 @@ def write(runs_dir: str, document: Mapping[str, Any]) -> str:
 
 def final_value(model_dir: str, metric: str) -> tuple[float | None, int | None]:
     """(value, step) of the last metrics.jsonl record of a run that has `metric` (a real T5X
-    MODEL_DIR's summaries, as `fitting.t5x_runs` maps them, where there is no metrics.jsonl)."""
+    MODEL_DIR's summaries, as `fitting.readers.t5x_runs` maps them, where there is no metrics.jsonl)."""
     if not records.metrics_file(model_dir).exists():
         return _t5x_final_value(model_dir, metric)
     for record in reversed(records.read_metrics(model_dir)):

@@ -59,7 +59,7 @@ RUN_GIN: Mapping[Strategy, tuple[str, str]] = {
     Strategy.FINETUNE_SCRATCH: ("t5x/runs/finetune.gin", "task"),
 }
 # Coordinates passed on as macros beyond the agreed form: the finetuning set size Df (recorded in
-# T5X's config.gin, gin.config_str(), where `fitting.t5x_runs` reads it back; the set itself is
+# T5X's config.gin, gin.config_str(), where `fitting.readers.t5x_runs` reads it back; the set itself is
 # cut by `t5x_configs.t5x_tasks` from `XLSCALE_FINETUNE_PAIRS`, see `environment`).
 PASSED_COORDS: Mapping[str, str] = {"finetune_tokens": "FINETUNE_TOKENS"}
 PAIRS_ENV = "XLSCALE_FINETUNE_PAIRS"

@@ -12,10 +12,9 @@ with the comparison against the paper (`studies.cpt_report`, `studies.zeroshot_r
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from studies import cpt_report, cpt_zeroshot
-from studies.skeleton import Log, Stages, StudyProfile, profile_stages, run_profile
+from studies.skeleton import Log, Stages, StudyProfile, profile_stages
 
 TAG = "demo"
 LANGS = ("en", "zh")
@@ -67,34 +66,4 @@ def stages(spec: Profile, log: Log) -> Stages:
             items=spec.zeroshot_items,
             log=log,
         ),
-    )
-
-
-def run_cpt_demo(
-    *,
-    profile: str = "full",
-    out_dir: str | Path = "demo_out",
-    data_dir: str | Path | None = None,
-    log: Log = print,
-    jobs: int | None = None,
-) -> dict:
-    """Runs the whole CPT study of `profile` and writes `<out_dir>/report.md`, `fits.json`,
-    plots; `jobs` runs train at once (`skeleton.training_launcher`).
-
-    Returns a summary dict (paths, run counts, wall times) that is also written as
-    `<out_dir>/demo.json`.
-
-    Raises:
-      ValueError: an unknown profile.
-      RuntimeError: a run failed or was blocked (its train.log says why).
-    """
-    return run_profile(
-        PROFILES,
-        stages,
-        profile=profile,
-        label="demo",
-        out_dir=out_dir,
-        data_dir=data_dir,
-        log=log,
-        jobs=jobs,
     )

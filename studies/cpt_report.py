@@ -1,6 +1,6 @@
 """The CPT study's report: the fitting package's outputs plus an honest comparison with the CPT paper.
 
-`fitting.pipeline.fit_runs` writes fits.json, report.md and the plots; this module prepends the
+`fitting.reports.fit_all.fit_runs` writes fits.json, report.md and the plots; this module prepends the
 questions the demo is meant to answer, measured on the runs themselves:
   - does CPT reach a lower target-language loss than training from scratch at equal compute?
   - does replaying the source language keep the source-language loss down?

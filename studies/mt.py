@@ -14,7 +14,7 @@ The five stages of `studies.skeleton`, each cached so that a re-run reuses what 
      that Df, not the training length, is what differs), plus the same finetuning from random
      initialisation (the paper's black lines); run in dependency order, two at a time in worker processes on a machine with 2 or
      more cores, with progress lines and an ETA;
-  4. the fits (`fitting.pipeline.fit_runs`: BLEU log-law, CE power law, valuation) and `report.md`
+  4. the fits (`fitting.reports.fit_all.fit_runs`: BLEU log-law, CE power law, valuation) and `report.md`
      with the comparison against the paper (`studies.mt_report`).
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from launch.runs import Run
 from studies import mt_report
-from studies.skeleton import Log, Stages, StudyProfile, profile_stages, run_profile
+from studies.skeleton import Log, Stages, StudyProfile, profile_stages
 
 TAG = "demo-mt"
 EXTRA_IDS = 100  # T5's span-corruption sentinels, appended to the vocabulary at load time
@@ -106,33 +106,4 @@ def stages(spec: MtProfile, log: Log) -> Stages:
             runs_dir=runs_dir, out_dir=out, log=log, **note
         ),
         check_runs=check_vocab_fits,
-    )
-
-
-def run_mt_demo(
-    *,
-    profile: str = "full",
-    out_dir: str | Path = "demo_out/mt",
-    data_dir: str | Path | None = None,
-    log: Log = print,
-    jobs: int | None = None,
-) -> dict:
-    """Runs the translation study of `profile`; writes `<out_dir>/report.md`, `fits.json`,
-    `verdicts.json` and the figures. `jobs` runs train at once (`skeleton.training_launcher`).
-
-    Returns a summary dict (paths, run counts, wall times), also written as `<out_dir>/demo.json`.
-
-    Raises:
-      ValueError: an unknown profile, or a manifest whose model vocabulary is too small.
-      RuntimeError: a run failed or was blocked (its train.log says why).
-    """
-    return run_profile(
-        PROFILES,
-        stages,
-        profile=profile,
-        label="MT demo",
-        out_dir=out_dir,
-        data_dir=data_dir,
-        log=log,
-        jobs=jobs,
     )

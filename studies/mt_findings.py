@@ -1,6 +1,6 @@
 """What the translation study's runs say: per-(mixture, Df) series and the paper's four questions.
 
-Pure functions over `fitting.io.RunRecord`s (and fits.json), used by `studies.mt_report`:
+Pure functions over `fitting.readers.run_data.RunData`s (and fits.json), used by `studies.mt_report`:
 `collect` groups finetuning runs into cells (one per pretraining data × task × finetuning size,
 every metric aligned by checkpoint, the same grouping as the fits); `aligned_vs_english`,
 `pretraining_gain`, `co_movement` and `verdicts` measure what the MT paper (Isik et al. 2024)
@@ -54,14 +54,14 @@ class Cell:
       mixture: the pretraining mixture (`mix_en_50_fr_50`).
       task: the finetuning task (`mt_en_fr`).
       df: finetuning tokens Df (None when the runs do not say).
-      steps: finetuning steps (the key `fitting.points.downstream_series` groups by).
+      steps: finetuning steps (the key `fitting.readers.points.downstream_series` groups by).
       Dp: pretraining tokens of each checkpoint, increasing.
       init_steps: the pretraining step of each checkpoint.
       values: metric → value per checkpoint (NaN where a run did not report it).
       baseline: metric → the non-pretrained model's value at the same Df.
       runs: the finetuning run ids, in Dp order.
       alignment: the translation alignment score of the mixture for the task (eq. 2).
-      model: the finetuned model (`fitting.model_keys.model_label`); cells of two models are
+      model: the finetuned model (`fitting.readers.model_keys.model_label`); cells of two models are
         never merged.
       train_steps: finetuning steps of every run of the cell (None when they differ or the
         runs do not say), to tell a change of Df from a change of training length.
@@ -338,7 +338,7 @@ def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, An
 
 
 def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str, str, Any], Any]:
-    """The §3.5 valuation verdict of each cell's score series (`fitting.valuation.assess`), keyed
+    """The §3.5 valuation verdict of each cell's score series (`fitting.analyses.valuation.assess`), keyed
     by (model, mixture, task, Df): two models' series of one mixture are two verdicts."""
     from fitting.analyses import valuation
 

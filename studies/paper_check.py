@@ -2,7 +2,7 @@
 
 `run_paper_check(out)` writes the study (`studies.paper_study`: every run of the `cpt_paper`,
 `cpt_replay`, `cpt_languages` and `mt_paper` manifests, metrics from the papers' laws with
-noise), fits it with `fitting.pipeline.fit_runs` (what `xlscale fit` runs; the CPT runs on the
+noise), fits it with `fitting.reports.fit_all.fit_runs` (what `xlscale fit` runs; the CPT runs on the
 paper's nominal N basis), and compares, row by row (`Row`):
 
 - CPT paper: Table 2 (E, A, B, α, β of the from-scratch Chinchilla law; B', β', γ of the CPT law)
@@ -334,7 +334,7 @@ def run_paper_check(
     grid: Mapping[str, Sequence[float]] | None = FAST_GRID,
     jobs: int = 2,
 ) -> list[Row]:
-    """Writes the synthetic paper-scale study under `out`, fits it (`fitting.pipeline.fit_runs`,
+    """Writes the synthetic paper-scale study under `out`, fits it (`fitting.reports.fit_all.fit_runs`,
     every law, no bootstrap; the CPT and MT fits in parallel with `jobs` > 1) and returns the
     rows. `grid`: the Chinchilla fits' starts (None: the default 4,500-start grid)."""
     out = Path(out)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 from studies import cpt, mt
+from studies.skeleton import run_profile
 
-# Study name -> the function that runs it (keyword arguments: profile, out_dir, data_dir, log,
-# jobs).
-STUDIES: dict[str, Callable[..., dict]] = {"cpt": cpt.run_cpt_demo, "mt": mt.run_mt_demo}
+# Study name -> the function that runs it (`skeleton.run_profile` on the study's profiles and
+# stages; keyword arguments: profile, out_dir, data_dir, log, jobs).
+STUDIES: dict[str, Callable[..., dict]] = {
+    "cpt": functools.partial(run_profile, cpt.PROFILES, cpt.stages, label="demo"),
+    "mt": functools.partial(run_profile, mt.PROFILES, mt.stages, label="MT demo"),
+}
 # Study name -> its profiles (name -> profile with a `description`).
 PROFILES: dict[str, dict] = {"cpt": cpt.PROFILES, "mt": mt.PROFILES}
 # Study name -> (full profile's, smoke profile's) default output directory.

@@ -327,7 +327,7 @@ def run_profile(
     profiles: dict[str, Any],
     make_stages: Callable[[Any, Log], Stages],
     *,
-    profile: str,
+    profile: str = "full",
     label: str,
     log: Log = print,
     **kwargs: Any,
