@@ -117,9 +117,8 @@ def test_different_model_size_is_refused_before_restoring(finished, tiny_data, s
     with pytest.raises(validation.ConfigError) as e:
         train_lib.train(model_dir=finished, **base_kwargs(tiny_data, model=model))
     message = str(e.value)
-    assert (
-        "model.size [MODEL_SIZE (model_spec.ModelSpec.size)]: 'llama2_tiny' -> 'llama2_cpu_d64'"
-        in (message)
+    assert "model.size [MODEL_SIZE (models.ModelSpec.size)]: 'llama2_tiny' -> 'llama2_cpu_d64'" in (
+        message
     )
     assert "another model" in message
     assert snapshot(finished) == before
