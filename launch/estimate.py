@@ -37,7 +37,7 @@ class Throughput:
 
 # Accelerator kinds for `--hardware`: (dense bf16 peak FLOP/s per chip, how the slice name counts
 # chips). TPU slice names count TensorCores (v4/v5p: 2 per chip) or chips (v5e/v6e); GPU hosts are
-# written `<n>x<kind>`. The peaks are `trainer.metrics.PEAK_FLOPS`'s.
+# written `<n>x<kind>`. The peaks are `trainer.metrics_log.PEAK_FLOPS`'s.
 TPU_KINDS: dict[str, tuple[float, int]] = {
     "v4": (275e12, 2),
     "v5p": (459e12, 2),

@@ -36,11 +36,10 @@ import tensorflow as tf
 from pipelines import features
 
 # The span arithmetic lives in the TF-free module the by-index input shares (one definition).
-from pipelines.prepared.spans import (  # noqa: F401 - re-exported: callers use prep.<name>
+from pipelines.prepared.spans import (
     MEAN_NOISE_SPAN_LENGTH,
     NOISE_DENSITY,
     check_sentinels,
-    span_corruption_lengths,
     span_raw_length,
 )
 

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401 (autouse fixture)
 
-from trainer import checkpoints, data, divergence, metrics_log
+from rundir import names
+from rundir import records as rundir_records
+from trainer import checkpoints, data, divergence
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import EvalConfig
@@ -90,8 +92,8 @@ def test_divergence_is_never_checkpointed_and_a_sane_restart_resumes_from_a_fini
     assert saved_steps(model_dir) == [1]
     params, opt_state, train_state = restore(model_dir, 1)
     assert all_finite((params, opt_state))
-    assert [r["step"] for r in metrics_log.read_metrics(model_dir)] == [1]
-    assert not (model_dir / metrics_log.COMPLETED_FILE).exists()
+    assert [r["step"] for r in rundir_records.read_metrics(model_dir)] == [1]
+    assert not (model_dir / names.COMPLETED_FILE).exists()
 
     # What older code wrote: step 2 with infinite parameters. Resume must not trust it.
     store = checkpoints.CheckpointStore(checkpoints.checkpoints_dir(model_dir), CheckpointConfig())
@@ -114,7 +116,7 @@ def test_divergence_is_never_checkpointed_and_a_sane_restart_resumes_from_a_fini
     assert saved_steps(model_dir) == [1, 2, 3, 4]
     assert all(all_finite(restore(model_dir, s)[:2]) for s in saved_steps(model_dir))
     assert (model_dir / checkpoints.SET_ASIDE_SUBDIR / "2.nonfinite").is_dir()
-    records = metrics_log.read_metrics(model_dir)
+    records = rundir_records.read_metrics(model_dir)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert all(np.isfinite(r["train/loss"]) for r in records)
 
@@ -125,10 +127,10 @@ def test_skip_mode_fails_when_most_updates_diverge(tiny_data, tmp_path, seqio_re
         train_lib.train(model_dir=model_dir, **short(tiny_data, schedule=HUGE, loop=SKIP))
     assert "2 of 3 updates were skipped" in str(e.value)
     assert "resumes from step 2" in str(e.value)
-    assert not (model_dir / metrics_log.COMPLETED_FILE).exists()
+    assert not (model_dir / names.COMPLETED_FILE).exists()
     assert saved_steps(model_dir) == [1, 2]  # step 2's update was skipped: its state is step 1's
     assert all(all_finite(restore(model_dir, s)[:2]) for s in saved_steps(model_dir))
-    records = metrics_log.read_metrics(model_dir)
+    records = rundir_records.read_metrics(model_dir)
     assert [(r["step"], r["train/skipped_updates"]) for r in records] == [(1, 0), (2, 1)]
 
 
@@ -147,8 +149,8 @@ def test_skip_mode_counts_only_applied_updates(tiny_data, tmp_path, monkeypatch,
     monkeypatch.setattr(data, "train_batches", poisoned)
     model_dir = tmp_path / "skip_one"
     result = train_lib.train(model_dir=model_dir, **short(tiny_data, schedule=SANE, loop=SKIP))
-    assert result.completed and (model_dir / metrics_log.COMPLETED_FILE).exists()
-    records = metrics_log.read_metrics(model_dir)
+    assert result.completed and (model_dir / names.COMPLETED_FILE).exists()
+    records = rundir_records.read_metrics(model_dir)
     applied = [s for s in range(1, STEPS + 1) if s != 3]
     assert [r["tokens"] for r in records] == [
         sum(tokens[s] for s in applied if s <= r["step"]) for r in records

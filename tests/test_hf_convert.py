@@ -206,7 +206,7 @@ def test_hf_checkpoint_imports_to_the_same_logits(hf_dirs, tmp_path, tied):
     record = hf_checkpoints.hf_to_orbax(src=path, dst=tmp_path / "orbax")
     assert record["tied"] is tied and record["format"] == "hf"
     params = _restore(tmp_path / "orbax")
-    assert record["params_hash"] == ckpt_lib.params_hash(params)
+    assert record["params_hash"] == init_checkpoints.params_hash(params)
     config = sizes.get_config(f"hf:{path}")
     _assert_logits_close(_logits(params, config), reference)
     # The imported shape counts what the checkpoint holds (a tied one: plus its untied head).
@@ -281,7 +281,7 @@ def test_bfloat16_checkpoints_import_exactly_and_restore_as_float32(hf_dirs, tmp
         for d in ("kept", "f32")
     ]
     assert {p.dtype for p in jax.tree.leaves(restored[0])} == {np.dtype(np.float32)}
-    hashes = {ckpt_lib.params_hash(r) for r in restored}
+    hashes = {init_checkpoints.params_hash(r) for r in restored}
     assert hashes == {kept["params_hash"]} == {wide["params_hash"]}
 
 

@@ -17,8 +17,9 @@ import jax
 import numpy as np
 import pytest
 
+from rundir import records as rundir_records
 from tests.test_trainer_runs import REPO, tiny_kwargs
-from trainer import checkpoints, data, metrics_log, partitioning, validation
+from trainer import checkpoints, data, partitioning, validation
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 
@@ -184,7 +185,7 @@ def _two_hosts(model_dir, tiny_data, tmp, *, name, cache, on_start=None):
 
 
 def _loss_rows(model_dir):
-    return [{k: r[k] for k in LOSS_KEYS if k in r} for r in metrics_log.read_metrics(model_dir)]
+    return [{k: r[k] for k in LOSS_KEYS if k in r} for r in rundir_records.read_metrics(model_dir)]
 
 
 def _final_params(model_dir):

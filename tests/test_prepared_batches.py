@@ -370,15 +370,13 @@ def test_same_seed_same_batches_other_seed_different():
 
 
 def test_parity_with_the_seqio_path():
-    """The numpy span arithmetic and feature conversion equal `pipelines.preprocessors`'."""
+    """The numpy feature conversion equals `pipelines.preprocessors`'."""
     import tensorflow as tf
 
     from pipelines import preprocessors as prep
 
-    for li, lt in ((512, 114), (48, 16), (64, 64), (8, 4)):
-        assert spans.span_raw_length(li, lt) == prep.span_raw_length(li, lt)
-    for n in range(1, 700):
-        assert spans.span_corruption_lengths(n) == prep.span_corruption_lengths(n)
+    # The span arithmetic itself has one definition (`pipelines.prepared.spans`), which the seqio
+    # preprocessors import: what is compared here is the batches built from it.
     for kind in ("lm", "encdec_mix"):
         comps, length = mixture(kind)
         b = run(comps, steps=1, sequence_length=length, start_id=3)[0]

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from pipelines.prepared import prepare as prepare_lib
-from trainer import metrics_log, model_spec, validation
+from rundir import records as rundir_records
+from trainer import model_spec, validation
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -97,10 +98,10 @@ def test_a_run_on_prepared_data_resumes_to_the_uninterrupted_records(
     finally:
         seqio_state.restore(saved)
     assert full.completed and resumed.completed
-    records = metrics_log.read_metrics(tmp_path / "full")
-    again = metrics_log.read_metrics(tmp_path / "resumed")
-    assert [metrics_log.without_timing(r) for r in again] == [
-        metrics_log.without_timing(r) for r in records
+    records = rundir_records.read_metrics(tmp_path / "full")
+    again = rundir_records.read_metrics(tmp_path / "resumed")
+    assert [rundir_records.without_timing(r) for r in again] == [
+        rundir_records.without_timing(r) for r in records
     ]
     losses = [r["train/loss"] for r in records]
     assert losses[-1] < losses[0], losses
@@ -234,11 +235,11 @@ def test_t5_pretrains_on_prepared_span_corruption_and_finetunes_on_prepared_pair
     finally:
         seqio_state.restore(saved)
     assert pretrained.completed and finetuned.completed
-    records = metrics_log.read_metrics(tmp_path / "pretrain")
+    records = rundir_records.read_metrics(tmp_path / "pretrain")
     by_task = records[-1]["tokens_by_task"]
     assert set(by_task) == {"span_en", "span_fr"}
     assert by_task["span_en"] / sum(by_task.values()) == pytest.approx(0.5, abs=0.1), by_task
-    tuned = metrics_log.read_metrics(tmp_path / "finetune")
+    tuned = rundir_records.read_metrics(tmp_path / "finetune")
     assert all(np.isfinite(r["train/loss"]) for r in tuned), tuned
 
 

@@ -15,7 +15,8 @@ import shutil
 import pytest
 from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401  (module fixture)
 
-from trainer import fingerprint, metrics_log, model_spec, validation
+from rundir import records as rundir_records
+from trainer import fingerprint, model_spec, validation
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import EvalConfig
@@ -61,7 +62,7 @@ def finished(tiny_data, tmp_path_factory, seqio_state):
 
 
 def test_fingerprint_is_stored_with_what_defines_the_run(finished):
-    fp = metrics_log.read_run_json(finished)["fingerprint"]
+    fp = rundir_records.read_run_json(finished)["fingerprint"]
     assert fp["model"]["size"] == "llama2_tiny" and fp["total_steps"] == STEPS
     assert fp["data"]["mixture_or_task"] == "lm_en" and fp["data"]["batch_size"] == 8
     assert fp["schedule"] == dataclasses.asdict(CONSTANT) and fp["optimizer"]["name"] == "adamw"
@@ -131,9 +132,9 @@ def test_more_steps_of_a_cosine_run_are_refused_even_with_the_policy(
     # run's copy with its schedule renamed serves without compiling a second step.
     model_dir = tmp_path / "cosine"
     shutil.copytree(finished, model_dir)
-    info = metrics_log.read_run_json(model_dir)
+    info = rundir_records.read_run_json(model_dir)
     info["fingerprint"]["schedule"]["name"] = "cosine"
-    metrics_log.write_run_json(model_dir, info)
+    rundir_records.write_run_json(model_dir, info)
     before = snapshot(model_dir)
     cosine = dataclasses.replace(CONSTANT, name="cosine")
     for policy in (None, "train_steps"):
@@ -168,14 +169,14 @@ def test_run_without_fingerprint_resumes_with_a_warning(
 ):
     model_dir = tmp_path / "old"
     shutil.copytree(finished, model_dir)
-    info = metrics_log.read_run_json(model_dir)
+    info = rundir_records.read_run_json(model_dir)
     del info["fingerprint"]
-    metrics_log.write_run_json(model_dir, info)
+    rundir_records.write_run_json(model_dir, info)
     with caplog.at_level(logging.WARNING, logger="trainer.fingerprint"):
         result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data, seed=1))
     assert result.completed
     assert "has no fingerprint" in caplog.text
-    assert "fingerprint" not in metrics_log.read_run_json(model_dir)
+    assert "fingerprint" not in rundir_records.read_run_json(model_dir)
 
 
 def test_extending_a_constant_lr_run_is_recorded_as_an_amendment(
@@ -190,7 +191,7 @@ def test_extending_a_constant_lr_run_is_recorded_as_an_amendment(
 
     result = train_lib.train(model_dir=model_dir, resume_policy="train_steps", **longer)
     assert result.completed and result.step == 6
-    run = metrics_log.read_run_json(model_dir)
+    run = rundir_records.read_run_json(model_dir)
     assert run["train_steps"] == 6 and run["fingerprint"]["total_steps"] == 6
     assert run["amendments"] == [
         {
@@ -203,7 +204,7 @@ def test_extending_a_constant_lr_run_is_recorded_as_an_amendment(
         }
     ]
     assert (model_dir / f"config.{STEPS}.gin").read_text() == config_before
-    records = metrics_log.read_metrics(model_dir)
+    records = rundir_records.read_metrics(model_dir)
     assert [r["step"] for r in records] == [2, 4, 6]
     assert records[-1]["learning_rate"] == pytest.approx(3e-3)
     assert json.loads((model_dir / "COMPLETED").read_text())["step"] == 6
@@ -301,7 +302,7 @@ def test_fingerprint_holds_the_vocabulary_contents(finished, tiny_data):
     import hashlib
     from pathlib import Path
 
-    fp = metrics_log.read_run_json(finished)["fingerprint"]
+    fp = rundir_records.read_run_json(finished)["fingerprint"]
     expected = hashlib.sha256(Path(tiny_data["vocab"]).read_bytes()).hexdigest()
     assert fp["vocab_sha256"] == expected
 
@@ -315,9 +316,9 @@ def test_another_vocabulary_at_the_same_path_is_refused(
     shutil.copytree(finished, model_dir)
     vocab_path = tmp_path / "vocab.model"
     shutil.copyfile(tiny_data["vocab"], vocab_path)
-    info = metrics_log.read_run_json(model_dir)
+    info = rundir_records.read_run_json(model_dir)
     info["fingerprint"]["data"]["vocab_path"] = str(vocab_path)
-    metrics_log.write_run_json(model_dir, info)
+    rundir_records.write_run_json(model_dir, info)
     old_hash = info["fingerprint"]["vocab_sha256"]
     shutil.copyfile(other_vocab, vocab_path)  # replaced in place
     before = snapshot(model_dir)
@@ -394,7 +395,7 @@ def test_a_torn_row_of_the_newest_checkpoint_is_logged_again_on_resume(
 
 
 def test_each_checkpoint_holds_the_rows_logged_since_the_previous_one(finished):
-    logged = metrics_log.read_metrics(finished)
+    logged = rundir_records.read_metrics(finished)
     for step in (2, 4):
         saved = json.loads(
             (finished / "checkpoints" / str(step) / "train_state" / "metadata").read_text()
@@ -416,5 +417,5 @@ def test_relative_model_dir_and_init_checkpoint_are_made_absolute_before_anythin
         model_dir="fresh", init_checkpoint="rel@4", **base_kwargs(tiny_data, train_steps=2)
     )
     assert result.completed and (tmp_path / "fresh" / "checkpoints" / "2").is_dir()
-    run = metrics_log.read_run_json(tmp_path / "fresh")
+    run = rundir_records.read_run_json(tmp_path / "fresh")
     assert run["init_checkpoint"] == str(tmp_path / "rel") and run["init_step"] == 4

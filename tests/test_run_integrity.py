@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 from test_trainer_runs import REPO, compilation_cache, tiny_kwargs  # noqa: F401
 
-from rundir import checksums
+from rundir import checksums, names
 from rundir import lease as lease_lib
+from rundir import records as rundir_records
 from trainer import checkpoints, metrics_log
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig, CheckpointStore
@@ -281,18 +282,18 @@ def test_resume_skips_a_truncated_latest_step_and_a_torn_metrics_line(
     )
     model_dir = tmp_path / "run"
     train_lib.train(model_dir=model_dir, **kwargs)
-    before = [metrics_log.without_timing(r) for r in metrics_log.read_metrics(model_dir)]
+    before = [rundir_records.without_timing(r) for r in rundir_records.read_metrics(model_dir)]
     ckpt_dir = checkpoints.checkpoints_dir(model_dir)
     victim = _largest_data_file(ckpt_dir / "4")
     victim.write_bytes(victim.read_bytes()[:7])
-    with (model_dir / metrics_log.METRICS_FILE).open("a") as f:
+    with (model_dir / names.METRICS_FILE).open("a") as f:
         f.write('{"step": 5, "tok')  # a later job killed mid-write
     with caplog.at_level(logging.WARNING):
         result = train_lib.train(model_dir=model_dir, **kwargs)
     assert result.completed and result.step == 4
     assert f"file {victim} has 7 bytes" in caplog.text and "falling back" in caplog.text
     assert "truncating a torn last line" in caplog.text
-    after = [metrics_log.without_timing(r) for r in metrics_log.read_metrics(model_dir)]
+    after = [rundir_records.without_timing(r) for r in rundir_records.read_metrics(model_dir)]
     assert [r["step"] for r in after] == [1, 2, 3, 4] and after == before
     assert [p.name for p in (model_dir / checkpoints.SET_ASIDE_SUBDIR).iterdir()] == ["4.corrupt"]
     store = CheckpointStore(ckpt_dir, CheckpointConfig(), read_only=True)
@@ -307,20 +308,22 @@ def test_torn_metrics_tail_is_truncated_with_a_warning(tmp_path, caplog):
     writer = metrics_log.MetricsWriter(tmp_path, is_chief=True, tensorboard=False)
     for step in (2, 4, 6):
         writer.write({"step": step, "train/loss": 1.0 / step})
-    path = tmp_path / metrics_log.METRICS_FILE
+    path = tmp_path / names.METRICS_FILE
     with path.open("a") as f:
         f.write('{"step": 8, "train/lo')  # killed mid-write
     with caplog.at_level(logging.WARNING, logger="trainer.metrics_log"):
-        assert [r["step"] for r in metrics_log.read_metrics(tmp_path)] == [2, 4, 6]
+        assert [r["step"] for r in rundir_records.read_metrics(tmp_path)] == [2, 4, 6]
         writer.truncate_after(4)
     assert f"{path}: truncating a torn last line" in caplog.text
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [2, 4]
     # Damage anywhere else is an error naming the file and the line.
     path.write_text('{"step": 2}\nnot json\n{"step": 6}\n')
-    with pytest.raises(metrics_log.MetricsFileError, match=f"{path}: line 2 is not a JSON record"):
+    with pytest.raises(
+        rundir_records.MetricsFileError, match=f"{path}: line 2 is not a JSON record"
+    ):
         writer.truncate_after(6)
-    with pytest.raises(metrics_log.MetricsFileError, match="line 2"):
-        metrics_log.read_metrics(tmp_path)
+    with pytest.raises(rundir_records.MetricsFileError, match="line 2"):
+        rundir_records.read_metrics(tmp_path)
 
 
 def _argv(model_dir, tiny_data, *, steps):
@@ -400,11 +403,13 @@ def test_kill_9_loop_during_async_saves_keeps_the_run_intact(tiny_data, tmp_path
             if attempt == kills:
                 assert int(server.stdout.readline()) == 0, log_path.read_text()[-3000:]
                 break
-            start = len(metrics_log.read_metrics(model_dir))
+            start = len(rundir_records.read_metrics(model_dir))
             deadline = time.time() + 120
             # Kill once training is under way and an async save is in flight.
             while time.time() < deadline:
-                if len(metrics_log.read_metrics(model_dir)) >= start + 2 and _in_flight(ckpt_dir):
+                if len(rundir_records.read_metrics(model_dir)) >= start + 2 and _in_flight(
+                    ckpt_dir
+                ):
                     break
                 time.sleep(0.002)
             assert Path(f"/proc/{pid}").exists(), log_path.read_text()[-3000:]  # still running
@@ -421,7 +426,7 @@ def test_kill_9_loop_during_async_saves_keeps_the_run_intact(tiny_data, tmp_path
         assert "taking over the stale lease" in text and f"pid {pid}" in text, text[-2000:]
     assert not lease_lib.lease_path(model_dir).exists()
     assert json.loads((model_dir / "COMPLETED").read_text())["step"] == steps
-    records = metrics_log.read_metrics(model_dir)
+    records = rundir_records.read_metrics(model_dir)
     assert [r["step"] for r in records] == list(range(1, steps + 1))  # one row each, no repeats
     tokens = [r["tokens"] for r in records]
     assert all(b > a for a, b in zip(tokens, tokens[1:], strict=False))

@@ -9,7 +9,7 @@ PI = 3.141592653589793
 
 
 def _run(strategy, lang, n, losses, **meta):
-    """A run (`fitting.io.RunRecord`): strategy, target language, metadata, eval records."""
+    """A run (`fitting.readers.run_data.RunData`): strategy, target language, metadata, eval records."""
     records = [
         {"step": s, "tokens": s * 1000, f"eval/lm_{k}/loss": v}
         for s, per_lang in losses.items()

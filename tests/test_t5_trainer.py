@@ -22,8 +22,10 @@ import numpy as np
 import pytest
 import sacrebleu
 
+from convert import init_checkpoints
 from pipelines import features
-from trainer import checkpoints, downstream, metrics_log, model_spec, recipes, steps
+from rundir import records as rundir_records
+from trainer import checkpoints, downstream, model_spec, recipes, steps
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -248,7 +250,7 @@ def test_pretraining_keeps_the_checkpoint_grid_with_token_counts(mt_runs):
     )
     assert store.all_steps() == [5, 10, 15, 20]
     store.close()
-    records = metrics_log.read_metrics(model_dir)
+    records = rundir_records.read_metrics(model_dir)
     assert [r["step"] for r in records] == [5, 10, 15, 20]
     tokens = [r["tokens"] for r in records]
     assert tokens[0] > 0 and all(np.diff(tokens) > 0)
@@ -257,7 +259,7 @@ def test_pretraining_keeps_the_checkpoint_grid_with_token_counts(mt_runs):
         assert set(r["tokens_by_task"]) == {"span_en", "span_fr"}
         assert r["input_tokens"] > r["tokens"]  # span corruption: short targets
     assert records[-1]["train/loss"] < records[0]["train/loss"]
-    run = metrics_log.read_run_json(model_dir)
+    run = rundir_records.read_run_json(model_dir)
     assert (run["family"], run["model"], run["strategy"]) == ("t5", "t5_tiny", "pretrain")
     assert run["languages"] == ["en", "fr"] and run["mixture_or_task"] == "mix_en_50_fr_50"
     assert run["components"] == ["span_en", "span_fr"]
@@ -303,8 +305,8 @@ def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_
     assert int(state.step) == 0
     assert all(not np.asarray(x).any() for x in jax.tree.leaves(state.opt_state))  # fresh
     assert init["init_step"] == 10
-    run = metrics_log.read_run_json(mt_runs["root"] / "ft")
-    assert run["init_params_hash"] == checkpoints.params_hash(reference)
+    run = rundir_records.read_run_json(mt_runs["root"] / "ft")
+    assert run["init_params_hash"] == init_checkpoints.params_hash(reference)
     assert run["init_checkpoint"] == os.fspath(mt_runs["root"] / "pre")
     assert (run["init_step"], run["strategy"], run["family"]) == (10, "finetune", "t5")
     assert (run["source_lang"], run["target_lang"], run["languages"]) == ("en", "fr", ["en", "fr"])
@@ -317,7 +319,7 @@ def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_
 def test_finetune_ends_with_downstream_scores_equal_to_sacrebleu(mt_runs):
     model_dir = mt_runs["root"] / "ft"
     assert mt_runs["finetune"].completed and mt_runs["finetune"].step == 6
-    last = metrics_log.read_metrics(model_dir)[-1]
+    last = rundir_records.read_metrics(model_dir)[-1]
     assert last["step"] == 6
     for name in ("loss", "bleu", "chrf", "rouge_l"):
         assert math.isfinite(last[f"eval/mt_en_fr/{name}"]), name
@@ -341,14 +343,14 @@ def test_finetune_ends_with_downstream_scores_equal_to_sacrebleu(mt_runs):
 @pytest.mark.slow
 def test_finetune_scratch_is_the_non_pretrained_baseline(mt_runs):
     model_dir = mt_runs["root"] / "scratch"
-    run = metrics_log.read_run_json(model_dir)
+    run = rundir_records.read_run_json(model_dir)
     assert run["strategy"] == "finetune_scratch"
     assert run["init_checkpoint"] is None and run["init_step"] is None
-    last = metrics_log.read_metrics(model_dir)[-1]
+    last = rundir_records.read_metrics(model_dir)[-1]
     assert {"eval/mt_en_fr/loss", "eval/mt_en_fr/bleu", "eval/mt_en_fr/rouge_l"} <= set(last)
     assert (model_dir / downstream.PREDICTIONS_SUBDIR / "mt_en_fr_6.jsonl").exists()
     # Pretraining helps even here: the finetuned model's downstream CE is lower.
-    finetuned = metrics_log.read_metrics(mt_runs["root"] / "ft")[-1]
+    finetuned = rundir_records.read_metrics(mt_runs["root"] / "ft")[-1]
     assert finetuned["eval/mt_en_fr/loss"] < last["eval/mt_en_fr/loss"]
 
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from pipelines import preprocessors as prep
 from pipelines import tasks, vocab
+from pipelines.prepared import spans as span_arithmetic
 
 LANGS = ["en", "zh", "fr", "ru", "de", "ro"]
 SPAN_LENGTHS = {"inputs": 64, "targets": 16}
@@ -116,8 +117,8 @@ def test_translation_metrics_attached(registered):
 
 def test_span_corruption_invariants(registered, data):
     _, v = data
-    raw_length = prep.span_raw_length(SPAN_LENGTHS["inputs"], SPAN_LENGTHS["targets"])
-    li, lt, spans = prep.span_corruption_lengths(raw_length)
+    raw_length = span_arithmetic.span_raw_length(SPAN_LENGTHS["inputs"], SPAN_LENGTHS["targets"])
+    li, lt, spans = span_arithmetic.span_corruption_lengths(raw_length)
     assert li <= SPAN_LENGTHS["inputs"] and lt <= SPAN_LENGTHS["targets"]
     sentinels = set(range(v.vocab_size - 100, v.vocab_size))
     exs = _examples("span_fr", lengths=SPAN_LENGTHS, seed=3)

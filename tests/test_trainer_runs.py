@@ -23,7 +23,10 @@ import jax
 import numpy as np
 import pytest
 
-from trainer import checkpoints, data, metrics_log, model_spec
+from convert import init_checkpoints
+from rundir import names
+from rundir import records as rundir_records
+from trainer import checkpoints, data, model_spec
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -89,7 +92,7 @@ def runs(tiny_data, tmp_path_factory, seqio_state):
             model_dir=root / "resumed",
             **tiny_kwargs(tiny_data, loop=LoopConfig(log_every=2, stop_after=6)),
         )
-        out["stopped_metrics"] = metrics_log.read_metrics(root / "resumed")
+        out["stopped_metrics"] = rundir_records.read_metrics(root / "resumed")
         out["resumed"] = train_lib.train(model_dir=root / "resumed", **tiny_kwargs(tiny_data))
         out["single"] = train_lib.train(
             model_dir=root / "single", **tiny_kwargs(tiny_data, mesh=MeshConfig(num_devices=1))
@@ -100,7 +103,7 @@ def runs(tiny_data, tmp_path_factory, seqio_state):
 
 
 def test_loss_decreases_in_a_tiny_real_run(runs):
-    records = metrics_log.read_metrics(runs["root"] / "full")
+    records = rundir_records.read_metrics(runs["root"] / "full")
     assert runs["full"].completed and runs["full"].step == TRAIN_STEPS
     assert [r["step"] for r in records] == list(range(2, TRAIN_STEPS + 1, 2))
     losses = [r["train/loss"] for r in records]
@@ -123,7 +126,7 @@ def test_outputs_follow_the_training_outputs_contract(runs):
     assert run["languages"] == ["en"] and run["components"] == ["lm_en"]
     assert run["flops_per_token"] == 6 * run["params_non_embedding"]
     assert run["train_steps"] == TRAIN_STEPS and run["seq_len"] == 64
-    records = metrics_log.read_metrics(model_dir)
+    records = rundir_records.read_metrics(model_dir)
     tokens = [r["tokens"] for r in records]
     assert all(b > a for a, b in zip(tokens, tokens[1:], strict=False))
     for r in records:
@@ -146,16 +149,19 @@ def test_outputs_follow_the_training_outputs_contract(runs):
 def test_stop_and_resume_gives_identical_metrics(runs):
     assert not runs["stopped"].completed and runs["stopped"].step == 6
     assert [r["step"] for r in runs["stopped_metrics"]] == [2, 4, 6]
-    full = [metrics_log.without_timing(r) for r in metrics_log.read_metrics(runs["root"] / "full")]
+    full = [
+        rundir_records.without_timing(r) for r in rundir_records.read_metrics(runs["root"] / "full")
+    ]
     resumed = [
-        metrics_log.without_timing(r) for r in metrics_log.read_metrics(runs["root"] / "resumed")
+        rundir_records.without_timing(r)
+        for r in rundir_records.read_metrics(runs["root"] / "resumed")
     ]
     assert resumed == full  # bit-exact: losses, token counts, data order, eval losses
 
 
 def test_eight_device_mesh_matches_one_device(runs):
-    sharded = metrics_log.read_metrics(runs["root"] / "full")
-    single = metrics_log.read_metrics(runs["root"] / "single")
+    sharded = rundir_records.read_metrics(runs["root"] / "full")
+    single = rundir_records.read_metrics(runs["root"] / "single")
     assert [r["tokens"] for r in sharded] == [r["tokens"] for r in single]
     for a, b in zip(sharded, single, strict=True):
         np.testing.assert_allclose(a["train/loss"], b["train/loss"], rtol=2e-4)
@@ -219,7 +225,7 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
     assert int(adam.count) == 0
     assert all(not np.asarray(m).any() for m in jax.tree.leaves((adam.mu, adam.nu)))
     assert init["init_step"] == 8
-    assert init["init_params_hash"] == checkpoints.params_hash(source_params)
+    assert init["init_params_hash"] == init_checkpoints.params_hash(source_params)
 
     model_dir = tmp_path / "cpt"
     result = train_lib.train(model_dir=model_dir, init_checkpoint=source, **kwargs)
@@ -229,7 +235,7 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
     assert run["init_checkpoint"] == os.fspath(runs["root"] / "full")
     assert run["strategy"] == "cpt_replay" and run["replay_ratio"] == 0.1
     assert run["components"] == ["lm_en", "lm_fr"]
-    records = metrics_log.read_metrics(model_dir)
+    records = rundir_records.read_metrics(model_dir)
     evaluated = [r for r in records if "eval/lm_fr/loss" in r]
     assert [r["step"] for r in evaluated] == [0, 1, 2, 4]
     assert evaluated[0]["tokens"] == 0 and evaluated[0]["flops"] == 0  # before the first update
@@ -280,7 +286,7 @@ def test_nan_injection_stops_without_writing_a_bad_checkpoint(
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metadata)
     params = store.restore_params(4, abstract_params=abstract)
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
-    assert [r["step"] for r in metrics_log.read_metrics(model_dir)] == [4]
+    assert [r["step"] for r in rundir_records.read_metrics(model_dir)] == [4]
     assert not (model_dir / "COMPLETED").exists()
 
 
@@ -299,7 +305,7 @@ def test_eval_and_infer_jobs_read_a_checkpoint(runs, tiny_data, tmp_path, seqio_
         mesh=MeshConfig(num_devices=1),
     )
     assert [r["step"] for r in records] == [4, 8, 12]
-    in_training = [r for r in metrics_log.read_metrics(runs["root"] / "full") if r["step"] == 12]
+    in_training = [r for r in rundir_records.read_metrics(runs["root"] / "full") if r["step"] == 12]
     np.testing.assert_allclose(
         records[-1]["eval/lm_en/loss"], in_training[0]["eval/lm_en/loss"], rtol=2e-4
     )
@@ -346,7 +352,7 @@ def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
-            if len(metrics_log.read_metrics(model_dir)) >= 3:
+            if len(rundir_records.read_metrics(model_dir)) >= 3:
                 break
             time.sleep(0.5)
         assert proc.poll() is None, proc.stderr.read()[-3000:]
@@ -366,7 +372,7 @@ def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
     params = store.restore_params(step, abstract_params=abstract)
     assert params["lm_head"]["kernel"].shape == (32, 512)
     assert not (model_dir / "COMPLETED").exists()
-    assert max(r["step"] for r in metrics_log.read_metrics(model_dir)) == step
+    assert max(r["step"] for r in rundir_records.read_metrics(model_dir)) == step
 
 
 def test_what_the_trainer_writes_is_what_fitting_and_status_read(runs):
@@ -374,15 +380,15 @@ def test_what_the_trainer_writes_is_what_fitting_and_status_read(runs):
     # defines, and the readers of fitting, status and the run records see the same run.
     from fitting.readers import run_dirs as fit_io
     from launch import status
-    from rundir import names, records
+    from rundir import records
 
     model_dir = runs["root"] / "full"
     defined = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
     assert {p.name for p in model_dir.iterdir()} <= defined
-    written = records.read_metrics(model_dir)
+    written = rundir_records.read_metrics(model_dir)
     run = fit_io.read_run(model_dir)
     assert list(run.records) == written
-    assert run.meta == records.read_run_json(model_dir)
+    assert run.meta == rundir_records.read_run_json(model_dir)
     assert (
         run.completed
         == records.read_completed(model_dir)

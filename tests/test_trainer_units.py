@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from convert import init_checkpoints
 from trainer import checkpoints, model_spec, optimizers, partitioning, schedules, steps, validation
 
 # --- schedules ---------------------------------------------------------------------------------
@@ -211,13 +212,13 @@ def test_unknown_model_family_lists_registry():
 
 def test_init_checkpoint_spec_parsing(tmp_path):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    assert checkpoints.parse_init_checkpoint(f"{tmp_path}/run@300") == (
+    assert init_checkpoints.parse_init_checkpoint(f"{tmp_path}/run@300") == (
         tmp_path / "run" / "checkpoints",
         300,
     )
-    assert checkpoints.parse_init_checkpoint(f"{tmp_path}/other") == (tmp_path / "other", None)
+    assert init_checkpoints.parse_init_checkpoint(f"{tmp_path}/other") == (tmp_path / "other", None)
     with pytest.raises(ValueError, match="step number"):
-        checkpoints.parse_init_checkpoint(f"{tmp_path}/run@latest")
+        init_checkpoints.parse_init_checkpoint(f"{tmp_path}/run@latest")
 
 
 def test_shape_mismatch_names_each_parameter_and_both_shapes():
@@ -236,9 +237,9 @@ def test_shape_mismatch_names_each_parameter_and_both_shapes():
 def test_params_hash_depends_on_values_and_names_only():
     a = {"x": jnp.arange(6.0).reshape(2, 3), "y": jnp.ones(2)}
     b = {"y": jnp.ones(2), "x": jnp.arange(6.0).reshape(2, 3)}
-    assert checkpoints.params_hash(a) == checkpoints.params_hash(b)
+    assert init_checkpoints.params_hash(a) == init_checkpoints.params_hash(b)
     c = {"x": jnp.arange(6.0).reshape(2, 3), "y": jnp.ones(2).at[0].set(2.0)}
-    assert checkpoints.params_hash(a) != checkpoints.params_hash(c)
+    assert init_checkpoints.params_hash(a) != init_checkpoints.params_hash(c)
 
 
 # --- the train step ----------------------------------------------------------------------------

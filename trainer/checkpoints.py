@@ -35,11 +35,7 @@ from orbax.checkpoint import checkpoint_managers
 
 from convert import init_checkpoints
 from convert.hf_cache import local_init_spec
-from convert.init_checkpoints import (  # noqa: F401 - re-exported
-    param_name,
-    params_hash,
-    parse_init_checkpoint,
-)
+from convert.init_checkpoints import param_name
 from rundir import checksums, names, storage
 from rundir.checksums import CheckpointCorruptError
 from trainer.steps import tree_finite

@@ -26,8 +26,8 @@ from typing import Any
 
 import jax
 
+from convert import init_checkpoints
 from rundir import names, storage
-from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
 from trainer import gin_entry, jobs, model_spec, restore
 from trainer import platform as platform_lib
@@ -160,7 +160,7 @@ def evaluate(
         compile_train=False,
     )
     spec = os.fspath(checkpoint or model_dir)
-    directory, step = ckpt_lib.parse_init_checkpoint(spec)
+    directory, step = init_checkpoints.parse_init_checkpoint(spec)
     if all_steps:
         wanted = restore.kept_steps(spec, flag="CHECKPOINT")
     else:

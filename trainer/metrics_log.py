@@ -25,18 +25,6 @@ from rundir import durations, names, records, storage
 
 log = logging.getLogger(__name__)
 
-# The run directory's names and records live in `rundir` (re-exported for older imports).
-METRICS_FILE = names.METRICS_FILE
-RUN_FILE = names.RUN_FILE
-COMPLETED_FILE = names.COMPLETED_FILE
-TB_SUBDIR = names.TB_SUBDIR
-TIMING_FIELDS = records.TIMING_FIELDS
-MetricsFileError = records.MetricsFileError
-write_run_json = records.write_run_json
-read_run_json = records.read_run_json
-write_completed = records.write_completed
-read_metrics = records.read_metrics
-without_timing = records.without_timing
 _TB_SYNC_S = 60.0  # a remote run's TensorBoard events are copied into MODEL_DIR at most this often
 
 # Dense bf16 peak FLOP/s per chip, matched as substrings of `jax.Device.device_kind` (first
@@ -109,7 +97,7 @@ class MetricsWriter:
         killed mid-write) with a warning naming the file.
 
         Raises:
-          MetricsFileError: when a line other than the last is not JSON.
+          rundir.records.MetricsFileError: when a line other than the last is not JSON.
         """
         if self.is_chief:
             records.truncate_metrics_after(self.model_dir, step)

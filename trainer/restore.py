@@ -16,6 +16,7 @@ from typing import Any
 
 from etils import epath
 
+from convert import init_checkpoints
 from trainer import checkpoints as ckpt_lib
 
 
@@ -50,7 +51,7 @@ def kept_steps(checkpoint: str | os.PathLike, *, flag: str = "checkpoint") -> li
     Raises:
       CheckpointNotFoundError: the directory does not exist (naming `flag` and the value).
     """
-    directory, _ = ckpt_lib.parse_init_checkpoint(os.fspath(checkpoint))
+    directory, _ = init_checkpoints.parse_init_checkpoint(os.fspath(checkpoint))
     if not directory.is_dir():
         raise CheckpointNotFoundError(f"{flag} {os.fspath(checkpoint)!r}: no directory {directory}")
     store = ckpt_lib.CheckpointStore(directory, ckpt_lib.CheckpointConfig(), read_only=True)
@@ -95,7 +96,7 @@ def restore_params(
       rundir.checksums.CheckpointCorruptError: a file of the step fails its checksums.
     """
     spec = ckpt_lib.local_init_spec(os.fspath(checkpoint))
-    directory, step = ckpt_lib.parse_init_checkpoint(spec)
+    directory, step = init_checkpoints.parse_init_checkpoint(spec)
     step = resolve_step(directory, step, flag=flag)
     params, directory, step = ckpt_lib.restore_init_params(
         f"{directory}@{step}", abstract_params=abstract_params, what=flag

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from convert import init_checkpoints
 from rundir import exits, finetune_recipes, paper_units, records, storage
 from rundir import lease as lease_lib
 from rundir.lease import LeaseConfig
@@ -344,7 +345,7 @@ def _initial_state(job: Job, store, *, resume: bool, init_checkpoint: str | None
             directory.parent if directory.name == ckpt_lib.CHECKPOINTS_SUBDIR else directory
         ),
         "init_step": step,
-        "init_params_hash": ckpt_lib.params_hash(params),
+        "init_params_hash": init_checkpoints.params_hash(params),
     }
     log.info("initialised params from %s step %d", directory, step)
     return job.init_state(rng, params=params), {}, init

@@ -12,7 +12,7 @@ directly). Without `--out` the vocabulary goes to `<data root>/vocab/spm_<langs>
 
 `extend` appends up to N pieces of a model trained on `--lang` to `--base`, keeping every old id
 (`pipelines.vocab_extend`). `grow-checkpoint` writes DST, a directory `INIT_CHECKPOINT` accepts,
-with SRC's parameters grown to the new vocabulary (`convert.vocab_growth`).
+with SRC's parameters grown to the new vocabulary (`convert.grown_init`).
 """
 
 from __future__ import annotations

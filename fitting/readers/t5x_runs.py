@@ -55,7 +55,7 @@ TRAIN_DIR = "train"
 TRAINING_EVAL_DIR = "training_eval"
 INFERENCE_EVAL_DIR = "inference_eval"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
-# seqio metric names (the mt_* tasks' `pipelines.metrics.translation_metrics`) -> xlscale's.
+# seqio metric names (the mt_* tasks' `pipelines.text_metrics.translation_metrics`) -> xlscale's.
 METRIC_NAMES: Mapping[str, str] = {"rougeL": "rouge_l", "rougeLsum": "rouge_l"}
 # Every T5X / xlscale size-table field a config.gin may bind (T5X's `network.T5Config` names on
 # the left, xlscale's `t5_jax.config.T5Config` on the right; xlscale names map to themselves).
