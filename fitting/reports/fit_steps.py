@@ -199,6 +199,13 @@ def _law_entry(fit: FitResult, pts: points.Points) -> dict[str, Any]:
     return {
         "models": sorted(set(pts.models)),
         "points_per_run": _per_run(pts),
+        # What the fit covered (N on the study's basis): what a comparison with a paper's fit,
+        # made on its own sizes and tokens, must set beside it.
+        "span": {
+            "n_sizes": len(np.unique(pts.N)),
+            "N": [float(np.min(pts.N)), float(np.max(pts.N))],
+            "D": [float(np.min(pts.D)), float(np.max(pts.D))],
+        },
         "fit": fit.to_dict(),
         "allocation": compute_optimal(fit).to_dict(),
         "allocation_ci": _ci_json(allocation_cis(fit, budgets=_budgets(pts))),

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from fitting.formats import fmt
-from fitting.reports import paper_headlines
+from fitting.reports import cpt_comparison
 
 # fits.json's `n_basis` -> the sentence report.md states it in.
 N_BASIS_NOTES = {
@@ -307,7 +307,7 @@ def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], 
     for key, section in sections.items():
         if result.get(key):
             lines += section(result[key])
-    lines += paper_headlines.section(result)
+    lines += cpt_comparison.section(result)  # CPT paper: Table 2, headlines, consistency
     if result.get("plots"):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in result["plots"]] + [""]
     return "\n".join(lines)

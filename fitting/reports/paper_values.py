@@ -42,6 +42,25 @@ CPT_HEADLINES = {
     # §1: "after training on 70B tokens, the 5.5B model with CPT reaches the same loss as a model
     # trained from scratch with 110B tokens" (Table 4's 5534M row, the paper's nominal N).
     "example_5p5b": {"n_params": 5534e6, "cpt_tokens": 70e9, "scratch_tokens": 110e9},
+    # §5.2: "in a 1.4 billion parameter model, the validation loss on English increases from
+    # 2.40 to 3.68 during pre-training" (plain CPT, no replay; Table 4's 1393M row).
+    "forgetting_1p4b": {"n_params": 1393e6, "start": 2.40, "end": 3.68},
+}
+
+# The CPT paper's setup, as printed (§2.1, Tables 1 and 4): the nominal sizes of its Table 4 (42
+# rows; the text says "40 sizes"), trained on 20 tokens per parameter with batches of 1M/2M/4M
+# tokens by size band (≤ 1B, ≤ 2.5B, above; M = 2^20), on a zh target from en checkpoints.
+CPT_SETUP = {
+    "sizes_m": tuple(
+        int(m)
+        for m in "49 66 86 105 125 137 166 194 208 234 259 301 334 368 512 591 616 670 711 766 "
+        "806 879 992 1085 1239 1393 1542 1736 1743 1944 1963 2112 2191 2452 2791 2808 3227 3647 "
+        "4016 4248 4657 5534".split()
+    ),
+    "tokens_per_param": 20,
+    "batch_tokens": ((1e9, 2**20), (2.5e9, 2**21), (float("inf"), 2**22)),  # (N up to, batch)
+    "target_lang": "zh",
+    "source_lang": "en",
 }
 
 MT_EN_FR = {
