@@ -2,9 +2,11 @@
 
 A budget names one amount (`tokens_per_param` | `tokens` | `steps`), one batch rule
 (`batch_tokens` | `batch_size` | `batch_tokens_bands`, the first band whose max_params covers N)
-and the basis of N for the rules that need it (`param_basis`). Budgets layer ([budget], then
-`[strategies.X] budget`, then matching `[[override]] budget`s): `merge` lets a later layer's amount
-or batch key replace the earlier one's.
+and the basis of N for the rules that need it (`param_basis`: one of
+`modeling.family.PARAM_BASES`, the trainer's `PARAM_BASIS` values; the sweep binds the budget's
+basis as the run's `PARAM_BASIS`, so a run records the N its steps were computed from). Budgets
+layer ([budget], then `[strategies.X] budget`, then matching `[[override]] budget`s): `merge` lets
+a later layer's amount or batch key replace the earlier one's.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from launch.manifest_checks import check_keys, require
+from modeling.family import PARAM_BASES
 
 AMOUNT_KEYS = ("tokens_per_param", "tokens", "steps")
 BATCH_KEYS = ("batch_tokens", "batch_size", "batch_tokens_bands")
-PARAM_BASES = ("non_embedding", "total", "nominal")
 
 
 def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

@@ -52,7 +52,16 @@ from modeling import family as family_lib
 from trainer import gin_checks
 
 COMPUTED_MACROS = frozenset(
-    {"MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "INIT_CHECKPOINT", *COORD_MACROS.values()}
+    {
+        "MODEL_DIR",
+        "TRAIN_STEPS",
+        "BATCH_SIZE",
+        "INIT_CHECKPOINT",
+        # The budget's own (`[budget] param_basis`, `tokens_per_param`): one value per run.
+        "PARAM_BASIS",
+        "TOKENS_PER_PARAM",
+        *COORD_MACROS.values(),
+    }
 )
 _TOP_KEYS = frozenset(
     "sweep vars env slurm gin axes grid budget sizes strategies override exclude select".split()

@@ -16,6 +16,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from modeling.memory import MemoryEstimate, StepShape
 
+# What N a token budget in tokens per parameter multiplies (`TOKENS_PER_PARAM`, a manifest's
+# `[budget] param_basis`): the exact non-embedding or total count of the model, or the paper's
+# nominal size of its table row (`ModelFamily.nominal_params`). One setting of a run, read by the
+# trainer (`PARAM_BASIS`) and the sweep alike, so both give a recipe the same steps.
+PARAM_BASES: tuple[str, ...] = ("non_embedding", "total", "nominal")
+
 # Family name -> the module that defines its `FAMILY`, imported only by `get`.
 FAMILIES: dict[str, str] = {
     "llama2": "llama_jax.family",
@@ -123,3 +129,17 @@ def get(name: str, *, registry: Mapping[str, str] | None = None) -> ModelFamily:
     if name not in registry:
         raise ValueError(f"unknown model family {name!r}; allowed: {', '.join(sorted(registry))}")
     return importlib.import_module(registry[name]).FAMILY
+
+
+def basis_params(
+    basis: str, *, total: float | None, non_embedding: float | None, nominal: float | None
+) -> float | None:
+    """N on `basis` (one of `PARAM_BASES`) from a model's counts and its nominal size; None
+    when that count is unknown (e.g. 'nominal' for a size the paper does not list).
+
+    Raises:
+      ValueError: `basis` is not one of `PARAM_BASES`.
+    """
+    if basis not in PARAM_BASES:
+        raise ValueError(f"param_basis {basis!r}; allowed: {', '.join(PARAM_BASES)}")
+    return {"non_embedding": non_embedding, "total": total, "nominal": nominal}[basis]

@@ -64,9 +64,12 @@ def strategy_of(value: Any) -> Strategy | str:
 
 # Fields a record built directly leaves out of its JSON while they hold their default: the
 # trainer adds the fingerprint and (on an amended resume) the amendments; the converters' fields;
-# `params_nominal`, which a record may carry for the nominal-N basis (`fitting.model_keys`).
+# `params_nominal`, which a record may carry for the nominal-N basis (`fitting.model_keys`); the
+# trainer's `param_basis` and `vocab_sha256`, which records from before them lack.
 OPTIONAL = frozenset(
     {
+        "param_basis",
+        "vocab_sha256",
         "fingerprint",
         "amendments",
         "params_nominal",
@@ -105,6 +108,10 @@ class RunRecord:
         the paper-unit fields (`rundir.paper_units.run_fields`).
       batch_size, train_steps, flops_per_token, flops_per_token_attn: counts of the run.
       gin_config: the resolved gin config.
+      param_basis: the N its token budget multiplied (`modeling.family.PARAM_BASES`; None: a
+        record from before the setting, whose steps came from the non-embedding count).
+      vocab_sha256: SHA-256 of the vocabulary file it trained on (None: unknown, e.g. an older
+        record); a run initialised from this one must use the same (`trainer.plan`).
       fingerprint: the settings that define the run (`trainer.fingerprint`); None before it.
       amendments: the amended resumes, in order (`trainer.fingerprint.record_resume`).
       params_nominal: the paper's nominal N where a record carries it.
@@ -146,6 +153,8 @@ class RunRecord:
     flops_per_token: float | None = None
     flops_per_token_attn: float | None = None
     gin_config: str = ""
+    param_basis: str | None = None
+    vocab_sha256: str | None = None
     fingerprint: Mapping[str, Any] | None = None
     amendments: tuple[Mapping[str, Any], ...] = ()
     params_nominal: float | None = None

@@ -324,7 +324,7 @@ def test_command_lines_parse_and_build_the_model_config(t5x_gin, size_file, run_
         expected.num_heads,
         expected.d_ff,
     )
-    assert config.vocab_size == (512 if tiny else 32128)
+    assert config.vocab_size == (512 if tiny else 250112)  # the MT paper's vocabulary, §4
     assert config.dtype == ("float32" if tiny else "bfloat16")
     dropout = {"span_pretrain.gin": 0.0, "finetune.gin": 0.1, "infer.gin": 0.0}
     assert config.dropout_rate == dropout[Path(run_file).name]

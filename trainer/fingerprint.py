@@ -41,7 +41,7 @@ NEUTRAL_OVERRIDES = ("attention_kernel", "remat_policy")
 # Named policies -> the fingerprint keys (or sections) they allow to change.
 RESUME_POLICIES: dict[str, tuple[str, ...]] = {
     # Extend (or shorten) a run whose schedule does not depend on its length (constant, rsqrt).
-    "train_steps": ("train_steps", "tokens_per_param", "total_steps"),
+    "train_steps": ("train_steps", "tokens_per_param", "param_basis", "total_steps"),
     # The corpora, vocabulary or initial checkpoint moved (same contents, new paths).
     "paths": ("data.corpora_dir", "data.vocab_path", "init_checkpoint"),
     # Evaluate other tasks or more tokens from now on (training is unaffected).
@@ -61,6 +61,7 @@ _MACROS: dict[str, str] = {
     "evaluation.tasks": "eval_tasks",
     "train_steps": "train_steps",
     "tokens_per_param": "tokens_per_param",
+    "param_basis": "param_basis",
     "num_microbatches": "num_microbatches",
     "vocab_sha256": "vocab_path",
 }
@@ -68,7 +69,10 @@ _MACROS: dict[str, str] = {
 _DERIVED_STEP_FIELDS = ("num_components",)
 # Keys added to the fingerprint after runs were started: a stored fingerprint without one cannot
 # be compared on it (a warning), and is not refused for it.
-ADDED_LATER: tuple[str, ...] = ("vocab_sha256", "run.finetune_recipe")
+ADDED_LATER: tuple[str, ...] = ("vocab_sha256", "run.finetune_recipe", "param_basis")
+# The N basis runs used before `param_basis` was a setting (their steps came from the exact
+# non-embedding count): a stored fingerprint without the key matches it silently.
+_PARAM_BASIS_BEFORE = "non_embedding"
 
 
 def _jsonable(value: Any) -> Any:
@@ -117,6 +121,7 @@ def fingerprint_defaults(
                 run=type(run)(),
             ),
             **_step_settings(type(step)()),
+            "param_basis": _PARAM_BASIS_BEFORE,
         }
     )
 
@@ -147,6 +152,7 @@ def run_fingerprint(
     process_count: int | None = None,
     vocab_hash: str | None = None,
     prepared: Mapping[str, Any] | None = None,
+    param_basis: str = "non_embedding",
 ) -> dict[str, Any]:
     """The settings that define a run, as a JSON-able dict (stored in `run.json`).
 
@@ -155,6 +161,7 @@ def run_fingerprint(
         dropout).
       data, optimizer, schedule, run: the run's dataclasses, every field included.
       evaluation: an `EvalConfig`; its tasks, split and token budget (not its period).
+      param_basis: the N `tokens_per_param` multiplies (`modeling.family.PARAM_BASES`).
       total_steps: the resolved number of optimizer steps.
       step: the train step's settings (`steps.StepConfig`: microbatches, z-loss), every field
         recorded at the top level.
@@ -186,6 +193,7 @@ def run_fingerprint(
         },
         "train_steps": train_steps,
         "tokens_per_param": tokens_per_param,
+        "param_basis": param_basis,
         "total_steps": int(total_steps),
         "seed": seed,
         **_step_settings(step),

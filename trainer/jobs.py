@@ -219,12 +219,38 @@ def build_partitioned_model(
 
 
 def resolve_train_steps(
-    *, train_steps: int | None, tokens_per_param: float | None, params: int, tokens_per_step: int
+    *,
+    train_steps: int | None,
+    tokens_per_param: float | None,
+    tokens_per_step: int,
+    params_total: float,
+    params_non_embedding: float,
+    params_nominal: float | None = None,
+    param_basis: str = "non_embedding",
+    size: str = "",
 ) -> int:
-    """`train_steps`, or enough steps for `tokens_per_param × params` tokens (rounded up)."""
+    """`train_steps`, or enough steps for `tokens_per_param × N` tokens (rounded up), N on
+    `param_basis` (`modeling.family.PARAM_BASES`: the exact non-embedding or total count, or the
+    paper's nominal size `params_nominal` of model `size`). The sweep's `[budget]` computes the
+    same (`launch.budgets.steps_and_batch`, tests/test_token_budget.py).
+
+    Raises:
+      trainer.validation.ConfigError: no positive length, an unknown basis, or 'nominal' for a
+        size without a nominal count (only when the steps are computed).
+    """
     validation.check_steps(train_steps=train_steps, tokens_per_param=tokens_per_param)
+    validation.check_choice(name="param_basis", value=param_basis, allowed=family_lib.PARAM_BASES)
     if train_steps is not None:
         return int(train_steps)
+    params = family_lib.basis_params(
+        param_basis, total=params_total, non_embedding=params_non_embedding, nominal=params_nominal
+    )
+    if params is None:
+        raise validation.ConfigError(
+            f"{validation.BINDINGS['param_basis']} = {param_basis!r}, but MODEL_SIZE {size!r} has "
+            "no nominal size in its paper's table; allowed: 'non_embedding' or 'total' (the "
+            f"model's exact counts), or set {validation.BINDINGS['train_steps']}"
+        )
     return max(1, math.ceil(tokens_per_param * params / tokens_per_step))
 
 
@@ -274,6 +300,7 @@ def plan_job(
     step: steps.StepConfig = steps.StepConfig(),
     train_steps: int | None = None,
     tokens_per_param: float | None = None,
+    param_basis: str = "non_embedding",
     register: bool = True,
     train: bool = True,
 ) -> JobPlan:
@@ -282,7 +309,7 @@ def plan_job(
 
     Args:
       step: microbatches and z-loss (`num_components` is taken from the mixture).
-      train_steps, tokens_per_param: the run's length (`resolve_train_steps`).
+      train_steps, tokens_per_param, param_basis: the run's length (`resolve_train_steps`).
       register: register the tasks of `data.vocab_path` (False when the caller has).
       train: the job trains: its step's memory is checked against the device's
         (evaluation-only jobs compile no train step).
@@ -312,8 +339,12 @@ def plan_job(
     total_steps = resolve_train_steps(
         train_steps=train_steps,
         tokens_per_param=tokens_per_param,
-        params=non_embedding,
         tokens_per_step=data.batch_size * data.seq_len,
+        params_total=total,
+        params_non_embedding=non_embedding,
+        params_nominal=family_lib.get(model.family).nominal_params(model.size),
+        param_basis=param_basis,
+        size=model.size,
     )
     estimate = None
     if train:

@@ -6,7 +6,8 @@
    (`jobs.plan_job`);
 2. parameter counts and the run's steps (same call), and the train step's memory;
 3. one resume decision, from the checkpoint store: the newest committed step (`resume_step`);
-4. the initial checkpoint checked against the model from metadata (a fresh run only);
+4. the initial checkpoint checked against the model from metadata, and against the run's
+   vocabulary where its run.json records one (a fresh run only);
 5. the prepared input opened and verified (when the batches are read by index);
 6. the run's fingerprint, and the amendment a resume is allowed to make (`trainer.fingerprint`).
 
@@ -22,10 +23,12 @@ from typing import Any
 
 from etils import epath
 
+from convert import grown_init
+from rundir import names, records, storage
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
 from trainer import fingerprint as fingerprint_lib
-from trainer import jobs, model_spec, steps
+from trainer import jobs, model_spec, steps, validation
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
 from trainer.loop import LoopConfig
@@ -81,6 +84,7 @@ def build_run_plan(
     data: DataConfig,
     train_steps: int | None,
     tokens_per_param: float | None,
+    param_basis: str,
     optimizer: OptimizerConfig,
     schedule: ScheduleConfig,
     checkpoint: CheckpointConfig,
@@ -111,11 +115,20 @@ def build_run_plan(
         step=step,
         train_steps=train_steps,
         tokens_per_param=tokens_per_param,
+        param_basis=param_basis,
     )
     resume_step = ckpt_lib.committed_step(model_dir)
+    vocab_hash = fingerprint_lib.vocab_sha256(data.vocab_path)
     if init_checkpoint and resume_step is None:
         ckpt_lib.check_init_checkpoint(init_checkpoint, abstract_params=job.abstract_params)
-    vocab_hash = fingerprint_lib.vocab_sha256(data.vocab_path)
+        source_hash = init_vocab_sha256(init_checkpoint)
+        if source_hash is not None and vocab_hash is not None:
+            validation.check_init_vocab(
+                init_checkpoint=init_checkpoint,
+                source_hash=source_hash,
+                vocab_path=str(data.vocab_path),
+                vocab_hash=vocab_hash,
+            )
     prepared = None
     if data.prepared_dir is not None:  # verified (shards, vocabulary) before compiling
         prepared = data_lib.prepared_datasets(data, vocab_hash=vocab_hash)
@@ -126,6 +139,7 @@ def build_run_plan(
         evaluation=evaluation,
         train_steps=train_steps,
         tokens_per_param=tokens_per_param,
+        param_basis=param_basis,
         total_steps=job.total_steps,
         seed=seed,
         step=step,
@@ -155,6 +169,29 @@ def build_run_plan(
         prepared=prepared,
         fingerprint=fingerprint,
         amendment=amendment,
+    )
+
+
+def init_vocab_sha256(init_checkpoint: str) -> str | None:
+    """The SHA-256 of the vocabulary `INIT_CHECKPOINT` ('<dir>[@step]') was trained on, as its
+    run's run.json records it: `vocab_sha256`, else its fingerprint's; for a grown checkpoint
+    (`convert.grown_init`) the vocabulary it was grown to. None where nothing says (no run.json:
+    an older run or a bare checkpoints directory; an `hf:` import; a record without the hash).
+    """
+    if init_checkpoint.startswith("hf:"):
+        return None
+    path = init_checkpoint.rpartition("@")[0] if "@" in init_checkpoint else init_checkpoint
+    run_dir = storage.as_path(path, name="INIT_CHECKPOINT")
+    if not records.has_run_json(run_dir) and run_dir.name == names.CHECKPOINTS_SUBDIR:
+        run_dir = run_dir.parent  # '<MODEL_DIR>/checkpoints[@step]'
+    if not records.has_run_json(run_dir):
+        return None
+    info = records.read_run_json(run_dir)
+    grown = info.get(grown_init.RUN_FIELD) if info.get("kind") == grown_init.GROWN_KIND else None
+    return (
+        info.get("vocab_sha256")
+        or (info.get("fingerprint") or {}).get("vocab_sha256")
+        or (grown or {}).get("vocab_sha256")
     )
 
 

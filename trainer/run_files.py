@@ -95,9 +95,15 @@ def write_run_files(
     step: int,
     gin_config: str,
 ) -> None:
-    """`config.gin` and `run.json` (with the fingerprint) of a fresh run; on an amended resume
+    """`config.gin` and `run.json` (with the fingerprint, and its `param_basis` and `vocab_sha256`
+    as fields of their own) of a fresh run; on an amended resume
     the old `config.gin` is kept as `config.<step>.gin` and `run.json` records the amendment."""
-    info = dataclasses.replace(record, fingerprint=fingerprint).to_json()
+    info = dataclasses.replace(
+        record,
+        param_basis=fingerprint.get("param_basis"),
+        vocab_sha256=fingerprint.get("vocab_sha256"),
+        fingerprint=fingerprint,
+    ).to_json()
     has_run_json = records.has_run_json(model_dir)
     if amendment is not None and has_run_json:
         info = fingerprint_lib.record_resume(

@@ -120,6 +120,7 @@ def train(
     data: DataConfig,
     train_steps: int | None = None,
     tokens_per_param: float | None = None,
+    param_basis: str = "non_embedding",
     optimizer: OptimizerConfig = OptimizerConfig(),
     schedule: ScheduleConfig = ScheduleConfig(),
     checkpoint: CheckpointConfig = CheckpointConfig(),
@@ -142,7 +143,10 @@ def train(
       model: family, size and config overrides.
       data: training mixture/task, lengths, global batch size, vocabulary and corpora.
       train_steps: optimizer steps (`TRAIN_STEPS`); when None they are derived from ...
-      tokens_per_param: ... a token budget of `tokens_per_param × N` (non-embedding N).
+      tokens_per_param: ... a token budget of `tokens_per_param × N`, N on ...
+      param_basis: ... this basis (`PARAM_BASIS`, `modeling.family.PARAM_BASES`): the exact
+        'non_embedding' or 'total' count, or the paper's 'nominal' size
+        (`jobs.resolve_train_steps`).
       optimizer, schedule: see `trainer.optimizers` and `trainer.schedules`.
       checkpoint: save period and keep policy.
       mesh: mesh axis sizes.
@@ -185,6 +189,7 @@ def train(
             data=data,
             train_steps=train_steps,
             tokens_per_param=tokens_per_param,
+            param_basis=param_basis,
             optimizer=optimizer,
             schedule=schedule,
             checkpoint=checkpoint,

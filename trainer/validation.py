@@ -23,6 +23,8 @@ BINDINGS: dict[str, str] = {
     "eval_tasks": "EVAL_TASKS (data.EvalConfig.tasks)",
     "train_steps": "TRAIN_STEPS (train.train_steps)",
     "tokens_per_param": "TOKENS_PER_PARAM (train.tokens_per_param)",
+    "param_basis": "PARAM_BASIS (train.param_basis)",
+    "init_checkpoint": "INIT_CHECKPOINT (train.init_checkpoint)",
     "num_microbatches": "NUM_MICROBATCHES (steps.StepConfig.num_microbatches)",
     "mesh": "partitioning.MeshConfig (data, fsdp, model)",
     "device_memory": "partitioning.MeshConfig.device_memory_gib",
@@ -153,6 +155,33 @@ def check_steps(*, train_steps: int | None, tokens_per_param: float | None) -> N
     value = train_steps if train_steps is not None else tokens_per_param
     if value <= 0:
         raise ConfigError(f"{BINDINGS[name]} = {value}: allowed: a positive number")
+
+
+def check_init_vocab(
+    *, init_checkpoint: str, source_hash: str, vocab_path: str, vocab_hash: str
+) -> None:
+    """A run initialised from a checkpoint must read text with the vocabulary the checkpoint
+    was trained on (or grown to): with another one every embedding row means another piece.
+
+    Args:
+      init_checkpoint: `INIT_CHECKPOINT` as given.
+      source_hash: the SHA-256 of the vocabulary its run.json records.
+      vocab_path, vocab_hash: this run's `VOCAB_PATH` and the SHA-256 of its contents.
+    """
+    if source_hash != vocab_hash:
+        raise ConfigError(
+            f"{BINDINGS['init_checkpoint']} = {_short_path(init_checkpoint)!r} was trained on "
+            f"vocabulary sha256 {source_hash[:12]}, but {BINDINGS['vocab_path']} = "
+            f"{_short_path(vocab_path)!r} is sha256 {vocab_hash[:12]}: give the source run's "
+            "VOCAB_PATH, or grow the checkpoint to the new vocabulary (`xlscale tokenizer extend`, "
+            "then `xlscale tokenizer grow-checkpoint`, convert.grown_init) and start from that"
+        )
+
+
+def _short_path(path: str, keep: int = 2) -> str:
+    """The last `keep` components of a path, after '…/' when some were left out."""
+    parts = str(path).rstrip("/").split("/")
+    return str(path) if len(parts) <= keep else "…/" + "/".join(parts[-keep:])
 
 
 def check_task(*, name: str, allowed: Sequence[str], binding: str = "mixture_or_task") -> None:
