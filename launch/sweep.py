@@ -31,6 +31,9 @@ from rundir import finetune_recipes
 
 MANIFESTS_DIR = Path(__file__).parent / "manifests"
 
+# Bindings that restate the budget (the steps are bound too): not part of a run's identity.
+_BUDGET_RESTATED = frozenset({"PARAM_BASIS", "TOKENS_PER_PARAM"})
+
 
 def resolve_manifest_path(name_or_path: str | Path) -> Path:
     """A manifest path, or the name of a shipped manifest (`cpt_paper` → launch/manifests/...)."""
@@ -226,7 +229,9 @@ class _Expander:
             "coords": sorted(coords.items()),
             "shape": sorted(m.sizes.get(size, {}).items()),
             "gin_files": gin_files,
-            "bindings": sorted(bindings.items()),
+            # PARAM_BASIS and TOKENS_PER_PARAM only restate the budget that TRAIN_STEPS already
+            # resolves: left out, so runs keep the ids they had before the trainer recorded them.
+            "bindings": sorted((k, v) for k, v in bindings.items() if k not in _BUDGET_RESTATED),
             "seq_len": m.seq_len,
             "parent": selected_from or (parent.run_id if parent else None),
             # Another runner's job is another run (its own MODEL_DIR); xlscale's ids stay as were.

@@ -159,3 +159,17 @@ def test_budgets_and_the_trainer_share_one_list_of_bases():
         budgets.resolve(
             {"tokens_per_param": 20, "batch_size": 8, "param_basis": "paper"}, where="t"
         )
+
+
+def test_run_ids_do_not_change_with_the_recorded_basis():
+    """PARAM_BASIS and TOKENS_PER_PARAM restate the budget (TRAIN_STEPS is bound too): runs keep
+    the ids they had before the trainer recorded them, so existing sweep directories match."""
+    from launch import sweep
+
+    runs = sorted(sweep.expand(sweep.load_manifest("smoke", runs_dir="/r")), key=lambda r: r.run_id)
+    assert dict(runs[0].bindings)["PARAM_BASIS"] == "'non_embedding'"
+    assert [r.run_id for r in runs[:3]] == [
+        "cpt_replay_smoke_d32_zh_replay0_s0-9a089f5b41",
+        "cpt_replay_smoke_d32_zh_replay10_s0-bb4004c787",
+        "cpt_replay_smoke_d32_zh_replay30_s0-8f6dc5e8a4",
+    ]
