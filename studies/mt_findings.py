@@ -337,6 +337,40 @@ def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, An
     return rows
 
 
+def brevity_penalty(runs: Sequence[Any]) -> dict[str, Any]:
+    """BLEU's brevity penalty over the finetuning runs' last decoded evaluation, against the MT
+    paper's Remark 2 ("in all the experiments, we observe brevity-penalty = 1").
+
+    Returns:
+      n: runs that logged `eval/<task>/bleu_bp`; at_one: how many have BP = 1 (to 1e-9); min_bp,
+      min_run: the smallest BP and its run; ratio: that run's hypothesis / reference length
+      (`bleu_sys_len / bleu_ref_len`, NaN when not logged); median_bp over the runs.
+    """
+    found = []
+    for r in runs:
+        if r.strategy not in FINETUNES:
+            continue
+        task = str(r.info.mixture_or_task)
+        for rec in reversed(r.records):
+            if f"eval/{task}/bleu_bp" in rec:
+                sys_len = float(rec.get(f"eval/{task}/bleu_sys_len", math.nan))
+                ref_len = float(rec.get(f"eval/{task}/bleu_ref_len", math.nan))
+                ratio = sys_len / ref_len if ref_len > 0 else math.nan
+                found.append((float(rec[f"eval/{task}/bleu_bp"]), r.run_id, ratio))
+                break
+    if not found:
+        return {"n": 0}
+    bp, run_id, ratio = min(found)
+    return {
+        "n": len(found),
+        "at_one": sum(b >= 1.0 - 1e-9 for b, _, _ in found),
+        "min_bp": bp,
+        "min_run": run_id,
+        "ratio": ratio,
+        "median_bp": float(np.median([b for b, _, _ in found])),
+    }
+
+
 def verdicts(cells: Sequence[Cell], score: str = "bleu") -> dict[tuple[str, str, str, Any], Any]:
     """The §3.5 valuation verdict of each cell's score series (`fitting.analyses.valuation.assess`), keyed
     by (model, mixture, task, Df): two models' series of one mixture are two verdicts."""

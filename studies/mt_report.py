@@ -28,6 +28,7 @@ import numpy as np
 
 from fitting.checks import FitInputError
 from fitting.formats import fmt, json_safe, num
+from fitting.laws.downstream_laws import SCORES
 from fitting.laws.saved_fits import fit_entries, held_out_max
 from fitting.readers.points import finetune_tokens, paper_tokens_at
 from fitting.reports.paper_values import ERROR_DEFINITIONS, MT_EN_FR
@@ -42,6 +43,7 @@ from studies.mt_findings import (
     SCORE_LABELS,
     Cell,
     bleu_noise,
+    brevity_penalty,
     collect,
     count_label,
     score_metrics,
@@ -119,7 +121,7 @@ def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
     ]
     skipped = fits.get("skipped") or {}
     for c in cells:
-        for metric in [m for m in c.values if m != CE] + [CE]:
+        for metric in [m for m in SCORES if m in c.values] + [CE]:
             e = entries.get((c.model, c.mixture, c.task, c.steps, metric))
             label = LABELS.get(metric, metric)
             head = f"| {c.mixture} ({fmt(c.alignment, 2)}) | {count_label(c.df)} | {label} |"
@@ -143,6 +145,9 @@ def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
             )
     lines += [
         "",
+        f"Laws are fitted to {', '.join(LABELS[m] for m in SCORES)} and the cross-entropy only, "
+        "as the paper; chrF++ and BLEU's parts (brevity penalty, precisions, lengths) are "
+        "logged, not fitted. "
         "Each law is fitted on the 4 checkpoints with the least pretraining and scored on the "
         "rest (filled and hollow markers in the figures). Held-out Huber (ours): the Huber "
         "loss of the held-out log residuals, summed (δ = 0.1 for scores, 1e-3 for CE); max "
@@ -164,6 +169,29 @@ def fits_table(cells: Sequence[Cell], fits: Mapping[str, Any]) -> list[str]:
         "3), not coefficients.",
     ]
     return lines
+
+
+def remark2_line(runs: Sequence[Any]) -> str:
+    """Markdown: whether the runs' BLEU brevity penalty is 1, as the paper's Remark 2 observes
+    in all its experiments, and if not, by how much."""
+    bp = brevity_penalty(runs)
+    head = "**Brevity penalty (Remark 2: the paper observes BP = 1 in all its experiments).** "
+    if not bp["n"]:
+        return head + "The runs logged no BLEU brevity penalty (`eval/<task>/bleu_bp`)."
+    if bp["at_one"] == bp["n"]:
+        return head + f"BP = 1 in all {bp['n']} finetuning runs, as in the paper."
+    ratio = (
+        f", its translations {fmt(bp['ratio'], 3)}× the reference length"
+        if math.isfinite(bp["ratio"])
+        else ""
+    )
+    return head + (
+        f"BP = 1 in {bp['at_one']} of {bp['n']} finetuning runs; the smallest is "
+        f"{fmt(bp['min_bp'], 3)} (`{bp['min_run']}`{ratio}: its BLEU is "
+        f"{fmt(100 * (1 - bp['min_bp']), 3)}% below what its n-gram precisions alone give); "
+        f"median {fmt(bp['median_bp'], 3)}. Unlike the paper's, these "
+        "BLEU changes can come from length as well as from the n-gram precisions."
+    )
 
 
 def verdict_table(cells: Sequence[Cell], found: Mapping[tuple, Any]) -> list[str]:
@@ -226,6 +254,8 @@ def write(
         + ".",
         "",
         comparison(cells, fits, found, noise={k: w for k, (_, w) in noise.items()}),
+        remark2_line(runs),
+        "",
         "## Valuation verdicts (§3.5, on BLEU)",
         "",
         *verdict_table(cells, found),
@@ -262,6 +292,6 @@ def write(
     storage.write_text_atomic(
         out_dir / "verdicts.json", json.dumps(json_safe(table), indent=1, allow_nan=False)
     )
-    if not fits.get("converged", True):
+    if not fits.get("converged", True) or fits.get("unconverged_series"):
         log("[demo-mt] WARNING: some fits did not converge; see report.md")
     return out_dir / "fits.json"

@@ -1,6 +1,12 @@
 """What the synthetic paper-scale study's runs follow: the CPT laws with their noise (`Truth`),
 the MT paper's downstream laws per (model, mixture, task, Df) (`mt_truth`, Tables 3-6 or a stated
-stand-in), and the learning rate a grid makes best (`BEST_LR`). `studies.paper_study` writes the
+stand-in), and the learning rate a grid makes best (`BEST_LR`).
+
+The cross-entropy is always a stand-in: Tables 4 and 6 give 2e-5 to 2e-4 nats at the paper's Dp
+(in tokens, the unit its BLEU tables need), and no Dp unit makes them and the BLEU tables both
+plausible (`fitting.reports.mt_paper_comparison.consistency`). The synthetic CE keeps every ratio of
+the printed laws (between rows and along Dp) times one factor `CE_SCALE`, which puts the smallest
+value over the manifest's grid at 1 nat, so the runs' CE is on a real run's scale. `studies.paper_study` writes the
 runs from them and `studies.paper_check` checks that the fits recover them.
 """
 
@@ -14,7 +20,7 @@ import numpy as np
 
 from fitting.laws import formulas as laws
 from fitting.laws import synthetic
-from fitting.reports import paper_values
+from fitting.reports import mt_paper_comparison, paper_values
 
 # Learning-rate grid coordinate -> the value the synthetic runs make best (the gin defaults).
 BEST_LR = {"BASE_LR": 1.0, "PEAK_LR": 1e-3}
@@ -34,6 +40,13 @@ BALANCED = {
     "mt_en_fr": "mix_en_50_fr_50",
     "mt_en_ro": "mix_en_50_ro_50",
 }
+# The printed CE laws' (Tables 4, 6) factor to a plausible scale: 1 nat at their smallest value
+# over the manifest's Dp grid (in tokens), used only where no Dp unit makes the CE plausible.
+CE_SCALE = (
+    1.0
+    if mt_paper_comparison.ce_unit()
+    else 1.0 / float(np.min(mt_paper_comparison.evaluate("loss", mt_paper_comparison.grid_dp())))
+)
 # metric -> law name in fitting.laws, and its parameter names in the paper's order.
 MT_LAWS = {
     "bleu": ("log_law", ("log_A", "alpha", "beta")),
@@ -96,11 +109,15 @@ def _paper_law(mixture: str, task: str, df: int, metric: str) -> MTLaw | None:
     if row is None:
         return None
     table = {("bleu", True): 3, ("bleu", False): 5, ("loss", True): 4, ("loss", False): 6}
-    return MTLaw(
-        law,
-        dict(zip(names, row, strict=True)),
-        f"paper Table {table[metric, mixture != 'mix_en_100']}",
-    )
+    source = f"paper Table {table[metric, mixture != 'mix_en_100']}"
+    params = dict(zip(names, row, strict=True))
+    if metric == "loss" and CE_SCALE != 1.0:  # the printed scale is not nats: a stand-in
+        return MTLaw(
+            law,
+            _scaled(law, params, CE_SCALE),
+            f"stand-in ({source} × {CE_SCALE:.3g}: its printed CE is not on a nats scale)",
+        )
+    return MTLaw(law, params, source)
 
 
 def mt_truth(size: str, mixture: str, task: str, df: int, metric: str) -> MTLaw:

@@ -210,17 +210,17 @@ def test_a_zero_score_skips_only_its_series(tmp_path):
     first = sorted(root.glob("finetune_en_fr_*"), key=lambda d: int(d.name.rsplit("_", 1)[1]))[0]
     rec = json.loads((first / "metrics.jsonl").read_text())
     rec["eval/mt_en_fr/bleu"] = 0.0
-    rec["eval/mt_en_fr/chrf"] = 20.0 + 10 * np.log10(float(first.name.rsplit("_", 1)[1]))
+    rec["eval/mt_en_fr/rouge_l"] = 20.0 + 10 * np.log10(float(first.name.rsplit("_", 1)[1]))
     (first / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
     for d in root.glob("finetune_en_fr_*"):
         if d != first:
             r = json.loads((d / "metrics.jsonl").read_text())
-            r["eval/mt_en_fr/chrf"] = 20.0 + 10 * np.log10(float(d.name.rsplit("_", 1)[1]))
+            r["eval/mt_en_fr/rouge_l"] = 20.0 + 10 * np.log10(float(d.name.rsplit("_", 1)[1]))
             (d / "metrics.jsonl").write_text(json.dumps(r) + "\n")
     res = fit_all.fit_runs(root, tmp_path / "out", law="all", bootstrap=0)
     reason = res["skipped"]["bleu/t5_770m/mix_en_50_fr_50/mt_en_fr/300/bleu"]
     assert "score = 0.0; it must be positive" in reason
-    assert [e["metric"] for e in res["bleu"]] == ["chrf"]
+    assert [e["metric"] for e in res["bleu"]] == ["rouge_l"]
     assert [e["metric"] for e in res["ce"]] == ["loss"]
 
 

@@ -21,8 +21,17 @@ def test_mt_smoke_study_end_to_end(tmp_path, monkeypatch):
         "## Runs",
     ):
         assert heading in report, heading
+    # Real runs beside the MT paper (issue 34): every series a row saying why it is (not)
+    # comparable, the paper's CE-vs-BLEU consistency, Remark 2 on the logged brevity penalty.
+    for heading in (
+        "## The MT paper beside these fits",
+        "### Paper consistency",
+        "**Brevity penalty (Remark 2",
+    ):
+        assert heading in report, heading
     fits = json.loads((out / "fits.json").read_text())
     assert fits["bleu"] and fits["ce"], fits.get("skipped")
+    assert {e["metric"] for e in fits["bleu"]} <= {"bleu", "rouge_l", "comet"}  # no BLEU parts
     assert {e["task"] for e in fits["ce"]} == {"mt_en_fr"}
     assert {e["pretraining"] for e in fits["ce"]} == {"mix_en_50_fr_50", "mix_en_100"}
     verdicts = json.loads((out / "verdicts.json").read_text())

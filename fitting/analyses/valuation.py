@@ -27,7 +27,7 @@ import numpy as np
 
 from fitting.checks import as_points
 from fitting.laws import formulas
-from fitting.laws.downstream_laws import DownstreamFit, fit_bleu_law
+from fitting.laws.downstream_laws import SCORES, DownstreamFit, fit_bleu_law
 
 VERDICTS = ("too_few_points", "misaligned", "law_fits", "law_breaks")
 
@@ -95,6 +95,7 @@ def assess(
     tolerance: float = 0.05,
     n_fit: int = 4,
     horizons: Sequence[float] = (2.0, 10.0),
+    metric: str = "bleu",
 ) -> Verdict:
     """Applies the §3.5 guide to a pretraining dataset's (Dp, score) sequence.
 
@@ -106,7 +107,14 @@ def assess(
       tolerance: relative (log-space) deviation counted as beyond noise.
       n_fit: points used to fit the law (the rest test it); at least 3.
       horizons: multiples of the largest Dp at which to predict.
+      metric: the score's name: one of `fitting.laws.downstream_laws.SCORES` (the guide values
+        data by translation scores; BLEU's parts and the cross-entropy get no verdict).
+
+    Raises:
+      ValueError: a metric outside `SCORES`.
     """
+    if metric not in SCORES:
+        raise ValueError(f"no valuation verdict for {metric!r}: the guide is for {SCORES}")
     n = len(Dp)
     best_i = int(np.nanargmax(scores)) if n else -1
     best = dict(

@@ -28,6 +28,14 @@ from fitting.formats import json_safe
 from fitting.laws import formulas, optim
 from fitting.laws.robust_fit import LawFit, fit_univariate
 
+# What the MT paper fits laws to (eval/<task>/<metric>): the translation scores of its eq. 1
+# (BLEU, ROUGE-L, COMET) and the downstream cross-entropy ("loss", eq. 3). Anything else a run
+# logs -- BLEU's parts (`pipelines.text_metrics.BLEU_PARTS`: brevity penalty, n-gram precisions,
+# lengths; kept for Remark 2), chrF++, the decoded count -- is data, never fitted.
+SCORES = ("bleu", "rouge_l", "comet")
+CE = "loss"
+FITTED = (*SCORES, CE)
+
 
 @dataclasses.dataclass(frozen=True)
 class DownstreamFit(LawFit):
@@ -236,6 +244,15 @@ def fit_ce_law(Dp, ce, *, n_fit: int = 4, delta: float = 1e-3) -> DownstreamFit:
 
 
 def fit_series(Dp: Sequence[float], values: Sequence[float], *, metric: str, n_fit: int = 4):
-    """The MT paper's law for a metric: cross-entropy ("loss") → `fit_ce_law`, scores → log-law."""
-    fitter = fit_ce_law if metric == "loss" else fit_bleu_law
+    """The MT paper's law for a metric: cross-entropy ("loss") → `fit_ce_law`, a score of
+    `SCORES` → the log-law.
+
+    Raises:
+      ValueError: a metric the paper fits no law to (BLEU's parts, chrF++, ...).
+    """
+    if metric not in FITTED:
+        raise ValueError(
+            f"{metric!r} is logged, not fitted: the MT paper's laws are for {', '.join(FITTED)}"
+        )
+    fitter = fit_ce_law if metric == CE else fit_bleu_law
     return fitter(Dp, values, n_fit=n_fit)

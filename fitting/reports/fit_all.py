@@ -154,6 +154,7 @@ def fit_runs(
         "fit_points": rule.to_dict(),
         "converged": not study.warnings,
         "warnings": study.warnings,
+        "unconverged_series": study.unconverged_series,  # each flagged in its own entry
         "skipped": study.skipped,
         "plots": study.plots,
         **study.results,

@@ -47,6 +47,9 @@ class Study:
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
     plots: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    # Downstream series whose own fit did not converge: flagged in their entry (fit.converged)
+    # and listed here, without marking the whole result unconverged (`warnings`).
+    unconverged_series: list[str] = dataclasses.field(default_factory=list)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     cache: dict[tuple[str, str], FitResult | Unidentifiable | None] = dataclasses.field(
         default_factory=dict
@@ -421,13 +424,17 @@ def _downstream(study: Study, step: Step, metrics: Sequence[str]) -> list[dict[s
             except FitInputError as why:  # e.g. a BLEU of 0: no log-law; the other series go on
                 study.skipped[where] = str(why)
                 continue
-            study.check(where, fit)
+            if not fit.converged:  # marks its own series (entry), not the whole result
+                study.unconverged_series.append(
+                    f"{where}: fit did NOT converge (gradient {fit.grad_norm:.3g})"
+                )
             entry: dict[str, Any] = {
                 "model": s.model,
                 "pretraining": s.key[0],
                 "task": s.key[1],
                 "finetune_steps": s.key[2],
                 "metric": metric,
+                "dp_unit": s.dp_unit,
                 "runs": list(s.runs),
                 "baseline": s.baseline,
                 "fit": fit.to_dict(),
@@ -438,8 +445,9 @@ def _downstream(study: Study, step: Step, metrics: Sequence[str]) -> list[dict[s
                     entry["alignment"] = alignment.score(s.key[0], *pair)
                 except ValueError:
                     entry["alignment"] = None
-            if metric != "loss":
-                entry["verdict"] = valuation.assess(s.Dp, s.values, baseline=s.baseline).to_dict()
+            if metric in downstream_laws.SCORES:
+                verdict = valuation.assess(s.Dp, s.values, baseline=s.baseline, metric=metric)
+                entry["verdict"] = verdict.to_dict()
             entries.append(entry)
             figures.setdefault((metric, s.key[1]), []).append(
                 (
@@ -472,9 +480,10 @@ def bleu_step(study: Study, step: Step) -> list[dict[str, Any]]:
         for rec in r.records
         for k in rec
         if k.startswith("eval/") and k.count("/") == 2
-    } - {"loss", "tokens", "decoded"}  # decoded: how many examples were scored
-    # BLEU first, as the paper; then every other translation score the runs report.
-    metrics = sorted(present, key=lambda m: (m != "bleu", m)) or ["bleu"]
+    }
+    # The paper's translation scores the runs report, BLEU first; BLEU's parts (brevity penalty,
+    # precisions, lengths), chrF++ and the decoded count are logged, never fitted.
+    metrics = [m for m in downstream_laws.SCORES if m in present] or ["bleu"]
     return _downstream(study, step, metrics)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from fitting.formats import fmt
-from fitting.reports import cpt_comparison
+from fitting.reports import cpt_comparison, mt_paper_comparison
 
 # fits.json's `n_basis` -> the sentence report.md states it in.
 N_BASIS_NOTES = {
@@ -300,14 +300,18 @@ def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], 
     if result["warnings"]:
         lines += ["**Warning — fits that did not converge:**", ""]
         lines += [f"- {w}" for w in result["warnings"]] + [""]
-    else:
+    elif not result.get("unconverged_series"):
         lines += ["All fits converged.", ""]
+    if result.get("unconverged_series"):
+        lines += ["Downstream series whose own fit did not converge (flagged in their rows):", ""]
+        lines += [f"- {w}" for w in result["unconverged_series"]] + [""]
     if result.get("skipped"):
         lines += ["Skipped:", ""] + [f"- {k}: {v}" for k, v in result["skipped"].items()] + [""]
     for key, section in sections.items():
         if result.get(key):
             lines += section(result[key])
     lines += cpt_comparison.section(result)  # CPT paper: Table 2, headlines, consistency
+    lines += mt_paper_comparison.section(result)
     if result.get("plots"):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in result["plots"]] + [""]
     return "\n".join(lines)

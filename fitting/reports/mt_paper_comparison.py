@@ -1,0 +1,495 @@
+"""The MT paper (Isik et al. 2024) beside an `xlscale fit` result, row by row, and its own tables
+against each other.
+
+`rows(result)` sets every downstream series of a `fitting.reports.fit_all.fit_runs` result beside
+the paper's printed law for the same condition (Tables 3-6, Appendix C.3): the BLEU log-law
+f(Dp) = (log(A·Dp^α))^β (Tables 3 and 5) and the cross-entropy power law L(Dp) = E + A/Dp^α
+(Tables 4 and 6), each evaluated at the series' own Dp. A row says whether the two are comparable
+(`CRITERIA`: the model, the score, the language pair, the pretraining data, the finetuning size
+Df, the Dp unit and range, a usable printed row) and, when not, every reason. `fig5_rows` sets
+each series' BLEU-vs-CE relation beside Fig. 5's (qualitative: the figure prints no numbers).
+
+`consistency()` is the paper's consistency check: its CE coefficients and its BLEU coefficients
+evaluated over the same checkpoints, in every candidate Dp unit (`candidate_units`). In tokens,
+the unit the paper states (§4: steps × 256 × 512) and the only one in which its BLEU laws give
+BLEU everywhere, its CE laws give 2e-5 to 2e-4 nats, while a finetuned model's downstream CE is
+1-3 nats; `ce_unit()` is the unit in which both are plausible, or None, and then no CE row is
+comparable (`ce_reason()`). Everything is computed from the printed coefficients
+(`fitting.reports.paper_values`). `section(result)` renders both for report.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fitting.analyses.correlations import spearman
+from fitting.formats import fmt
+from fitting.laws import formulas
+from fitting.reports.paper_values import MT_DP, MT_T5_3B_LAWS, MT_T5_3B_UNUSABLE
+
+PAPER_MODEL = "t5_3b"  # Tables 3-6 are T5-3B's; the paper prints no T5-770M coefficients
+PAPER_TASKS = {"mt_en_de": "WMT-17 en-de", "mt_en_fr": "WMT-15 en-fr", "mt_en_ro": "WMT-16 en-ro"}
+FIG5_TASKS = ("mt_en_de", "mt_en_fr")  # Fig. 5: en-de (left) and en-fr (right) only
+# metric -> (table key in MT_T5_3B_LAWS, fitting law, its parameters in the paper's order)
+PAPER_METRICS = {
+    "bleu": ("bleu", "log_law", ("log_A", "alpha", "beta")),
+    "loss": ("ce", "power_law", ("E", "A", "alpha")),
+}
+METRIC_LABELS = {"bleu": "BLEU", "loss": "CE", "rouge_l": "ROUGE-L", "comet": "COMET"}
+CRITERIA = ("model", "score", "language pair", "pretraining data", "Df", "Dp unit", "Dp range")
+DF_MATCH = 0.05  # a Df matches a printed size within 5% (the manifest gives pairs × 512 exactly)
+# What "plausible" means in the consistency check: BLEU inside (0.1, 100]; a finetuned model's
+# per-token downstream CE, nats (real runs: 1-3; allowed wider, 0.3-10, so that a verdict of
+# "implausible" is not an artefact of a tight band).
+PLAUSIBLE = {"bleu": (0.1, 100.0), "loss": (0.3, 10.0)}
+REAL_CE_NATS = (1.0, 3.0)
+_DF = re.compile(r"Df (\d+)")
+
+
+# --- the paper's own consistency ------------------------------------------------------------------
+
+
+def grid_dp() -> np.ndarray:
+    """The mt_paper manifest's checkpoints in paper tokens (steps × 256 × 512)."""
+    return np.asarray(MT_DP["grid_steps"], float) * MT_DP["batch"] * MT_DP["length"]
+
+
+def candidate_units() -> dict[str, float]:
+    """Dp units to try: name -> paper tokens per unit (every power of ten from 1 to 1e12 tokens,
+    one 512-token example, one 256 × 512-token step)."""
+    names = {0: "tokens", 3: "thousand tokens", 6: "million tokens", 9: "billion tokens"}
+    units = {names.get(k, f"1e{k} tokens"): 10.0**k for k in range(13)}
+    units["examples (512-token sequences)"] = float(MT_DP["length"])
+    units["steps (256 × 512 tokens)"] = float(MT_DP["batch"] * MT_DP["length"])
+    return units
+
+
+def paper_laws(metric: str) -> list[tuple[tuple[str, str, int], dict[str, float]]]:
+    """The usable printed laws of `metric` ("bleu" or "loss"): (mixture, task, Df) -> params."""
+    key, _, names = PAPER_METRICS[metric]
+    return [
+        (cond, dict(zip(names, row[key], strict=True)))
+        for cond, row in MT_T5_3B_LAWS.items()
+        if row[key] is not None
+    ]
+
+
+def evaluate(metric: str, dp_tokens: Sequence[float], tokens_per_unit: float = 1.0) -> np.ndarray:
+    """Every printed law of `metric` at `dp_tokens` given in that unit: [laws, points]."""
+    _, law, _ = PAPER_METRICS[metric]
+    dp = np.asarray(dp_tokens, float) / tokens_per_unit
+    return np.stack([formulas.predict(law, p, dp) for _, p in paper_laws(metric)])
+
+
+def _plausible(metric: str, values: np.ndarray) -> np.ndarray:
+    """Per law: every value finite and inside `PLAUSIBLE[metric]`."""
+    lo, hi = PLAUSIBLE[metric]
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(values) & (values >= lo) & (values <= hi)
+    return np.all(ok, axis=1)
+
+
+def _span(values: np.ndarray) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
+    return (float(finite.min()), float(finite.max())) if finite.size else (math.nan, math.nan)
+
+
+def consistency() -> list[dict[str, Any]]:
+    """Per candidate Dp unit: what Tables 3/5 (BLEU) and 4/6 (CE) give over the manifest's grid
+    (min, max, laws whose every value is plausible, undefined values) and whether both are."""
+    out = []
+    for unit, per in candidate_units().items():
+        row: dict[str, Any] = {"unit": unit, "tokens_per_unit": per}
+        for metric in PAPER_METRICS:
+            v = evaluate(metric, grid_dp(), per)
+            lo, hi = _span(v)
+            row[metric] = {
+                "min": lo,
+                "max": hi,
+                "plausible_laws": int(np.sum(_plausible(metric, v))),
+                "laws": int(v.shape[0]),
+                "undefined": int(np.sum(~np.isfinite(v))),
+            }
+        row["both"] = all(row[m]["plausible_laws"] == row[m]["laws"] for m in PAPER_METRICS)
+        out.append(row)
+    return out
+
+
+def ce_unit() -> str | None:
+    """The Dp unit in which every printed BLEU law and every printed CE law is plausible (the
+    paper's own tokens first), or None when there is none."""
+    return next((r["unit"] for r in consistency() if r["both"]), None)
+
+
+def ce_reason() -> str:
+    """Why the printed CE laws cannot be set against measured cross-entropy (computed)."""
+    table = {r["unit"]: r for r in consistency()}
+    tok = table["tokens"]
+    e_max = max(p["E"] for _, p in paper_laws("loss"))
+    if ce_unit() is not None:
+        return ""
+    bleu_units = [u for u, r in table.items() if r["bleu"]["plausible_laws"] == r["bleu"]["laws"]]
+    return (
+        f"at the manifest's Dp grid in tokens (the paper's unit; all {tok['bleu']['laws']} BLEU "
+        f"laws give a plausible BLEU, {fmt(tok['bleu']['min'], 3)}–{fmt(tok['bleu']['max'], 3)}, "
+        f"only in {' and '.join(bleu_units) or 'no unit'}), Tables 4 and 6 give a downstream CE of "
+        f"{fmt(tok['loss']['min'], 2)}–{fmt(tok['loss']['max'], 2)} nats, where a finetuned "
+        f"model's is {REAL_CE_NATS[0]:g}–{REAL_CE_NATS[1]:g}; no Dp unit of the "
+        f"{len(table)} tried makes both plausible (every row's asymptote E ≤ {fmt(e_max, 3)} "
+        "nats, whatever the unit), so the printed CE is on a scale the paper does not state"
+    )
+
+
+def ce_short_reason() -> str:
+    """`ce_reason` in one clause, for a table row."""
+    tok = next(r for r in consistency() if r["unit"] == "tokens")["loss"]
+    return (
+        "no Dp unit makes the printed CE (Tables 4, 6) and BLEU (Tables 3, 5) both plausible: in "
+        f"tokens the CE laws give {fmt(tok['min'], 2)}–{fmt(tok['max'], 2)} nats (see 'Paper "
+        "consistency')"
+    )
+
+
+# --- rows beside a fit result ----------------------------------------------------------------------
+
+
+def _printed(mixture: str, task: str, df: int | None) -> tuple[int, Mapping[str, Any]] | None:
+    for (m, t, printed), row in MT_T5_3B_LAWS.items():
+        if (m, t) == (mixture, task) and df and abs(df / printed - 1) < DF_MATCH:
+            return printed, row
+    return None
+
+
+def entry_df(entry: Mapping[str, Any]) -> int | None:
+    """A fits.json downstream entry's Df (its `finetune_steps` group names it), or None."""
+    m = _DF.search(str(entry.get("finetune_steps", "")))
+    return int(m.group(1)) if m else None
+
+
+def _table(metric: str, mixture: str) -> str:
+    balanced = mixture != "mix_en_100"
+    return {
+        ("bleu", True): "Table 3",
+        ("bleu", False): "Table 5",
+        ("loss", True): "Table 4",
+        ("loss", False): "Table 6",
+    }.get((metric, balanced), "Tables 3-6")
+
+
+def _checks(entry: Mapping[str, Any], df: int | None, printed) -> list[tuple[str, bool, str]]:
+    """(criterion, met, why not) for each of `CRITERIA`."""
+    metric, task, mixture = entry["metric"], entry["task"], entry["pretraining"]
+    model = str(entry.get("model", "?"))
+    dp = np.asarray(entry["fit"]["Dp"], float)
+    lo, hi = float(grid_dp()[0]), float(MT_DP["max_steps"] * MT_DP["batch"] * MT_DP["length"])
+    label = METRIC_LABELS.get(metric, metric)
+    unit = entry.get("dp_unit", "paper")
+    return [
+        ("model", model.endswith(PAPER_MODEL), f"{model}, the tables are T5-3B's"),
+        (
+            "score",
+            metric in PAPER_METRICS,
+            f"the paper prints no {label} coefficients (Figs. 1 and 7 only)",
+        ),
+        ("language pair", task in PAPER_TASKS, f"{task} is none of the paper's WMT pairs"),
+        (
+            "pretraining data",
+            any((mixture, task) == k[:2] for k in MT_T5_3B_LAWS),
+            f"the tables print no {mixture} row for {task}",
+        ),
+        (
+            "Df",
+            printed is not None,
+            f"Df {fmt(df)} is none of the printed sizes for {task} (within {DF_MATCH:.0%})",
+        ),
+        ("Dp unit", unit == "paper", f"Dp in {unit} tokens, not the paper's steps × 256 × 512"),
+        (
+            "Dp range",
+            bool(dp.size) and dp.min() >= lo * (1 - 1e-9) and dp.max() <= hi * (1 + 1e-9),
+            f"Dp {fmt(float(dp.min()), 3)}–{fmt(float(dp.max()), 3)} lies outside "
+            f"{fmt(lo, 3)}–{fmt(hi, 3)} (the manifest's 25k-step first checkpoint to the "
+            "paper's 1M steps; the paper lists no checkpoints)",
+        ),
+    ]
+
+
+def compare(
+    entry: Mapping[str, Any], *, unit: str | None = "", reason: str | None = None
+) -> dict[str, Any]:
+    """One fits.json downstream entry beside the paper's printed law for its condition.
+
+    `unit` and `reason` are `ce_unit()` and `ce_short_reason()` (computed when not given; `rows`
+    computes them once)."""
+    unit = ce_unit() if unit == "" else unit
+    reason = (ce_short_reason() if unit is None else "") if reason is None else reason
+    metric, task, mixture = entry["metric"], entry["task"], entry["pretraining"]
+    fit = entry["fit"]
+    df = entry_df(entry)
+    found = _printed(mixture, task, df)
+    why = [w for _, ok, w in _checks(entry, df, found) if not ok]
+    row: dict[str, Any] = {
+        "model": entry.get("model", "?"),
+        "pretraining": mixture,
+        "task": task,
+        "df": df,
+        "metric": metric,
+        "source": _table(metric, mixture) if metric in PAPER_METRICS else "—",
+        "fitted_params": dict(fit["params"]),
+        "paper_params": None,
+    }
+    dp = np.asarray(fit["Dp"], float)
+    obs = np.asarray(fit["observed"], float)
+    paper_law = None
+    if metric in PAPER_METRICS and found is not None:
+        key, law, names = PAPER_METRICS[metric]
+        printed = found[1][key]
+        if printed is None:
+            why.append(MT_T5_3B_UNUSABLE.get((mixture, task, found[0], key), "no usable row"))
+        else:
+            row["paper_params"] = dict(zip(names, printed, strict=True))
+            paper_law = law
+    if metric == "loss" and unit is None:
+        why.append(reason)
+    # BLEU: Dp in tokens, the paper's stated unit; CE: in the unit where its laws are plausible.
+    per = candidate_units()[unit] if metric == "loss" and unit else 1.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        paper_at = (
+            formulas.predict(paper_law, row["paper_params"], dp / per)
+            if paper_law
+            else np.full(dp.shape, np.nan)
+        )
+        gap = np.log(paper_at / obs)
+    row.update(
+        dp_min=float(dp.min()) if dp.size else math.nan,
+        dp_max=float(dp.max()) if dp.size else math.nan,
+        observed_at_max=float(obs[-1]) if obs.size else math.nan,
+        fitted_at_max=float(np.asarray(fit["predicted"], float)[-1]) if obs.size else math.nan,
+        paper_at_max=float(paper_at[-1]) if dp.size else math.nan,
+        max_abs_log_gap=float(np.max(np.abs(gap)))
+        if np.all(np.isfinite(gap)) and dp.size
+        else math.nan,
+        comparable=not why,
+        why="; ".join(why),
+    )
+    return row
+
+
+def rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every downstream series of a `fit_runs` result beside the paper (`compare`)."""
+    entries = [e for step in ("bleu", "ce") for e in result.get(step) or ()]
+    if not entries:
+        return []
+    unit = ce_unit()
+    reason = ce_short_reason() if unit is None else ""
+    return [compare(e, unit=unit, reason=reason) for e in entries]
+
+
+def fig5_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Fig. 5 per series with both BLEU and CE: Spearman ρ(BLEU, −CE) over the checkpoints and
+    Gordon et al.'s exponential relation BLEU = C·e^(−k·CE) fitted in log BLEU (k, R²), beside
+    the figure's finding (en-de: consistently correlated; en-fr: in some cases arbitrary)."""
+    by_key: dict[tuple, dict[str, Mapping[str, Any]]] = {}
+    for e in [*(result.get("bleu") or ()), *(result.get("ce") or ())]:
+        if e["metric"] in PAPER_METRICS:
+            key = (e.get("model"), e["pretraining"], e["task"], e.get("finetune_steps"))
+            by_key.setdefault(key, {})[e["metric"]] = e
+    out = []
+    for (model, mixture, task, _steps), pair in by_key.items():
+        if set(pair) != set(PAPER_METRICS):
+            continue
+        values = {
+            m: dict(zip(e["runs"], e["fit"]["observed"], strict=True)) for m, e in pair.items()
+        }
+        common = [r for r in pair["bleu"]["runs"] if r in values["loss"]]
+        bleu = np.asarray([values["bleu"][r] for r in common], float)
+        ce = np.asarray([values["loss"][r] for r in common], float)
+        k = r2 = math.nan
+        if len(common) >= 3 and np.ptp(ce) > 0:
+            slope, icpt = np.polyfit(ce, np.log(bleu), 1)
+            resid = np.log(bleu) - (slope * ce + icpt)
+            total = np.sum((np.log(bleu) - np.log(bleu).mean()) ** 2)
+            k, r2 = float(-slope), float(1 - np.sum(resid**2) / total) if total > 0 else math.nan
+        paper = {
+            "mt_en_de": "consistently correlated (Fig. 5 left)",
+            "mt_en_fr": "in some cases arbitrary: BLEU and CE rise together (Fig. 5 right)",
+        }.get(task, "—")
+        out.append(
+            {
+                "model": model,
+                "pretraining": mixture,
+                "task": task,
+                "df": entry_df(pair["bleu"]),
+                "n": len(common),
+                "rho": spearman(bleu, -ce),
+                "k": k,
+                "r2": r2,
+                "paper": paper,
+                "comparable": task in FIG5_TASKS,
+                "why": ""
+                if task in FIG5_TASKS
+                else f"Fig. 5 shows en-de and en-fr only, not {task}",
+            }
+        )
+    return out
+
+
+# --- report.md ---------------------------------------------------------------------------------
+
+
+def _params(p: Mapping[str, float] | None) -> str:
+    return "—" if not p else ", ".join(f"{k}={fmt(v, 3)}" for k, v in p.items())
+
+
+def _range(v: Mapping[str, Any]) -> str:
+    ok = math.isfinite(v["min"])
+    return f"{fmt(v['min'], 3)}–{fmt(v['max'], 3)}" if ok else "undefined everywhere"
+
+
+def consistency_section() -> list[str]:
+    """Markdown: the paper's CE tables against its BLEU tables, per candidate Dp unit."""
+    lo, hi = grid_dp()[0], grid_dp()[-1]
+    lines = [
+        "### Paper consistency: its CE coefficients against its BLEU coefficients",
+        "",
+        f"Tables 3-6 evaluated at the mt_paper manifest's checkpoints (Dp {fmt(lo, 3)}–"
+        f"{fmt(hi, 3)} tokens = 25k–1M steps × 256 × 512), with Dp read in each unit: a law is "
+        f"plausible when every value is finite and inside BLEU {PLAUSIBLE['bleu'][0]:g}–"
+        f"{PLAUSIBLE['bleu'][1]:g}, CE {PLAUSIBLE['loss'][0]:g}–{PLAUSIBLE['loss'][1]:g} nats "
+        f"(a finetuned model's CE is {REAL_CE_NATS[0]:g}–{REAL_CE_NATS[1]:g}).",
+        "",
+        "| Dp unit | BLEU (Tables 3, 5) | plausible BLEU laws | CE, nats (Tables 4, 6) | "
+        "plausible CE laws | both |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    for r in consistency():
+        b, c = r["bleu"], r["loss"]
+        undefined = f" ({b['undefined']} undefined)" if b["undefined"] else ""
+        lines.append(
+            f"| {r['unit']} | {_range(b)}{undefined} | "
+            f"{b['plausible_laws']}/{b['laws']} | {_range(c)} | "
+            f"{c['plausible_laws']}/{c['laws']} | {'yes' if r['both'] else 'no'} |"
+        )
+    unit = ce_unit()
+    lines += [
+        "",
+        f"→ Both plausible in: {unit}."
+        if unit
+        else "→ No unit makes both plausible: "
+        + ce_reason()
+        + ". The CE rows are therefore not comparable; only the shapes' exponents α would be, "
+        "if the printed CE were a rescaled nats value, which the paper does not say.",
+        "",
+    ]
+    return lines
+
+
+def section(result: Mapping[str, Any]) -> list[str]:
+    """Markdown for report.md: every downstream series beside the paper, Fig. 5, and the
+    paper-consistency table ([] when the result has no downstream series)."""
+    found = rows(result)
+    if not found:
+        return []
+    lines = [
+        "## The MT paper beside these fits (Isik et al. 2024, Tables 3–6, Fig. 5)",
+        "",
+        "Each series against the paper's printed law for its condition, evaluated at the "
+        "series' own Dp (the paper's unit: steps × 256 × 512). Comparable only when the model "
+        "(T5-3B), score (BLEU: Tables 3/5; CE: Tables 4/6), language pair, pretraining data, "
+        "Df (within 5%), Dp unit and Dp range all match and the printed row is usable; "
+        "otherwise every reason is given. max |log gap|: the largest |log(paper law / "
+        "observed)| over the series' checkpoints.",
+        "",
+        "| model | pretraining | task | Df | metric | paper (source) | ours (fitted) | paper at "
+        "our largest Dp | observed there | max abs log gap | comparable |",
+        "|---|---|---|---|---|---|---|---:|---:|---:|---|",
+    ]
+    for r in found:
+        verdict = "yes" if r["comparable"] else f"no: {r['why']}"
+        lines.append(
+            f"| {r['model']} | {r['pretraining']} | {r['task']} | {fmt(r['df'])} | "
+            f"{METRIC_LABELS.get(r['metric'], r['metric'])} | {_params(r['paper_params'])} "
+            f"({r['source']}) | {_params(r['fitted_params'])} | {fmt(r['paper_at_max'], 4)} | "
+            f"{fmt(r['observed_at_max'], 4)} | {fmt(r['max_abs_log_gap'], 3)} | {verdict} |"
+        )
+    fig5 = fig5_rows(result)
+    if fig5:
+        lines += [
+            "",
+            "Fig. 5 (BLEU against downstream CE; the figure prints no numbers, so the comparison "
+            "is qualitative): ρ is Spearman's of BLEU with −CE over the checkpoints (+1: they "
+            "move together); k and R² fit Gordon et al.'s BLEU = C·e^(−k·CE) in log BLEU.",
+            "",
+            "| model | pretraining | task | Df | checkpoints | ρ(BLEU, −CE) | k | R² | paper | "
+            "comparable |",
+            "|---|---|---|---|---:|---:|---:|---:|---|---|",
+        ]
+        for r in fig5:
+            verdict = "qualitatively" if r["comparable"] else f"no: {r['why']}"
+            lines.append(
+                f"| {r['model']} | {r['pretraining']} | {r['task']} | {fmt(r['df'])} | {r['n']} | "
+                f"{fmt(r['rho'], 3)} | {fmt(r['k'], 3)} | {fmt(r['r2'], 3)} | {r['paper']} | "
+                f"{verdict} |"
+            )
+    return [*lines, "", *consistency_section()]
+
+
+def paper_check_rows() -> list[tuple[str, str, str, str, None, str]]:
+    """`studies.paper_check`'s consistency rows (law, parameter, paper, fitted, tolerance, note):
+    the claim that the CE and BLEU tables share a Dp unit ("consistent" or "contradicts"), then
+    each candidate unit's ranges (informational, "-")."""
+    unit = ce_unit()
+    out = [
+        (
+            "MT Tables 4, 6 (CE) vs 3, 5 (BLEU)",
+            "one Dp unit makes both plausible",
+            "consistent",
+            "consistent" if unit else "contradicts",
+            None,
+            f"both plausible with Dp in {unit}" if unit else ce_reason(),
+        )
+    ]
+    for r in consistency():
+        b, c = r["bleu"], r["loss"]
+        out.append(
+            (
+                "MT Tables 3-6 at the manifest's grid",
+                f"Dp in {r['unit']}",
+                "-",
+                "-",
+                None,
+                f"BLEU {_range(b)} ({b['plausible_laws']}/{b['laws']} plausible); CE {_range(c)} "
+                f"nats ({c['plausible_laws']}/{c['laws']} plausible)",
+            )
+        )
+    return out
+
+
+def comparison_lines(result: Mapping[str, Any]) -> list[str]:
+    """A few lines for `make paper-check`: how many series sit beside a printed law, how many
+    are comparable, their largest gap, and the commonest reasons the rest are not."""
+    found = rows(result)
+    if not found:
+        return ["no downstream series"]
+    ok = [r for r in found if r["comparable"]]
+    gaps = [r["max_abs_log_gap"] for r in ok if math.isfinite(r["max_abs_log_gap"])]
+    reasons: dict[str, int] = {}
+    for r in found:
+        for why in filter(None, r["why"].split("; ")):
+            key = (
+                why.split(":")[0]
+                if why.startswith("no Dp unit")
+                else re.sub(r"\d[\d.e+]*", "#", why)
+            )
+            reasons[key] = reasons.get(key, 0) + 1
+    lines = [
+        f"{len(found)} downstream series beside Tables 3-6: {len(ok)} comparable"
+        + (f", largest |log(paper / observed)| {fmt(max(gaps), 3)}" if gaps else ""),
+        "not comparable because (series):",
+    ]
+    lines += [f"  {n:4d}  {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    return lines
