@@ -43,7 +43,7 @@ from accelerator_specs import RowSpec, Shape, is_accelerator, peak_flops  # noqa
 from llama_jax import hf_config  # noqa: E402
 from modeling import family as families  # noqa: E402
 from pipelines import features  # noqa: E402
-from trainer import jobs  # noqa: E402
+from trainer import jobs, memory_check  # noqa: E402
 from trainer import model_spec as spec_lib  # noqa: E402
 from trainer.optimizers import OptimizerConfig, adafactor_defaults  # noqa: E402
 from trainer.partitioning import MeshConfig, Partitioner, build_mesh  # noqa: E402
@@ -159,13 +159,13 @@ def step_estimates(
 
     The step is the row's own: its model config (`model_spec`), optimizer, batch and lengths,
     the partitioner's mesh, `auto` attention resolved for the backend, packed (the trainer's
-    batches always carry segment ids), one microbatch (`trainer.jobs.step_shape`, as the
+    batches always carry segment ids), one microbatch (`trainer.memory_check.step_shape`, as the
     trainer's own memory check builds it)."""
     shape = spec.shape
     try:
         fam = families.get(shape.family)
         wrapper = fam.build(model_spec(spec))
-        step = jobs.step_shape(
+        step = memory_check.step_shape(
             model=wrapper,
             partitioner=partitioner,
             batch_size=shape.batch,

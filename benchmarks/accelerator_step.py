@@ -42,7 +42,7 @@ devices, `NamedSharding`s, donation, the non-finite guard, token counters), feed
 batch through `Partitioner.shard_batch` and reports the median of `--steps` timed steps after
 `--warmup` steps, with XLA's `memory_analysis()` and `cost_analysis()` of the compiled step and
 the memory model's estimate of the same step (`est_bytes`: `ModelFamily.memory_estimate` at
-`trainer.jobs.step_shape`, as the trainer's own memory check asks it), so every accelerator run
+`trainer.memory_check.step_shape`, as the trainer's own memory check asks it), so every accelerator run
 also validates the memory model against XLA (`xla_bytes`) and the allocator (`peak_bytes`).
 LLaMA's layers are scanned (`scan_layers=True`), as at paper scale and as its memory model
 assumes.

@@ -31,7 +31,7 @@ from modeling import memory
 from t5_jax import memory as t5_memory
 from t5_jax import model as t5_model
 from t5_jax import sizes as t5_sizes
-from trainer import jobs, partitioning
+from trainer import jobs, memory_check, partitioning
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig, Partitioner
 from trainer.validation import ConfigError
@@ -256,7 +256,7 @@ def _check(limit_gib):
     partitioner = Partitioner(
         mesh=partitioning.build_mesh(mesh_config, jax.devices()[:1]), rules=family.axis_rules()
     )
-    shape = jobs.step_shape(
+    shape = memory_check.step_shape(
         model=wrapper,
         partitioner=partitioner,
         batch_size=8,
@@ -265,8 +265,8 @@ def _check(limit_gib):
         optimizer=OptimizerConfig(),
         num_microbatches=1,
     )
-    return jobs.check_memory(
-        model=wrapper, shape=shape, limit=jobs.device_memory_limit(mesh_config, partitioner)
+    return memory_check.check_memory(
+        model=wrapper, shape=shape, limit=memory_check.device_memory_limit(mesh_config, partitioner)
     )
 
 
@@ -296,7 +296,7 @@ def test_refusal_comes_from_build_job_before_compiling(monkeypatch):
         calls.append(("check", kw["limit"]))
         raise ConfigError("refused")
 
-    monkeypatch.setattr(jobs, "check_memory", refuse)
+    monkeypatch.setattr(memory_check, "check_memory", refuse)
     monkeypatch.setattr(jobs, "_check", lambda **kw: None)
     monkeypatch.setattr(jobs.data_lib, "components", lambda name: ["lm"])
     from trainer import model_spec

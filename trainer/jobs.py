@@ -2,7 +2,7 @@
 
 `plan_job` runs every check of `trainer.validation` before anything is compiled (including the
 memory check: a step whose estimated bytes exceed the device's memory is refused with the
-planner's suggestion, `check_memory`) and returns a frozen `JobPlan`; `compile_plan` compiles
+planner's suggestion, `trainer.memory_check`) and returns a frozen `JobPlan`; `compile_plan` compiles
 the train and eval steps ahead of time (`jit(...).lower(...).compile()`) inside the mesh and
 logical-rules context, so that sharding constraints inside the model resolve and compile errors
 surface before the first batch is read. A training run wraps the `JobPlan` in its
@@ -27,7 +27,7 @@ from modeling import family as family_lib
 from modeling import memory as memory_lib
 from pipelines import features
 from trainer import data as data_lib
-from trainer import model_spec, partitioning, steps, validation
+from trainer import memory_check, model_spec, partitioning, steps, validation
 from trainer.data import DataConfig, EvalConfig
 from trainer.optimizers import OptimizerConfig, build_optimizer
 from trainer.partitioning import MeshConfig, Partitioner
@@ -348,7 +348,7 @@ def plan_job(
     )
     estimate = None
     if train:
-        shape = step_shape(
+        shape = memory_check.step_shape(
             model=wrapper,
             partitioner=partitioner,
             batch_size=data.batch_size,
@@ -357,8 +357,8 @@ def plan_job(
             optimizer=optimizer,
             num_microbatches=step.num_microbatches,
         )
-        estimate = check_memory(
-            model=wrapper, shape=shape, limit=device_memory_limit(mesh, partitioner)
+        estimate = memory_check.check_memory(
+            model=wrapper, shape=shape, limit=memory_check.device_memory_limit(mesh, partitioner)
         )
     return JobPlan(
         spec=model,
@@ -402,85 +402,6 @@ def build_job(*, compile_train: bool = True, **kwargs) -> Job:
     """`plan_job(**kwargs)` compiled (`compile_plan`): evaluation and tests, which need no run
     directory around the job."""
     return compile_plan(plan_job(train=compile_train, **kwargs), compile_train=compile_train)
-
-
-def device_memory_limit(mesh: MeshConfig, partitioner: Partitioner) -> int | None:
-    """Bytes a device offers a step: `mesh.device_memory_gib` when set, else the first mesh
-    device's `memory_stats()['bytes_limit']` (GPU, TPU), else None (unknown: CPU)."""
-    if mesh.device_memory_gib is not None:
-        return int(mesh.device_memory_gib * memory_lib.GiB)
-    device = partitioner.mesh.devices.flat[0]
-    try:
-        stats = device.memory_stats()
-    except Exception:  # noqa: BLE001 -- compile-only and CPU devices may not answer
-        return None
-    return (stats or {}).get("bytes_limit")
-
-
-def step_shape(
-    *,
-    model: Any,
-    partitioner: Partitioner,
-    batch_size: int,
-    seq_len: int,
-    feature_lengths: Mapping[str, int] | None,
-    optimizer: OptimizerConfig,
-    num_microbatches: int,
-) -> memory_lib.StepShape:
-    """The memory model's view of a train step on this partitioner's mesh."""
-    mesh = partitioner.mesh
-    return memory_lib.StepShape(
-        batch_size=batch_size,
-        seq_len=seq_len,
-        inputs_len=(feature_lengths or {}).get("inputs") if len(model.feature_keys) > 1 else None,
-        num_microbatches=num_microbatches,
-        data_parallel=partitioner.data_parallel_size,
-        param_shards=mesh.shape.get("fsdp", 1) * mesh.shape.get("model", 1),
-        optimizer=optimizer.name,
-        attention_kernel=model.config.attention_kernel,
-        platform=mesh.devices.flat[0].platform,
-        packed=True,
-    )
-
-
-def check_memory(
-    *, model: Any, shape: memory_lib.StepShape, limit: int | None
-) -> memory_lib.MemoryEstimate | None:
-    """Refuses, before compiling, a train step of `shape` (`step_shape`) whose estimate exceeds
-    `limit` bytes per device.
-
-    Returns the estimate (None when `limit` is None: the memory is unknown and nothing is
-    checked).
-
-    Raises:
-      trainer.validation.ConfigError: one line naming the size, the estimate, the device
-        memory and the planner's remat policy and microbatches that fit.
-    """
-    if limit is None:
-        return None
-    family = family_lib.get(model.family)
-    config = model.config
-    est = family.memory_estimate(config, shape=shape)
-    if est.total <= limit:
-        return est
-
-    def estimator(policy: str, step: memory_lib.StepShape) -> memory_lib.MemoryEstimate:
-        return family.memory_estimate(dataclasses.replace(config, remat_policy=policy), shape=step)
-
-    validation.check_step_memory(
-        size=model.name,
-        estimate=est,
-        limit=limit,
-        advice=memory_lib.advice(
-            memory_lib.plan(estimator, shape=shape, limit=limit),
-            current_policy=config.remat_policy,
-            current_microbatches=shape.num_microbatches,
-            same_policy=memory_lib.plan(
-                estimator, shape=shape, limit=limit, policies=(config.remat_policy,)
-            ),
-        ),
-    )
-    return est
 
 
 # Compiled (train step, eval step) pairs of this process, most recently used last. A sweep run in
