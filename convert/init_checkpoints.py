@@ -31,6 +31,20 @@ from rundir import checksums, names, storage
 log = logging.getLogger(__name__)
 
 
+class CheckpointNotFoundError(FileNotFoundError):
+    """A flag (`INIT_CHECKPOINT`, `CHECKPOINT`, ...) names no directory, a directory with no
+    checkpoint, or a step that is not kept; the message names the flag, the value and the steps
+    that exist. A configuration refusal (`rundir.exits`)."""
+
+
+class CheckpointSpecError(ValueError):
+    """`'<dir>@<step>'` whose part after '@' is not a step number."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's parameters do not fit the model (each missing or mis-shaped one named)."""
+
+
 def parse_init_checkpoint(spec: str) -> tuple[epath.Path, int | None]:
     """Splits `'<dir>[@step]'` into the checkpoints directory and the step (None = latest).
 
@@ -38,7 +52,9 @@ def parse_init_checkpoint(spec: str) -> tuple[epath.Path, int | None]:
     """
     path, sep, step = spec.rpartition("@") if "@" in spec else (spec, "", "")
     if sep and not step.isdigit():
-        raise ValueError(f"INIT_CHECKPOINT {spec!r}: the part after '@' must be a step number")
+        raise CheckpointSpecError(
+            f"INIT_CHECKPOINT {spec!r}: the part after '@' must be a step number"
+        )
     directory = storage.as_path(path, name="INIT_CHECKPOINT")
     if (directory / names.CHECKPOINTS_SUBDIR).is_dir():
         directory = directory / names.CHECKPOINTS_SUBDIR
@@ -126,23 +142,25 @@ def resolve_step(spec: str, *, what: str = "INIT_CHECKPOINT") -> tuple[epath.Pat
     default), after verifying the step's checksums; `what` names the flag in messages.
 
     Raises:
-      FileNotFoundError: the directory holds no (such) checkpoint.
+      CheckpointNotFoundError: the directory holds no (such) checkpoint.
       rundir.checksums.CheckpointCorruptError: a file of the step fails its checksums.
     """
     directory, step = parse_init_checkpoint(spec)
     if not directory.is_dir():
-        raise FileNotFoundError(f"{what} {spec!r}: no directory {directory}")
+        raise CheckpointNotFoundError(f"{what} {spec!r}: no directory {directory}")
     manager = _params_manager(directory, read_only=True)
     try:
         steps = sorted(manager.all_steps())
     finally:
         manager.close()
     if not steps:
-        raise FileNotFoundError(f"{what} {spec!r}: no checkpoint in {directory}")
+        raise CheckpointNotFoundError(f"{what} {spec!r}: no checkpoint in {directory}")
     if step is None:
         step = steps[-1]
     elif step not in steps:
-        raise FileNotFoundError(f"{what} {spec!r}: no step {step} in {directory} (steps: {steps})")
+        raise CheckpointNotFoundError(
+            f"{what} {spec!r}: no step {step} in {directory} (steps: {steps})"
+        )
     if not checksums.verify_manifest(directory / str(step), step=step, source=f"{what} {spec!r}"):
         log.info("%s %r step %d has no checksums to verify", what, spec, step)
     return directory, step

@@ -54,6 +54,11 @@ PREEMPTED = CLASSES["preemption"].code
 # Exception class (`module.QualName`, subclasses included) -> kind in `CLASSES`.
 REFUSALS: dict[str, str] = {
     "trainer.validation.ConfigError": "configuration",
+    # `INIT_CHECKPOINT`/`CHECKPOINT` naming no such run or step, or parameters that do not fit
+    # (`trainer.restore.CheckpointNotFoundError` is a subclass of the first).
+    "convert.init_checkpoints.CheckpointNotFoundError": "configuration",
+    "convert.init_checkpoints.CheckpointSpecError": "configuration",
+    "convert.init_checkpoints.CheckpointMismatchError": "configuration",
     "rundir.storage.UnsupportedPathError": "configuration",
     "pipelines.vocab.VocabularyFileError": "configuration",
     "rundir.lease.LeaseHeldError": "contract",
@@ -66,6 +71,9 @@ REFUSALS: dict[str, str] = {
 }
 # Lines gin appends to an exception raised inside a configurable (not the user's concern).
 _GIN_CONTEXT = ("  In call to configurable", "  In file ")
+# A refusal is at most this many lines on stderr; a longer message keeps its first lines and
+# says how many more `--verbose` prints (its traceback holds the whole message).
+MAX_LINES = 3
 
 
 def classify(error: BaseException) -> ExitClass | None:
@@ -83,6 +91,18 @@ def message(error: BaseException) -> str:
     return "\n".join(line for line in lines if not line.startswith(_GIN_CONTEXT)).rstrip()
 
 
+def brief(text: str, *, max_lines: int = MAX_LINES) -> str:
+    """`text` in at most `max_lines` lines: a longer one keeps its first `max_lines - 1` lines and
+    ends with a line saying how many were left out and that `--verbose` prints them."""
+    lines = text.splitlines() or [""]
+    if len(lines) <= max_lines:
+        return "\n".join(lines)
+    left = len(lines) - (max_lines - 1)
+    return "\n".join(
+        [*lines[: max_lines - 1], f"  ... and {left} more lines ({VERBOSE_FLAG} prints them all)"]
+    )
+
+
 def debug_enabled() -> bool:
     """Whether tracebacks were asked for (`XLSCALE_DEBUG` set to anything but '', '0')."""
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
@@ -95,14 +115,15 @@ def pop_verbose(argv: Sequence[str]) -> tuple[list[str], bool]:
 
 
 def present(error: BaseException, *, prog: str, verbose: bool = False) -> int | None:
-    """Prints a known refusal on stderr (`prog: message`; the traceback first when `verbose`)
-    and returns its exit code; None for anything else (the caller re-raises it)."""
+    """Prints a known refusal on stderr (`prog: message`, at most `MAX_LINES` lines; the
+    traceback first when `verbose`) and returns its exit code; None for anything else (the
+    caller re-raises it)."""
     kind = classify(error)
     if kind is None:
         return None
     if verbose:
         traceback.print_exception(error, file=sys.stderr)
-    print(f"{prog}: {message(error)}", file=sys.stderr)
+    print(brief(f"{prog}: {message(error)}"), file=sys.stderr)
     return kind.code
 
 

@@ -228,3 +228,26 @@ def test_the_fit_point_rule_is_stated_and_configurable(study):
     for bad in ({"per_run": 0}, {"min_fraction": 1.5}, {"min_tokens": -1.0}):
         with pytest.raises(ValueError):
             points.PointRule(**bad)
+
+
+def test_read_runs_warns_of_what_it_drops_and_names_a_file_as_not_a_directory(tmp_path):
+    # Issue 36: a torn last line is named with its step; --runs naming a file is not "missing".
+    run = tmp_path / "torn"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"strategy": "scratch", "target_lang": "zh"}))
+    (run / "metrics.jsonl").write_text('{"step": 10, "eval/lm_zh/loss": 3.0}\n{"step": 20, "tok')
+    scan = run_dirs.scan_runs(tmp_path)
+    assert [len(r.records) for r in scan.runs] == [1]
+    (warning,) = scan.warnings
+    assert (
+        "run 'torn'" in warning
+        and "step 20" in warning
+        and "may have held an evaluation" in warning
+    )
+    assert "last complete record is step 10" in warning
+    (run / "metrics.jsonl").write_text('{"step": 20, "tok')  # nothing complete: skipped
+    with pytest.raises(FitInputError, match=r"run 'torn'.*no complete records.*skipped"):
+        run_dirs.scan_runs(tmp_path)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(FitInputError, match="a_file is not a directory"):
+        run_dirs.read_runs(tmp_path / "a_file")

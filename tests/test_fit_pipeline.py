@@ -363,3 +363,45 @@ def test_report_sets_the_cpt_papers_headline_numbers_beside_the_fitted_ones(resu
     text = (out / "report.md").read_text()
     assert "## The CPT paper's headline numbers beside ours" in text
     assert f"| zh | eq. 3 frontier k (scratch) | 33.7 | {fmt(power['k'])} |" in text
+
+
+def test_dropped_records_and_skipped_runs_are_warnings_in_fits_json_and_report(tmp_path):
+    # Issue 36: a torn last line used to drop a run's final evaluation silently; a refused
+    # attempt (run.json, LEASE, config.gin, empty checkpoints/) failed the whole fit.
+    root = tmp_path / "runs"
+    synthetic.write_study(root, sizes=(3e7, 1e8, 3e8), evals=4, replay_ratios=(), mt=False)
+    metrics = root / "scratch_02_3e+08" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert any(k.startswith("eval/") for k in last)
+    metrics.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:-3])  # cut mid-value
+    refused = root / "refused"
+    (refused / "checkpoints").mkdir(parents=True)
+    (refused / "run.json").write_text(json.dumps({"strategy": "scratch", "target_lang": "zh"}))
+    (refused / "LEASE").write_text("{}")
+    (refused / "config.gin").write_text("")
+    bare = root / "bare"
+    (bare / "checkpoints").mkdir(parents=True)
+    (bare / "LEASE").write_text("{}")
+    orphan = root / "orphan"
+    orphan.mkdir()
+    (orphan / "metrics.jsonl").write_text(lines[0] + "\n")
+    empty = root / "empty_record"
+    empty.mkdir()
+    (empty / "run.json").write_text("{}")
+    (empty / "metrics.jsonl").write_text(lines[0] + "\n")
+    out = tmp_path / "o"
+    res = fit_all.fit_runs(root, out, law="chinchilla", bootstrap=0, grid=SMALL_GRID)
+    warnings = json.loads((out / "fits.json").read_text())["input_warnings"]
+    assert warnings == res["input_warnings"]
+    by_run = {re.match(r"run '([^']+)'", w).group(1): w for w in warnings}
+    assert sorted(by_run) == ["bare", "empty_record", "orphan", "refused", "scratch_02_3e+08"]
+    assert f"step {last['step']} with evaluation values" in by_run["scratch_02_3e+08"]
+    assert "no metrics.jsonl and no TensorBoard event files" in by_run["refused"]
+    assert "only LEASE, checkpoints" in by_run["bare"]
+    assert "metrics.jsonl but no run.json" in by_run["orphan"]
+    assert "run.json is empty" in by_run["empty_record"]
+    report = (out / "report.md").read_text()
+    assert all(f"- {w}" in report for w in warnings)
+    assert res["n_runs"] == 10  # the study's 9 and empty_record (read, used by no law)
+    assert res["converged"]  # input warnings are not convergence warnings

@@ -380,7 +380,8 @@ def check_params_compatible(
     """Checks that `saved` (checkpoint metadata) holds every parameter of `target` with its shape.
 
     Raises:
-      ValueError: listing each missing parameter, and each mismatched one with both shapes.
+      convert.init_checkpoints.CheckpointMismatchError (a ValueError): listing each missing
+        parameter, and each mismatched one with both shapes.
     """
     saved_shapes = {
         param_name(path): tuple(leaf.shape)
@@ -399,7 +400,7 @@ def check_params_compatible(
                 f"model wants {tuple(leaf.shape)}"
             )
     if problems:
-        raise ValueError(
+        raise init_checkpoints.CheckpointMismatchError(
             f"{what} {source} does not fit the model ({len(problems)} parameters):\n"
             + "\n".join(problems)
         )

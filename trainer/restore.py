@@ -20,8 +20,9 @@ from convert import init_checkpoints
 from trainer import checkpoints as ckpt_lib
 
 
-class CheckpointNotFoundError(FileNotFoundError):
-    """The run or the step asked for holds no checkpoint (the message lists the kept steps)."""
+class CheckpointNotFoundError(init_checkpoints.CheckpointNotFoundError):
+    """The run or the step asked for holds no checkpoint (the message lists the kept steps); a
+    configuration refusal (`rundir.exits`), as for `INIT_CHECKPOINT`."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rundir import exits
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `xlscale fit`."""
@@ -66,8 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the fits; exits 1 on bad input (the message names the run or point), 2 on a bad
-    fit-point rule, 3 if a fit did not converge (the outputs are still written and say so)."""
+    """Runs the fits; exits 1 on bad input (the message names the run or point, in at most three
+    lines, and no `--out` is left behind), 2 on a bad fit-point rule, 3 if a fit did not converge
+    (the outputs are still written and say so). Runs skipped and records left out are warnings
+    (also in fits.json's `input_warnings` and report.md)."""
     from fitting.checks import FitInputError
     from fitting.readers.points import PointRule
     from fitting.reports.fit_all import fit_runs
@@ -93,8 +97,10 @@ def run(args: argparse.Namespace) -> int:
             zeroshot_size=args.zeroshot_size,
         )
     except FitInputError as e:
-        print(f"xlscale fit: {e}", file=sys.stderr)
+        print(exits.brief(f"xlscale fit: {e}"), file=sys.stderr)
         return 1
+    for warning in result.get("input_warnings", ()):
+        print(f"xlscale fit: WARNING {warning}", file=sys.stderr)
     for warning in result["warnings"]:
         print(f"xlscale fit: WARNING {warning}", file=sys.stderr)
     for step, why in result["skipped"].items():

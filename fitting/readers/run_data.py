@@ -23,6 +23,8 @@ class RunData:
       meta: the contents of run.json.
       records: metrics.jsonl objects (or TensorBoard scalars regrouped by step), by step.
       completed: the COMPLETED marker's contents, or None for a run still going (or failed).
+      warnings: what the reader left out or could not tell (a torn last line of metrics.jsonl,
+        an empty run.json), each naming the run; `xlscale fit` reports them.
       info: `meta` as a typed record (`rundir.run_record.RunRecord`), what readers use.
     """
 
@@ -31,6 +33,7 @@ class RunData:
     meta: dict[str, Any]
     records: tuple[dict[str, Any], ...]
     completed: dict[str, Any] | None = None
+    warnings: tuple[str, ...] = ()
     info: run_record.RunRecord = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

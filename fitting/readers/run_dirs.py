@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -31,14 +32,55 @@ RUN_FILE = names.RUN_FILE
 METRICS_FILE = names.METRICS_FILE
 COMPLETED_FILE = names.COMPLETED_FILE
 log = logging.getLogger(__name__)
+# What a run directory holds from its first moments (a refused or never-started attempt leaves
+# only these): a subdirectory holding one of them but no run is skipped with a warning.
+_ATTEMPT_NAMES = (names.LEASE_FILE, names.CONFIG_FILE, names.CHECKPOINTS_SUBDIR)
+
+
+class NoRecordsError(FitInputError):
+    """A run directory with nothing to fit: no metrics.jsonl and no TensorBoard event files, or
+    a metrics.jsonl with no complete record. `read_runs` skips such a run with a warning."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunScan:
+    """What `scan_runs` found under a runs directory.
+
+    Attributes:
+      runs: the runs read.
+      warnings: one line per run skipped (what it lacks) and per thing a read run lost (a torn
+        last line of metrics.jsonl, an empty run.json), each naming the run.
+    """
+
+    runs: tuple[RunData, ...]
+    warnings: tuple[str, ...]
+
+
+def _torn_warning(run_id: str, torn: str, kept: Sequence[Mapping[str, Any]]) -> str:
+    """What a torn last line of metrics.jsonl took with it, as far as its start tells."""
+    step = re.search(r'"step"\s*:\s*(\d+)', torn)
+    held = "a record" + (f" of step {step.group(1)}" if step else "")
+    if f'"{EVAL_PREFIX}' in torn:
+        held += " with evaluation values: the fits lack that evaluation"
+    else:
+        held += " (cut before its values: it may have held an evaluation the fits lack)"
+    last = f"the last complete record is step {kept[-1]['step']}" if kept else "none is complete"
+    return (
+        f"run {run_id!r}: the last line of {METRICS_FILE} is torn (a job killed while writing "
+        f"it) and was left out: {held}; {last}"
+    )
 
 
 def read_run(path: str | os.PathLike) -> RunData:
     """Reads one run directory (local or `gs://`); falls back to TensorBoard events when
     metrics.jsonl is absent.
 
+    What the reader leaves out (a torn last line of metrics.jsonl) or cannot tell (run.json
+    holding `{}`) is in the run's `warnings`.
+
     Raises:
-      FitInputError: no run.json, unreadable JSON, or neither metrics.jsonl nor event files.
+      FitInputError: no run.json, unreadable JSON; `NoRecordsError` (a `FitInputError`): neither
+        metrics.jsonl nor event files, or no complete record.
     """
     path = storage.as_path(path)
     run_id = path.name
@@ -48,23 +90,38 @@ def read_run(path: str | os.PathLike) -> RunData:
         meta = records.read_run_json(path)
     except ValueError as e:
         raise FitInputError(f"run {run_id!r}: {e}") from e
-    if records.metrics_file(path).is_file():
+    warnings = []
+    if not meta:
+        warnings.append(
+            f"run {run_id!r}: {RUN_FILE} is empty ({{}}): its strategy, language and N are "
+            "unknown, so no law uses its records"
+        )
+    metrics = records.metrics_file(path)
+    if metrics.is_file():
+        # As `records.read_metrics`, but keeping what a torn last line held, for the warning.
+        text = metrics.read_bytes().decode("utf-8", errors="replace")
         try:
-            found = records.read_metrics(path)
+            found, torn = records.parse_metrics(text, source=os.fspath(metrics))
         except records.MetricsFileError as e:
             raise FitInputError(f"run {run_id!r}: {METRICS_FILE} line {e.line} {e.reason}") from e
+        if torn:
+            warnings.append(_torn_warning(run_id, text.splitlines()[-1], found))
     else:
         scalars = read_tensorboard(path)
         if not scalars:
-            raise FitInputError(
+            raise NoRecordsError(
                 f"run {run_id!r} ({path}): no {METRICS_FILE} and no TensorBoard event files"
             )
         found = records_from_scalars(scalars, meta)
     if not found:
-        raise FitInputError(f"run {run_id!r}: {METRICS_FILE} holds no records")
+        why = "; ".join(w.split(": ", 1)[1] for w in warnings)
+        raise NoRecordsError(
+            f"run {run_id!r}: {METRICS_FILE} holds no complete records"
+            + (f" ({why})" if why else "")
+        )
     completed = records.read_completed(path)
     found = sorted(found, key=lambda r: r["step"])
-    return RunData(run_id, path, meta, tuple(found), completed)
+    return RunData(run_id, path, meta, tuple(found), completed, tuple(warnings))
 
 
 def _is_xlscale_run(path: epath.Path) -> bool:
@@ -103,26 +160,47 @@ def run_format(path: epath.Path) -> str | None:
 def read_runs(
     root: str | os.PathLike, *, pattern: str = "*", use_selection: bool = True
 ) -> list[RunData]:
+    """The runs of `scan_runs` (its warnings logged).
+
+    Raises:
+      FitInputError: as `scan_runs`.
+    """
+    scan = scan_runs(root, pattern=pattern, use_selection=use_selection)
+    for warning in scan.warnings:
+        log.warning("%s", warning)
+    return list(scan.runs)
+
+
+def scan_runs(
+    root: str | os.PathLike, *, pattern: str = "*", use_selection: bool = True
+) -> RunScan:
     """Reads every run directory directly under `root`: xlscale's (run.json) and T5X's
     (`RUN_FORMATS`; a T5X MODEL_DIR is read by `fitting.readers.t5x_runs`), mixed freely.
 
-    A subdirectory with metrics.jsonl but no run.json, or with run.json but no metrics, is an error
-    naming it; other subdirectories (e.g. plots) are ignored. `root` may itself be a run.
+    A subdirectory with nothing to fit is skipped with one warning naming it and what it lacks:
+    metrics.jsonl but no run.json; run.json but no metrics.jsonl and no TensorBoard event files
+    (or no complete record); or only what an attempt leaves from its first moments (`LEASE`,
+    `config.gin`, `checkpoints/`: a refused job). Other subdirectories (e.g. plots) are ignored.
+    A read run's own warnings (a torn last line, an empty run.json) are in the scan's warnings
+    too. `root` may itself be a run.
 
     When `root` holds a sweep's `selection.json` (and `use_selection`), the candidates its
     `[[select]]` stages did not choose (the other learning rates of a grid) are skipped, with a
     log line saying how many and why, so that fits use only the selected runs.
 
     Raises:
-      FitInputError: `root` missing, no runs found, or a broken run directory.
+      FitInputError: `root` missing or not a directory, no runs found (naming the skipped), or a
+        broken run directory (unreadable run.json, a bad line of metrics.jsonl).
     """
     root = storage.as_path(root)
     if not root.is_dir():
-        raise FitInputError(f"runs directory {root} does not exist")
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise FitInputError(f"runs directory {root} {what}")
     own = run_format(root)
     if own is not None:
-        return [RUN_FORMATS[own].read(root)]
-    runs = []
+        run = RUN_FORMATS[own].read(root)
+        return RunScan((run,), run.warnings)
+    runs, warnings = [], []
     rejected = rejected_runs(read_selection(root)) if use_selection else {}
     skipped = []
     for sub in sorted(p for p in root.glob(pattern) if p.is_dir()):
@@ -130,9 +208,23 @@ def read_runs(
         if sub.name in rejected and fmt is not None:
             skipped.append(sub.name)
         elif fmt is not None:
-            runs.append(RUN_FORMATS[fmt].read(sub))
+            try:
+                run = RUN_FORMATS[fmt].read(sub)
+            except NoRecordsError as e:
+                warnings.append(f"{e}; skipped")
+                continue
+            runs.append(run)
+            warnings.extend(run.warnings)
         elif (sub / METRICS_FILE).is_file():
-            raise FitInputError(f"run {sub.name!r} ({sub}): {METRICS_FILE} but no {RUN_FILE}")
+            warnings.append(
+                f"run {sub.name!r} ({sub}): {METRICS_FILE} but no {RUN_FILE} (its strategy, "
+                "language and N are unknown); skipped"
+            )
+        elif held := [n for n in _ATTEMPT_NAMES if (sub / n).exists()]:
+            warnings.append(
+                f"run {sub.name!r} ({sub}): no {RUN_FILE}, no {METRICS_FILE} and no TensorBoard "
+                f"event files, only {', '.join(held)} (a refused or unstarted job); skipped"
+            )
     if skipped:
         log.warning(
             "%s: skipping %d runs that selection.json did not choose (e.g. %s: %s)",
@@ -144,8 +236,9 @@ def read_runs(
     if not runs:
         raise FitInputError(
             f"no run directories (with {RUN_FILE}, or T5X's config.gin and summaries) under {root}"
+            + "".join(f"; {w}" for w in warnings)
         )
-    return runs
+    return RunScan(tuple(runs), tuple(warnings))
 
 
 def tidy(runs: Iterable[RunData]) -> list[dict[str, Any]]:

@@ -123,27 +123,42 @@ def fit_runs(
         every compared model has scores; the paper's figures are at 1.4B).
 
     Returns:
-      The dict written to fits.json.
+      The dict written to fits.json. Its `input_warnings` name each run skipped and what a read
+      run lost (`fitting.readers.run_dirs.scan_runs`: a torn last line of metrics.jsonl, an empty
+      run.json); they do not make the fits unconverged.
 
     Raises:
-      FitInputError: unreadable runs, bad values (naming the run or point), or — for a law asked
-        for by name — no suitable runs.
+      FitInputError: unreadable runs, bad values (naming the run or point), `out_dir` naming a
+        file, or — for a law asked for by name — no suitable runs. A refusal leaves no `out_dir`
+        behind that it created.
     """
     if law not in LAWS:
         raise ValueError(f"unknown law {law!r}; choose one of {', '.join(LAWS)}")
     model_keys.check_basis(n_basis)
     out = storage.as_path(out_dir, name="--out")
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise FitInputError(f"--out {out} is a file, not a directory: name a directory")
     rule = point_rule if point_rule is not None else points.PointRule()
-    study = Study(run_dirs.read_runs(runs_dir), out, int(bootstrap), int(seed), grid, n_basis, rule)
+    scan = run_dirs.scan_runs(runs_dir)
+    created = out  # the topmost directory this call creates, removed again on a refusal
+    while not created.parent.exists() and created.parent != created:
+        created = created.parent
+    created = None if created.exists() else created
+    out.mkdir(parents=True, exist_ok=True)
+    study = Study(list(scan.runs), out, int(bootstrap), int(seed), grid, n_basis, rule)
     study.zeroshot_size = zeroshot_size
-    for name in STEPS if law == "all" else (law,):
-        try:
-            study.results[name] = STEPS[name].run(study, STEPS[name])
-        except Skip as why:
-            if law != "all":
-                raise FitInputError(f"{name}: {why}") from None
-            study.skipped[name] = str(why)
+    try:
+        for name in STEPS if law == "all" else (law,):
+            try:
+                study.results[name] = STEPS[name].run(study, STEPS[name])
+            except Skip as why:
+                if law != "all":
+                    raise FitInputError(f"{name}: {why}") from None
+                study.skipped[name] = str(why)
+    except FitInputError:
+        if created is not None:
+            created.rmtree()
+        raise
     result = {
         "runs_dir": str(runs_dir),
         "n_runs": len(study.runs),
@@ -154,6 +169,7 @@ def fit_runs(
         "fit_points": rule.to_dict(),
         "converged": not study.warnings,
         "warnings": study.warnings,
+        "input_warnings": list(scan.warnings),  # runs skipped, records dropped: not convergence
         "unconverged_series": study.unconverged_series,  # each flagged in its own entry
         "skipped": study.skipped,
         "plots": study.plots,

@@ -297,6 +297,9 @@ def render(result: Mapping[str, Any], *, sections: Mapping[str, Callable[[Any], 
             "--points-min-fraction drops them. The loss–compute frontier takes every evaluation.",
             "",
         ]
+    if result.get("input_warnings"):
+        lines += ["**Warning — runs skipped or records left out of the fits:**", ""]
+        lines += [f"- {w}" for w in result["input_warnings"]] + [""]
     if result["warnings"]:
         lines += ["**Warning — fits that did not converge:**", ""]
         lines += [f"- {w}" for w in result["warnings"]] + [""]
