@@ -137,10 +137,41 @@ def run_status(run: Run, *, stale_s: float = 900.0, now: float | None = None) ->
     if record.get("state") == "failed":
         message = f"exit code {record.get('returncode')}; log {record.get('log')}"
         return RunStatus(run.run_id, "failed", step, loss, evals, updated, message)
-    has_progress = step is not None or (directory / names.CHECKPOINTS_SUBDIR).exists()
+    has_progress = step is not None or _has_checkpoint(directory)
     state = "interrupted" if has_progress else "pending"
     message = f"its writer is gone ({stale})" if holder is not None else ""
+    if not has_progress and not message:
+        message = _refused_attempt(directory)
     return RunStatus(run.run_id, state, step, loss, evals, updated, message)
+
+
+def _has_checkpoint(directory) -> bool:
+    """Whether `checkpoints/` holds a step directory (orbax names a committed step by its number;
+    a save in flight has a temporary name): an empty `checkpoints/` is no progress."""
+    try:
+        return any(p.name.isdigit() for p in (directory / names.CHECKPOINTS_SUBDIR).iterdir())
+    except (OSError, ValueError):
+        return False
+
+
+def _refused_attempt(directory) -> str:
+    """One line for a MODEL_DIR that holds only what a refused attempt wrote (run files, an empty
+    `checkpoints/`, TensorBoard's directory; older versions left these behind): not a started
+    run. Empty when the directory holds none of those."""
+    try:
+        left = sorted(
+            p.name
+            for p in directory.iterdir()
+            if p.name in (names.RUN_FILE, names.CONFIG_FILE, names.CHECKPOINTS_SUBDIR)
+            or p.name == names.TB_SUBDIR
+        )
+    except (OSError, ValueError):
+        return ""
+    if not left:
+        return ""
+    return (
+        f"not started: holds only a refused attempt's {', '.join(left)} (no metrics, no checkpoint)"
+    )
 
 
 STATES = ("done", "running", "interrupted", "failed", "pending")

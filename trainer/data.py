@@ -343,12 +343,16 @@ def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str
     """The prepared dataset of every component of the training mixture (`prepared_dir/<task>`),
     opened and verified against the run's vocabulary before training starts: each must be that
     task's `train` split (a prepared validation split is not training data). A sample
-    (`--max-documents`) is accepted and recorded in the fingerprint (`prepared_input`).
+    (`--max-documents`) is accepted and recorded in the fingerprint (`prepared_input`). Every
+    sidecar and every shard's sha256 is checked here (`PreparedDataset.verify`: all bytes are
+    read once, on threads), so that damaged data is refused while the run plans, before anything
+    is written, not at the batch that reads it.
 
     Raises:
       trainer.validation.ConfigError: a component has no prepared task, another task or split,
-        or a shard is missing, truncated or from another vocabulary (naming `PREPARED_DATA`, the
-        file and what differs, and the command that prepares it).
+        or a shard is missing, truncated, changed (sha256) or from another vocabulary, or a
+        sidecar is missing, unreadable or another shard's (naming `PREPARED_DATA`, the file and
+        what differs, and the command that prepares it).
     """
     from pipelines import mixtures
 
@@ -371,6 +375,13 @@ def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str
                 f"reads task {name!r} split 'train'; prepare it with: "
                 f"{_prepare_command(config, name)}"
             )
+        try:  # sidecars and shard checksums: what a reader would find only mid-training
+            dataset.verify()
+        except shards.PreparedDataError as e:
+            dataset.close()
+            raise validation.ConfigError(
+                f"{where}: {e}; prepare it again with: {_prepare_command(config, name)}"
+            ) from e
         out[name] = dataset
     return out
 

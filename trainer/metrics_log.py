@@ -63,6 +63,21 @@ def _tb_not_writable(model_dir, tb_dir, error: Exception) -> Exception:
     )
 
 
+def _check_tb_dir(model_dir: epath.Path) -> None:
+    """Refuses, creating nothing, a local `tb/` that the first record could not write into: one
+    that is not a directory, or not writable."""
+    tb_dir = model_dir / names.TB_SUBDIR
+    if not tb_dir.exists():
+        return
+    if not tb_dir.is_dir():
+        why = "not a directory"
+    elif not os.access(os.fspath(tb_dir), os.W_OK | os.X_OK):
+        why = "permission denied"
+    else:
+        return
+    raise _tb_not_writable(model_dir, tb_dir, OSError(why))
+
+
 class MetricsWriter:
     """Appends records to `metrics.jsonl` and mirrors numeric fields to TensorBoard.
 
@@ -80,17 +95,25 @@ class MetricsWriter:
         self._tb = None
         self._tb_remote: epath.Path | None = None
         self._tb_synced = 0.0
-        if is_chief and tensorboard:
-            from clu.metric_writers.summary_writer import SummaryWriter
+        # TensorBoard's events file (and `tb/`) appears with the first record, not before: a run
+        # refused or diverged before it logs anything leaves no events file behind.
+        self._tensorboard = is_chief and tensorboard
+        if self._tensorboard and not storage.is_remote(self.model_dir):
+            _check_tb_dir(self.model_dir)
 
-            tb_dir = self.model_dir / names.TB_SUBDIR
-            if storage.is_remote(self.model_dir):
-                self._tb_remote, tb_dir = tb_dir, tempfile.mkdtemp(prefix="xlscale-tb-")
-            try:
-                self._tb = SummaryWriter(os.fspath(tb_dir))
-            except Exception as e:  # TensorFlow's OpError (PermissionDenied, FailedPrecondition)
-                raise _tb_not_writable(self.model_dir, tb_dir, e) from e
-            self._tb_dir = tb_dir
+    def _open_tensorboard(self) -> None:
+        """Creates the events file (a remote run's in a local staging directory)."""
+        from clu.metric_writers.summary_writer import SummaryWriter
+
+        self._tensorboard = False
+        tb_dir = self.model_dir / names.TB_SUBDIR
+        if storage.is_remote(self.model_dir):
+            self._tb_remote, tb_dir = tb_dir, tempfile.mkdtemp(prefix="xlscale-tb-")
+        try:
+            self._tb = SummaryWriter(os.fspath(tb_dir))
+        except Exception as e:  # TensorFlow's OpError (PermissionDenied, FailedPrecondition)
+            raise _tb_not_writable(self.model_dir, tb_dir, e) from e
+        self._tb_dir = tb_dir
 
     def truncate_after(self, step: int) -> None:
         """Keeps only the records with `step <= step`, and truncates a torn last line (a job
@@ -129,6 +152,8 @@ class MetricsWriter:
         if not self.is_chief:
             return
         records.append_metrics(self.model_dir, record)
+        if self._tensorboard:
+            self._open_tensorboard()
         if self._tb is not None:
             scalars = {}
             for key, value in record.items():

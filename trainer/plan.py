@@ -8,7 +8,8 @@
 3. one resume decision, from the checkpoint store: the newest committed step (`resume_step`);
 4. the initial checkpoint checked against the model from metadata, and against the run's
    vocabulary where its run.json records one (a fresh run only);
-5. the prepared input opened and verified (when the batches are read by index);
+5. the prepared input opened and verified (when the batches are read by index): manifests,
+   sidecars and every shard's sha256 (`data.prepared_datasets`);
 6. the run's fingerprint, and the amendment a resume is allowed to make (`trainer.fingerprint`).
 
 A refusal at any step leaves `MODEL_DIR` as it was: nothing here writes. `jobs.compile_plan`

@@ -4,6 +4,11 @@
 parameters came from, the paper units -- from the compiled job and the run's settings;
 `write_run_files` writes it with the fingerprint on a fresh start, and on an amended resume
 keeps the old `config.gin` beside the new one and appends the amendment (`trainer.fingerprint`).
+
+When (`RunFiles`): a fresh start writes them once its plan, compilation, initial state and input
+stream succeeded, before its first step; a resume writes them at its first checkpoint, so an
+amendment is recorded only once the run has trained under it (a resume refused, or diverged
+before that checkpoint, leaves `run.json` and `config.gin` as they were).
 This is the interface between training and fitting (docs/interfaces.md, "Training outputs").
 """
 
@@ -118,3 +123,37 @@ def write_run_files(
     )
     if not resumed or not has_run_json or amendment is not None:
         records.write_run_json(model_dir, info)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """What `write_run_files` writes for one start of a run, held until it is due (see the
+    module docstring: a fresh start before its first step, a resume at its first checkpoint).
+
+    Attributes:
+      record: the run's record (`run_record`).
+      fingerprint: the settings that define the run.
+      amendment: the changes this resume makes (None: none, or a fresh start).
+      resumed: whether this start resumes a checkpoint of the run.
+      step: the step this start begins at (an amendment applies from there).
+      gin_config: the resolved gin config.
+    """
+
+    record: RunRecord
+    fingerprint: dict[str, Any]
+    amendment: fingerprint_lib.Amendment | None
+    resumed: bool
+    step: int
+    gin_config: str
+
+    def write(self, model_dir: epath.Path) -> None:
+        """`write_run_files` into `model_dir`."""
+        write_run_files(
+            model_dir,
+            record=self.record,
+            fingerprint=self.fingerprint,
+            amendment=self.amendment,
+            resumed=self.resumed,
+            step=self.step,
+            gin_config=self.gin_config,
+        )

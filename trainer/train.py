@@ -8,8 +8,11 @@
 files in `t5x_configs/` (see `trainer.gin_entry`). It reads top to bottom: checks that need
 nothing built; the lease on `model_dir`; the run's plan (`trainer.plan`: model, counts and steps,
 the resume decision, init checks, fingerprint, inputs; nothing written); the compiled steps
-(`trainer.jobs`); the restored or fresh state and the run files; then the step loop
-(`trainer.loop`) with two hooks, a metrics record (with evaluation) and a checkpoint.
+(`trainer.jobs`); the restored or fresh state, the input stream and the run files; then the step
+loop (`trainer.loop`) with two hooks, a metrics record (with evaluation) and a checkpoint. A
+resume writes its run files (an amendment, `config.<step>.gin`) at its first checkpoint, not
+before (`trainer.run_files.RunFiles`); a fresh start that fails before it trained leaves
+`model_dir` as it found it.
 
 A run writes into `model_dir`: `config.gin`, `run.json`, `metrics.jsonl`, TensorBoard events
 under `tb/`, orbax checkpoints under `checkpoints/`, and `COMPLETED` last (docs/interfaces.md,
@@ -30,6 +33,7 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 
 import jax
@@ -37,7 +41,7 @@ import numpy as np
 from etils import epath
 
 from convert import init_checkpoints
-from rundir import exits, finetune_recipes, paper_units, records, storage
+from rundir import exits, finetune_recipes, names, paper_units, records, storage
 from rundir import lease as lease_lib
 from rundir.lease import LeaseConfig
 from rundir.run_record import Strategy
@@ -179,8 +183,9 @@ def train(
     # Local or object storage; an unsupported scheme is refused here, before anything is written.
     model_dir = storage.as_path(model_dir, name="MODEL_DIR")
     created = not storage.is_remote(model_dir) and not model_dir.exists()
+    existed = _entries(model_dir)  # what a fresh start that trains nothing leaves behind
     sigterm = ckpt_lib.SigtermFlag()  # from before the lease is taken until it is released
-    held = None
+    held, plan = None, None
     try:
         held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails if not writable
         plan = plan_lib.build_run_plan(
@@ -213,13 +218,55 @@ def train(
         if held is not None:
             held.release()
             held = None
-            if created:  # a refusal before anything was written leaves no empty MODEL_DIR
-                _remove_if_empty(model_dir)
+            if existed is not None and (plan is None or not plan.resuming):
+                _remove_refused_start(model_dir, existed=existed, created=created)
         raise
     finally:
         if held is not None:
             held.release()
         sigterm.close()
+
+
+# What a start writes into MODEL_DIR before its first metrics record (besides the lease).
+_START_ENTRIES = (names.RUN_FILE, names.CONFIG_FILE, names.TB_SUBDIR, names.CHECKPOINTS_SUBDIR)
+
+
+def _entries(model_dir: epath.Path) -> frozenset[str] | None:
+    """The names in a local `model_dir` now (None on object storage: nothing is removed there)."""
+    if storage.is_remote(model_dir):
+        return None
+    try:
+        return frozenset(p.name for p in model_dir.iterdir()) if model_dir.is_dir() else frozenset()
+    except OSError:
+        return None
+
+
+def _remove_refused_start(model_dir: epath.Path, *, existed: frozenset[str], created: bool) -> None:
+    """A fresh start that failed before it trained anything (refused after its plan, e.g. by
+    its input stream, an initial checkpoint that does not restore, a full disk, or a divergence
+    before its first record) leaves `model_dir` as it found it: the run files, `tb/` and an
+    uncommitted `checkpoints/` that this start created are removed, and `model_dir` itself when
+    this start created it. Nothing is removed once the start wrote a metrics record or
+    committed a checkpoint, nor anything that was there before it."""
+    try:
+        if not model_dir.is_dir() or names.METRICS_FILE in existed:
+            return
+        if (model_dir / names.METRICS_FILE).exists() or ckpt_lib.committed_step(
+            model_dir
+        ) is not None:
+            return  # it trained: what it wrote is the run's
+        for name in _START_ENTRIES:
+            path = model_dir / name
+            if name in existed or not path.exists():
+                continue
+            if path.is_dir():
+                shutil.rmtree(os.fspath(path))
+            else:
+                path.unlink()
+        if created:
+            _remove_if_empty(model_dir)
+    except OSError as e:
+        log.warning("%s: could not remove what the failed start wrote: %s", model_dir, e)
 
 
 def _remove_if_empty(model_dir: epath.Path) -> None:
@@ -269,26 +316,38 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
             seed=plan.seed,
         )
         start = int(saved.get("step", 0))
-        if is_chief:
-            run_files.write_run_files(
-                model_dir,
-                record=run_files.run_record(
-                    job,
-                    run=plan.run,
-                    data=plan.job.data,
-                    seed=plan.seed,
-                    init=init,
-                    gin=plan.gin_config,
-                ),
-                fingerprint=plan.fingerprint,
-                amendment=plan.amendment if saved else None,
-                resumed=bool(saved),
-                step=start,
-                gin_config=plan.gin_config,
-            )
+        files = run_files.RunFiles(
+            record=run_files.run_record(
+                job,
+                run=plan.run,
+                data=plan.job.data,
+                seed=plan.seed,
+                init=init,
+                gin=plan.gin_config,
+            ),
+            fingerprint=plan.fingerprint,
+            amendment=plan.amendment if saved else None,
+            resumed=bool(saved),
+            step=start,
+            gin_config=plan.gin_config,
+        )
+        # Opens the input stream (its settings are checked there) before any run file is written.
+        training = _Training(
+            plan,
+            job,
+            state,
+            saved=saved,
+            start=start,
+            store=store,
+            writer=writer,
+            # A resume's run files (an amendment above all) wait for its first checkpoint: only
+            # a run that trained under them records them (`run_files.RunFiles`).
+            pending_files=files if is_chief and saved else None,
+        )
+        if is_chief and not saved:
+            files.write(model_dir)
         writer.truncate_after(start)
         writer.restore_lost(saved.get("records", []), step=start)
-        training = _Training(plan, job, state, saved=saved, start=start, store=store, writer=writer)
         return training.run(watcher)
     except BaseException as e:
         failed = e
@@ -360,9 +419,22 @@ class _Training:
     """A run's side of the step loop (`trainer.loop.StepLoop`): the state, the counters and the
     work of its hooks -- a metrics record (with evaluation) and a checkpoint."""
 
-    def __init__(self, plan: plan_lib.RunPlan, job: Job, state, *, saved, start, store, writer):
+    def __init__(
+        self,
+        plan: plan_lib.RunPlan,
+        job: Job,
+        state,
+        *,
+        saved,
+        start,
+        store,
+        writer,
+        pending_files: run_files.RunFiles | None = None,
+    ):
         self.plan, self.job, self.state = plan, job, state
         self.start, self.store, self.writer = start, store, writer
+        # A resume's run files, written by the first checkpoint (`save`).
+        self.pending_files = pending_files
         data = plan.job.data
         self.counters = metrics_lib.Counters(
             job.components,
@@ -470,7 +542,16 @@ class _Training:
         return info.last or info.stopping or info.step % self.plan.checkpoint.period == 0
 
     def save(self, info: loop_lib.StepInfo) -> None:
-        """The checkpoint hook: state, counters, and the records logged since the last one."""
+        """The checkpoint hook: state, counters, and the records logged since the last one.
+
+        The first checkpoint of a resume first writes the resume's run files: the loop synced
+        (and found every update since the resume finite, or skipped it) before this hook acts,
+        so an amendment is recorded once the run has trained under it, and before any checkpoint
+        trained under it exists (a resume with the old settings must then be refused).
+        """
+        if self.pending_files is not None:
+            self.pending_files.write(self.plan.model_dir)
+            self.pending_files = None
         state = self.state
         train_state = {
             "step": info.step,

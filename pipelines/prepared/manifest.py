@@ -72,7 +72,8 @@ class ShardEntry:
       documents: records (tokenized documents) in the shard.
       tokens: token count per feature, summed over its documents.
       bytes: the file's size.
-      sha256: the file's hex sha256 (checked by `PreparedDataset.verify_checksums`, not at open).
+      sha256: the file's hex sha256 (checked by `PreparedDataset.verify`, which a training
+        run calls while it plans, not at open).
     """
 
     file: str

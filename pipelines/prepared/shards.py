@@ -326,19 +326,41 @@ class PreparedDataset:
         return out  # type: ignore[return-value]
 
     def verify_checksums(self) -> None:
-        """Hashes every shard and compares with the manifest's sha256 (reads every byte: for an
-        audit, not for every open).
+        """Hashes every shard and compares with the manifest's sha256 (reads every byte, on
+        `READ_THREADS` threads: hashlib releases the GIL; a manifest entry without a sha256 is
+        not checked).
 
         Raises:
-          PreparedDataError: naming the first shard whose sha256 differs.
+          PreparedDataError: naming the first shard (in manifest order) whose sha256 differs.
         """
-        for entry in self.manifest.shards:
-            path = os.path.join(self.directory, entry.file)
-            found = manifest_lib.file_sha256(path)
-            if found != entry.sha256:
+
+        def found(entry: manifest_lib.ShardEntry) -> str | None:
+            if not entry.sha256:
+                return None
+            return manifest_lib.file_sha256(os.path.join(self.directory, entry.file))
+
+        with futures.ThreadPoolExecutor(READ_THREADS) as pool:
+            digests = list(pool.map(found, self.manifest.shards))
+        for entry, digest in zip(self.manifest.shards, digests, strict=True):
+            if digest is not None and digest != entry.sha256:
+                path = os.path.join(self.directory, entry.file)
                 raise PreparedDataError(
-                    f"{path}: sha256 {found[:12]}.., manifest says {entry.sha256[:12]}.."
+                    f"{path}: sha256 {digest[:12]}.., manifest says {entry.sha256[:12]}.. "
+                    "(changed since it was prepared: a flipped bit, or another shard copied here)"
                 )
+
+    def verify(self) -> None:
+        """Everything a reader would otherwise find only mid-training, checked now: every
+        sidecar parses and agrees with the manifest (the shard's sha256, document and token
+        counts; `lengths`), and every shard's bytes hash to the manifest's sha256
+        (`verify_checksums`). `open` checks only sizes and record counts.
+
+        Raises:
+          PreparedDataError: naming the file and what differs.
+        """
+        if not self._lengths:
+            self._lengths = self._load_lengths()
+        self.verify_checksums()
 
     def close(self) -> None:
         """Closes the shard readers (and the read threads)."""
@@ -422,13 +444,26 @@ def _open_shard(root: str, entry: manifest_lib.ShardEntry):
         reader = array_record_module.ArrayRecordReader(path, READER_OPTIONS)
     except Exception as e:  # the C++ reader's status, as RuntimeError/ValueError
         raise PreparedDataError(f"{path}: not a readable ArrayRecord file: {e}") from None
-    found = reader.num_records()
+    try:
+        found = reader.num_records()
+    except Exception as e:  # a damaged index: the C++ reader's status, as RuntimeError
+        _close_quietly(reader)
+        raise PreparedDataError(f"{path}: unreadable ArrayRecord index: {e}") from None
     if found != entry.documents:
-        reader.close()
+        _close_quietly(reader)
         raise PreparedDataError(
             f"{path}: {_count(found)} documents, manifest says {_count(entry.documents)}"
         )
     return reader
+
+
+def _close_quietly(reader) -> None:
+    """Closes a reader being refused: closing a damaged file raises too (its postscript's hash),
+    and the refusal names the damage already."""
+    try:
+        reader.close()
+    except Exception:  # noqa: BLE001 -- the C++ reader's status, as RuntimeError
+        pass
 
 
 def vocab_sha256(path: str | os.PathLike) -> str:
