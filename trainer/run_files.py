@@ -15,6 +15,9 @@ This is the interface between training and fitting (docs/interfaces.md, "Trainin
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,8 +26,11 @@ from etils import epath
 from convert import grown_init, hf_checkpoints
 from rundir import names, paper_units, records, storage
 from rundir.run_record import RunRecord
+from trainer import checkpoints as ckpt_lib
 from trainer import fingerprint as fingerprint_lib
 from trainer.data import DataConfig
+
+log = logging.getLogger(__name__)
 
 
 def languages(run: Any, components: Sequence[str]) -> list[str]:
@@ -157,3 +163,54 @@ class RunFiles:
             step=self.step,
             gin_config=self.gin_config,
         )
+
+
+# What a start writes into MODEL_DIR before its first metrics record (besides the lease).
+_START_ENTRIES = (names.RUN_FILE, names.CONFIG_FILE, names.TB_SUBDIR, names.CHECKPOINTS_SUBDIR)
+
+
+def entries(model_dir: epath.Path) -> frozenset[str] | None:
+    """The names in a local `model_dir` now (None on object storage: nothing is removed there)."""
+    if storage.is_remote(model_dir):
+        return None
+    try:
+        return frozenset(p.name for p in model_dir.iterdir()) if model_dir.is_dir() else frozenset()
+    except OSError:
+        return None
+
+
+def remove_refused_start(model_dir: epath.Path, *, existed: frozenset[str], created: bool) -> None:
+    """A fresh start that failed before it trained anything (refused after its plan, e.g. by
+    its input stream, an initial checkpoint that does not restore, a full disk, or a divergence
+    before its first record) leaves `model_dir` as it found it: the run files, `tb/` and an
+    uncommitted `checkpoints/` that this start created are removed, and `model_dir` itself when
+    this start created it. Nothing is removed once the start wrote a metrics record or
+    committed a checkpoint, nor anything that was there before it."""
+    try:
+        if not model_dir.is_dir() or names.METRICS_FILE in existed:
+            return
+        if (model_dir / names.METRICS_FILE).exists() or ckpt_lib.committed_step(
+            model_dir
+        ) is not None:
+            return  # it trained: what it wrote is the run's
+        for name in _START_ENTRIES:
+            path = model_dir / name
+            if name in existed or not path.exists():
+                continue
+            if path.is_dir():
+                shutil.rmtree(os.fspath(path))
+            else:
+                path.unlink()
+        if created:
+            remove_if_empty(model_dir)
+    except OSError as e:
+        log.warning("%s: could not remove what the failed start wrote: %s", model_dir, e)
+
+
+def remove_if_empty(model_dir: epath.Path) -> None:
+    """Removes `model_dir` if it is an empty directory (a refusal leaves no empty MODEL_DIR)."""
+    try:
+        if model_dir.is_dir() and not any(model_dir.iterdir()):
+            model_dir.rmdir()
+    except OSError:
+        pass  # another process wrote there meanwhile: leave it

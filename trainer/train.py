@@ -33,15 +33,13 @@ import dataclasses
 import functools
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 
 import jax
 import numpy as np
-from etils import epath
 
 from convert import init_checkpoints
-from rundir import exits, finetune_recipes, names, paper_units, records, storage
+from rundir import exits, finetune_recipes, paper_units, records, storage
 from rundir import lease as lease_lib
 from rundir.lease import LeaseConfig
 from rundir.run_record import Strategy
@@ -183,7 +181,7 @@ def train(
     # Local or object storage; an unsupported scheme is refused here, before anything is written.
     model_dir = storage.as_path(model_dir, name="MODEL_DIR")
     created = not storage.is_remote(model_dir) and not model_dir.exists()
-    existed = _entries(model_dir)  # what a fresh start that trains nothing leaves behind
+    existed = run_files.entries(model_dir)  # what a fresh start that trains nothing leaves behind
     sigterm = ckpt_lib.SigtermFlag()  # from before the lease is taken until it is released
     held, plan = None, None
     try:
@@ -219,62 +217,12 @@ def train(
             held.release()
             held = None
             if existed is not None and (plan is None or not plan.resuming):
-                _remove_refused_start(model_dir, existed=existed, created=created)
+                run_files.remove_refused_start(model_dir, existed=existed, created=created)
         raise
     finally:
         if held is not None:
             held.release()
         sigterm.close()
-
-
-# What a start writes into MODEL_DIR before its first metrics record (besides the lease).
-_START_ENTRIES = (names.RUN_FILE, names.CONFIG_FILE, names.TB_SUBDIR, names.CHECKPOINTS_SUBDIR)
-
-
-def _entries(model_dir: epath.Path) -> frozenset[str] | None:
-    """The names in a local `model_dir` now (None on object storage: nothing is removed there)."""
-    if storage.is_remote(model_dir):
-        return None
-    try:
-        return frozenset(p.name for p in model_dir.iterdir()) if model_dir.is_dir() else frozenset()
-    except OSError:
-        return None
-
-
-def _remove_refused_start(model_dir: epath.Path, *, existed: frozenset[str], created: bool) -> None:
-    """A fresh start that failed before it trained anything (refused after its plan, e.g. by
-    its input stream, an initial checkpoint that does not restore, a full disk, or a divergence
-    before its first record) leaves `model_dir` as it found it: the run files, `tb/` and an
-    uncommitted `checkpoints/` that this start created are removed, and `model_dir` itself when
-    this start created it. Nothing is removed once the start wrote a metrics record or
-    committed a checkpoint, nor anything that was there before it."""
-    try:
-        if not model_dir.is_dir() or names.METRICS_FILE in existed:
-            return
-        if (model_dir / names.METRICS_FILE).exists() or ckpt_lib.committed_step(
-            model_dir
-        ) is not None:
-            return  # it trained: what it wrote is the run's
-        for name in _START_ENTRIES:
-            path = model_dir / name
-            if name in existed or not path.exists():
-                continue
-            if path.is_dir():
-                shutil.rmtree(os.fspath(path))
-            else:
-                path.unlink()
-        if created:
-            _remove_if_empty(model_dir)
-    except OSError as e:
-        log.warning("%s: could not remove what the failed start wrote: %s", model_dir, e)
-
-
-def _remove_if_empty(model_dir: epath.Path) -> None:
-    try:
-        if model_dir.is_dir() and not any(model_dir.iterdir()):
-            model_dir.rmdir()
-    except OSError:
-        pass  # another process wrote there meanwhile: leave it
 
 
 def _check_replay(*, run: RunInfo, data: DataConfig) -> None:
