@@ -107,20 +107,19 @@ def _step_settings(step: Any) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(step).items() if k not in _DERIVED_STEP_FIELDS}
 
 
-def fingerprint_defaults(
-    *, data: Any, optimizer: Any, schedule: Any, run: Any, step: Any
-) -> dict[str, Any]:
+def fingerprint_defaults(job: Any, *, run: Any) -> dict[str, Any]:
     """The sections of a fingerprint at their dataclasses' defaults (`check_resume`'s
-    `defaults`: a setting added to the code after a run started is accepted at its default)."""
+    `defaults`: a setting added to the code after a run started is accepted at its default).
+    `job` is the run's `trainer.jobs.JobPlan`; only the types of its sections are read."""
     return _jsonable(
         {
             **_sections(
-                data=type(data)(),
-                optimizer=type(optimizer)(),
-                schedule=type(schedule)(),
+                data=type(job.data)(),
+                optimizer=type(job.optimizer)(),
+                schedule=type(job.schedule)(),
                 run=type(run)(),
             ),
-            **_step_settings(type(step)()),
+            **_step_settings(type(job.step)()),
             "param_basis": _PARAM_BASIS_BEFORE,
         }
     )
@@ -136,35 +135,26 @@ def vocab_sha256(vocab_path: str | os.PathLike | None) -> str | None:
 
 
 def run_fingerprint(
+    job: Any,
     *,
-    model: Any,
-    data: Any,
-    optimizer: Any,
-    schedule: Any,
-    evaluation: Any,
     run: Any,
-    train_steps: int | None,
-    tokens_per_param: float | None,
-    total_steps: int,
     seed: int,
-    step: Any,
     init_checkpoint: str | None,
     process_count: int | None = None,
     vocab_hash: str | None = None,
     prepared: Mapping[str, Any] | None = None,
-    param_basis: str = "non_embedding",
 ) -> dict[str, Any]:
     """The settings that define a run, as a JSON-able dict (stored in `run.json`).
 
     Args:
-      model: a `trainer.model_spec.ModelSpec` (family, size, overrides minus `NEUTRAL_OVERRIDES`,
-        dropout).
-      data, optimizer, schedule, run: the run's dataclasses, every field included.
-      evaluation: an `EvalConfig`; its tasks, split and token budget (not its period).
-      param_basis: the N `tokens_per_param` multiplies (`modeling.family.PARAM_BASES`).
-      total_steps: the resolved number of optimizer steps.
-      step: the train step's settings (`steps.StepConfig`: microbatches, z-loss), every field
-        recorded at the top level.
+      job: the planned job (`trainer.jobs.JobPlan`), read whole: its model spec (family, size,
+        overrides minus `NEUTRAL_OVERRIDES`, dropout); its data, optimizer and schedule, every
+        field included; its evaluation's tasks, split and token budget (not its period); the
+        run's length as asked (`train_steps`, `tokens_per_param`, `param_basis`: the N
+        `tokens_per_param` multiplies, `modeling.family.PARAM_BASES`) and the resolved
+        `total_steps`; the train step's settings (`steps.StepConfig`: microbatches, z-loss), every
+        field but the derived `num_components` recorded at the top level.
+      run: the run's `RunInfo`, every field included.
       process_count: hosts (default: `jax.process_count()`): per-host data sharding makes the
         data order depend on it.
       vocab_hash: `vocab_sha256(data.vocab_path)`, the vocabulary's contents.
@@ -177,6 +167,7 @@ def run_fingerprint(
         import jax
 
         process_count = jax.process_count()
+    model, evaluation, length = job.spec, job.evaluation, job.length
     overrides = {k: v for k, v in dict(model.overrides or {}).items() if k not in NEUTRAL_OVERRIDES}
     fingerprint = {
         "model": {
@@ -185,18 +176,16 @@ def run_fingerprint(
             "overrides": overrides,
             "dropout_rate": model.dropout_rate,
         },
-        **_sections(data=data, optimizer=optimizer, schedule=schedule, run=run),
+        **_sections(data=job.data, optimizer=job.optimizer, schedule=job.schedule, run=run),
         "evaluation": {
             "tasks": list(evaluation.tasks),
             "split": evaluation.split,
             "max_tokens": evaluation.max_tokens,
         },
-        "train_steps": train_steps,
-        "tokens_per_param": tokens_per_param,
-        "param_basis": param_basis,
-        "total_steps": int(total_steps),
+        **dataclasses.asdict(length),
+        "total_steps": int(job.total_steps),
         "seed": seed,
-        **_step_settings(step),
+        **_step_settings(job.step),
         "init_checkpoint": init_checkpoint,
         "process_count": int(process_count),
         "vocab_sha256": vocab_hash,

@@ -255,6 +255,17 @@ def resolve_train_steps(
 
 
 @dataclasses.dataclass(frozen=True)
+class RunLength:
+    """How long a run trains, as asked (`resolve_train_steps` turns it into steps): `train_steps`,
+    or `tokens_per_param` tokens per parameter, N counted on `param_basis`. One bundle, since the
+    plan, the fingerprint and the resume policy always take the three together."""
+
+    train_steps: int | None = None
+    tokens_per_param: float | None = None
+    param_basis: str = "non_embedding"
+
+
+@dataclasses.dataclass(frozen=True)
 class JobPlan:
     """What a job compiles, decided and checked before anything is compiled.
 
@@ -266,7 +277,7 @@ class JobPlan:
       abstract_params: parameter shapes with shardings (a restore target).
       components: mixture components (the order of `tokens_by_task`).
       params_total, params_non_embedding: parameter counts (N is the non-embedding one).
-      total_steps: optimizer steps of the whole run.
+      length: the run's length as asked; total_steps: optimizer steps of the whole run.
       eval_batch_size: the global eval batch, None without eval tasks.
       memory: the memory model's estimate of the train step (None: the device memory is
         unknown, or no train step is compiled).
@@ -287,6 +298,7 @@ class JobPlan:
     total_steps: int
     eval_batch_size: int | None
     memory: memory_lib.MemoryEstimate | None = None
+    length: RunLength = RunLength()
 
 
 def plan_job(
@@ -336,14 +348,13 @@ def plan_job(
         )
     components = data_lib.components(data.mixture_or_task)
     total, non_embedding = wrapper.param_counts()
+    length = RunLength(train_steps, tokens_per_param, param_basis)
     total_steps = resolve_train_steps(
-        train_steps=train_steps,
-        tokens_per_param=tokens_per_param,
+        **dataclasses.asdict(length),
         tokens_per_step=data.batch_size * data.seq_len,
         params_total=total,
         params_non_embedding=non_embedding,
         params_nominal=family_lib.get(model.family).nominal_params(model.size),
-        param_basis=param_basis,
         size=model.size,
     )
     estimate = None
@@ -376,6 +387,7 @@ def plan_job(
         total_steps=total_steps,
         eval_batch_size=eval_batch if evaluation.tasks else None,
         memory=estimate,
+        length=length,
     )
 
 

@@ -133,17 +133,10 @@ def build_run_plan(
     prepared = None
     if data.prepared_dir is not None:  # verified (shards, vocabulary) before compiling
         prepared = data_lib.prepared_datasets(data, vocab_hash=vocab_hash)
-    sections = dict(data=data, optimizer=optimizer, schedule=schedule, run=run)
     fingerprint = fingerprint_lib.run_fingerprint(
-        model=model,
-        **sections,
-        evaluation=evaluation,
-        train_steps=train_steps,
-        tokens_per_param=tokens_per_param,
-        param_basis=param_basis,
-        total_steps=job.total_steps,
+        job,
+        run=run,
         seed=seed,
-        step=step,
         init_checkpoint=init_checkpoint,
         vocab_hash=vocab_hash,
         prepared=data_lib.prepared_input(data, prepared) if prepared is not None else None,
@@ -153,7 +146,7 @@ def build_run_plan(
         new=fingerprint,
         policy=resume_policy,
         step=resume_step,
-        defaults=fingerprint_lib.fingerprint_defaults(**sections, step=step),
+        defaults=fingerprint_lib.fingerprint_defaults(job, run=run),
     )
     return RunPlan(
         model_dir=model_dir,
