@@ -105,15 +105,8 @@ def profile_stages(
         tag=tag,
         manifest=spec.manifest,
         corpora=functools.partial(CORPORA[spec.corpora], spec=spec, tag=tag, log=log),
-        vocabulary=lambda corpora, out: study_vocabulary(
-            corpora,
-            out,
-            langs=spec.langs,
-            vocab_size=spec.vocab_size,
-            name=vocab_name,
-            log=log,
-            tag=tag,
-            max_sentences=spec.vocab_sentences,
+        vocabulary=functools.partial(
+            study_vocabulary, spec=spec, name=vocab_name, log=log, tag=tag
         ),
         report=report,
         check_runs=check_runs,
@@ -167,17 +160,17 @@ def study_vocabulary(
     corpora: Path,
     out_dir: Path,
     *,
-    langs: Sequence[str],
-    vocab_size: int,
+    spec: StudyProfile,
     name: str,
     log: Log,
     tag: str = "demo",
-    max_sentences: int | None = None,
 ) -> Path:
     """Trains (or reuses) a study's SentencePiece model `<out_dir>/vocab/<name>_<langs>_<size>`
-    on `langs`, logging its measured tokens per character per language."""
+    of the profile's size on its languages (at most its `vocab_sentences` sentences), logging
+    its measured tokens per character per language."""
     from pipelines import vocab
 
+    langs, vocab_size, max_sentences = spec.langs, spec.vocab_size, spec.vocab_sentences
     prefix = out_dir / "vocab" / f"{name}_{'_'.join(langs)}_{vocab_size}"
     model = prefix.with_suffix(".model")
     if model.exists():

@@ -37,6 +37,8 @@ the float32 input of the output projection (`logits_dense` runs in float32).
 
 from __future__ import annotations
 
+import dataclasses
+
 from modeling.memory import (
     DTYPE_BYTES,
     ActivationMemory,
@@ -46,6 +48,25 @@ from modeling.memory import (
     resolve_kernel,
 )
 from t5_jax.config import T5Config
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """Where one encoder or decoder block attends, per example.
+
+    Attributes:
+      sq: the block's own positions (queries of its self-attention).
+      sk: a decoder block's encoder positions, read by its cross-attention (None: an encoder
+        block).
+      kernel: runs self-attention; cross_kernel: cross-attention (None: the same).
+      packed: rows hold several documents (segment ids).
+    """
+
+    sq: int
+    sk: int | None
+    kernel: str
+    packed: bool
+    cross_kernel: str | None = None
 
 
 def _attention(
@@ -90,19 +111,9 @@ def _layer_weights(cfg: T5Config, *, decoder: bool) -> int:
     return c * ((2 if decoder else 1) * attention + mlp)
 
 
-def layer_saved(
-    cfg: T5Config,
-    *,
-    policy: str,
-    sq: int,
-    sk: int | None,
-    kernel: str,
-    packed: bool,
-    cross_kernel: str | None = None,
-) -> int:
-    """Per example, what one encoder block (`sk` None) or decoder block (cross-attending to
-    `sk` encoder positions) keeps under `policy`; `kernel` runs self-attention, `cross_kernel`
-    (default: the same) cross-attention."""
+def layer_saved(cfg: T5Config, block: Block, *, policy: str) -> int:
+    """Per example, what one encoder or decoder `block` keeps under `policy`."""
+    sq, sk, kernel, packed = block.sq, block.sk, block.kernel, block.packed
     c = DTYPE_BYTES[cfg.dtype]
     sd = sq * cfg.d_model
     if policy == "full":
@@ -111,7 +122,7 @@ def layer_saved(
     total = _attention(cfg, sq=sq, sk=sq, self_attn=True, **attn) + _mlp(cfg, policy=policy, s=sq)
     sublayers = 2
     if sk is not None:
-        attn["kernel"] = cross_kernel or kernel
+        attn["kernel"] = block.cross_kernel or kernel
         total += _attention(cfg, sq=sq, sk=sk, self_attn=False, **attn)
         sublayers = 3
     if policy == "none":
@@ -121,15 +132,7 @@ def layer_saved(
     return total
 
 
-def layer_kept_unrolled(
-    cfg: T5Config,
-    *,
-    sq: int,
-    sk: int | None,
-    kernel: str,
-    packed: bool,
-    cross_kernel: str | None = None,
-) -> int:
+def layer_kept_unrolled(cfg: T5Config, block: Block) -> int:
     """Per example, what XLA keeps of one block under policy `none` in T5's unrolled stack.
 
     With every layer in one graph XLA fuses each elementwise chain into the operation that
@@ -140,17 +143,10 @@ def layer_kept_unrolled(
     recomputed inside fusions.
     """
     c = DTYPE_BYTES[cfg.dtype]
+    sq, sk, kernel = block.sq, block.sk, block.kernel
     sd = sq * cfg.d_model
-    cross_kernel = cross_kernel or kernel
-    kept = layer_saved(
-        cfg,
-        policy="dots_saveable",
-        sq=sq,
-        sk=sk,
-        kernel=kernel,
-        packed=packed,
-        cross_kernel=cross_kernel,
-    )
+    cross_kernel = block.cross_kernel or kernel
+    kept = layer_saved(cfg, block, policy="dots_saveable")
     sublayers = 2 if sk is None else 3
     weights = cfg.num_heads * sq * sq * c if kernel == "xla" else 0
     if sk is not None and cross_kernel == "xla":
@@ -173,21 +169,21 @@ def activation_memory(
     self-attention, `cross_kernel` (default: the same) cross-attention."""
     c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
     si, st, d = inputs_len, targets_len, cfg.d_model
-    enc = dict(sq=si, sk=None, kernel=kernel, packed=packed)
-    dec = dict(sq=st, sk=si, kernel=kernel, packed=packed, cross_kernel=cross_kernel)
+    enc = Block(sq=si, sk=None, kernel=kernel, packed=packed)
+    dec = Block(sq=st, sk=si, kernel=kernel, packed=packed, cross_kernel=cross_kernel)
 
-    def block(**where) -> int:
+    def kept(block: Block) -> int:
         if policy == "none":
-            return layer_kept_unrolled(cfg, **where)
-        return layer_saved(cfg, policy=policy, **where)
+            return layer_kept_unrolled(cfg, block)
+        return layer_saved(cfg, block, policy=policy)
 
-    layers = cfg.num_encoder_layers * block(**enc) + cfg.num_decoder_layers * block(**dec)
+    layers = cfg.num_encoder_layers * kept(enc) + cfg.num_decoder_layers * kept(dec)
     # final norms' inputs, the encoder output, the float32 input of the output projection
     outside = si * d * 2 * c + st * d * (c + 4)
     bias = cfg.num_heads * (si * si + st * st) * c
     transient = max(
-        layer_kept_unrolled(cfg, **enc) if cfg.num_encoder_layers else 0,
-        layer_kept_unrolled(cfg, **dec),
+        layer_kept_unrolled(cfg, enc) if cfg.num_encoder_layers else 0,
+        layer_kept_unrolled(cfg, dec),
     )
     return ActivationMemory(
         saved=batch * (layers + outside) + bias,

@@ -105,9 +105,8 @@ def test_t5_block_terms_are_what_jax_saves(policy, dtype):
         "t5_tiny", dtype=dtype, remat_policy=policy, attention_kernel="xla", dropout_rate=0.0
     )
     for decoder, (sq, sk) in ((False, (64, None)), (True, (64, 48))):
-        estimate = t5_memory.layer_saved(
-            cfg, policy=policy, sq=sq, sk=sk, kernel="xla", packed=True
-        )
+        block = t5_memory.Block(sq=sq, sk=sk, kernel="xla", packed=True)
+        estimate = t5_memory.layer_saved(cfg, block, policy=policy)
         if policy == "none":
             estimate += t5_memory._layer_weights(cfg, decoder=decoder)
         traced = _t5_block_residual_bytes(cfg, decoder=decoder, sq=sq, sk=sk or sq)
