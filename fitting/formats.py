@@ -8,6 +8,7 @@ never fails and readers never meet `NaN` tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,16 @@ def fmt(x: Any, digits: int = 4) -> str:
     if isinstance(x, float):
         return f"{x:.{digits}g}" if math.isfinite(x) else MISSING
     return str(x)
+
+
+def markdown_table(
+    header: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Collection[str] = ()
+) -> list[str]:
+    """A markdown table of ready-made cells (each written as `str` writes it): the header, its
+    rule (the columns named in `right` right-aligned, for numbers), then one line per row."""
+    rule = "|" + "".join("---:|" if h in right else "---|" for h in header)
+    lines = (" | ".join(map(str, row)) for row in rows)
+    return ["| " + " | ".join(header) + " |", rule, *(f"| {line} |" for line in lines)]
 
 
 def num(v: Any) -> float:

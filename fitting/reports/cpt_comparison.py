@@ -25,7 +25,7 @@ import numpy as np
 
 from fitting.analyses import cpt_consistency as consistency_lib
 from fitting.analyses.allocation import compute_optimal
-from fitting.formats import fmt
+from fitting.formats import fmt, markdown_table
 from fitting.reports import paper_headlines
 from fitting.reports.paper_values import CPT_HEADLINES, CPT_SETUP, CPT_TABLE2
 
@@ -422,21 +422,24 @@ def _cell(value: Any) -> str:
 
 
 def _table(table: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = [
-        "| language | quantity | paper | ours | comparable | why not / note |",
-        "|---|---|---:|---:|---|---|",
-    ]
-    for r in table:
+    def row(r: Mapping[str, Any]) -> list[str]:
         notes = [*r["why"]]
         if r["note"] in paper_headlines.NOTES:
             notes.append(paper_headlines.NOTES[r["note"]])
         elif r["note"]:
             notes.append(r["note"])
-        lines.append(
-            f"| {r['lang']} | {r['quantity']} | {_cell(r['paper'])} | {_cell(r['ours'])} | "
-            f"{'yes' if r['comparable'] else 'no'} | {'; '.join(notes)} |"
-        )
-    return lines
+        comparable = "yes" if r["comparable"] else "no"
+        return [
+            r["lang"],
+            r["quantity"],
+            _cell(r["paper"]),
+            _cell(r["ours"]),
+            comparable,
+            "; ".join(notes),
+        ]
+
+    header = ("language", "quantity", "paper", "ours", "comparable", "why not / note")
+    return markdown_table(header, map(row, table), right=("paper", "ours"))
 
 
 def consistency_section(findings: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
@@ -451,14 +454,19 @@ def consistency_section(findings: Sequence[Mapping[str, Any]] | None = None) -> 
         "contradict the table; a fit that recovers Table 2 contradicts them too, so a mismatch "
         "of ours with such a claim is the paper's, not the fit's.",
         "",
-        "| claim | paper | Table 2 gives | verdict |",
-        "|---|---|---|---|",
     ]
-    lines += [
-        f"| {f['claim']} | {f['paper']} | {f['table2']} | "
-        f"{'consistent' if f['consistent'] else '**contradicts**'} |"
-        for f in findings
-    ]
+    lines += markdown_table(
+        ("claim", "paper", "Table 2 gives", "verdict"),
+        (
+            (
+                f["claim"],
+                f["paper"],
+                f["table2"],
+                "consistent" if f["consistent"] else "**contradicts**",
+            )
+            for f in findings
+        ),
+    )
     return [*lines, ""]
 
 

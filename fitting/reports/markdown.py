@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from fitting.formats import fmt
+from fitting.formats import fmt, markdown_table
 from fitting.reports import cpt_comparison, mt_paper_comparison
 
 # fits.json's `n_basis` -> the sentence report.md states it in.
@@ -30,8 +30,7 @@ def _n(v: Any) -> str:
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     """A markdown table: the header, its rule, then one line per row (cells through `_n`)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(_n(v) for v in row) + " |" for row in rows]
+    return markdown_table(header, ([_n(v) for v in row] for row in rows))
 
 
 def _status(fit: Mapping[str, Any]) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from fitting.analyses.correlations import spearman
-from fitting.formats import fmt
+from fitting.formats import fmt, markdown_table
 from fitting.laws import formulas
 from fitting.reports.paper_values import MT_DP, MT_T5_3B_LAWS, MT_T5_3B_UNUSABLE
 
@@ -363,18 +363,32 @@ def consistency_section() -> list[str]:
         f"{PLAUSIBLE['bleu'][1]:g}, CE {PLAUSIBLE['loss'][0]:g}–{PLAUSIBLE['loss'][1]:g} nats "
         f"(a finetuned model's CE is {REAL_CE_NATS[0]:g}–{REAL_CE_NATS[1]:g}).",
         "",
-        "| Dp unit | BLEU (Tables 3, 5) | plausible BLEU laws | CE, nats (Tables 4, 6) | "
-        "plausible CE laws | both |",
-        "|---|---|---:|---|---:|---|",
     ]
-    for r in consistency():
+
+    def row(r: Mapping[str, Any]) -> list[str]:
         b, c = r["bleu"], r["loss"]
         undefined = f" ({b['undefined']} undefined)" if b["undefined"] else ""
-        lines.append(
-            f"| {r['unit']} | {_range(b)}{undefined} | "
-            f"{b['plausible_laws']}/{b['laws']} | {_range(c)} | "
-            f"{c['plausible_laws']}/{c['laws']} | {'yes' if r['both'] else 'no'} |"
-        )
+        return [
+            r["unit"],
+            f"{_range(b)}{undefined}",
+            f"{b['plausible_laws']}/{b['laws']}",
+            _range(c),
+            f"{c['plausible_laws']}/{c['laws']}",
+            "yes" if r["both"] else "no",
+        ]
+
+    lines += markdown_table(
+        (
+            "Dp unit",
+            "BLEU (Tables 3, 5)",
+            "plausible BLEU laws",
+            "CE, nats (Tables 4, 6)",
+            "plausible CE laws",
+            "both",
+        ),
+        map(row, consistency()),
+        right=("plausible BLEU laws", "plausible CE laws"),
+    )
     unit = ce_unit()
     lines += [
         "",
@@ -387,6 +401,17 @@ def consistency_section() -> list[str]:
         "",
     ]
     return lines
+
+
+# Columns of the report's series tables: which series, and the right-aligned numbers.
+SERIES_COLUMNS = ("model", "pretraining", "task", "Df")
+GAP_COLUMNS = ("paper at our largest Dp", "observed there", "max abs log gap")
+FIG5_COLUMNS = ("checkpoints", "ρ(BLEU, −CE)", "k", "R²")
+
+
+def _series_cells(r: Mapping[str, Any]) -> list[str]:
+    """The cells of `SERIES_COLUMNS` for one row of `rows` or `fig5_rows`."""
+    return [r["model"], r["pretraining"], r["task"], fmt(r["df"])]
 
 
 def section(result: Mapping[str, Any]) -> list[str]:
@@ -405,18 +430,24 @@ def section(result: Mapping[str, Any]) -> list[str]:
         "otherwise every reason is given. max |log gap|: the largest |log(paper law / "
         "observed)| over the series' checkpoints.",
         "",
-        "| model | pretraining | task | Df | metric | paper (source) | ours (fitted) | paper at "
-        "our largest Dp | observed there | max abs log gap | comparable |",
-        "|---|---|---|---|---|---|---|---:|---:|---:|---|",
     ]
-    for r in found:
-        verdict = "yes" if r["comparable"] else f"no: {r['why']}"
-        lines.append(
-            f"| {r['model']} | {r['pretraining']} | {r['task']} | {fmt(r['df'])} | "
-            f"{METRIC_LABELS.get(r['metric'], r['metric'])} | {_params(r['paper_params'])} "
-            f"({r['source']}) | {_params(r['fitted_params'])} | {fmt(r['paper_at_max'], 4)} | "
-            f"{fmt(r['observed_at_max'], 4)} | {fmt(r['max_abs_log_gap'], 3)} | {verdict} |"
-        )
+    lines += markdown_table(
+        (*SERIES_COLUMNS, "metric", "paper (source)", "ours (fitted)", *GAP_COLUMNS, "comparable"),
+        (
+            [
+                *_series_cells(r),
+                METRIC_LABELS.get(r["metric"], r["metric"]),
+                f"{_params(r['paper_params'])} ({r['source']})",
+                _params(r["fitted_params"]),
+                fmt(r["paper_at_max"], 4),
+                fmt(r["observed_at_max"], 4),
+                fmt(r["max_abs_log_gap"], 3),
+                "yes" if r["comparable"] else f"no: {r['why']}",
+            ]
+            for r in found
+        ),
+        right=GAP_COLUMNS,
+    )
     fig5 = fig5_rows(result)
     if fig5:
         lines += [
@@ -425,17 +456,23 @@ def section(result: Mapping[str, Any]) -> list[str]:
             "is qualitative): ρ is Spearman's of BLEU with −CE over the checkpoints (+1: they "
             "move together); k and R² fit Gordon et al.'s BLEU = C·e^(−k·CE) in log BLEU.",
             "",
-            "| model | pretraining | task | Df | checkpoints | ρ(BLEU, −CE) | k | R² | paper | "
-            "comparable |",
-            "|---|---|---|---|---:|---:|---:|---:|---|---|",
         ]
-        for r in fig5:
-            verdict = "qualitatively" if r["comparable"] else f"no: {r['why']}"
-            lines.append(
-                f"| {r['model']} | {r['pretraining']} | {r['task']} | {fmt(r['df'])} | {r['n']} | "
-                f"{fmt(r['rho'], 3)} | {fmt(r['k'], 3)} | {fmt(r['r2'], 3)} | {r['paper']} | "
-                f"{verdict} |"
-            )
+        lines += markdown_table(
+            (*SERIES_COLUMNS, *FIG5_COLUMNS, "paper", "comparable"),
+            (
+                [
+                    *_series_cells(r),
+                    r["n"],
+                    fmt(r["rho"], 3),
+                    fmt(r["k"], 3),
+                    fmt(r["r2"], 3),
+                    r["paper"],
+                    "qualitatively" if r["comparable"] else f"no: {r['why']}",
+                ]
+                for r in fig5
+            ),
+            right=FIG5_COLUMNS,
+        )
     return [*lines, "", *consistency_section()]
 
 
