@@ -197,6 +197,17 @@ def _cudnn_why_not(problem: Problem) -> str | None:
     return None
 
 
+# `splash.BlockSizes` fields by the axis they tile.
+_SPLASH_Q_BLOCKS = ("block_q", "block_q_dkv", "block_q_dq")
+_SPLASH_KV_BLOCKS = (
+    "block_kv",
+    "block_kv_compute",
+    "block_kv_dkv",
+    "block_kv_dkv_compute",
+    "block_kv_dq",
+)
+
+
 def _splash_block(length: int) -> int:
     """The largest of 512, 256, 128 that divides `length` (splash tiles are multiples of 128)."""
     return next(b for b in (512, 256, 128) if length % b == 0)
@@ -205,16 +216,11 @@ def _splash_block(length: int) -> int:
 def _splash_kernel(q_length, kv_length, heads, causal, mqa, interpret):
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
+    # Every query-side tile of the forward and both backward passes is `bq`, every key/value-side
+    # tile `bkv`.
     bq, bkv = _splash_block(q_length), _splash_block(kv_length)
     blocks = splash.BlockSizes(
-        block_q=bq,
-        block_kv=bkv,
-        block_kv_compute=bkv,
-        block_q_dkv=bq,
-        block_kv_dkv=bkv,
-        block_kv_dkv_compute=bkv,
-        block_q_dq=bq,
-        block_kv_dq=bkv,
+        **dict.fromkeys(_SPLASH_Q_BLOCKS, bq), **dict.fromkeys(_SPLASH_KV_BLOCKS, bkv)
     )
     shape = (q_length, kv_length)
     mask = splash.CausalMask(shape) if causal else splash.FullMask(shape)

@@ -31,6 +31,12 @@ from t5_jax import layers
 from t5_jax.config import T5Config
 
 
+def _dtypes(cfg: T5Config) -> dict[str, jnp.dtype]:
+    """Every layer computes in the activation dtype and keeps its parameters in the weight
+    dtype (the output projection alone computes in float32)."""
+    return dict(dtype=cfg.activation_dtype, param_dtype=cfg.weight_dtype)
+
+
 def _dropout(cfg: T5Config, x: jax.Array, deterministic: bool, broadcast: bool = True):
     dims = (-2,) if broadcast else ()
     return nn.Dropout(rate=cfg.dropout_rate, broadcast_dims=dims)(x, deterministic=deterministic)
@@ -39,8 +45,7 @@ def _dropout(cfg: T5Config, x: jax.Array, deterministic: bool, broadcast: bool =
 def _norm(cfg: T5Config, name: str) -> layers.LayerNorm:
     return layers.LayerNorm(
         epsilon=cfg.layer_norm_eps,
-        dtype=cfg.activation_dtype,
-        param_dtype=cfg.weight_dtype,
+        **_dtypes(cfg),
         name=name,
     )
 
@@ -53,8 +58,7 @@ def _attention(cfg: T5Config, name: str, cross: bool = False):
         cross=cross,
         dropout_rate=cfg.dropout_rate,
         kernel=cfg.attention_kernel,
-        dtype=cfg.activation_dtype,
-        param_dtype=cfg.weight_dtype,
+        **_dtypes(cfg),
         name=name,
     )
 
@@ -64,8 +68,7 @@ def _mlp(cfg: T5Config) -> layers.MlpBlock:
         intermediate_dim=cfg.d_ff,
         activations=cfg.mlp_activations,
         intermediate_dropout_rate=cfg.dropout_rate,
-        dtype=cfg.activation_dtype,
-        param_dtype=cfg.weight_dtype,
+        **_dtypes(cfg),
         name="mlp",
     )
 
@@ -154,8 +157,7 @@ def _relpos(cfg: T5Config) -> layers.RelativePositionBiases:
         num_buckets=cfg.relpos_num_buckets,
         max_distance=cfg.relpos_max_distance,
         num_heads=cfg.num_heads,
-        dtype=cfg.activation_dtype,
-        param_dtype=cfg.weight_dtype,
+        **_dtypes(cfg),
         name="relpos_bias",
     )
 
@@ -236,8 +238,7 @@ class Transformer(nn.Module):
         self.token_embedder = layers.Embed(
             num_embeddings=cfg.vocab_size,
             features=cfg.d_model,
-            dtype=cfg.activation_dtype,
-            param_dtype=cfg.weight_dtype,
+            **_dtypes(cfg),
         )
         self.encoder = Encoder(config=cfg, shared_embedding=self.token_embedder)
         self.decoder = Decoder(config=cfg, shared_embedding=self.token_embedder)
