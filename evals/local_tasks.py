@@ -42,7 +42,9 @@ MIN_ITEMS = 4  # a task with fewer items is not written
 MAX_TRANSLATION_CHARS = 256
 # Distractors are drawn at random from this many candidates of the nearest lengths.
 NEAREST_POOL = 8
-TASK_PREFIXES = ("xl_cont_", "xl_trans_")
+# Each kind of task, and the prefix of its task names (`<prefix><lang>`).
+TASK_PREFIX_BY_KIND: dict[str, str] = {"continuation": "xl_cont_", "translation": "xl_trans_"}
+TASK_PREFIXES = tuple(TASK_PREFIX_BY_KIND.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,19 +273,22 @@ class _TaskPlan:
     """One task to write: its candidates, where they came from, and how the choice follows the
     context (`delimiter`)."""
 
-    task: str
     lang: str
     kind: str
     candidates: list[_Candidate]
     sources: list[Path]
     delimiter: str
 
+    @property
+    def task(self) -> str:
+        """The task's name: its kind's prefix and the language."""
+        return TASK_PREFIX_BY_KIND[self.kind] + self.lang
+
 
 def _plans(corpora: Path, lang: str) -> list[_TaskPlan]:
     lines, mono_sources = _held_out_lines(corpora, lang)
     plans = [
         _TaskPlan(
-            task=f"xl_cont_{lang}",
             lang=lang,
             kind="continuation",
             candidates=_continuation_candidates(lines, lang),
@@ -295,7 +300,6 @@ def _plans(corpora: Path, lang: str) -> list[_TaskPlan]:
     if pair_sources:
         plans.append(
             _TaskPlan(
-                task=f"xl_trans_{lang}",
                 lang=lang,
                 kind="translation",
                 candidates=_translation_candidates(pairs, lang),

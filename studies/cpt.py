@@ -12,6 +12,7 @@ with the comparison against the paper (`studies.cpt_report`, `studies.zeroshot_r
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from studies import cpt_report, cpt_zeroshot
 from studies.skeleton import Log, Stages, StudyProfile, profile_stages
@@ -58,12 +59,7 @@ def stages(spec: Profile, log: Log) -> Stages:
         report=lambda runs_dir, out: cpt_report.write(
             runs_dir=runs_dir, out_dir=out, bootstrap=spec.bootstrap, log=log
         ),
-        zeroshot=lambda runs_dir, corpora, out: cpt_zeroshot.evaluate_study_runs(
-            runs_dir=runs_dir,
-            corpora=corpora,
-            out_dir=out,
-            langs=spec.langs,
-            items=spec.zeroshot_items,
-            log=log,
+        zeroshot=functools.partial(
+            cpt_zeroshot.evaluate_study_runs, langs=spec.langs, items=spec.zeroshot_items, log=log
         ),
     )

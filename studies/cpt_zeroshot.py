@@ -103,10 +103,10 @@ def chosen_runs(runs: Sequence[Any]) -> list[Any]:
 
 
 def evaluate_study_runs(
-    *,
     runs_dir: Path,
     corpora: Path,
     out_dir: Path,
+    *,
     langs: Sequence[str],
     items: int,
     log: Log = print,

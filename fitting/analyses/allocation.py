@@ -60,17 +60,9 @@ class Allocation:
         return formulas.predict(self.law, self.params, self.n_opt(C), self.d_opt(C))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (unrounded)."""
-        return {
-            "law": self.law,
-            "G": self.G,
-            "a": self.a,
-            "b": self.b,
-            "n_coef": self.n_coef,
-            "d_coef": self.d_coef,
-            "valid": self.valid,
-            "note": self.note,
-        }
+        """JSON-ready dict (unrounded): every field but the law's parameters, which the fit
+        records beside it."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "params"}
 
 
 def _law_of(params: Mapping[str, float]) -> str:

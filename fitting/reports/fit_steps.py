@@ -111,11 +111,9 @@ class Study:
             pts = self.pooled("chinchilla", FROM_SCRATCH, lang)
             if not len(pts):
                 return None
-            return fit_chinchilla(
-                pts.N,
-                pts.D,
-                pts.L,
-                runs=pts.runs,
+            return _fit_nd(
+                fit_chinchilla,
+                pts,
                 grid=self.grid,
                 bootstrap=self.bootstrap,
                 seed=self.seed,
@@ -137,15 +135,8 @@ class Study:
             pts = self.pooled("cpt", (Strategy.CPT,), lang)
             if not len(pts) or base is None:
                 return None
-            return fit_cpt(
-                pts.N,
-                pts.D,
-                pts.L,
-                base=base,
-                runs=pts.runs,
-                bootstrap=self.bootstrap,
-                seed=self.seed + 1,
-                series=lang,
+            return _fit_nd(
+                fit_cpt, pts, base=base, bootstrap=self.bootstrap, seed=self.seed + 1, series=lang
             )
 
         return self._cached(("cpt", lang), make)
@@ -154,6 +145,12 @@ class Study:
         """Draws `plot(*args, out/name, **kwargs)` (a `fitting.reports.plots` figure) and records it."""
         plot(*args, self.out / name, **kwargs)
         self.plots.append(name)
+
+
+def _fit_nd(fit: Callable[..., FitResult], pts: points.Points, **options: Any) -> FitResult:
+    """`fit` (`fit_chinchilla` or `fit_cpt`) on pooled points: their N, D and loss, a bootstrap
+    resampling whole runs."""
+    return fit(pts.N, pts.D, pts.L, runs=pts.runs, **options)
 
 
 def _budgets(pts: points.Points) -> list[float]:
@@ -242,7 +239,7 @@ def cpt_step(study: Study, step: Step) -> dict[str, Any]:
 
         def chinchilla_on_cpt() -> FitResult:
             study.pooled("chinchilla", (Strategy.CPT,), lang)
-            return fit_chinchilla(pts.N, pts.D, pts.L, runs=pts.runs, grid=study.grid, series=lang)
+            return _fit_nd(fit_chinchilla, pts, grid=study.grid, series=lang)
 
         chin = _attempt(study, f"cpt/{lang} (Chinchilla law on CPT runs)", chinchilla_on_cpt)
         if chin is not None:
@@ -257,14 +254,8 @@ def cpt_step(study: Study, step: Step) -> dict[str, Any]:
         # from-scratch runs themselves (the paper: γ ≈ −0.005, no better than Chinchilla there).
         def cpt_on_scratch() -> FitResult:
             scratch = study.pooled("chinchilla", FROM_SCRATCH, lang)
-            return fit_cpt(
-                scratch.N,
-                scratch.D,
-                scratch.L,
-                base=base,
-                runs=scratch.runs,
-                seed=study.seed + 3,
-                series=f"{lang}/pretraining",
+            return _fit_nd(
+                fit_cpt, scratch, base=base, seed=study.seed + 3, series=f"{lang}/pretraining"
             )
 
         ext = _attempt(study, f"cpt/{lang} (CPT law on from-scratch runs)", cpt_on_scratch)
