@@ -2,7 +2,9 @@
 
 `cached_import` converts `<dir>` with `convert.hf_checkpoints.hf_to_orbax` on first use into a
 cache directory (`$XLSCALE_HF_CACHE`, default `~/.cache/xlscale/hf_init`), keyed by the source's
-path, config and weight files' sizes and modification times, and reuses it after.
+path, config and weight files' sizes and modification times, and reuses it after. An entry is
+reused only when complete: its `run.json` written last, its step committed with its integrity
+record (`rundir.checksums`); one written by older code without a record is converted again.
 `local_init_spec` is the one place an `INIT_CHECKPOINT` spec is resolved to an orbax directory:
 `trainer.checkpoints` and `convert.grown_init` call it. This module imports
 `convert.hf_checkpoints` and below, never `trainer`.
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from convert import hf_checkpoints, safetensors_files
 from llama_jax import hf_config
-from rundir import records
+from rundir import checksums, names, records
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,12 @@ def _source_key(src: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _complete(entry: Path) -> bool:
+    """Whether a cache entry is a finished conversion whose step carries its integrity record."""
+    step_dir = entry / names.CHECKPOINTS_SUBDIR / str(hf_checkpoints.IMPORT_STEP)
+    return records.has_run_json(entry) and checksums.has_manifest(step_dir)
+
+
 def cached_import(spec: str) -> Path:
     """The orbax directory of `INIT_CHECKPOINT` `'hf:<dir>'`, converting `<dir>` on first use.
 
@@ -58,8 +66,11 @@ def cached_import(spec: str) -> Path:
             "Hugging Face LlamaForCausalLM directory)"
         )
     entry = cache_root() / f"{src.name}-{_source_key(src)}"
-    if records.has_run_json(entry):
+    if _complete(entry):
         return entry
+    if entry.exists():  # written before conversions were recorded: converted again
+        log.info("INIT_CHECKPOINT %s: %s has no integrity record; converting again", spec, entry)
+        shutil.rmtree(entry, ignore_errors=True)
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
@@ -68,7 +79,7 @@ def cached_import(spec: str) -> Path:
         try:
             os.replace(tmp, entry)
         except OSError:  # another process finished first
-            if not records.has_run_json(entry):
+            if not _complete(entry):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

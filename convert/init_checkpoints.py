@@ -3,13 +3,14 @@
 Conversion reads one step of a run (or of an import) and writes run-like directories that
 `INIT_CHECKPOINT` accepts, in `trainer.checkpoints.CheckpointStore`'s layout:
 
-    <dir>/checkpoints/<step>/{params, train_state, checksums}   (a run also has opt_state)
+    <dir>/checkpoints/<step>/{params, train_state, integrity record}   (a run also has opt_state)
     <dir>/run.json
 
 Here are the pieces that both sides need, so that each has one home: `parse_init_checkpoint`
 (the `'<dir>[@step]'` syntax), `params_hash` (the records' `params_hash` must equal a run's
-`init_params_hash`), and params-only saves and restores (`write_params`, `resolve_step`,
-`read_params`). `trainer.checkpoints` imports the first two from here; this package never
+`init_params_hash`), `RecordOnCommit` (each step's integrity record written inside orbax's commit,
+`rundir.checksums`), and params-only saves and restores (`write_params`, `resolve_step`,
+`read_params`, `record_step`). `trainer.checkpoints` imports the first two from here; this package never
 imports `trainer` (DESIGN.md, layers: trainer and convert sit side by side, and only trainer
 looks across), so no module of one imports back into the other.
 """
@@ -17,7 +18,6 @@ looks across), so no module of one imports back into the other.
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,8 +27,6 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from rundir import checksums, names, storage
-
-log = logging.getLogger(__name__)
 
 
 class CheckpointNotFoundError(FileNotFoundError):
@@ -103,13 +101,64 @@ def params_hash(params: Any, *, as_dtype: Any = None) -> str:
     return digest.hexdigest()
 
 
-def _params_manager(directory: epath.Path, *, read_only: bool) -> ocp.CheckpointManager:
+# What orbax's commit writes after its post-finalization callback: the commit marker and the step
+# metadata's commit timestamp. They hold no values, so the record leaves them out.
+COMMIT_FILES = (ocp.path.atomicity_types.COMMIT_SUCCESS_FILE, "_CHECKPOINT_METADATA")
+
+
+class RecordOnCommit:
+    """Writes each step's integrity record (`rundir.checksums`) inside orbax's commit.
+
+    Given to orbax as `AsyncOptions(post_finalization_callback=...)`, it runs on the async-commit
+    thread of the primary process (process 0) once every host's files are written and finalized,
+    just before orbax commits the step (the atomic rename of `<step>.orbax-checkpoint-tmp`; on
+    gs://, the `commit_success.txt` marker). A step therefore commits with its record or not at
+    all: a kill between the two is impossible, and a failed record write fails the save as a
+    failed data write does (the error surfaces at the next save or wait).
+
+    The callback takes no arguments, so the saver names the step with `expect(step)` before each
+    save, once the previous save has finished (orbax runs one save at a time).
+
+    Args:
+      directory: the checkpoints directory orbax saves into.
+    """
+
+    def __init__(self, directory: epath.Path):
+        self.directory = storage.as_path(directory)
+        self._step: int | None = None
+
+    def expect(self, step: int) -> None:
+        """Names the step of the next save (no save may be in flight)."""
+        self._step = step
+
+    def async_options(self) -> ocp.AsyncOptions:
+        """Orbax's async options with this record as the post-finalization callback."""
+        return ocp.AsyncOptions(post_finalization_callback=self)
+
+    def __call__(self) -> None:
+        if self._step is None:
+            raise RuntimeError(f"{self.directory}: a checkpoint was saved without expect(step)")
+        final = self.directory / str(self._step)
+        # Where the step's files are until the commit: orbax's own choice for this path.
+        writing = ocp.path.atomicity_defaults.get_default_temporary_path_class(final).from_final(
+            final
+        )
+        checksums.write_manifest(writing.get(), skip=COMMIT_FILES)
+        self._step = None
+
+
+def _params_manager(
+    directory: epath.Path, *, read_only: bool, record: RecordOnCommit | None = None
+) -> ocp.CheckpointManager:
     """An orbax manager of the params and train_state items only (a run's opt_state, when there
-    is one, is left alone)."""
+    is one, is left alone); a writer records each step in its commit (`record`)."""
     return ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(
-            create=not read_only, read_only=read_only, enable_async_checkpointing=False
+            create=not read_only,
+            read_only=read_only,
+            enable_async_checkpointing=record is not None,
+            async_options=record.async_options() if record is not None else None,
         ),
         item_handlers={
             "params": ocp.StandardCheckpointHandler(),
@@ -119,10 +168,12 @@ def _params_manager(directory: epath.Path, *, read_only: bool) -> ocp.Checkpoint
 
 
 def write_params(directory: epath.Path, *, step: int, params: Any, train_state: dict) -> None:
-    """Writes `directory/<step>/{params, train_state}` in `CheckpointStore`'s layout, with
-    checksums."""
-    manager = _params_manager(storage.as_path(directory), read_only=False)
+    """Writes `directory/<step>/{params, train_state}` in `CheckpointStore`'s layout, with its
+    integrity record written inside the commit (`RecordOnCommit`)."""
+    record = RecordOnCommit(directory)
+    manager = _params_manager(storage.as_path(directory), read_only=False, record=record)
     try:
+        record.expect(step)
         manager.save(
             step,
             args=ocp.args.Composite(
@@ -134,18 +185,14 @@ def write_params(directory: epath.Path, *, step: int, params: Any, train_state: 
         manager.wait_until_finished()
     finally:
         manager.close()
-    checksums.write_manifest(storage.as_path(directory) / str(step))
 
 
-def resolve_step(spec: str, *, what: str = "INIT_CHECKPOINT") -> tuple[epath.Path, int]:
-    """The checkpoints directory and step that `'<dir>[@step]'` names (the latest step by
-    default), after verifying the step's checksums; `what` names the flag in messages.
+def _committed_steps(directory: epath.Path, *, spec: str, what: str) -> list[int]:
+    """The committed steps of a checkpoints directory, ascending.
 
     Raises:
-      CheckpointNotFoundError: the directory holds no (such) checkpoint.
-      rundir.checksums.CheckpointCorruptError: a file of the step fails its checksums.
+      CheckpointNotFoundError: no such directory, or no step in it.
     """
-    directory, step = parse_init_checkpoint(spec)
     if not directory.is_dir():
         raise CheckpointNotFoundError(f"{what} {spec!r}: no directory {directory}")
     manager = _params_manager(directory, read_only=True)
@@ -155,15 +202,55 @@ def resolve_step(spec: str, *, what: str = "INIT_CHECKPOINT") -> tuple[epath.Pat
         manager.close()
     if not steps:
         raise CheckpointNotFoundError(f"{what} {spec!r}: no checkpoint in {directory}")
+    return steps
+
+
+def _named_step(spec: str, *, what: str, complete_only: bool) -> tuple[epath.Path, int]:
+    """The directory and step `'<dir>[@step]'` names; no step: the newest one (with
+    `complete_only`, the newest with its integrity record, if any)."""
+    directory, step = parse_init_checkpoint(spec)
+    steps = _committed_steps(directory, spec=spec, what=what)
     if step is None:
-        step = steps[-1]
-    elif step not in steps:
+        complete = [s for s in steps if checksums.has_manifest(directory / str(s))]
+        return directory, (complete or steps)[-1] if complete_only else steps[-1]
+    if step not in steps:
         raise CheckpointNotFoundError(
             f"{what} {spec!r}: no step {step} in {directory} (steps: {steps})"
         )
-    if not checksums.verify_manifest(directory / str(step), step=step, source=f"{what} {spec!r}"):
-        log.info("%s %r step %d has no checksums to verify", what, spec, step)
     return directory, step
+
+
+def resolve_step(spec: str, *, what: str = "INIT_CHECKPOINT") -> tuple[epath.Path, int]:
+    """The checkpoints directory and step that `'<dir>[@step]'` names (by default the newest
+    complete step: one with its integrity record), after verifying the step's record; `what`
+    names the flag in messages.
+
+    Raises:
+      CheckpointNotFoundError: the directory holds no (such) checkpoint.
+      rundir.checksums.CheckpointUnrecordedError: the step has no integrity record (never
+        restored blind; the message says how to record files one trusts).
+      rundir.checksums.CheckpointCorruptError: a file of the step fails its checksums.
+    """
+    directory, step = _named_step(spec, what=what, complete_only=True)
+    checksums.verify_manifest(directory / str(step), step=step, source=f"{what} {spec!r}")
+    return directory, step
+
+
+def record_step(spec: str) -> tuple[epath.Path, int, bool]:
+    """Writes the integrity record of `'<dir>[@step]'` (default: its newest committed step) from
+    its files as they are now: for a checkpoint written by another tool, whose files the user
+    trusts. A step that already has a record keeps it.
+
+    Returns:
+      (checkpoints directory, step, whether a record was written).
+    Raises:
+      CheckpointNotFoundError: no such directory or step.
+    """
+    directory, step = _named_step(spec, what="checkpoint", complete_only=False)
+    if checksums.has_manifest(directory / str(step)):
+        return directory, step, False
+    checksums.write_manifest(directory / str(step))
+    return directory, step, True
 
 
 def read_params(directory: epath.Path, step: int) -> dict[str, Any]:

@@ -1,10 +1,17 @@
-"""Checksums of committed checkpoints, verified on restore.
+"""Integrity records of checkpoints: every file's size and SHA-256, verified on restore.
 
-Orbax offers no checksums for these checkpoints, so once a step is committed we write
-`<step>/xlscale_checksums.json`: each file's path (relative to the step directory), size and
-SHA-256. A restore verifies it first: a truncated or bit-flipped file is named with its step
-instead of loading silently or failing deep inside TensorStore. A step without the manifest (the
-job was killed between the commit and the hashing) is still restorable, unverified.
+Orbax offers no checksums for these checkpoints, so each step carries
+`<step>/xlscale_checksums.json` (its *integrity record*): each file's path (relative to the step
+directory), size and SHA-256. The trainer and the converters write it inside orbax's commit (on
+its async-commit thread, just before the atomic rename: `convert.init_checkpoints.RecordOnCommit`),
+so a committed step normally has it. A step counts as complete only with its record: one without
+(written by older code that hashed after the commit, by another tool, or whose record write
+failed) is never restored blind -- resume sets it aside, and `INIT_CHECKPOINT` or an evaluation
+naming it is refused with `CheckpointUnrecordedError`, which says how to record a checkpoint whose
+files one trusts (`xlscale convert record DIR@STEP`, i.e. `write_manifest`).
+
+A restore verifies the record first: a truncated or bit-flipped file is named with its step
+instead of loading silently or failing deep inside TensorStore.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Collection
 
 from etils import epath
 
@@ -25,6 +33,22 @@ class CheckpointCorruptError(RuntimeError):
     """A checkpoint's files do not match the checksums written when it was committed."""
 
 
+class CheckpointUnrecordedError(CheckpointCorruptError):
+    """A checkpoint step has no integrity record, so its files cannot be verified; it is not
+    complete and is never restored blind (the message says how to record trusted files)."""
+
+
+def unrecorded_message(*, source: str, step_dir: str | os.PathLike, step: int) -> str:
+    """The refusal of a step without its record: what, where, and how to add the record (two
+    lines, for `CheckpointUnrecordedError`)."""
+    step_dir = storage.as_path(step_dir)
+    return (
+        f"{source}: step {step} ({step_dir}) has no integrity record ({MANIFEST_FILE}), so its "
+        "files cannot be verified\n"
+        f"  if you trust them, record them first: xlscale convert record '{step_dir.parent}@{step}'"
+    )
+
+
 def _sha256(path: epath.Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -33,34 +57,47 @@ def _sha256(path: epath.Path) -> str:
     return digest.hexdigest()
 
 
-def _files(step_dir: epath.Path) -> list[epath.Path]:
-    # Not the manifest, nor its temporary file left by a job killed while writing it.
-    return [p for p in storage.list_files(step_dir) if not p.name.startswith(MANIFEST_FILE)]
+def _files(step_dir: epath.Path, skip: Collection[str]) -> list[epath.Path]:
+    # Not the record, nor its temporary file left by a job killed while writing it.
+    return [
+        p
+        for p in storage.list_files(step_dir)
+        if not p.name.startswith(MANIFEST_FILE) and p.relative_to(step_dir).as_posix() not in skip
+    ]
 
 
-def write_manifest(step_dir: str | os.PathLike) -> epath.Path:
-    """Hashes every file of a committed step directory and writes the manifest (atomically).
+def write_manifest(step_dir: str | os.PathLike, *, skip: Collection[str] = ()) -> epath.Path:
+    """Hashes every file of a step directory and writes its integrity record (atomically).
+
+    Args:
+      step_dir: the step's directory (inside a commit: its temporary directory).
+      skip: paths (relative to `step_dir`) not to record: files the commit itself writes or
+        rewrites after the record (orbax's commit marker and commit timestamp).
 
     Returns:
-      The manifest's path.
+      The record's path.
+    Raises:
+      CheckpointCorruptError: the directory holds no file to record (nothing to verify later).
     """
     step_dir = storage.as_path(step_dir)
     files = {
         p.relative_to(step_dir).as_posix(): {"size": p.stat().length, "sha256": _sha256(p)}
-        for p in _files(step_dir)
+        for p in _files(step_dir, skip)
     }
+    if not files:
+        raise CheckpointCorruptError(f"{step_dir}: no checkpoint files to record")
     path = step_dir / MANIFEST_FILE
     storage.write_text_atomic(path, json.dumps({"files": files}, indent=1) + "\n")
     return path
 
 
 def has_manifest(step_dir: str | os.PathLike) -> bool:
-    """Whether the step directory carries a checksum manifest."""
+    """Whether the step directory carries its integrity record (the step is complete)."""
     return (storage.as_path(step_dir) / MANIFEST_FILE).is_file()
 
 
-def verify_manifest(step_dir: str | os.PathLike, *, step: int, source: str) -> bool:
-    """Checks every file listed in the step's manifest (size, then SHA-256).
+def verify_manifest(step_dir: str | os.PathLike, *, step: int, source: str) -> int:
+    """Checks every file listed in the step's integrity record (size, then SHA-256).
 
     Args:
       step_dir: the step's directory.
@@ -69,17 +106,22 @@ def verify_manifest(step_dir: str | os.PathLike, *, step: int, source: str) -> b
         checkpoints directory (for messages).
 
     Returns:
-      True when verified, False when the step has no manifest (nothing to check against).
+      How many files were verified (at least one: an empty record is refused as unreadable).
     Raises:
+      CheckpointUnrecordedError: the step has no record (`unrecorded_message`).
       CheckpointCorruptError: naming the first file that is missing, truncated or altered,
-        and the step.
+        and the step; or a record that is unreadable or lists no file.
     """
     step_dir = storage.as_path(step_dir)
     path = step_dir / MANIFEST_FILE
     if not path.is_file():
-        return False
+        raise CheckpointUnrecordedError(
+            unrecorded_message(source=source, step_dir=step_dir, step=step)
+        )
     try:
         files = json.loads(path.read_text(encoding="utf-8"))["files"]
+        if not files:
+            raise ValueError("it lists no file")
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointCorruptError(
             f"{source}: step {step}'s checksum manifest {path} is unreadable ({e})"
@@ -95,4 +137,4 @@ def verify_manifest(step_dir: str | os.PathLike, *, step: int, source: str) -> b
         else:
             continue
         raise CheckpointCorruptError(f"{source}: step {step}: file {file} {problem}")
-    return True
+    return len(files)

@@ -10,9 +10,15 @@ every parameter's presence and shape against the model. `INIT_CHECKPOINT = 'hf:<
 Hugging Face model directory, converted once into a cached orbax directory
 (`convert.hf_cache`) and then checked and restored like any other.
 
-Integrity: after a step is committed, a background thread writes its checksums
-(`rundir.checksums`); restores verify them. `INIT_CHECKPOINT` refuses a corrupt step;
-resume (`CheckpointStore.restore_latest_intact`) falls back to the newest intact step.
+Integrity: every step is committed with its integrity record (`rundir.checksums`), written on
+orbax's async-commit thread just before the atomic rename (`convert.init_checkpoints.
+RecordOnCommit`), and a step counts as complete only with it. Every restore verifies the record.
+A committed step without one (written by older code that hashed after the commit and was killed
+in between, or whose record write failed) is set aside, never restored blind: resume falls back
+to the newest step with a record -- or starts fresh, as after a kill before the first checkpoint
+-- and, training being deterministic, reaches the same state. (Recomputing the record on resume
+would verify nothing: it would hash whatever the files hold now.) `INIT_CHECKPOINT` and the
+readers of `trainer.restore` refuse such a step, saying how to record files one trusts.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ import os
 import signal
 import threading
 from collections.abc import Mapping
-from concurrent import futures
 from typing import Any
 
 import jax
@@ -100,9 +105,11 @@ def checkpoints_dir(model_dir: str | os.PathLike) -> epath.Path:
 
 
 def committed_step(model_dir: str | os.PathLike) -> int | None:
-    """The newest committed checkpoint step of the run in `model_dir` (orbax's `latest_step`:
-    a step whose save did not finish is not one), or None for a fresh run. The one rule by
-    which a run decides that it resumes; opens nothing for writing and creates nothing."""
+    """The newest complete checkpoint step of the run in `model_dir` -- committed by orbax (a
+    step whose save did not finish is not one) and carrying its integrity record -- or None for
+    a fresh run. The one rule by which a run decides that it resumes (the steps without a record
+    are set aside when the run opens its store); opens nothing for writing and creates
+    nothing."""
     directory = checkpoints_dir(model_dir)
     if not directory.is_dir():
         return None
@@ -136,60 +143,61 @@ class CheckpointStore:
             if not read_only
             else {"save_interval_steps": 0}
         )
+        self.directory = storage.as_path(directory)
+        # A writer records each step inside its commit, on orbax's async-commit thread (a
+        # synchronous store waits for each save instead of saving without the hook).
+        self._record = None if read_only else init_checkpoints.RecordOnCommit(self.directory)
         options = ocp.CheckpointManagerOptions(
             **saving,
-            enable_async_checkpointing=config.async_save and not read_only,
+            enable_async_checkpointing=not read_only,
+            async_options=self._record.async_options() if self._record else None,
             create=not read_only,
             read_only=read_only,
         )
-        self.directory = storage.as_path(directory)
         with _quiet_read_only_notice():
             self._manager = ocp.CheckpointManager(
                 self.directory, options=options, item_handlers=_handlers()
             )
-        # Checksums are written by process 0 off the training thread, one step at a time.
-        self._hasher = None
-        if not read_only and jax.process_index() == 0:
-            self._hasher = futures.ThreadPoolExecutor(1, thread_name_prefix="xlscale-checksums")
-        self._hashed: set[int] = set()
-        self._hashing: list[futures.Future] = []
+        if not read_only:
+            self._set_aside_unrecorded()
 
     def step_dir(self, step: int) -> epath.Path:
         """A committed step's directory."""
         return self.directory / str(step)
 
-    def _hash_committed(self, *, exclude: int | None = None) -> None:
-        """Queues the checksums of committed steps that have none (all but `exclude`, the save
-        in flight)."""
-        if self._hasher is None:
-            return
-        for step in self._manager.all_steps():
-            if step == exclude or step in self._hashed or not self.step_dir(step).is_dir():
-                continue
-            self._hashed.add(step)
-            if not checksums.has_manifest(self.step_dir(step)):
-                self._hashing.append(self._hasher.submit(self._write_manifest, step))
+    def recorded(self, step: int) -> bool:
+        """Whether committed `step` carries its integrity record (is complete)."""
+        return checksums.has_manifest(self.step_dir(step))
 
-    def _write_manifest(self, step: int) -> None:
-        try:
-            checksums.write_manifest(self.step_dir(step))
-        except FileNotFoundError:  # deleted by the keep policy meanwhile
-            pass
-        except OSError as e:
-            log.warning("could not write the checksums of checkpoint step %d: %s", step, e)
+    def _set_aside_unrecorded(self) -> None:
+        """Sets aside every committed step without its integrity record (see the module
+        docstring), so that neither resume nor the keep policy counts it and a later save of the
+        same step is not skipped. Process 0 decides; every host moves the same steps."""
+        steps = self.all_steps()
+        unrecorded = np.array([0 if self.recorded(s) else 1 for s in steps], np.int32)
+        if jax.process_count() > 1 and steps:
+            from jax.experimental import multihost_utils
 
-    def _finish_hashing(self) -> None:
-        self._hash_committed()
-        for future in self._hashing:
-            future.result()
-        self._hashing = []
+            unrecorded = np.asarray(multihost_utils.broadcast_one_to_all(unrecorded))
+        for step, missing in zip(steps, unrecorded, strict=True):
+            if missing:
+                log.warning(
+                    "checkpoint step %d in %s has no integrity record (its job ended between "
+                    "the commit and the record, or its record write failed): not restored "
+                    "unverified",
+                    step,
+                    self.directory,
+                )
+                self.set_aside(step, reason="unverified")
 
     def latest_step(self) -> int | None:
-        """Step of the newest complete checkpoint, or None."""
-        return self._manager.latest_step()
+        """Step of the newest complete checkpoint (committed, with its integrity record), or
+        None."""
+        return next((s for s in reversed(self.all_steps()) if self.recorded(s)), None)
 
     def all_steps(self) -> list[int]:
-        """Steps of all complete checkpoints, ascending."""
+        """Steps of all committed checkpoints, ascending (in a writer's store, all complete:
+        those without a record were set aside when it opened)."""
         return sorted(self._manager.all_steps())
 
     def save(
@@ -199,6 +207,9 @@ class CheckpointStore:
         with storage.service_errors(self.directory / str(step), "saving checkpoint"):
             if step in self._manager.all_steps():
                 return
+            # The record hook learns its step only once the previous save has committed.
+            self._manager.wait_until_finished()
+            self._record.expect(step)
             self._manager.save(
                 step,
                 args=ocp.args.Composite(
@@ -208,48 +219,52 @@ class CheckpointStore:
                 ),
                 force=True,
             )
-            # `save` returns once the previous save has committed: hash the steps finished so far.
-            self._hash_committed(exclude=step)
+            if not self.config.async_save:
+                self._manager.wait_until_finished()
 
-    def verify(self, step: int) -> bool:
-        """Verifies a step's checksums: True when verified, False when it has none.
+    def verify(self, step: int) -> int:
+        """Verifies a step's integrity record.
 
+        Returns:
+          How many files were verified (at least one).
         Raises:
+          CheckpointUnrecordedError: the step has no record.
           CheckpointCorruptError: naming the file and the step.
         """
         return checksums.verify_manifest(
             self.step_dir(step), step=step, source=f"checkpoint {self.directory}"
         )
 
-    def _verify_agreed(self, step: int) -> bool:
+    def _verify_agreed(self, step: int) -> None:
         """`verify` on process 0 only (it reads every file), its verdict shared by all hosts."""
         if jax.process_count() == 1:
-            return self.verify(step)
+            self.verify(step)
+            return
         from jax.experimental import multihost_utils
 
-        verdict, error = 0, None
+        failed, error = 0, None
         if jax.process_index() == 0:
             try:
-                verdict = 1 if self.verify(step) else 0
+                self.verify(step)
             except CheckpointCorruptError as e:
-                verdict, error = 2, e
-        verdict = int(multihost_utils.broadcast_one_to_all(np.int32(verdict)))
-        if verdict == 2:
+                failed, error = 1, e
+        if int(multihost_utils.broadcast_one_to_all(np.int32(failed))):
             raise error or CheckpointCorruptError(
                 f"checkpoint {self.directory}: step {step} failed its checksums on process 0"
             )
-        return verdict == 1
 
     def restore_latest_intact(
         self, *, abstract_params: Any, abstract_opt_state: Any
     ) -> tuple[int, Any, Any, dict[str, Any]] | None:
         """Restores the newest step that verifies and loads, for resume; None without steps.
 
-        A newer step that fails its checksums, or (without checksums) fails to load while an
-        older one loads, is corrupt; a step holding non-finite values (written by older code) is
-        unusable too. Each is logged and moved to `SET_ASIDE_SUBDIR` (`set_aside`) so the run
-        re-saves it and the keep policy never counts it. When no step is usable, nothing is moved
-        (the cause is more likely the configuration than the files).
+        Every step restored is verified against its integrity record first. A newer step that
+        fails its checksums or fails to load while an older one loads is corrupt; a step holding
+        non-finite values (written by older code) is unusable too. Each is logged and moved to
+        `SET_ASIDE_SUBDIR` (`set_aside`) so the run re-saves it and the keep policy never counts
+        it. When no step is usable, nothing is moved (the cause is more likely the configuration
+        than the files). Steps without a record were set aside when a writer's store opened; a
+        read-only store skips them (never restoring one unverified).
 
         Returns:
           (step, params, opt_state, train_state), or None when there is no checkpoint.
@@ -258,8 +273,15 @@ class CheckpointStore:
         """
         failed: list[tuple[int, Exception]] = []
         for step in sorted(self._manager.all_steps(), reverse=True):
+            if not self.recorded(step):
+                log.warning(
+                    "checkpoint step %d in %s has no integrity record: skipped",
+                    step,
+                    self.directory,
+                )
+                continue
             try:
-                verified = self._verify_agreed(step)
+                self._verify_agreed(step)
                 restored = self.restore(
                     step, abstract_params=abstract_params, abstract_opt_state=abstract_opt_state
                 )
@@ -283,9 +305,7 @@ class CheckpointStore:
                 continue
             for failed_step, reason, _ in failed:
                 self.set_aside(failed_step, reason=reason)
-            log.info(
-                "restored checkpoint step %d (%s)", step, "verified" if verified else "no checksums"
-            )
+            log.info("restored checkpoint step %d (verified)", step)
             return (step, *restored)
         if failed:
             problems = "\n".join(f"  step {s}: {e}" for s, _, e in failed)
@@ -329,13 +349,7 @@ class CheckpointStore:
         Returns:
           The newest remaining step, or None.
         """
-        # Finish what is in flight without hashing this step: the step re-saved later under the
-        # same number must get its own checksums.
         self._manager.wait_until_finished()
-        for future in self._hashing:
-            future.result()
-        self._hashing = []
-        self._hashed.discard(step)
         if jax.process_index() == 0:
             target = self.directory.parent / SET_ASIDE_SUBDIR / f"{step}.{reason}"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -351,27 +365,20 @@ class CheckpointStore:
         return self.latest_step()
 
     def wait(self) -> None:
-        """Blocks until background saves are committed and their checksums written."""
+        """Blocks until background saves are committed (each with its integrity record)."""
         with storage.service_errors(self.directory, "committing checkpoints in"):
             self._manager.wait_until_finished()
-            self._finish_hashing()
 
     def reached_preemption(self, step: int) -> bool:
         """Whether JAX's multi-host preemption service asks every host to stop at `step`."""
         return self._manager.reached_preemption(step)
 
     def close(self) -> None:
-        """Waits for pending saves and their checksums, and releases the manager."""
+        """Waits for pending saves (each committed with its integrity record), and releases the
+        manager."""
         with storage.service_errors(self.directory, "committing checkpoints in"):
             self._manager.wait_until_finished()
-        try:
-            with storage.service_errors(self.directory, "committing checkpoints in"):
-                self._finish_hashing()
-        finally:
-            if self._hasher is not None:
-                self._hasher.shutdown(wait=True)
-                self._hasher = None
-            self._manager.close()
+        self._manager.close()
 
 
 def check_params_compatible(

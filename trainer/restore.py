@@ -3,9 +3,11 @@ and zero-shot scoring (`evals.scorer`) go through.
 
 A checkpoint is named `'<dir>[@step]'`: `<dir>` is a run's `MODEL_DIR` (its `checkpoints/` is
 used) or a checkpoints directory, local or on object storage; no step means the newest kept one.
-The parameters are checked against the model from metadata first and the step's checksums are
-verified, as for `INIT_CHECKPOINT` — but errors here speak of the checkpoint being read (with the
-flag that named it) rather than of initialising a run.
+The parameters are checked against the model from metadata first and the step's integrity record
+is verified, as for `INIT_CHECKPOINT` — but errors here speak of the checkpoint being read (with
+the flag that named it) rather than of initialising a run. Only complete steps (committed with
+their record, `rundir.checksums`) are kept steps; one without a record is refused, never read
+unverified.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from etils import epath
 
 from convert import init_checkpoints
+from rundir import checksums
 from trainer import checkpoints as ckpt_lib
 
 
@@ -46,8 +49,9 @@ class Restored:
         return d.parent if d.name == ckpt_lib.CHECKPOINTS_SUBDIR else d
 
 
-def kept_steps(checkpoint: str | os.PathLike, *, flag: str = "checkpoint") -> list[int]:
-    """The steps kept under `'<dir>[@step]'` (ascending; the step part is ignored).
+def _steps(checkpoint: str | os.PathLike, *, flag: str) -> tuple[epath.Path, list[int], list[int]]:
+    """The checkpoints directory of `'<dir>[@step]'`, its committed steps and its complete ones
+    (with their integrity record), ascending.
 
     Raises:
       CheckpointNotFoundError: the directory does not exist (naming `flag` and the value).
@@ -57,26 +61,41 @@ def kept_steps(checkpoint: str | os.PathLike, *, flag: str = "checkpoint") -> li
         raise CheckpointNotFoundError(f"{flag} {os.fspath(checkpoint)!r}: no directory {directory}")
     store = ckpt_lib.CheckpointStore(directory, ckpt_lib.CheckpointConfig(), read_only=True)
     try:
-        return store.all_steps()
+        committed = store.all_steps()
+        return directory, committed, [s for s in committed if store.recorded(s)]
     finally:
         store.close()
 
 
+def kept_steps(checkpoint: str | os.PathLike, *, flag: str = "checkpoint") -> list[int]:
+    """The complete steps kept under `'<dir>[@step]'` (ascending; the step part is ignored).
+
+    Raises:
+      CheckpointNotFoundError: the directory does not exist (naming `flag` and the value).
+    """
+    return _steps(checkpoint, flag=flag)[2]
+
+
 def resolve_step(checkpoint: str | os.PathLike, step: int | None, *, flag: str) -> int:
-    """`step`, or the newest kept step of `checkpoint`.
+    """`step`, or the newest complete step of `checkpoint`.
 
     Raises:
       CheckpointNotFoundError: no checkpoint at all, or `step` is not kept (listing the kept
         steps), naming `flag`.
+      rundir.checksums.CheckpointUnrecordedError: `step` was committed without its integrity
+        record (the message says how to record files one trusts).
     """
-    kept = kept_steps(checkpoint, flag=flag)
-    if not kept:
-        raise CheckpointNotFoundError(f"{flag} {os.fspath(checkpoint)!r}: no checkpoint in it")
+    directory, committed, kept = _steps(checkpoint, flag=flag)
+    name = f"{flag} {os.fspath(checkpoint)!r}"
+    if not committed:
+        raise CheckpointNotFoundError(f"{name}: no checkpoint in it")
     if step is None:
-        return kept[-1]
+        step = (kept or committed)[-1]  # none complete: refused below
+    if int(step) not in committed:
+        raise CheckpointNotFoundError(f"{name}: step {step} is not kept; kept steps: {kept}")
     if int(step) not in kept:
-        raise CheckpointNotFoundError(
-            f"{flag} {os.fspath(checkpoint)!r}: step {step} is not kept; kept steps: {kept}"
+        raise checksums.CheckpointUnrecordedError(
+            checksums.unrecorded_message(source=name, step_dir=directory / str(step), step=step)
         )
     return int(step)
 
@@ -94,6 +113,7 @@ def restore_params(
     Raises:
       CheckpointNotFoundError: no such run or step (the kept steps listed).
       ValueError: parameters missing or of other shapes (each named).
+      rundir.checksums.CheckpointUnrecordedError: the step has no integrity record.
       rundir.checksums.CheckpointCorruptError: a file of the step fails its checksums.
     """
     spec = ckpt_lib.local_init_spec(os.fspath(checkpoint))

@@ -3,10 +3,13 @@
     xlscale convert hf-to-orbax HF_DIR DST [--dtype float32|bfloat16]   (default: as stored)
     xlscale convert meta-to-orbax META_DIR DST [--dtype float32|bfloat16]
     xlscale convert orbax-to-hf RUN_DIR[@STEP] DST [--dtype float32|bfloat16|float16]
+    xlscale convert record CHECKPOINT_DIR[@STEP]
 
 `hf-to-orbax` and `meta-to-orbax` write DST, a directory `INIT_CHECKPOINT` accepts (and whose
 `config.json` `MODEL_SIZE='hf:DST'` reads); `orbax-to-hf` writes a directory transformers'
 `LlamaForCausalLM.from_pretrained` loads, with the run's `VOCAB_PATH` as `tokenizer.model`.
+`record` writes the integrity record (`rundir.checksums`) of an orbax step written by another tool,
+from its files as they are now, so that `INIT_CHECKPOINT` and the evaluations accept it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def _common(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the three directions and their arguments."""
+    """Adds the directions and their arguments."""
     directions = parser.add_subparsers(dest="direction", required=True)
     hf = directions.add_parser("hf-to-orbax", help="HF LlamaForCausalLM dir -> INIT_CHECKPOINT")
     _common(
@@ -53,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     export.add_argument("--model-size", default=None, help="shape, if run.json records none")
     export.add_argument(
         "--vocab", default=None, help="tokenizer.model to ship (default VOCAB_PATH)"
+    )
+    record = directions.add_parser(
+        "record", help="write the integrity record of a checkpoint written by another tool"
+    )
+    record.add_argument(
+        "checkpoint", help="MODEL_DIR or checkpoints dir, optionally @STEP (default latest)"
     )
 
 
@@ -91,8 +100,21 @@ def _export(args: argparse.Namespace) -> str:
     return f"wrote {_absolute(args.dst)} from {record['source']} step {record['step']}"
 
 
+def _record(args: argparse.Namespace) -> str:
+    from convert import init_checkpoints
+
+    directory, step, written = init_checkpoints.record_step(args.checkpoint)
+    done = "recorded" if written else "already recorded, left as it was:"
+    return f"{done} {directory}/{step}; INIT_CHECKPOINT='{directory}@{step}' verifies it now"
+
+
 # direction -> what runs it (returns the line to print).
-DIRECTIONS = {"hf-to-orbax": _import, "meta-to-orbax": _import, "orbax-to-hf": _export}
+DIRECTIONS = {
+    "hf-to-orbax": _import,
+    "meta-to-orbax": _import,
+    "orbax-to-hf": _export,
+    "record": _record,
+}
 
 
 def run(args: argparse.Namespace) -> int:
