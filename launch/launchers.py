@@ -44,6 +44,7 @@ from launch.status import (
     read_json,
 )
 from launch.sweep import topological_order
+from pipelines import native_logs
 from rundir import storage
 
 # Name -> "module:Class"; imported on use, so `xmanager` costs nothing until chosen.
@@ -215,7 +216,8 @@ def _call_in_worker(runner: Runner, run: Run, log_path: str) -> int:
     root.handlers, trainer.handlers, trainer.propagate = [handler], [handler], False
     trainer.setLevel(logging.INFO)
     try:
-        return _invoke(runner, run, Path(log_path))
+        with native_logs.stderr_to(log_path):  # native lines (TensorFlow's start-up) there too
+            return _invoke(runner, run, Path(log_path))
     finally:
         root.handlers, trainer.handlers, trainer.propagate = saved
         handler.close()

@@ -326,13 +326,15 @@ def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
 
     Loading and Python-side encoding print nothing (training passes SentencePiece's
     `minloglevel`). seqio's `encode_tf`, which task pipelines use, runs tf_text's own statically
-    linked SentencePiece: it prints `normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty`
-    for each tokenizing op of a pipeline (identity-normalised models like ours), and tf_text
-    exposes no log level.
+    linked SentencePiece, which prints `normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty`
+    when it loads an identity-normalised model like ours: the vocabulary returned builds that
+    tokenizer once, with the line kept off the terminal (`pipelines.sentencepiece_vocabulary`).
     """
-    import seqio
+    from pipelines import sentencepiece_vocabulary
 
-    vocab = seqio.SentencePieceVocabulary(local_model_file(model_path), extra_ids=extra_ids)
+    vocab = sentencepiece_vocabulary.SentencePieceVocabulary(
+        local_model_file(model_path), extra_ids=extra_ids
+    )
     try:
         tok = vocab.tokenizer
     except Exception as e:  # protobuf's DecodeError, SentencePiece's RuntimeError/OSError

@@ -13,6 +13,8 @@ import importlib
 import os
 import sys
 
+from xlscale_cli import terminal
+
 # name -> (module, one-line help). A dict registry: adding a command is one line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "sizes": ("xlscale_cli.sizes", "print the LLaMA2 size table of the CPT paper (Table 4)"),
@@ -87,6 +89,7 @@ def _dispatch(argv: list[str] | None) -> int:
             file=sys.stderr,
         )
         return 2
+    terminal.setup()  # before a command imports TensorFlow: third-party lines off the terminal
     module = importlib.import_module(COMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"xlscale {name}", description=COMMANDS[name][1])
     module.add_arguments(parser)
