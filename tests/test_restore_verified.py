@@ -364,3 +364,34 @@ def test_an_empty_record_verifies_nothing_and_is_refused(tmp_path):
     (step_dir / checksums.MANIFEST_FILE).write_text('{"files": {}}')
     with pytest.raises(checksums.CheckpointCorruptError, match="lists no file"):
         checksums.verify_manifest(step_dir, step=3, source="test")
+
+
+def test_on_gcs_each_step_commits_with_its_record_and_one_without_is_set_aside(gcs_bucket, caplog):
+    # On gs:// orbax commits by a marker file, not a rename: the record is written before it.
+    model_dir = f"{gcs_bucket}/run"
+    directory = checkpoints.checkpoints_dir(model_dir)
+    store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=10))
+    try:
+        for step in (1, 2):
+            params = {"w": jnp.full(4, float(step))}
+            store.save(step, params=params, opt_state={"m": jnp.zeros(2)}, train_state={})
+        store.wait()
+        assert store.all_steps() == [1, 2] and all(store.verify(s) > 0 for s in (1, 2))
+    finally:
+        store.close()
+    assert checkpoints.committed_step(model_dir) == 2
+    (directory / "2" / checksums.MANIFEST_FILE).unlink()  # as older code killed before hashing
+    assert checkpoints.committed_step(model_dir) == 1
+    with caplog.at_level(logging.INFO, logger="trainer.checkpoints"):
+        store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=10))
+        try:
+            step, params, *_ = store.restore_latest_intact(
+                abstract_params=_abstract()[0], abstract_opt_state=_abstract()[1]
+            )
+            assert store.all_steps() == [1]
+        finally:
+            store.close()
+    assert step == 1 and np.asarray(params["w"]).tolist() == [1.0] * 4
+    assert "restored checkpoint step 1 (verified)" in caplog.text and UNVERIFIED not in caplog.text
+    set_aside = storage.as_path(model_dir) / checkpoints.SET_ASIDE_SUBDIR / "2.unverified"
+    assert set_aside.is_dir() and not (set_aside / checksums.MANIFEST_FILE).exists()
