@@ -12,6 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
+from prepared_runs import prepare_train_splits, prepared_kwargs
 
 from pipelines.prepared import prepare as prepare_lib
 from rundir import records as rundir_records
@@ -37,18 +38,9 @@ def prepared(tiny_data, seqio_state, tmp_path_factory):
     )
     registration.register()
     try:
-        for task in ("lm_fr", "lm_en"):
-            prepare_lib.prepare(
-                task_name=task,
-                split="train",
-                out_dir=out,
-                num_shards=2,
-                workers=1,
-                log=lambda line: None,
-            )
+        return prepare_train_splits(out, ("lm_fr", "lm_en"))
     finally:
         seqio_state.restore(saved)
-    return out
 
 
 def STOP_AT(step):  # noqa: N802 -- reads as a constant at the call
@@ -57,32 +49,16 @@ def STOP_AT(step):  # noqa: N802 -- reads as a constant at the call
 
 
 def _kwargs(tiny_data, prepared_dir, **overrides):
-    kwargs = dict(
-        model=model_spec.ModelSpec(
-            size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}
-        ),
-        data=DataConfig(
-            mixture_or_task=MIXTURE,
-            task_feature_lengths={"targets": 64},
-            batch_size=8,
-            vocab_path=tiny_data["vocab"],
-            corpora_dir=tiny_data["corpora"],
-            langs=("en", "fr"),
-            prepared_dir=os.fspath(prepared_dir),
-        ),
-        train_steps=STEPS,
-        schedule=ScheduleConfig(peak=3e-3),
-        checkpoint=CheckpointConfig(period=2, keep_last=10),
-        mesh=MeshConfig(num_devices=1),
-        evaluation=EvalConfig(tasks=(), period=0),
-        run=train_lib.RunInfo(
-            strategy="cpt_replay", source_lang="en", target_lang="fr", replay_ratio=0.2
-        ),
-        loop=LoopConfig(log_every=1),
-        seed=0,
+    replay = train_lib.RunInfo(
+        strategy="cpt_replay", source_lang="en", target_lang="fr", replay_ratio=0.2
     )
-    kwargs.update(overrides)
-    return kwargs
+    return prepared_kwargs(
+        tiny_data,
+        prepared_dir,
+        mixture_or_task=MIXTURE,
+        langs=("en", "fr"),
+        **{"train_steps": STEPS, "run": replay, **overrides},
+    )
 
 
 def test_a_run_on_prepared_data_resumes_to_the_uninterrupted_records(
@@ -197,15 +173,7 @@ def test_t5_pretrains_on_prepared_span_corruption_and_finetunes_on_prepared_pair
     )
     try:
         registration.register()
-        for task in ("span_en", "span_fr", "mt_en_fr"):
-            prepare_lib.prepare(
-                task_name=task,
-                split="train",
-                out_dir=out,
-                num_shards=2,
-                workers=1,
-                log=lambda line: None,
-            )
+        prepare_train_splits(out, ("span_en", "span_fr", "mt_en_fr"))
         data = DataConfig(
             mixture_or_task="mix_en_50_fr_50",
             task_feature_lengths=lengths,

@@ -20,18 +20,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+from prepared_runs import prepare_train_splits, prepared_kwargs
 from test_launch import MANIFEST
 
 from launch import status, sweep
 from pipelines.prepared import prepare as prepare_lib
 from pipelines.prepared import shards
 from rundir import names
-from trainer import divergence, model_spec, validation
+from trainer import divergence, validation
 from trainer import train as train_lib
-from trainer.checkpoints import CheckpointConfig
-from trainer.data import DataConfig, EvalConfig
 from trainer.loop import LoopConfig
-from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
 
 STEPS = 4
@@ -47,44 +45,19 @@ def prepared(tiny_data, seqio_state, tmp_path_factory):
         vocab_path=tiny_data["vocab"], corpora_dir=tiny_data["corpora"]
     ).register()
     try:
-        prepare_lib.prepare(
-            task_name="lm_en",
-            split="train",
-            out_dir=out,
-            num_shards=2,
-            workers=1,
-            log=lambda line: None,
-        )
+        return prepare_train_splits(out, ["lm_en"])
     finally:
         seqio_state.restore(saved)
-    return out
 
 
 def _kwargs(tiny_data, prepared_dir, **overrides):
-    kwargs = dict(
-        model=model_spec.ModelSpec(
-            size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}
-        ),
-        data=DataConfig(
-            mixture_or_task="lm_en",
-            task_feature_lengths={"targets": 64},
-            batch_size=8,
-            vocab_path=tiny_data["vocab"],
-            corpora_dir=tiny_data["corpora"],
-            langs=("en",),
-            prepared_dir=os.fspath(prepared_dir),
-        ),
-        train_steps=STEPS,
-        schedule=CONSTANT,
-        checkpoint=CheckpointConfig(period=2, keep_last=10),
-        mesh=MeshConfig(num_devices=1),
-        evaluation=EvalConfig(tasks=(), period=0),
-        run=train_lib.RunInfo(strategy="source", source_lang="en"),
-        loop=LoopConfig(log_every=1),
-        seed=0,
+    return prepared_kwargs(
+        tiny_data,
+        prepared_dir,
+        mixture_or_task="lm_en",
+        langs=("en",),
+        **{"train_steps": STEPS, "schedule": CONSTANT, **overrides},
     )
-    kwargs.update(overrides)
-    return kwargs
 
 
 @pytest.fixture(scope="module")
