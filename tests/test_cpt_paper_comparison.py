@@ -3,19 +3,13 @@ comparable and why not; and the paper's claims against its own Table 2, computed
 
 import numpy as np
 import pytest
+from fit_grids import SMALL_GRID
 
 from fitting.analyses import cpt_consistency
 from fitting.laws import synthetic
 from fitting.reports import cpt_comparison, fit_all
 from fitting.reports.paper_values import CPT_SETUP, CPT_TABLE2
 
-GRID = {
-    "a": [0.0, 5.0, 10.0],
-    "b": [0.0, 5.0, 10.0],
-    "e": [0.0, 0.5],
-    "alpha": [0.5],
-    "beta": [0.5],
-}
 S, C = CPT_TABLE2["scratch"], CPT_TABLE2["cpt"]
 
 
@@ -70,7 +64,7 @@ def small_study(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     synthetic.write_study(root, sizes=(3e7, 1e8, 3e8), evals=5, replay_ratios=(0.2,), mt=False)
     out = tmp_path_factory.mktemp("fits")
-    return out, fit_all.fit_runs(root, out, bootstrap=0, grid=GRID)
+    return out, fit_all.fit_runs(root, out, bootstrap=0, grid=SMALL_GRID)
 
 
 def test_rows_of_a_small_study_say_why_they_are_not_comparable(small_study):

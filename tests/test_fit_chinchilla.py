@@ -6,20 +6,13 @@ import math
 
 import numpy as np
 import pytest
+from fit_grids import SMALL_GRID
 
 from fitting.checks import FitInputError
 from fitting.laws import formulas, lse, optim, robust_fit, synthetic
 
 TRUTH = synthetic.SCRATCH
 CPT_TRUTH = synthetic.CPT
-# A small grid around the usual basin: exercises the same code without the 4,500-start cost.
-SMALL_GRID = {
-    "a": [0.0, 5.0, 10.0],
-    "b": [0.0, 5.0, 10.0],
-    "e": [0.0, 0.5],
-    "alpha": [0.5],
-    "beta": [0.5],
-}
 
 
 @pytest.fixture(scope="module")

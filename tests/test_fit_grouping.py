@@ -6,6 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
+from fit_grids import SMALL_GRID
 
 from fitting.analyses.allocation import compute_optimal
 from fitting.checks import FitInputError, Unidentifiable
@@ -15,13 +16,6 @@ from fitting.reports import fit_all, fit_steps
 from fitting.reports.paper_values import CPT_TABLE2
 from xlscale_cli.main import main
 
-SMALL_GRID = {
-    "a": [0.0, 5.0, 10.0],
-    "b": [0.0, 5.0, 10.0],
-    "e": [0.0, 0.5],
-    "alpha": [0.5],
-    "beta": [0.5],
-}
 # Six Table 4 rows spanning its range (49M-5.5B nominal); exact counts are 0.94-1.27x these.
 PAPER_MODELS = (
     "llama2_49m",

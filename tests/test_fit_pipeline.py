@@ -6,20 +6,13 @@ import shutil
 
 import numpy as np
 import pytest
+from fit_grids import SMALL_GRID
 
 from fitting.checks import FitInputError
 from fitting.laws import robust_fit, synthetic
 from fitting.readers import points, run_dirs
 from fitting.reports import fit_all
 from xlscale_cli.main import main
-
-SMALL_GRID = {
-    "a": [0.0, 5.0, 10.0],
-    "b": [0.0, 5.0, 10.0],
-    "e": [0.0, 0.5],
-    "alpha": [0.5],
-    "beta": [0.5],
-}
 
 
 @pytest.fixture(scope="module")
