@@ -14,8 +14,12 @@ none of the layers that define them and stays at the bottom.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import shlex
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 
@@ -114,16 +118,28 @@ def pop_verbose(argv: Sequence[str]) -> tuple[list[str], bool]:
     return rest, len(rest) != len(argv) or debug_enabled()
 
 
-def present(error: BaseException, *, prog: str, verbose: bool = False) -> int | None:
+# Classes whose job can simply be started again once the cause is gone: their refusal ends with
+# the command that does it (the run resumes from its last complete checkpoint).
+RESUMABLE = ("storage",)
+
+
+def present(
+    error: BaseException, *, prog: str, verbose: bool = False, argv: Sequence[str] | None = None
+) -> int | None:
     """Prints a known refusal on stderr (`prog: message`, at most `MAX_LINES` lines; the
     traceback first when `verbose`) and returns its exit code; None for anything else (the
-    caller re-raises it)."""
+    caller re-raises it). A `RESUMABLE` class with the command's `argv` known adds one line: the
+    command that resumes the job."""
     kind = classify(error)
     if kind is None:
         return None
     if verbose:
         traceback.print_exception(error, file=sys.stderr)
     print(brief(f"{prog}: {message(error)}"), file=sys.stderr)
+    if kind.name in RESUMABLE and argv is not None:
+        print(
+            f"  to resume once it is fixed: {shlex.join([*prog.split(), *argv])}", file=sys.stderr
+        )
     return kind.code
 
 
@@ -133,7 +149,60 @@ def run_main(main: Callable[[list[str]], int | None], *, prog: str, argv=None) -
     try:
         return int(main(args) or 0)
     except Exception as e:
-        code = present(e, prog=prog, verbose=verbose)
+        code = present(e, prog=prog, verbose=verbose, argv=args)
         if code is None:
             raise
         return code
+
+
+# After a failure, threads that are still alive (an orbax save waiting on a store that went
+# away, its signalling threads) get this long to end before the process ends without them.
+JOIN_DEADLINE_S = 5.0
+
+
+def _drop_background_output() -> None:
+    """After the failure has been reported, what threads still print (their tracebacks, the
+    retries they log, native libraries' lines) is dropped: the report stays the last lines on
+    stderr. (`--verbose` or `XLSCALE_DEBUG=1` keeps them.)"""
+    threading.excepthook = lambda args: None
+    logging.disable(logging.CRITICAL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        stderr = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a file (a test's capture): nothing native writes to it
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stderr)
+    os.close(devnull)
+
+
+def leave(code: int) -> int:
+    """Ends a command's process with `code` (its top-level `main`, not a library call).
+
+    A failed job may leave non-daemon threads behind that Python's exit would wait for: an orbax
+    save blocked on storage that went away waits for minutes, its signalling threads forever
+    (issue 36). After a failure those threads get `JOIN_DEADLINE_S` in all; then logs and the
+    standard streams are flushed and the process ends at once (`os._exit`), since nothing they
+    could still write matters: the error has been reported, and a resume does not see an
+    uncommitted step. Success and preemption return `code` for a normal exit.
+    """
+    if code in (0, PREEMPTED):
+        return code
+    if VERBOSE_FLAG not in sys.argv and not debug_enabled():
+        _drop_background_output()
+    deadline = time.monotonic() + JOIN_DEADLINE_S
+    stuck = False
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.daemon:
+            continue
+        try:  # the base class's join: a library's override may wait on its own terms (orbax's)
+            threading.Thread.join(thread, max(0.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - e.g. a thread Python did not start cannot be joined
+            pass
+        stuck = stuck or thread.is_alive()
+    if stuck:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

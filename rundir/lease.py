@@ -183,19 +183,21 @@ class Lease:
             self._thread.start()
 
     def _beat(self) -> None:
+        path = self.path  # `release` may clear `self.path` while a refresh is in flight
         while not self._stop.wait(self._config.heartbeat_s):
             try:
-                found = _read(self.path)
+                found = _read(path)
                 current = None if found is None else found[0]
                 if current is None or current.get("token") != self.holder["token"]:
                     self._lose(current)
                     return
                 beat = {**self.holder, "heartbeat": time.time()}
-                if not storage.replace_if(self.path, json.dumps(beat) + "\n", found[1]):
+                if not storage.replace_if(path, json.dumps(beat) + "\n", found[1]):
                     continue  # changed under us: judged again at the next beat
                 self.holder = beat
             except OSError as e:  # a full disk or a storage outage must not kill training
-                log.warning("could not refresh the lease %s: %s", self.path, e)
+                if not self._stop.is_set():  # after release, the job has reported the cause
+                    log.warning("could not refresh the lease %s: %s", path, e)
 
     def _lose(self, current: dict[str, Any] | None) -> None:
         self.lost = True
@@ -232,7 +234,15 @@ class Lease:
         self.path = None
 
 
-def _not_writable(model_dir, path, error: OSError) -> ModelDirNotWritableError:
+def _not_writable(model_dir, path, error: OSError) -> OSError | ModelDirNotWritableError:
+    """Why the lease cannot be written: the store failing (unreachable, full, over quota) is a
+    `storage.StorageError`, to be retried once it is back; only a refusal (permissions, a
+    read-only filesystem, a file in the way) says that `MODEL_DIR` is not writable."""
+    cause = storage.failure_cause(error)
+    if cause is not None and cause != "permission":
+        text = str(error) if isinstance(error, storage.StorageError) else None
+        text = text or f"storage {cause}: cannot create {path}: {error.strerror or error}"
+        return storage.StorageError(text, cause=cause)
     return ModelDirNotWritableError(
         f"MODEL_DIR {model_dir} is not writable: cannot create {path} "
         f"({error.strerror or error}). A training run writes its lease, checkpoints, metrics and "
@@ -344,6 +354,7 @@ def acquire(model_dir: str | os.PathLike, *, config: LeaseConfig = LeaseConfig()
         errors = {
             "LeaseHeldError": LeaseHeldError,
             "ModelDirNotWritableError": ModelDirNotWritableError,
+            "StorageError": storage.StorageError,
         }
         raise errors.get(kind, RuntimeError)(f"process 0 could not take the lease: {detail}")
     return lease or Lease(None, {"host": socket.gethostname(), "pid": os.getpid()}, config)

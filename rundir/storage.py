@@ -52,8 +52,29 @@ class UnsupportedPathError(ValueError):
     """A path whose scheme the storage stack cannot write (refused before anything is written)."""
 
 
+# Why a storage call failed, as the user acts on it -> what to do about it. `unreachable` (no
+# answer: refused, reset, timed out) and `permission` (an answer: 401/403, EACCES, EROFS) are told
+# apart; `failed` is any other answer the service gave after its retries.
+CAUSES: dict[str, str] = {
+    "unreachable": "no answer from the storage service; check the endpoint and the network",
+    "disk full": "no space left on the device; free some",
+    "quota": "a storage quota is exhausted; raise it or free space",
+    "permission": "refused: the credentials may not write there; fix the permissions",
+    "upload lost": "the service forgot an upload in flight (it restarted)",
+    "failed": "the storage service failed",
+}
+
+
 class StorageError(OSError):
-    """The storage service failed (refused connection, 5xx after retries, bad request...)."""
+    """The storage service failed (refused connection, 5xx after retries, a full disk...).
+
+    Attributes:
+      cause: one of `CAUSES` (what the user does about it).
+    """
+
+    def __init__(self, message: str, *, cause: str = "failed"):
+        super().__init__(message)
+        self.cause = cause
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +105,9 @@ def _select_backends() -> None:
     - `EPATH_USE_TF=false`: etils otherwise uses TensorFlow's GCS client whenever TF is installed,
       which ignores `STORAGE_EMULATOR_HOST` and our retries; etils caches that choice on first
       use (`gpath._is_tf_installed`), so the cache is cleared too if someone used gs:// earlier.
-    - gcsfs's JSON-API `GCSFileSystem`, not its `ExtendedGcsFileSystem` default: the extended one
+    - gcsfs's JSON-API `GCSFileSystem` (as `rundir.gcs_client.BoundedGCSFileSystem`, which
+      stops retrying once the store is unreachable), not its `ExtendedGcsFileSystem` default:
+      the extended one
       asks the Storage Control gRPC API for every bucket's layout (a 60 s retry loop where that
       API is not served, e.g. an emulator) and our preconditions and compose are JSON-API calls.
     - No listing cache: gcsfs caches directory listings forever by default, so a reader would not
@@ -99,12 +122,48 @@ def _select_backends() -> None:
         cached.cache_clear()
     for protocol in ("gs", "gcs"):
         if protocol in fsspec.registry:  # already imported (maybe the extended class)
-            from gcsfs.core import GCSFileSystem
+            from rundir.gcs_client import BoundedGCSFileSystem
 
-            fsspec.register_implementation(protocol, GCSFileSystem, clobber=True)
-        else:
-            fsspec.register_implementation(protocol, "gcsfs.core.GCSFileSystem", clobber=True)
-    fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
+            fsspec.register_implementation(protocol, BoundedGCSFileSystem, clobber=True)
+        else:  # imported on first use
+            fsspec.register_implementation(
+                protocol, "rundir.gcs_client.BoundedGCSFileSystem", clobber=True
+            )
+    conf = fsspec.config.conf.setdefault("gcs", {})
+    conf.setdefault("use_listings_cache", False)
+    # Every request is bounded: a connection that does not open, or an answer that stops
+    # arriving, fails the attempt (gcsfs then retries 6 times, about 20 s of back-off in all).
+    conf.setdefault("requests_timeout", _request_timeout())
+
+
+def _request_timeout():
+    import aiohttp  # gcsfs's transport, imported with it anyway
+
+    return aiohttp.ClientTimeout(
+        total=None, sock_connect=REQUEST_TIMEOUTS_S["connect"], sock_read=REQUEST_TIMEOUTS_S["read"]
+    )
+
+
+# Bounds of one storage request (seconds): to open its connection, and between two reads of its
+# answer (a long upload or download is not cut short while data flows).
+REQUEST_TIMEOUTS_S = {"connect": 10.0, "read": 30.0}
+# TensorStore's retries of a failed GCS request (orbax's arrays): its default (32 retries, up to
+# 32 s apart) waits about 5 minutes on a store that went away; this waits about 25 s, so that a
+# storage failure ends the run within a minute (issue 36). Transient 429/503 answers still get
+# six tries, a second to 8 s apart.
+TENSORSTORE_RETRIES = {"max_retries": 6, "initial_delay": "1s", "max_delay": "8s"}
+
+
+def bound_orbax_retries() -> None:
+    """Applies `TENSORSTORE_RETRIES` to every TensorStore context orbax builds from now on (its
+    base and OCDBT contexts are module-level templates that `get_ts_context` copies). Called by
+    the job entry points; orbax is imported here, not by `import rundir.storage`."""
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    for name in ("_BASE_TS_CONTEXT", "_DEFAULT_OCDBT_TS_CONTEXT"):
+        template = getattr(tensorstore_utils, name, None)
+        if isinstance(template, dict):
+            template["gcs_request_retries"] = dict(TENSORSTORE_RETRIES)
 
 
 _select_backends()
@@ -188,63 +247,138 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"
 
 
-@contextlib.contextmanager
-def storage_errors(path: PathLike, action: str) -> Iterator[None]:
-    """Re-raises failures of the storage service under `action` on a gs:// `path` as one
-    `StorageError` naming both; "absent" and "exists" answers (FileNotFoundError,
-    FileExistsError) pass through, and local paths keep their own OSErrors (they name the path).
-    Use it around direct `epath.Path` calls on run files."""
-    try:
-        yield
-    except (
-        FileNotFoundError,
-        FileExistsError,
-        IsADirectoryError,
-        StorageError,
-        UnsupportedPathError,
-    ):
-        raise
-    except Exception as e:
-        if not os.fspath(path).startswith("gs://"):
-            raise
-        raise StorageError(f"{action} {os.fspath(path)} failed: {_one_line(e)}") from e
-
-
+# errno -> cause, for local disks and the OSErrors libraries pass on.
+_ERRNO_CAUSES = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "quota",
+    errno.EACCES: "permission",
+    errno.EPERM: "permission",
+    errno.EROFS: "permission",
+}
+# HTTP status (gcsfs's HttpError.code) -> cause.
+_HTTP_CAUSES = {401: "permission", 403: "permission", 429: "quota", 507: "disk full"}
+# Words in a message -> cause, for libraries that raise plain ValueErrors or RuntimeErrors
+# (tensorstore: "ABORTED: All 6 retry attempts failed: CURL error Could not connect ...",
+# "... [OS error 28: No space left on device]"; gcsfs: a 404 on a resumable upload's URL once
+# the service forgot the session). First match wins.
+_TEXT_CAUSES = (
+    ("No space left on device", "disk full"),
+    ("Disk quota exceeded", "quota"),
+    ("RESOURCE_EXHAUSTED", "quota"),
+    ("PERMISSION_DENIED", "permission"),
+    ("UNAUTHENTICATED", "permission"),
+    ("CURL error", "unreachable"),
+    ("retry attempts failed", "unreachable"),
+    ("DEADLINE_EXCEEDED", "unreachable"),
+    ("UNAVAILABLE", "unreachable"),
+    ("upload_id=", "upload lost"),
+    ("uploadType=resumable", "upload lost"),
+    ("/upload/resumable/", "upload lost"),
+)
 # Exception types (by defining module) that mean the storage service failed, whatever library
 # raised them: aiohttp (gcsfs's transport), gcsfs itself, and tensorstore.
 _SERVICE_MODULES = ("aiohttp", "gcsfs", "google.auth", "google.api_core", "tensorstore")
+# What a local disk's failures are: a full disk or quota is storage (resume once freed); a
+# permission error or a missing file stays the caller's own error.
+_LOCAL_CAUSES = ("disk full", "quota")
+
+
+def _cause_of_one(error: BaseException) -> str | None:
+    if isinstance(error, StorageError):
+        return error.cause
+    if isinstance(error, OSError) and error.errno in _ERRNO_CAUSES:
+        return _ERRNO_CAUSES[error.errno]
+    code = getattr(error, "code", None)
+    if type(error).__module__.startswith("gcsfs") and code in _HTTP_CAUSES:
+        return _HTTP_CAUSES[code]
+    text = str(error)
+    for words, cause in _TEXT_CAUSES:
+        if words in text:
+            return cause
+    if isinstance(error, (ConnectionError, TimeoutError)):
+        return "unreachable"
+    module = type(error).__module__
+    if module.startswith("aiohttp") and "Disconnected" in type(error).__name__:
+        return "unreachable"
+    if module.startswith("aiohttp") and isinstance(error, OSError):
+        return "unreachable"  # aiohttp's ClientConnectorError, ClientOSError
+    if any(module == m or module.startswith(m + ".") for m in _SERVICE_MODULES):
+        return "failed"
+    return None
+
+
+def failure_cause(error: BaseException) -> str | None:
+    """Why the storage failed, as one of `CAUSES`, if `error` or an exception it was raised from
+    is the storage failing (no answer, a refusal, a full disk, an HTTP error after retries); None
+    for anything else (a bug, a bad value). The first link of the chain that says wins."""
+    seen, found = set(), None
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        cause = _cause_of_one(error)
+        if cause not in (None, "failed"):
+            return cause
+        found = found or cause
+        error = error.__cause__ or error.__context__
+    return found
 
 
 def is_service_failure(error: BaseException) -> bool:
     """Whether `error`, or an exception it was raised from, is the storage service failing (a
     refused connection, a timeout, an HTTP error after retries), rather than a bug or a bad
     value: what a library call on a gs:// path (orbax's save) raises when the store goes away."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, (StorageError, ConnectionError, TimeoutError)):
-            return True
-        module = type(error).__module__
-        if any(module == m or module.startswith(m + ".") for m in _SERVICE_MODULES):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return failure_cause(error) is not None
+
+
+def _storage_error(error: BaseException, path: PathLike, action: str) -> StorageError | None:
+    """`error` as a `StorageError` naming the cause, `action` and `path`, or None when it is not
+    a storage failure there (on local disk only a full disk or quota is)."""
+    if isinstance(error, StorageError):
+        return None
+    cause = failure_cause(error)
+    if cause is None or (not os.fspath(path).startswith("gs://") and cause not in _LOCAL_CAUSES):
+        return None
+    where = os.fspath(path)
+    return StorageError(
+        f"storage {cause}: {action} {where} failed: {_one_line(error)}", cause=cause
+    )
+
+
+@contextlib.contextmanager
+def storage_errors(path: PathLike, action: str) -> Iterator[None]:
+    """Re-raises failures of the storage service under `action` on `path` as one `StorageError`
+    naming the cause, the action and the path: on gs:// anything but the "absent" and "exists"
+    answers (FileNotFoundError, FileExistsError), on local disk a full disk or quota (other local
+    OSErrors name the path already). Use it around direct `epath.Path` calls on run files."""
+    try:
+        yield
+    except (FileNotFoundError, FileExistsError, IsADirectoryError, UnsupportedPathError):
+        raise
+    except Exception as e:
+        remote = os.fspath(path).startswith("gs://")
+        error = _storage_error(e, path, action)
+        if error is None and remote and not isinstance(e, StorageError):
+            cause = failure_cause(e) or "failed"
+            error = StorageError(
+                f"storage {cause}: {action} {os.fspath(path)} failed: {_one_line(e)}", cause=cause
+            )
+        if error is None:
+            raise
+        raise error from e
 
 
 @contextlib.contextmanager
 def service_errors(path: PathLike, action: str) -> Iterator[None]:
     """Like `storage_errors`, for calls into libraries that may fail for other reasons too
-    (orbax): only service failures (`is_service_failure`) on a gs:// `path` become one
-    `StorageError` naming `action` and the path; anything else passes through unchanged. The
-    trainer then knows the store is unreachable and does not wait on it again."""
+    (orbax): only storage failures (`failure_cause`) become one `StorageError` naming the cause,
+    `action` and the path; anything else passes through unchanged. The trainer then knows the
+    store is unreachable or full and does not wait on it again."""
     try:
         yield
-    except StorageError:
-        raise
     except Exception as e:
-        if not os.fspath(path).startswith("gs://") or not is_service_failure(e):
+        error = _storage_error(e, path, action)
+        if error is None:
             raise
-        raise StorageError(f"{action} {os.fspath(path)} failed: {_one_line(e)}") from e
+        raise error from e
 
 
 # --------------------------------------------------------------------------- primitives
@@ -261,10 +395,11 @@ def write_bytes(path: PathLike, data: bytes) -> None:
         with storage_errors(path, "writing"):
             gcs_objects.write(path, bytes(data))
         return
-    target, directory = local_files.target_and_dir(path)
-    with local_files.staged(target, bytes(data)) as tmp, local_files.dir_lock(directory):
-        os.replace(tmp, target)
-    local_files.fsync_dir(directory)
+    with storage_errors(path, "writing"):  # a full disk is a storage failure here too
+        target, directory = local_files.target_and_dir(path)
+        with local_files.staged(target, bytes(data)) as tmp, local_files.dir_lock(directory):
+            os.replace(tmp, target)
+        local_files.fsync_dir(directory)
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:
@@ -295,11 +430,12 @@ def append_text(path: PathLike, text: str) -> None:
             except gcs_objects.ContendedError as e:
                 raise StorageError(str(e)) from None
         return
-    target, directory = local_files.target_and_dir(path)
-    with local_files.dir_lock(directory), open(target, "ab") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    with storage_errors(path, "appending to"):
+        target, directory = local_files.target_and_dir(path)
+        with local_files.dir_lock(directory), open(target, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def create_exclusive(path: PathLike, text: str) -> bool:
@@ -320,13 +456,14 @@ def create_exclusive(path: PathLike, text: str) -> bool:
                 return True
             except FileExistsError:
                 return gcs_objects.holds(path, data)
-    target, directory = local_files.target_and_dir(path)
-    with local_files.staged(target, data) as tmp:
-        try:
-            os.link(tmp, target)  # (filesystems without hard links, e.g. FUSE: use gs:// itself)
-        except FileExistsError:
-            return False
-    local_files.fsync_dir(directory)
+    with storage_errors(path, "creating"):
+        target, directory = local_files.target_and_dir(path)
+        with local_files.staged(target, data) as tmp:
+            try:
+                os.link(tmp, target)  # (filesystems without hard links, e.g. FUSE: use gs://)
+            except FileExistsError:
+                return False
+        local_files.fsync_dir(directory)
     return True
 
 
@@ -359,13 +496,14 @@ def replace_if(path: PathLike, text: str, version: Version) -> bool:
                 return True
             except FileExistsError:
                 return gcs_objects.holds(path, data)
-    target, directory = local_files.target_and_dir(path)
-    with local_files.staged(target, data) as tmp, local_files.dir_lock(directory):
-        found = local_files.read_versioned(target)
-        if found is None or Version(found[1]) != version:
-            return False
-        os.replace(tmp, target)
-    local_files.fsync_dir(directory)
+    with storage_errors(path, "replacing"):
+        target, directory = local_files.target_and_dir(path)
+        with local_files.staged(target, data) as tmp, local_files.dir_lock(directory):
+            found = local_files.read_versioned(target)
+            if found is None or Version(found[1]) != version:
+                return False
+            os.replace(tmp, target)
+        local_files.fsync_dir(directory)
     return True
 
 

@@ -221,48 +221,7 @@ def _step_dirs(gcs_server, model_dir: str) -> list[int]:
     return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit()) if path.is_dir() else []
 
 
-@pytest.mark.slow
-def test_the_store_going_away_mid_save_is_a_clear_error_and_the_run_resumes(
-    gcs_server, gcs_bucket, tiny_data, tmp_path
-):
-    model_dir = f"{gcs_bucket}/runs/outage"
-    steps = 30
-    argv = _argv(model_dir, tiny_data, experiment="cpt_source_en", EVAL_TASKS="[]")
-    argv += [f"--gin.TRAIN_STEPS={steps}", "--gin.CHECKPOINT_PERIOD=10", "--gin.LOG_EVERY=5"]
-    log = tmp_path / "outage.log"
-    process = _train(argv, tmp_path, log, wait=False)
-    deadline = time.time() + 180
-    # Stop the server the moment the second save starts (the first one has committed by then).
-    while time.time() < deadline and process.poll() is None:
-        if len(_step_dirs(gcs_server, model_dir)) >= 2:
-            break
-        time.sleep(0.005)
-    assert process.poll() is None, log.read_text()[-3000:]
-    gcs_server.stop()
-    committed = _step_dirs(gcs_server, model_dir)[0]
-    try:
-        code = _wait(process, log, timeout=240)
-    finally:
-        gcs_server.start()
-    text = log.read_text()
-    # One line, the storage class's exit code, naming the operation, the file and the cause.
-    from rundir import exits
-
-    assert code == exits.CLASSES["storage"].code, text[-3000:]
-    last = text.strip().splitlines()[-1]
-    assert last.startswith("python -m trainer.train: ") and f"{model_dir}/" in last, last
-    assert "failed" in last and "Cannot connect" in last, last
-    # The checkpoint committed before the outage is intact, and the run resumes to the end.
-    from convert import init_checkpoints
-
-    directory, step = init_checkpoints.resolve_step(f"{model_dir}@{committed}")
-    assert step == committed
-    _train(argv, tmp_path, tmp_path / "resumed.log")
-    resumed = (tmp_path / "resumed.log").read_text()
-    assert "resuming from step" in resumed
-    written = records.read_metrics(model_dir)
-    assert [r["step"] for r in written] == list(range(5, steps + 1, 5))
-    assert records.read_completed(model_dir)["step"] == steps
+# The store going away mid-save, at start, and a full disk: tests/test_storage_failures.py.
 
 
 def test_a_sweep_launched_locally_keeps_its_runs_in_the_bucket(gcs_bucket, tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ import pytest
 from gcs_server import GcsServer
 from no_egress import no_egress_guard
 
-from rundir import gcs_objects, storage
+from rundir import gcs_client, gcs_objects, storage
 
 
 @pytest.fixture(params=["local", "gs"])
@@ -299,6 +299,7 @@ def fast_retries(monkeypatch):
             await asyncio.sleep(0)
 
     monkeypatch.setattr(gcsfs.retry, "asyncio", NoSleep)
+    monkeypatch.setattr(gcs_client, "asyncio", NoSleep)  # the project's client (same policy)
 
 
 def test_a_stopped_server_is_a_storage_error_naming_the_path(
@@ -319,15 +320,31 @@ def test_a_stopped_server_is_a_storage_error_naming_the_path(
             lambda: storage.write_text_atomic(path, "x\n"),
             lambda: storage.create_exclusive(path, "x\n"),
         ]
+        requests = []
+        undecorated = gcs_client._UNDECORATED
+
+        async def counted(*args, **kwargs):
+            requests.append(args[1])
+            return await undecorated(*args, **kwargs)
+
+        monkeypatch.setattr(gcs_client, "_UNDECORATED", counted)
         for attempt in attempts:
             with pytest.raises(storage.StorageError) as failed:
                 attempt()
             message = str(failed.value)
             assert path in message and f"127.0.0.1:{server.port}" in message, message
             assert "\n" not in message and isinstance(failed.value, OSError)
+            # No answer is "unreachable", not a refusal to write.
+            assert message.startswith("storage unreachable: ") and failed.value.cause == (
+                "unreachable"
+            )
+        # The first request used up its retries; once the store counts as unreachable, each
+        # later one is tried once (a run's next request ends it at once, issue 36).
+        assert len(requests) == gcs_client.ATTEMPTS + len(attempts) - 1, requests
         server.restart()  # same port, same data
         storage.append_text(path, "2\n")
         assert storage.read_text(path) == "1\n2\n"
+        assert not gcs_client.REACHABILITY.down()
     finally:
         server.stop()
 
@@ -389,6 +406,55 @@ def test_only_service_failures_of_a_library_call_become_storage_errors():
         with storage.service_errors("runs/local", "saving"):
             refused()
     assert not storage.is_service_failure(KeyError("x"))
+
+
+def test_storage_failures_are_told_apart_by_cause():
+    # What the user does differs: wait for the store, free space, raise a quota, fix the
+    # permissions. The errors are those the libraries raise (tensorstore's ValueErrors carry
+    # their status in the text; gcsfs's 404 on a forgotten resumable upload is a
+    # FileNotFoundError).
+    import errno
+
+    from gcsfs.retry import HttpError
+
+    def cause(error, path="gs://b/run/checkpoints/20"):
+        try:
+            with storage.service_errors(path, "saving"):
+                raise error
+        except storage.StorageError as e:
+            assert str(e).startswith(f"storage {e.cause}: saving {path} failed: "), e
+            return e.cause
+        except Exception:  # noqa: BLE001 - not a storage failure
+            return None
+
+    curl = "ABORTED: All 6 retry attempts failed: CURL error Could not connect to server"
+    assert cause(ValueError(f'Error writing "x/.zarray": {curl}')) == "unreachable"
+    assert cause(ConnectionRefusedError(111, "Connect call failed")) == "unreachable"
+    assert cause(HttpError({"code": 403, "message": "denied"})) == "permission"
+    assert cause(HttpError({"code": 429, "message": "slow down"})) == "quota"
+    assert cause(HttpError({"code": 503, "message": "busy"})) == "failed"
+    assert cause(ValueError("PERMISSION_DENIED: no")) == "permission"
+    lost = FileNotFoundError("http://127.0.0.1:1/upload/storage/v1/b/b/o?uploadType=resumable")
+    assert cause(lost) == "upload lost"
+    # On local disk a full disk or quota is storage; a permission error or a bug is not.
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert cause(full, "/runs/x") == "disk full"
+    assert cause(OSError(errno.EDQUOT, "Disk quota exceeded"), "/runs/x") == "quota"
+    assert cause(ValueError("... [OS error 28: No space left on device]"), "/runs/x") == (
+        "disk full"
+    )
+    assert cause(PermissionError(errno.EACCES, "denied"), "/runs/x") is None
+    assert cause(ValueError("bad shape")) is None
+    assert cause(ValueError("bad shape"), "/runs/x") is None
+
+
+def test_a_full_local_disk_is_a_storage_error_of_the_primitives(tmp_path):
+    # Appends and atomic writes on a local disk that is full raise the storage class, naming the
+    # path and "disk full" (a real ENOSPC: /dev/full refuses every write).
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    with pytest.raises(storage.StorageError, match=r"^storage disk full: appending to /dev/full"):
+        storage.append_text("/dev/full", "x\n")
 
 
 def test_local_dir_refuses_gs_naming_the_setting_and_why(tmp_path):

@@ -24,7 +24,7 @@ from typing import Any
 
 import gin
 
-from rundir import exits
+from rundir import exits, storage
 from trainer import compile_cache, gin_checks, partitioning, validation
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "t5x_configs"
@@ -210,6 +210,7 @@ def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> Parsed
         valid names).
     """
     _show_progress()
+    storage.bound_orbax_retries()  # a store that goes away fails a save in seconds, not minutes
     partitioning.maybe_initialize_distributed(
         mode=os.environ.get("XLSCALE_DISTRIBUTED", distributed)
     )
@@ -271,12 +272,8 @@ def run(job: str, argv: Sequence[str] | None = None) -> int:
 
 def main(job: str) -> None:
     """The `if __name__ == "__main__"` of a job module: `run` with one-line errors and their
-    exit codes (`rundir.exits`). A failed job ends at once: it may leave background threads (an
-    orbax save retrying against storage that went away) that would hold the process for many
-    minutes; nothing they write matters any more, and the error has been reported."""
+    exit codes (`rundir.exits`). A failed job ends within `exits.JOIN_DEADLINE_S` of its error
+    (`exits.leave`): it may leave background threads (an orbax save retrying against storage
+    that went away) that would hold the process for many minutes."""
     code = exits.run_main(lambda argv: run(job, argv), prog=f"python -m {JOBS[job][0]}")
-    if code not in (0, exits.PREEMPTED):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    sys.exit(exits.leave(code))

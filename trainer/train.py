@@ -207,17 +207,17 @@ def train(
             resume_policy=resume_policy,
         )
         return _run(plan, sigterm=sigterm)
-    except storage.StorageError:
-        if held is not None:  # the store is unreachable: each further request would wait too
-            held.release(remove_file=False)
-            held = None
-        raise
-    except BaseException:
+    except BaseException as e:
+        # A remote store that failed is left alone: each further request would wait too (its
+        # lease goes stale and is taken over). A full local disk still lets files be removed.
+        remote_failure = isinstance(e, storage.StorageError) and storage.is_remote(model_dir)
         if held is not None:
-            held.release()
+            held.release(remove_file=not remote_failure)
             held = None
-            if existed is not None and (plan is None or not plan.resuming):
+            if not remote_failure and existed is not None and (plan is None or not plan.resuming):
                 run_files.remove_refused_start(model_dir, existed=existed, created=created)
+        elif created:  # the lease could not be written (a full disk): no empty MODEL_DIR left
+            run_files.remove_if_empty(model_dir)
         raise
     finally:
         if held is not None:
@@ -255,6 +255,7 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
     writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
     watcher = ckpt_lib.PreemptionWatcher(store, flag=sigterm)
     failed: BaseException | None = None
+    training = None
     try:
         state, saved, init = _initial_state(
             job,
@@ -297,11 +298,29 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
         writer.truncate_after(start)
         writer.restore_lost(saved.get("records", []), step=start)
         return training.run(watcher)
+    except storage.StorageError as e:
+        failed = e
+        raise _storage_failure(e, store, committed=training and training.committed) from e
     except BaseException as e:
         failed = e
         raise
     finally:
         _close(watcher, writer, store, failed=failed)
+
+
+def _storage_failure(error: storage.StorageError, store, *, committed: int | None):
+    """The run's storage failure, told in a few lines: the cause, what failed where (one line),
+    and the last complete checkpoint, where a rerun of the same command resumes once the store
+    is back (`rundir.exits` adds that command)."""
+    if committed is None:
+        where = "no checkpoint was complete yet: a rerun starts the run again"
+    else:
+        where = (
+            f"last complete checkpoint: step {committed} ({store.step_dir(committed)}); "
+            "a resume verifies its checksums and starts there"
+        )
+    text = f"{error}\n  {storage.CAUSES[error.cause]}\n  {where}"
+    return storage.StorageError(text, cause=error.cause)
 
 
 def _close(watcher, writer, store, *, failed: BaseException | None) -> None:
@@ -383,6 +402,10 @@ class _Training:
         self.start, self.store, self.writer = start, store, writer
         # A resume's run files, written by the first checkpoint (`save`).
         self.pending_files = pending_files
+        # The newest checkpoint known to be complete, and the one an asynchronous save is still
+        # writing (orbax's `save` returns once the previous one committed).
+        self.committed: int | None = start if saved else None
+        self.in_flight: int | None = None
         data = plan.job.data
         self.counters = metrics_lib.Counters(
             job.components,
@@ -512,6 +535,10 @@ class _Training:
         self.store.save(
             info.step, params=state.params, opt_state=state.opt_state, train_state=train_state
         )
+        self.committed = self.in_flight if self.in_flight is not None else self.committed
+        self.in_flight = info.step
+        if not self.plan.checkpoint.async_save:
+            self.committed, self.in_flight = info.step, None
         self.unsaved.clear()
         self.progress.start(info.step)
 
@@ -552,6 +579,8 @@ class _Training:
         if step < total:
             log.warning("stopping at step %d (checkpoint saved); rerun to resume", step)
         self.store.wait()
+        if self.in_flight is not None:
+            self.committed, self.in_flight = self.in_flight, None
         completed = step >= total
         if completed:
             divergence.check_applied(step=step, skipped=self.counters.skipped)

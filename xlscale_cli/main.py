@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return BROKEN_PIPE_EXIT
+    if argv is None:  # the process's own command line: a failure does not wait on stuck threads
+        from rundir import exits
+
+        return exits.leave(status)
     return status
 
 
@@ -98,7 +102,7 @@ def _dispatch(argv: list[str] | None) -> int:
     try:
         return int(module.run(args) or 0)
     except Exception as e:
-        code = exits.present(e, prog=f"xlscale {name}", verbose=verbose)
+        code = exits.present(e, prog=f"xlscale {name}", verbose=verbose, argv=rest)
         if code is None:
             raise
         return code
