@@ -3,7 +3,7 @@ comparable and why not; and the paper's claims against its own Table 2, computed
 
 import numpy as np
 import pytest
-from fit_grids import SMALL_GRID
+from fit_inputs import SMALL_GRID
 
 from fitting.analyses import cpt_consistency
 from fitting.laws import synthetic

@@ -4,9 +4,10 @@ import math
 
 import numpy as np
 import pytest
+from fit_inputs import given_fit
 
 from fitting.analyses.allocation import allocation_cis, compute_optimal, isoloss_grid
-from fitting.laws import formulas, robust_fit
+from fitting.laws import formulas
 
 SCRATCH = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.40, "beta": 0.30}
 CPT = {"E": 1.55, "A": 420.0, "alpha": 0.40, "B": 433.3, "beta": 0.20, "gamma": 0.08}
@@ -58,20 +59,7 @@ def test_no_interior_optimum_is_reported_not_invented():
 
 def test_fit_result_input_ci_from_bootstrap_samples_and_isoloss_grid():
     samples = tuple({**SCRATCH, "beta": b} for b in np.linspace(0.28, 0.32, 21))
-    res = robust_fit.FitResult(
-        law="chinchilla",
-        params=SCRATCH,
-        objective=0.0,
-        converged=True,
-        grad_norm=0.0,
-        n_starts=1,
-        n_finite=1,
-        n_at_best=1,
-        n_points=10,
-        n_runs=3,
-        delta=1e-3,
-        samples=samples,
-    )
+    res = given_fit("chinchilla", SCRATCH, samples, n_points=10, n_runs=3)
     assert compute_optimal(res).G == compute_optimal(SCRATCH).G
     ci = allocation_cis(res, budgets=[1e21])
     a_vals = [compute_optimal(s).a for s in samples]

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from fit_grids import SMALL_GRID
+from fit_inputs import SMALL_GRID, given_fit
 
 from fitting.checks import FitInputError
 from fitting.laws import formulas, lse, optim, robust_fit, synthetic
@@ -115,19 +115,7 @@ def test_convergence_flag_follows_the_polished_gradient():
     # No float gradient is exactly zero: an impossible tolerance must report non-convergence.
     strict = optim.multistart(std, starts, iters=40, grad_rtol=0.0)
     assert not strict.converged
-    res = robust_fit.FitResult(
-        law="chinchilla",
-        params={},
-        objective=1.0,
-        converged=False,
-        grad_norm=0.5,
-        n_starts=1,
-        n_finite=1,
-        n_at_best=1,
-        n_points=1,
-        n_runs=1,
-        delta=1e-3,
-    )
+    res = given_fit("chinchilla", {}, objective=1.0, converged=False, grad_norm=0.5)
     assert "NOT CONVERGED" in res.status
 
 

@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
-from fit_grids import SMALL_GRID
+from fit_inputs import SMALL_GRID
 
 from fitting.analyses.allocation import compute_optimal
 from fitting.checks import FitInputError, Unidentifiable

@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
-from fit_grids import SMALL_GRID
+from fit_inputs import SMALL_GRID, given_fit
 
 from fitting.checks import FitInputError
 from fitting.laws import robust_fit, synthetic
@@ -120,18 +120,14 @@ def test_fits_json_is_unrounded_and_matches_a_direct_fit(study, result):
 
 
 def test_report_flags_non_converged_fits():
-    bad = robust_fit.FitResult(
-        law="chinchilla",
-        params={"E": 1.0, "A": 2.0, "B": 3.0, "alpha": 0.3, "beta": 0.2},
+    bad = given_fit(
+        "chinchilla",
+        {"E": 1.0, "A": 2.0, "B": 3.0, "alpha": 0.3, "beta": 0.2},
         objective=1.0,
         converged=False,
         grad_norm=0.25,
-        n_starts=1,
-        n_finite=1,
-        n_at_best=1,
         n_points=10,
         n_runs=2,
-        delta=1e-3,
     )
     res = {
         "runs_dir": "x",

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from fit_inputs import given_fit
 
 from fitting.analyses import frontier, transfer
 from fitting.checks import FitInputError
 from fitting.laws import formulas
-from fitting.laws.robust_fit import FitResult
 from fitting.readers.points import Curve
 
 SCRATCH = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.40, "beta": 0.30}
@@ -69,7 +69,7 @@ def test_equal_loss_transfer_matches_the_laws():
     ok = np.isfinite(t.flops_saved)
     assert ok.sum() >= 5
     law = transfer.law_transfer(
-        _fit("chinchilla", SCRATCH), _fit("cpt", CPT), np.full(8, n), cpt_tokens
+        given_fit("chinchilla", SCRATCH), given_fit("cpt", CPT), np.full(8, n), cpt_tokens
     )
     np.testing.assert_allclose(t.tokens_pt[ok], law.tokens_pt[ok], rtol=0.01)
     np.testing.assert_allclose(t.flops_saved[ok], (t.flops_pt[ok] - t.flops[ok]) / t.flops_pt[ok])
@@ -90,7 +90,10 @@ def test_law_transfer_bands_come_from_paired_bootstrap_samples():
     s_samples = tuple({**SCRATCH, "B": b} for b in (700.0, 719.5, 740.0))
     c_samples = tuple({**CPT, "B": b} for b in (420.0, 433.3, 450.0))
     lt = transfer.law_transfer(
-        _fit("chinchilla", SCRATCH, s_samples), _fit("cpt", CPT, c_samples), [4e8, 4e8], [1e9, 2e9]
+        given_fit("chinchilla", SCRATCH, s_samples),
+        given_fit("cpt", CPT, c_samples),
+        [4e8, 4e8],
+        [1e9, 2e9],
     )
     lo, hi = lt.ci["flops_saved"]
     assert np.all(lo <= lt.flops_saved + 1e-12) and np.all(lt.flops_saved <= hi + 1e-12)
@@ -111,20 +114,3 @@ def test_replay_curve_uses_per_language_compute():
     np.testing.assert_allclose(rc.target_compute, 0.95 * 6 * n * tokens)
     assert (rc.source_start, rc.source_peak, rc.source_final) == (2.5, 2.9, 2.55)
     assert rc.tail_fit is not None and rc.tail_fit.params["g"] > 0  # forgetting recovers
-
-
-def _fit(law, params, samples=()):
-    return FitResult(
-        law=law,
-        params=params,
-        objective=0.0,
-        converged=True,
-        grad_norm=0.0,
-        n_starts=1,
-        n_finite=1,
-        n_at_best=1,
-        n_points=1,
-        n_runs=1,
-        delta=1e-3,
-        samples=samples,
-    )

@@ -1,0 +1,37 @@
+"""What the fitting tests share: a small start grid, and fit results made from given parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fitting.laws.robust_fit import FitResult
+
+# A few Chinchilla starts around the usual basin: they exercise the same code as the default
+# (Hoffmann) grid without its 4,500-start cost.
+SMALL_GRID = {
+    "a": [0.0, 5.0, 10.0],
+    "b": [0.0, 5.0, 10.0],
+    "e": [0.0, 0.5],
+    "alpha": [0.5],
+    "beta": [0.5],
+}
+
+
+def given_fit(law: str, params: Mapping[str, float], samples=(), **fields: Any) -> FitResult:
+    """A `FitResult` of `params` as a fit would return them: converged at zero objective and
+    gradient from one start, on one point of one run, δ = 1e-3, with bootstrap `samples`;
+    `fields` override any of these (an unconverged fit, more points)."""
+    settings = dict(
+        objective=0.0,
+        converged=True,
+        grad_norm=0.0,
+        n_starts=1,
+        n_finite=1,
+        n_at_best=1,
+        n_points=1,
+        n_runs=1,
+        delta=1e-3,
+        samples=samples,
+    )
+    return FitResult(law=law, params=params, **{**settings, **fields})
