@@ -138,6 +138,48 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip, append=False)  # before the tests' own skipifs: this reason shows
 
 
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_basetemp(tmp_path_factory):
+    """Points the tests' temporary files (`tempfile`, and `TMPDIR` for the processes they start)
+    into pytest's base temporary directory, and removes them at the session's end: TensorFlow's
+    `__autograph_generated_file*.py` and staged TensorBoard directories would otherwise pile up
+    in the system's temporary directory."""
+    import tempfile
+
+    tmp = tmp_path_factory.mktemp("tmp", numbered=False)
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = str(tmp), str(tmp)
+    yield tmp
+    tempfile.tempdir = saved[0]
+    if saved[1] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[1]
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def run_quietly():
+    """`run_quietly(*args, env=...) -> str`: runs `xlscale *args` in a subprocess as a user does
+    (without the tests' `TF_CPP_MIN_LOG_LEVEL`), checks that it succeeds and that its terminal
+    holds the project's lines only (`xlscale_cli.terminal.LINE_FORMATS`), and returns what the
+    terminal showed."""
+    import subprocess
+
+    from xlscale_cli import terminal
+
+    def run(*args, env=None):
+        env = {k: v for k, v in (env or os.environ).items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+        cmd = [sys.executable, "-m", "xlscale_cli.main", *map(str, args)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        shown = proc.stdout + proc.stderr
+        assert proc.returncode == 0, shown
+        assert terminal.foreign_lines(shown) == [], shown
+        return shown
+
+    return run
+
+
 @pytest.fixture
 def seqio_registry():
     """Empties seqio's task and mixture registries around a test, so tests never see each other's

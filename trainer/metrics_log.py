@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -109,6 +110,9 @@ class MetricsWriter:
         tb_dir = self.model_dir / names.TB_SUBDIR
         if storage.is_remote(self.model_dir):
             self._tb_remote, tb_dir = tb_dir, tempfile.mkdtemp(prefix="xlscale-tb-")
+            # The staging directory goes at `close`; a writer never closed (a job that failed
+            # before it could) still removes it when collected or when the process exits.
+            self._tb_staged = weakref.finalize(self, shutil.rmtree, tb_dir, ignore_errors=True)
         try:
             self._tb = SummaryWriter(os.fspath(tb_dir))
         except Exception as e:  # TensorFlow's OpError (PermissionDenied, FailedPrecondition)
@@ -186,7 +190,7 @@ class MetricsWriter:
             if sync:
                 self._sync_tensorboard()
             if self._tb_remote is not None:
-                shutil.rmtree(self._tb_dir, ignore_errors=True)
+                self._tb_staged()
 
 
 class StepRate:

@@ -38,8 +38,8 @@ LINE_FORMATS: dict[str, re.Pattern[str]] = {
     "log record (LOG_FORMAT)": re.compile(
         r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S"
     ),
-    "demo stage (studies)": re.compile(r"^\[demo(-mt)?\] \S"),
-    "sweep progress (launch.status)": re.compile(r"^\[sweep \d+/\d+ done[^\]]*\] \S"),
+    "demo stage (studies)": re.compile(r"^\[demo(-mt)?\] +\S"),
+    "sweep progress (launch.status)": re.compile(r"^\[sweep \d+/\d+ done[^\]]*\] +\S"),
     "zero-shot progress (evals)": re.compile(r"^\[zeroshot\] \S"),
     "refusal (rundir.exits)": re.compile(r"^xlscale [a-z]+: \S"),
 }
