@@ -46,6 +46,17 @@ TOLERANCE = 0.15
 POLICIES = memory.POLICY_ORDER
 
 
+def _saved_bytes(apply, params, x) -> int:
+    """Bytes of the residuals JAX saves for the backward of `apply(params, x)`: every one but
+    the parameters (arguments `p`), scalars and constants."""
+    total = 0
+    for aval, why in saved_residuals(apply, params, x):
+        if "argument p" in why or aval.ndim == 0 or "constant" in why:
+            continue
+        total += math.prod(aval.shape) * aval.dtype.itemsize
+    return total
+
+
 def _block_residual_bytes(cfg, *, seq_len: int) -> int:
     """Bytes of what JAX saves for one LLaMA block of one sequence: every residual except the
     weights (arguments of the block), the block input included."""
@@ -54,12 +65,7 @@ def _block_residual_bytes(cfg, *, seq_len: int) -> int:
     seg = jnp.ones((1, seq_len), jnp.int32)
     pos = jnp.zeros((1, seq_len), jnp.int32)
     params = jax.eval_shape(lambda: layer.init(jax.random.key(0), x, seg, pos))
-    total = 0
-    for aval, why in saved_residuals(lambda p, x: layer.apply(p, x, seg, pos)[0], params, x):
-        if "argument p" in why or aval.ndim == 0 or "constant" in why:
-            continue
-        total += math.prod(aval.shape) * aval.dtype.itemsize
-    return total
+    return _saved_bytes(lambda p, x: layer.apply(p, x, seg, pos)[0], params, x)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -90,12 +96,7 @@ def _t5_block_residual_bytes(cfg, *, decoder: bool, sq: int, sk: int) -> int:
         layer = t5_model._maybe_remat(cfg, t5_model.EncoderLayer, (4,))(config=cfg)
         args = (seg, bias, True)
     params = jax.eval_shape(lambda: layer.init(jax.random.key(0), x, *args))
-    total = 0
-    for aval, why in saved_residuals(lambda p, x: layer.apply(p, x, *args), params, x):
-        if "argument p" in why or aval.ndim == 0 or "constant" in why:
-            continue
-        total += math.prod(aval.shape) * aval.dtype.itemsize
-    return total
+    return _saved_bytes(lambda p, x: layer.apply(p, x, *args), params, x)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
