@@ -6,14 +6,13 @@ record, written inside orbax's commit, and a step without one is never restored 
 - A step committed without its record (older code hashed after the commit; the record deleted
   here stands for a kill in between) is set aside as `unverified`: the resume falls back to the
   newest recorded step, or starts fresh, and ends bitwise equal to an uninterrupted run.
-- A record that cannot be written (a real full tmpfs) fails the save: the step never commits.
+- A record that cannot be written fails the save: the step never commits.
 - A foreign `INIT_CHECKPOINT` without a record is refused in two lines naming the step and the
   command that records it (`xlscale convert record`), and accepted once recorded.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -28,7 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from test_resume_contract import STEPS, base_kwargs
+from test_resume_contract import (
+    STEPS,
+    base_kwargs,
+    finished,  # noqa: F401  (module fixture: the uninterrupted run)
+)
 from test_trainer_runs import REPO, compilation_cache  # noqa: F401  (module fixture)
 
 from convert import init_checkpoints
@@ -41,19 +44,6 @@ from trainer.checkpoints import CheckpointConfig, CheckpointStore
 from xlscale_cli import main as cli_main
 
 UNVERIFIED = "no checksums"  # what an unverified restore used to log; never again
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_data, tmp_path_factory, seqio_state):
-    """An uninterrupted 4-step run checkpointed at steps 2 and 4 (`test_resume_contract`'s)."""
-    saved = seqio_state.snapshot()
-    model_dir = tmp_path_factory.mktemp("verified") / "reference"
-    try:
-        result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
-    finally:
-        seqio_state.restore(saved)
-    assert result.completed and result.step == STEPS
-    return model_dir
 
 
 def _ckpt(model_dir: Path) -> Path:
@@ -93,9 +83,9 @@ def _drop_records(model_dir: Path, steps) -> None:
         (_ckpt(model_dir) / str(step) / checksums.MANIFEST_FILE).unlink()
 
 
-def test_every_step_of_a_run_is_committed_with_its_record(reference):
+def test_every_step_of_a_run_is_committed_with_its_record(finished):  # noqa: F811
     for step in (2, STEPS):
-        step_dir = _ckpt(reference) / str(step)
+        step_dir = _ckpt(finished) / str(step)
         record = json.loads((step_dir / checksums.MANIFEST_FILE).read_text())["files"]
         # Every data file is listed; only orbax's commit marker and timestamp are not.
         on_disk = {
@@ -106,47 +96,43 @@ def test_every_step_of_a_run_is_committed_with_its_record(reference):
         assert set(record) == on_disk - set(init_checkpoints.COMMIT_FILES)
         assert any(name.startswith("params/") for name in record)
         assert any(name.startswith("opt_state/") for name in record)
-    assert checkpoints.committed_step(reference) == STEPS
+    assert checkpoints.committed_step(finished) == STEPS
 
 
-def test_a_newest_step_without_its_record_is_set_aside_and_the_resume_equals_an_uninterrupted_run(
-    reference, tiny_data, seqio_registry, tmp_path, caplog
+@pytest.mark.parametrize(
+    "dropped, resumed",
+    [
+        ([STEPS], 2),  # the newest step: the resume falls back to the one before
+        ([2, STEPS], None),  # every step: a fresh start, as if killed before the first one
+    ],
+)
+def test_steps_without_their_record_are_set_aside_and_the_run_equals_an_uninterrupted_one(
+    finished,  # noqa: F811
+    tiny_data,
+    seqio_registry,
+    tmp_path,
+    caplog,
+    dropped,
+    resumed,
 ):
     model_dir = tmp_path / "run"
-    shutil.copytree(reference, model_dir)
-    _drop_records(model_dir, [STEPS])  # killed between the commit and the record (older code)
-    assert checkpoints.committed_step(model_dir) == 2  # the one resume rule agrees
+    shutil.copytree(finished, model_dir)
+    _drop_records(model_dir, dropped)  # killed between the commit and the record (older code)
+    assert checkpoints.committed_step(model_dir) == resumed  # the one resume rule agrees
     with caplog.at_level(logging.INFO):
         result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
     assert result.completed and result.step == STEPS
-    assert "restored checkpoint step 2 (verified)" in caplog.text
-    assert f"restored checkpoint step {STEPS}" not in caplog.text and UNVERIFIED not in caplog.text
-    assert f"checkpoint step {STEPS} set aside (unverified)" in caplog.text
-    assert [p.name for p in (model_dir / checkpoints.SET_ASIDE_SUBDIR).iterdir()] == [
-        f"{STEPS}.unverified"
+    restored = [line for line in caplog.messages if line.startswith("restored checkpoint")]
+    assert restored == ([f"restored checkpoint step {resumed} (verified)"] if resumed else [])
+    assert UNVERIFIED not in caplog.text
+    for step in dropped:
+        assert f"checkpoint step {step} set aside (unverified)" in caplog.text
+    assert sorted(p.name for p in (model_dir / checkpoints.SET_ASIDE_SUBDIR).iterdir()) == [
+        f"{step}.unverified" for step in dropped
     ]
     # Nothing else was written or recorded: the same files as the uninterrupted run, no amendment.
-    assert _top_files(model_dir) == sorted([*_top_files(reference), checkpoints.SET_ASIDE_SUBDIR])
-    _equals_reference(model_dir, reference)
-
-
-def test_a_run_whose_steps_all_lack_their_record_starts_fresh_and_equals_an_uninterrupted_run(
-    reference, tiny_data, seqio_registry, tmp_path, caplog
-):
-    model_dir = tmp_path / "run"
-    shutil.copytree(reference, model_dir)
-    _drop_records(model_dir, [2, STEPS])
-    assert checkpoints.committed_step(model_dir) is None  # as if killed before its first one
-    with caplog.at_level(logging.INFO):
-        result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
-    assert result.completed and result.step == STEPS
-    assert "restored checkpoint" not in caplog.text and UNVERIFIED not in caplog.text
-    assert sorted(p.name for p in (model_dir / checkpoints.SET_ASIDE_SUBDIR).iterdir()) == [
-        "2.unverified",
-        f"{STEPS}.unverified",
-    ]
-    assert _top_files(model_dir) == sorted([*_top_files(reference), checkpoints.SET_ASIDE_SUBDIR])
-    _equals_reference(model_dir, reference)
+    assert _top_files(model_dir) == sorted([*_top_files(finished), checkpoints.SET_ASIDE_SUBDIR])
+    _equals_reference(model_dir, finished)
 
 
 # A child that saves steps 1, 2, 3 and kills itself (SIGKILL) during step 2's commit: right after
@@ -230,64 +216,34 @@ def test_a_kill_during_the_commit_leaves_only_recorded_steps(tmp_path, caplog, w
     assert not (model_dir / checkpoints.SET_ASIDE_SUBDIR).exists()
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 4 MiB tmpfs mounted for the test (root only), unmounted after it."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", os.fspath(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", os.fspath(mount)], check=False)
-
-
-def _fill(mount: Path) -> Path:
-    """Fills the filesystem at `mount` (a real ENOSPC for the next write)."""
-    filler = mount / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
-    with pytest.raises(OSError):  # not even one page is left
-        (mount / "probe").write_bytes(b"x" * 4096)
-    (mount / "probe").unlink(missing_ok=True)
-    return filler
-
-
 def test_a_record_that_cannot_be_written_fails_the_save_and_the_step_never_commits(
-    full_disk, monkeypatch, caplog
+    tmp_path, monkeypatch, caplog
 ):
-    directory = full_disk / "run" / checkpoints.CHECKPOINTS_SUBDIR
+    # A real failed write of step 2's record: its path is taken by a directory just before it is
+    # written (a full disk is tests/test_storage_failures.py's; any failure acts the same).
+    directory = tmp_path / "run" / checkpoints.CHECKPOINTS_SUBDIR
     write = checksums.write_manifest
-    fillers = []
 
-    def disk_full_at_step_2(step_dir, **kwargs):  # the disk fills just before step 2's record
+    def taken_at_step_2(step_dir, **kwargs):
         if storage.as_path(step_dir).name.startswith("2"):
-            fillers.append(_fill(full_disk))
+            (Path(os.fspath(step_dir)) / checksums.MANIFEST_FILE).mkdir()
         return write(step_dir, **kwargs)
 
-    monkeypatch.setattr(checksums, "write_manifest", disk_full_at_step_2)
+    monkeypatch.setattr(checksums, "write_manifest", taken_at_step_2)
     params = {"w": jnp.full(4, 1.0)}
     store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=10))
     try:
         store.save(1, params=params, opt_state={"m": jnp.zeros(2)}, train_state={"step": 1})
         store.save(2, params=params, opt_state={"m": jnp.zeros(2)}, train_state={"step": 2})
-        with pytest.raises(storage.StorageError, match="No space left"):
+        with pytest.raises(OSError, match=checksums.MANIFEST_FILE):
             store.wait()
     finally:
-        fillers and fillers[0].unlink()
         store.close()
-    assert checkpoints.committed_step(full_disk / "run") == 1
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "1",
+        f"2{ocp.path.atomicity_types.TMP_DIR_SUFFIX}",  # never committed
+    ]
+    assert checkpoints.committed_step(tmp_path / "run") == 1
     with caplog.at_level(logging.INFO, logger="trainer.checkpoints"):
         store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=10))
         try:
@@ -298,6 +254,7 @@ def test_a_record_that_cannot_be_written_fails_the_save_and_the_step_never_commi
         finally:
             store.close()
     assert step == 1 and "restored checkpoint step 1 (verified)" in caplog.text
+    assert "set aside" not in caplog.text
 
 
 def _foreign_checkpoint(directory: Path) -> dict:
