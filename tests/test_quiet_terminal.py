@@ -115,3 +115,24 @@ def test_train_terminal_holds_only_project_lines(tiny_data, tmp_path, run_quietl
     assert "INFO step 3/3 | loss" in shown
     kept = third_party.read_text()
     assert "absl::InitializeLog()" in kept and "precompiled_charsmap is empty" in kept
+
+
+def test_remote_runs_staged_tensorboard_directory_goes_even_unclosed(gcs_bucket):
+    """A run on object storage stages its TensorBoard events in a local `xlscale-tb-*`
+    directory: removed at `close`, and also when a writer that was never closed goes away."""
+    import gc
+
+    from trainer.metrics_log import MetricsWriter
+
+    staged = []
+    for name in ("closed", "dropped"):
+        writer = MetricsWriter(f"{gcs_bucket}/{name}", is_chief=True)
+        writer.write({"step": 1, "train/loss": 1.5})
+        staged.append(writer._tb_dir)
+        assert os.path.basename(staged[-1]).startswith("xlscale-tb-")
+        assert os.listdir(staged[-1])  # the events file
+        if name == "closed":
+            writer.close()
+        del writer
+    gc.collect()
+    assert [d for d in staged if os.path.exists(d)] == []
