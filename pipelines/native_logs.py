@@ -57,15 +57,14 @@ def stderr_to(path: str | os.PathLike | None = None) -> Iterator[None]:
     """
     global _depth
     with _lock:
-        _depth += 1
-        outermost = _depth == 1
         saved = None
-        if outermost:
-            sys.stderr.flush()
+        if _depth == 0:
             target = os.open(os.fspath(path or sink()), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            sys.stderr.flush()
             saved = os.dup(STDERR_FD)
             os.dup2(target, STDERR_FD)
             os.close(target)
+        _depth += 1
     try:
         yield
     finally:

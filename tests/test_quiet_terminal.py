@@ -136,3 +136,14 @@ def test_remote_runs_staged_tensorboard_directory_goes_even_unclosed(gcs_bucket)
         del writer
     gc.collect()
     assert [d for d in staged if os.path.exists(d)] == []
+
+
+def test_stderr_to_a_file_it_cannot_open_changes_nothing(tmp_path):
+    before = _fd2_identity()
+    with pytest.raises(FileNotFoundError):
+        with native_logs.stderr_to(tmp_path / "no such directory" / "log"):
+            pass
+    assert _fd2_identity() == before
+    with native_logs.stderr_to(tmp_path / "log"):  # the next block still moves fd 2
+        os.write(native_logs.STDERR_FD, b"line\n")
+    assert (tmp_path / "log").read_text() == "line\n"
