@@ -24,6 +24,14 @@ DECODER_KEYS = {
 ENCODER_KEYS = {"encoder_input_tokens", "encoder_segment_ids", "encoder_positions"}
 MIX = "cpt_zh_replay_en_30"
 LANGS = ["en", "zh", "de"]
+# A translation task, unpacked: the finetuning subsets' tests count its examples one by one.
+MT_UNPACKED = dict(
+    mixture_or_task="mt_en_de",
+    split="train",
+    sequence_length={"inputs": 64, "targets": 64},
+    batch_size=2,
+    pack=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -163,13 +171,7 @@ def test_encdec_batches_contract(registered):
 
 def test_token_subset_is_a_fixed_repeated_sample(registered):
     # The MT paper's finetuning sets of size Df: a fixed sample of the task, repeated.
-    args = dict(
-        mixture_or_task="mt_en_de",
-        split="train",
-        sequence_length={"inputs": 64, "targets": 64},
-        batch_size=2,
-        pack=False,
-    )
+    args = dict(MT_UNPACKED)
     mean = component_examples.mean_target_tokens(
         "mt_en_de", split="train", sequence_length=args["sequence_length"]
     )
@@ -200,13 +202,7 @@ def test_token_subset_is_a_fixed_repeated_sample(registered):
 def test_pair_subset_holds_exactly_that_many_examples(registered):
     # The MT paper's Df = pairs × 512: a set of exactly Df / 512 pairs, whatever their lengths;
     # over hosts, the shares add up to it.
-    args = dict(
-        mixture_or_task="mt_en_de",
-        split="train",
-        sequence_length={"inputs": 64, "targets": 64},
-        batch_size=2,
-        pack=False,
-    )
+    args = dict(MT_UNPACKED)
 
     def examples(seed, n, **kw):
         rows = _take(streams.encdec_batches(**args, seed=seed, subset_examples=n, **kw), 3 * n)
