@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from fitting.laws.robust_fit import FitResult
 
@@ -18,20 +17,31 @@ SMALL_GRID = {
 }
 
 
-def given_fit(law: str, params: Mapping[str, float], samples=(), **fields: Any) -> FitResult:
-    """A `FitResult` of `params` as a fit would return them: converged at zero objective and
-    gradient from one start, on one point of one run, δ = 1e-3, with bootstrap `samples`;
-    `fields` override any of these (an unconverged fit, more points)."""
-    settings = dict(
-        objective=0.0,
-        converged=True,
-        grad_norm=0.0,
+def given_fit(
+    law: str,
+    params: Mapping[str, float],
+    samples=(),
+    *,
+    objective: float = 0.0,
+    converged: bool = True,
+    grad_norm: float = 0.0,
+    n_points: int = 1,
+    n_runs: int = 1,
+) -> FitResult:
+    """A `FitResult` of `params` as a fit would return them: by default converged at zero
+    objective and gradient, from one start, on one point of one run, δ = 1e-3, with bootstrap
+    `samples`."""
+    return FitResult(
+        law=law,
+        params=params,
+        objective=objective,
+        converged=converged,
+        grad_norm=grad_norm,
         n_starts=1,
         n_finite=1,
         n_at_best=1,
-        n_points=1,
-        n_runs=1,
+        n_points=n_points,
+        n_runs=n_runs,
         delta=1e-3,
         samples=samples,
     )
-    return FitResult(law=law, params=params, **{**settings, **fields})
