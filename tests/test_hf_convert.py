@@ -26,6 +26,7 @@ from llama_jax import hf_config, hf_convert, sizes
 from llama_jax.config import LlamaConfig
 from llama_jax.counting import param_counts
 from llama_jax.model import Llama
+from rundir import checksums
 from trainer import checkpoints as ckpt_lib
 from trainer import validation
 from trainer.loop import LoopConfig
@@ -236,6 +237,11 @@ def test_init_checkpoint_hf_is_cached_and_shape_checked(hf_dirs, tmp_path, monke
     mtime = os.stat(directory.parent / "run.json").st_mtime_ns
     ckpt_lib.check_init_checkpoint(f"hf:{path}", abstract_params=abstract(config))
     assert os.stat(directory.parent / "run.json").st_mtime_ns == mtime  # converted once
+    # An entry without its integrity record (written by older code) is converted again.
+    (directory / str(step) / checksums.MANIFEST_FILE).unlink()
+    ckpt_lib.check_init_checkpoint(f"hf:{path}", abstract_params=abstract(config))
+    assert checksums.has_manifest(directory / str(step))
+    assert os.stat(directory.parent / "run.json").st_mtime_ns != mtime
     with pytest.raises(ValueError, match=r"lm_head/kernel: checkpoint has shape \(48, 61\)"):
         ckpt_lib.check_init_checkpoint(
             f"hf:{path}", abstract_params=abstract(config.replace(vocab_size=64))
