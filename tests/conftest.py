@@ -140,21 +140,21 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def temporary_files_in_basetemp(tmp_path_factory):
-    """Points the tests' temporary files (`tempfile`, and `TMPDIR` for the processes they start)
-    into pytest's base temporary directory, and removes them at the session's end: TensorFlow's
-    `__autograph_generated_file*.py` and staged TensorBoard directories would otherwise pile up
-    in the system's temporary directory."""
-    import tempfile
-
+    """Points the temporary files of the processes the tests start (`TMPDIR`) into pytest's base
+    temporary directory, and removes them at the session's end: a process killed on purpose (or
+    ending without `atexit`) leaves TensorFlow's `__autograph_generated_file*.py` and staged
+    TensorBoard directories behind, which would pile up in the system's temporary directory.
+    This process's own `tempfile` directory is left alone: the tests' machine-wide locks live
+    there (`slurm_cluster.LOCK_PATH`, COMET's environment), and TensorFlow removes its files at
+    exit."""
     tmp = tmp_path_factory.mktemp("tmp", numbered=False)
-    saved = tempfile.tempdir, os.environ.get("TMPDIR")
-    tempfile.tempdir, os.environ["TMPDIR"] = str(tmp), str(tmp)
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp)
     yield tmp
-    tempfile.tempdir = saved[0]
-    if saved[1] is None:
+    if saved is None:
         os.environ.pop("TMPDIR", None)
     else:
-        os.environ["TMPDIR"] = saved[1]
+        os.environ["TMPDIR"] = saved
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -9,6 +9,8 @@ import copy
 import logging
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 
@@ -147,3 +149,10 @@ def test_stderr_to_a_file_it_cannot_open_changes_nothing(tmp_path):
     with native_logs.stderr_to(tmp_path / "log"):  # the next block still moves fd 2
         os.write(native_logs.STDERR_FD, b"line\n")
     assert (tmp_path / "log").read_text() == "line\n"
+
+
+def test_processes_the_tests_start_keep_temporary_files_in_pytests_directory(tmp_path_factory):
+    code = "import tempfile; print(tempfile.gettempdir())"
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    base = tmp_path_factory.getbasetemp()
+    assert os.path.commonpath([shown.strip(), base]) == str(base), (shown, base)
