@@ -182,9 +182,8 @@ class CheckpointStore:
         for step, missing in zip(steps, unrecorded, strict=True):
             if missing:
                 log.warning(
-                    "checkpoint step %d in %s has no integrity record (its job ended between "
-                    "the commit and the record, or its record write failed): not restored "
-                    "unverified",
+                    "checkpoint step %d in %s has no integrity record (written by older code, "
+                    "killed before hashing it, or by another tool): never restored unverified",
                     step,
                     self.directory,
                 )
