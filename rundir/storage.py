@@ -264,11 +264,10 @@ _HTTP_CAUSES = {401: "permission", 403: "permission", 429: "quota", 507: "disk f
 _TEXT_CAUSES = (
     ("No space left on device", "disk full"),
     ("Disk quota exceeded", "quota"),
-    ("RESOURCE_EXHAUSTED", "quota"),
     ("PERMISSION_DENIED", "permission"),
     ("UNAUTHENTICATED", "permission"),
     ("CURL error", "unreachable"),
-    ("retry attempts failed", "unreachable"),
+    ("retry attempts failed", "failed"),
     ("DEADLINE_EXCEEDED", "unreachable"),
     ("UNAVAILABLE", "unreachable"),
     ("upload_id=", "upload lost"),
@@ -280,7 +279,7 @@ _TEXT_CAUSES = (
 _SERVICE_MODULES = ("aiohttp", "gcsfs", "google.auth", "google.api_core", "tensorstore")
 # What a local disk's failures are: a full disk or quota is storage (resume once freed); a
 # permission error or a missing file stays the caller's own error.
-_LOCAL_CAUSES = ("disk full", "quota")
+LOCAL_CAUSES = ("disk full", "quota")
 
 
 def _cause_of_one(error: BaseException) -> str | None:
@@ -329,13 +328,18 @@ def is_service_failure(error: BaseException) -> bool:
     return failure_cause(error) is not None
 
 
-def _storage_error(error: BaseException, path: PathLike, action: str) -> StorageError | None:
+def as_storage_error(
+    error: BaseException, path: PathLike, action: str, *, causes: tuple[str, ...] | None = None
+) -> StorageError | None:
     """`error` as a `StorageError` naming the cause, `action` and `path`, or None when it is not
-    a storage failure there (on local disk only a full disk or quota is)."""
+    a storage failure there (on local disk only a full disk or quota is), or not one of `causes`
+    when given, or already a `StorageError`."""
     if isinstance(error, StorageError):
         return None
     cause = failure_cause(error)
-    if cause is None or (not os.fspath(path).startswith("gs://") and cause not in _LOCAL_CAUSES):
+    if cause is None or (not os.fspath(path).startswith("gs://") and cause not in LOCAL_CAUSES):
+        return None
+    if causes is not None and cause not in causes:
         return None
     where = os.fspath(path)
     return StorageError(
@@ -355,7 +359,7 @@ def storage_errors(path: PathLike, action: str) -> Iterator[None]:
         raise
     except Exception as e:
         remote = os.fspath(path).startswith("gs://")
-        error = _storage_error(e, path, action)
+        error = as_storage_error(e, path, action)
         if error is None and remote and not isinstance(e, StorageError):
             cause = failure_cause(e) or "failed"
             error = StorageError(
@@ -375,7 +379,7 @@ def service_errors(path: PathLike, action: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        error = _storage_error(e, path, action)
+        error = as_storage_error(e, path, action)
         if error is None:
             raise
         raise error from e

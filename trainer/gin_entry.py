@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ import gin
 
 from rundir import exits, storage
 from trainer import compile_cache, gin_checks, partitioning, validation
+
+log = logging.getLogger(__name__)
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "t5x_configs"
 # Macros each job needs (beyond what its gin files default).
@@ -200,6 +203,57 @@ def _show_progress() -> None:
         logger.propagate = False
 
 
+class _BackgroundTracebacks(logging.Filter):
+    """Keeps a background thread's log record to its message, without the traceback: orbax's
+    save threads log one per failed operation when the store goes away or the disk fills (tens
+    of tracebacks, issue 36); the job's main thread reports the failure itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and threading.current_thread() is not threading.main_thread():
+            log.debug("traceback of %s", record.getMessage(), exc_info=record.exc_info)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _background_tracebacks_off() -> None:
+    """Background threads' tracebacks go to the job's debug log, not the terminal: those of
+    orbax's records (absl), and those printed for uncaught errors in threads (TensorStore's
+    callbacks once orbax closed their event loop report "Event loop is closed", one each, as
+    unraisable errors).
+    `--verbose` or `XLSCALE_DEBUG=1` keeps them all."""
+    absl = logging.getLogger("absl")
+    if exits.VERBOSE_FLAG in sys.argv or exits.debug_enabled():
+        return
+    if any(isinstance(f, _BackgroundTracebacks) for f in absl.filters):
+        return  # once per process
+    absl.addFilter(_BackgroundTracebacks())
+    printed = sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        if threading.current_thread() is threading.main_thread():
+            printed(kind, value, traceback)
+        else:
+            log.debug("in a background thread: %s", value, exc_info=(kind, value, traceback))
+
+    sys.excepthook = excepthook
+    unraisable = sys.unraisablehook
+
+    def unraisablehook(args):  # TensorStore's callbacks report theirs as unraisable
+        if threading.current_thread() is threading.main_thread():
+            unraisable(args)
+        else:
+            log.debug("in a background thread: %s", args.exc_value)
+
+    sys.unraisablehook = unraisablehook
+
+    def thread_excepthook(args):  # a thread of ours or a library's died: one line, no traceback
+        name = getattr(args.thread, "name", "?")
+        log.warning("thread %s failed: %s", name, exits.message(args.exc_value))
+        log.debug("thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+    threading.excepthook = thread_excepthook
+
+
 def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> ParsedConfig:
     """Starts multi-host JAX if needed, parses gin files and bindings, checks that every macro
     set is read by some gin file (`gin_checks`) and that the required macros are set.
@@ -210,6 +264,7 @@ def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> Parsed
         valid names).
     """
     _show_progress()
+    _background_tracebacks_off()
     storage.bound_orbax_retries()  # a store that goes away fails a save in seconds, not minutes
     partitioning.maybe_initialize_distributed(
         mode=os.environ.get("XLSCALE_DISTRIBUTED", distributed)

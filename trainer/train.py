@@ -298,9 +298,18 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
         writer.truncate_after(start)
         writer.restore_lost(saved.get("records", []), step=start)
         return training.run(watcher)
-    except storage.StorageError as e:
+    except Exception as e:
         failed = e
-        raise _storage_failure(e, store, committed=training and training.committed) from e
+        # A full disk is a storage failure whatever wrote (TensorBoard's events through
+        # TensorFlow, orbax's threads): told as one, not as a bug.
+        error = e if isinstance(e, storage.StorageError) else None
+        error = error or storage.as_storage_error(
+            e, model_dir, "writing", causes=storage.LOCAL_CAUSES
+        )
+        if error is None:
+            raise
+        failed = error
+        raise _storage_failure(error, store, committed=training and training.committed) from e
     except BaseException as e:
         failed = e
         raise
