@@ -278,7 +278,9 @@ def _foreign_checkpoint(directory: Path) -> dict:
     return params
 
 
-def test_a_foreign_init_checkpoint_without_a_record_is_refused_until_recorded(tmp_path, capsys):
+def test_a_foreign_init_checkpoint_without_a_record_is_refused_until_recorded(
+    tmp_path, capsys, caplog
+):
     directory = tmp_path / "foreign"
     params = _foreign_checkpoint(directory)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
@@ -300,10 +302,11 @@ def test_a_foreign_init_checkpoint_without_a_record_is_refused_until_recorded(tm
     record = (directory / "7" / checksums.MANIFEST_FILE).read_bytes()
     assert cli_main.main(["convert", "record", os.fspath(directory)]) == 0  # kept as it was
     assert (directory / "7" / checksums.MANIFEST_FILE).read_bytes() == record
-    restored, _, step = checkpoints.restore_init_params(
-        os.fspath(directory), abstract_params=abstract
-    )
-    assert step == 7
+    with caplog.at_level(logging.INFO, logger="trainer.checkpoints"):
+        restored, _, step = checkpoints.restore_init_params(
+            os.fspath(directory), abstract_params=abstract
+        )
+    assert step == 7 and f"restored the parameters of {directory} step 7 (verified)" in caplog.text
     assert init_checkpoints.params_hash(restored) == init_checkpoints.params_hash(params)
     # A recorded step whose file changed afterwards is refused as corrupt.
     files = [p for p in (directory / "7" / "params").rglob("*") if p.is_file()]

@@ -227,7 +227,7 @@ class CheckpointStore:
         Returns:
           How many files were verified (at least one).
         Raises:
-          CheckpointUnrecordedError: the step has no record.
+          rundir.checksums.CheckpointUnrecordedError: the step has no record.
           CheckpointCorruptError: naming the file and the step.
         """
         return checksums.verify_manifest(
@@ -423,6 +423,7 @@ def check_init_checkpoint(
     Raises:
       FileNotFoundError: when the directory holds no (such) checkpoint.
       ValueError: when parameters are missing or have other shapes (each one named).
+      rundir.checksums.CheckpointUnrecordedError: when the step has no integrity record.
       CheckpointCorruptError: when a file of the step fails its checksums (named, with the step).
     """
     spec = local_init_spec(spec)
@@ -441,7 +442,7 @@ def restore_init_params(
     spec: str, *, abstract_params: Any, what: str = "INIT_CHECKPOINT"
 ) -> tuple[Any, epath.Path, int]:
     """Loads the parameters of `INIT_CHECKPOINT` `spec` ('<dir>[@step]') for a fresh run, after
-    `check_init_checkpoint`.
+    `check_init_checkpoint` (which verifies the step's integrity record).
 
     Returns:
       (params sharded as `abstract_params` says, checkpoints directory, step).
@@ -454,6 +455,7 @@ def restore_init_params(
         params = store.restore_params(step, abstract_params=abstract_params)
     finally:
         store.close()
+    log.info("restored the parameters of %s step %d (verified)", directory, step)
     return params, directory, step
 
 
