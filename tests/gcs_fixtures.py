@@ -6,6 +6,7 @@ no-egress guard.
 - `gcs_server` (session): one fake-gcs-server (`tests/gcs_server.py`), filesystem-backed on a fixed
   port, so `gcs_server.restart()` or `stop()` ... `start()` keeps its buckets; skipped, saying why,
   only where the server binary cannot start.
+- `fast_retries` (function): the storage clients' retries without their back-off sleeps.
 - `gcs_bucket` (function): a fresh bucket, yielded as `gs://<bucket>`, with the server's
   environment set in `os.environ` for this process and for subprocesses (their PYTHONPATH gains
   the guard's sitecustomize); a test whose process or subprocesses attempted egress fails.
@@ -13,6 +14,7 @@ no-egress guard.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -60,3 +62,20 @@ def gcs_bucket(gcs_server, monkeypatch, tmp_path_factory):
         blocked += egress_log.read_text().splitlines()
     if blocked:
         pytest.fail("network egress attempted (refused by the guard): " + "; ".join(blocked))
+
+
+@pytest.fixture
+def fast_retries(monkeypatch):
+    """gcsfs's retry loop without its back-off sleeps (about 30 s in all), so a dead server
+    fails the test in a second; the loop itself (six attempts) still runs."""
+    import gcsfs.retry
+
+    from rundir import gcs_client
+
+    class NoSleep:
+        @staticmethod
+        async def sleep(_seconds):
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", NoSleep)
+    monkeypatch.setattr(gcs_client, "asyncio", NoSleep)  # the project's client (same policy)

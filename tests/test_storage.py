@@ -5,7 +5,6 @@ no-egress guard itself."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -285,21 +284,6 @@ def test_an_orbax_checkpoint_lives_in_the_bucket(gcs_bucket, gcs_server, tmp_pat
     assert "ckpt/3/_CHECKPOINT_METADATA" in objects  # epath (gcsfs) wrote the metadata
     assert any(o.startswith("ckpt/3/ocdbt.process_0/") for o in objects)  # tensorstore the arrays
     assert list(tmp_path.iterdir()) == []  # nothing local, no `gs:` directory
-
-
-@pytest.fixture
-def fast_retries(monkeypatch):
-    """gcsfs's retry loop without its back-off sleeps (about 30 s in all), so a dead server
-    fails the test in a second; the loop itself (six attempts) still runs."""
-    import gcsfs.retry
-
-    class NoSleep:
-        @staticmethod
-        async def sleep(_seconds):
-            await asyncio.sleep(0)
-
-    monkeypatch.setattr(gcsfs.retry, "asyncio", NoSleep)
-    monkeypatch.setattr(gcs_client, "asyncio", NoSleep)  # the project's client (same policy)
 
 
 def test_a_stopped_server_is_a_storage_error_naming_the_path(
