@@ -182,18 +182,19 @@ def leave(code: int) -> int:
 
     A failed job may leave non-daemon threads behind that Python's exit would wait for: an orbax
     save blocked on storage that went away waits for minutes, its signalling threads forever
-    (issue 36). After a failure those threads get `JOIN_DEADLINE_S` in all; then the standard
-    streams are flushed and the process ends at once (`os._exit`), not by the interpreter's own
-    exit: that would wait for threads still stuck, and tear down the coroutines they left
-    half-done (a traceback each). Nothing they could still write matters: the error has been
-    reported, and a resume does not see an uncommitted step. Success and preemption return
-    `code` for a normal exit.
+    (issue 36). After a failure, what threads still print is dropped (the report stays the last
+    lines on stderr), and they get `JOIN_DEADLINE_S` in all; if one is still alive then, the
+    standard streams are flushed and the process ends at once (`os._exit`) rather than by the
+    interpreter's exit, which would wait for it. Nothing it could still write matters: the
+    error has been reported, and a resume does not see an uncommitted step. Otherwise, and for
+    success and preemption, `code` is returned for a normal exit.
     """
     if code in (0, PREEMPTED):
         return code
     if VERBOSE_FLAG not in sys.argv and not debug_enabled():
         _drop_background_output()
     deadline = time.monotonic() + JOIN_DEADLINE_S
+    stuck = False
     for thread in threading.enumerate():
         if thread is threading.current_thread() or thread.daemon:
             continue
@@ -201,6 +202,9 @@ def leave(code: int) -> int:
             threading.Thread.join(thread, max(0.0, deadline - time.monotonic()))
         except Exception:  # noqa: BLE001 - e.g. a thread Python did not start cannot be joined
             pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        stuck = stuck or thread.is_alive()
+    if stuck:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
