@@ -347,6 +347,17 @@ def as_storage_error(
     )
 
 
+def told(error: StorageError, *, last: tuple[int, PathLike] | None) -> StorageError:
+    """`error` as a job reports it: what failed (one line), what to do about its cause, and the
+    last complete checkpoint (step, directory) where a rerun resumes (`rundir.exits` adds the
+    command)."""
+    where = "no checkpoint was complete yet: a rerun starts the run again"
+    if last is not None:
+        where = f"last complete checkpoint: step {last[0]} ({os.fspath(last[1])}); a resume "
+        where += "verifies its checksums and starts there"
+    return StorageError(f"{error}\n  {CAUSES[error.cause]}\n  {where}", cause=error.cause)
+
+
 @contextlib.contextmanager
 def storage_errors(path: PathLike, action: str) -> Iterator[None]:
     """Re-raises failures of the storage service under `action` on `path` as one `StorageError`

@@ -299,37 +299,20 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
         writer.restore_lost(saved.get("records", []), step=start)
         return training.run(watcher)
     except Exception as e:
-        failed = e
         # A full disk is a storage failure whatever wrote (TensorBoard's events through
-        # TensorFlow, orbax's threads): told as one, not as a bug.
-        error = e if isinstance(e, storage.StorageError) else None
-        error = error or storage.as_storage_error(
-            e, model_dir, "writing", causes=storage.LOCAL_CAUSES
-        )
-        if error is None:
+        # TensorFlow, orbax's threads): told as one, with where a rerun resumes.
+        failed = storage.as_storage_error(e, model_dir, "writing", causes=storage.LOCAL_CAUSES)
+        failed = failed or e
+        if not isinstance(failed, storage.StorageError):
             raise
-        failed = error
-        raise _storage_failure(error, store, committed=training and training.committed) from e
+        last = training and training.committed
+        last = None if last is None else (last, store.step_dir(last))
+        raise storage.told(failed, last=last) from e
     except BaseException as e:
         failed = e
         raise
     finally:
         _close(watcher, writer, store, failed=failed)
-
-
-def _storage_failure(error: storage.StorageError, store, *, committed: int | None):
-    """The run's storage failure, told in a few lines: the cause, what failed where (one line),
-    and the last complete checkpoint, where a rerun of the same command resumes once the store
-    is back (`rundir.exits` adds that command)."""
-    if committed is None:
-        where = "no checkpoint was complete yet: a rerun starts the run again"
-    else:
-        where = (
-            f"last complete checkpoint: step {committed} ({store.step_dir(committed)}); "
-            "a resume verifies its checksums and starts there"
-        )
-    text = f"{error}\n  {storage.CAUSES[error.cause]}\n  {where}"
-    return storage.StorageError(text, cause=error.cause)
 
 
 def _close(watcher, writer, store, *, failed: BaseException | None) -> None:
