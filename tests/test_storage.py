@@ -286,6 +286,37 @@ def test_an_orbax_checkpoint_lives_in_the_bucket(gcs_bucket, gcs_server, tmp_pat
     assert list(tmp_path.iterdir()) == []  # nothing local, no `gs:` directory
 
 
+def test_orbax_tensorstore_requests_give_up_within_seconds(gcs_bucket, gcs_server, monkeypatch):
+    # orbax's TensorStore contexts carry the project's retry bound (`bound_orbax_retries`): a
+    # write to a store that went away fails as "storage unreachable" after its retries, not after
+    # TensorStore's default of about 5 minutes (the bound is shortened here to keep this fast).
+    import copy
+
+    import tensorstore as ts
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    for name in ("_BASE_TS_CONTEXT", "_DEFAULT_OCDBT_TS_CONTEXT"):
+        template = copy.deepcopy(getattr(tensorstore_utils, name))
+        monkeypatch.setattr(tensorstore_utils, name, template)
+    bound = {"max_retries": 3, "initial_delay": "0.1s", "max_delay": "0.2s"}
+    monkeypatch.setattr(storage, "TENSORSTORE_RETRIES", bound)
+    storage.bound_orbax_retries()
+    context = tensorstore_utils.get_ts_context(use_ocdbt=True)
+    assert context.spec.to_json()["gcs_request_retries"]["max_retries"] == 3
+    bucket = gcs_bucket.removeprefix("gs://")
+    store = ts.KvStore.open({"driver": "gcs", "bucket": bucket, "path": "ts/"}, context=context)
+    store = store.result()
+    gcs_server.stop()
+    started = time.monotonic()
+    try:
+        with pytest.raises(storage.StorageError, match=r"^storage unreachable: writing gs://"):
+            with storage.service_errors(f"{gcs_bucket}/ts/a", "writing"):
+                store.write("a", b"1").result()
+    finally:
+        gcs_server.start()
+    assert time.monotonic() - started < 10
+
+
 def test_a_stopped_server_is_a_storage_error_naming_the_path(
     gcs_bucket, tmp_path, monkeypatch, fast_retries
 ):
