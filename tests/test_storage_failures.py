@@ -108,6 +108,31 @@ def test_a_failed_command_ends_without_waiting_for_stuck_threads():
     assert done.stderr == "the report\n"
 
 
+def test_the_xlscale_command_does_not_wait_for_stuck_threads(tmp_path):
+    # The console script's `main()` (no argv: the process's own command line) ends a failed
+    # command through `exits.leave` too: a refused `xlscale train` with a thread stuck for good
+    # exits with its code, where a plain return would wait for that thread forever.
+    script = """if True:
+        import sys, threading
+        from xlscale_cli import main
+        threading.Thread(target=threading.Event().wait, name="stuck").start()
+        sys.argv = ["xlscale", "train", "--gin_file=no_such_file.gin"]
+        sys.exit(main.main())
+    """
+    env = dict(os.environ, PYTHONPATH=os.fspath(REPO), JAX_PLATFORMS="cpu")
+    env.pop(exits.DEBUG_ENV, None)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == exits.CLASSES["configuration"].code, done.stderr
+    assert done.stderr.splitlines()[-1].startswith("xlscale train: gin file 'no_such_file.gin'")
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_data, tmp_path_factory):
     """An uninterrupted run of the same settings on local disk."""
