@@ -17,7 +17,9 @@ looks across), so no module of one imports back into the other.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -147,24 +149,45 @@ class RecordOnCommit:
         self._step = None
 
 
+class _ReadOnlyNotice(logging.Filter):
+    """Drops orbax's "Given directory is read only" warning: opening a checkpoint to read it is
+    what a reader asked for, not news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Given directory is read only")
+
+
+@contextlib.contextmanager
+def quiet_read_only_notice():
+    """Keeps orbax's read-only notice (one per opened reader) off the logs while opening one."""
+    absl_logger, notice = logging.getLogger("absl"), _ReadOnlyNotice()
+    absl_logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(notice)
+
+
 def _params_manager(
     directory: epath.Path, *, read_only: bool, record: RecordOnCommit | None = None
 ) -> ocp.CheckpointManager:
     """An orbax manager of the params and train_state items only (a run's opt_state, when there
     is one, is left alone); a writer records each step in its commit (`record`)."""
-    return ocp.CheckpointManager(
-        directory,
-        options=ocp.CheckpointManagerOptions(
-            create=not read_only,
-            read_only=read_only,
-            enable_async_checkpointing=record is not None,
-            async_options=record.async_options() if record is not None else None,
-        ),
-        item_handlers={
-            "params": ocp.StandardCheckpointHandler(),
-            "train_state": ocp.JsonCheckpointHandler(),
-        },
-    )
+    with quiet_read_only_notice():
+        return ocp.CheckpointManager(
+            directory,
+            options=ocp.CheckpointManagerOptions(
+                save_interval_steps=0 if read_only else 1,
+                create=not read_only,
+                read_only=read_only,
+                enable_async_checkpointing=record is not None,
+                async_options=record.async_options() if record is not None else None,
+            ),
+            item_handlers={
+                "params": ocp.StandardCheckpointHandler(),
+                "train_state": ocp.JsonCheckpointHandler(),
+            },
+        )
 
 
 def write_params(directory: epath.Path, *, step: int, params: Any, train_state: dict) -> None:

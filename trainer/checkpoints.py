@@ -23,7 +23,6 @@ readers of `trainer.restore` refuse such a step, saying how to record files one 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -46,24 +45,6 @@ from rundir.checksums import CheckpointCorruptError
 from trainer.steps import tree_finite
 
 log = logging.getLogger(__name__)
-
-
-class _ReadOnlyNotice(logging.Filter):
-    """Drops orbax's "Given directory is read only" warning: opening a checkpoint to read it is
-    what a reader asked for, not news."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Given directory is read only")
-
-
-@contextlib.contextmanager
-def _quiet_read_only_notice():
-    absl_logger, notice = logging.getLogger("absl"), _ReadOnlyNotice()
-    absl_logger.addFilter(notice)
-    try:
-        yield
-    finally:
-        absl_logger.removeFilter(notice)
 
 
 ITEMS = ("params", "opt_state", "train_state")
@@ -154,7 +135,7 @@ class CheckpointStore:
             create=not read_only,
             read_only=read_only,
         )
-        with _quiet_read_only_notice():
+        with init_checkpoints.quiet_read_only_notice():
             self._manager = ocp.CheckpointManager(
                 self.directory, options=options, item_handlers=_handlers()
             )

@@ -25,6 +25,7 @@ from typing import Any
 
 import gin
 
+from pipelines import native_logs
 from rundir import exits, storage
 from trainer import compile_cache, gin_checks, partitioning, validation
 
@@ -263,6 +264,7 @@ def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> Parsed
         or a macro or binding that nothing uses (names it, where it was set and the nearest
         valid names).
     """
+    native_logs.quiet_tensorflow_import()  # TF's C++ start-up lines stay off the terminal
     _show_progress()
     _background_tracebacks_off()
     storage.bound_orbax_retries()  # a store that goes away fails a save in seconds, not minutes
