@@ -194,3 +194,37 @@ def test_a_long_refusal_keeps_three_lines_and_the_traceback_has_it_all(capsys):
     exits.present(error, prog="xlscale train", verbose=True)
     err = capsys.readouterr().err
     assert all(p in err for p in parts)
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler for SIGTERM (bit 15 of `SigCgt` in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (15 - 1)))
+
+
+def test_sigterm_while_a_job_imports_is_a_preemption_in_one_line(tiny_data, tmp_path):
+    # Issue 36: a SIGTERM while `xlscale train` was still importing JAX and TensorFlow killed it
+    # (-15). Sent as soon as the process has a handler (long before the imports end), it is a
+    # preemption (75) in one line, with nothing written.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    model_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xlscale_cli.main", *_train(tiny_data, model_dir)],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not _catches_sigterm(proc.pid):
+            assert proc.poll() is None, proc.stderr.read()
+        proc.terminate()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == exits.PREEMPTED, err
+    assert err.splitlines() == [
+        "xlscale train: SIGTERM before the job started; nothing was written: start it again"
+    ]
+    assert not model_dir.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from xlscale_cli import terminal
@@ -48,6 +49,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xlscale", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=sorted(COMMANDS), help="subcommand")
     return parser
+
+
+# Commands that are jobs: a SIGTERM before the job has taken over the signal (while Python imports
+# JAX and TensorFlow, parses gin, plans) is a preemption, as it is once the job runs.
+JOBS = frozenset({"train", "eval", "infer"})
+
+
+def _preempted_before_start(prog: str) -> None:
+    """Until the job installs its own handler (`trainer.checkpoints.SigtermFlag`, before it writes
+    anything), SIGTERM ends the process at once with the preemption code and one line: nothing has
+    been written, so starting the job again is all there is to do (a scheduler requeues on 75)."""
+    from rundir import exits  # light: the standard library only
+
+    line = f"{prog}: SIGTERM before the job started; nothing was written: start it again\n"
+
+    def stop(signum, frame):
+        del signum, frame
+        os.write(2, line.encode())
+        os._exit(exits.PREEMPTED)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 # Exit status after the reader of stdout went away: the shell's for a SIGPIPE death (128 + 13).
@@ -93,6 +115,8 @@ def _dispatch(argv: list[str] | None) -> int:
             file=sys.stderr,
         )
         return 2
+    if name in JOBS:
+        _preempted_before_start(f"xlscale {name}")
     terminal.setup()  # before a command imports TensorFlow: third-party lines off the terminal
     module = importlib.import_module(COMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"xlscale {name}", description=COMMANDS[name][1])
