@@ -28,7 +28,7 @@ def task_meta(task: str, *, include_path: str | None) -> dict[str, Any]:
     return {
         "language": lang,
         "chance": paper_tasks.CHANCE.get(task),
-        "kind": task.split("_")[0],
+        "kind": paper_tasks.benchmark_family(task),
     }
 
 

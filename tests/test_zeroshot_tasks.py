@@ -226,6 +226,13 @@ def test_paper_task_map():
     for lang in ("fr", "ru"):
         assert not [t for t in paper_tasks.paper_tasks(lang) if t.startswith(("xcopa", "piqa"))]
     assert "piqa" in paper_tasks.paper_tasks("en") and "xcopa_zh" in paper_tasks.paper_tasks("zh")
+    # zh PIQA is Global PIQA's Simplified-Chinese cloze set; zh HellaSwag stays unmatched.
+    zh_piqa = "global_piqa_parallel_cloze_cmn_hans"
+    assert zh_piqa in paper_tasks.paper_tasks("zh")
+    assert paper_tasks.benchmark_family(zh_piqa) == "global_piqa"
+    assert paper_tasks.CHANCE[zh_piqa] == 0.5 and paper_tasks.task_language(zh_piqa) == "zh"
+    assert "HellaSwag" in paper_tasks.OMITTED["zh"]
+    assert paper_tasks.benchmark_family("hellaswag_ru") == "hellaswag"
     assert paper_tasks.CHANCE["xnli_zh"] == pytest.approx(1 / 3)
     assert paper_tasks.CHANCE["hellaswag"] == 0.25 and paper_tasks.CHANCE["piqa"] == 0.5
     assert paper_tasks.task_language("hellaswag") == "en"
