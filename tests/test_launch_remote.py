@@ -514,8 +514,8 @@ def test_xmanager_real_launch_without_xmanager_says_how_to_get_it(runs):
 def test_xm_launch_script_dry_run(capsys):
     assert xm_launch.main(["cpt_replay", "--dry-run", "--xm-accelerator", "A100"]) == 0
     out = capsys.readouterr().out
-    assert "xmanager experiment 'cpt_replay': 8 work units" in out
-    assert "jax[cuda12]==0.10.2" in out and "wave 1 (7 work units; waits for wave 0)" in out
+    assert "xmanager experiment 'cpt_replay': 9 work units" in out
+    assert "jax[cuda12]==0.10.2" in out and "wave 1 (8 work units; waits for wave 0)" in out
 
 
 def test_tpu_vm_setup_script_dry_run():

@@ -95,6 +95,7 @@ def test_cpt_languages_and_replay_share_the_paper_source_run():
         0.05,
         0.1,
         0.2,
+        0.3,
         0.5,
         0.8,
     ]
