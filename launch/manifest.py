@@ -14,6 +14,8 @@ Schema (every table optional unless said):
                 and NUM_MICROBATCHES that fit one of its chips, `launch.estimate.memory_plan`)
     [vars]      NAME = "default"  -- `${NAME}` in any string below; "" means "must be given"
     [env]       environment for every launched job
+    [settings]  COMET_MODEL, COMET_PYTHON -- how runs are scored, passed to every runner, not
+                part of run ids (`launch.run_settings`: names, allowed values)
     [slurm]     sbatch_lines = ["--constraint=h100", ...]  -- extra `#SBATCH` lines of every job
                 under the SLURM launcher (before its `--sbatch-line`s; other launchers ignore them)
     [gin]       KEY = value       -- `--gin.KEY=value` for every run
@@ -43,7 +45,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launch import budgets, sbatch_options, select_tables, t5x_runner
+from launch import budgets, run_settings, sbatch_options, select_tables, t5x_runner
 from launch.manifest_checks import check_keys, require
 from launch.runs import RUNNERS, substitute
 from launch.select_tables import SelectSpec
@@ -64,7 +66,8 @@ COMPUTED_MACROS = frozenset(
     }
 )
 _TOP_KEYS = frozenset(
-    "sweep vars env slurm gin axes grid budget sizes strategies override exclude select".split()
+    "sweep vars env slurm gin axes grid budget sizes strategies override exclude select "
+    "settings".split()
 )
 
 
@@ -96,6 +99,8 @@ class Manifest:
     # [sweep] hardware: the slice the runs are planned for (`sweep run`/`plan` give each run the
     # remat policy and microbatches that fit it, `launch.estimate.memory_plan`); None: as set.
     hardware: str | None = None
+    # [settings]: how the runs are scored (`launch.run_settings`), variables unsubstituted.
+    settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def missing_variables(self) -> list[str]:
         """Variables that have no value yet (declared as "" and not given)."""
@@ -222,6 +227,11 @@ def parse_manifest(
         t5x_paths=t5x_paths or t5x_runner.T5xPaths.resolve(),
         sbatch_lines=sbatch_lines,
         hardware=sweep.get("hardware"),
+        settings=run_settings.parse(
+            data.get("settings", {}),
+            where=f"{path} [settings]",
+            substitute=lambda v: substitute(v, {**declared, **given}, allow_missing=True),
+        ),
     )
     if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
         budgets.resolve(manifest.budget, where=f"{path} [budget]")

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from launch import t5x_runner
+from launch import run_settings, t5x_runner
 from launch.strategies import Counts
-from rundir.run_record import Strategy
+from rundir.run_record import FINETUNES, Strategy
 
 TRAIN_MODULE = "trainer.train"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -55,6 +55,9 @@ class Run:
     # Extra `#SBATCH` options from the manifest's [slurm] table: where the job runs, not what it
     # computes, so not part of the run's id.
     sbatch_lines: tuple[str, ...] = ()
+    # The manifest's [settings] (`launch.run_settings`: how the run is scored, not part of its
+    # id), variables unsubstituted.
+    settings: tuple[tuple[str, str], ...] = ()
 
     @property
     def waits_for_selection(self) -> bool:
@@ -89,7 +92,24 @@ class Run:
     @property
     def module(self) -> str:
         """The Python module the job runs (`trainer.train`, or `t5x.train` for the t5x runner)."""
-        return RUNNERS[self.runner].module
+        runner = RUNNERS[self.runner]
+        return runner.module_for(self) if runner.module_for else runner.module
+
+    def scoring_settings(self, *, allow_missing: bool = False) -> dict[str, str]:
+        """The manifest's [settings] that are on for this run, variables substituted and checked:
+        only finetunes decode and score translations, so other runs get none.
+
+        Raises:
+          ValueError: a variable without a value (unless `allow_missing`), or a value not allowed
+            (naming the setting and the allowed values).
+        """
+        if self.strategy not in FINETUNES:
+            return {}
+        variables = dict(self.variables)
+        values = {
+            k: substitute(v, variables, allow_missing=allow_missing) for k, v in self.settings
+        }
+        return run_settings.active(values, where=f"{self.manifest_path} run {self.run_id}")
 
     @property
     def done_marker(self) -> str:
@@ -137,7 +157,9 @@ def _trainer_args(run: Run, allow_missing: bool) -> list[str]:
     args = [f"--gin_search_paths={','.join(run.gin_search_paths)}"]
     args = args if run.gin_search_paths else []
     args += [f"--gin_file={f}" for f in run.gin_files]
-    return args + [f"--gin.{key}={value}" for key, value in run.bindings]
+    args += [f"--gin.{key}={value}" for key, value in run.bindings]
+    settings = run.scoring_settings(allow_missing=allow_missing).items()
+    return args + [f"--gin.{key}={gin_literal(value)}" for key, value in settings]
 
 
 def _t5x_args(run: Run, allow_missing: bool) -> list[str]:
@@ -156,6 +178,8 @@ class Runner:
     gin_args: Callable[[Run, bool], list[str]]
     environment: Callable[[Run], dict[str, str]]
     done_marker: Callable[[Run], str] = lambda run: "COMPLETED"
+    # The module of one run where it is not always `module` (T5X with COMET: a wrapper).
+    module_for: Callable[[Run], str] | None = None
 
 
 # Runner name (manifest `[sweep] runner`, `xlscale sweep ... --runner`) -> how its jobs start.
@@ -166,6 +190,7 @@ RUNNERS: dict[str, Runner] = {
         _t5x_args,
         lambda run: t5x_runner.environment(run, manifest=run.manifest_path),
         t5x_runner.done_marker,
+        lambda run: t5x_runner.module(run.scoring_settings(allow_missing=True)),
     ),
 }
 

@@ -274,6 +274,7 @@ class _Expander:
             gin_axes=gin_axes,
             manifest_path=m.path,
             sbatch_lines=m.sbatch_lines,
+            settings=tuple(sorted(m.settings.items())),
         )
         if m.runner == "t5x":
             t5x_runner.check(run, manifest=m.path)

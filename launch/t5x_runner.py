@@ -27,7 +27,16 @@ as the t5x/models/t5.gin macros that bind the same `sizes.get_config` fields (`v
 macro is refused, naming them. `EVAL_AT_START` is passed under its name (the run files bind it
 to T5X's `run_eval_before_training`, the step-0 evaluation); a log-spaced `EVAL_SCHEDULE` has no
 T5X form and is refused; the other `[gin]` settings are xlscale trainer macros and are not
-passed.
+passed. `EVAL_PERIOD` and `CHECKPOINT_PERIOD` of a finetune are passed (its evaluations, decodes
+and kept checkpoints: T5X keeps every one, so the best validation step's weights stay).
+
+COMET: with the manifest's `[settings] COMET_MODEL` (`launch.run_settings`) a finetune runs as
+`python -m launch.t5x_comet <the same flags>`, which runs `t5x.train`, then scores every
+inference output T5X wrote (`inference_eval/<task>-<step>.jsonl`) with the project's COMET worker
+(`pipelines.comet.scoring`, 0-100) into `inference_eval/<task>/` as `eval/comet`, where
+`fitting.readers.t5x_runs` reads `eval/<task>/comet` as for xlscale's runs. The job's environment
+carries `XLSCALE_COMET_MODEL` and `COMET_PYTHON`, and `--gin.COMET_MODEL` records the model in
+config.gin (the MT report names it).
 """
 
 from __future__ import annotations
@@ -75,6 +84,14 @@ ENV_FROM_GIN: Mapping[str, str] = {
 # xlscale trainer macros a manifest may set that the t5x/runs/ gin files bind under the same name
 # (EVAL_AT_START -> T5X's `run_eval_before_training`, the step-0 evaluation).
 PASSED_MACROS: tuple[str, ...] = ("EVAL_AT_START",)
+# Finetune macros t5x/runs/finetune.gin binds under the same names: evaluate (validation loss and
+# decoding) and save every so many steps, so that the best validation step can be chosen.
+PASSED_FINETUNE_MACROS: tuple[str, ...] = ("EVAL_PERIOD", "CHECKPOINT_PERIOD")
+# The wrapper a finetune with COMET runs as (`t5x.train`, then COMET on its inference outputs),
+# and the environment variable naming the COMET checkpoint there.
+COMET_MODULE = "launch.t5x_comet"
+COMET_MODEL_ENV = "XLSCALE_COMET_MODEL"
+COMET_PYTHON_ENV = "COMET_PYTHON"
 # EVAL_SCHEDULE values T5X can run: its train loop evaluates every `eval_period` steps only, so a
 # log-spaced schedule (trainer/eval_schedule.py) has no T5X form and is refused, not dropped.
 T5X_EVAL_SCHEDULES: tuple[str, ...] = ("periodic",)
@@ -100,6 +117,12 @@ class T5xPaths:
             t5x_dir=t5x_dir or os.environ.get(T5X_DIR_ENV, ""),
             repo_dir=repo_dir or str(REPO_ROOT),
         )
+
+
+def module(settings: Mapping[str, str]) -> str:
+    """The module a run with these active [settings] starts: `t5x.train`, or with COMET_MODEL
+    the wrapper that also scores COMET (`launch.t5x_comet`)."""
+    return COMET_MODULE if "COMET_MODEL" in settings else MODULE
 
 
 def _bindings(run: Any) -> dict[str, str]:
@@ -214,6 +237,10 @@ def gin_args(
         args.append(f"--gin.FINETUNE_STEPS={int(run.steps)}")
         if "FINETUNE_RECIPE" in bindings:  # its name, into config.gin (the sweep checked steps)
             args.append(f"--gin.FINETUNE_RECIPE={bindings['FINETUNE_RECIPE']}")
+        args += [f"--gin.{m}={bindings[m]}" for m in PASSED_FINETUNE_MACROS if m in bindings]
+        comet = run.scoring_settings(allow_missing=allow_missing).get("COMET_MODEL")
+        if comet:  # recorded in config.gin: the report names the model that scored the run
+            args.append(f"--gin.COMET_MODEL={comet!r}")
     args += [
         f"--gin.{macro}={run.coord(coord)!r}"
         for coord, macro in PASSED_COORDS.items()
@@ -256,4 +283,9 @@ def environment(run: Any, *, manifest: str) -> dict[str, str]:
                 "runner: FINETUNE_UNIT = 'paper' (Df = pairs x 512)"
             )
         env[PAIRS_ENV] = str(pairs)
+    settings = run.scoring_settings(allow_missing=True)  # Run.environment substitutes the rest
+    if "COMET_MODEL" in settings:
+        env[COMET_MODEL_ENV] = settings["COMET_MODEL"]
+    if "COMET_PYTHON" in settings:
+        env[COMET_PYTHON_ENV] = settings["COMET_PYTHON"]
     return env

@@ -295,3 +295,64 @@ def test_the_step_0_evaluation_reaches_t5x_and_a_log_schedule_is_refused():
     )
     with pytest.raises(ValueError, match="t5x_small.toml run .*EVAL_SCHEDULE = 'log'.*'periodic'"):
         expand(text)
+
+
+COMET_SETTINGS = """
+[settings]
+COMET_MODEL = "${COMET_MODEL}"
+COMET_PYTHON = "/envs/comet/bin/python"
+"""
+
+
+def _with_comet(runner=None, *, model="/m/wmt22-comet-da/checkpoints/model.ckpt", text=MANIFEST):
+    text = text.replace("[vars]\n", '[vars]\nCOMET_MODEL = "none"\n', 1) + COMET_SETTINGS
+    manifest = parse_manifest(
+        tomllib.loads(text),
+        path="t5x_small.toml",
+        variables={**VARS, "COMET_MODEL": model},
+        runner=runner,
+        t5x_paths=PATHS,
+    )
+    return {r.strategy: r for r in sweep.expand(manifest)}
+
+
+def test_comet_settings_reach_both_runners_and_keep_the_run_ids():
+    model = "/m/wmt22-comet-da/checkpoints/model.ckpt"
+    # xlscale's trainer: gin macros of the finetunes (the runs that decode), not of the pretraining.
+    xl, plain = _with_comet("xlscale"), expand(runner="xlscale")
+    assert {s: r.run_id for s, r in xl.items()} == {s: r.run_id for s, r in plain.items()}
+    for strategy in FINETUNES:
+        args = xl[strategy].gin_args()
+        assert f"--gin.COMET_MODEL={model!r}" in args
+        assert "--gin.COMET_PYTHON='/envs/comet/bin/python'" in args
+    assert not any("COMET" in a for a in xl["pretrain"].gin_args())
+    # Real T5X: the finetunes run the COMET wrapper with the model and interpreter in their
+    # environment and the model recorded in config.gin; the pretraining runs t5x.train as before.
+    t5x, plain = _with_comet(), expand()
+    assert {s: r.run_id for s, r in t5x.items()} == {s: r.run_id for s, r in plain.items()}
+    ft = t5x["finetune"]
+    assert ft.module == t5x_runner.COMET_MODULE and ft.argv("python")[2] == "launch.t5x_comet"
+    flag = f"--gin.COMET_MODEL={model!r}"
+    assert [a for a in ft.argv("python")[3:] if a != flag] == plain["finetune"].argv("python")[3:]
+    assert flag in ft.argv("python")
+    env = ft.environment()
+    assert env["XLSCALE_COMET_MODEL"] == model and env["COMET_PYTHON"] == "/envs/comet/bin/python"
+    assert t5x["pretrain"].module == "t5x.train"
+    assert "XLSCALE_COMET_MODEL" not in t5x["pretrain"].environment()
+    # "none" turns COMET off: the agreed t5x.train form, no COMET flag.
+    off = _with_comet(model="none")
+    assert off["finetune"].argv("python") == plain["finetune"].argv("python")
+    assert "XLSCALE_COMET_MODEL" not in off["finetune"].environment()
+    # mt_paper declares both, off by default.
+    text = sweep.resolve_manifest_path("mt_paper").read_text()
+    assert '[settings]\nCOMET_MODEL = "${COMET_MODEL}"\nCOMET_PYTHON = "${COMET_PYTHON}"\n' in text
+    assert all(r.module == "t5x.train" for r in mt_paper_runs())
+
+
+def test_unknown_settings_and_values_are_refused_naming_the_key_and_the_allowed_values():
+    with pytest.raises(ValueError, match=r"unknown setting 'COMET_MODE'; allowed: COMET_MODEL"):
+        expand(MANIFEST + '[settings]\nCOMET_MODE = "none"\n')
+    with pytest.raises(ValueError, match=r"COMET_MODEL = '/m/model.bin': allowed: 'none'.*\.ckpt"):
+        _with_comet(model="/m/model.bin")
+    with pytest.raises(ValueError, match=r"\[settings\] COMET_PYTHON = 3: give a string"):
+        expand(MANIFEST + "[settings]\nCOMET_PYTHON = 3\n")

@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 PREDICTIONS_SUBDIR = names.PREDICTIONS_SUBDIR
 DECODE_METHODS = ("greedy", "beam")
 _MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
-_PROMPT = re.compile(r"^translate [A-Za-z]+ to [A-Za-z]+: ")
 _EXAMPLES: dict[tuple, list[TextExample]] = {}
 _COMET_HINT_LOGGED = False
 
@@ -157,7 +156,9 @@ def text_examples(task: str, *, split: str, max_examples: int | None) -> list[Te
         target = ex["targets"].decode("utf-8")
         if not inputs.strip() or not target.strip():
             continue
-        out.append(TextExample(inputs=inputs, target=target, source=_PROMPT.sub("", inputs)))
+        out.append(
+            TextExample(inputs=inputs, target=target, source=comet_scoring.source_of(inputs))
+        )
         if max_examples is not None and len(out) >= max_examples:
             break
     _EXAMPLES[key] = out

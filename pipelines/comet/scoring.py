@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,8 @@ COMET_PYTHON_ENV = "COMET_PYTHON"
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".comet-venv"
 WORKER = Path(comet_worker.__file__).resolve()
 BATCH_SIZE = 16
+# The translation tasks' prompt (`pipelines.tasks`): COMET reads the bare source sentence.
+_PROMPT = re.compile(r"^translate [A-Za-z]+ to [A-Za-z]+: ")
 _BUILD_HINT = "run `make comet-env` (builds .comet-venv/ from pipelines/comet/requirements.txt)"
 
 
@@ -53,6 +56,12 @@ class CometScores:
     segments: tuple[float, ...]
     system: float
     model: str
+
+
+def source_of(inputs: str) -> str:
+    """The source sentence of a translation task's input: without its `translate X to Y: `
+    prompt (COMET scores source, translation and reference, not the model's prompt)."""
+    return _PROMPT.sub("", inputs)
 
 
 def comet_python(setting: str | None = None) -> str:
