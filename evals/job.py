@@ -122,6 +122,7 @@ def run_zeroshot(
     bucket: bool = True,
     vocab_path: str | None = None,
     log_fn: Callable[[str], None] = print,
+    keep_tasks: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Scores one checkpoint of a run on `choice`'s tasks and writes the results.
 
@@ -130,6 +131,7 @@ def run_zeroshot(
       limit: at most this many items per task.
       batch_size: requests scored together; bucket: pad batches to power-of-two lengths.
       vocab_path: the run's SentencePiece model when the path in `run.json` has moved.
+      keep_tasks: rows scored earlier at this step that the results file keeps (task -> row).
 
     Returns:
       The summary written to `MODEL_DIR/zeroshot/<step>.json` (`evals.results`), with `path`.
@@ -170,6 +172,7 @@ def run_zeroshot(
             "bucket": bucket,
             "seconds": round(time.monotonic() - t0, 3),
         },
+        keep_tasks=keep_tasks,
     )
     summary = json.loads(storage.read_text(path))
     summary["path"] = os.fspath(path)

@@ -67,6 +67,7 @@ def write_results(
     results: dict[str, Any],
     checkpoint: str,
     extra: dict[str, Any] | None = None,
+    keep_tasks: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
     """Writes `MODEL_DIR/zeroshot/<step>.json` (atomically) and appends the `metrics.jsonl`
     record; returns the JSON's path.
@@ -75,6 +76,8 @@ def write_results(
       results: `evals.harness.evaluate`'s output.
       checkpoint: `<dir>@<step>` that was scored (recorded).
       extra: more fields for the JSON (how the tasks were chosen, timing, settings).
+      keep_tasks: rows of tasks scored earlier at this step (task -> row) that the file keeps
+        beside the new ones (the sweep stage scores only a run's missing tasks).
     """
     import jax
 
@@ -82,6 +85,9 @@ def write_results(
 
     extra = dict(extra or {})
     tasks = summarise(results, include_path=extra.get("include_path"))
+    for row in tasks.values():  # each task's own limit: a merged file holds several jobs' tasks
+        row["limit"] = extra.get("limit")
+    tasks = {**dict(keep_tasks or {}), **tasks}
     data = {
         "format": zeroshot_lib.FORMAT,
         "step": int(step),

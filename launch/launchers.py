@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from launch import zeroshot_stage
 from launch.runs import Run
 from launch.status import (
     LAUNCH_FILE,
@@ -84,11 +85,14 @@ class LaunchReport:
     blocked: list[str] = dataclasses.field(default_factory=list)
     submitted: list[str] = dataclasses.field(default_factory=list)
     commands: list[str] = dataclasses.field(default_factory=list)
+    # The zero-shot stage (`launch.zeroshot_stage`): runs scored now, and runs whose scoring failed.
+    scored: list[str] = dataclasses.field(default_factory=list)
+    score_failed: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True when nothing failed or was blocked."""
-        return not self.failed and not self.blocked
+        """True when nothing failed or was blocked (zero-shot scoring included)."""
+        return not self.failed and not self.blocked and not self.score_failed
 
     def block_if_dependency_failed(self, run: Run, progress: Progress) -> bool:
         """Records `run` as blocked (and says so) when a run it depends on failed or was itself
@@ -140,6 +144,36 @@ class SequentialLauncher(abc.ABC):
     def execute(self, run: Run, progress: Progress) -> int:
         """Starts one run and waits for it; returns its exit code."""
 
+    def describe_score(self, run: Run) -> str:
+        """The command that `execute_score` would start, for dry runs."""
+        return shlex.join(zeroshot_stage.run_argv(run, allow_missing=True))
+
+    def execute_score(self, run: Run, progress: Progress) -> int:
+        """Scores a completed run's final checkpoint (its zero-shot stage) and waits; returns
+        the exit code. Launchers that run the stage override this."""
+        raise NotImplementedError(f"the {self.name} launcher has no zero-shot stage")
+
+    def score(self, run: Run, progress: Progress, report: LaunchReport) -> None:
+        """The zero-shot stage of a completed run: scored once (`zeroshot_stage.needs_scoring`
+        skips a run whose results are all written), recorded in `report`."""
+        if not zeroshot_stage.needs_scoring(run):
+            return
+        progress.note(f"zero-shot: scoring {run.run_id} ({len(run.zeroshot.tasks)} task(s))")
+        returncode = self.execute_score(run, progress)
+        ok = returncode == 0 and not zeroshot_stage.needs_scoring(run)
+        (report.scored if ok else report.score_failed).append(run.run_id)
+        progress.note(
+            f"zero-shot: {run.run_id} " + ("scored" if ok else f"failed (exit code {returncode})")
+        )
+
+    def train_and_score(self, run: Run, progress: Progress, report: LaunchReport) -> bool:
+        """`attempt`, then the run's zero-shot stage once it succeeded; returns whether the
+        training did."""
+        ok = self.attempt(run, progress)
+        if ok:
+            self.score(run, progress, report)
+        return ok
+
     def succeeded(self, run: Run, returncode: int) -> bool:
         """Exit code 0, and COMPLETED where the MODEL_DIR is readable from here."""
         if returncode != 0:
@@ -151,19 +185,36 @@ class SequentialLauncher(abc.ABC):
     ) -> LaunchReport:
         """Runs (or, with `dry_run`, prints) every run not yet completed, parents first."""
         pending, progress, report = start_launch(runs, progress)
+        self.score_completed(runs, report, progress, dry_run=dry_run)
         for run in pending:
             if dry_run:
-                command = self.describe(run)
-                report.commands.append(command)
-                print(command, file=progress.stream, flush=True)
+                commands = [self.describe(run)]
+                commands += [self.describe_score(run)] if run.zeroshot is not None else []
+                report.commands += commands
+                print("\n".join(commands), file=progress.stream, flush=True)
                 continue
             if report.block_if_dependency_failed(run, progress):
                 continue
-            if self.attempt(run, progress):
+            if self.train_and_score(run, progress, report):
                 report.completed.append(run.run_id)
             else:
                 report.failed.append(run.run_id)
         return report
+
+    def score_completed(
+        self, runs: Sequence[Run], report: LaunchReport, progress: Progress, *, dry_run: bool
+    ) -> None:
+        """The zero-shot stage of the runs found completed (`report.skipped`) but not yet
+        scored: a sweep run again finishes the scoring an earlier one left (resumable)."""
+        skipped = set(report.skipped)
+        for run in runs:
+            if run.run_id not in skipped or not zeroshot_stage.needs_scoring(run):
+                continue
+            if dry_run:
+                report.commands.append(self.describe_score(run))
+                print(report.commands[-1], file=progress.stream, flush=True)
+            else:
+                self.score(run, progress, report)
 
     def attempt(self, run: Run, progress: Progress) -> bool:
         """Starts `run` up to `retries + 1` times until it succeeds; returns whether it did."""
@@ -307,6 +358,7 @@ class LocalLauncher(SequentialLauncher):
         self,
         *,
         runner: Runner | None = None,
+        scorer: Runner | None = None,
         python: str | None = None,
         poll_s: float = 10.0,
         retries: int = 0,
@@ -314,6 +366,9 @@ class LocalLauncher(SequentialLauncher):
         jobs: int = 1,
     ):
         super().__init__(retries=retries)
+        # The zero-shot stage in this process (tests, in-process studies), `scorer(run, log)`;
+        # None: `python -m evals.score_run` as a subprocess.
+        self.scorer = scorer
         if jobs < 1:
             raise ValueError(f"jobs must be at least 1, got {jobs}")
         self.runner = runner
@@ -355,6 +410,7 @@ class LocalLauncher(SequentialLauncher):
     def _launch_parallel(self, runs: Sequence[Run], progress: Progress | None) -> LaunchReport:
         """Dependency-ordered launch with up to `jobs` runs in flight."""
         pending, progress, report = start_launch(runs, progress)
+        self.score_completed(runs, report, progress, dry_run=False)
         progress.workers = self.jobs
         done: set[str] = set(report.skipped)
         running: dict[futures.Future, Run] = {}
@@ -370,7 +426,7 @@ class LocalLauncher(SequentialLauncher):
                 ready = [r for r in pending if all(d in done for d in r.depends_on)]
                 for run in ready[: self.jobs - len(running)]:
                     pending.remove(run)
-                    running[threads.submit(self.attempt, run, progress)] = run
+                    running[threads.submit(self.train_and_score, run, progress, report)] = run
                 if not running:
                     break
                 finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
@@ -432,6 +488,21 @@ class LocalLauncher(SequentialLauncher):
                 directory, **{**record, "state": state, "returncode": returncode, "ended": ended}
             )
         return returncode
+
+    def execute_score(self, run: Run, progress: Progress) -> int:
+        """The zero-shot stage here: `scorer(run, log)` when given, else `python -m
+        evals.score_run ...` as a subprocess; its output goes to the run's log."""
+        log_file = log_path(run)
+        if self.scorer is not None:
+            return _invoke(self.scorer, run, log_file)
+        argv = zeroshot_stage.run_argv(run, self.python)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **run.environment()}
+        with open(log_file, "a") as log:
+            log.write(f"$ {shlex.join(argv)}\n")
+            log.flush()
+            return subprocess.call(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd
+            )
 
     def _worker_pool(self) -> futures.ProcessPoolExecutor:
         with self._pool_lock:

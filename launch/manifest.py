@@ -30,6 +30,9 @@ Schema (every table optional unless said):
     [strategies.X]  gin_file, gin_files, gin, budget  -- per-strategy settings
     [[override]]    where = {coordinate = value or [values]}, budget, gin, gin_files
     [[exclude]]     where = {...}
+    [zeroshot]      tasks ("paper" | "local" | {lang = [tasks]}), languages, strategies, limit,
+                    batch_size, local_dir -- score each run's final checkpoint once it completes
+                    (`launch.zeroshot_stage`)
     [[select]]      name, strategy, over (coordinates), metric (metrics.jsonl key, `{task}` filled
                     from the run), rule ("min" | "max"), where -- pick one run per group of runs
                     that differ only in `over`; dependents of that strategy start from the chosen
@@ -50,6 +53,7 @@ from launch.manifest_checks import check_keys, require
 from launch.runs import RUNNERS, substitute
 from launch.select_tables import SelectSpec
 from launch.strategies import AXES, COORD_MACROS, STRATEGIES
+from launch.zeroshot_stage import ZeroshotStage, parse_stage
 from modeling import family as family_lib
 from trainer import gin_checks
 
@@ -67,7 +71,7 @@ COMPUTED_MACROS = frozenset(
 )
 _TOP_KEYS = frozenset(
     "sweep vars env slurm gin axes grid budget sizes strategies override exclude select "
-    "settings".split()
+    "settings zeroshot".split()
 )
 
 
@@ -93,6 +97,8 @@ class Manifest:
     overrides: tuple[Mapping[str, Any], ...]
     excludes: tuple[Mapping[str, Any], ...]
     selects: tuple[SelectSpec, ...] = ()
+    # [zeroshot]: the stage that scores the runs once trained (`launch.zeroshot_stage`).
+    zeroshot: ZeroshotStage | None = None
     runner: str = "xlscale"
     t5x_paths: t5x_runner.T5xPaths = t5x_runner.T5xPaths()
     sbatch_lines: tuple[str, ...] = ()  # [slurm] sbatch_lines, checked
@@ -223,6 +229,7 @@ def parse_manifest(
         overrides=tuple(data.get("override", [])),
         excludes=tuple(data.get("exclude", [])),
         selects=selects,
+        zeroshot=parse_stage(data.get("zeroshot"), path=path),
         runner=runner,
         t5x_paths=t5x_paths or t5x_runner.T5xPaths.resolve(),
         sbatch_lines=sbatch_lines,

@@ -46,6 +46,9 @@ class Run:
     # choice is made (selection.json), `parent` is None and the run waits for all `candidates`.
     selected_from: str | None = None
     candidates: tuple[str, ...] = ()
+    # The manifest's zero-shot stage for this run (`launch.zeroshot_stage.ScoreSpec`: tasks,
+    # limit, batch size; None: not scored): how the run is scored after training, not its id.
+    zeroshot: Any = None
     # What runs the job (a key of RUNNERS); for "t5x", where T5X's and our code are, the gin-axis
     # macros passed on, and the manifest (named in errors).
     runner: str = "xlscale"

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch import budgets, select_tables, t5x_runner
+from launch import budgets, select_tables, t5x_runner, zeroshot_stage
 from launch import strategies as strategies_lib
 from launch.manifest import COMPUTED_MACROS, Manifest, matches, parse_manifest
 from launch.manifest_checks import require
@@ -130,6 +130,13 @@ class _Expander:
         for name, coords in wanted:
             self.wanted.setdefault(name, []).append(coords)
         self.chosen = dict(chosen or {})  # (select name, group) -> chosen run id
+        # Every run's zero-shot languages: the stage's, else en and all the sweep's targets.
+        targets = {c["target_lang"] for _, c in wanted if "target_lang" in c}
+        self.zeroshot_langs = (
+            zeroshot_stage.stage_languages(manifest.zeroshot, sorted(targets))
+            if manifest.zeroshot
+            else ()
+        )
 
     def counts(self, base: str, overrides: Mapping[str, Any], where: str) -> Counts | None:
         """Counts of a model shape, computed once per shape."""
@@ -269,6 +276,7 @@ class _Expander:
             env=tuple(sorted(m.env.items())),
             selected_from=selected_from,
             candidates=candidates,
+            zeroshot=zeroshot_stage.score_spec(m.zeroshot, strategy.name, self.zeroshot_langs),
             runner=m.runner,
             t5x_paths=m.t5x_paths,
             gin_axes=gin_axes,

@@ -103,6 +103,36 @@ def write_results_file(run_dir: str | os.PathLike, data: dict[str, Any]) -> epat
     return path
 
 
+def read_results_file(run_dir: str | os.PathLike, step: int) -> dict[str, Any] | None:
+    """The zero-shot JSON of `step` of a run, checked (None when that step is not scored).
+
+    Raises:
+      ZeroshotFormatError: a file that is not JSON or not in `FORMAT`.
+    """
+    path = results_file(run_dir, step)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ZeroshotFormatError(f"{path}: not JSON ({e})") from e
+    parse_zeroshot(data, source=str(path))
+    return data
+
+
+def scored_tasks(
+    run_dir: str | os.PathLike, step: int, *, limit: int | None
+) -> dict[str, dict[str, Any]] | None:
+    """The tasks of `step`'s results scored at `limit` items per task (a task's own `limit`,
+    written by the sweep's zero-shot stage, else the file's), task -> its row; None when the
+    step has no results. A sweep stage skips these and scores the rest."""
+    data = read_results_file(run_dir, step)
+    if data is None:
+        return None
+    rows = data.get("tasks") or {}
+    return {t: row for t, row in rows.items() if row.get("limit", data.get("limit")) == limit}
+
+
 def read_zeroshot(run_dir: str | os.PathLike) -> list[ZeroshotScore]:
     """Every score under `run_dir/zeroshot/*.json`, by step then task (empty when none)."""
     directory = storage.as_path(run_dir) / ZEROSHOT_SUBDIR
