@@ -214,3 +214,85 @@ def test_a_finetune_logs_comet_into_metrics_jsonl(
     comet = [r["eval/mt_en_fr/comet"] for r in records if "eval/mt_en_fr/comet" in r]
     assert len(comet) == 1 and math.isfinite(comet[0]) and 0.0 < comet[0] < 100.0
     assert "eval/mt_en_fr/bleu" in records[-1]
+
+
+def _fake_t5x(root: Path, task: str, step: int) -> Path:
+    """A stand-in `t5x.train` (T5X is not installed here) that leaves what its infer_eval leaves:
+    seqio's JSONLogger file `inference_eval/<task>-<step:06>.jsonl` under MODEL_DIR."""
+    lines = [
+        {
+            "input": {"inputs_pretokenized": f"translate English to French: {s}", "targets": [1]},
+            "target": r,
+            "output": m,
+        }
+        for s, m, r in TRIPLES
+    ]
+    package = root / "fake_t5x" / "t5x"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(
+        "import ast, json, pathlib, sys\n"
+        "flag = next(a for a in sys.argv if a.startswith('--gin.MODEL_DIR='))\n"
+        "d = pathlib.Path(ast.literal_eval(flag.split('=', 1)[1])) / 'inference_eval'\n"
+        "d.mkdir(parents=True, exist_ok=True)\n"
+        f"rows = {json.dumps(lines, ensure_ascii=True)}\n"
+        f"(d / '{task}-{step:06}.jsonl').write_text(''.join(json.dumps(r) + '\\n' for r in rows))\n"
+    )
+    return package.parent
+
+
+def test_the_wmt22_offline_layout_scores_a_t5x_runs_inference_outputs(
+    comet_python, comet_model, tmp_path, monkeypatch
+):
+    # The real wmt22-comet-da offline: its checkpoint in the hub cache, naming the encoder
+    # `xlm-roberta-large`, whose config and tokenizer (no weights) sit in the same cache. Here the
+    # random model of the fixture, laid out so; the worker loads it with the hub offline.
+    from fitting.readers import t5x_runs
+    from launch import t5x_comet, t5x_runner
+    from tests.test_t5x_runs import write_t5x_run
+
+    cache = tmp_path / "hub"
+    script = ROOT / "pipelines" / "comet" / "random_model.py"
+    source = Path(comet_model).parent.parent
+    done = subprocess.run(
+        [comet_python, "-I", os.fspath(script), "--hub-cache", cache, "--from", source],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    ckpt = Path(done.stdout.strip().splitlines()[-1])
+    snapshot = cache / "models--Unbabel--wmt22-comet-da" / "snapshots" / ("0" * 40)
+    assert ckpt == snapshot / "checkpoints" / "model.ckpt" and ckpt.is_file()
+    assert "pretrained_model: xlm-roberta-large" in (snapshot / "hparams.yaml").read_text()
+    encoder = cache / "models--xlm-roberta-large"
+    assert (encoder / "refs" / "main").read_text() == "0" * 40
+    assert {"config.json", "sentencepiece.bpe.model", "tokenizer.json"} <= {
+        p.name for p in (encoder / "snapshots" / ("0" * 40)).iterdir()
+    }
+    assert comet_scoring.is_random_model(ckpt)
+
+    # A T5X finetune run under the COMET wrapper: t5x.train (a stand-in) writes its inference
+    # outputs, then they are scored into inference_eval/<task>/, where the T5X reader finds
+    # eval/<task>/comet as the trainer logs it.
+    model_dir = write_t5x_run(
+        tmp_path, "ft", task="mt_en_fr", steps=300, ckpts=[300], ce={300: 2.0}, bleu=20.0
+    )
+    monkeypatch.setenv("PYTHONPATH", os.fspath(_fake_t5x(tmp_path, "mt_en_fr", 300)))
+    monkeypatch.setenv("HF_HUB_CACHE", os.fspath(cache))
+    monkeypatch.setenv(t5x_runner.COMET_MODEL_ENV, os.fspath(ckpt))
+    monkeypatch.setenv(t5x_runner.COMET_PYTHON_ENV, comet_python)
+    assert t5x_comet.main([f"--gin.MODEL_DIR='{model_dir}'", "--gin.TRAIN_STEPS=300"]) == 0
+    scored = json.loads((model_dir / "inference_eval" / "mt_en_fr-000300.comet.json").read_text())
+    assert scored["model"] == os.fspath(ckpt) and len(scored["segments"]) == len(TRIPLES)
+    assert scored["system"] == pytest.approx(sum(scored["segments"]) / len(TRIPLES), abs=1e-6)
+    assert all(0.0 < s < 100.0 for s in scored["segments"])  # x 100: the paper's scale
+    record = next(r for r in t5x_runs.read_t5x_run(model_dir).records if r["step"] == 300)
+    assert record["eval/mt_en_fr/comet"] == pytest.approx(scored["system"], abs=1e-4)
+    assert record["eval/mt_en_fr/bleu"] == 20.0  # seqio's own metrics unchanged
+    # Scored once: a rerun finds nothing new; and the layout is really what loads it: without the
+    # encoder in the cache, the worker fails naming it.
+    assert t5x_comet.score_model_dir(model_dir, comet_model=os.fspath(ckpt)) == {}
+    monkeypatch.setenv("HF_HUB_CACHE", os.fspath(tmp_path / "empty"))
+    with pytest.raises(comet_scoring.CometError, match="xlm-roberta-large"):
+        comet_scoring.score(ckpt, sources=["a"], predictions=["b"], targets=["c"])

@@ -27,6 +27,10 @@ import sys
 from pathlib import Path
 
 RANDOM_MARKER = "xlscale_random_model.json"
+# The real model and the encoder its hyper-parameters name, as the hub names them.
+HUB_MODEL = "Unbabel/wmt22-comet-da"
+HUB_ENCODER = "xlm-roberta-large"
+HUB_REVISION = "0" * 40  # any commit hash: refs/main names it
 # wmt22-comet-da's hparams.yaml, except the sizes (its encoder is xlm-roberta-large, its
 # feed-forward [3072, 1024]).
 ESTIMATOR = {
@@ -152,16 +156,77 @@ def build(
     return ckpt
 
 
+def _snapshot(cache: Path, repo: str, files: dict[str, bytes]) -> Path:
+    """Writes `files` as the Hugging Face hub cache holds a download of `repo`:
+    `<cache>/models--<org>--<name>/snapshots/<revision>/...` and `refs/main` naming the revision."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = root / "snapshots" / HUB_REVISION
+    for name, data in files.items():
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).write_bytes(data)
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(HUB_REVISION)
+    return snapshot
+
+
+def as_hub_download(model_dir: Path, cache: Path) -> Path:
+    """Lays out a model built by `build` as the real Unbabel/wmt22-comet-da sits offline: in the
+    Hugging Face hub cache `cache` (`$HF_HUB_CACHE`, by default `~/.cache/huggingface/hub`),
+    `models--Unbabel--wmt22-comet-da/snapshots/<rev>/{hparams.yaml, checkpoints/model.ckpt}` whose
+    hyper-parameters name the encoder `xlm-roberta-large` (as the real checkpoint's do), and
+    `models--xlm-roberta-large/snapshots/<rev>/` with that encoder's `config.json` and tokenizer
+    (`sentencepiece.bpe.model`, `tokenizer.json`, ...) but no weights: COMET builds the encoder from
+    its config and loads every weight from its own checkpoint. Returns the checkpoint's path (what
+    `COMET_MODEL` names)."""
+    import torch
+    import yaml
+
+    model_dir, cache = model_dir.resolve(), cache.resolve()
+    ckpt = torch.load(
+        model_dir / "checkpoints" / "model.ckpt", map_location="cpu", weights_only=False
+    )
+    ckpt["hyper_parameters"] = {**ckpt["hyper_parameters"], "pretrained_model": HUB_ENCODER}
+    encoder = model_dir / "encoder"
+    _snapshot(
+        cache, HUB_ENCODER, {p.name: p.read_bytes() for p in encoder.iterdir() if p.is_file()}
+    )
+    hparams = yaml.safe_load((model_dir / "hparams.yaml").read_text())
+    hparams["pretrained_model"] = HUB_ENCODER
+    snapshot = _snapshot(
+        cache,
+        HUB_MODEL,
+        {
+            "hparams.yaml": yaml.safe_dump(hparams, sort_keys=True).encode(),
+            RANDOM_MARKER: (model_dir / RANDOM_MARKER).read_bytes(),
+        },
+    )
+    out = snapshot / "checkpoints" / "model.ckpt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(ckpt, out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `--text FILE... --out DIR [--seed N]`; prints the checkpoint's path."""
+    """Command line: `--text FILE... --out DIR [--seed N]`, or `--hub-cache CACHE --from DIR` (the
+    model at DIR laid out as the real wmt22-comet-da in a hub cache); prints the checkpoint's
+    path."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--text", nargs="+", required=True, type=Path, help="training text")
-    parser.add_argument("--out", required=True, type=Path, help="model directory to create")
+    parser.add_argument("--text", nargs="+", type=Path, help="training text")
+    parser.add_argument("--out", type=Path, help="model directory to create")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=400)
+    parser.add_argument("--hub-cache", type=Path, help="a Hugging Face hub cache to lay out")
+    parser.add_argument("--from", dest="source", type=Path, help="a model this script built")
     args = parser.parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    if args.hub_cache or args.source:
+        if not (args.hub_cache and args.source and (args.source / RANDOM_MARKER).is_file()):
+            parser.error("--hub-cache and --from (a model directory this script built) go together")
+        print(as_hub_download(args.source, args.hub_cache))
+        return 0
+    if not (args.text and args.out):
+        parser.error("--text and --out are required")
     missing = [p for p in args.text if not p.is_file()]
     if missing:
         parser.error(f"--text: no such file: {', '.join(map(str, missing))}")

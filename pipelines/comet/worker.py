@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import traceback
+from pathlib import Path
 
 EXIT_BAD_REQUEST = 2
 EXIT_NO_COMET = 3
@@ -42,6 +44,23 @@ def score(model_path: str, samples: list[dict], *, batch_size: int) -> dict:
         "scores": [float(s) for s in prediction.scores],
         "system_score": float(prediction.system_score),
     }
+
+
+def encoder_hint(model_path: str) -> str:
+    """Where the encoder a checkpoint names must be, offline: a COMET checkpoint builds its encoder
+    from `pretrained_model` of its `hparams.yaml` (`xlm-roberta-large` for wmt22-comet-da), whose
+    config and tokenizer must then be a local directory or in the Hugging Face hub cache."""
+    hparams = Path(model_path).parent.parent / "hparams.yaml"
+    text = hparams.read_text(encoding="utf-8") if hparams.is_file() else ""
+    match = re.search(r"^pretrained_model:\s*(\S+)", text, re.M)
+    name = match.group(1).strip("'\"") if match else "?"
+    home = os.environ.get("HF_HOME", os.path.join("~", ".cache", "huggingface"))
+    cache = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")
+    return (
+        f"the encoder {name!r} named by {hparams} must be on disk: a directory, or its "
+        f"config.json and tokenizer in the Hugging Face hub cache {cache} "
+        f"(models--{name.replace('/', '--')}/snapshots/<revision>/ and refs/main)"
+    )
 
 
 def main() -> int:
@@ -71,7 +90,8 @@ def main() -> int:
             reply = score(model_path, samples, batch_size=batch_size) if samples else None
     except Exception as e:  # the traceback, then the reason as the last line for the caller
         traceback.print_exc()
-        print(f"comet_worker: {type(e).__name__}: {e}", file=sys.stderr)
+        hint = f"; {encoder_hint(model_path)}" if isinstance(e, OSError) else ""
+        print(f"comet_worker: {type(e).__name__}: {e}{hint}", file=sys.stderr)
         return EXIT_FAILED
     json.dump(reply or {"scores": [], "system_score": None}, sys.stdout)
     sys.stdout.write("\n")
