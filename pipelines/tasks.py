@@ -15,6 +15,8 @@ WuDao Chinese; `pipelines.corpora.hf_sources`).
 - `mt_<src>_<tgt>` for both directions of every pair: inputs `translate English to German: ...`,
   targets the translation; splits `train`, `validation` and, where present, `test`; metrics BLEU,
   chrF++ and ROUGE-L from `pipelines.text_metrics`.
+- `super_glue_<task>` and the mixture `super_glue` when the root holds SuperGLUE (TFDS or HF
+  files; `pipelines.superglue_sources`).
 
 Tokenisation (batched, `pipelines.preprocessors.tokenize`) sits before a
 `seqio.CacheDatasetPlaceholder`, so everything before it is deterministic and may be cached
@@ -33,7 +35,7 @@ from pathlib import Path
 import seqio
 
 from pipelines import preprocessors as prep
-from pipelines import text_metrics
+from pipelines import superglue_sources, text_metrics
 from pipelines.corpora import hf_catalog, hf_sources, paths
 from pipelines.names import LANG_NAMES
 
@@ -268,4 +270,11 @@ def register_tasks(
                     raise FileNotFoundError(f"no {what} for {key!r} under {root}")
                 continue
             names += register(spec, key, vocabulary)
+    # SuperGLUE (the MT paper's App. B) wherever DATA_DIR holds it; nothing when it does not.
+    names += superglue_sources.register(
+        vocabulary=vocabulary,
+        corpora_dir=corpora_dir,
+        source=source,
+        shuffle_buffer_size=SHUFFLE_BUFFER_SIZE,
+    )
     return names

@@ -10,14 +10,19 @@
   (Allison–Dix / Hyyrö), linear in the length of one side per token of the other.
 
 All scores are on the 0–100 scale, as sacreBLEU reports them.
+
+Tasks that are not translations score decoded text with their own metrics: `TASK_SCORERS`
+(SuperGLUE: `pipelines.superglue_metrics`), which `trainer.downstream` asks by task name.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import sacrebleu
+
+from pipelines import superglue_metrics
 
 # Scripts written without spaces between words, scored per character.
 _CJK = (
@@ -121,3 +126,13 @@ def translation_metrics(
         "chrf": chrf_pp(targets, predictions),
         "rougeL": rouge_l(targets, predictions),
     }
+
+
+# task name -> scorer(inputs, targets, predictions) -> {metric: value} for decoded tasks that are
+# not translations (their metrics are not BLEU's): SuperGLUE's official metrics.
+TASK_SCORERS: dict[str, Callable[..., dict[str, float]]] = dict(superglue_metrics.SCORERS)
+
+
+def task_scorer(task: str) -> Callable[..., dict[str, float]] | None:
+    """The task's own scorer of decoded text, or None for the translation metrics."""
+    return TASK_SCORERS.get(task)

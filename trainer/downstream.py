@@ -270,11 +270,15 @@ def score(
     """`{"bleu", "chrf", "rouge_l"}` (0-100) and BLEU's parts (`text_metrics.BLEU_PARTS`) of
     `predictions` against the examples' targets, plus `"comet"` (0-100) when `comet_model` is given
     (a clear one-time log line says how otherwise), scored with `comet_python`'s COMET
-    (`comet_score`)."""
+    (`comet_score`). A task with its own metrics (`text_metrics.task_scorer`: SuperGLUE) gets
+    those instead."""
     from pipelines import text_metrics
 
     global _COMET_HINT_LOGGED
     targets = [ex.target for ex in examples]
+    own = text_metrics.task_scorer(task)  # e.g. SuperGLUE's official metrics
+    if own is not None:
+        return own([ex.inputs for ex in examples], targets, list(predictions))
     out = {
         **text_metrics.bleu_parts(targets, predictions, target_lang=target_lang(task)),
         "chrf": text_metrics.chrf_pp(targets, predictions),
