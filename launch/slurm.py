@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launch import sbatch_options
+from launch import sbatch_options, zeroshot_stage
 from launch.launchers import LaunchReport, options_from_args, start_launch
 from launch.runs import Run
 from launch.status import PREEMPTED_EXIT_CODE, Progress
@@ -192,17 +192,26 @@ class SlurmLauncher:
         extra = sbatch_options.merge(run.sbatch_lines if run else (), self.sbatch_lines)
         return [f"#SBATCH {option}" for option in options + extra]
 
-    def render(self, run: Run, *, allow_missing: bool = False) -> str:
+    def render(self, run: Run, *, allow_missing: bool = False, score: bool = False) -> str:
         """The batch script of one run. A job that asks for GPUs exports the expectation
         (`XLSCALE_EXPECT_PLATFORM=gpu`): its trainer refuses to start, exit 69, if JAX finds no GPU
-        rather than train on the CPU backend (a run's own environment may say otherwise)."""
+        rather than train on the CPU backend (a run's own environment may say otherwise).
+
+        With `score`, the script of the run's zero-shot stage (`evals.score_run`): one process on
+        one node, named `<run id>.zeroshot`, from the same template."""
         expect = {exits.EXPECT_PLATFORM_ENV: "gpu"} if self.gpus_per_node else {}
         env = {"PYTHONUNBUFFERED": "1", **expect, **run.environment()}
+        nodes, tasks = (1, 1) if score else (self.nodes, self.tasks_per_node)
+        command = (
+            zeroshot_stage.run_argv(run, self.python, allow_missing=allow_missing)
+            if score
+            else run.argv(self.python, allow_missing=allow_missing)
+        )
         values = {
-            "JOB_NAME": run.run_id,
-            "NODES": str(self.nodes),
-            "TASKS_PER_NODE": str(self.tasks_per_node),
-            "GPUS_PER_TASK": str(self.gpus_per_node // self.tasks_per_node),
+            "JOB_NAME": zeroshot_stage.job_name(run) if score else run.run_id,
+            "NODES": str(nodes),
+            "TASKS_PER_NODE": str(tasks),
+            "GPUS_PER_TASK": str(self.gpus_per_node // tasks),
             "CPUS_PER_TASK": str(self.cpus_per_task),
             "TIME_LIMIT": self.time_limit,
             "SIGNAL_BEFORE": str(self.signal_before),
@@ -213,7 +222,7 @@ class SlurmLauncher:
             "COORDINATOR_PORT": str(self.port),
             "MAX_REQUEUES": str(self.max_requeues),
             "PREEMPTED_EXIT_CODE": str(PREEMPTED_EXIT_CODE),
-            "COMMAND": shlex.join(run.argv(self.python, allow_missing=allow_missing)),
+            "COMMAND": shlex.join(command),
         }
         return render_template(self.template.read_text(), values)
 
@@ -254,7 +263,54 @@ class SlurmLauncher:
                 continue
             report.submitted.append(run.run_id)
             progress.note(f"submitted {run.run_id} as job {job_ids[run.run_id]}")
+        self._submit_scoring(runs, job_ids, in_queue, report, progress, dry_run=dry_run)
         return report
+
+    def _submit_scoring(
+        self,
+        runs: Sequence[Run],
+        job_ids: dict[str, str],
+        in_queue: dict[str, str],
+        report: LaunchReport,
+        progress: Progress,
+        *,
+        dry_run: bool,
+    ) -> None:
+        """The zero-shot stage (`launch.zeroshot_stage`): a job `<run id>.zeroshot` per run that
+        has one, after its training job (`--dependency=afterok:`), or at once for a run already
+        completed but not scored; none while one is queued, or when the run is scored."""
+        skipped = set(report.skipped)
+        for run in runs:
+            if run.zeroshot is None:
+                continue
+            waits_for = job_ids.get(run.run_id)
+            if waits_for is None and not (
+                run.run_id in skipped and zeroshot_stage.needs_scoring(run)
+            ):
+                continue  # not submitted (blocked, failed) or already scored
+            name = zeroshot_stage.job_name(run)
+            if name in in_queue:
+                progress.note(
+                    f"zero-shot of {run.run_id} already in the queue as job {in_queue[name]}"
+                )
+                continue
+            script = Path(self.script_dir) / f"{name}.sbatch"
+            script.write_text(self.render(run, allow_missing=dry_run, score=True))
+            argv = ["sbatch", "--parsable"]
+            argv += [f"--dependency=afterok:{waits_for}"] if waits_for else []
+            argv.append(str(script))
+            if dry_run:
+                report.commands.append(shlex.join(argv))
+                print(shlex.join(argv), file=progress.stream, flush=True)
+                continue
+            try:
+                job = self.submit(argv)
+            except SubmitError as e:
+                report.score_failed.append(run.run_id)
+                progress.note(f"zero-shot of {run.run_id}: {e}")
+                continue
+            report.submitted.append(name)
+            progress.note(f"submitted the zero-shot stage of {run.run_id} as job {job}")
 
 
 def _squeue() -> dict[str, str]:

@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from launch import zeroshot_stage
 from launch.launchers import SequentialLauncher, options_from_args
 from launch.runs import Run
 from launch.status import Progress
@@ -63,24 +64,41 @@ class TpuVmLauncher(SequentialLauncher):
             raise ValueError("--launcher tpu_vm needs --tpu NAME and --zone ZONE")
         return cls(**options_from_args(args, ("tpu", "zone", "project", "remote_dir", "retries")))
 
-    def remote_command(self, run: Run, *, allow_missing: bool = False) -> str:
+    def remote_command(self, run: Run, *, allow_missing: bool = False, score: bool = False) -> str:
         """The shell command each worker runs; it exports `XLSCALE_EXPECT_PLATFORM=tpu`, so a
-        worker whose JAX finds no TPU refuses to start (exit 69) instead of training on its CPU."""
+        worker whose JAX finds no TPU refuses to start (exit 69) instead of training on its CPU.
+        With `score`, the run's zero-shot stage instead of its training (`evals.score_run`, on
+        every worker like the training; process 0 writes the results)."""
         env = {
             "PYTHONUNBUFFERED": "1",
             exits.EXPECT_PLATFORM_ENV: "tpu",
             **run.environment(allow_missing=allow_missing),
         }
         exports = "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        train = shlex.join(run.argv(self.python, allow_missing=allow_missing))
-        return f"{_remote_cd(self.remote_dir)} && {exports} && {train}"
+        job = (
+            zeroshot_stage.run_argv(run, self.python, allow_missing=allow_missing)
+            if score
+            else run.argv(self.python, allow_missing=allow_missing)
+        )
+        return f"{_remote_cd(self.remote_dir)} && {exports} && {shlex.join(job)}"
 
-    def command(self, run: Run, *, allow_missing: bool = False) -> list[str]:
-        """The local gcloud argv for one run."""
+    def command(self, run: Run, *, allow_missing: bool = False, score: bool = False) -> list[str]:
+        """The local gcloud argv for one run (with `score`, for its zero-shot stage)."""
         argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", self.tpu, "--zone", self.zone]
         argv += ["--project", self.project] if self.project else []
-        remote = self.remote_command(run, allow_missing=allow_missing)
+        remote = self.remote_command(run, allow_missing=allow_missing, score=score)
         return [*argv, "--worker=all", "--command", remote]
+
+    def describe_score(self, run: Run) -> str:
+        """The gcloud command of the run's zero-shot stage, shell-quoted."""
+        return shlex.join(self.command(run, allow_missing=True, score=True))
+
+    def execute_score(self, run: Run, progress: Progress) -> int:
+        """Runs the zero-shot stage on the workers, logging beside the training's log."""
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(self.log_dir) / f"{run.run_id}.log", "a") as log:
+            argv = self.command(run, score=True)
+            return self.call(argv, stdout=log, stderr=subprocess.STDOUT)
 
     def describe(self, run: Run) -> str:
         """The gcloud command line, shell-quoted."""

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from launch import zeroshot_stage
 from launch.launchers import LaunchReport, options_from_args, start_launch
 from launch.runs import Run
 from launch.status import Progress
@@ -100,8 +101,12 @@ class XManagerLauncher:
             f"RUN python -m pip install . '{jax}=={JAX_VERSION}'",
         ]
 
-    def plan(self, runs: Sequence[Run], *, allow_missing: bool = True) -> list[str]:
-        """Human-readable description of the experiment and its work units, wave by wave."""
+    def plan(
+        self, runs: Sequence[Run], *, allow_missing: bool = True, completed: Sequence[Run] = ()
+    ) -> list[str]:
+        """Human-readable description of the experiment and its work units, wave by wave, then
+        the zero-shot stage's units (`launch.zeroshot_stage`): one per run that has one, after
+        the run's unit, and one per `completed` run not yet scored."""
         modules = sorted({run.module for run in runs}) or ["trainer.train"]
         lines = [
             f"xmanager experiment {self.title!r}: {len(runs)} work units, executor "
@@ -123,6 +128,19 @@ class XManagerLauncher:
                     "env_vars": run.environment(allow_missing=allow_missing),
                 }
                 lines.append("  " + json.dumps(unit))
+        scoring = [r for r in runs if r.zeroshot is not None]
+        scoring += [r for r in completed if zeroshot_stage.needs_scoring(r)]
+        if scoring:
+            lines.append(f"zero-shot ({len(scoring)} work units; each after its run's)")
+        for run in scoring:
+            argv = zeroshot_stage.run_argv(run, allow_missing=allow_missing)
+            unit = {
+                "work_unit": zeroshot_stage.job_name(run),
+                "module": zeroshot_stage.SCORE_MODULE,
+                "args": argv[3:],
+                "env_vars": run.environment(allow_missing=allow_missing),
+            }
+            lines.append("  " + json.dumps(unit))
         return lines
 
     def launch(
@@ -130,8 +148,9 @@ class XManagerLauncher:
     ) -> LaunchReport:
         """Adds a work unit per pending run (prints the plan instead when `dry_run`)."""
         pending, progress, report = start_launch(runs, progress)
+        completed = [r for r in runs if r.run_id in set(report.skipped)]
         if dry_run:
-            report.commands = self.plan(pending)
+            report.commands = self.plan(pending, completed=completed)
             print("\n".join(report.commands), file=progress.stream, flush=True)
             return report
         try:
@@ -141,26 +160,43 @@ class XManagerLauncher:
                 "the xmanager launcher needs `pip install xmanager` and GCP credentials; "
                 "--dry-run shows what it would launch without either"
             ) from e
-        asyncio.run(self._launch(pending, progress, report))
+        unscored = [r for r in completed if zeroshot_stage.needs_scoring(r)]
+        if pending or unscored:
+            asyncio.run(self._launch(pending, progress, report, unscored))
         return report
 
-    async def _launch(self, runs: list[Run], progress: Progress, report: LaunchReport) -> None:
+    async def _launch(
+        self, runs: list[Run], progress: Progress, report: LaunchReport, unscored: list[Run]
+    ) -> None:
         from xmanager import xm, xm_local
 
         executor_cls = getattr(xm_local, EXECUTORS[self.executor])
         requirements = xm.JobRequirements(**{self.accelerator: self.accelerator_count})
+        modules = [(runs or unscored)[0].module, zeroshot_stage.SCORE_MODULE]  # training, scoring
         async with xm_local.create_experiment(experiment_title=self.title) as experiment:
-            [executable] = experiment.package(
+            executable, scorer = experiment.package(
                 [
                     xm.python_container(
                         executor_spec=executor_cls.Spec(),
                         path=self.project_path,
                         base_image=self.base_image,
-                        entrypoint=xm.ModuleName(runs[0].module),  # one runner per manifest
+                        entrypoint=xm.ModuleName(module),  # one runner per manifest
                         docker_instructions=self.docker_instructions(),
                     )
+                    for module in modules
                 ]
             )
+
+            async def score(run: Run):
+                job = xm.Job(
+                    executable=scorer,
+                    executor=executor_cls(requirements=requirements),
+                    args=zeroshot_stage.run_argv(run)[3:],
+                    env_vars=run.environment(),
+                )
+                return run, await experiment.add(job)
+
+            scoring = [await score(run) for run in unscored]
             for wave in waves(runs):
                 units = []
                 for run in wave:
@@ -185,9 +221,18 @@ class XManagerLauncher:
                     progress.finish(run, ok, started)
                     if ok:
                         report.completed.append(run.run_id)
+                        if run.zeroshot is not None:
+                            scoring.append(await score(run))
                     else:
                         progress.fail(run)
                         report.failed.append(run.run_id)
+            for run, unit in scoring:  # the zero-shot stage: each unit ran beside later waves
+                try:
+                    await unit.wait_until_complete()
+                    report.scored.append(run.run_id)
+                except Exception as e:  # noqa: BLE001 -- xmanager's ExperimentUnitError
+                    progress.note(f"zero-shot work unit of {run.run_id} failed: {e}")
+                    report.score_failed.append(run.run_id)
 
 
 def main(argv: list[str] | None = None) -> int:

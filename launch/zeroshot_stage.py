@@ -25,8 +25,11 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from evals import local_tasks, paper_tasks
+from evals.score_run import LOCAL_PREFIX  # `local:<lang>`: the local tasks of a language
 from launch.manifest_checks import check_keys, require
 from launch.runs import substitute
 from rundir import zeroshot
@@ -150,12 +153,10 @@ def stage_languages(stage: ZeroshotStage, target_langs: Sequence[str]) -> tuple[
 def task_names(stage: ZeroshotStage, languages: Sequence[str]) -> tuple[str, ...]:
     """The lm-eval task names of `languages` ("local": the language codes, which the scorer
     turns into the local tasks of those languages)."""
-    from evals import paper_tasks  # the benchmark map only (no lm-eval import)
-
     if stage.tasks == "paper":
         names = [t for lang in languages for t in paper_tasks.paper_tasks(lang)]
     elif stage.tasks == "local":
-        names = [f"local:{lang}" for lang in languages]
+        names = [f"{LOCAL_PREFIX}{lang}" for lang in languages]
     else:
         names = [t for lang in languages for t in stage.tasks.get(lang, ())]
     return tuple(dict.fromkeys(names))
@@ -187,24 +188,35 @@ def score_argv(spec: ScoreSpec, model_dir: str, python: str | None = None) -> li
     return [python or sys.executable, "-m", SCORE_MODULE, *score_args(spec, model_dir)]
 
 
-def is_scored(spec: ScoreSpec, model_dir: str, step: int) -> bool:
+def is_scored(
+    spec: ScoreSpec, model_dir: str, step: int, *, include_path: str | None = None
+) -> bool:
     """Whether `MODEL_DIR/zeroshot/<step>.json` holds every task of `spec` at its limit
-    ("local:<lang>" entries are checked by the scorer, which knows the local task names; any
-    file at that step counts for them). Unreadable storage counts as not scored."""
+    (`local:<lang>` entries: the local tasks of that language under `include_path`, the spec's
+    directory with variables filled). Unreadable storage or local tasks count as not scored (the
+    scorer then decides)."""
     try:
         done = zeroshot.scored_tasks(model_dir, step, limit=spec.limit)
-    except Exception:  # noqa: BLE001 -- no filesystem for that scheme here, or a bad file
+        langs = {t[len(LOCAL_PREFIX) :] for t in spec.tasks if t.startswith(LOCAL_PREFIX)}
+        wanted = [t for t in spec.tasks if not t.startswith(LOCAL_PREFIX)]
+        if langs:
+            found = local_tasks.read_local_tasks(Path(include_path or spec.include_path or ""))
+            wanted += [t for t, lang in found.items() if lang in langs]
+    except Exception:  # noqa: BLE001 -- no filesystem for that scheme here, a bad file, no index
         return False
-    if done is None:
-        return False
-    return all(t.startswith("local:") or t in done for t in spec.tasks)
+    return done is not None and all(t in done for t in wanted)
 
 
 def needs_scoring(run: Any) -> bool:
     """Whether a run (`launch.runs.Run`) has a zero-shot stage whose results at its final step
     (`run.steps`) are not all written yet."""
     spec = getattr(run, "zeroshot", None)
-    return spec is not None and not is_scored(spec, run.model_dir, run.steps)
+    if spec is None:
+        return False
+    include = spec.include_path
+    if include:
+        include = substitute(include, dict(run.variables), allow_missing=True)
+    return not is_scored(spec, run.model_dir, run.steps, include_path=include)
 
 
 def run_argv(run: Any, python: str | None = None, *, allow_missing: bool = False) -> list[str]:
@@ -218,3 +230,11 @@ def run_argv(run: Any, python: str | None = None, *, allow_missing: bool = False
 def job_name(run: Any) -> str:
     """The scheduler name of a run's scoring job (SLURM job, xmanager work unit)."""
     return f"{run.run_id}.zeroshot"
+
+
+def score_in_process(run: Any, log_path: Any = None) -> int:
+    """The zero-shot stage of `run` in this process, exactly as `python -m evals.score_run`
+    runs it (`launch.launchers.LocalLauncher(scorer=...)`: in-process studies and tests)."""
+    from evals import score_run  # JAX and lm-eval: only when scoring
+
+    return score_run.main(run_argv(run)[3:])

@@ -8,6 +8,7 @@ every test; the scorer restores it with the trainer's shardings over all 8 devic
 
 from __future__ import annotations
 
+import io
 import json
 import math
 
@@ -340,3 +341,44 @@ def tasks_n(directory, task):
     from evals import local_tasks
 
     return local_tasks.task_info(directory, task)["n"]
+
+
+def test_sweep_stage_scores_a_completed_run_once(run_dir, tiny_data, tmp_path):
+    """The sweep's zero-shot stage (issue 35) on a completed run: the local launcher finds it
+    COMPLETED, scores its final step through `evals.score_run`, scores nothing when run again,
+    and a stage with one more language scores only that one, keeping the earlier tasks."""
+    import dataclasses
+    from pathlib import Path
+
+    from evals import local_tasks
+    from launch import launchers, status, sweep, zeroshot_stage
+
+    tasks = local_tasks.write_local_tasks(
+        Path(tiny_data["corpora"]), tmp_path / "tasks", langs=["en", "fr"], items=6
+    )
+    (source,) = [
+        r for r in sweep.expand(sweep.load_manifest("cpt_replay")) if r.strategy == "source"
+    ]
+    spec = zeroshot_stage.ScoreSpec(
+        ("local:en",), limit=3, batch_size=8, include_path=str(tasks.dir)
+    )
+    run = dataclasses.replace(source, model_dir=str(run_dir), steps=STEPS, zeroshot=spec)
+    launcher = launchers.LocalLauncher(scorer=zeroshot_stage.score_in_process)
+
+    def launch(run):
+        return launcher.launch([run], progress=status.Progress([run], stream=io.StringIO()))
+
+    report = launch(run)
+    assert report.skipped == [run.run_id] and report.scored == [run.run_id] and report.ok
+    assert zeroshot_lib.scored_tasks(run_dir, STEPS, limit=3).keys() == {"xl_cont_en"}
+    assert not zeroshot_stage.needs_scoring(run)
+    assert launch(run).scored == []  # resumable: already scored
+    both = dataclasses.replace(
+        run, zeroshot=dataclasses.replace(spec, tasks=("local:en", "local:fr"))
+    )
+    before = zeroshot_lib.scored_tasks(run_dir, STEPS, limit=3)["xl_cont_en"]
+    assert launch(both).scored == [run.run_id]
+    after = zeroshot_lib.scored_tasks(run_dir, STEPS, limit=3)
+    assert set(after) == set(local_tasks.read_local_tasks(tasks.dir)) and "xl_cont_fr" in after
+    assert after["xl_cont_en"] == before  # kept, not scored again
+    assert after["xl_cont_fr"]["n"] == 3 and after["xl_cont_fr"]["language"] == "fr"
