@@ -11,7 +11,7 @@ import pytest
 from trainer import gin_entry, validation
 
 CONFIGS = Path(__file__).resolve().parent.parent / "t5x_configs"
-OVERLAYS = ("tiny.gin", "t5_tiny.gin")
+OVERLAYS = ("tiny.gin", "t5_tiny.gin", "superglue.gin")
 ALL_EXPERIMENTS = sorted(
     p.name for p in (CONFIGS / "experiments").glob("*.gin") if p.name not in OVERLAYS
 )
