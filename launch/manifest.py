@@ -21,7 +21,9 @@ Schema (every table optional unless said):
     [gin]       KEY = value       -- `--gin.KEY=value` for every run
     [axes]      sizes, strategies, seeds, target_langs, replay_ratios, mixtures, tasks,
                 finetune_tokens, init_steps, gin_axes = {MACRO = [values]} (a grid over any
-                gin macro, e.g. a learning rate)  -- the grid (or the defaults of each [[grid]])
+                gin macro, e.g. a learning rate; a FINETUNE_RECIPE axis sets each finetune's
+                steps to its recipe's, `rundir.finetune_recipes`)  -- the grid (or the defaults
+                of each [[grid]])
     [[grid]]    the same keys as [axes]; the runs are the union of the grids' products
     [budget]    one of tokens_per_param | tokens | steps; one of batch_tokens | batch_size |
                 batch_tokens_bands ([[max_params, batch_tokens], ...], first band that fits);
@@ -34,7 +36,9 @@ Schema (every table optional unless said):
                     batch_size, local_dir -- score each run's final checkpoint once it completes
                     (`launch.zeroshot_stage`)
     [[select]]      name, strategy, over (coordinates), metric (metrics.jsonl key, `{task}` filled
-                    from the run), rule ("min" | "max"), where -- pick one run per group of runs
+                    from the run), rule ("min" | "max"), where, at ("last" | "best": the
+                    last logged value, or the best evaluated step, `launch.best_checkpoint`)
+                    -- pick one run per group of runs
                     that differ only in `over`; dependents of that strategy start from the chosen
                     run (`launch.select_tables`, `launch.run_selection`)
 

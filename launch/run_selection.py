@@ -1,6 +1,7 @@
 """The `[[select]]` stage of a sweep: choose one run per group by a metric, write selection.json.
 
-`decide` reads the candidates' `metrics.jsonl` (the last logged value of the stage's metric) once
+`decide` reads the candidates' `metrics.jsonl` (the last logged value of the stage's metric, or
+with `at = "best"` its best evaluated value, recorded in the run's best_checkpoint.json) once
 every candidate of a group has finished (COMPLETED, or failed: a learning rate that diverged
 loses), picks the best by the stage's rule, and returns the document that `write` puts in
 `<runs_dir>/selection.json`:
@@ -8,6 +9,7 @@ loses), picks the best by the stage's rule, and returns the document that `write
     {"manifest": "mt_paper",
      "selections": {"<select name>": {
          "strategy": "pretrain", "over": ["BASE_LR"], "metric": "train/loss", "rule": "min",
+         "at": "last",
          "groups": {"<group>": {"chosen": "<run id>", "model_dir": "...", "metric": "train/loss",
                                 "candidates": [{"run_id", "coords", "state", "step", "value"}]}},
          "pending": {"<group>": ["<run id not finished>", ...]},
@@ -27,12 +29,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from launch import best_checkpoint
 from launch import status as run_states
 from launch.manifest import Manifest, matches
 from launch.runs import Run
 from launch.select_tables import SelectSpec, group_key
 from launch.sweep import expand
-from rundir import records, storage
+from rundir import storage
 from rundir.names import SELECTION_FILE
 
 
@@ -62,33 +65,26 @@ def write(runs_dir: str, document: Mapping[str, Any]) -> str:
 def final_value(model_dir: str, metric: str) -> tuple[float | None, int | None]:
     """(value, step) of the last metrics.jsonl record of a run that has `metric` (a real T5X
     MODEL_DIR's summaries, as `fitting.readers.t5x_runs` maps them, where there is no metrics.jsonl)."""
-    if not records.metrics_file(model_dir).exists():
-        return _t5x_final_value(model_dir, metric)
-    for record in reversed(records.read_metrics(model_dir)):
-        if record.get(metric) is not None:
-            return float(record[metric]), record.get("step")
-    return None, None
+    points = best_checkpoint.series(model_dir, metric)
+    return (points[-1][1], points[-1][0]) if points else (None, None)
 
 
-def _t5x_final_value(model_dir: str, metric: str) -> tuple[float | None, int | None]:
-    directory = run_states.any_path(model_dir)
-    if not directory.is_dir():
-        return None, None
-    from fitting.readers import t5x_runs
-
-    if not t5x_runs.is_t5x_run(directory):
-        return None, None
-    for record in reversed(t5x_runs.read_t5x_run(directory).records):
-        if record.get(metric) is not None:
-            return float(record[metric]), record.get("step")
-    return None, None
+def best_value(model_dir: str, metric: str, *, rule: str) -> tuple[float | None, int | None]:
+    """(value, step) of the best evaluated step of `metric` under `rule`, written to the run's
+    best_checkpoint.json (`launch.best_checkpoint`); (None, None) when it logged none."""
+    found = best_checkpoint.record(model_dir, metric=metric, rule=rule)
+    return (found["value"], found["step"]) if found else (None, None)
 
 
 def _candidate(spec: SelectSpec, run: Run, state: str) -> dict[str, Any]:
     coords = dict(run.coords)
     entry = {"run_id": run.run_id, "coords": coords, "state": state, "step": None, "value": None}
     if state == "done":
-        value, step = final_value(run.model_dir, spec.metric_for(coords))
+        metric = spec.metric_for(coords)
+        if spec.at == "best":
+            value, step = best_value(run.model_dir, metric, rule=spec.rule)
+        else:
+            value, step = final_value(run.model_dir, metric)
         finite = value is not None and math.isfinite(value)
         entry.update(value=value if finite else None, step=step)  # JSON has no NaN
     return entry
@@ -112,6 +108,7 @@ def _decide_group(
         "model_dir": runs[best["run_id"]].model_dir,
         "metric": spec.metric_for(best["coords"]),
         "value": best["value"],
+        "step": best["step"],
         "candidates": candidates,
     }
 
@@ -166,6 +163,7 @@ def decide(
             "over": list(spec.over),
             "metric": spec.metric,
             "rule": spec.rule,
+            "at": spec.at,
             "where": dict(spec.where),
             "groups": decided,
             "pending": pending,

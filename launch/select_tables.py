@@ -5,8 +5,8 @@ A manifest may sweep any gin macro (a learning rate, say) by listing its values 
 its own (named by the macro), carried into run ids (`base_lr0.5`) and `--gin.MACRO=value`.
 
 A `[[select]]` table names how to pick one run out of each group of runs that differ only in
-some coordinates (`over`): by a metric of `metrics.jsonl` (its last logged value) and a rule
-(`min` | `max`). Runs that depend on a selected strategy (finetuning from the best pretraining
+some coordinates (`over`): by a metric of `metrics.jsonl` (its last logged value, or with
+`at = "best"` its best evaluated one, `launch.best_checkpoint`) and a rule (`min` | `max`). Runs that depend on a selected strategy (finetuning from the best pretraining
 learning rate) start from the chosen run's checkpoint; `launch.run_selection` makes the choice and
 writes it to `<runs_dir>/selection.json`, which `fitting.readers.rejected_runs` reads so that fits use only
 the chosen runs.
@@ -27,7 +27,10 @@ from rundir import names
 
 SELECTION_FILE = names.SELECTION_FILE
 RULES = ("min", "max")
-SELECT_KEYS = ("name", "strategy", "over", "metric", "rule", "where")
+SELECT_KEYS = ("name", "strategy", "over", "metric", "rule", "where", "at")
+# Which value of a candidate's metric is compared: its last logged one, or its best evaluated one
+# (a finetune whose small set repeats overfits by its last step; `launch.best_checkpoint`).
+AT = ("last", "best")
 _MACRO = re.compile(r"[A-Z][A-Z0-9_]*")
 
 
@@ -42,6 +45,8 @@ class SelectSpec:
       metric: a metrics.jsonl key; `{coordinate}` is filled from the run (`eval/{task}/loss`).
       rule: "min" or "max": which value wins.
       where: only runs matching these coordinates (as `[[override]] where`) are selected among.
+      at: "last" (the last logged value) or "best" (the best evaluated step, recorded in each
+        candidate's best_checkpoint.json).
     """
 
     name: str
@@ -50,6 +55,7 @@ class SelectSpec:
     metric: str
     rule: str
     where: tuple[tuple[str, Any], ...] = ()
+    at: str = "last"
 
     def metric_for(self, coords: Mapping[str, Any]) -> str:
         """The metric key of a run at `coords` (placeholders filled)."""
@@ -147,6 +153,9 @@ def parse_selects(
         rule = table.get("rule", "min")
         if rule not in RULES:
             _fail(where, f"rule {rule!r}: choose one of {list(RULES)}")
+        at = table.get("at", "last")
+        if at not in AT:
+            _fail(where, f"at {at!r}: choose one of {list(AT)}")
         metric = table["metric"]
         if not isinstance(metric, str) or not metric:
             _fail(where, "metric must be a metrics.jsonl key, e.g. 'eval/{task}/loss'")
@@ -171,6 +180,7 @@ def parse_selects(
                 metric=metric,
                 rule=rule,
                 where=tuple(sorted(where_table.items())),
+                at=at,
             )
         )
     return tuple(specs)

@@ -195,7 +195,12 @@ class _Expander:
         steps, batch_size = budgets.steps_and_batch(
             budget, params=params, seq_len=m.seq_len, where=where
         )
-        if "FINETUNE_RECIPE" in gin:  # the recipe names the length: the budget must agree
+        if "FINETUNE_RECIPE" in coords:  # a finetune-length axis: the recipe gives the steps
+            try:
+                steps = finetune_recipes.recipe(str(coords["FINETUNE_RECIPE"])).steps
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from e
+        elif "FINETUNE_RECIPE" in gin:  # the recipe names the length: the budget must agree
             recipe = finetune_recipes.recipe(str(gin["FINETUNE_RECIPE"]))
             require(
                 steps == recipe.steps,

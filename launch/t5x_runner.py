@@ -27,8 +27,9 @@ as the t5x/models/t5.gin macros that bind the same `sizes.get_config` fields (`v
 macro is refused, naming them. `EVAL_AT_START` is passed under its name (the run files bind it
 to T5X's `run_eval_before_training`, the step-0 evaluation); a log-spaced `EVAL_SCHEDULE` has no
 T5X form and is refused; the other `[gin]` settings are xlscale trainer macros and are not
-passed. `EVAL_PERIOD` and `CHECKPOINT_PERIOD` of a finetune are passed (its evaluations, decodes
-and kept checkpoints: T5X keeps every one, so the best validation step's weights stay).
+passed. A finetune's `EVAL_PERIOD` (its evaluations and decodes, among which the best validation
+step is chosen, `launch.best_checkpoint`) and `CHECKPOINT_PERIOD` are passed when the manifest
+sets them (T5X keeps every checkpoint it saves). A `FINETUNE_RECIPE` grid axis is passed once.
 
 COMET: with the manifest's `[settings] COMET_MODEL` (`launch.run_settings`) a finetune runs as
 `python -m launch.t5x_comet <the same flags>`, which runs `t5x.train`, then scores every
@@ -251,7 +252,12 @@ def gin_args(
         for field, value in sorted(model_overrides(run).items())
     ]
     args += [f"--gin.{name}={bindings[name]}" for name in PASSED_MACROS if name in bindings]
-    args += [f"--gin.{name}={bindings[name]}" for name in gin_axes if name in bindings]
+    passed = {a.split("=", 1)[0] for a in args}
+    args += [
+        f"--gin.{name}={bindings[name]}"
+        for name in gin_axes
+        if name in bindings and f"--gin.{name}" not in passed
+    ]
     return args
 
 

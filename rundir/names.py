@@ -18,6 +18,9 @@ SET_ASIDE_SUBDIR = "checkpoints_set_aside"  # `<step>.corrupt`, `<step>.nonfinit
 CHECKSUMS_FILE = "xlscale_checksums.json"  # inside each committed step (`rundir.checksums`)
 ZEROSHOT_SUBDIR = "zeroshot"  # `zeroshot/<step>.json` (`rundir.zeroshot`)
 LAUNCH_FILE = "launch.json"  # the launcher's own record of how the run was started
+# A finetune's best validation step: metric, rule, step, value, whether its checkpoint is kept
+# (`launch.best_checkpoint`, written by a `[[select]]` with `at = "best"`).
+BEST_CHECKPOINT_FILE = "best_checkpoint.json"
 LOG_FILE = "train.log"  # the local launcher's process log of the run (`launch.launchers`)
 EVAL_METRICS_FILE = "eval_metrics.jsonl"  # `trainer.eval`: one record per evaluated step
 INFER_FILE = "infer.jsonl"  # `trainer.infer`: one decoded example (or LM continuation) a line

@@ -44,6 +44,9 @@ from studies.paper_truth import BALANCED, BEST_LR, Truth, mt_truth
 
 CPT_MANIFESTS = ("cpt_paper", "cpt_replay", "cpt_languages")
 MT_MANIFESTS = ("mt_paper",)
+# mt_paper finetunes under two recipes (a FINETUNE_RECIPE grid axis); the synthetic check writes
+# the one its series are compared with the paper's tables under (mt_paper.toml's header).
+MT_RECIPE = "raffel_2^18"
 SOURCE_LANG = "en"  # the CPT study's source language (runs/cpt.gin SOURCE_LANG)
 # Evaluation period in steps (runs/common/cpt_paper.gin, runs/span_pretrain.gin) where a manifest
 # binds none; finetunes evaluate at their last step (runs/finetune.gin EVAL_PERIOD = 0), and at
@@ -82,7 +85,8 @@ def expand_manifests(names: Sequence[str], *, runs_dir: str | Path) -> list[Run]
         values = {k: f"synthetic_{k.lower()}" for k in manifest.missing_variables()}
         manifest = sweep.load_manifest(name, runs_dir=str(runs_dir), variables=values)
         for run in sweep.expand(manifest):
-            runs.setdefault(run.run_id, run)
+            if run.coord("FINETUNE_RECIPE") in (None, MT_RECIPE):
+                runs.setdefault(run.run_id, run)
     return sweep.topological_order(list(runs.values()))
 
 

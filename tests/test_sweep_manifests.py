@@ -7,6 +7,7 @@ import pytest
 
 from launch import sweep
 from llama_jax import sizes
+from rundir import finetune_recipes
 
 CONFIGS = Path(sweep.__file__).resolve().parent.parent / "t5x_configs"
 SHIPPED = sorted(p.stem for p in sweep.MANIFESTS_DIR.glob("*.toml"))
@@ -118,7 +119,8 @@ def test_mt_paper_grid():
     manifest = sweep.load_manifest("mt_paper", variables=variables)
     pending = sweep.expand(manifest)
     grouped = by_strategy(pending)
-    per_lr = {"pretrain": 12, "finetune": 388, "finetune_scratch": 13}
+    # Each finetune and baseline also once per finetuning recipe ('raffel_2^18', 'paper_300').
+    per_lr = {"pretrain": 12, "finetune": 2 * 388, "finetune_scratch": 2 * 13}
     grids = {"pretrain": PRETRAIN_LRS, "finetune": FINETUNE_LRS, "finetune_scratch": FINETUNE_LRS}
     assert {k: len(v) for k, v in grouped.items()} == {
         k: n * len(grids[k]) for k, n in per_lr.items()
@@ -174,7 +176,8 @@ def test_mt_paper_grid():
         assert f"--gin.TASK='{run.coord('task')}'" in argv
         assert f"--gin.FINETUNE_TOKENS={run.coord('finetune_tokens')}" in argv
         assert f"--gin.MIXTURE='{run.coord('mixture')}'" in argv
-        assert (run.steps, run.batch_size) == (2**18, 128)  # FINETUNE_RECIPE 'raffel_2^18'
+        recipe = run.coord("FINETUNE_RECIPE")  # 'raffel_2^18': 2^18 steps; 'paper_300': 300
+        assert (run.steps, run.batch_size) == (finetune_recipes.recipe(recipe).steps, 128)
     en_fr = {
         r.coord("finetune_tokens") for r in grouped["finetune"] if r.coord("task") == "mt_en_fr"
     }
@@ -207,18 +210,29 @@ def test_mt_paper_df_conditions_are_pairs_under_raffels_2_18_steps():
     runs = sweep.expand(sweep.load_manifest("mt_paper"))
     finetunes = [r for r in runs if r.strategy in ("finetune", "finetune_scratch")]
     pairs = collections.defaultdict(set)
+    # The finetuning length is a grid axis: each recipe's steps, and evaluations (with decoding)
+    # at 16 points of 2^18 steps and 6 of 300, among which the learning rate is chosen.
+    periods = {"raffel_2^18": (2**18, 16384), "paper_300": (300, 50)}
     for run in finetunes:
+        recipe = run.coord("FINETUNE_RECIPE")
+        steps, period = periods[recipe]
         assert "--gin.FINETUNE_UNIT='paper'" in run.argv(allow_missing=True)
-        assert "--gin.FINETUNE_RECIPE='raffel_2^18'" in run.argv(allow_missing=True)
-        assert (run.steps, run.batch_size) == (2**18, 128)
+        assert f"--gin.FINETUNE_RECIPE={recipe!r}" in run.argv(allow_missing=True)
+        assert f"--gin.EVAL_PERIOD={period}" in run.argv(allow_missing=True)
+        assert f"--gin.DECODE_PERIOD={period}" in run.argv(allow_missing=True)
+        assert (run.steps, run.batch_size) == (steps, 128)
         df = run.coord("finetune_tokens")
         pairs[run.coord("task")].add(recipes.finetune_pairs(finetune_tokens=df, unit="paper"))
     assert dict(pairs) == PAPER_PAIRS
     rows = {row["run_id"]: row for row in estimate.plan_rows(runs, None)}
-    assert {rows[r.run_id]["steps"] for r in finetunes} == {2**18}
+    assert {rows[r.run_id]["steps"] for r in finetunes} == {2**18, 300}
     pretrain = [rows[r.run_id] for r in runs if r.strategy == "pretrain"]
     assert {row["steps"] for row in pretrain} == {1_000_000, 510_000}
-    run = next(r for r in finetunes if r.coord("finetune_tokens") == 312_483_840)
+    run = next(
+        r
+        for r in finetunes
+        if r.coord("finetune_tokens") == 312_483_840 and r.coord("FINETUNE_RECIPE") == "raffel_2^18"
+    )
     gin.clear_config()
     try:
         gin_entry.parse(run.gin_args(allow_missing=True), job="train")

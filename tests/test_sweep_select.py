@@ -240,3 +240,48 @@ def test_a_dependent_of_a_grid_needs_a_select(tmp_path):
     text = MANIFEST[: MANIFEST.index("[[select]]")]
     with pytest.raises(ValueError, match=r"vary over \['PEAK_LR'\]; add a \[\[select\]\]"):
         sweep.expand(load(tmp_path, text))
+
+
+def test_at_best_compares_each_candidate_at_its_best_evaluated_step(tmp_path):
+    # A small finetuning set overfits: 0.01 reaches the lowest loss mid-run (1.9 at step 4) but
+    # ends worst; "last" picks 0.003 (2.9 at the end), "best" picks 0.01 and records its step.
+    best_text = MANIFEST.replace('rule = "min"\n', 'rule = "min"\nat = "best"\n')
+    manifest, last = load(tmp_path, best_text), load(tmp_path)
+    runs = sweep.expand(manifest)
+    sources = {r.coord("PEAK_LR"): r for r in runs if r.strategy == "source"}
+    dips = {0.001: 3.1, 0.003: 2.95, 0.01: 1.9}
+    for lr, run in sources.items():
+        fake_train(run)
+        path = Path(run.model_dir) / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rows[1:1] = [
+            {"step": 0, "eval/lm_en/loss": 0.5},  # before finetuning: never the choice
+            {"step": 4, "eval/lm_en/loss": dips[lr]},
+            {"step": 7, "eval/lm_en/loss": float("nan")},
+        ]
+        path.write_text(
+            "".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"]))
+        )
+    (Path(sources[0.01].model_dir) / "checkpoints" / "4").mkdir(parents=True)
+    chosen = run_selection.decide(last, runs)["selections"]["source_lr"]["groups"]
+    assert [g["chosen"] for g in chosen.values()] == [sources[0.003].run_id]
+    stage = run_selection.decide(manifest, runs)["selections"]["source_lr"]
+    (group,) = stage["groups"].values()
+    assert stage["at"] == "best" and group["chosen"] == sources[0.01].run_id
+    assert (group["value"], group["step"]) == (1.9, 4)
+    record = json.loads((Path(sources[0.01].model_dir) / "best_checkpoint.json").read_text())
+    assert record == {
+        "metric": "eval/lm_en/loss",
+        "rule": "min",
+        "step": 4,
+        "value": 1.9,
+        "last_step": 10,
+        "last_value": 3.5,
+        "evaluations": 5,
+        "checkpoint": f"{sources[0.01].model_dir}/checkpoints/4",
+        "kept": True,
+    }
+    other = json.loads((Path(sources[0.001].model_dir) / "best_checkpoint.json").read_text())
+    assert (other["step"], other["value"], other["kept"]) == (4, 3.1, False)
+    with pytest.raises(ValueError, match=r"\[\[select\]\] 0.*at 'middle': choose one of"):
+        load(tmp_path, MANIFEST.replace('rule = "min"\n', 'rule = "min"\nat = "middle"\n'))

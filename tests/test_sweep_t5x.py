@@ -356,3 +356,46 @@ def test_unknown_settings_and_values_are_refused_naming_the_key_and_the_allowed_
         _with_comet(model="/m/model.bin")
     with pytest.raises(ValueError, match=r"\[settings\] COMET_PYTHON = 3: give a string"):
         expand(MANIFEST + "[settings]\nCOMET_PYTHON = 3\n")
+
+
+def test_a_finetune_recipe_axis_sets_each_runs_steps_and_reaches_t5x_once():
+    text = MANIFEST.replace(
+        "gin_axes = { PEAK_LR = [0.001] }",
+        'gin_axes = { PEAK_LR = [0.001], FINETUNE_RECIPE = ["raffel_2^18", "paper_300"] }',
+    )
+    manifest = parse_manifest(
+        tomllib.loads(text), path="t5x_small.toml", variables=VARS, t5x_paths=PATHS
+    )
+    runs = [r for r in sweep.expand(manifest) if r.strategy == "finetune"]
+    steps = {r.coord("FINETUNE_RECIPE"): r.steps for r in runs}
+    assert steps == {"raffel_2^18": 2**18, "paper_300": 300}  # the budget's 300 yields
+    for run in runs:
+        recipe = run.coord("FINETUNE_RECIPE")
+        args = run.gin_args()
+        assert [a for a in args if a.startswith("--gin.FINETUNE_RECIPE=")] == [
+            f"--gin.FINETUNE_RECIPE={recipe!r}"
+        ]
+        assert f"--gin.FINETUNE_STEPS={steps[recipe]}" in args
+        assert f"--gin.TRAIN_STEPS={steps[recipe] + 200}" in args  # from the checkpoint's step
+    assert len({r.run_id for r in runs}) == 2
+    with pytest.raises(ValueError, match=r"t5x_small.toml run finetune.*FINETUNE_RECIPE = 'p'"):
+        sweep.expand(
+            parse_manifest(
+                tomllib.loads(text.replace('"paper_300"', '"p"')),
+                path="t5x_small.toml",
+                variables=VARS,
+                t5x_paths=PATHS,
+            )
+        )
+
+
+def test_mt_papers_finetunes_evaluate_at_several_steps_under_t5x():
+    # T5X evaluates (validation loss and decoding, hence COMET) every EVAL_PERIOD steps: 16
+    # points of 'raffel_2^18', 6 of 'paper_300', among which the best step is chosen.
+    periods = {"raffel_2^18": 16384, "paper_300": 50}
+    finetunes = [r for r in mt_paper_runs() if r.strategy in FINETUNES]
+    assert {r.coord("FINETUNE_RECIPE") for r in finetunes} == set(periods)
+    for run in finetunes:
+        period = periods[run.coord("FINETUNE_RECIPE")]
+        assert f"--gin.EVAL_PERIOD={period}" in run.gin_args(allow_missing=True)
+        assert not any("DECODE_PERIOD" in a for a in run.gin_args(allow_missing=True))
