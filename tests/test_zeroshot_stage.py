@@ -181,3 +181,17 @@ def test_slurm_submits_a_scoring_job_after_each_training_job(tmp_path):
     report = launcher.launch(runs, progress=progress(runs))
     assert [Path(a[-1]).stem for a in submitted] == [f"{r.run_id}.zeroshot" for r in runs[2:]]
     assert all(len(a) == 3 for a in submitted)  # sbatch --parsable SCRIPT: no dependency
+
+
+def test_sweep_status_counts_scored_and_unscored_runs(tmp_path, capsys):
+    from xlscale_cli import main as cli
+
+    runs = expand("cpt_replay", tmp_path)
+    for run in runs[:3]:
+        _train(run)
+    _score(runs[0])
+    args = ["sweep", "status", "cpt_replay", "--runs-dir", str(tmp_path / "runs")]
+    args += ["--var", "DATA_DIR=/data", "--var", "VOCAB_PATH=/v.model", "--scheduler", "none"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"# zero-shot: scored 1, completed but unscored 2 (of {len(runs)} runs" in out

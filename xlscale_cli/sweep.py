@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from launch import estimate, launchers, run_selection, t5x_runner
+from launch import estimate, launchers, run_selection, t5x_runner, zeroshot_stage
 from launch import status as run_states
 from launch.runs import RUNNERS
 from launch.sweep import expand, load_manifest, select
@@ -390,6 +390,11 @@ def launch(args) -> int:
         f"blocked {len(ids['blocked'])}"
         + (f", waiting for a [[select]] {len(waiting)}" if waiting else "")
     )
+    scored, unscored = (
+        {i for r in reports for i in getattr(r, k)} for k in ("scored", "score_failed")
+    )
+    if scored or unscored:
+        progress.note(f"zero-shot: scored {len(scored)}, scoring failed {len(unscored)}")
     return 0 if all(r.ok for r in reports) else 1
 
 
@@ -421,6 +426,14 @@ def status(args) -> int:
     print(_table(header, rows))
     counts = run_states.count_states(states)
     print("# " + ", ".join(f"{k} {n}" for k, n in counts.items()) + f" (of {len(runs)})")
+    staged = [r for r in runs if r.zeroshot is not None]
+    if staged:  # the zero-shot stage (`launch.zeroshot_stage`): completed runs scored or not
+        done = [r for r in staged if run_states.is_completed(r)]
+        unscored = sum(zeroshot_stage.needs_scoring(r) for r in done)
+        print(
+            f"# zero-shot: scored {len(done) - unscored}, completed but unscored {unscored} "
+            f"(of {len(staged)} runs with the stage; `sweep run` scores them)"
+        )
     for line in _scheduler_notes(jobs):
         print(line)
     waiting = sum(r.waits_for_selection for r in runs)
