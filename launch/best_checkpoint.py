@@ -57,12 +57,12 @@ def best(points: list[tuple[int, float]], *, rule: str) -> tuple[int, float] | N
 
 
 def _checkpoint(model_dir: str, step: int) -> Any:
-    """Where a step's checkpoint is: xlscale's `checkpoints/<step>`, else T5X's
-    `checkpoint_<step>` when that is what the run directory holds."""
+    """Where a step's checkpoint is (or would be): xlscale's `checkpoints/<step>`, or T5X's
+    `checkpoint_<step>` in a T5X MODEL_DIR (no metrics.jsonl)."""
     root = run_states.any_path(model_dir)
-    ours = root / names.CHECKPOINTS_SUBDIR / str(step)
-    t5x = root / f"checkpoint_{step}"
-    return t5x if not records.metrics_file(model_dir).exists() and t5x.exists() else ours
+    if records.metrics_file(model_dir).exists():
+        return root / names.CHECKPOINTS_SUBDIR / str(step)
+    return root / f"checkpoint_{step}"
 
 
 def record(model_dir: str, *, metric: str, rule: str) -> dict[str, Any] | None:

@@ -360,3 +360,33 @@ def test_xlscale_fit_cli_on_t5x_and_xlscale_runs(tmp_path, capsys):
     fits = json.loads((tmp_path / "out" / "fits.json").read_text())
     mine = [e for e in fits["bleu"] if e["pretraining"] == "mix_en_100" and e["model"] == "t5_770m"]
     assert mine and mine[0]["metric"] == "bleu" and mine[0]["fit"]["converged"]
+
+
+def test_fits_read_a_finetune_at_its_recorded_best_step(tmp_path):
+    # A finetune evaluated mid-run too: its series point is the last evaluation, until a
+    # [[select]] with at = "best" records the best validation step (best_checkpoint.json, as
+    # launch.best_checkpoint writes it); then the scores at that step, COMET included.
+    from launch import best_checkpoint
+
+    root = tmp_path / "runs"
+    _mt_study(root)
+    ft = root / "ft_400"
+    write_events(
+        ft / "training_eval" / "mt_en_de", {**{k: [(550, v)] for k, v in loss_metrics(0.2).items()}}
+    )
+    write_events(
+        ft / "inference_eval" / "mt_en_de",
+        {"eval/bleu": [(550, 55.0)], "eval/comet": [(550, 80.0)]},
+    )
+    (series,) = points.downstream_series(run_dirs.read_runs(root), metric="bleu")
+    last = dict(zip(series.runs, series.values, strict=True))["ft_400"]
+    assert last != 55.0
+    found = best_checkpoint.record(str(ft), metric="eval/mt_en_de/loss", rule="min")
+    assert (found["step"], found["last_step"], found["kept"]) == (550, 700, False)
+    assert found["checkpoint"] == str(ft / "checkpoint_550")  # T5X's layout, not saved there
+    runs = run_dirs.read_runs(root)
+    (series,) = points.downstream_series(runs, metric="bleu")
+    values = dict(zip(series.runs, series.values, strict=True))
+    assert values["ft_400"] == 55.0 and values["ft_200"] != 55.0
+    (comet,) = points.downstream_series(runs, metric="comet")
+    assert dict(zip(comet.runs, comet.values, strict=True)) == {"ft_400": 80.0}

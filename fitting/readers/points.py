@@ -26,6 +26,7 @@ So fitted constants such as A, and the valuation guide's "Dp needed", read on th
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,7 +38,7 @@ import numpy as np
 from fitting.checks import FitInputError
 from fitting.readers import model_keys
 from fitting.readers.run_data import RunData
-from rundir import run_record
+from rundir import names, run_record, storage
 from rundir.run_record import Strategy
 
 
@@ -349,7 +350,7 @@ def finetune_group(meta: run_record.RunRecord | Mapping[str, Any]) -> str:
 
 
 def downstream_series(
-    runs: Sequence[RunData], *, metric: str, dp_unit: str = "paper"
+    runs: Sequence[RunData], *, metric: str, dp_unit: str = "paper", eval_task: str | None = None
 ) -> list[DownstreamSeries]:
     """Groups finetuning runs into (Dp, final value) series, one per model × pretraining run ×
     task × finetuning recipe.
@@ -360,7 +361,8 @@ def downstream_series(
     `metric` is a score name ("bleu", "rouge", "comet") or "loss". A series (and
     its non-pretrained baseline) shares the model (family + size: a runs directory holding
     T5-770M and T5-3B gives one series per model, each with its own baseline) and the finetuning
-    recipe: steps and Df (`finetune_group`).
+    recipe: steps and Df (`finetune_group`). `eval_task` reads that task's metric instead of the
+    finetuning task's (a run finetuned on a mixture, e.g. SuperGLUE, scores each component).
     """
     if dp_unit not in DP_UNITS:
         raise ValueError(f"unknown Dp unit {dp_unit!r}; allowed: {', '.join(DP_UNITS)}")
@@ -371,7 +373,7 @@ def downstream_series(
     for run in runs:
         if run.strategy not in run_record.FINETUNES:
             continue
-        task = str(run.info.mixture_or_task)
+        task = eval_task or str(run.info.mixture_or_task)
         value = _final_value(run, task, metric)
         if value is None:
             continue
@@ -409,10 +411,21 @@ def downstream_series(
     return out
 
 
+def best_step(run: RunData) -> int | None:
+    """The step of a finetune's best validation checkpoint where a `[[select]]` with
+    `at = "best"` recorded one (`MODEL_DIR/best_checkpoint.json`, `launch.best_checkpoint`)."""
+    path = storage.as_path(run.path) / names.BEST_CHECKPOINT_FILE
+    return int(json.loads(path.read_text())["step"]) if path.exists() else None
+
+
 def _final_value(run: RunData, task: str, metric: str) -> float | None:
-    """Last evaluation of `task`'s metric in a run (scores live at eval/<task>/<metric>)."""
+    """`task`'s metric of a finetune (scores live at eval/<task>/<metric>): at its best
+    validation step where one is recorded (`best_step`; the MT manifests choose finetunes there,
+    since a small set's last step measures overfitting) and evaluated there, else its last."""
     key = f"eval/{task}/{metric}"
-    for rec in reversed(run.records):
+    step = best_step(run)
+    at_best = [r for r in run.records if r.get("step") == step and key in r]
+    for rec in reversed(at_best or run.records):
         if key in rec:
             v = _float(rec[key])
             if not np.isfinite(v):
