@@ -1,5 +1,6 @@
 """The evaluation schedule: periodic steps, or log-spaced ones dense early, and step 0 on demand."""
 
+import collections
 import math
 
 import pytest
@@ -35,3 +36,24 @@ def test_eval_steps_join_the_period_the_log_grid_and_step_zero():
 def test_unknown_schedule_names_the_setting_and_the_allowed_values():
     with pytest.raises(ValueError, match="EVAL_SCHEDULE = 'cosine'.*'periodic', 'log'"):
         EvalConfig(schedule="cosine")
+
+
+def test_mt_paper_finetunes_evaluate_at_several_steps_of_each_recipe():
+    # The best validation checkpoint is chosen among these (launch.best_checkpoint): step 0 (the
+    # checkpoint before finetuning, EVAL_AT_START) and 16 points of 2^18 steps or 6 of 300.
+    from launch import sweep
+    from rundir.run_record import FINETUNES
+    from studies.paper_study import eval_steps
+
+    manifest = sweep.load_manifest("mt_paper", variables={"DATA_DIR": "/d", "VOCAB_PATH": "/v"})
+    wanted = {
+        "raffel_2^18": [0, *range(16384, 2**18 + 1, 16384)],
+        "paper_300": [0, 50, 100, 150, 200, 250, 300],
+    }
+    seen = collections.Counter()
+    for run in sweep.expand(manifest):
+        recipe = run.coord("FINETUNE_RECIPE")
+        if run.strategy in FINETUNES and seen[recipe] < 20:  # a sample of each suffices
+            assert eval_steps(run) == wanted[recipe], run.run_id
+            seen[recipe] += 1
+    assert set(seen) == set(wanted)
