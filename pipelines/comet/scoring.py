@@ -6,9 +6,25 @@ torch. So COMET lives in a side environment (`make comet-env` builds `.comet-ven
 `pipelines/comet/requirements.txt`), and each scoring call starts its interpreter on the worker
 script with the triples as JSON, as T5X is run beside the project.
 
-Settings:
+Settings (a sweep manifest's `[settings]`, `launch.run_settings`):
   - `COMET_MODEL`: a local COMET checkpoint, `<model dir>/checkpoints/model.ckpt` (e.g.
     Unbabel/wmt22-comet-da fetched on a machine with network access); nothing is downloaded.
+    A checkpoint builds its encoder from the `pretrained_model` its hyper-parameters name
+    (`xlm-roberta-large` for wmt22-comet-da) before loading all weights from itself, so that
+    encoder's `config.json` and tokenizer (not its weights) must be on disk too, in the Hugging
+    Face hub cache the worker sees (`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+    `~/.cache/huggingface/hub`):
+
+        <cache>/models--Unbabel--wmt22-comet-da/snapshots/<rev>/hparams.yaml
+        <cache>/models--Unbabel--wmt22-comet-da/snapshots/<rev>/checkpoints/model.ckpt  (COMET_MODEL)
+        <cache>/models--xlm-roberta-large/snapshots/<rev>/{config.json, sentencepiece.bpe.model,
+            tokenizer.json}
+        <cache>/models--<org>--<name>/refs/main   (the <rev> of each)
+
+    which `huggingface-cli download Unbabel/wmt22-comet-da` and `huggingface-cli download
+    xlm-roberta-large config.json sentencepiece.bpe.model tokenizer.json` leave on a machine
+    with network access (copy the cache over). `random_model.py --hub-cache` builds the same
+    layout around a random model (tests/test_comet.py).
   - `COMET_PYTHON`: the side environment's interpreter (gin setting, else the `COMET_PYTHON`
     environment variable, else `.comet-venv/bin/python` of this checkout when it exists).
 
