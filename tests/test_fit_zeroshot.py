@@ -95,8 +95,16 @@ def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
     fig3 = res["fig3"]
     assert sorted(fig3) == ["fr", "ru", "zh"]
     for lang, e in fig3.items():
-        assert e["size"] == LARGE and "largest" in e["size_rule"]
+        assert e["size"] == LARGE and "the paper's 1.4B" in e["size_rule"]
         assert e["benchmarks"] == sorted(TASKS[lang]) == e["averaged_over"]
+        # Every size present, ascending; the chosen one is among them.
+        assert [b["size"] for b in e["by_size"]] == [SMALL, LARGE]
+        assert e["by_size"][1]["average"] == e["average"]
+        small = e["by_size"][0]
+        assert small["runs"]["cpt"] == f"cpt_{lang}_{SMALL:.0e}"
+        assert small["acc_norm"]["cpt"] == {
+            t: _acc("cpt", SMALL, t, 0.0) for t in small["benchmarks"]
+        }
         assert set(e["runs"]) == {"source", "scratch", "cpt"}
         assert e["runs"]["source"] == f"source_en_{LARGE:.0e}"
         assert set(e["steps"].values()) == {50}
@@ -108,13 +116,30 @@ def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
     e = fig6["zh"]
     assert [s["ratio"] for s in e["settings"]] == [0.0, 0.1, 0.3, 0.5]
     assert e["groups"] == {"en (source)": sorted(TASKS["en"]), "zh (target)": sorted(TASKS["zh"])}
+    # The paper's denominator: the best of every training setting at 1.4B, the English-only
+    # source model and the Chinese-only scratch model included.
+    assert [r["setting"] for r in e["references"]] == ["source", "scratch"]
+    assert e["references"][0]["run"] == f"source_en_{LARGE:.0e}"
+    assert e["denominator_over"] == ["plain CPT", "replay 0.1", "replay 0.3", "replay 0.5"] + [
+        "source",
+        "scratch",
+    ]
+    every = e["settings"] + e["references"]
     for group, tasks in e["groups"].items():
-        assert max(s["group_relative"][group] for s in e["settings"]) == pytest.approx(1.0)
+        assert max(s["group_relative"][group] for s in every) == pytest.approx(1.0)
         for t in tasks:
-            rel = [s["relative"][t] for s in e["settings"]]
-            assert max(rel) == pytest.approx(1.0) and min(rel) < 1.0
-    # English improves with replay, Chinese declines: the best settings are the two ends.
-    assert e["settings"][-1]["group_relative"]["en (source)"] == pytest.approx(1.0)
+            best = max(s["acc_norm"][t] for s in every)
+            assert e["denominator"][t]["value"] == best
+            for s in every:
+                assert s["relative"][t] == pytest.approx(s["acc_norm"][t] / best)
+    # English is best in the English-only model (above every replay ratio, which a denominator
+    # over the replay runs alone would have set to 1); Chinese in plain CPT.
+    assert e["denominator"]["en (source)"]["setting"] == "source"
+    assert max(s["group_relative"]["en (source)"] for s in e["settings"]) < 1.0
+    assert e["settings"][-1]["group_relative"]["en (source)"] == max(
+        s["group_relative"]["en (source)"] for s in e["settings"]
+    )
+    assert e["denominator"]["zh (target)"]["setting"] == "plain CPT"
     assert e["settings"][0]["group_relative"]["zh (target)"] == pytest.approx(1.0)
     out = tmp_path / "out"
     saved = json.loads((out / "fits.json").read_text())
@@ -124,10 +149,14 @@ def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
         "zeroshot_fig3_fr.png",
         "zeroshot_fig3_ru.png",
         "zeroshot_fig6_zh.png",
+        "zeroshot_fig3_zh_sizes.png",
     ):
         assert (out / name).stat().st_size > 0 and name in saved["plots"]
     report = (out / "report.md").read_text()
     assert "Fig. 3, ru" in report and "Fig. 6, zh" in report
+    assert "Fig. 3, zh at every size present" in report
+    assert "best: en (source): source; zh (target): plain CPT" in report
+    assert "| scratch | scratch_zh_1e+09 |" in report
 
 
 def test_zeroshot_size_picks_the_closest_complete_size(tmp_path):

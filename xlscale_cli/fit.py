@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="zero-shot figures: compare models of the size (non-embedding N) closest to this "
-        "(default: per language, the largest size that every compared model has)",
+        "(default: per language, the size closest to the paper's 1.4B that every compared model "
+        "has; Fig. 3 is also drawn at every size present)",
     )
 
 

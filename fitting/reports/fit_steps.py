@@ -24,7 +24,7 @@ from fitting.laws import downstream_laws, formulas
 from fitting.laws.robust_fit import FitResult, fit_chinchilla, fit_cpt
 from fitting.readers import model_keys, points
 from fitting.readers.run_data import RunData
-from fitting.reports import plots
+from fitting.reports import plots, zeroshot_plots
 from pipelines.names import mt_pair
 from rundir import run_record
 from rundir.run_record import Strategy
@@ -492,6 +492,11 @@ def zeroshot_step(study: Study, step: Step) -> dict[str, Any]:
     for lang, entry in res["fig3"].items():
         title = f"{lang}: zero-shot, N = {plots.compact_number(entry['size'])}"
         study.draw(step.plot, f"zeroshot_fig3_{lang}.png", entry, title=title)
+        if len(entry["by_size"]) > 1:  # Fig. 3 at every size present
+            name = f"zeroshot_fig3_{lang}_sizes.png"
+            study.draw(
+                zeroshot_plots.accuracy_by_size, name, entry, title=f"{lang}: zero-shot by size"
+            )
     for lang, entry in res["fig6"].items():
         title = f"{lang}, N = {plots.compact_number(entry['size'])}"
         study.draw(plots.zeroshot_replay, f"zeroshot_fig6_{lang}.png", entry, title=title)

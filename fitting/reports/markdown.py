@@ -230,13 +230,28 @@ def zeroshot(res: Mapping[str, Any]) -> list[str]:
         ]
         rows.append(("average", *(e["average"][s] for s in strategies), None))
         lines += _table(("benchmark", *strategies, "chance"), rows) + [""]
+        if len(e.get("by_size", ())) > 1:
+            lines += [
+                f"Fig. 3, {lang} at every size present: mean acc_norm over the {lang} benchmarks "
+                "all three models have at that size.",
+                "",
+            ]
+            rows = [
+                (b["size"], *(b["average"][s] for s in strategies), len(b["benchmarks"]))
+                for b in e["by_size"]
+            ]
+            lines += _table(("N", *strategies, "benchmarks"), rows) + [""]
     for lang, e in res.get("fig6", {}).items():
         groups = list(e["groups"])
         lines += [
             f"### Fig. 6, {lang}: N = {_n(e['size'])} ({e['size_rule']})",
             "",
-            "Relative performance: a group's mean acc_norm ÷ its best across the replay "
-            "settings (ratio 0 = plain CPT), so the best setting is 1; groups: "
+            "Relative performance (the paper's): a group's mean acc_norm ÷ its highest across "
+            "all training settings of this size ("
+            + ", ".join(e.get("denominator_over", ()))
+            + "), so the best setting is 1; best: "
+            + "; ".join(f"{g}: {e['denominator'][g]['setting']}" for g in groups)
+            + "; groups: "
             + "; ".join(f"{g}: {', '.join(ts)}" for g, ts in e["groups"].items())
             + ".",
             "",
@@ -244,7 +259,13 @@ def zeroshot(res: Mapping[str, Any]) -> list[str]:
         rows = [
             (s["ratio"], s["run"], *(s["group_relative"][g] for g in groups)) for s in e["settings"]
         ]
+        rows += [
+            (r["setting"], r["run"], *(r["group_relative"][g] for g in groups))
+            for r in e.get("references", ())
+        ]
         lines += _table(("replay ratio", "run", *groups), rows) + [""]
+        for setting, why in e.get("references_missing", {}).items():
+            lines += [f"Not in the denominator: {setting} ({why}).", ""]
     return lines
 
 

@@ -433,9 +433,11 @@ def zeroshot_strategies(entry: Mapping, path: Path, *, title: str) -> Path:
 
 
 def zeroshot_replay(entry: Mapping, path: Path, *, title: str) -> Path:
-    """CPT paper Fig. 6: relative performance (acc_norm ÷ the best across replay settings) vs
-    the source-language replay ratio, one panel per benchmark group, one line per benchmark
-    plus the group's mean (`fitting.analyses.zeroshot_figures.fig6` entry)."""
+    """CPT paper Fig. 6: relative performance (acc_norm ÷ the best across every training setting
+    of that size, the source-only and scratch models included) vs the source-language replay
+    ratio, one panel per benchmark group, one line per benchmark plus the group's mean; the
+    source-only model's mean at 100% and the scratch model's as a dashed level
+    (`fitting.analyses.zeroshot_figures.fig6` entry)."""
     groups = entry["groups"]
     fig, axes = _figure(ncols=len(groups), size=(5.0, 4.0))
     xs = [100 * s["ratio"] for s in entry["settings"]]
@@ -444,6 +446,12 @@ def zeroshot_replay(entry: Mapping, path: Path, *, title: str) -> Path:
             ax.plot(xs, [s["relative"][t] for s in entry["settings"]], "-o", ms=3, label=t)
         mean = [s["group_relative"][group] for s in entry["settings"]]
         ax.plot(xs, mean, "-s", color="black", lw=2, label="mean")
+        for ref in entry.get("references", ()):  # in the denominator too
+            value = ref["group_relative"][group]
+            if ref["setting"] == "source":
+                ax.plot([100], [value], "*", color="black", ms=10, label="source only (mean)")
+            else:
+                ax.axhline(value, color="gray", linestyle="--", label=f"{ref['setting']} (mean)")
         ax.set_xlabel("replay of the source language (% of tokens)")
         ax.set_ylabel("relative performance")
         ax.set_title(f"{title}: {group}", fontsize=9)

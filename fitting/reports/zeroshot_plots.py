@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fitting.reports.plots import _COLORS, _figure, _save
+from fitting.reports.plots import _COLORS, _figure, _log, _save
 
 _LABELS = {"source": "source (en)", "scratch": "scratch", "cpt": "CPT", "cpt_replay": "CPT+replay"}
 
@@ -81,6 +81,32 @@ def accuracy_vs_replay(
     ax.set_xlabel("replay of the source language (% of tokens)")
     ax.set_ylabel("acc_norm (95% Wilson interval; dotted: chance)")
     ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def accuracy_by_size(entry: Mapping[str, Any], path: Path, *, title: str) -> Path:
+    """CPT paper Fig. 3 at every size present: each model's mean acc_norm over the target
+    language's benchmarks against its non-embedding N, one line per model (source, scratch,
+    CPT), the size the bars show marked (`fitting.analyses.zeroshot_figures.fig3` entry's
+    `by_size`)."""
+    fig, (ax,) = _figure(size=(6.5, 4.5))
+    points = entry["by_size"]
+    xs = [p["size"] for p in points]
+    for strategy in entry["acc_norm"]:
+        ys = [p["average"][strategy] for p in points]
+        ax.plot(
+            xs,
+            ys,
+            "-o",
+            color=_COLORS.get(strategy, "tab:gray"),
+            label=_LABELS.get(strategy, strategy),
+        )
+    ax.axvline(entry["size"], color="black", linestyle=":", linewidth=0.8, label="bars' size")
+    _log(ax, y=False)
+    ax.set_xlabel("non-embedding parameters N")
+    ax.set_ylabel("mean acc_norm over the benchmarks each size has")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     return _save(fig, path)
