@@ -31,6 +31,7 @@ from fitting.formats import fmt, json_safe, num
 from fitting.laws.downstream_laws import SCORES
 from fitting.laws.saved_fits import fit_entries, held_out_max
 from fitting.readers.points import finetune_tokens, paper_tokens_at
+from fitting.reports import superglue
 from fitting.reports.paper_values import ERROR_DEFINITIONS, MT_EN_FR
 from rundir import storage
 from rundir.run_record import Strategy
@@ -269,6 +270,7 @@ def write(
         *[f"![{Path(p).stem}]({p})" for p in pngs],
         "",
         *mt_comet.section(cells, runs, fits, comet_png),
+        *superglue.write(runs, out_dir),  # App. B, Fig. 6: only where runs scored SuperGLUE
         caveats(cells, runs, data_note=data_note),
         "## Runs",
         "",
