@@ -172,20 +172,25 @@ class XManagerLauncher:
 
         executor_cls = getattr(xm_local, EXECUTORS[self.executor])
         requirements = xm.JobRequirements(**{self.accelerator: self.accelerator_count})
-        modules = [(runs or unscored)[0].module, zeroshot_stage.SCORE_MODULE]  # training, scoring
+        # One container per module: the runner's (t5x.train, or with COMET the finetunes'
+        # launch.t5x_comet beside the pretraining's t5x.train), then the scorer's.
+        training = sorted({r.module for r in runs}) or [unscored[0].module]
+        modules = [*training, zeroshot_stage.SCORE_MODULE]
         async with xm_local.create_experiment(experiment_title=self.title) as experiment:
-            executable, scorer = experiment.package(
+            packaged = experiment.package(
                 [
                     xm.python_container(
                         executor_spec=executor_cls.Spec(),
                         path=self.project_path,
                         base_image=self.base_image,
-                        entrypoint=xm.ModuleName(module),  # one runner per manifest
+                        entrypoint=xm.ModuleName(module),
                         docker_instructions=self.docker_instructions(),
                     )
                     for module in modules
                 ]
             )
+            executables = dict(zip(modules, packaged, strict=True))
+            scorer = executables[zeroshot_stage.SCORE_MODULE]
 
             async def score(run: Run):
                 job = xm.Job(
@@ -203,7 +208,7 @@ class XManagerLauncher:
                     if report.block_if_dependency_failed(run, progress):
                         continue
                     job = xm.Job(
-                        executable=executable,
+                        executable=executables[run.module],
                         executor=executor_cls(requirements=requirements),
                         args=run.gin_args(),
                         env_vars=run.environment(),
