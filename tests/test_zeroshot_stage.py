@@ -35,16 +35,7 @@ def test_cpt_manifests_score_every_run_on_the_paper_benchmarks():
         assert {r.strategy for r in runs} == {"source", "scratch", "cpt"}
         for run in runs:  # the English source model too, in every target language
             assert run.zeroshot.tasks == tuple(wanted) and run.zeroshot.limit is None
-    replay = expand("cpt_replay")
-    assert sorted(r.coord("replay_ratio") for r in replay if r.strategy == "cpt_replay") == [
-        0.01,
-        0.05,
-        0.1,
-        0.2,
-        0.3,
-        0.5,
-        0.8,
-    ]
+    replay = expand("cpt_replay")  # its 30% arm: test_sweep_manifests.py
     assert all("hellaswag" in r.zeroshot.tasks and "xcopa_zh" in r.zeroshot.tasks for r in replay)
     # Other manifests have no stage.
     assert all(r.zeroshot is None for r in expand("smoke"))
