@@ -195,7 +195,7 @@ def test_cli_dry_run_of_the_mt_paper_under_t5x(launcher, capsys, tmp_path, monke
         "--runs-dir",
         str(tmp_path),
         "--only",
-        "*t5_770m_mix_en_100*mt_en_de_df6M_peak_lr0.001*",
+        "*t5_770m_mix_en_100*mt_en_de_df6M_*peak_lr0.001*",
     ]
     args += ["--tpu", "t", "--zone", "z"] if launcher == "tpu_vm" else []
     assert main(args) == 0
