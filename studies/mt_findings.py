@@ -179,12 +179,20 @@ def finetune_design(cells: Sequence[Cell]) -> tuple[str, bool]:
         return "One finetuning size Df only: the effect of Df cannot be measured.", False
     steps = set().union(*steps_by_df.values())
     dfs = ", ".join(count_label(d) for d in sorted(steps_by_df, key=lambda d: d or 0))
-    if len(steps) == 1 and None not in steps:
-        n = steps.pop()
-        named = [k for k, r in finetune_recipes.RECIPES.items() if r.steps == n]
-        recipe = f" (FINETUNE_RECIPE {named[0]!r})" if named else ""
+    # Every Df trained at the same length(s): one, or each recipe of a FINETUNE_RECIPE grid axis
+    # (mt_paper: 2^18 and 300 steps), each a series of its own.
+    if len({frozenset(v) for v in steps_by_df.values()}) == 1 and None not in steps:
+        lengths = []
+        for n in sorted(steps):
+            named = [k for k, r in finetune_recipes.RECIPES.items() if r.steps == n]
+            lengths.append(
+                f"{n} finetuning steps" + (f" (FINETUNE_RECIPE {named[0]!r})" if named else "")
+            )
+        fixed = (
+            lengths[0] if len(lengths) == 1 else " and at ".join(lengths) + ", each Df under each"
+        )
         return (
-            f"Here Df ({dfs} tokens) varies at a fixed {n} finetuning steps{recipe}, as the "
+            f"Here Df ({dfs} tokens) varies at a fixed {fixed}, as the "
             "paper fixes one length for every Df (§4 prints 300 steps, but its Df sizes and its "
             "5-7 hours per T5-3B finetune need Raffel et al.'s 2^18, rundir/finetune_recipes.py): "
             "a smaller set is repeated more often, so a change between Df is the finetuning "
