@@ -32,3 +32,31 @@ def test_two_recipes_at_every_df_keep_df_the_only_difference_within_a_series():
     # A recipe missing at one Df: the lengths differ between Df, and the text says they mix.
     text, fixed = finetune_design(cells[:3])
     assert not fixed and "vary together" in text
+
+
+def test_a_paper_300_finetune_with_comet_parses_as_the_trainer_reads_it():
+    # mt_paper's 300-step recipe under xlscale's trainer, with the COMET settings given: 300
+    # steps, evaluated and decoded every 50, the recipe recorded, COMET configured for decoding.
+    import gin
+
+    from launch import sweep
+    from tests.test_gin_configs import resolve
+    from trainer import gin_entry
+
+    model = "/m/wmt22-comet-da/checkpoints/model.ckpt"
+    variables = {"DATA_DIR": "/d", "VOCAB_PATH": "/v", "COMET_MODEL": model}
+    runs = sweep.expand(sweep.load_manifest("mt_paper", variables=variables))
+    run = next(
+        r
+        for r in runs
+        if r.strategy == "finetune_scratch" and r.coord("FINETUNE_RECIPE") == "paper_300"
+    )
+    gin.clear_config()
+    try:
+        gin_entry.parse(run.gin_args(), job="train")
+        assert resolve("TRAIN_STEPS") == run.steps == 300
+        assert (resolve("EVAL_PERIOD"), resolve("DECODE_PERIOD")) == (50, 50)
+        assert resolve("FINETUNE_RECIPE") == "paper_300" and resolve("EVAL_AT_START") is True
+        assert (resolve("COMET_MODEL"), resolve("COMET_PYTHON")) == (model, None)
+    finally:
+        gin.clear_config()
