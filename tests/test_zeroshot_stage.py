@@ -186,3 +186,37 @@ def test_sweep_status_counts_scored_and_unscored_runs(tmp_path, capsys):
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert f"# zero-shot: scored 1, completed but unscored 2 (of {len(runs)} runs" in out
+
+
+def test_tpu_vm_scores_each_run_on_the_workers_after_its_training(tmp_path):
+    runs = expand("cpt_replay", tmp_path)
+    by_dir = {r.model_dir: r for r in runs}
+    calls = []
+
+    def gcloud(argv, stdout, stderr):
+        remote = shlex.split(argv[-1].split(" && ")[-1])
+        if "evals.score_run" in remote:
+            run = by_dir[remote[remote.index("--model-dir") + 1]]
+            calls.append(("score", run.run_id))
+            return _score(run)
+        gin = dict(a[6:].split("=", 1) for a in remote if a.startswith("--gin."))
+        run = by_dir[gin["MODEL_DIR"].strip("'")]
+        calls.append(("train", run.run_id))
+        return _train(run)
+
+    launcher = tpu_vm.TpuVmLauncher(tpu="t", zone="z", call=gcloud, log_dir=str(tmp_path / "l"))
+    report = launcher.launch(runs, progress=progress(runs))
+    assert calls == [(step, r.run_id) for r in runs for step in ("train", "score")]
+    assert report.scored == [r.run_id for r in runs] and report.ok
+    calls.clear()
+    assert launcher.launch(runs, progress=progress(runs)).scored == [] and calls == []
+
+
+def test_the_scorer_refuses_a_run_that_is_not_completed(tmp_path, capsys):
+    from evals import score_run
+
+    (tmp_path / "run").mkdir()
+    assert score_run.main(["--model-dir", str(tmp_path / "run"), "--tasks", "piqa"]) == 2
+    assert "not completed (no COMPLETED): nothing to score" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="local:<lang> tasks need --include-path"):
+        score_run.resolve_tasks(["local:en", "piqa"], str(tmp_path))
