@@ -6,7 +6,11 @@ follows Raffel et al. (2020), who finetune for 2^18 steps, and it reports 5–7 
 finetune on an 8x8 TPU (300 steps take minutes). Trained literally, the large-Df runs see no more
 data than the small ones and the paper's Df effect cannot appear. Both readings are recipes here,
 chosen by name (`FINETUNE_RECIPE`), recorded in run.json (`finetune_recipe`) and T5X's config.gin,
-so a report can say which one its runs used. The arithmetic is in docs/interfaces.md.
+so a report can say which one its runs used. A sweep manifest may make it a grid axis
+(`gin_axes = {FINETUNE_RECIPE = [...]}`: each run trains its recipe's steps; mt_paper.toml runs
+both), and its finetunes evaluate at several steps so that a learning rate is chosen at each
+run's best validation step, not at the end of thousands of repeats of a small set
+(`launch.best_checkpoint`). The arithmetic is in docs/interfaces.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ its first point at 4-8% and a small run one point in all. `EVAL_SCHEDULE = 'log'
 `EVAL_LOG_POINTS` steps spaced evenly in log(step) from `EVAL_LOG_START` (a fraction of the
 run's steps, 0.1% by default) to the last step, on top of the periodic ones; `EVAL_AT_START`
 (`EvalConfig.at_start`) adds the step-0 evaluation of the initial parameters (for CPT the source
-model's loss on the target language). The last step is always evaluated.
+model's loss on the target language). The last step is always evaluated. The MT paper's finetunes
+evaluate every `EVAL_PERIOD` steps (mt_paper.toml: 16 points of 2^18 steps, 6 of 300), and the
+sweep picks each run's best validation step among them (`launch.best_checkpoint`).
 """
 
 from __future__ import annotations
