@@ -38,7 +38,7 @@ from rundir import storage
 TFDS_VERSION = "1.0.2"  # T5's `super_glue/<config>:1.0.2`
 HF_DIRS = ("aps/super_glue", "super_glue")  # the Hub id, now and before
 SPLITS = ("train", "validation", "test")
-MIXTURE = "super_glue"
+MIXTURE = superglue_text.MIXTURE
 _HF_PATTERNS = (
     *(p for (p,) in hf_sources.DATASETS_LAYOUTS),
     "{config}/{split}.jsonl",

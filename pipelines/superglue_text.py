@@ -126,3 +126,13 @@ TASK_CONFIGS: dict[str, str] = {f"super_glue_{config.split('.')[0]}": config for
 def to_text(config: str, record: Mapping[str, Any]) -> list[Pair]:
     """The text-to-text pairs of one SuperGLUE record of `config` (a key of `CONVERTERS`)."""
     return CONVERTERS[config](record)
+
+
+MIXTURE = "super_glue"  # every task, in proportion to its training examples
+
+
+def eval_tasks(*, task: str) -> list[str]:
+    """The tasks a SuperGLUE finetune evaluates and decodes: every task for the mixture
+    `super_glue`, else the task itself (`experiments/superglue.gin` binds EVAL_TASKS to this; this
+    module imports no TensorFlow, so parsing the gin file stays light)."""
+    return sorted(TASK_CONFIGS) if task == MIXTURE else [task]

@@ -39,19 +39,33 @@ def test_recipe_resolves_to_appendix_b():
             "--gin.MODEL_DIR='/xl/run'",
             "--gin.MODEL_SIZE='t5_3b'",
             "--gin.VOCAB_PATH='/xl/vocab.model'",
-            "--gin.TASK='super_glue'",
+            "--gin.TASK='super_glue_boolq'",
             "--gin.INIT_CHECKPOINT='/xl/pre@100000'",
         ],
         job="train",
     )
-    tasks = _resolve("SUPERGLUE_TASKS")
-    assert len(tasks) == 8 and _resolve("EVAL_TASKS") == _resolve("DECODE_TASKS") == tasks
-    assert _resolve("MIXTURE_OR_TASK_NAME") == "super_glue"
+    assert _resolve("MIXTURE_OR_TASK_NAME") == "super_glue_boolq"
+    assert _resolve("EVAL_TASKS") == _resolve("DECODE_TASKS") == ["super_glue_boolq"]
     # App. B: batch 128, sequence length 512, 300 steps; scored on validation (test is unlabelled).
     assert _resolve("BATCH_SIZE") == 128 and _resolve("TRAIN_STEPS") == 300
     assert _resolve("TASK_FEATURE_LENGTHS") == {"inputs": 512, "targets": 512}
     assert (_resolve("DECODE_METHOD"), _resolve("DECODE_SPLIT")) == ("greedy", "validation")
     assert gin.query_parameter("downstream.DecodeConfig.max_decode_len") == 32
+    # The mixture evaluates and decodes every task.
+    gin.clear_config()
+    gin_entry.parse(
+        [
+            "--gin_file=experiments/mt_finetune.gin",
+            "--gin_file=experiments/superglue.gin",
+            "--gin.MODEL_DIR='/xl/run'",
+            "--gin.MODEL_SIZE='t5_3b'",
+            "--gin.VOCAB_PATH='/xl/vocab.model'",
+            "--gin.TASK='super_glue'",
+        ],
+        job="train",
+    )
+    tasks = _resolve("EVAL_TASKS")
+    assert len(tasks) == 8 and _resolve("DECODE_TASKS") == tasks and "super_glue_wsc" in tasks
 
 
 @pytest.mark.slow
@@ -76,7 +90,8 @@ def test_tiny_finetune_on_the_mixture_scores_every_task(tiny_data, tmp_path, seq
                 f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
                 "--gin.TASK='super_glue'",
                 "--gin.STRATEGY='finetune_scratch'",
-                f"--gin.SUPERGLUE_TASKS={list(E2E_TASKS)}",
+                f"--gin.EVAL_TASKS={list(E2E_TASKS)}",
+                f"--gin.DECODE_TASKS={list(E2E_TASKS)}",
                 "--gin.TRAIN_STEPS=2",
                 "--gin.partitioning.MeshConfig.num_devices=1",
             ],
