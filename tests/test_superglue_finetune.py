@@ -31,19 +31,14 @@ def _resolve(name):
     return value.scoped_configurable_fn() if hasattr(value, "scoped_configurable_fn") else value
 
 
+def _parse_paper(*extra):
+    recipe = ["--gin_file=experiments/mt_finetune.gin", "--gin_file=experiments/superglue.gin"]
+    paper = ["--gin.MODEL_DIR='/xl/run'", "--gin.MODEL_SIZE='t5_3b'"]
+    return gin_entry.parse([*recipe, *paper, "--gin.VOCAB_PATH='/xl/v.model'", *extra], job="train")
+
+
 def test_recipe_resolves_to_appendix_b():
-    gin_entry.parse(
-        [
-            "--gin_file=experiments/mt_finetune.gin",
-            "--gin_file=experiments/superglue.gin",
-            "--gin.MODEL_DIR='/xl/run'",
-            "--gin.MODEL_SIZE='t5_3b'",
-            "--gin.VOCAB_PATH='/xl/vocab.model'",
-            "--gin.TASK='super_glue_boolq'",
-            "--gin.INIT_CHECKPOINT='/xl/pre@100000'",
-        ],
-        job="train",
-    )
+    _parse_paper("--gin.TASK='super_glue_boolq'", "--gin.INIT_CHECKPOINT='/xl/pre@100000'")
     assert _resolve("MIXTURE_OR_TASK_NAME") == "super_glue_boolq"
     assert _resolve("EVAL_TASKS") == _resolve("DECODE_TASKS") == ["super_glue_boolq"]
     # App. B: batch 128, sequence length 512, 300 steps; scored on validation (test is unlabelled).
@@ -53,17 +48,7 @@ def test_recipe_resolves_to_appendix_b():
     assert gin.query_parameter("downstream.DecodeConfig.max_decode_len") == 32
     # The mixture evaluates and decodes every task.
     gin.clear_config()
-    gin_entry.parse(
-        [
-            "--gin_file=experiments/mt_finetune.gin",
-            "--gin_file=experiments/superglue.gin",
-            "--gin.MODEL_DIR='/xl/run'",
-            "--gin.MODEL_SIZE='t5_3b'",
-            "--gin.VOCAB_PATH='/xl/vocab.model'",
-            "--gin.TASK='super_glue'",
-        ],
-        job="train",
-    )
+    _parse_paper("--gin.TASK='super_glue'")
     tasks = _resolve("EVAL_TASKS")
     assert len(tasks) == 8 and _resolve("DECODE_TASKS") == tasks and "super_glue_wsc" in tasks
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from test_studies_mt_report import _write
 
 from fitting.laws import formulas as laws
 from fitting.readers import points
@@ -24,14 +25,6 @@ SCORE_LAWS = {
 }
 CE_LAW = {"E": 0.4, "A": 30.0, "alpha": 0.3}
 BASELINE = {"super_glue_boolq": 60.0, "super_glue_cb": 50.0, "super_glue_rte": 52.0}
-
-
-def _write(root, run_id, meta, records):
-    d = root / run_id
-    d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps(meta))
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (d / "COMPLETED").write_text(json.dumps({"step": records[-1]["step"]}))
 
 
 def _meta(strategy, task, **extra):
