@@ -19,6 +19,8 @@ text fields, `label` as a class index with -1 for unlabelled test rows, `idx`) b
 - ReCoRD: `"record query: ... entities: e1, e2 passage: ..."` with `@highlight` lines joined into
   sentences; one pair per answer (every answer is a correct target; `"<unk>"` when a record has
   none), so scoring groups pairs by their identical inputs and takes the best over the answers.
+  Entities and answers are the sorted distinct texts, as TFDS stores them (the HF builder writes
+  its entity set in no fixed order), so both sources give the same pairs.
 
 Pure Python on dicts: `pipelines.superglue_sources` reads the records and feeds these functions.
 """
@@ -102,12 +104,12 @@ def _record(record: Mapping[str, Any]) -> list[Pair]:
             "record query:",
             record["query"],
             "entities:",
-            ", ".join(record["entities"]),
+            ", ".join(sorted(set(record["entities"]))),
             "passage:",
             record_passage(record["passage"]),
         ]
     )
-    answers = list(record.get("answers") or ()) or [UNKNOWN]
+    answers = sorted(set(record.get("answers") or ())) or [UNKNOWN]
     return [(inputs, answer) for answer in answers]
 
 

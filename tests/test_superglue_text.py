@@ -74,8 +74,8 @@ def test_record_one_pair_per_answer_and_highlights_joined():
     rec = {
         "passage": "Paris is in France.\n@highlight\nThe tower is tall\n@highlight\nIt opened",
         "query": "The @placeholder opened.",
-        "entities": ["France", "Paris"],
-        "answers": ["Eiffel Tower", "Tower"],
+        "entities": ["Paris", "France", "Paris"],  # any order, repeats: sorted, distinct
+        "answers": ["Tower", "Eiffel Tower"],
     }
     inputs = (
         "record query: The @placeholder opened. entities: France, Paris passage: "
