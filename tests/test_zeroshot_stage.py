@@ -186,6 +186,10 @@ def test_sweep_status_counts_scored_and_unscored_runs(tmp_path, capsys):
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert f"# zero-shot: scored 1, completed but unscored 2 (of {len(runs)} runs" in out
+    args[1] = "plan"
+    assert cli.main([*(a for a in args if a not in ("--scheduler", "none")), "--no-measure"]) == 0
+    out = capsys.readouterr().out
+    assert f"# [zeroshot]: {len(runs)} runs scored after training on 10 task(s) (global_piqa" in out
 
 
 def test_tpu_vm_scores_each_run_on_the_workers_after_its_training(tmp_path):

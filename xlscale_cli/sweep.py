@@ -305,6 +305,14 @@ def _plan_notes(manifest, runs, rows) -> list[str]:
             f"of {spec.strategy} runs"
             + (f"; {waiting} runs wait for its choices" if waiting else "")
         )
+    staged = [r for r in runs if r.zeroshot is not None]
+    if staged:  # [zeroshot]: what `sweep run` scores after each run's training
+        tasks = sorted({t for r in staged for t in r.zeroshot.tasks})
+        lines.append(
+            f"# [zeroshot]: {len(staged)} runs scored after training on {len(tasks)} task(s) "
+            f"({', '.join(tasks)}), limit {staged[0].zeroshot.limit or 'none'} "
+            "(`python -m evals.score_run`)"
+        )
     return lines
 
 
