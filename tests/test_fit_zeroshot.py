@@ -102,6 +102,8 @@ def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
         assert e["by_size"][1]["average"] == e["average"]
         small = e["by_size"][0]
         assert small["runs"]["cpt"] == f"cpt_{lang}_{SMALL:.0e}"
+        # Trained up to the scored step 50: its record's cumulative tokens (no flops logged).
+        assert small["trained"]["cpt"] == {"tokens": 50_000.0, "flops": None}
         assert small["acc_norm"]["cpt"] == {
             t: _acc("cpt", SMALL, t, 0.0) for t in small["benchmarks"]
         }

@@ -118,10 +118,21 @@ def _source_lang(scored: _Scored, lang: str) -> str:
     return sorted(langs)[0] if langs else "en"
 
 
+def _trained(run: RunData, step: int) -> dict[str, float | None]:
+    """The run's cumulative `tokens` and `flops` (metrics.jsonl) at the latest record up to the
+    scored `step` (None where no record has them)."""
+    out: dict[str, float | None] = {"tokens": None, "flops": None}
+    for rec in run.records:
+        if int(rec.get("step", -1)) <= step:
+            out.update({k: float(rec[k]) for k in out if rec.get(k) is not None})
+    return out
+
+
 def _fig3_at(scored: _Scored, by: Mapping, n: float, lang: str) -> dict[str, Any] | None:
     """Fig. 3's comparison at one size: the runs, their steps, the `lang` benchmarks all three
-    models have, acc_norm per strategy and benchmark, and each strategy's mean (None when they
-    share no `lang` benchmark)."""
+    models have, acc_norm per strategy and benchmark, each strategy's mean, and the tokens and
+    FLOPs each model was trained on up to its scored step (None when they share no `lang`
+    benchmark)."""
     picked = {s: by[(s, n)] for s in FIG3_STRATEGIES}
     tasks = {s: scored.scores[r.run_id][1] for s, r in picked.items()}
     common = set.intersection(*(set(t) for t in tasks.values()))
@@ -137,6 +148,7 @@ def _fig3_at(scored: _Scored, by: Mapping, n: float, lang: str) -> dict[str, Any
         "acc_norm": acc,
         "average": {s: sum(v.values()) / len(v) for s, v in acc.items()},
         "chance": {t: tasks[Strategy.CPT][t].chance for t in benchmarks},
+        "trained": {s: _trained(r, scored.scores[r.run_id][0]) for s, r in picked.items()},
     }
 
 
