@@ -232,8 +232,8 @@ TINY = "t5x/models/tiny.gin"
 ASSIGNED = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=", re.M)
 REFERENCED = re.compile(r"%([A-Z][A-Z0-9_]*)")
 # Macros set only to be recorded in T5X's config.gin for `fitting.t5x_runs` (Df and its unit) and
-# for the reports (the finetuning recipe's name).
-RECORDED = {"FINETUNE_TOKENS", "FINETUNE_UNIT", "FINETUNE_RECIPE"}
+# for the reports (the finetuning recipe's name, the COMET model that scored the outputs).
+RECORDED = {"FINETUNE_TOKENS", "FINETUNE_UNIT", "FINETUNE_RECIPE", "COMET_MODEL"}
 INCLUDED = re.compile(r"^include '([^']+)'", re.M)
 
 
