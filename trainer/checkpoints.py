@@ -42,6 +42,7 @@ from convert.hf_cache import local_init_spec
 from convert.init_checkpoints import param_name
 from rundir import checksums, names, storage
 from rundir.checksums import CheckpointCorruptError
+from trainer import validation
 from trainer.steps import tree_finite
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,46 @@ class CheckpointConfig:
       keep_last: keep the newest `keep_last` checkpoints ...
       keep_every: ... plus every checkpoint whose step is a multiple of `keep_every` (None = no).
       async_save: write in a background thread while training continues.
+      keep_best: ... plus the checkpoint with the best value of this metric of the run's first
+        evaluation task (e.g. 'loss': `eval/<task>/loss`), among the checkpoints saved at an
+        evaluation step, so that the step a selection picks is still there to finetune from or
+        decode (None = no).
+      keep_best_mode: 'min' (losses) or 'max' (BLEU, accuracy): which value is best.
     """
 
     period: int = 1000
     keep_last: int = 3
     keep_every: int | None = None
     async_save: bool = True
+    keep_best: str | None = None
+    keep_best_mode: str = "min"
+
+    def __post_init__(self):
+        validation.check_choice(
+            name="keep_best_mode", value=self.keep_best_mode, allowed=tuple(BEST_MODES)
+        )
+
+    def best_metric(self, eval_tasks) -> str | None:
+        """The metrics key `keep_best` names for a run evaluating `eval_tasks` (its first task's
+        metric, e.g. `eval/mt_en_fr/loss`), or None without `keep_best` or evaluation."""
+        return f"eval/{eval_tasks[0]}/{self.keep_best}" if self.keep_best and eval_tasks else None
+
+
+# keep_best_mode -> orbax `BestN.reverse` (it keeps the last of the sorted values).
+BEST_MODES = {"min": True, "max": False}
+# The metrics orbax stores with a checkpoint saved at an evaluation step (`keep_best`).
+_BEST_METRIC = "best"
+
+
+class _NoMetricNotice(logging.Filter):
+    """Drops orbax's warning for a save without metrics while it tracks the best checkpoint: only
+    checkpoints saved at an evaluation step have a value, by design."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Requested `tracked_metric`")
+
+
+logging.getLogger("absl").addFilter(_NoMetricNotice())
 
 
 def _handlers() -> dict[str, ocp.CheckpointHandler]:
@@ -117,10 +152,22 @@ class CheckpointStore:
         policies = [checkpoint_managers.LatestN(max(1, config.keep_last))]
         if config.keep_every:
             policies.append(checkpoint_managers.EveryNSteps(config.keep_every))
+        best = {}
+        if config.keep_best:
+            policies.append(
+                checkpoint_managers.BestN(
+                    get_metric_fn=_best_value,
+                    reverse=BEST_MODES[config.keep_best_mode],
+                    n=1,
+                    keep_checkpoints_without_metrics=False,
+                )
+            )
+            # orbax writes and reads a step's metrics only when it tracks a best checkpoint
+            best = {"best_fn": _best_value, "best_mode": config.keep_best_mode}
         # A reader keeps and saves nothing: say so, rather than have orbax warn that it reset
         # those options (once per restore: zero-shot and eval restores are many).
         saving = (
-            {"preservation_policy": checkpoint_managers.AnyPreservationPolicy(policies)}
+            {"preservation_policy": checkpoint_managers.AnyPreservationPolicy(policies), **best}
             if not read_only
             else {"save_interval_steps": 0}
         )
@@ -181,9 +228,18 @@ class CheckpointStore:
         return sorted(self._manager.all_steps())
 
     def save(
-        self, step: int, *, params: Any, opt_state: Any, train_state: Mapping[str, Any]
+        self,
+        step: int,
+        *,
+        params: Any,
+        opt_state: Any,
+        train_state: Mapping[str, Any],
+        best: float | None = None,
     ) -> None:
-        """Saves one step (asynchronously when configured); a step already on disk is skipped."""
+        """Saves one step (asynchronously when configured); a step already on disk is skipped.
+
+        `best`: the step's value of the `keep_best` metric, when it was evaluated (non-finite
+        values do not compete)."""
         with storage.service_errors(self.directory / str(step), "saving checkpoint"):
             if step in self._manager.all_steps():
                 return
@@ -197,6 +253,7 @@ class CheckpointStore:
                     opt_state=ocp.args.StandardSave(opt_state),
                     train_state=ocp.args.JsonSave(dict(train_state)),
                 ),
+                metrics=_best_metrics(self.config, best),
                 force=True,
             )
             if not self.config.async_save:
@@ -359,6 +416,17 @@ class CheckpointStore:
         with storage.service_errors(self.directory, "committing checkpoints in"):
             self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _best_value(metrics: Mapping[str, float]) -> float:
+    return metrics[_BEST_METRIC]
+
+
+def _best_metrics(config: CheckpointConfig, value: float | None) -> dict[str, float] | None:
+    """What orbax stores with a checkpoint for `keep_best`: the value, when it competes."""
+    if not config.keep_best or value is None or not np.isfinite(value):
+        return None
+    return {_BEST_METRIC: float(value)}
 
 
 def check_params_compatible(

@@ -427,6 +427,8 @@ class _Training:
         self.eval_at = frozenset(
             eval_schedule.eval_steps(plan.job.evaluation, total=job.total_steps)
         )
+        self.best_key = plan.checkpoint.best_metric(plan.job.evaluation.tasks)
+        self.evaluated: tuple[int, float | None] = (-1, None)  # (step, best_key's value)
         # Records logged since the last checkpoint: the next one keeps them
         # (`train_state["records"]`) so that a resume can log again what it covers but
         # `metrics.jsonl` lost.
@@ -497,12 +499,15 @@ class _Training:
         )
         if step in self.eval_at:
             record.update(self.evaluate(step))
+            self.evaluated = (step, record.get(self.best_key))
             self.progress.start(step)
         self.log_record({**record, **timing})
 
     def saves_at(self, info: loop_lib.StepInfo) -> bool:
-        """A checkpoint at the end, before a stop and every `checkpoint.period` steps."""
-        return info.last or info.stopping or info.step % self.plan.checkpoint.period == 0
+        """A checkpoint at the end, before a stop, every `checkpoint.period` steps and, with
+        `keep_best`, at every evaluation (each a candidate for the best)."""
+        best = self.best_key is not None and info.step in self.eval_at
+        return info.last or info.stopping or best or info.step % self.plan.checkpoint.period == 0
 
     def save(self, info: loop_lib.StepInfo) -> None:
         """The checkpoint hook: state, counters, and the records logged since the last one.
@@ -524,8 +529,13 @@ class _Training:
             **self.counters.to_json(),
             "records": list(self.unsaved),
         }
+        best = self.evaluated[1] if self.evaluated[0] == info.step else None
         self.store.save(
-            info.step, params=state.params, opt_state=state.opt_state, train_state=train_state
+            info.step,
+            params=state.params,
+            opt_state=state.opt_state,
+            train_state=train_state,
+            best=best,
         )
         self.committed = self.in_flight if self.in_flight is not None else self.committed
         self.in_flight = info.step

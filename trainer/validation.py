@@ -29,6 +29,7 @@ BINDINGS: dict[str, str] = {
     "mesh": "partitioning.MeshConfig (data, fsdp, model)",
     "device_memory": "partitioning.MeshConfig.device_memory_gib",
     "on_nonfinite": "ON_NONFINITE (loop.LoopConfig.on_nonfinite)",
+    "keep_best_mode": "KEEP_BEST_MODE (checkpoints.CheckpointConfig.keep_best_mode)",
     "max_skipped_fraction": "MAX_SKIPPED_FRACTION (loop.LoopConfig.max_skipped_fraction)",
     "decode_tasks": "DECODE_TASKS (downstream.DecodeConfig.tasks)",
     "replay_ratio": "REPLAY_RATIO (train.RunInfo.replay_ratio)",
