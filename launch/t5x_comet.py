@@ -28,11 +28,13 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+from etils import epath
 
 from launch import t5x_runner
 from pipelines.comet import scoring as comet_scoring
+from rundir import storage
 
 INFERENCE_EVAL_DIR = "inference_eval"  # T5X's, as `fitting.readers.t5x_runs` reads it
 TAG = "eval/comet"
@@ -46,7 +48,7 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def triples(path: Path) -> tuple[list[str], list[str], list[str]]:
+def triples(path: epath.Path) -> tuple[list[str], list[str], list[str]]:
     """(sources, translations, references) of one seqio inference file: the source is the input's
     `inputs_pretokenized` without its prompt, the translation T5X's `output` (`prediction` in
     some seqio versions), the reference the postprocessed `target`."""
@@ -62,7 +64,7 @@ def triples(path: Path) -> tuple[list[str], list[str], list[str]]:
     return sources, outputs, targets
 
 
-def _write_scalar(directory: Path, step: int, value: float) -> None:
+def _write_scalar(directory: epath.Path, step: int, value: float) -> None:
     """One event file with `eval/comet` at `step`, as `tf.summary.scalar` writes it."""
     from tensorboard.compat.proto import event_pb2
     from tensorboard.plugins.scalar.summary_v2 import scalar_pb
@@ -84,7 +86,7 @@ def score_model_dir(
       FileNotFoundError: no COMET checkpoint at `comet_model` (names COMET_MODEL).
       pipelines.comet.scoring.CometError: no side environment, or COMET failed.
     """
-    root = Path(model_dir) / INFERENCE_EVAL_DIR
+    root = storage.as_path(model_dir, name="MODEL_DIR") / INFERENCE_EVAL_DIR  # local or gs://
     done = {}
     for path in sorted(root.glob("*.jsonl")) if root.is_dir() else ():
         match = _OUTPUTS.match(path.name)
