@@ -12,6 +12,7 @@ from fitting.laws import downstream_laws, synthetic
 from fitting.reports import fit_all, paper_values
 from fitting.reports import mt_paper_comparison as cmp
 from studies import paper_check, paper_study, paper_truth
+from tests.test_paper_check import en_de_balanced_runs
 
 STEPS_256_512 = 256 * 512
 
@@ -151,18 +152,7 @@ def paper_scale(tmp_path_factory):
     """mt_paper's T5-3B and T5-770M balanced en-de 6M series (best LRs), written from the
     paper's laws, fitted by `xlscale fit`."""
     root = tmp_path_factory.mktemp("mt_paper")
-    runs = paper_study.expand_manifests(paper_study.MT_MANIFESTS, runs_dir=root)
-    best = [r for r in runs if all(r.coord(k) in (None, v) for k, v in paper_truth.BEST_LR.items())]
-    keep = [
-        r
-        for r in best
-        if (r.strategy == "pretrain" and r.coord("mixture") == "mix_en_50_de_50")
-        or (
-            r.coord("task") == "mt_en_de"
-            and r.coord("finetune_tokens") == 6_000_000
-            and r.coord("mixture") in (None, "mix_en_50_de_50")
-        )
-    ]
+    keep = en_de_balanced_runs(root)
     paper_study.write_mt_runs(keep, log=lambda _: None)
     return fit_all.fit_runs(root, tmp_path_factory.mktemp("fits"), law="all", bootstrap=0)
 

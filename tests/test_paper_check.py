@@ -12,16 +12,13 @@ from fitting.readers import run_dirs as io
 from studies import paper_check, paper_study, paper_truth
 
 
-@pytest.fixture(scope="module")
-def en_de_study(tmp_path_factory):
-    """mt_paper's en-de runs of both models with the balanced mixture (and their pretraining
-    runs and baselines), written by the study writer."""
-    root = tmp_path_factory.mktemp("mt")
+def en_de_balanced_runs(root):
+    """mt_paper's runs at the grid's best learning rates only (the select stage's choice; the
+    other candidates would be further points at the same Dp) that make the balanced en-de 6M
+    series: the en 50 / de 50 pretraining runs, their en-de 6M finetunes and the baselines."""
     runs = paper_study.expand_manifests(paper_study.MT_MANIFESTS, runs_dir=root)
-    # The grid's best learning rates only, where the manifest has LR grids (the select stage's
-    # choice; the other candidates would be further points at the same Dp).
     best = [r for r in runs if all(r.coord(k) in (None, v) for k, v in paper_truth.BEST_LR.items())]
-    keep = [
+    return [
         r
         for r in best
         if (r.strategy == "pretrain" and r.coord("mixture") == "mix_en_50_de_50")
@@ -31,6 +28,14 @@ def en_de_study(tmp_path_factory):
             and r.coord("mixture") in (None, "mix_en_50_de_50")
         )
     ]
+
+
+@pytest.fixture(scope="module")
+def en_de_study(tmp_path_factory):
+    """mt_paper's en-de runs of both models with the balanced mixture (and their pretraining
+    runs and baselines), written by the study writer."""
+    root = tmp_path_factory.mktemp("mt")
+    keep = en_de_balanced_runs(root)
     assert {r.base_size for r in keep} == {"t5_3b", "t5_770m"}
     paper_study.write_mt_runs(keep, log=lambda _: None)
     return root, keep

@@ -18,6 +18,7 @@ import pytest
 
 from fitting.laws import synthetic
 from rundir import exits
+from tests.test_exit_codes import tiny_train
 from trainer import validation
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,22 +55,10 @@ def refusal_lines(proc: subprocess.CompletedProcess, command: str) -> list[str]:
 def source_run(tiny_data, tmp_path_factory):
     """A 10-step tiny run with one checkpoint (step 10) and a 512-piece embedding."""
     run = tmp_path_factory.mktemp("refusals") / "source"
-    proc = xlscale(*_train(tiny_data, run, "--gin.TRAIN_STEPS=10"), timeout=600)
+    proc = xlscale(*tiny_train(tiny_data, run, "--gin.TRAIN_STEPS=10"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["10"]
     return run
-
-
-def _train(tiny_data, model_dir, *extra):
-    return (
-        "train",
-        "--gin_file=experiments/cpt_source_en.gin",
-        "--gin_file=experiments/tiny.gin",
-        f"--gin.MODEL_DIR='{model_dir}'",
-        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
-        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
-        *extra,
-    )
 
 
 def _attempt_only(path):
@@ -99,7 +88,7 @@ def test_init_checkpoint_refusals_are_at_most_three_lines(case, source_run, tiny
     _attempt_only(tmp_path / "attempt")
     spec = spec.format(source=source_run, tmp=tmp_path)
     run = tmp_path / "run"
-    proc = xlscale(*_train(tiny_data, run, f"--gin.INIT_CHECKPOINT='{spec}'", *extra))
+    proc = xlscale(*tiny_train(tiny_data, run, f"--gin.INIT_CHECKPOINT='{spec}'", *extra))
     assert proc.returncode == CONFIGURATION, proc.stderr[-3000:]
     lines = refusal_lines(proc, "train")
     assert len(lines) <= exits.MAX_LINES, lines
@@ -210,7 +199,7 @@ def test_sigterm_while_a_job_imports_is_a_preemption_in_one_line(tiny_data, tmp_
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     model_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "xlscale_cli.main", *_train(tiny_data, model_dir)],
+        [sys.executable, "-m", "xlscale_cli.main", *tiny_train(tiny_data, model_dir)],
         cwd=REPO,
         env=env,
         stderr=subprocess.PIPE,
