@@ -1,0 +1,199 @@
+"""Choosing runs for a budget: greedy optimal design on the study's Fisher information.
+
+`choose` adds runs one at a time, each time the one whose information gain per chip-hour is
+largest, paying for the runs it needs first, until nothing more fits the budget. The gain is the
+criterion's improvement (`CRITERIA`): "d_optimal" is log det of the information (the volume of the
+joint confidence region of the parameters), "targets" the sum of the squared predicted 95%
+half-widths of the reported quantities (parameters, compute-optimal allocation, the loss of the
+largest run; A-optimality on what the study reports). Greedy selection of a monotone
+submodular criterion such as log det is within a constant factor of the best subset, and it is
+deterministic: the same study and budget give the same design.
+
+`random_design` draws subsets of equal cost, the baseline a design must beat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from fitting.design import information
+from fitting.design.information import Target
+from fitting.design.study import Candidate, StudyModel
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """A chosen subset of a study's runs.
+
+    Attributes:
+      keys: chosen runs, in the order chosen (each after the runs it needs).
+      cost: their chip-hours.
+      full_cost: chip-hours of every candidate.
+      criterion: what was optimised.
+      widths: predicted 95% half-widths of the targets (relative for positive quantities).
+      full_widths: the same for every candidate run.
+      log_det: log det of the design's information (regularised).
+    """
+
+    keys: tuple[str, ...]
+    cost: float
+    full_cost: float
+    criterion: str
+    widths: dict[str, float]
+    full_widths: dict[str, float]
+    log_det: float
+
+    @property
+    def fraction(self) -> float:
+        """The design's share of the full study's compute."""
+        return self.cost / self.full_cost if self.full_cost else float("nan")
+
+    def to_dict(self) -> dict:
+        """JSON-ready (unrounded)."""
+        return {**dataclasses.asdict(self), "keys": list(self.keys), "fraction": self.fraction}
+
+
+def _targets_score(model: StudyModel, targets: Sequence[Target]) -> Callable[[np.ndarray], float]:
+    gradients = information.target_gradients(model, targets)
+
+    def score(F: np.ndarray) -> float:
+        widths = information.widths_from(F, gradients)
+        return -float(sum(w * w for w in widths.values()))
+
+    return score
+
+
+CRITERIA: Mapping[str, Callable[[StudyModel, Sequence[Target]], Callable[[np.ndarray], float]]] = {
+    "d_optimal": lambda model, targets: information.log_det,
+    "targets": _targets_score,
+}
+
+
+def closure(key: str, by_key: Mapping[str, Candidate], have: set[str]) -> list[str]:
+    """`key` and every run it needs that is not in `have`, dependencies first."""
+    out: list[str] = []
+
+    def visit(k: str) -> None:
+        if k in have or k in out:
+            return
+        if k not in by_key:
+            raise KeyError(f"run {key!r} needs {k!r}, which is not a candidate")
+        for r in by_key[k].requires:
+            visit(r)
+        out.append(k)
+
+    visit(key)
+    return out
+
+
+def _check(candidates: Sequence[Candidate], budget: float) -> dict[str, Candidate]:
+    by_key = {c.key: c for c in candidates}
+    if len(by_key) != len(candidates):
+        raise ValueError("candidate keys must be distinct")
+    if not budget > 0:
+        raise ValueError(f"--budget {budget}: must be a positive number of chip-hours")
+    return by_key
+
+
+def choose(
+    model: StudyModel,
+    candidates: Sequence[Candidate],
+    budget: float,
+    *,
+    targets: Sequence[Target] = (),
+    criterion: str = "targets",
+    required: Sequence[str] = (),
+) -> Design:
+    """The greedy design for `budget` chip-hours (see the module docstring).
+
+    Args:
+      model: the study's laws and prior.
+      candidates: every run the manifest has.
+      budget: chip-hours the design may spend.
+      targets: reported quantities beyond the parameters (allocation, held-out loss).
+      criterion: a key of `CRITERIA`.
+      required: runs the design must contain (e.g. a pilot already trained).
+
+    Raises:
+      ValueError: an unknown criterion, a non-positive budget, or required runs over budget.
+    """
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion {criterion!r}; choose from {', '.join(CRITERIA)}")
+    by_key = _check(candidates, budget)
+    all_targets = [*information.parameter_targets(model), *targets]
+    score = CRITERIA[criterion](model, all_targets)
+    info = information.candidate_information(model, candidates)
+    n = len(model.names)
+    chosen: list[str] = []
+    for key in required:
+        chosen += closure(key, by_key, set(chosen))
+    spent = sum(by_key[k].cost for k in chosen)
+    if spent > budget:
+        raise ValueError(f"the required runs cost {spent:.4g} chip-hours, over --budget {budget}")
+    F = sum((info[k] for k in chosen), np.zeros((n, n)))
+    current = score(F)
+    while True:
+        best, best_rate, best_add = None, 0.0, []
+        have = set(chosen)
+        for c in candidates:
+            if c.key in have:
+                continue
+            add = closure(c.key, by_key, have)
+            cost = sum(by_key[k].cost for k in add)
+            if spent + cost > budget or cost <= 0:
+                continue
+            gain = score(F + sum(info[k] for k in add)) - current
+            rate = gain / cost
+            if gain > 1e-12 and (best is None or rate > best_rate):
+                best, best_rate, best_add = c.key, rate, add
+        if best is None:
+            break
+        chosen += best_add
+        spent += sum(by_key[k].cost for k in best_add)
+        F = F + sum(info[k] for k in best_add)
+        current = score(F)
+    return _design(model, candidates, chosen, criterion, all_targets, info)
+
+
+def _design(model, candidates, chosen, criterion, targets, info) -> Design:
+    n = len(model.names)
+    by_key = {c.key: c for c in candidates}
+    F = sum((info[k] for k in chosen), np.zeros((n, n)))
+    F_full = sum(info.values(), np.zeros((n, n)))
+    return Design(
+        keys=tuple(chosen),
+        cost=float(sum(by_key[k].cost for k in chosen)),
+        full_cost=float(sum(c.cost for c in candidates)),
+        criterion=criterion,
+        widths=information.half_widths(model, F, targets),
+        full_widths=information.half_widths(model, F_full, targets),
+        log_det=information.log_det(F),
+    )
+
+
+def random_design(
+    model: StudyModel,
+    candidates: Sequence[Candidate],
+    budget: float,
+    *,
+    seed: int,
+    targets: Sequence[Target] = (),
+) -> Design:
+    """A random subset within `budget`: runs in a random order, each kept (with what it needs)
+    while it fits — the baseline a design must beat."""
+    by_key = _check(candidates, budget)
+    rng = np.random.default_rng(seed)
+    chosen: list[str] = []
+    spent = 0.0
+    for i in rng.permutation(len(candidates)):
+        add = closure(candidates[i].key, by_key, set(chosen))
+        cost = sum(by_key[k].cost for k in add)
+        if spent + cost <= budget:
+            chosen += add
+            spent += cost
+    all_targets = [*information.parameter_targets(model), *targets]
+    info = information.candidate_information(model, candidates)
+    return _design(model, candidates, chosen, "random", all_targets, info)

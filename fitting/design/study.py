@@ -1,0 +1,154 @@
+"""A study as the design sees it: laws that share parameters, and candidate runs yielding points.
+
+A study's laws are `Block`s: each block is one law of `fitting.laws.formulas` (e.g. the
+from-scratch Chinchilla law, the CPT law) whose parameters are named in the study's one
+parameter vector, so laws that share a parameter (the CPT law takes E, A, α from the
+from-scratch fit, CPT paper eq. 7) share it here too. A `Candidate` is one run of a manifest: its
+cost in chip-hours, the runs it needs first (a CPT run its source run), and the `Point`s it yields
+when it completes — one per evaluation along it, since the fits use every evaluation (Choshen et
+al. 2025: intermediate checkpoints improve the estimates).
+
+The noise model is the fits' own: each point's log metric is the law's plus N(0, σ²) (the fits
+are Huber in log space; the synthetic generator draws lognormal noise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from fitting.laws import formulas
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One law of the study.
+
+    Attributes:
+      name: the block's name ("scratch", "cpt", "bleu/en-de/df1M", ...).
+      law: a key of `fitting.laws.formulas.LAWS`.
+      params: the law's parameter → the study parameter it reads (e.g. {"E": "scratch.E"}).
+      sigma: the noise of one point's log metric.
+    """
+
+    name: str
+    law: str
+    params: Mapping[str, str]
+    sigma: float = 0.01
+
+    def __post_init__(self):
+        if self.law not in formulas.LAWS:
+            known = ", ".join(sorted(formulas.LAWS))
+            raise ValueError(f"block {self.name!r}: unknown law {self.law!r}; known: {known}")
+        missing = set(formulas.LAWS[self.law].params) - set(self.params)
+        if missing:
+            raise ValueError(f"block {self.name!r}: law {self.law} needs {sorted(missing)}")
+        if not self.sigma > 0:
+            raise ValueError(f"block {self.name!r}: sigma = {self.sigma}: must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One evaluation a run yields: the block it feeds and the law's inputs (N, D or Dp)."""
+
+    block: str
+    inputs: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One run the design may choose.
+
+    Attributes:
+      key: the run's id (or slug) in its manifest.
+      cost: chip-hours of this run alone.
+      points: what it yields once complete (one per evaluation along it).
+      requires: keys of runs it needs first (their cost is paid once, by whichever needs them).
+    """
+
+    key: str
+    cost: float
+    points: tuple[Point, ...]
+    requires: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyModel:
+    """The study's laws and the prior its design starts from.
+
+    Attributes:
+      blocks: the laws.
+      prior: study parameter → value (the paper's values, or a pilot fit).
+    """
+
+    blocks: tuple[Block, ...]
+    prior: Mapping[str, float]
+
+    def __post_init__(self):
+        names = [b.name for b in self.blocks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"study blocks must have distinct names, got {names}")
+        needed = {p for b in self.blocks for p in b.params.values()}
+        missing = needed - set(self.prior)
+        if missing:
+            raise ValueError(f"study prior lacks {sorted(missing)}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The study parameters, in a fixed order (first use by the blocks)."""
+        seen: dict[str, None] = {}
+        for b in self.blocks:
+            for p in b.params.values():
+                seen.setdefault(p)
+        return tuple(seen)
+
+    @property
+    def log_scaled(self) -> tuple[bool, ...]:
+        """Whether each study parameter varies on a log scale (scales E, A, B, k; the fits'
+        own variables, `fitting.laws.formulas.LOG_VARIABLES`)."""
+        scaled: dict[str, bool] = {}
+        for b in self.blocks:
+            for law_param, p in b.params.items():
+                scaled.setdefault(p, law_param in formulas.LOG_VARIABLES)
+        return tuple(scaled[p] for p in self.names)
+
+    def block(self, name: str) -> Block:
+        """The block of that name (an error lists the study's blocks)."""
+        for b in self.blocks:
+            if b.name == name:
+                return b
+        raise KeyError(f"no block {name!r}; the study has {[b.name for b in self.blocks]}")
+
+    def to_internal(self, params: Mapping[str, float]) -> np.ndarray:
+        """The vector the design differentiates: logs of scales, other parameters as they are."""
+        return np.array(
+            [math.log(params[p]) if log else float(params[p]) for p, log in self._scales()]
+        )
+
+    def to_params(self, theta: Sequence[float]) -> dict[str, float]:
+        """Study parameters from the internal vector (inverse of `to_internal`)."""
+        return {
+            p: math.exp(v) if log else float(v)
+            for (p, log), v in zip(self._scales(), theta, strict=True)
+        }
+
+    def _scales(self) -> Iterable[tuple[str, bool]]:
+        return zip(self.names, self.log_scaled, strict=True)
+
+    def predict(self, block: str, params: Mapping[str, float], inputs: np.ndarray) -> np.ndarray:
+        """The block's law at `inputs` ([P, k]: one row per point) with study parameters."""
+        b = self.block(block)
+        law_params = {lp: params[sp] for lp, sp in b.params.items()}
+        columns = np.asarray(inputs, np.float64).T
+        return formulas.predict(b.law, law_params, *columns)
+
+
+def points_by_block(points: Iterable[Point]) -> dict[str, np.ndarray]:
+    """Points grouped by block, each as an [P, k] array of inputs."""
+    grouped: dict[str, list[tuple[float, ...]]] = {}
+    for p in points:
+        grouped.setdefault(p.block, []).append(p.inputs)
+    return {b: np.asarray(rows, np.float64) for b, rows in grouped.items()}
