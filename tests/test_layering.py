@@ -158,8 +158,16 @@ def test_every_top_level_package_has_a_layer():
 # Inside `fitting`, subpackages point down too: its root modules (`fitting.checks`,
 # `fitting.formats`: input errors and number formats every part shares) < `readers` (run
 # directories in, fit inputs out) < `laws` (the laws and their fits) < `analyses` (what the fits
-# say) < `reports` (what `xlscale fit` writes).
-FITTING_LAYERS: dict[str, int] = {"": 0, "readers": 1, "laws": 2, "analyses": 3, "reports": 4}
+# say) < `design` (which runs a budget should buy, judged by the laws) < `reports` (what
+# `xlscale fit` writes).
+FITTING_LAYERS: dict[str, int] = {
+    "": 0,
+    "readers": 1,
+    "laws": 2,
+    "analyses": 3,
+    "design": 4,
+    "reports": 5,
+}
 
 
 def _fitting_layer(module: str) -> str:
