@@ -41,6 +41,11 @@ Schema (every table optional unless said):
                     -- pick one run per group of runs
                     that differ only in `over`; dependents of that strategy start from the chosen
                     run (`launch.select_tables`, `launch.run_selection`)
+    [design]        runs = [run ids, or their slugs without the hash] -- a designed subset
+                    (`xlscale sweep design`, `launch.design`): `expand` keeps only these runs and
+                    the runs they need, with the ids they have in the full grid (so runs already
+                    done are reused); budget, hardware, mfu, criterion, prior, cost, full_cost,
+                    widths, full_widths: what the design was made for and predicts (informational)
 
 Manifest variables name the environment (data and vocabulary locations): ids hash them by name,
 not by value, so the same study has the same run ids on every machine.
@@ -75,8 +80,10 @@ COMPUTED_MACROS = frozenset(
 )
 _TOP_KEYS = frozenset(
     "sweep vars env slurm gin axes grid budget sizes strategies override exclude select "
-    "settings zeroshot".split()
+    "settings zeroshot design".split()
 )
+# [design]: the runs kept, and what the design was made for and predicts (informational).
+DESIGN_KEYS = "runs budget hardware mfu criterion prior cost full_cost widths full_widths".split()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +118,8 @@ class Manifest:
     hardware: str | None = None
     # [settings]: how the runs are scored (`launch.run_settings`), variables unsubstituted.
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # [design] runs: the designed subset (ids or slugs) `expand` keeps; None: every run.
+    design_runs: tuple[str, ...] | None = None
 
     def missing_variables(self) -> list[str]:
         """Variables that have no value yet (declared as "" and not given)."""
@@ -243,10 +252,30 @@ def parse_manifest(
             where=f"{path} [settings]",
             substitute=lambda v: substitute(v, {**declared, **given}, allow_missing=True),
         ),
+        design_runs=_design_runs(data.get("design"), path),
     )
     if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
         budgets.resolve(manifest.budget, where=f"{path} [budget]")
     return manifest
+
+
+def _design_runs(table: Mapping[str, Any] | None, path: str) -> tuple[str, ...] | None:
+    """The manifest's `[design] runs` (None without a [design] table).
+
+    Raises:
+      ValueError: an unknown key, or `runs` missing, empty or not a list of strings.
+    """
+    if table is None:
+        return None
+    where = f"{path} [design]"
+    check_keys(table, DESIGN_KEYS, where)
+    runs = table.get("runs")
+    require(
+        isinstance(runs, list) and runs and all(isinstance(r, str) for r in runs),
+        f"{where} runs",
+        f"{runs!r}: give a non-empty list of run ids (`xlscale sweep plan` lists them)",
+    )
+    return tuple(runs)
 
 
 def _sbatch_lines(table: Mapping[str, Any], path: str) -> tuple[str, ...]:

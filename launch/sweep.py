@@ -357,7 +357,33 @@ def expand(manifest: Manifest, *, selection: Mapping[str, Any] | None = None) ->
     expander = _Expander(manifest, wanted=wanted, chosen=chosen_runs(selection))
     runs = [expander.run(name, coords) for name, coords in wanted]
     unique = {r.run_id: r for r in [*runs, *expander.runs.values()]}
-    return topological_order(list(unique.values()))
+    ordered = topological_order(list(unique.values()))
+    return ordered if manifest.design_runs is None else designed(manifest, ordered)
+
+
+def designed(manifest: Manifest, runs: Sequence[Run]) -> list[Run]:
+    """The runs a `[design]` table keeps: those it names (by id, or by slug: the id without its
+    hash) and every run they depend on, in `runs`' order.
+
+    Raises:
+      ValueError: a name that is no run of the manifest's grid, or a slug of several runs.
+    """
+    by_slug: dict[str, list[str]] = {}
+    for r in runs:
+        by_slug.setdefault(r.run_id.rsplit("-", 1)[0], []).append(r.run_id)
+    ids = {r.run_id for r in runs}
+    wanted = []
+    for name in manifest.design_runs or ():
+        found = [name] if name in ids else by_slug.get(name, [])
+        require(
+            len(found) == 1,
+            f"{manifest.path} [design] runs",
+            f"{name!r} is "
+            + (f"the slug of {len(found)} runs: give the id" if found else "no run of the grid")
+            + " (`xlscale sweep plan` on the manifest without [design] lists the ids)",
+        )
+        wanted += found
+    return select(runs, wanted)
 
 
 def _grid_coords(

@@ -110,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="join each run's SLURM job (id, state, reason, requeues) from squeue; auto: where "
         "squeue and a slurm.conf are installed",
     )
+    _add_design_parser(actions, common)
     choose = actions.add_parser(
         "select",
         parents=[common],
@@ -351,9 +352,77 @@ def choose(args) -> int:
     return 0
 
 
+def _add_design_parser(actions, common) -> None:
+    """The `design` action's options."""
+    p = actions.add_parser(
+        "design",
+        parents=[common],
+        help="choose the manifest's runs for a compute budget; write a manifest that runs them",
+    )
+    p.add_argument("--budget", type=float, required=True, metavar="CHIP_HOURS")
+    p.add_argument(
+        "--hardware",
+        metavar="SLICE",
+        help="what the budget buys: a TPU slice (v5p-8, v5p-128, ...) or GPUs (8xH100, ...) "
+        "(default: the manifest's [sweep] hardware)",
+    )
+    p.add_argument("--mfu", type=float, default=0.5, help="MFU assumed (default 0.5)")
+    p.add_argument(
+        "--criterion",
+        default="targets",
+        help="targets: the summed squared widths of what the study reports (parameters, "
+        "compute-optimal N, held-out loss); d_optimal: log det of the Fisher information",
+    )
+    p.add_argument("--prior", metavar="FITS_JSON", help="a pilot fit (default: the paper's values)")
+    p.add_argument(
+        "--keep", action="append", default=[], metavar="RUN_ID", help="a run the design must hold"
+    )
+    p.add_argument("--out", help="the designed manifest (default: ./<name>_design.toml)")
+
+
+def design(args) -> int:
+    """Chooses runs for `--budget` chip-hours (`launch.sweep_design`), prints them and the
+    predicted interval half-widths against the full manifest's, writes the designed manifest."""
+    from pathlib import Path
+
+    from launch import sweep_design
+
+    manifest, runs = _runs(args)
+    if manifest.design_runs is not None:
+        raise ValueError(f"{manifest.path} has a [design] table already: design from the full one")
+    hardware = args.hardware or manifest.hardware
+    if hardware is None:
+        raise ValueError("--hardware is required (or [sweep] hardware): e.g. 8xH100, v5p-8")
+    d = sweep_design.design_sweep(
+        runs,
+        budget=args.budget,
+        hardware=hardware,
+        mfu=args.mfu,
+        criterion=args.criterion,
+        prior_path=args.prior,
+        keep=args.keep,
+    )
+    command = f"xlscale sweep design {args.manifest} --budget {args.budget:g} --hardware {hardware}"
+    command += f" --mfu {args.mfu:g}" if args.mfu != 0.5 else ""
+    command += f" --criterion {args.criterion}" + (f" --prior {args.prior}" if args.prior else "")
+    out = Path(args.out or f"{manifest.name}_design.toml")
+    text = sweep_design.manifest_text(
+        d, Path(manifest.path).read_text(), source=Path(manifest.path).name, command=command
+    )
+    out.write_text(text)
+    if args.json:
+        print(json.dumps({**d.result.to_dict(), "manifest": str(out)}, indent=2))
+        return 0
+    print(_table(sweep_design.RUN_HEADER, sweep_design.run_rows(d)))
+    print(f"# {sweep_design.summary(d)}")
+    print(_table(sweep_design.WIDTH_HEADER, sweep_design.width_rows(d)))
+    print(f"# wrote {out}: `xlscale sweep plan {out}` lists these runs")
+    return 0
+
+
 def run(args) -> int:
     """Dispatches to the action; `run` itself launches the sweep."""
-    actions = {"plan": plan, "run": launch, "status": status, "select": choose}
+    actions = {"plan": plan, "run": launch, "status": status, "select": choose, "design": design}
     try:
         return actions[args.action](args)
     except (ValueError, FileNotFoundError) as e:
