@@ -350,12 +350,13 @@ def run_metric(block: str, run: Run) -> str:
 def targets(model: StudyModel, runs: Sequence[Run], cands: Sequence[Candidate]) -> list[Target]:
     """The reported quantities beyond the parameters: for CPT the compute-optimal N at the
     largest run's compute (C = 6·N·D) for the scratch and CPT laws, and the final loss of the
-    largest CPT run (held out); for MT the BLEU of the finetune with the largest Dp."""
+    largest CPT run (held out); for MT the BLEU of the dearest finetune at the largest Dp."""
     scored = [(c, p) for c in cands for p in c.points[-1:]]
     if not scored:
         return []
     if is_mt(runs):
-        cand, point = max(scored, key=lambda cp: cp[1].inputs[0])
+        # the largest model's (dearest run's) largest Dp
+        cand, point = max(scored, key=lambda cp: (cp[1].inputs[0], cp[0].cost))
         blocks = {b.name for b in model.blocks}
         bleu = point.block.replace("ce/", "bleu/", 1)
         block = bleu if bleu in blocks else point.block

@@ -144,3 +144,17 @@ def test_greedy_design_beats_random_subsets_of_equal_cost(smoke_runs):
     for seed in range(3):
         rand = choose.random_design(model, cands, budget, seed=seed)
         assert best.log_det >= rand.log_det
+
+
+@pytest.mark.parametrize("name", ["cpt_midscale", "mt_midscale"])
+def test_midscale_profiles_fit_a_day_of_one_node(name):
+    manifest = sweep.load_manifest(name)
+    runs = sweep.expand(manifest)
+    assert sorted(r.run_id for r in runs) == sorted(manifest.design_runs)
+    cost = design.cost_fn("8xH100")
+    assert sum(cost(r) for r in runs) <= 192
+    if name == "cpt_midscale":  # the paper's runs, with the paper's ids
+        full = {r.run_id for r in sweep.expand(sweep.load_manifest("cpt_paper"))}
+        assert {r.run_id for r in runs} <= full
+        widths = tomllib.loads(sweep.resolve_manifest_path(name).read_text())["design"]["widths"]
+        assert widths["scratch.alpha"] < 0.4 / 4 and widths["cpt.beta"] < 0.2 / 4

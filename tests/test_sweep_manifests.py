@@ -27,10 +27,12 @@ def by_strategy(runs):
 def test_all_manifests_are_shipped():
     assert SHIPPED == [
         "cpt_languages",
+        "cpt_midscale",
         "cpt_paper",
         "cpt_replay",
         "demo",
         "mt_demo",
+        "mt_midscale",
         "mt_paper",
         "mt_smoke",
         "smoke",
