@@ -294,9 +294,10 @@ def study_model(runs: Sequence[Run], prior: Mapping[str, float] | None = None) -
 
 
 def read_prior(path: str | Path) -> dict[str, float]:
-    """Study parameters from a pilot fit: a fits.json of `fitting.reports.fit_all` whose entries
-    name a block ("scratch", "cpt", "source", "bleu/<series>", ...) and hold `params`; or a flat
-    JSON object of study parameters ({"scratch.alpha": 0.4, ...}).
+    """Study parameters from a pilot fit: a flat JSON object of study parameters
+    (`{"scratch.alpha": 0.4, ...}`, any subset), or an MT fits.json of `xlscale fit`, whose
+    `bleu` and `ce` entries (model, pretraining mixture, task, finetuning recipe, fitted params)
+    become the priors of the matching series.
 
     Raises:
       ValueError: the file is not JSON or holds no parameters (naming `--prior` and the file).
@@ -306,30 +307,21 @@ def read_prior(path: str | Path) -> dict[str, float]:
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"--prior {path}: cannot read a JSON fits file: {e}") from e
     out: dict[str, float] = {}
-
-    def walk(node: Any, block: str | None) -> None:
-        if isinstance(node, Mapping):
-            params = node.get("params")
-            name = node.get("block") or node.get("name") or block
-            if isinstance(params, Mapping) and name:
-                for p, v in params.items():
-                    if isinstance(v, int | float):
-                        out[f"{name}.{p}"] = float(v)
-            for key, value in node.items():
-                if key != "params":
-                    walk(value, key if isinstance(key, str) else block)
-                elif isinstance(value, int | float) and block:
-                    out[f"{block}.{key}"] = float(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item, block)
-
     if isinstance(data, Mapping) and all(isinstance(v, int | float) for v in data.values()):
         out = {k: float(v) for k, v in data.items()}
-    else:
-        walk(data, None)
+    elif isinstance(data, Mapping):
+        for metric in MT_METRICS:
+            for entry in data.get(metric) or ():
+                steps, _, df = str(entry.get("finetune_steps", "")).partition(" steps, Df ")
+                key = f"{entry.get('model')}/{entry.get('pretraining')}/{entry.get('task')}"
+                key += f"/{steps}steps/df{df or None}"
+                for p, v in ((entry.get("fit") or {}).get("params") or {}).items():
+                    out[f"{metric}/{key}.{p}"] = float(v)
     if not out:
-        raise ValueError(f"--prior {path}: no fitted parameters found")
+        raise ValueError(
+            f"--prior {path}: no parameters found; give an MT fits.json of `xlscale fit` or a "
+            'JSON object of study parameters, e.g. {"scratch.alpha": 0.4, "cpt.beta": 0.2}'
+        )
     return out
 
 

@@ -158,3 +158,14 @@ def test_midscale_profiles_fit_a_day_of_one_node(name):
         assert {r.run_id for r in runs} <= full
         widths = tomllib.loads(sweep.resolve_manifest_path(name).read_text())["design"]["widths"]
         assert widths["scratch.alpha"] < 0.4 / 4 and widths["cpt.beta"] < 0.2 / 4
+
+
+def test_prior_from_a_json_of_study_parameters(tmp_path, smoke_runs):
+    path = tmp_path / "prior.json"
+    path.write_text(json.dumps({"scratch.alpha": 0.3, "cpt.beta": 0.25}))
+    model = design.study_model(smoke_runs, design.read_prior(path))
+    assert model.prior["scratch.alpha"] == 0.3 and model.prior["cpt.beta"] == 0.25
+    assert model.prior["scratch.beta"] == design.synthetic.SCRATCH["beta"]
+    path.write_text("[]")
+    with pytest.raises(ValueError, match="--prior .*no parameters found"):
+        design.read_prior(path)
