@@ -46,7 +46,7 @@ from launch.status import (
 )
 from launch.sweep import topological_order
 from pipelines import native_logs
-from rundir import storage
+from rundir import exits, names, stop_request, storage
 
 # Name -> "module:Class"; imported on use, so `xmanager` costs nothing until chosen.
 LAUNCHERS: dict[str, str] = {
@@ -88,6 +88,13 @@ class LaunchReport:
     # The zero-shot stage (`launch.zeroshot_stage`): runs scored now, and runs whose scoring failed.
     scored: list[str] = dataclasses.field(default_factory=list)
     score_failed: list[str] = dataclasses.field(default_factory=list)
+    # Runs not started or stopped because their MODEL_DIR holds a stop request (`rundir.stop_request`).
+    stopped: list[str] = dataclasses.field(default_factory=list)
+
+    def ended(self, run: Run, ok: bool) -> None:
+        """Records how `run` ended: completed, stopped on request, or failed."""
+        stopped = not ok and stop_request.requested(run.model_dir)
+        (self.completed if ok else self.stopped if stopped else self.failed).append(run.run_id)
 
     @property
     def ok(self) -> bool:
@@ -98,10 +105,13 @@ class LaunchReport:
         """Records `run` as blocked (and says so) when a run it depends on failed or was itself
         blocked; returns whether it was. Runs come in dependency order, so whole chains block."""
         bad = set(self.failed) | set(self.blocked)
-        if not any(dep in bad for dep in run.depends_on):
+        stopped = any(dep in self.stopped for dep in run.depends_on)
+        if not stopped and not any(dep in bad for dep in run.depends_on):
             return False
         self.blocked.append(run.run_id)
-        progress.skip(run, "blocked by a failed dependency")
+        progress.skip(
+            run, "blocked by a stopped dependency" if stopped else "blocked by a failed dependency"
+        )
         return True
 
 
@@ -109,7 +119,8 @@ def start_launch(
     runs: Sequence[Run], progress: Progress | None
 ) -> tuple[list[Run], Progress, LaunchReport]:
     """What every launcher does first: order `runs` parents first, make the progress display
-    (unless given) and a report, and record the runs already COMPLETED as skipped.
+    (unless given) and a report, and record the runs already COMPLETED as skipped and those with
+    a stop request (`rundir.stop_request`) as stopped.
 
     Returns:
       The runs still to launch (in dependency order), the progress display and the report.
@@ -122,6 +133,9 @@ def start_launch(
         if is_completed(run):
             report.skipped.append(run.run_id)
             progress.skip(run, "completed")
+        elif stop_request.requested(run.model_dir):  # not started while the request exists
+            report.stopped.append(run.run_id)
+            progress.skip(run, f"stop requested ({names.STOP_REQUEST_FILE})")
         else:
             pending.append(run)
     return pending, progress, report
@@ -195,10 +209,7 @@ class SequentialLauncher(abc.ABC):
                 continue
             if report.block_if_dependency_failed(run, progress):
                 continue
-            if self.train_and_score(run, progress, report):
-                report.completed.append(run.run_id)
-            else:
-                report.failed.append(run.run_id)
+            report.ended(run, self.train_and_score(run, progress, report))
         return report
 
     def score_completed(
@@ -217,8 +228,12 @@ class SequentialLauncher(abc.ABC):
                 self.score(run, progress, report)
 
     def attempt(self, run: Run, progress: Progress) -> bool:
-        """Starts `run` up to `retries + 1` times until it succeeds; returns whether it did."""
+        """Starts `run` up to `retries + 1` times until it succeeds; returns whether it did. A
+        run with a stop request is not started, one that stopped on it not restarted."""
         for attempt in range(1, self.retries + 2):
+            if stop_request.requested(run.model_dir):
+                progress.skip(run, f"stop requested ({names.STOP_REQUEST_FILE})")
+                return False
             started = progress.start(run, attempt, from_step=last_step(run))
             try:
                 returncode = self.execute(run, progress)
@@ -226,11 +241,15 @@ class SequentialLauncher(abc.ABC):
                 progress.note(f"interrupted during {run.run_id}; re-run to resume it")
                 raise
             ok = self.succeeded(run, returncode)
-            why = "(preempted; checkpoint saved)" if returncode == PREEMPTED_EXIT_CODE else ""
+            why = {
+                PREEMPTED_EXIT_CODE: "(preempted; checkpoint saved)",
+                exits.STOPPED: "(stopped on request)",
+            }.get(returncode, "")
             progress.finish(run, ok, started, why or f"(exit code {returncode})")
             if ok:
                 return True
-        progress.fail(run)
+        if not stop_request.requested(run.model_dir):
+            progress.fail(run)
         return False
 
 
@@ -432,11 +451,8 @@ class LocalLauncher(SequentialLauncher):
                 finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
                 for future in finished:
                     run = running.pop(future)
-                    if future.result():
-                        done.add(run.run_id)
-                        report.completed.append(run.run_id)
-                    else:
-                        report.failed.append(run.run_id)
+                    done.update([run.run_id] if future.result() else [])
+                    report.ended(run, future.result())
         except BaseException:
             # Ctrl-C (or SIGTERM) reaches this thread only: tell the runs in flight to stop, which
             # sends their trainers SIGTERM (they save a checkpoint), then re-raise.

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from launch.runs import Run
-from rundir import durations, lease, names, records, storage
+from rundir import durations, lease, names, records, stop_request, storage
 
 LAUNCH_FILE = names.LAUNCH_FILE  # the launcher's own record inside MODEL_DIR
 LOG_FILE = names.LOG_FILE
@@ -34,8 +34,9 @@ class RunStatus:
     """What a run's MODEL_DIR says about it.
 
     `state` is one of: done (COMPLETED exists), running (a live local process, or metrics written
-    within the last `stale_s` seconds), failed (the last attempt exited non-zero), interrupted
-    (progress on disk but no process), pending (nothing yet).
+    within the last `stale_s` seconds), stopped (a stop request, `rundir.stop_request`: stopped
+    or never started), failed (the last attempt exited non-zero), interrupted (progress on disk
+    but no process), pending (nothing yet).
     """
 
     run_id: str
@@ -134,6 +135,11 @@ def run_status(run: Run, *, stale_s: float = 900.0, now: float | None = None) ->
             return RunStatus(run.run_id, "running", step, loss, evals, updated)
     if updated is not None and now - updated < stale_s and record.get("state") != "failed":
         return RunStatus(run.run_id, "running", step, loss, evals, updated)
+    if stop_request.requested(directory):  # `rundir.stop_request`: ended, or never started
+        why = (stop_request.read(directory) or {}).get("reason", "")
+        return RunStatus(
+            run.run_id, "stopped", step, loss, evals, updated, f"stop requested: {why}"
+        )
     if record.get("state") == "failed":
         message = f"exit code {record.get('returncode')}; log {record.get('log')}"
         return RunStatus(run.run_id, "failed", step, loss, evals, updated, message)
@@ -175,11 +181,15 @@ def _refused_attempt(directory) -> str:
 
 
 STATES = ("done", "running", "interrupted", "failed", "pending")
+# Listed by `count_states` only where a run is in them (sweeps without stop requests read as before).
+RARE_STATES = ("stopped",)
 
 
 def count_states(statuses: Sequence[RunStatus]) -> dict[str, int]:
-    """How many runs are in each state (every state listed, in `STATES` order)."""
-    return {state: sum(s.state == state for s in statuses) for state in STATES}
+    """How many runs are in each state (every state of `STATES` listed, in order, then the
+    `RARE_STATES` that occur)."""
+    counts = {state: sum(s.state == state for s in statuses) for state in STATES + RARE_STATES}
+    return {k: n for k, n in counts.items() if n or k in STATES}
 
 
 def format_seconds(seconds: float | None) -> str:

@@ -51,9 +51,17 @@ CLASSES: dict[str, ExitClass] = {
         ExitClass("divergence", 65, "training diverged; the last checkpoint is finite"),
         ExitClass("preemption", 75, "stopped early with a checkpoint saved: start it again"),
         ExitClass("platform", 69, "the job asked for an accelerator JAX cannot see"),
+        # No sysexits.h code fits; launchers do not restart it (`rundir.stop_request`).
+        ExitClass(
+            "stopped",
+            79,
+            "stopped on request (MODEL_DIR/STOP_REQUESTED), checkpoint saved: "
+            "remove the request and start it again to resume",
+        ),
     )
 }
 PREEMPTED = CLASSES["preemption"].code
+STOPPED = CLASSES["stopped"].code
 
 # Exception class (`module.QualName`, subclasses included) -> kind in `CLASSES`.
 REFUSALS: dict[str, str] = {

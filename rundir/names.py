@@ -18,6 +18,9 @@ SET_ASIDE_SUBDIR = "checkpoints_set_aside"  # `<step>.corrupt`, `<step>.nonfinit
 CHECKSUMS_FILE = "xlscale_checksums.json"  # inside each committed step (`rundir.checksums`)
 ZEROSHOT_SUBDIR = "zeroshot"  # `zeroshot/<step>.json` (`rundir.zeroshot`)
 LAUNCH_FILE = "launch.json"  # the launcher's own record of how the run was started
+# A request that the run stop (checkpoint saved, no COMPLETED) and not be started again while it
+# exists: the trainer polls it (`rundir.stop_request`); `xlscale sweep run --adaptive` writes it.
+STOP_REQUEST_FILE = "STOP_REQUESTED"
 # A finetune's best validation step: metric, rule, step, value, whether its checkpoint is kept
 # (`launch.best_checkpoint`, written by a `[[select]]` with `at = "best"`).
 BEST_CHECKPOINT_FILE = "best_checkpoint.json"
@@ -33,6 +36,10 @@ PREDICTION_OUTPUT = "prediction"  # the decoded text
 
 # RUNS_DIR/...
 SELECTION_FILE = "selection.json"  # a sweep's `[[select]]` choices
+ADAPTIVE_SUBDIR = "adaptive"  # `xlscale sweep run --adaptive`'s logs (`launch.adaptive`):
+ADAPTIVE_DECISIONS_FILE = "decisions.jsonl"  # one decision (run, RUN/SKIP/STOP, why) a line
+ADAPTIVE_FITS_FILE = "fits.jsonl"  # one refit (chip-hours spent, params, 95% intervals) a line
+ADAPTIVE_SESSION_FILE = "session.json"  # the thresholds, hardware and fit settings in force
 
 
 def predictions_file(task: str, step: int) -> str:

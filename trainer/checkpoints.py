@@ -42,7 +42,7 @@ from convert.hf_cache import local_init_spec
 from convert.init_checkpoints import param_name
 from rundir import checksums, names, storage
 from rundir.checksums import CheckpointCorruptError
-from trainer import validation
+from trainer import stop_requests, validation
 from trainer.steps import tree_finite
 
 log = logging.getLogger(__name__)
@@ -543,25 +543,28 @@ class SigtermFlag:
 
 
 class PreemptionWatcher:
-    """Notices a SIGTERM (preemptible TPUs, schedulers) so the loop can save and exit cleanly.
+    """Notices a SIGTERM (preemptible TPUs, schedulers) or, given `model_dir`, a stop request
+    (`trainer.stop_requests`) so the loop can save and exit cleanly.
 
     Single-process jobs watch a `SigtermFlag` (their own, or the caller's installed earlier);
     multi-host jobs rely on JAX's preemption service, which all hosts agree on through
     `CheckpointStore.reached_preemption`.
     """
 
-    def __init__(self, store: CheckpointStore, *, flag: SigtermFlag | None = None):
+    def __init__(self, store: CheckpointStore, *, flag: SigtermFlag | None = None, model_dir=None):
         self._store = store
         self._own = flag is None
         self._flag = SigtermFlag() if flag is None else flag
+        self._requests = None if model_dir is None else stop_requests.Poller(model_dir)
 
     def signalled(self) -> bool:
-        """Whether this process received SIGTERM."""
-        return self._flag.event.is_set()
+        """Whether this process received SIGTERM, or (single process) a stop is requested."""
+        return self._flag.event.is_set() or bool(self._requests and self._requests.requested_now())
 
     def should_stop(self, step: int) -> bool:
-        """Whether a preemption was signalled (checked once per step)."""
-        return self.signalled() or self._store.reached_preemption(step)
+        """Whether a preemption was signalled or a stop requested (checked once per step)."""
+        requested = self._requests is not None and self._requests.poll()
+        return requested or self._flag.event.is_set() or self._store.reached_preemption(step)
 
     def close(self) -> None:
         """Restores the previous SIGTERM handler (if this watcher installed it)."""

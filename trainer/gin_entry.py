@@ -26,7 +26,7 @@ from typing import Any
 import gin
 
 from pipelines import native_logs
-from rundir import exits, storage
+from rundir import exits, stop_request, storage
 from trainer import compile_cache, gin_checks, partitioning, validation
 
 log = logging.getLogger(__name__)
@@ -319,12 +319,15 @@ def call(fn: Callable, config: ParsedConfig) -> Any:
 def run(job: str, argv: Sequence[str] | None = None) -> int:
     """One job from its flags (`python -m trainer.<job>` and `xlscale <job>`): parses them
     (`parse`), calls the job's gin-configured function and returns the exit code: 0, or
-    `rundir.exits.PREEMPTED` for a run that stopped early with a checkpoint (rerun it)."""
+    `rundir.exits.PREEMPTED` for a run that stopped early with a checkpoint (rerun it), or
+    `rundir.exits.STOPPED` when it stopped on a request (`rundir.stop_request`)."""
     module, name = JOBS[job]
     fn = getattr(importlib.import_module(module), name)
     config = parse(sys.argv[1:] if argv is None else argv, job=job)
     result = call(fn, config)
-    return 0 if getattr(result, "completed", True) else exits.PREEMPTED
+    if getattr(result, "completed", True):
+        return 0
+    return exits.STOPPED if stop_request.requested(result.model_dir) else exits.PREEMPTED
 
 
 def main(job: str) -> None:

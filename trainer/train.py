@@ -253,7 +253,7 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
         model_dir.mkdir(parents=True, exist_ok=True)
     store = ckpt_lib.CheckpointStore(ckpt_lib.checkpoints_dir(model_dir), plan.checkpoint)
     writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
-    watcher = ckpt_lib.PreemptionWatcher(store, flag=sigterm)
+    watcher = ckpt_lib.PreemptionWatcher(store, flag=sigterm, model_dir=model_dir)
     failed: BaseException | None = None
     training = None
     try:
@@ -556,9 +556,9 @@ class _Training:
     def run(self, watcher: ckpt_lib.PreemptionWatcher) -> TrainResult:
         """Steps `start+1 .. total` with the log and checkpoint hooks, then `COMPLETED`."""
         start, total = self.start, self.job.total_steps
-        if watcher.signalled():  # SIGTERM while starting up: nothing trained, nothing to save
+        if watcher.signalled():  # SIGTERM or a stop request at start-up: nothing to save
             log.warning(
-                "stopping before step %d (SIGTERM during start-up); rerun to resume", start + 1
+                "stopping before step %d (SIGTERM or STOP_REQUESTED); rerun to resume", start + 1
             )
             return self.result(start, completed=False)
         if start == 0 and 0 in self.eval_at:

@@ -1,0 +1,113 @@
+"""A stop request (`MODEL_DIR/STOP_REQUESTED`, `rundir.stop_request`) on a tiny real run: the
+trainer notices it mid-run, saves a checkpoint at that step and stops without COMPLETED; started
+again while the request exists it trains nothing; with the request withdrawn it resumes and ends
+bit for bit like the same run never stopped."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401 -- the module fixture
+
+from rundir import names, stop_request
+from rundir import records as rundir_records
+from trainer import checkpoints, stop_requests
+from trainer import train as train_lib
+from trainer.checkpoints import CheckpointConfig
+from trainer.data import EvalConfig
+from trainer.loop import LoopConfig
+from trainer.partitioning import MeshConfig
+
+STEPS = 120
+
+
+def _kwargs(tiny_data):
+    # Long enough that a request written at step 3 lands well before the end; one device, no
+    # periodic checkpoint or evaluation: the checkpoint of the stopped run is the stop's own.
+    return tiny_kwargs(
+        tiny_data,
+        train_steps=STEPS,
+        mesh=MeshConfig(num_devices=1),
+        checkpoint=CheckpointConfig(period=1000, keep_last=3),
+        evaluation=EvalConfig(tasks=("lm_en",), period=60, max_tokens=512),
+        loop=LoopConfig(log_every=1),
+    )
+
+
+def _request_at(model_dir, step: int) -> threading.Thread:
+    """Writes the stop request as soon as `metrics.jsonl` shows `step`, from another thread (as
+    `sweep run --adaptive` does from its own process)."""
+
+    def watch():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            logged = rundir_records.read_metrics(model_dir) if model_dir.exists() else []
+            if logged and logged[-1]["step"] >= step:
+                stop_request.request(model_dir, reason="test")
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+def test_stop_request_checkpoints_exits_and_resumes_bitwise(
+    tiny_data, tmp_path, seqio_state, monkeypatch
+):
+    monkeypatch.setattr(stop_requests, "POLL_S", 0.0)  # look at every step: the test is short
+    saved = seqio_state.snapshot()
+    try:
+        full = train_lib.train(model_dir=tmp_path / "full", **_kwargs(tiny_data))
+        model_dir = tmp_path / "stopped"
+        watcher = _request_at(model_dir, 3)
+        stopped = train_lib.train(model_dir=model_dir, **_kwargs(tiny_data))
+        watcher.join()
+        logged = rundir_records.read_metrics(model_dir)
+        store = checkpoints.CheckpointStore(
+            checkpoints.checkpoints_dir(model_dir), CheckpointConfig(), read_only=True
+        )
+        # Stopped where it noticed the request, with that step saved and no COMPLETED.
+        assert not stopped.completed and 3 <= stopped.step < STEPS
+        assert store.latest_step() == stopped.step == logged[-1]["step"]
+        assert not (model_dir / names.COMPLETED_FILE).exists()
+        # Started again while the request exists: it trains nothing.
+        again = train_lib.train(model_dir=model_dir, **_kwargs(tiny_data))
+        assert not again.completed and again.step == stopped.step
+        # The decision reversed: withdraw the request, start again, and it resumes.
+        assert stop_request.withdraw(model_dir)
+        resumed = train_lib.train(model_dir=model_dir, **_kwargs(tiny_data))
+    finally:
+        seqio_state.restore(saved)
+    assert full.completed and resumed.completed and resumed.step == STEPS
+    assert (model_dir / names.COMPLETED_FILE).exists()
+    expected = [
+        rundir_records.without_timing(r) for r in rundir_records.read_metrics(full.model_dir)
+    ]
+    got = [rundir_records.without_timing(r) for r in rundir_records.read_metrics(model_dir)]
+    assert got == expected  # bit-exact: losses, token counts, data order, eval losses
+
+
+def test_a_request_is_written_read_and_withdrawn(tmp_path):
+    model_dir = tmp_path / "run"
+    assert not stop_request.requested(model_dir) and stop_request.read(model_dir) is None
+    stop_request.request(model_dir, reason="SKIP: predicted within 1%", by="test")
+    assert stop_request.requested(model_dir)
+    assert stop_request.read(model_dir)["reason"] == "SKIP: predicted within 1%"
+    assert stop_request.withdraw(model_dir) and not stop_request.requested(model_dir)
+    assert not stop_request.withdraw(model_dir)
+
+
+def test_the_poller_looks_at_most_every_poll_s(tmp_path):
+    now = [0.0]
+    poller = stop_requests.Poller(tmp_path, every_s=2.0, clock=lambda: now[0])
+    assert not poller.poll()  # looked at t=0: nothing
+    stop_request.request(tmp_path, reason="test")
+    now[0] = 1.0
+    assert not poller.poll()  # not looked again before 2 s
+    assert poller.requested_now()  # the start-up check looks at once
+    now[0] = 2.0
+    assert poller.poll() and poller.poll()  # seen: this step and after
