@@ -165,6 +165,30 @@ def summary(d: SweepDesign) -> str:
     )
 
 
+# The lines that open the original text and the [design] table in a designed manifest.
+_BELOW = "# Below:"
+_TABLE_MARK = "# The designed subset (`xlscale sweep design`): runs kept, settings, predictions."
+
+
+def original_text(text: str, *, where: str) -> str:
+    """The manifest a designed manifest was made from: its text less the header comment and the
+    `[design]` table that `manifest_text` added (so a designed manifest can be designed again,
+    e.g. for another budget).
+
+    Raises:
+      ValueError: a [design] table that `xlscale sweep design` did not write (naming the file).
+    """
+    head, below, rest = text.partition("\n" + _BELOW)
+    body, mark, _ = rest.partition("\n" + _TABLE_MARK)
+    if not below or not mark or not head.startswith("# Designed subset"):
+        raise ValueError(
+            f"{where}: its [design] table was not written by `xlscale sweep design`; design from "
+            "the manifest without it"
+        )
+    original = body.split("\n", 1)[1]  # past the "# Below:" line
+    return original.removeprefix("\n")  # and the blank line after the header
+
+
 def _toml_value(value) -> str:
     if isinstance(value, str):
         return json.dumps(value)
@@ -193,7 +217,7 @@ def header_comment(d: SweepDesign, *, source: str, command: str) -> str:
             "#   " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             for row in table
         ),
-        f"# Below: {source} unchanged, then the [design] table (`expand` keeps its runs and the"
+        f"{_BELOW} {source} unchanged, then the [design] table (`expand` keeps its runs and the"
         " runs they need; ids as in the full grid).",
         "",
     ]
@@ -214,7 +238,7 @@ def design_table(d: SweepDesign) -> str:
     }
     lines = [
         "",
-        "# The designed subset (`xlscale sweep design`): runs kept, settings, predictions.",
+        _TABLE_MARK,
     ]
     lines += ["[design]", "runs = ["]
     lines += [f"  {json.dumps(k)}," for k in r.keys]

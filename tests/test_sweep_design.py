@@ -169,3 +169,22 @@ def test_prior_from_a_json_of_study_parameters(tmp_path, smoke_runs):
     path.write_text("[]")
     with pytest.raises(ValueError, match="--prior .*no parameters found"):
         design.read_prior(path)
+
+
+def test_a_designed_manifest_designs_again_from_its_full_grid(tmp_path, capsys):
+    out = tmp_path / "again.toml"
+    args = ["sweep", "design", "cpt_midscale", "--budget", "20", "--hardware", "8xH100"]
+    assert main([*args, "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["full_cost"] > 40_000  # the whole cpt_paper grid, not the 190 chip-hours kept
+    text = out.read_text()
+    assert text.count("\n[design]\n") == 1 and text.count("# Designed subset") == 1
+    original = sweep.resolve_manifest_path("cpt_paper").read_text()
+    assert sweep_design.original_text(text, where="again.toml") == original
+    assert sorted(r.run_id for r in sweep.expand(sweep.load_manifest(out))) == sorted(
+        result["keys"]
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text(original + '\n[design]\nruns = ["cpt_llama2_49m_zh_s0"]\n')
+    assert main(["sweep", "design", str(bad), "--budget", "20", "--hardware", "8xH100"]) == 2
+    assert "was not written by `xlscale sweep design`" in capsys.readouterr().err

@@ -383,13 +383,18 @@ def _add_design_parser(actions, common) -> None:
 def design(args) -> int:
     """Chooses runs for `--budget` chip-hours (`launch.sweep_design`), prints them and the
     predicted interval half-widths against the full manifest's, writes the designed manifest."""
+    import dataclasses
     from pathlib import Path
 
     from launch import sweep_design
 
-    manifest, runs = _runs(args)
-    if manifest.design_runs is not None:
-        raise ValueError(f"{manifest.path} has a [design] table already: design from the full one")
+    manifest = _manifest(args)
+    source = Path(manifest.path).read_text()
+    if manifest.design_runs is not None:  # design again, from the full grid it was made from
+        source = sweep_design.original_text(source, where=manifest.path)
+        manifest = dataclasses.replace(manifest, design_runs=None)
+    runs = expand(manifest, selection=run_selection.read(manifest.runs_dir))
+    runs = _only(args, manifest)(runs)
     hardware = args.hardware or manifest.hardware
     if hardware is None:
         raise ValueError("--hardware is required (or [sweep] hardware): e.g. 8xH100, v5p-8")
@@ -406,9 +411,7 @@ def design(args) -> int:
     command += f" --mfu {args.mfu:g}" if args.mfu != 0.5 else ""
     command += f" --criterion {args.criterion}" + (f" --prior {args.prior}" if args.prior else "")
     out = Path(args.out or f"{manifest.name}_design.toml")
-    text = sweep_design.manifest_text(
-        d, Path(manifest.path).read_text(), source=Path(manifest.path).name, command=command
-    )
+    text = sweep_design.manifest_text(d, source, source=Path(manifest.path).name, command=command)
     out.write_text(text)
     if args.json:
         print(json.dumps({**d.result.to_dict(), "manifest": str(out)}, indent=2))
