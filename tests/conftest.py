@@ -125,8 +125,59 @@ def _why_no_gpu(config) -> str | None:
     return reason
 
 
+# The test modules holding the suite's longest tests (real services, whole studies), longest
+# first, from CI's `--durations`: the SLURM time limit + preemption requeue ~140 s (and four more
+# tests on the module's one cluster), the MT smoke study ~105 s, the GCS store going away ~60-90
+# s, the CPT smoke study ~70 s, the GCS CPT run ~55 s, the two-host setup ~55 s, the kill -9 loop
+# ~50 s, the trainer runs' fixture ~40 s, COMET's side environment ~35 s, the TPU AOT compile
+# ~35 s, the paper check ~21 s. Only an order: a module missing here runs all the same.
+LONGEST_FIRST = (
+    "test_slurm_cluster.py",
+    "test_studies_mt_smoke.py",
+    "test_storage_failures.py",
+    "test_studies_cpt_smoke.py",
+    "test_gcs_runs.py",
+    "test_multihost.py",
+    "test_run_integrity.py",
+    "test_trainer_runs.py",
+    "test_comet.py",
+    "test_memory_model.py",
+    "test_paper_check.py",
+)
+SLOW_MARK = "slow"
+
+
+def longest_first(items: list) -> list:
+    """`items` with whole modules reordered: those of `LONGEST_FIRST` in its order, then the other
+    modules holding a `slow` test, then the rest, each module's tests in their own order.
+
+    Why: pytest-xdist's work stealing hands each worker a contiguous half of the collection and
+    moves tests from the end of a worker's queue, so a two-minute test collected late (the
+    alphabet puts `test_slurm_cluster.py` and the smoke studies there) can start when the other
+    worker is nearly done and become the run's tail. First, the long tests overlap the many
+    short ones, the queues end on short tests, and a module's tests stay on one worker (the SLURM
+    module's cluster then starts once, instead of a second worker waiting for the first's).
+    """
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def key(path: str) -> tuple[int, int]:
+        name = path.rsplit("/", 1)[-1]
+        if name in rank:
+            return (0, rank[name])
+        slow = any(item.get_closest_marker(SLOW_MARK) is not None for item in modules[path])
+        return (1 if slow else 2, 0)
+
+    return [item for path in sorted(modules, key=key) for item in modules[path]]
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope
 def pytest_collection_modifyitems(config, items):
-    """Skips every GPU test, with one reason, where there is no GPU backend."""
+    """Runs the modules of the longest tests first (`longest_first`), and skips every GPU test,
+    with one reason, where there is no GPU backend."""
+    items[:] = longest_first(items)
     gpu_items = [item for item in items if item.get_closest_marker(GPU_MARK) is not None]
     if not gpu_items:
         return

@@ -106,7 +106,12 @@ def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tmp_path):
         tmp_path / "source.log",
     )
     cpt_macros = {"INIT_CHECKPOINT": f"'{source}'", "TARGET_LANG": "'fr'", "vocab": vocab}
-    _train(_argv(reference, tiny_data, experiment="cpt", **cpt_macros), cwd, tmp_path / "ref.log")
+    # The uninterrupted CPT run trains beside the killed one and its resumption (it only has to
+    # be done before the comparison).
+    ref_log = tmp_path / "ref.log"
+    uninterrupted = _train(
+        _argv(reference, tiny_data, experiment="cpt", **cpt_macros), cwd, ref_log, wait=False
+    )
 
     # The CPT run, killed with SIGKILL once a checkpoint past step 2 is in the bucket.
     process = _train(
@@ -132,6 +137,7 @@ def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tmp_path):
     assert resumed.returncode == 0
     log = (tmp_path / "resumed.log").read_text()
     assert "resuming from step" in log and "taking over the stale lease" in log
+    assert _wait(uninterrupted, ref_log, timeout=300) == 0, ref_log.read_text()[-3000:]
 
     # Nothing local: no `gs:` folder, nothing at all in the working directory.
     assert list(cwd.iterdir()) == []

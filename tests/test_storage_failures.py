@@ -135,11 +135,23 @@ def test_the_xlscale_command_does_not_wait_for_stuck_threads(tmp_path):
 
 @pytest.fixture(scope="module")
 def reference(tiny_data, tmp_path_factory):
-    """An uninterrupted run of the same settings on local disk."""
+    """`reference() -> MODEL_DIR`: an uninterrupted run of the same settings on local disk,
+    trained in the background from the fixture's start; `reference()` waits for it. It trains
+    while a test's own run starts and while the test waits for that run's storage failure to end
+    it (the store's retries: ~40 s of idle waiting), instead of before them."""
     root = tmp_path_factory.mktemp("reference")
-    model_dir = os.fspath(root / "run")
-    _train(_argv(model_dir, tiny_data), root / "train.log", root)
-    return model_dir
+    model_dir, log = os.fspath(root / "run"), root / "train.log"
+    process = _start(_argv(model_dir, tiny_data), log, root)
+
+    def finished() -> str:
+        code = _wait(process, log, timeout=300)
+        assert code == 0, log.read_text()[-3000:]
+        return model_dir
+
+    yield finished
+    if process.poll() is None:  # a test failed before it needed the reference
+        process.kill()
+        process.wait(timeout=60)
 
 
 def _wait_for(predicate, process, log: Path, *, timeout: float = 180) -> None:
@@ -197,7 +209,7 @@ def test_the_store_going_away_mid_save_ends_the_run_in_a_minute(
     assert not records.read_completed(model_dir)
     _train(argv, tmp_path / "resumed.log", tmp_path)
     assert "resuming from step" in (tmp_path / "resumed.log").read_text()
-    _same_as_reference(model_dir, reference)
+    _same_as_reference(model_dir, reference())
 
 
 def test_a_store_unreachable_at_start_is_storage_not_permissions(
@@ -292,7 +304,7 @@ def test_a_full_disk_during_an_async_save_ends_the_run_in_a_few_lines(
     ballast.unlink()
     _train(argv, tmp_path / "resumed.log", tmp_path)
     assert "resuming from step 10" in (tmp_path / "resumed.log").read_text()
-    _same_as_reference(os.fspath(model_dir), reference)
+    _same_as_reference(os.fspath(model_dir), reference())
 
 
 def test_a_full_disk_at_start_leaves_no_run_directory(small_disk, tiny_data, capsys):
