@@ -35,6 +35,7 @@ import ast
 import dataclasses
 import io
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -342,20 +343,28 @@ def run_metric(block: str, run: Run) -> str:
 def targets(model: StudyModel, runs: Sequence[Run], cands: Sequence[Candidate]) -> list[Target]:
     """The reported quantities beyond the parameters: for CPT the compute-optimal N at the
     largest run's compute (C = 6·N·D) for the scratch and CPT laws, and the final loss of the
-    largest CPT run (held out); for MT the BLEU of the dearest finetune at the largest Dp."""
+    largest CPT run (held out); for MT the BLEU (else the cross-entropy) of the dearest finetune
+    at the largest Dp. A quantity the prior leaves undefined (a BLEU law below its Dp range) is
+    left out: its width would be NaN and would stop the design."""
     scored = [(c, p) for c in cands for p in c.points[-1:]]
     if not scored:
         return []
+    blocks = {b.name for b in model.blocks}
     if is_mt(runs):
         # the largest model's (dearest run's) largest Dp
-        cand, point = max(scored, key=lambda cp: (cp[1].inputs[0], cp[0].cost))
-        blocks = {b.name for b in model.blocks}
-        bleu = point.block.replace("ce/", "bleu/", 1)
-        block = bleu if bleu in blocks else point.block
-        return [paper_models.loss_target(model, block, point.inputs, "held_out(largest Dp)")]
-    compute = max(6 * p.inputs[0] * p.inputs[1] for _, p in scored)
-    out = [paper_models.allocation_target(model, b, compute) for b in ("scratch", "cpt")]
-    last = [(c, p) for c, p in scored if p.block == "cpt"] or scored
-    _, point = max(last, key=lambda cp: cp[1].inputs)
-    out.append(paper_models.loss_target(model, point.block, point.inputs, "loss(largest run)"))
-    return out
+        _, point = max(scored, key=lambda cp: (cp[1].inputs[0], cp[0].cost))
+        _, _, key = point.block.partition("/")
+        out = [
+            paper_models.loss_target(model, f"{m}/{key}", point.inputs, "held_out(largest Dp)")
+            for m in MT_METRICS
+            if f"{m}/{key}" in blocks
+        ]
+    else:
+        compute = max(6 * p.inputs[0] * p.inputs[1] for _, p in scored)
+        laws = [b for b in ("scratch", "cpt") if b in blocks]
+        out = [paper_models.allocation_target(model, b, compute) for b in laws]
+        last = [(c, p) for c, p in scored if p.block == "cpt"] or scored
+        _, point = max(last, key=lambda cp: cp[1].inputs)
+        out.append(paper_models.loss_target(model, point.block, point.inputs, "loss(largest run)"))
+    defined = [t for t in out if math.isfinite(t.value(model.prior))]
+    return defined[:1] if is_mt(runs) else defined

@@ -21,6 +21,7 @@ from fitting.design import choose
 from fitting.design.study import Candidate, StudyModel
 from launch import design
 from launch.runs import Run
+from rundir.run_record import Strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,25 @@ def minimum_budget(candidates: Sequence[Candidate]) -> tuple[float, str]:
     return best
 
 
+def with_baselines(runs: Sequence[Run], cands: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates with each finetune requiring the from-scratch finetune
+    (`finetune_scratch`) of its model, task, Df and recipe: no point of the Dp laws, but the
+    baseline its MT series is reported against (`fitting.readers.points.downstream_series`),
+    so a design pays for it once with the first finetune of the series it chooses."""
+
+    def series(r: Run) -> tuple:
+        return (r.size, r.coord("task"), r.coord("finetune_tokens"), r.steps)
+
+    baseline = {series(r): r.run_id for r in runs if r.strategy == Strategy.FINETUNE_SCRATCH}
+    by_id = {r.run_id: r for r in runs}
+    out = []
+    for c in cands:
+        run = by_id[c.key]
+        extra = baseline.get(series(run)) if run.strategy == Strategy.FINETUNE else None
+        out.append(dataclasses.replace(c, requires=(*c.requires, extra)) if extra else c)
+    return out
+
+
 def design_sweep(
     runs: Sequence[Run],
     *,
@@ -74,7 +94,8 @@ def design_sweep(
     prior_path: str | None = None,
     keep: Sequence[str] = (),
 ) -> SweepDesign:
-    """The design of `runs` for `budget` chip-hours on `hardware` (see the module docstring).
+    """The design of `runs` for `budget` chip-hours on `hardware` (see the module docstring),
+    with the from-scratch baselines of its MT series (`with_baselines`).
 
     Raises:
       ValueError: an unknown hardware or criterion, a prior file without parameters, no run that
@@ -83,7 +104,7 @@ def design_sweep(
     """
     if criterion not in choose.CRITERIA:
         raise ValueError(f"--criterion {criterion!r}: allowed: {', '.join(choose.CRITERIA)}")
-    cands = design.candidates(runs, hardware=hardware, mfu=mfu)
+    cands = with_baselines(runs, design.candidates(runs, hardware=hardware, mfu=mfu))
     minimum, cheapest = minimum_budget(cands)
     if not cheapest:
         raise ValueError("no run of the manifest yields points of the study's laws")

@@ -188,3 +188,17 @@ def test_a_designed_manifest_designs_again_from_its_full_grid(tmp_path, capsys):
     bad.write_text(original + '\n[design]\nruns = ["cpt_llama2_49m_zh_s0"]\n')
     assert main(["sweep", "design", str(bad), "--budget", "20", "--hardware", "8xH100"]) == 2
     assert "was not written by `xlscale sweep design`" in capsys.readouterr().err
+
+
+def test_mt_design_keeps_its_series_baselines():
+    runs = sweep.expand(sweep.load_manifest("mt_demo"))
+    cands = design.candidates(runs)
+    budget = 0.5 * sum(c.cost for c in cands)
+    d = sweep_design.design_sweep(runs, budget=budget, hardware=None)
+    chosen = d.chosen
+    assert d.result.cost <= budget
+    tuned = {(r.size, r.coord("finetune_tokens")) for r in chosen if r.strategy == "finetune"}
+    scratch = {
+        (r.size, r.coord("finetune_tokens")) for r in chosen if r.strategy == "finetune_scratch"
+    }
+    assert tuned and scratch == tuned
