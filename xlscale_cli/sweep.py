@@ -21,6 +21,7 @@ from launch import estimate, launchers, run_selection, t5x_runner, zeroshot_stag
 from launch import status as run_states
 from launch.runs import RUNNERS
 from launch.sweep import expand, load_manifest, select
+from xlscale_cli import sweep_adaptive
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in sorted(launchers.LAUNCHERS):
         group = run.add_argument_group(f"{name} launcher")
         launchers.get_launcher(name).add_arguments(group)
+    sweep_adaptive.add_run_arguments(run)
+    sweep_adaptive.add_actions(actions, common)
 
     status = actions.add_parser("status", parents=[common], help="summarise the runs' progress")
     status.add_argument(
@@ -426,6 +429,7 @@ def design(args) -> int:
 def run(args) -> int:
     """Dispatches to the action; `run` itself launches the sweep."""
     actions = {"plan": plan, "run": launch, "status": status, "select": choose, "design": design}
+    actions["adaptive"] = lambda args: sweep_adaptive.replay(args, _manifest(args))
     try:
         return actions[args.action](args)
     except (ValueError, FileNotFoundError) as e:
@@ -451,13 +455,18 @@ def launch(args) -> int:
         + (" (dry run)" if args.dry_run else "")
     )
     narrow = _only(args, manifest)
-    reports, waiting = run_selection.launch_in_stages(
+    reports, waiting = sweep_adaptive.steered(
+        args,
         manifest,
-        launcher,
-        only=lambda runs: _planned(args, manifest, narrow(runs)),
-        dry_run=args.dry_run,
-        progress_factory=run_states.Progress,
-        note=progress.note,
+        runs,
+        lambda: run_selection.launch_in_stages(
+            manifest,
+            launcher,
+            only=lambda runs: _planned(args, manifest, narrow(runs)),
+            dry_run=args.dry_run,
+            progress_factory=run_states.Progress,
+            note=progress.note,
+        ),
     )
     done = {i for r in reports for i in r.completed}
     ids = {
@@ -524,6 +533,8 @@ def status(args) -> int:
             print(f"# [[select]] {spec.name}: {len(groups)} groups chosen (selection.json)")
     if waiting:
         print(f"# {waiting} pending runs wait for a [[select]] choice")
+    for line in sweep_adaptive.status_lines(manifest, runs):
+        print(line)
     return 0
 
 

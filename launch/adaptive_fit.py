@@ -1,0 +1,274 @@
+"""What an adaptive sweep knows at one moment: the runs' progress, the study's laws refitted on
+every evaluation so far, and each unfinished run's `launch.adaptive.RunState`.
+
+`observe` reads every run's state (`launch.status.run_status`) and run directory
+(`fitting.readers.run_dirs.read_run`); its digest changes whenever a run logs a new evaluation.
+`refit` fits each block of the study model (`launch.design.study_model`) with fitting's own
+steps (`fitting.reports.fit_steps.Study`, as `xlscale fit` does: the Chinchilla law on a
+language's source and scratch runs, the CPT law's second stage on its CPT runs; every
+evaluation after the first token a point, intermediate checkpoints included; bootstrap over whole
+runs), on the N basis the candidates use. A block the data cannot identify yet (fewer sizes than
+its law needs, `fitting.checks.Unidentifiable`) keeps the prior and is named with the reason.
+`assess` turns the fit into each unfinished run's numbers: the information its remaining points
+add (`fitting.design.information.info_gain` at the fitted parameters, over the information of
+the points observed), its remaining chip-hours, and its final metric predicted by the block's law
+with the 95% interval of the bootstrap refits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fitting.checks import FitInputError, Unidentifiable
+from fitting.design import information
+from fitting.design.study import Candidate, Point, StudyModel
+from fitting.laws import formulas
+from fitting.laws.robust_fit import FitResult
+from fitting.readers import points as fit_points
+from fitting.readers import run_dirs
+from fitting.readers.run_data import RunData
+from fitting.reports import fit_steps
+from launch import design
+from launch import status as run_states
+from launch.adaptive import PENDING, RUNNING, FitRecord, RunState
+from launch.runs import Run
+from rundir.run_record import FROM_SCRATCH, Strategy
+
+# run_status states -> what a decision sees: pending (not started), running (or interrupted: the
+# launcher resumes it), or finished (no decision: done, stopped on request, failed).
+DECIDED_STATES: Mapping[str, str] = {
+    "pending": PENDING,
+    "running": RUNNING,
+    "interrupted": RUNNING,
+}
+MIN_SAMPLES = 10  # bootstrap refits needed for a prediction interval
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockFit:
+    """How one law of the study is fitted from runs: the fitting step's fit of a language and
+    the strategies whose runs are its points."""
+
+    fit: Callable[[fit_steps.Study, str], FitResult | None]
+    strategies: tuple[str, ...]
+
+
+# A block's law -> its fit (`fitting.reports.fit_steps.Study`, cached there); laws not here
+# (the MT downstream laws) are not refitted, and their runs are decided as unidentifiable.
+BLOCK_FITS: Mapping[str, BlockFit] = {
+    "chinchilla": BlockFit(lambda study, lang: study.scratch_fit(lang), FROM_SCRATCH),
+    "cpt": BlockFit(lambda study, lang: study.cpt_fit(lang), (Strategy.CPT,)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """The runs at one moment: each one's state and last step, the run directories that hold
+    records, and a digest of every evaluation logged so far."""
+
+    states: Mapping[str, str]  # run id -> launch.status state
+    steps: Mapping[str, int]  # run id -> last logged step (0 when none)
+    data: Mapping[str, RunData]  # run id -> its directory, for runs with records
+    digest: str
+
+    def progress(self, run: Run) -> float:
+        """The share of the run's steps done (1 when done)."""
+        if self.states.get(run.run_id) == "done":
+            return 1.0
+        return min(self.steps.get(run.run_id, 0) / run.steps, 1.0) if run.steps else 0.0
+
+
+def observe(runs: Sequence[Run]) -> Observation:
+    """Reads the runs' states and run directories (see `Observation`)."""
+    states, steps, data, evals = {}, {}, {}, []
+    for run in runs:
+        status = run_states.run_status(run)
+        states[run.run_id], steps[run.run_id] = status.state, int(status.step or 0)
+        if status.step is None:
+            continue
+        try:
+            data[run.run_id] = run_dirs.read_run(run.model_dir)
+        except FitInputError:
+            continue  # no run.json or records yet
+        for record in data[run.run_id].records:
+            values = sorted((k, v) for k, v in record.items() if k.startswith("eval/"))
+            if values:
+                evals.append((run.run_id, record.get("step"), values))
+    text = json.dumps(evals, sort_keys=True, default=str)
+    return Observation(states, steps, data, hashlib.sha256(text.encode()).hexdigest()[:16])
+
+
+@dataclasses.dataclass(frozen=True)
+class FitState:
+    """A refit: the logged record, the study parameters as a vector's worth of values, the
+    information of the points observed, and per block its fit (or why there is none)."""
+
+    record: FitRecord
+    params: Mapping[str, float]
+    info: np.ndarray
+    fits: Mapping[str, FitResult]
+    why_not: Mapping[str, str]
+
+
+def n_basis(cands: Sequence[Candidate], runs: Sequence[Run]) -> str:
+    """The N basis the candidates' points are on: "exact" where each run's N is its
+    non-embedding count, else the paper's "nominal" sizes (`launch.design`)."""
+    by_id = {r.run_id: r for r in runs}
+    for c in cands:
+        run = by_id.get(c.key)
+        if c.points and run is not None and run.counts is not None:
+            if c.points[0].inputs[0] != float(run.counts.params_non_embedding):
+                return "nominal"
+    return "exact"
+
+
+def block_languages(model: StudyModel, data: Sequence[RunData]) -> dict[str, str]:
+    """Block -> the target language of the runs that feed it (`launch.design` blocks: source,
+    scratch, cpt by strategy).
+
+    Raises:
+      ValueError: a block's runs train several target languages (one study at a time).
+    """
+    langs: dict[str, set[str]] = {}
+    for run in data:
+        block = design.BLOCK_OF_STRATEGY.get(run.strategy)
+        if block is not None:
+            langs.setdefault(block, set()).add(run.target_lang)
+    for block, found in langs.items():
+        if len(found) > 1:
+            raise ValueError(
+                f"adaptive sweep: block {block!r} has runs of target languages {sorted(found)}; "
+                "fit one language at a time (--only)"
+            )
+    return {b.name: next(iter(langs[b.name])) for b in model.blocks if b.name in langs}
+
+
+def refit(
+    model: StudyModel,
+    obs: Observation,
+    *,
+    basis: str,
+    bootstrap: int,
+    seed: int,
+    chip_hours: float,
+) -> FitState:
+    """Fits every block of `model` that the observed runs identify (see the module docstring)."""
+    data = list(obs.data.values())
+    with tempfile.TemporaryDirectory() as scratch:  # Study's plot folder: nothing is drawn
+        study = fit_steps.Study(data, Path(scratch), bootstrap, seed, None, n_basis=basis)
+        langs = block_languages(model, data)
+        params, ci, fits, why_not, observed = dict(model.prior), {}, {}, {}, []
+        for block in model.blocks:
+            how, lang = BLOCK_FITS.get(block.law), langs.get(block.name)
+            if how is None or lang is None:
+                why_not[block.name] = "not refitted" if how is None else "no runs yet"
+                continue
+            try:
+                fit = how.fit(study, lang)
+            except Unidentifiable as e:
+                why_not[block.name] = str(e)
+                continue
+            if fit is None or not fit.converged:
+                why_not[block.name] = "no points yet" if fit is None else fit.status
+                continue
+            fits[block.name] = fit
+            for law_param, name in block.params.items():
+                params[name] = float(fit.params[law_param])
+                if law_param in fit.ci:
+                    ci[name] = tuple(float(x) for x in fit.ci[law_param])
+            pooled = fit_points.pool(study.curves(how.strategies, lang), rule=study.point_rule)
+            observed += [Point(block.name, (n, d)) for n, d in zip(pooled.N, pooled.D, strict=True)]
+    record = FitRecord(
+        digest=obs.digest,
+        n_points=len(observed),
+        params=params,
+        ci=ci,
+        chip_hours=chip_hours,
+        fitted=tuple(fits),
+        skipped=why_not,
+    )
+    info = information.fisher(model, observed, params)
+    return FitState(record, params, info, fits, why_not)
+
+
+def _interval(
+    model: StudyModel, block: str, fit: FitResult, inputs: tuple[float, ...]
+) -> tuple[float, float] | None:
+    """95% percentile interval of the block's law at `inputs` over the fit's bootstrap refits."""
+    if len(fit.samples) < MIN_SAMPLES:
+        return None
+    law = model.block(block).law
+    values = [
+        float(formulas.predict(law, {**fit.params, **sample}, *inputs)) for sample in fit.samples
+    ]
+    values = [v for v in values if np.isfinite(v)]
+    if len(values) < MIN_SAMPLES:
+        return None
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def assess(
+    model: StudyModel,
+    cands: Mapping[str, Candidate],
+    runs: Sequence[Run],
+    obs: Observation,
+    fit: FitState,
+) -> dict[str, RunState]:
+    """Each unfinished run's `RunState` (needed_by left for `adaptive.decide_all`)."""
+    out = {}
+    for run in runs:
+        status = DECIDED_STATES.get(obs.states.get(run.run_id, "pending"))
+        cand = cands.get(run.run_id)
+        if status is None or cand is None:
+            continue
+        done = obs.progress(run)
+        left = [p for p in cand.points if p.inputs[-1] > done * cand.points[-1].inputs[-1]]
+        blocks = {p.block for p in cand.points}
+        missing = sorted(b for b in blocks if b not in fit.fits)
+        gain = predicted = interval = None
+        if not missing:
+            more = information.fisher(model, left, fit.params)
+            gain = information.info_gain(fit.info, more)
+        if cand.points and not missing:
+            final = cand.points[-1]
+            law = model.block(final.block).law
+            block_fit = fit.fits[final.block]
+            predicted = float(formulas.predict(law, dict(block_fit.params), *final.inputs))
+            interval = _interval(model, final.block, block_fit, final.inputs)
+        out[run.run_id] = RunState(
+            run_id=run.run_id,
+            status=status,
+            identifiable=not missing,
+            points=len(cand.points),
+            points_left=len(left),
+            gain=gain,
+            cost=cand.cost * (1.0 - done),
+            predicted=predicted,
+            interval=interval,
+            why_not="; ".join(f"{b}: {fit.why_not.get(b, '?')}" for b in missing),
+        )
+    return out
+
+
+def spent_and_saved(
+    cands: Mapping[str, Candidate], runs: Sequence[Run], obs: Observation
+) -> tuple[float, float]:
+    """Chip-hours spent (each run's cost × the share of its steps done) and saved (what the
+    runs stopped or skipped on request, `rundir.stop_request`, did not run)."""
+    spent = saved = 0.0
+    for run in runs:
+        cand = cands.get(run.run_id)
+        if cand is None:
+            continue
+        spent += cand.cost * obs.progress(run)
+        if obs.states.get(run.run_id) == "stopped":
+            saved += cand.cost * (1.0 - obs.progress(run))
+    return spent, saved

@@ -1,0 +1,240 @@
+"""`xlscale sweep run --adaptive`: a sweep steered by the law it is estimating.
+
+The launcher (any of `launch.launchers.LAUNCHERS`) runs the sweep as it always does, in this
+thread. Beside it an `AdaptiveSweep` polls the run directories every `poll_s` seconds; whenever a
+run logs a new evaluation (or completes) it refits the study's laws on every evaluation so far
+(`launch.adaptive_fit`), assesses each unfinished run and decides RUN, SKIP or STOP
+(`launch.adaptive.decide_all`), logging each decision and each refit under
+`<runs_dir>/adaptive/`. A SKIP or STOP is carried out the one way every launcher and every host
+honours: a stop request in the run's MODEL_DIR (`rundir.stop_request`). A run not yet started is
+then never started (launchers pass it by; a queued SLURM or xmanager job exits at once), a
+running one saves a checkpoint and exits (`rundir.exits.STOPPED`), is not requeued, and resumes
+exactly where it stopped if the request is removed and the sweep run again.
+
+Asynchronous launchers (SLURM, xmanager) return once their jobs are submitted; the polling then
+goes on here until every run has finished, been stopped, or failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from fitting.design.study import Candidate, StudyModel
+from launch import adaptive, adaptive_fit, design
+from launch.adaptive import RUN, Policy
+from launch.adaptive_fit import FitState, Observation
+from launch.runs import Run
+from rundir import names, stop_request
+
+FINISHED = ("done", "stopped", "failed")  # launch.status states no launcher changes
+
+
+def dependents_of(runs: Sequence[Run]) -> dict[str, tuple[str, ...]]:
+    """Run id -> ids of the runs that start from it."""
+    out: dict[str, list[str]] = {}
+    for run in runs:
+        for dep in run.depends_on:
+            out.setdefault(dep, []).append(run.run_id)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def finished(runs: Sequence[Run], obs: Observation) -> bool:
+    """Whether no run will change any more: each is done, stopped or failed, or waits on a run
+    that was stopped or failed (its launcher blocks it)."""
+    by_id = {r.run_id: r for r in runs}
+    memo: dict[str, bool] = {}
+
+    def over(run_id: str) -> bool:
+        if run_id not in memo:
+            memo[run_id] = False  # a cycle is not finished
+            run = by_id.get(run_id)
+            state = obs.states.get(run_id)
+            dead = [d for d in (run.depends_on if run else ()) if d in by_id]
+            blocked = any(obs.states.get(d) in ("stopped", "failed") or over(d) for d in dead)
+            memo[run_id] = state in FINISHED or (state == "pending" and blocked)
+        return memo[run_id]
+
+    return all(over(r.run_id) for r in runs)
+
+
+@dataclasses.dataclass
+class AdaptiveSweep:
+    """One adaptive sweep's state between polls (see the module docstring).
+
+    Attributes:
+      runs: the sweep's runs; runs_dir: where `adaptive/` is written.
+      model: the study's laws and prior (`launch.design.study_model`).
+      cands: run id -> its candidate (cost in chip-hours, points; `launch.design.candidates`).
+      policy: the thresholds; bootstrap, seed: of each refit.
+      note: where progress lines go.
+    """
+
+    runs: list[Run]
+    runs_dir: str
+    model: StudyModel
+    cands: Mapping[str, Candidate]
+    policy: Policy
+    bootstrap: int = 50
+    seed: int = 0
+    note: Callable[[str], None] = print
+    fit: FitState | None = None
+    _seen: Any = None
+
+    @classmethod
+    def for_runs(
+        cls,
+        runs: Sequence[Run],
+        runs_dir: str,
+        policy: Policy,
+        *,
+        hardware: str | None = None,
+        mfu: float = 0.5,
+        **options: Any,
+    ) -> AdaptiveSweep:
+        """The sweep of `runs` with the study model and candidates `launch.design` makes of
+        them; records the settings in `adaptive/session.json`."""
+        cands = design.candidates(runs, hardware=hardware, mfu=mfu)
+        sweep = cls(
+            list(runs),
+            runs_dir,
+            design.study_model(runs),
+            {c.key: c for c in cands},
+            policy,
+            **options,
+        )
+        adaptive.write_session(
+            runs_dir,
+            {
+                **policy.to_json(),
+                "hardware": hardware,
+                "mfu": mfu,
+                "cost_unit": "chip-hours" if hardware else "PFLOP/s-hours",
+                "bootstrap": sweep.bootstrap,
+                "seed": sweep.seed,
+                "runs": [r.run_id for r in runs],
+            },
+        )
+        return sweep
+
+    def poll(self) -> bool:
+        """One look at the runs: on a new evaluation refit, and on any change decide and act.
+        Returns whether every run has finished."""
+        obs = adaptive_fit.observe(self.runs)
+        key = (obs.digest, tuple(sorted(obs.states.items())))
+        if key != self._seen:
+            self._seen = key
+            if self.fit is None or self.fit.record.digest != obs.digest:
+                self._refit(obs)
+            self._decide(obs)
+        return finished(self.runs, obs)
+
+    def _refit(self, obs: Observation) -> None:
+        spent, _ = adaptive_fit.spent_and_saved(self.cands, self.runs, obs)
+        self.fit = adaptive_fit.refit(
+            self.model,
+            obs,
+            basis=adaptive_fit.n_basis(list(self.cands.values()), self.runs),
+            bootstrap=self.bootstrap,
+            seed=self.seed,
+            chip_hours=spent,
+        )
+        adaptive.log_fit(self.runs_dir, self.fit.record)
+        fitted = ", ".join(self.fit.record.fitted) or "none yet"
+        self.note(
+            f"adaptive: refit on {self.fit.record.n_points} points ({fitted} identified), "
+            f"{spent:.3g} spent"
+        )
+
+    def _decide(self, obs: Observation) -> None:
+        states = adaptive_fit.assess(self.model, self.cands, self.runs, obs, self.fit)
+        decided = adaptive.decide_all(states, dependents_of(self.runs), self.policy)
+        records = [
+            adaptive.decision_record(state, decision, reason, self.policy, self.fit.record)
+            for state, decision, reason in decided.values()
+        ]
+        adaptive.log_decisions(self.runs_dir, records)
+        by_id = {r.run_id: r for r in self.runs}
+        for run_id, (_, decision, reason) in decided.items():
+            if decision == RUN:
+                continue
+            stop_request.request(
+                by_id[run_id].model_dir, reason=f"{decision}: {reason}", by="sweep run --adaptive"
+            )
+            self.note(f"adaptive: {decision} {run_id}: {reason}")
+
+
+def run(sweep: AdaptiveSweep, launch: Callable[[], Sequence[Any]], *, poll_s: float) -> list:
+    """Runs `launch()` (the launcher, in this thread) with `sweep` polling beside it, then
+    polls on until every run has finished where the launcher only submitted jobs; returns
+    `launch()`'s reports. An error of the polling thread is raised once the launch returned."""
+    launched = threading.Event()
+    failure: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            while True:
+                sweep.poll()
+                if launched.wait(poll_s):
+                    return
+        except BaseException as e:  # noqa: BLE001 -- raised again in the launching thread
+            failure.append(e)
+
+    watcher = threading.Thread(target=watch, name="adaptive", daemon=True)
+    watcher.start()
+    try:
+        reports = list(launch())
+    finally:
+        launched.set()
+        watcher.join()
+    if failure:
+        raise failure[0]
+    submitted = any(getattr(r, "submitted", None) for r in reports)
+    while not sweep.poll() and submitted:
+        time.sleep(poll_s)
+    return reports
+
+
+def summary_lines(runs: Sequence[Run], runs_dir: str) -> list[str]:
+    """`sweep status`'s lines about an adaptive sweep (none where none ran under `runs_dir`):
+    compute spent and saved, the current fit with its 95% intervals, the decision counts."""
+    session = adaptive.read_session(runs_dir)
+    if session is None:
+        return []
+    known = set(session.get("runs") or [r.run_id for r in runs])
+    runs = [r for r in runs if r.run_id in known]
+    cands = design.candidates(runs, hardware=session.get("hardware"), mfu=session.get("mfu", 0.5))
+    obs = adaptive_fit.observe(runs)
+    spent, saved = adaptive_fit.spent_and_saved({c.key: c for c in cands}, runs, obs)
+    total = sum(c.cost for c in cands)
+    unit = session.get("cost_unit", "chip-hours")
+    lines = [
+        f"# adaptive (--min-gain {session['min_gain']:g}, --tolerance {session['tolerance']:g}): "
+        f"spent {spent:.4g} {unit}, saved {saved:.4g} (skipped or stopped) of {total:.4g}"
+    ]
+    fits = adaptive.read_lines(runs_dir, names.ADAPTIVE_FITS_FILE)
+    if fits:
+        last = fits[-1]
+        lines.append(
+            f"# adaptive fit {len(fits)} on {last.get('n_points')} points "
+            f"(identified: {', '.join(last.get('fitted') or []) or 'none yet'}):"
+        )
+        ci = last.get("ci") or {}
+        lines += [
+            f"#   {name} = {value:.4g}"
+            + (f"  [{ci[name][0]:.4g}, {ci[name][1]:.4g}]" if name in ci else "")
+            for name, value in last["params"].items()
+            if name in ci
+        ]
+    decisions = adaptive.read_lines(runs_dir, names.ADAPTIVE_DECISIONS_FILE)
+    if decisions:
+        latest = adaptive.latest_decisions(decisions)
+        counts = {d: sum(v["decision"] == d for v in latest.values()) for d in adaptive.DECISIONS}
+        lines.append(
+            f"# adaptive decisions: {len(decisions)} logged; latest per run: "
+            + ", ".join(f"{d} {n}" for d, n in counts.items())
+        )
+    return lines

@@ -1,0 +1,226 @@
+"""The adaptive sweep's decisions (`launch.adaptive`) on synthetic state, their log and its
+replay, and the refit and assessment (`launch.adaptive_fit`) on synthetic run directories from
+the paper-law generator (`fitting.laws.synthetic.write_study`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from fitting.design import paper_models
+from fitting.design.study import Candidate, Point
+from fitting.laws import synthetic
+from fitting.readers import run_dirs
+from launch import adaptive, adaptive_fit, adaptive_loop
+from launch.adaptive import RUN, SKIP, STOP, Policy, RunState
+from rundir import names
+
+POLICY = Policy(min_gain=1.0, tolerance=0.02)
+
+
+def state(**fields) -> RunState:
+    base = dict(
+        run_id="r",
+        status="pending",
+        identifiable=True,
+        points=4,
+        points_left=4,
+        gain=10.0,
+        cost=2.0,
+        predicted=3.0,
+        interval=(2.7, 3.3),
+    )
+    return RunState(**{**base, **fields})
+
+
+def test_worth_running_runs():
+    decision, reason = adaptive.decide(state(), POLICY)  # 5 nats/chip-hour, ±10%
+    assert decision == RUN and "5 nats/chip-hour" in reason and "±10.00%" in reason
+
+
+@pytest.mark.parametrize(("status", "dropped"), [("pending", SKIP), ("running", STOP)])
+def test_a_run_predicted_within_tolerance_is_skipped_or_stopped(status, dropped):
+    decision, reason = adaptive.decide(state(status=status, interval=(2.97, 3.03)), POLICY)
+    assert decision == dropped and "within ±1.00%" in reason
+
+
+@pytest.mark.parametrize(("status", "dropped"), [("pending", SKIP), ("running", STOP)])
+def test_a_run_with_little_information_per_chip_hour_is_skipped_or_stopped(status, dropped):
+    decision, reason = adaptive.decide(state(status=status, gain=1.0, cost=4.0), POLICY)
+    assert decision == dropped and "0.25 nats/chip-hour" in reason and "--min-gain 1" in reason
+
+
+def test_zero_thresholds_never_drop_a_run():
+    off = Policy(min_gain=0.0, tolerance=0.0)
+    assert adaptive.decide(state(gain=0.0, interval=(3.0, 3.0)), off)[0] == RUN
+
+
+def test_guards_come_before_the_thresholds():
+    cheap = dict(gain=0.0, interval=(3.0, 3.0))  # both thresholds would drop it
+    assert adaptive.decide(state(needed_by=("cpt_a",), **cheap), POLICY) == (
+        RUN,
+        "needed by cpt_a",
+    )
+    decision, reason = adaptive.decide(
+        state(identifiable=False, why_not="scratch: 2 model sizes", **cheap), POLICY
+    )
+    assert decision == RUN and "not identifiable" in reason and "2 model sizes" in reason
+    decision, reason = adaptive.decide(state(points=0, points_left=0, **cheap), POLICY)
+    assert decision == RUN and "no point" in reason
+
+
+def test_a_source_run_stays_while_a_pending_dependent_runs():
+    cheap = dict(gain=0.0, cost=1.0, interval=(3.0, 3.0))
+    states = {
+        "src": state(run_id="src", **cheap),
+        "cpt": state(run_id="cpt"),  # worth running, and needs src
+        "src2": state(run_id="src2", **cheap),
+        "cpt2": state(run_id="cpt2", **cheap),  # skipped: src2 is needed by nobody
+    }
+    deps = {"src": ("cpt",), "src2": ("cpt2",)}
+    decided = adaptive.decide_all(states, deps, POLICY)
+    assert {k: v[1] for k, v in decided.items()} == {
+        "src": RUN,
+        "cpt": RUN,
+        "src2": SKIP,
+        "cpt2": SKIP,
+    }
+    assert decided["src"][0].needed_by == ("cpt",) and decided["src"][2] == "needed by cpt"
+
+
+def test_policy_refuses_bad_thresholds():
+    with pytest.raises(ValueError, match="--min-gain -1"):
+        Policy(min_gain=-1.0)
+    with pytest.raises(ValueError, match="--tolerance 1.5"):
+        Policy(tolerance=1.5)
+
+
+def _fit_record() -> adaptive.FitRecord:
+    return adaptive.FitRecord(
+        digest="abc", n_points=12, params={"scratch.alpha": 0.4}, ci={}, chip_hours=1.5
+    )
+
+
+def test_logged_decisions_reproduce_and_a_changed_line_does_not(tmp_path):
+    runs_dir = str(tmp_path)
+    states = [
+        state(run_id="a"),
+        state(run_id="b", status="running", interval=(2.99, 3.01)),
+        state(run_id="c", gain=0.1, cost=3.0),
+        state(run_id="d", identifiable=False, gain=None, predicted=None, interval=None),
+        state(run_id="e", gain=0.0, cost=0.0),  # free: inf rate, logged as null
+    ]
+    records = [
+        adaptive.decision_record(s, *adaptive.decide(s, POLICY), POLICY, _fit_record())
+        for s in states
+    ]
+    adaptive.log_decisions(runs_dir, records)
+    result = adaptive.replay(runs_dir)
+    assert result.checked == 5 and result.ok
+    logged = adaptive.read_lines(runs_dir, names.ADAPTIVE_DECISIONS_FILE)
+    assert [line["decision"] for line in logged] == [RUN, STOP, SKIP, RUN, RUN]
+    first = logged[0]
+    for key in ("time", "run_id", "reason", "gain", "cost", "rate", "predicted", "interval"):
+        assert key in first, key
+    assert first["min_gain"] == 1.0 and first["tolerance"] == 0.02
+    assert first["fit"] == {"digest": "abc", "n_points": 12, "params": {"scratch.alpha": 0.4}}
+    # A line whose threshold was changed after the fact no longer reproduces.
+    path = adaptive.adaptive_dir(runs_dir) / names.ADAPTIVE_DECISIONS_FILE
+    lines = path.read_text().splitlines()
+    changed = json.loads(lines[2]) | {"min_gain": 0.01}
+    path.write_text("\n".join([*lines[:2], json.dumps(changed), *lines[3:]]) + "\n")
+    again = adaptive.replay(runs_dir)
+    assert not again.ok and [m[0] for m in again.mismatches] == [3]
+    assert again.mismatches[0][1][0] == SKIP and again.mismatches[0][2][0] == RUN
+
+
+@pytest.fixture(scope="module")
+def synthetic_runs(tmp_path_factory):
+    """The paper-law generator's CPT study at four sizes (no MT runs), read as fitting reads it."""
+    root = tmp_path_factory.mktemp("synthetic")
+    synthetic.write_study(root, sizes=(3e7, 1.2e8, 5e8, 2e9), evals=5, mt=False, seed=3)
+    return {r.run_id: r for r in run_dirs.read_runs(root)}
+
+
+def _observe(data, ids) -> adaptive_fit.Observation:
+    chosen = {k: v for k, v in data.items() if k in ids}
+    return adaptive_fit.Observation(
+        states={k: "done" for k in chosen}, steps={}, data=chosen, digest=",".join(sorted(ids))
+    )
+
+
+def test_refit_identifies_the_laws_only_with_enough_sizes(synthetic_runs):
+    model = paper_models.cpt_model()
+    scratch = sorted(k for k in synthetic_runs if k.startswith("scratch_"))
+    two = adaptive_fit.refit(
+        model, _observe(synthetic_runs, scratch[:2]), basis="exact", bootstrap=0, seed=0,
+        chip_hours=1.0,
+    )  # fmt: skip
+    assert "scratch" not in two.fits and "model sizes" in two.why_not["scratch"]
+    assert two.params == dict(model.prior)  # nothing fitted: the prior stands
+    ids = [k for k in synthetic_runs if not k.startswith("replay_")]
+    full = adaptive_fit.refit(
+        model, _observe(synthetic_runs, ids), basis="exact", bootstrap=12, seed=0, chip_hours=2.0
+    )
+    assert set(full.fits) == {"scratch", "cpt", "source"}
+    # The well-determined exponents come back (α is poorly pinned by four sizes: issue 37).
+    for name, truth in [("scratch.beta", 0.30), ("cpt.beta", 0.20), ("cpt.gamma", 0.08)]:
+        assert full.params[name] == pytest.approx(truth, rel=0.15), name
+    lo, hi = full.record.ci["scratch.alpha"]
+    assert lo < full.params["scratch.alpha"] < hi
+    assert full.record.n_points == 3 * 4 * 5  # source, scratch, cpt x 4 sizes x 5 evaluations
+    assert np.all(np.isfinite(full.info)) and full.record.to_json()["chip_hours"] == 2.0
+
+
+def test_assess_prices_remaining_points_and_predicts_the_final_loss(synthetic_runs):
+    model = paper_models.cpt_model()
+    known = [k for k in synthetic_runs if not k.startswith(("replay_", "cpt_"))]
+    fit = adaptive_fit.refit(
+        model, _observe(synthetic_runs, known), basis="exact", bootstrap=20, seed=0, chip_hours=1.0
+    )
+    # A scratch run at a fifth size, half done, and one not started; each yields 4 points.
+    n, d = 8e9, 1.6e11
+    points = tuple(Point("scratch", (n, d * f)) for f in (0.25, 0.5, 0.75, 1.0))
+    cands = {k: Candidate(k, 10.0, points) for k in ("half", "new")}
+    runs = [_FakeRun(k, 100) for k in cands]
+    obs = adaptive_fit.Observation(
+        states={"half": "running", "new": "pending"}, steps={"half": 50}, data={}, digest="x"
+    )
+    states = adaptive_fit.assess(model, cands, runs, obs, fit)
+    half, new = states["half"], states["new"]
+    assert (half.status, new.status) == ("running", "pending")
+    assert (half.points_left, new.points_left) == (2, 4) and (half.cost, new.cost) == (5.0, 10.0)
+    assert 0 < half.gain < new.gain  # fewer points left, less information
+    truth = float(synthetic.formulas.chinchilla(n, d, **synthetic.SCRATCH))
+    assert half.predicted == pytest.approx(truth, rel=0.02)
+    lo, hi = half.interval
+    assert lo <= half.predicted <= hi and half.half_width < 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class _FakeRun:
+    """What `assess` reads of a run: its id and length (a `launch.runs.Run` has both)."""
+
+    run_id: str
+    steps: int
+
+
+def test_finished_counts_runs_blocked_behind_a_stopped_one():
+    runs = [_Dep("src", ()), _Dep("cpt", ("src",)), _Dep("other", ())]
+    obs = adaptive_fit.Observation(
+        states={"src": "stopped", "cpt": "pending", "other": "running"}, steps={}, data={},
+        digest="",
+    )  # fmt: skip
+    assert not adaptive_loop.finished(runs, obs)
+    done = dataclasses.replace(obs, states={**obs.states, "other": "done"})
+    assert adaptive_loop.finished(runs, done)
+    assert adaptive_loop.dependents_of(runs) == {"src": ("cpt",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dep:
+    run_id: str
+    depends_on: tuple[str, ...]

@@ -1,0 +1,115 @@
+"""The adaptive parts of `xlscale sweep`: `run --adaptive`, the adaptive lines of `status`, and
+`adaptive replay`.
+
+    xlscale sweep run demo --var ... --adaptive --min-gain 0.5 --tolerance 0.02
+    xlscale sweep status demo          # + compute spent and saved, the fit, decision counts
+    xlscale sweep adaptive replay demo # recompute every logged decision from its logged state
+
+See `launch.adaptive_loop` (the loop), `launch.adaptive` (the decisions and their log).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from launch import adaptive, adaptive_loop
+
+REPLAY = "replay"
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `sweep run` options of an adaptive sweep."""
+    group = parser.add_argument_group("adaptive sweep (--adaptive)")
+    group.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="refit the study's laws on every new evaluation and skip or stop the runs the law "
+        "already knows (decisions logged in <runs_dir>/adaptive/)",
+    )
+    group.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.0,
+        metavar="NATS_PER_CHIP_HOUR",
+        help="skip or stop a run whose remaining evaluations add less information about the "
+        "law's parameters per chip-hour (default 0: never on information alone)",
+    )
+    group.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.02,
+        help="skip or stop a run whose final value is predicted within this relative 95%% "
+        "half-width (default 0.02; 0: never on prediction alone)",
+    )
+    group.add_argument(
+        "--adaptive-poll",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds between looks at the runs' metrics (default 30)",
+    )
+    group.add_argument(
+        "--adaptive-bootstrap",
+        type=int,
+        default=50,
+        metavar="N",
+        help="bootstrap resamples of each refit, for the predictions' intervals (default 50)",
+    )
+
+
+def add_actions(actions, common: argparse.ArgumentParser) -> None:
+    """`sweep adaptive replay MANIFEST`."""
+    parser = actions.add_parser("adaptive", help="an adaptive sweep's log: replay its decisions")
+    what = parser.add_subparsers(dest="adaptive_action", required=True)
+    what.add_parser(
+        REPLAY,
+        parents=[common],
+        help="recompute every logged decision from its logged state; exit 1 if one differs",
+    )
+
+
+def steered(args, manifest, runs, stages: Callable[[], Any]) -> Any:
+    """`stages()` (the sweep's launch, returning (reports, waiting)), steered by an adaptive
+    sweep when `--adaptive` is given; as it is otherwise."""
+    if not args.adaptive or args.dry_run:
+        return stages()
+    if args.adaptive_poll <= 0 or args.adaptive_bootstrap < 0:
+        raise ValueError(
+            f"--adaptive-poll {args.adaptive_poll} and --adaptive-bootstrap "
+            f"{args.adaptive_bootstrap}: allowed: seconds > 0 and resamples >= 0"
+        )
+    sweep = adaptive_loop.AdaptiveSweep.for_runs(
+        runs,
+        manifest.runs_dir,
+        adaptive.Policy(min_gain=args.min_gain, tolerance=args.tolerance),
+        hardware=getattr(args, "hardware", None) or manifest.hardware,
+        bootstrap=args.adaptive_bootstrap,
+    )
+    result: list[Any] = []
+
+    def launch() -> list:
+        result.append(stages())
+        return result[-1][0]
+
+    adaptive_loop.run(sweep, launch, poll_s=args.adaptive_poll)
+    return result[-1]
+
+
+def status_lines(manifest, runs) -> list[str]:
+    """`sweep status`'s adaptive lines (none where no adaptive sweep ran)."""
+    return adaptive_loop.summary_lines(runs, manifest.runs_dir)
+
+
+def replay(args, manifest) -> int:
+    """Prints whether every logged decision recomputes to itself; 1 when one does not."""
+    result = adaptive.replay(manifest.runs_dir)
+    if not result.checked:
+        raise ValueError(f"no adaptive decisions logged under {manifest.runs_dir}/adaptive")
+    print(f"# {manifest.name}: {result.checked} logged decisions recomputed")
+    for line, logged, got in result.mismatches:
+        print(f"line {line}: logged {logged[0]} ({logged[1]}), recomputed {got[0]} ({got[1]})")
+    if result.ok:
+        print("# every decision reproduces from its logged state")
+    return 0 if result.ok else 1
