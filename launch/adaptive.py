@@ -47,10 +47,13 @@ class Policy:
         (`--min-gain`; 0: never on information alone).
       tolerance: relative 95% half-width of a run's predicted final value within which it is
         skipped or stopped (`--tolerance`; 0: never on prediction alone).
+      unit: what costs are counted in: "chip-hour" on the booked hardware, or "PFLOP/s-hour"
+        without one (`launch.design.cost_fn`); `min_gain` is in nats per this unit.
     """
 
     min_gain: float = 0.0
     tolerance: float = 0.02
+    unit: str = "chip-hour"
 
     def __post_init__(self):
         if not (math.isfinite(self.min_gain) and self.min_gain >= 0):
@@ -58,14 +61,18 @@ class Policy:
         if not (math.isfinite(self.tolerance) and 0 <= self.tolerance < 1):
             raise ValueError(f"--tolerance {self.tolerance}: allowed: 0 <= tolerance < 1")
 
-    def to_json(self) -> dict[str, float]:
+    def to_json(self) -> dict[str, Any]:
         """The log's record of the thresholds."""
-        return {"min_gain": self.min_gain, "tolerance": self.tolerance}
+        return {"min_gain": self.min_gain, "tolerance": self.tolerance, "unit": self.unit}
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> Policy:
         """The thresholds a decision line recorded."""
-        return cls(min_gain=float(record["min_gain"]), tolerance=float(record["tolerance"]))
+        return cls(
+            min_gain=float(record["min_gain"]),
+            tolerance=float(record["tolerance"]),
+            unit=str(record.get("unit", "chip-hour")),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,12 +156,12 @@ def decide(state: RunState, policy: Policy) -> tuple[str, str]:
     rate = state.rate
     if policy.min_gain > 0 and rate is not None and rate < policy.min_gain:
         return drop, (
-            f"information {state.gain:.3g} nats over {state.cost:.3g} chip-hours = {rate:.3g} "
-            f"nats/chip-hour, below --min-gain {policy.min_gain:.3g}"
+            f"information {state.gain:.3g} nats over {state.cost:.3g} {policy.unit}s = "
+            f"{rate:.3g} nats per {policy.unit}, below --min-gain {policy.min_gain:.3g}"
         )
     shown = "?" if rate is None else f"{rate:.3g}"
     width_text = "?" if width is None else f"±{width:.2%}"
-    return RUN, f"{shown} nats/chip-hour, final value {width_text}: worth running"
+    return RUN, f"{shown} nats per {policy.unit}, final value {width_text}: worth running"
 
 
 def decide_all(

@@ -31,6 +31,7 @@ from launch.runs import Run
 from rundir import names, stop_request
 
 FINISHED = ("done", "stopped", "failed")  # launch.status states no launcher changes
+BY = "sweep run --adaptive"  # who asks, in the stop requests it writes
 
 
 def dependents_of(runs: Sequence[Run]) -> dict[str, tuple[str, ...]]:
@@ -98,6 +99,8 @@ class AdaptiveSweep:
         """The sweep of `runs` with the study model and candidates `launch.design` makes of
         them; records the settings in `adaptive/session.json`."""
         cands = design.candidates(runs, hardware=hardware, mfu=mfu)
+        unit = "chip-hour" if hardware else "PFLOP/s-hour"  # `launch.design.cost_fn`
+        policy = dataclasses.replace(policy, unit=unit)
         sweep = cls(
             list(runs),
             runs_dir,
@@ -112,7 +115,7 @@ class AdaptiveSweep:
                 **policy.to_json(),
                 "hardware": hardware,
                 "mfu": mfu,
-                "cost_unit": "chip-hours" if hardware else "PFLOP/s-hours",
+                "cost_unit": f"{unit}s",
                 "bootstrap": sweep.bootstrap,
                 "seed": sweep.seed,
                 "runs": [r.run_id for r in runs],
@@ -127,10 +130,19 @@ class AdaptiveSweep:
         key = (obs.digest, tuple(sorted(obs.states.items())))
         if key != self._seen:
             self._seen = key
+            self._tidy(obs)
             if self.fit is None or self.fit.record.digest != obs.digest:
                 self._refit(obs)
             self._decide(obs)
         return finished(self.runs, obs)
+
+    def _tidy(self, obs: Observation) -> None:
+        """Withdraws this sweep's stop requests of runs that completed before they noticed one
+        (nothing is left to stop; a rerun of the sweep decides afresh)."""
+        for run in self.runs:
+            if obs.states.get(run.run_id) == "done" and stop_request.requested(run.model_dir):
+                if (stop_request.read(run.model_dir) or {}).get("by") == BY:
+                    stop_request.withdraw(run.model_dir)
 
     def _refit(self, obs: Observation) -> None:
         spent, _ = adaptive_fit.spent_and_saved(self.cands, self.runs, obs)
@@ -161,9 +173,7 @@ class AdaptiveSweep:
         for run_id, (_, decision, reason) in decided.items():
             if decision == RUN:
                 continue
-            stop_request.request(
-                by_id[run_id].model_dir, reason=f"{decision}: {reason}", by="sweep run --adaptive"
-            )
+            stop_request.request(by_id[run_id].model_dir, reason=f"{decision}: {reason}", by=BY)
             self.note(f"adaptive: {decision} {run_id}: {reason}")
 
 

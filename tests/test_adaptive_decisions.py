@@ -38,7 +38,7 @@ def state(**fields) -> RunState:
 
 def test_worth_running_runs():
     decision, reason = adaptive.decide(state(), POLICY)  # 5 nats/chip-hour, ±10%
-    assert decision == RUN and "5 nats/chip-hour" in reason and "±10.00%" in reason
+    assert decision == RUN and "5 nats per chip-hour" in reason and "±10.00%" in reason
 
 
 @pytest.mark.parametrize(("status", "dropped"), [("pending", SKIP), ("running", STOP)])
@@ -50,7 +50,7 @@ def test_a_run_predicted_within_tolerance_is_skipped_or_stopped(status, dropped)
 @pytest.mark.parametrize(("status", "dropped"), [("pending", SKIP), ("running", STOP)])
 def test_a_run_with_little_information_per_chip_hour_is_skipped_or_stopped(status, dropped):
     decision, reason = adaptive.decide(state(status=status, gain=1.0, cost=4.0), POLICY)
-    assert decision == dropped and "0.25 nats/chip-hour" in reason and "--min-gain 1" in reason
+    assert decision == dropped and "0.25 nats per chip-hour" in reason and "--min-gain 1" in reason
 
 
 def test_zero_thresholds_never_drop_a_run():

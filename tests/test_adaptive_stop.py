@@ -11,7 +11,7 @@ import time
 import pytest
 from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401 -- the module fixture
 
-from rundir import names, stop_request
+from rundir import exits, names, stop_request
 from rundir import records as rundir_records
 from trainer import checkpoints, stop_requests
 from trainer import train as train_lib
@@ -111,3 +111,25 @@ def test_the_poller_looks_at_most_every_poll_s(tmp_path):
     assert poller.requested_now()  # the start-up check looks at once
     now[0] = 2.0
     assert poller.poll() and poller.poll()  # seen: this step and after
+
+
+@pytest.mark.slow
+def test_a_stop_request_stops_every_host_at_one_step(tiny_data, tmp_path):
+    """A 2-process job (1 CPU device each): process 0 sees the request and raises the preemption
+    notice, and JAX's preemption service stops both hosts at the same step, exit 79 on each."""
+    from test_multihost import STEPS as HOST_STEPS
+    from test_multihost import _two_hosts
+
+    model_dir = tmp_path / "two"
+    stop_request.request(model_dir, reason="test")
+    codes, logs = _two_hosts(model_dir, tiny_data, tmp_path, name="stop", cache=tmp_path / "xla")
+    assert codes == [exits.STOPPED] * 2, [log[-3000:] for log in logs]
+    store = checkpoints.CheckpointStore(
+        checkpoints.checkpoints_dir(model_dir), CheckpointConfig(), read_only=True
+    )
+    step = store.latest_step()
+    assert step is not None and 1 <= step < HOST_STEPS
+    for text in logs:
+        assert f"stopping at step {step} (checkpoint saved)" in text
+    assert "stop requested" in logs[0]
+    assert not (model_dir / names.COMPLETED_FILE).exists()
