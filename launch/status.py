@@ -133,13 +133,14 @@ def run_status(run: Run, *, stale_s: float = 900.0, now: float | None = None) ->
         alive = record.get("host") != socket.gethostname() or _pid_alive(int(record.get("pid", -1)))
         if alive:
             return RunStatus(run.run_id, "running", step, loss, evals, updated)
-    if updated is not None and now - updated < stale_s and record.get("state") != "failed":
-        return RunStatus(run.run_id, "running", step, loss, evals, updated)
-    if stop_request.requested(directory):  # `rundir.stop_request`: ended, or never started
+    # A stop request (`rundir.stop_request`) without a live writer: stopped, or never started.
+    if stop_request.requested(directory):
         why = (stop_request.read(directory) or {}).get("reason", "")
         return RunStatus(
             run.run_id, "stopped", step, loss, evals, updated, f"stop requested: {why}"
         )
+    if updated is not None and now - updated < stale_s and record.get("state") != "failed":
+        return RunStatus(run.run_id, "running", step, loss, evals, updated)
     if record.get("state") == "failed":
         message = f"exit code {record.get('returncode')}; log {record.get('log')}"
         return RunStatus(run.run_id, "failed", step, loss, evals, updated, message)

@@ -224,3 +224,19 @@ def test_finished_counts_runs_blocked_behind_a_stopped_one():
 class _Dep:
     run_id: str
     depends_on: tuple[str, ...]
+
+
+def test_status_reads_a_stop_request_as_stopped_even_with_fresh_metrics(tmp_path):
+    from launch import status
+    from launch.sweep import expand, load_manifest
+    from rundir import records, stop_request
+
+    run = expand(load_manifest("smoke", runs_dir=str(tmp_path)))[0]
+    records.append_metrics(run.model_dir, {"step": 3, "train/loss": 5.0})
+    assert status.run_status(run).state == "running"  # metrics written just now
+    stop_request.request(run.model_dir, reason="SKIP: test")
+    got = status.run_status(run)
+    assert got.state == "stopped" and got.message == "stop requested: SKIP: test"
+    assert status.count_states([got]) == {
+        "done": 0, "running": 0, "interrupted": 0, "failed": 0, "pending": 0, "stopped": 1
+    }  # fmt: skip
