@@ -91,6 +91,15 @@ class LaunchReport:
     # Runs not started or stopped because their MODEL_DIR holds a stop request (`rundir.stop_request`).
     stopped: list[str] = dataclasses.field(default_factory=list)
 
+    def stop_if_requested(self, run: Run, progress: Progress) -> bool:
+        """Records `run` as stopped (and says so) when its MODEL_DIR holds a stop request, so
+        that it is not started; returns whether it does."""
+        if not stop_request.requested(run.model_dir):
+            return False
+        self.stopped.append(run.run_id)
+        progress.skip(run, f"stop requested ({names.STOP_REQUEST_FILE})")
+        return True
+
     def ended(self, run: Run, ok: bool) -> None:
         """Records how `run` ended: completed, stopped on request, or failed."""
         stopped = not ok and stop_request.requested(run.model_dir)
@@ -108,6 +117,8 @@ class LaunchReport:
         stopped = any(dep in self.stopped for dep in run.depends_on)
         if not stopped and not any(dep in bad for dep in run.depends_on):
             return False
+        if stopped and self.stop_if_requested(run, progress):  # dropped with its dependency
+            return True
         self.blocked.append(run.run_id)
         progress.skip(
             run, "blocked by a stopped dependency" if stopped else "blocked by a failed dependency"
@@ -133,10 +144,7 @@ def start_launch(
         if is_completed(run):
             report.skipped.append(run.run_id)
             progress.skip(run, "completed")
-        elif stop_request.requested(run.model_dir):  # not started while the request exists
-            report.stopped.append(run.run_id)
-            progress.skip(run, f"stop requested ({names.STOP_REQUEST_FILE})")
-        else:
+        elif not report.stop_if_requested(run, progress):  # not started while requested
             pending.append(run)
     return pending, progress, report
 

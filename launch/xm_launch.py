@@ -207,6 +207,8 @@ class XManagerLauncher:
                 for run in wave:
                     if report.block_if_dependency_failed(run, progress):
                         continue
+                    if report.stop_if_requested(run, progress):  # since the launch began
+                        continue
                     job = xm.Job(
                         executable=executables[run.module],
                         executor=executor_cls(requirements=requirements),
@@ -224,13 +226,11 @@ class XManagerLauncher:
                         progress.note(f"work unit {run.run_id} failed: {e}")
                         ok = False
                     progress.finish(run, ok, started)
-                    if ok:
-                        report.completed.append(run.run_id)
-                        if run.zeroshot is not None:
-                            scoring.append(await score(run))
-                    else:
+                    report.ended(run, ok)  # a unit that stopped on request is stopped
+                    if ok and run.zeroshot is not None:
+                        scoring.append(await score(run))
+                    elif run.run_id in report.failed:
                         progress.fail(run)
-                        report.failed.append(run.run_id)
             for run, unit in scoring:  # the zero-shot stage: each unit ran beside later waves
                 try:
                     await unit.wait_until_complete()
