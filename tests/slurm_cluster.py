@@ -41,7 +41,7 @@ PACKAGES = ("slurm-wlm", "munge")
 SBIN = ("/usr/sbin", "/sbin")
 NODE = "localhost"
 PARTITION = "debug"
-REQUEUE_DELAY_S = 10
+REQUEUE_DELAY_S = 5  # the least cred_expire SLURM takes (3 is "invalid" in its logs)
 LOCK_PATH = Path(tempfile.gettempdir()) / "xlscale-slurm-test-cluster.lock"
 
 
