@@ -505,3 +505,36 @@ def test_a_run_of_two_tasks_has_the_losses_of_one_process(slurm_env, tiny_data, 
     assert status.is_completed(run) and status.is_completed(reference)
     assert len(_loss_rows(run)) == run.steps // 2
     assert _loss_rows(run) == _loss_rows(reference)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_on_request_is_not_requeued(slurm_env, tiny_data, tmp_path, capsys):
+    # `sweep run --adaptive`'s STOP (`rundir.stop_request`): the trainer saves a checkpoint and
+    # exits 79, which the job script does not requeue (75 and 143 it does); the run reads as
+    # stopped, resumable once the request is withdrawn.
+    from rundir import exits, names, stop_request
+
+    cluster = slurm_env
+    manifest = tmp_path / "slurm_cluster_long.toml"
+    manifest.write_text(LONG_MANIFEST)
+    runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
+    runs = _runs(manifest, runs_dir, tiny_data)
+    (source,) = [r for r in runs if r.strategy == "source" and r.coord("CHECKPOINT_PERIOD") == 1000]
+    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, "--only", source.run_id) == 0
+    job = _job_ids_when_started(script_dir, source.run_id)
+    _wait_until(lambda: status.last_step(source) > 0, "a logged step", 180, script_dir)
+    stop_request.request(source.model_dir, reason="STOP: test")
+    _wait_for_empty_queue(cluster, script_dir, WAIT_S)
+    log = _log(script_dir, source.run_id)
+    state = cluster.job(job)
+    assert (state["JobState"], state["ExitCode"], state["Restarts"]) == (
+        "FAILED",
+        f"{exits.STOPPED}:0",
+        "0",
+    ), log
+    assert f"xlscale: trainer exited {exits.STOPPED}" in log and "requeue 1" not in log
+    saved = [int(p.name) for p in (runs_dir / source.run_id / "checkpoints").iterdir()]
+    # The checkpoint of the step it stopped at (after the last logged one; no periodic save yet).
+    assert saved and status.last_step(source) <= max(saved) < min(LONG_STEPS, 1000), saved
+    assert not (runs_dir / source.run_id / names.COMPLETED_FILE).exists()
+    assert status.run_status(source).state == "stopped"
