@@ -1,0 +1,191 @@
+"""Benchmark: on the demo's real CPU runs, does a law fitted on a designed half of the study
+predict the runs it skipped, within the run-to-run noise of two seeds? (issue 37)
+
+Needs the demo study trained twice: `xlscale demo` (seed 0), then its 12 source/scratch/CPT runs
+again with seed 1 in the same runs directory (a copy of `launch/manifests/demo.toml` with
+`seeds = [0, 1]` in `[axes]`, run with `xlscale sweep run COPY --runs-dir RUNS ...`; the seed-0
+runs are reused by id). Then:
+
+1. `xlscale sweep design`'s choice (`launch.design` + `fitting.design.choose`, criterion
+   "targets", the paper's laws as prior unless `--prior`) of the seed-0 runs within
+   `--fraction` (default 0.5) of the study's compute (FLOPs; the demo's replay runs are not
+   candidates: its L(N, D) laws leave them out);
+2. the study's laws fitted on the chosen runs only, every evaluation along each run a point, as
+   the demo's fit does (`fitting.readers.points`, `fitting.laws.robust_fit`: Chinchilla for the
+   source and from-scratch runs, the CPT law's second stage on the CPT runs);
+3. each skipped run's final loss predicted and compared with its measured one (seed 0), beside
+   the run-to-run noise: the relative difference between the seed-0 and seed-1 final losses of
+   the same run, and its RMS over all 12 runs (σ_run = RMS/√2, one run's scatter).
+
+A skipped run passes when its prediction error is within 2σ_run (the noise band of one run). It
+prints the design, one row per run, and PASS/FAIL per target.
+
+    .venv/bin/python benchmarks/law_design_real.py --runs-dir demo_out/runs [--fraction 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fitting.design import choose  # noqa: E402
+from fitting.laws import robust_fit  # noqa: E402
+from fitting.readers import points as points_lib  # noqa: E402
+from fitting.readers import run_dirs  # noqa: E402
+from launch import design  # noqa: E402
+from launch.sweep import expand, load_manifest  # noqa: E402
+from rundir import names  # noqa: E402
+
+# What each strategy's curve is scored on, and the law its runs follow.
+SCORED = {"source": "en", "scratch": None, "cpt": None}
+
+
+def _runs(manifest: str, runs_dir: str, seed: int):
+    """The manifest's runs with `seed` (ids do not depend on the variables' values)."""
+    m = load_manifest(manifest, variables={"DATA_DIR": "-", "VOCAB_PATH": "-"}, runs_dir=runs_dir)
+    return [r for r in expand(m) if r.coord("seed", 0) == seed]
+
+
+def _curve(runs_dir: str, run, n_basis: str):
+    data = run_dirs.read_run(Path(runs_dir) / run.run_id)
+    task = "lm_en" if run.strategy == "source" else None
+    return points_lib.curve(data, task=task, n_basis=n_basis)
+
+
+def _final_loss(runs_dir: str, run, n_basis: str) -> float:
+    """The run's last evaluated loss; NaN while it has not finished (or not started)."""
+    if not (Path(runs_dir) / run.run_id / names.COMPLETED_FILE).exists():
+        return math.nan
+    return float(_curve(runs_dir, run, n_basis).loss[-1])
+
+
+def _fit(curves_by_strategy, *, bootstrap: int, rule: points_lib.PointRule):
+    """Source and scratch Chinchilla fits and the CPT law's second stage on `curves`."""
+    fits = {}
+    for strategy in ("scratch", "source"):
+        p = points_lib.pool(curves_by_strategy[strategy], rule=rule)
+        fits[strategy] = robust_fit.fit_chinchilla(
+            p.N, p.D, p.L, runs=p.runs, bootstrap=bootstrap, series=strategy
+        )
+    p = points_lib.pool(curves_by_strategy["cpt"], rule=rule)
+    fits["cpt"] = robust_fit.fit_cpt(p.N, p.D, p.L, base=fits["scratch"], runs=p.runs, series="cpt")
+    return fits
+
+
+def main(argv=None) -> int:
+    """Runs the benchmark (see the module docstring); 0 when every target passes."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs-dir", default="demo_out/runs", help="the demo's runs (both seeds)")
+    ap.add_argument("--manifest", default="demo", help="the study's manifest (seed 0 runs)")
+    ap.add_argument("--fraction", type=float, default=0.5, help="share of the study's compute")
+    ap.add_argument("--criterion", default="targets", choices=sorted(choose.CRITERIA))
+    ap.add_argument("--prior", help="a pilot fit's JSON of study parameters (launch.design)")
+    ap.add_argument(
+        "--min-fraction",
+        type=float,
+        default=0.0,
+        help="fit on the evaluations from this fraction of each run on (fitting.readers.points)",
+    )
+    ap.add_argument("--bootstrap", type=int, default=0, help="resamples for the fits' CIs")
+    args = ap.parse_args(argv)
+
+    runs0 = _runs(args.manifest, args.runs_dir, 0)
+    runs1 = {(r.strategy, r.size): r for r in _runs_seed1(args)}
+    scored = [r for r in runs0 if r.strategy in SCORED]
+    prior = design.read_prior(args.prior) if args.prior else None
+    cands = design.candidates(scored)
+    model = design.study_model(scored, prior)
+    full = sum(c.cost for c in cands)
+    chosen = choose.choose(
+        model,
+        cands,
+        args.fraction * full,
+        targets=design.targets(model, scored, cands),
+        criterion=args.criterion,
+    )
+    keep = set(chosen.keys)
+    print(
+        f"# design: {len(keep)} of {len(cands)} runs, {chosen.cost:.4g} of {full:.4g} "
+        f"PFLOP/s-hours ({100 * chosen.fraction:.1f}% of the study's compute; target ≤ "
+        f"{100 * args.fraction:.0f}%), criterion {args.criterion}"
+    )
+    basis = design._n_basis(scored)
+    curves0 = {r.run_id: _curve(args.runs_dir, r, basis) for r in scored}
+    by_strategy = {
+        s: [curves0[r.run_id] for r in scored if r.strategy == s and r.run_id in keep]
+        for s in SCORED
+    }
+    rule = points_lib.PointRule(min_fraction=args.min_fraction)
+    fits = _fit(by_strategy, bootstrap=args.bootstrap, rule=rule)
+    for name, f in fits.items():
+        params = ", ".join(f"{k} {v:.4g}" for k, v in f.params.items())
+        print(f"# fit {name} ({f.n_runs} runs, {f.n_points} points, {f.status}): {params}")
+
+    rel_diffs, rows = [], []
+    for r in scored:
+        c0 = curves0[r.run_id]
+        twin = runs1.get((r.strategy, r.size))
+        l1 = _final_loss(args.runs_dir, twin, basis) if twin else math.nan
+        l0 = float(c0.loss[-1])
+        rel_diffs.append((l0 - l1) / l0)
+        law = fits[r.strategy]
+        pred = float(law.predict(c0.n_params, c0.tokens[-1]))
+        rows.append((r, l0, l1, pred))
+    diffs = np.asarray(rel_diffs)
+    diffs = diffs[np.isfinite(diffs)]
+    if not diffs.size:
+        print("no seed-1 twins found: train the seed-1 runs first (see the docstring)")
+        return 2
+    sigma = float(np.sqrt(np.mean(diffs**2)) / math.sqrt(2))
+    print(
+        f"# run-to-run noise over {diffs.size} seed pairs: RMS relative difference "
+        f"{np.sqrt(np.mean(diffs**2)):.4f}, σ_run {sigma:.4f}; a skipped run passes within "
+        f"2σ_run = {2 * sigma:.4f}"
+    )
+    print(f"{'run':48s} {'in design':9s} {'L seed0':>8s} {'L seed1':>8s} {'law':>8s} {'err':>8s}")
+    ok = chosen.fraction <= args.fraction + 1e-9
+    for r, l0, l1, pred in rows:
+        err = (pred - l0) / l0
+        inside = r.run_id in keep
+        verdict = "" if inside else ("PASS" if abs(err) <= 2 * sigma else "FAIL")
+        ok &= inside or abs(err) <= 2 * sigma
+        print(
+            f"{r.run_id:48s} {'yes' if inside else 'skipped':9s} {l0:8.4f} {l1:8.4f} "
+            f"{pred:8.4f} {err:+8.4f} {verdict}"
+        )
+    print(
+        f"{'PASS' if ok else 'FAIL'}: ≤{100 * args.fraction:.0f}% of the compute, every skipped "
+        "run predicted within the run-to-run noise"
+    )
+    return 0 if ok else 1
+
+
+def _runs_seed1(args):
+    """The seed-1 twins: the same manifest with seeds [0, 1] expanded, seed 1 only."""
+    import tomllib
+
+    from launch.manifest import parse_manifest
+    from launch.sweep import resolve_manifest_path
+
+    with open(resolve_manifest_path(args.manifest), "rb") as f:
+        data = tomllib.load(f)
+    data.setdefault("axes", {})["seeds"] = [1]
+    for grid in data.get("grid", []):
+        grid.pop("seeds", None)
+    m = parse_manifest(
+        data,
+        path=f"{args.manifest} (seed 1)",
+        variables={"DATA_DIR": "-", "VOCAB_PATH": "-"},
+        runs_dir=args.runs_dir,
+    )
+    return [r for r in expand(m) if r.strategy in SCORED]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
