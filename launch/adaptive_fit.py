@@ -7,12 +7,14 @@ every evaluation so far, and each unfinished run's `launch.adaptive.RunState`.
 steps (`fitting.reports.fit_steps.Study`, as `xlscale fit` does: the Chinchilla law on a
 language's source and scratch runs, the CPT law's second stage on its CPT runs; every
 evaluation after the first token a point, intermediate checkpoints included; bootstrap over whole
-runs), on the N basis the candidates use. A block the data cannot identify yet (fewer sizes than
-its law needs, `fitting.checks.Unidentifiable`) keeps the prior and is named with the reason.
-`assess` turns the fit into each unfinished run's numbers: the information its remaining points
-add (`fitting.design.information.info_gain` at the fitted parameters, over the information of
-the points observed), its remaining chip-hours, and its final metric predicted by the block's law
-with the 95% interval of the bootstrap refits.
+runs), on the N basis the candidates use; an MT block (BLEU log-law, cross-entropy power law)
+on its series' finetunes, every (Dp, final value) fitted (`fitting.laws.downstream_laws`, no
+bootstrap: its predictions carry no interval). A block the data cannot identify yet (fewer sizes
+or Dp than its law needs, `fitting.checks.Unidentifiable`) keeps the prior and is named with the
+reason. `assess` turns the fit into each unfinished run's numbers: the information its remaining
+points add (`fitting.design.information.info_gain` at the fitted parameters, over the
+information of the points observed), its remaining chip-hours, and its final metric predicted by
+the block's law with the 95% interval of the bootstrap refits.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import json
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from fitting.checks import FitInputError, Unidentifiable
+from fitting.checks import FitInputError, Unidentifiable, require_distinct
 from fitting.design import information
 from fitting.design.study import Candidate, Point, StudyModel
-from fitting.laws import formulas
-from fitting.laws.robust_fit import FitResult
+from fitting.laws import downstream_laws, formulas
+from fitting.laws.robust_fit import LawFit
 from fitting.readers import points as fit_points
 from fitting.readers import run_dirs
 from fitting.readers.run_data import RunData
@@ -52,19 +55,61 @@ MIN_SAMPLES = 10  # bootstrap refits needed for a prediction interval
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockFit:
-    """How one law of the study is fitted from runs: the fitting step's fit of a language and
-    the strategies whose runs are its points."""
+class Sources:
+    """What one refit fits its blocks from: fitting's study of the runs (its fits cached), the
+    target language of each CPT block, and the downstream series of each MT block."""
 
-    fit: Callable[[fit_steps.Study, str], FitResult | None]
-    strategies: tuple[str, ...]
+    study: fit_steps.Study
+    langs: Mapping[str, str]
+    series: Mapping[str, fit_points.DownstreamSeries]
 
 
-# A block's law -> its fit (`fitting.reports.fit_steps.Study`, cached there); laws not here
-# (the MT downstream laws) are not refitted, and their runs are decided as unidentifiable.
+# A block's fit: (sources, block name) -> (the fit, or None without points; the points it used).
+BlockFit = Callable[[Sources, str], tuple[LawFit | None, list[Point]]]
+
+
+def _upstream(strategies: tuple[str, ...], fit: Callable[[fit_steps.Study, str], Any]) -> BlockFit:
+    """A CPT-paper law fitted as `xlscale fit` does, on every evaluation of the language's runs
+    of `strategies` (`fitting.reports.fit_steps.Study`)."""
+
+    def fit_block(src: Sources, block: str) -> tuple[LawFit | None, list[Point]]:
+        lang = src.langs.get(block)
+        result = None if lang is None else fit(src.study, lang)
+        if result is None:
+            return None, []
+        pooled = fit_points.pool(src.study.curves(strategies, lang), rule=src.study.point_rule)
+        return result, [Point(block, (n, d)) for n, d in zip(pooled.N, pooled.D, strict=True)]
+
+    return fit_block
+
+
+def _downstream(src: Sources, block: str) -> tuple[LawFit | None, list[Point]]:
+    """An MT-paper law fitted to its series' every finetune (Dp, final value), as
+    `xlscale fit` fits one (`fitting.laws.downstream_laws.fit_series`), all points fitted."""
+    series = src.series.get(block)
+    if series is None:
+        return None, []
+    law = formulas.LAWS["power_law" if series.metric == downstream_laws.CE else "log_law"]
+    require_distinct(
+        law=law.name,
+        series=block,
+        what="distinct Dp",
+        values=series.Dp,
+        minimum=law.min_distinct[0],
+    )
+    fit = downstream_laws.fit_series(
+        series.Dp, series.values, metric=series.metric, n_fit=len(series.Dp)
+    )
+    return fit, [Point(block, (float(dp),)) for dp in series.Dp]
+
+
+# A block's law -> how it is refitted; a block whose law is not here keeps its prior, and its
+# runs are decided as unidentifiable.
 BLOCK_FITS: Mapping[str, BlockFit] = {
-    "chinchilla": BlockFit(lambda study, lang: study.scratch_fit(lang), FROM_SCRATCH),
-    "cpt": BlockFit(lambda study, lang: study.cpt_fit(lang), (Strategy.CPT,)),
+    "chinchilla": _upstream(FROM_SCRATCH, lambda study, lang: study.scratch_fit(lang)),
+    "cpt": _upstream((Strategy.CPT,), lambda study, lang: study.cpt_fit(lang)),
+    "log_law": _downstream,
+    "power_law": _downstream,
 }
 
 
@@ -113,7 +158,7 @@ class FitState:
     record: FitRecord
     params: Mapping[str, float]
     info: np.ndarray
-    fits: Mapping[str, FitResult]
+    fits: Mapping[str, LawFit]
     why_not: Mapping[str, str]
 
 
@@ -150,30 +195,54 @@ def block_languages(model: StudyModel, data: Sequence[RunData]) -> dict[str, str
     return {b.name: next(iter(langs[b.name])) for b in model.blocks if b.name in langs}
 
 
+def series_blocks(
+    data: Sequence[RunData], run_blocks: Mapping[str, Sequence[str]]
+) -> dict[str, fit_points.DownstreamSeries]:
+    """MT block -> its downstream series (`fitting.readers.points.downstream_series`, the
+    block's metric), matched through the blocks the series' finetunes feed (`run_blocks`: run
+    id -> the blocks of its candidate's points, `launch.design`)."""
+    out = {}
+    for prefix, metric in design.MT_METRICS.items():
+        if not any(b.startswith(f"{prefix}/") for bs in run_blocks.values() for b in bs):
+            continue
+        for series in fit_points.downstream_series(data, metric=metric):
+            blocks = {
+                b for r in series.runs for b in run_blocks.get(r, ()) if b.startswith(f"{prefix}/")
+            }
+            if len(blocks) == 1:
+                out[blocks.pop()] = series
+    return out
+
+
 def refit(
     model: StudyModel,
     obs: Observation,
     *,
+    run_blocks: Mapping[str, Sequence[str]],
     basis: str,
     bootstrap: int,
     seed: int,
     chip_hours: float,
 ) -> FitState:
-    """Fits every block of `model` that the observed runs identify (see the module docstring)."""
+    """Fits every block of `model` that the observed runs identify (see the module docstring);
+    `run_blocks`: run id -> the blocks its evaluations feed."""
     data = list(obs.data.values())
     with tempfile.TemporaryDirectory() as scratch:  # Study's plot folder: nothing is drawn
         study = fit_steps.Study(data, Path(scratch), bootstrap, seed, None, n_basis=basis)
-        langs = block_languages(model, data)
+        src = Sources(study, block_languages(model, data), series_blocks(data, run_blocks))
         params, ci, fits, why_not, observed = dict(model.prior), {}, {}, {}, []
         for block in model.blocks:
-            how, lang = BLOCK_FITS.get(block.law), langs.get(block.name)
-            if how is None or lang is None:
-                why_not[block.name] = "not refitted" if how is None else "no runs yet"
+            how = BLOCK_FITS.get(block.law)
+            if how is None:
+                why_not[block.name] = f"the {block.law} law is not refitted"
                 continue
             try:
-                fit = how.fit(study, lang)
+                fit, used = how(src, block.name)
             except Unidentifiable as e:
                 why_not[block.name] = str(e)
+                continue
+            except FitInputError as e:  # e.g. a BLEU of 0 has no log-law
+                why_not[block.name] = f"cannot be fitted: {e}"
                 continue
             if fit is None or not fit.converged:
                 why_not[block.name] = "no points yet" if fit is None else fit.status
@@ -181,10 +250,9 @@ def refit(
             fits[block.name] = fit
             for law_param, name in block.params.items():
                 params[name] = float(fit.params[law_param])
-                if law_param in fit.ci:
+                if law_param in getattr(fit, "ci", {}):
                     ci[name] = tuple(float(x) for x in fit.ci[law_param])
-            pooled = fit_points.pool(study.curves(how.strategies, lang), rule=study.point_rule)
-            observed += [Point(block.name, (n, d)) for n, d in zip(pooled.N, pooled.D, strict=True)]
+            observed += used
     record = FitRecord(
         digest=obs.digest,
         n_points=len(observed),
@@ -199,15 +267,15 @@ def refit(
 
 
 def _interval(
-    model: StudyModel, block: str, fit: FitResult, inputs: tuple[float, ...]
+    model: StudyModel, block: str, fit: LawFit, inputs: tuple[float, ...]
 ) -> tuple[float, float] | None:
-    """95% percentile interval of the block's law at `inputs` over the fit's bootstrap refits."""
-    if len(fit.samples) < MIN_SAMPLES:
+    """95% percentile interval of the block's law at `inputs` over the fit's bootstrap refits
+    (None for a fit without them: the MT laws')."""
+    samples = getattr(fit, "samples", ())
+    if len(samples) < MIN_SAMPLES:
         return None
     law = model.block(block).law
-    values = [
-        float(formulas.predict(law, {**fit.params, **sample}, *inputs)) for sample in fit.samples
-    ]
+    values = [float(formulas.predict(law, {**fit.params, **sample}, *inputs)) for sample in samples]
     values = [v for v in values if np.isfinite(v)]
     if len(values) < MIN_SAMPLES:
         return None

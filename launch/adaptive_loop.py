@@ -149,6 +149,7 @@ class AdaptiveSweep:
         self.fit = adaptive_fit.refit(
             self.model,
             obs,
+            run_blocks={k: sorted({p.block for p in c.points}) for k, c in self.cands.items()},
             basis=adaptive_fit.n_basis(list(self.cands.values()), self.runs),
             bootstrap=self.bootstrap,
             seed=self.seed,

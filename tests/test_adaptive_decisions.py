@@ -152,19 +152,21 @@ def _observe(data, ids) -> adaptive_fit.Observation:
     )
 
 
+def _refit(model, obs, *, bootstrap, chip_hours=1.0, run_blocks=None):
+    return adaptive_fit.refit(
+        model, obs, run_blocks=run_blocks or {}, basis="exact", bootstrap=bootstrap, seed=0,
+        chip_hours=chip_hours,
+    )  # fmt: skip
+
+
 def test_refit_identifies_the_laws_only_with_enough_sizes(synthetic_runs):
     model = paper_models.cpt_model()
     scratch = sorted(k for k in synthetic_runs if k.startswith("scratch_"))
-    two = adaptive_fit.refit(
-        model, _observe(synthetic_runs, scratch[:2]), basis="exact", bootstrap=0, seed=0,
-        chip_hours=1.0,
-    )  # fmt: skip
+    two = _refit(model, _observe(synthetic_runs, scratch[:2]), bootstrap=0)
     assert "scratch" not in two.fits and "model sizes" in two.why_not["scratch"]
     assert two.params == dict(model.prior)  # nothing fitted: the prior stands
     ids = [k for k in synthetic_runs if not k.startswith("replay_")]
-    full = adaptive_fit.refit(
-        model, _observe(synthetic_runs, ids), basis="exact", bootstrap=12, seed=0, chip_hours=2.0
-    )
+    full = _refit(model, _observe(synthetic_runs, ids), bootstrap=12, chip_hours=2.0)
     assert set(full.fits) == {"scratch", "cpt", "source"}
     # The well-determined exponents come back (α is poorly pinned by four sizes: issue 37).
     for name, truth in [("scratch.beta", 0.30), ("cpt.beta", 0.20), ("cpt.gamma", 0.08)]:
@@ -178,9 +180,7 @@ def test_refit_identifies_the_laws_only_with_enough_sizes(synthetic_runs):
 def test_assess_prices_remaining_points_and_predicts_the_final_loss(synthetic_runs):
     model = paper_models.cpt_model()
     known = [k for k in synthetic_runs if not k.startswith(("replay_", "cpt_"))]
-    fit = adaptive_fit.refit(
-        model, _observe(synthetic_runs, known), basis="exact", bootstrap=20, seed=0, chip_hours=1.0
-    )
+    fit = _refit(model, _observe(synthetic_runs, known), bootstrap=20)
     # A scratch run at a fifth size, half done, and one not started; each yields 4 points.
     n, d = 8e9, 1.6e11
     points = tuple(Point("scratch", (n, d * f)) for f in (0.25, 0.5, 0.75, 1.0))
@@ -198,6 +198,27 @@ def test_assess_prices_remaining_points_and_predicts_the_final_loss(synthetic_ru
     assert half.predicted == pytest.approx(truth, rel=0.02)
     lo, hi = half.interval
     assert lo <= half.predicted <= hi and half.half_width < 0.05
+
+
+def test_refit_fits_the_mt_laws_of_a_series_of_finetunes(tmp_path):
+    synthetic.write_study(tmp_path, sizes=(3e7, 1e8, 3e8), evals=3, mt=True, seed=1)
+    data = {r.run_id: r for r in run_dirs.read_runs(tmp_path)}
+    finetunes = sorted(k for k, r in data.items() if r.strategy == "finetune")
+    assert len(finetunes) == 8
+    model = paper_models.mt_model({"S": {"bleu": synthetic.BLEU, "ce": synthetic.CE}})
+    blocks = {k: ["bleu/S", "ce/S"] for k in finetunes}
+    pretrain = [k for k, r in data.items() if r.strategy == "pretrain"]
+    few = _refit(model, _observe(data, [*pretrain, *finetunes[:2]]), bootstrap=0, run_blocks=blocks)
+    assert not few.fits and "distinct Dp" in few.why_not["bleu/S"]
+    every = [
+        *pretrain,
+        *finetunes,
+        *(k for k, r in data.items() if r.strategy == "finetune_scratch"),
+    ]
+    fit = _refit(model, _observe(data, every), bootstrap=0, run_blocks=blocks)
+    assert set(fit.fits) == {"bleu/S", "ce/S"} and fit.record.n_points == 16
+    assert fit.params["ce/S.alpha"] == pytest.approx(synthetic.CE["alpha"], rel=0.1)
+    assert fit.params["bleu/S.beta"] == pytest.approx(synthetic.BLEU["beta"], rel=0.2)
 
 
 @dataclasses.dataclass(frozen=True)
