@@ -558,7 +558,7 @@ class _Training:
         start, total = self.start, self.job.total_steps
         if watcher.signalled():  # SIGTERM or a stop request at start-up: nothing to save
             log.warning(
-                "stopping before step %d (SIGTERM or STOP_REQUESTED); rerun to resume", start + 1
+                "stopping before step %d (SIGTERM during start-up or a stop request)", start + 1
             )
             return self.result(start, completed=False)
         if start == 0 and 0 in self.eval_at:
