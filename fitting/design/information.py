@@ -69,10 +69,52 @@ def regularised(F: np.ndarray) -> np.ndarray:
     return F + np.eye(F.shape[0]) / PRIOR_SD**2
 
 
-def log_det(F: np.ndarray) -> float:
-    """log det of the regularised information: the D-optimal criterion (larger is better)."""
-    sign, value = np.linalg.slogdet(regularised(F))
-    return float(value) if sign > 0 else -np.inf
+def parameter_groups(model: StudyModel) -> tuple[np.ndarray, ...]:
+    """Indices of the study parameters that share a law, joined transitively: the information
+    is block diagonal over these groups (no point informs two of them), so inverses and
+    determinants are taken group by group (an MT study has one small group per law)."""
+    names = model.names
+    parent = list(range(len(names)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    index = {n: i for i, n in enumerate(names)}
+    for b in model.blocks:
+        members = [index[p] for p in b.params.values()]
+        for m in members[1:]:
+            parent[root(m)] = root(members[0])
+    groups: dict[int, list[int]] = {}
+    for i in range(len(names)):
+        groups.setdefault(root(i), []).append(i)
+    return tuple(np.asarray(g) for g in groups.values())
+
+
+def _by_size(groups: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Groups of equal size stacked ([G, k] index arrays), for batched linear algebra."""
+    sizes: dict[int, list[np.ndarray]] = {}
+    for g in groups:
+        sizes.setdefault(len(g), []).append(g)
+    return [np.stack(gs) for gs in sizes.values()]
+
+
+def log_det(F: np.ndarray, groups: Sequence[np.ndarray] | None = None) -> float:
+    """log det of the regularised information: the D-optimal criterion (larger is better).
+    With `groups` (`parameter_groups`), F is taken as block diagonal over them."""
+    R = regularised(F)
+    if groups is None:
+        sign, value = np.linalg.slogdet(R)
+        return float(value) if sign > 0 else -np.inf
+    total = 0.0
+    for idx in _by_size(groups):
+        sign, value = np.linalg.slogdet(R[idx[:, :, None], idx[:, None, :]])
+        if np.any(sign <= 0):
+            return -np.inf
+        total += float(np.sum(value))
+    return total
 
 
 def info_gain(F_now: np.ndarray, F_more: np.ndarray) -> float:
@@ -93,12 +135,13 @@ class Target:
     name: str
     value: Callable[[Mapping[str, float]], float]
     relative: bool = True
+    param: str | None = None  # the study parameter itself (its gradient is known exactly)
 
 
 def parameter_targets(model: StudyModel) -> list[Target]:
     """One target per study parameter (scales relative, exponents and log A absolute)."""
     return [
-        Target(name, (lambda p, name=name: p[name]), relative=log)
+        Target(name, (lambda p, name=name: p[name]), relative=log, param=name)
         for name, log in zip(model.names, model.log_scaled, strict=True)
     ]
 
@@ -111,6 +154,7 @@ class Gradients:
     names: tuple[str, ...]
     grads: np.ndarray  # [T, n]
     scales: np.ndarray  # [T]: |value| for relative targets, else 1
+    groups: tuple[np.ndarray, ...] = ()  # `parameter_groups` (empty: one group)
 
 
 def target_gradients(
@@ -121,23 +165,37 @@ def target_gradients(
     theta = model.to_internal(params)
     grads = np.zeros((len(targets), theta.size))
     scales = np.ones(len(targets))
+    index = {n: j for j, n in enumerate(model.names)}
     for i, t in enumerate(targets):
         centre = t.value(params)
         if t.relative and centre:
             scales[i] = abs(centre)
+        if t.param in index:  # d p / d θ: p for a log-scaled parameter (θ = log p), else 1
+            j = index[t.param]
+            grads[i, j] = centre if model.log_scaled[j] else 1.0
+            continue
         for j in range(theta.size):
             up, down = theta.copy(), theta.copy()
             up[j] += _STEP
             down[j] -= _STEP
             diff = t.value(model.to_params(up)) - t.value(model.to_params(down))
             grads[i, j] = diff / (2 * _STEP)
-    return Gradients(tuple(t.name for t in targets), grads, scales)
+    return Gradients(tuple(t.name for t in targets), grads, scales, parameter_groups(model))
 
 
 def widths_from(F: np.ndarray, gradients: Gradients) -> dict[str, float]:
-    """Predicted 95% half-widths of the targets under information F (delta method)."""
-    cov = np.linalg.inv(regularised(F))
-    var = np.einsum("tn,nm,tm->t", gradients.grads, cov, gradients.grads)
+    """Predicted 95% half-widths of the targets under information F (delta method); F is
+    inverted group by group (`Gradients.groups`, block diagonal)."""
+    R = regularised(F)
+    G = gradients.grads
+    if not gradients.groups:
+        var = np.einsum("tn,nm,tm->t", G, np.linalg.inv(R), G)
+    else:
+        var = np.zeros(G.shape[0])
+        for idx in _by_size(gradients.groups):  # idx [B, k]
+            cov = np.linalg.inv(R[idx[:, :, None], idx[:, None, :]])  # [B, k, k]
+            g = G[:, idx]  # [T, B, k]
+            var += np.einsum("tbk,bkl,tbl->t", g, cov, g)
     widths = Z95 * np.sqrt(np.maximum(var, 0.0)) / gradients.scales
     return dict(zip(gradients.names, widths.tolist(), strict=True))
 
