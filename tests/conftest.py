@@ -151,12 +151,12 @@ def longest_first(items: list) -> list:
     """`items` with whole modules reordered: those of `LONGEST_FIRST` in its order, then the other
     modules holding a `slow` test, then the rest, each module's tests in their own order.
 
-    Why: pytest-xdist's work stealing hands each worker a contiguous half of the collection and
-    moves tests from the end of a worker's queue, so a two-minute test collected late (the
-    alphabet puts `test_slurm_cluster.py` and the smoke studies there) can start when the other
-    worker is nearly done and become the run's tail. First, the long tests overlap the many
-    short ones, the queues end on short tests, and a module's tests stay on one worker (the SLURM
-    module's cluster then starts once, instead of a second worker waiting for the first's).
+    Why: pytest-xdist's work stealing hands each worker a contiguous part of the collection and
+    moves tests from the end of a busy worker's queue to an idle one. Run first, the SLURM
+    module's tests are never the moved ones, so its cluster starts once (a module split over two
+    workers makes the second wait on the machine-wide cluster lock: 150 s in one 3-worker run),
+    and no two-minute test (the alphabet puts the SLURM module and the smoke studies late)
+    starts in a run's last minutes, when the other worker has nothing left to overlap it with.
     """
     modules: dict[str, list] = {}
     for item in items:
