@@ -233,12 +233,12 @@ def summary_lines(runs: Sequence[Run], runs_dir: str) -> list[str]:
             f"# adaptive fit {len(fits)} on {last.get('n_points')} points "
             f"(identified: {', '.join(last.get('fitted') or []) or 'none yet'}):"
         )
-        ci = last.get("ci") or {}
-        lines += [
+        ci, fitted = last.get("ci") or {}, set(last.get("fitted") or [])
+        lines += [  # the fitted blocks' parameters, 95% bootstrap interval where there is one
             f"#   {name} = {value:.4g}"
             + (f"  [{ci[name][0]:.4g}, {ci[name][1]:.4g}]" if name in ci else "")
             for name, value in last["params"].items()
-            if name in ci
+            if name in ci or name.rsplit(".", 1)[0] in fitted
         ]
     decisions = adaptive.read_lines(runs_dir, names.ADAPTIVE_DECISIONS_FILE)
     if decisions:

@@ -261,3 +261,42 @@ def test_status_reads_a_stop_request_as_stopped_even_with_fresh_metrics(tmp_path
     assert status.count_states([got]) == {
         "done": 0, "running": 0, "interrupted": 0, "failed": 0, "pending": 0, "stopped": 1
     }  # fmt: skip
+
+
+def test_status_lines_show_compute_the_fit_and_decision_counts(tmp_path):
+    from launch.sweep import expand, load_manifest
+    from rundir import records, stop_request
+
+    runs = expand(load_manifest("smoke", runs_dir=str(tmp_path)))
+    runs_dir = str(tmp_path)
+    assert adaptive_loop.summary_lines(runs, runs_dir) == []  # no adaptive sweep here
+    sweep = adaptive_loop.AdaptiveSweep.for_runs(runs, runs_dir, POLICY)
+    total = sum(c.cost for c in sweep.cands.values())
+    done, skipped = runs[0], runs[1]
+    records.append_metrics(done.model_dir, {"step": done.steps, "train/loss": 5.0})
+    (tmp_path / done.run_id / names.COMPLETED_FILE).write_text("{}")
+    stop_request.request(skipped.model_dir, reason="SKIP: test")
+    adaptive.log_fit(
+        runs_dir,
+        dataclasses.replace(
+            _fit_record(),
+            params={"scratch.alpha": 0.4, "scratch.E": 1.5, "cpt.gamma": 0.1},
+            ci={"scratch.alpha": (0.3, 0.5)},
+            fitted=("scratch",),
+        ),
+    )
+    records_ = [
+        adaptive.decision_record(state(run_id=r, **kw), d, "why", POLICY, _fit_record())
+        for r, d, kw in [("x", RUN, {}), ("y", SKIP, {}), ("x", STOP, {"status": "running"})]
+    ]
+    adaptive.log_decisions(runs_dir, records_)
+    lines = adaptive_loop.summary_lines(runs, runs_dir)
+    spent = sweep.cands[done.run_id].cost
+    saved = sweep.cands[skipped.run_id].cost
+    assert lines[0] == (
+        f"# adaptive (--min-gain 1, --tolerance 0.02): spent {spent:.4g} PFLOP/s-hours, "
+        f"saved {saved:.4g} (skipped or stopped) of {total:.4g}"
+    )
+    assert lines[1] == "# adaptive fit 1 on 12 points (identified: scratch):"
+    assert lines[2:4] == ["#   scratch.E = 1.5", "#   scratch.alpha = 0.4  [0.3, 0.5]"]
+    assert lines[4] == "# adaptive decisions: 3 logged; latest per run: RUN 0, SKIP 1, STOP 1"
