@@ -14,7 +14,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -e '.[test,eval,hf]'
+	# --no-compile: Python compiles what is imported, on first import (the venv has ~24,000 files).
+	$(BIN)/python -m pip install --no-compile -e '.[test,eval,hf]'
 	@touch $(STAMP)
 
 # COMET's own environment (`.comet-venv/`, beside `.venv`): unbabel-comet's pins (numpy<2,
