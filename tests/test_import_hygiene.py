@@ -21,6 +21,9 @@ LIGHT_MODULES = [
     "fitting.laws.robust_fit",
     "fitting.laws.formulas",
     "fitting.readers.run_dirs",
+    "fitting.design.simulate",
+    "fitting.design.simulate_mt",
+    "fitting.reports.design_report",
     "launch.sweep",
     # training hosts read prepared tasks without TensorFlow
     "pipelines.prepared.manifest",
