@@ -249,10 +249,10 @@ class SequentialLauncher(abc.ABC):
                 progress.note(f"interrupted during {run.run_id}; re-run to resume it")
                 raise
             ok = self.succeeded(run, returncode)
-            why = {
-                PREEMPTED_EXIT_CODE: "(preempted; checkpoint saved)",
-                exits.STOPPED: "(stopped on request)",
-            }.get(returncode, "")
+            if returncode == exits.STOPPED:  # not a failure: never retried
+                progress.skip(run, f"stopped on request ({names.STOP_REQUEST_FILE})")
+                return False
+            why = "(preempted; checkpoint saved)" if returncode == PREEMPTED_EXIT_CODE else ""
             progress.finish(run, ok, started, why or f"(exit code {returncode})")
             if ok:
                 return True

@@ -471,12 +471,13 @@ def launch(args) -> int:
     done = {i for r in reports for i in r.completed}
     ids = {
         key: {i for r in reports for i in getattr(r, key)} - (done if key == "skipped" else set())
-        for key in ("skipped", "submitted", "failed", "blocked")
+        for key in ("skipped", "submitted", "failed", "blocked", "stopped")
     }
     progress.note(
         f"completed {len(done)}, already done {len(ids['skipped'])}, "
         f"submitted {len(ids['submitted'])}, failed {len(ids['failed'])}, "
         f"blocked {len(ids['blocked'])}"
+        + (f", stopped on request {len(ids['stopped'])}" if ids["stopped"] else "")
         + (f", waiting for a [[select]] {len(waiting)}" if waiting else "")
     )
     scored, unscored = (
