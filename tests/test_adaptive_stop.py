@@ -74,9 +74,12 @@ def test_stop_request_checkpoints_exits_and_resumes_bitwise(
         assert not stopped.completed and 3 <= stopped.step < STEPS
         assert store.latest_step() == stopped.step == logged[-1]["step"]
         assert not (model_dir / names.COMPLETED_FILE).exists()
-        # Started again while the request exists: it trains nothing.
-        again = train_lib.train(model_dir=model_dir, **_kwargs(tiny_data))
-        assert not again.completed and again.step == stopped.step
+        # Started again while the request exists: it builds, compiles and writes nothing.
+        before = sorted(p.name for p in model_dir.iterdir())
+        with pytest.raises(stop_requests.StopRequested, match="STOP_REQUESTED: stop requested"):
+            train_lib.train(model_dir=model_dir, **_kwargs(tiny_data))
+        assert sorted(p.name for p in model_dir.iterdir()) == before
+        assert store.latest_step() == stopped.step
         # The decision reversed: withdraw the request, start again, and it resumes.
         assert stop_request.withdraw(model_dir)
         resumed = train_lib.train(model_dir=model_dir, **_kwargs(tiny_data))
@@ -89,6 +92,26 @@ def test_stop_request_checkpoints_exits_and_resumes_bitwise(
     ]
     got = [rundir_records.without_timing(r) for r in rundir_records.read_metrics(model_dir)]
     assert got == expected  # bit-exact: losses, token counts, data order, eval losses
+
+
+def test_a_job_started_with_a_request_ends_at_once_with_its_exit_code(tiny_data, tmp_path, capsys):
+    """What a queued SLURM or xmanager job of a skipped run does: nothing built, compiled or
+    written, exit 79 (not requeued), one line saying why."""
+    import gin
+    from test_exit_codes import tiny_train
+
+    from xlscale_cli import main
+
+    model_dir = tmp_path / "skipped"
+    stop_request.request(model_dir, reason="SKIP: predicted within 1%")
+    gin.clear_config()
+    try:
+        code = main.main(tiny_train(tiny_data, model_dir))
+    finally:
+        gin.clear_config()
+    assert code == exits.STOPPED
+    assert "stop requested (SKIP: predicted within 1%); not started" in capsys.readouterr().err
+    assert sorted(p.name for p in model_dir.iterdir()) == [names.STOP_REQUEST_FILE]
 
 
 def test_a_request_is_written_read_and_withdrawn(tmp_path):

@@ -27,7 +27,7 @@ import gin
 
 from pipelines import native_logs
 from rundir import exits, stop_request, storage
-from trainer import compile_cache, gin_checks, partitioning, validation
+from trainer import compile_cache, gin_checks, partitioning, stop_requests, validation
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +324,11 @@ def run(job: str, argv: Sequence[str] | None = None) -> int:
     module, name = JOBS[job]
     fn = getattr(importlib.import_module(module), name)
     config = parse(sys.argv[1:] if argv is None else argv, job=job)
-    result = call(fn, config)
+    try:
+        result = call(fn, config)
+    except stop_requests.StopRequested as e:  # told to stop before it started: not a failure
+        print(f"python -m {module}: {exits.message(e)}", file=sys.stderr)
+        return exits.STOPPED
     if getattr(result, "completed", True):
         return 0
     return exits.STOPPED if stop_request.requested(result.model_dir) else exits.PREEMPTED

@@ -29,7 +29,7 @@ from rundir import names, records, storage
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
 from trainer import fingerprint as fingerprint_lib
-from trainer import jobs, model_spec, steps, validation
+from trainer import jobs, model_spec, steps, stop_requests, validation
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
 from trainer.loop import LoopConfig
@@ -104,8 +104,9 @@ def build_run_plan(
     Raises:
       trainer.validation.ConfigError, FileNotFoundError, ValueError,
       rundir.checksums.CheckpointCorruptError, fingerprint refusals: before anything is
-      compiled or written.
+      compiled or written; `trainer.stop_requests.StopRequested` for a run told to stop.
     """
+    stop_requests.refuse_if_requested(model_dir)  # skipped by `sweep run --adaptive`: no work
     job = jobs.plan_job(
         model=model,
         data=data,

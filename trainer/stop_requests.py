@@ -26,6 +26,24 @@ log = logging.getLogger(__name__)
 POLL_S = 2.0  # seconds between looks at the request file
 
 
+class StopRequested(Exception):
+    """A single-process job started while its run holds a stop request: it ends before it
+    builds, compiles or writes anything (`trainer.gin_entry.run` turns it into
+    `rundir.exits.STOPPED`)."""
+
+
+def refuse_if_requested(model_dir) -> None:
+    """Raises `StopRequested` when the run in `model_dir` holds a stop request and this job is a
+    single process (the hosts of a multi-host job could see a new request at different moments,
+    so they stop together in the loop instead)."""
+    if jax.process_count() == 1 and stop_request.requested(model_dir):
+        why = (stop_request.read(model_dir) or {}).get("reason", "")
+        raise StopRequested(
+            f"{stop_request.path(model_dir)}: stop requested ({why}); not started. "
+            "Remove the file to start or resume the run"
+        )
+
+
 class Poller:
     """Looks for the stop request of the run in `model_dir` (see the module docstring), every
     `every_s` seconds (default `POLL_S`)."""
