@@ -2,8 +2,9 @@
 
 Whoever wants a run to end early without killing it (`xlscale sweep run --adaptive`, a person)
 writes the file; the trainer polls it (`trainer.checkpoints.PreemptionWatcher`), saves a
-checkpoint at the step it notices it, writes no COMPLETED and exits with `rundir.exits.STOPPED`;
-launchers neither start nor restart a run while its request exists. The run stays a normal,
+checkpoint at the step it notices it, writes no COMPLETED and exits with `rundir.exits.STOPPED`
+(a job started while the request exists ends at once); launchers neither start nor restart a run
+while its request exists. The run stays a normal,
 resumable run: `withdraw` the request and start it again, and it resumes from its checkpoint
 exactly as after a preemption. Local disk and object storage alike (`rundir.storage`).
 """
