@@ -29,9 +29,11 @@ from launch.adaptive import RUN, Policy
 from launch.adaptive_fit import FitState, Observation
 from launch.runs import Run
 from rundir import names, stop_request
+from rundir.run_record import Strategy
 
 FINISHED = ("done", "stopped", "failed")  # launch.status states no launcher changes
 BY = "sweep run --adaptive"  # who asks, in the stop requests it writes
+TARGET_STRATEGIES = (Strategy.SCRATCH, Strategy.CPT)  # the strategies of a CPT study's target
 
 
 def dependents_of(runs: Sequence[Run]) -> dict[str, tuple[str, ...]]:
@@ -97,7 +99,17 @@ class AdaptiveSweep:
         **options: Any,
     ) -> AdaptiveSweep:
         """The sweep of `runs` with the study model and candidates `launch.design` makes of
-        them; records the settings in `adaptive/session.json`."""
+        them; records the settings in `adaptive/session.json`.
+
+        Raises:
+          ValueError: the runs train several target languages (the study model has one).
+        """
+        targets = {r.coord("target_lang") for r in runs if r.strategy in TARGET_STRATEGIES}
+        if len(targets) > 1:
+            raise ValueError(
+                f"--adaptive: the runs train target languages {sorted(targets)}; the study's "
+                "laws are one language's: narrow the sweep with --only"
+            )
         cands = design.candidates(runs, hardware=hardware, mfu=mfu)
         unit = "chip-hour" if hardware else "PFLOP/s-hour"  # `launch.design.cost_fn`
         policy = dataclasses.replace(policy, unit=unit)
@@ -193,6 +205,7 @@ def run(sweep: AdaptiveSweep, launch: Callable[[], Sequence[Any]], *, poll_s: fl
                     return
         except BaseException as e:  # noqa: BLE001 -- raised again in the launching thread
             failure.append(e)
+            sweep.note(f"adaptive: steering stopped ({e}); the launch goes on as planned")
 
     watcher = threading.Thread(target=watch, name="adaptive", daemon=True)
     watcher.start()

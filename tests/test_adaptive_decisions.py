@@ -300,3 +300,12 @@ def test_status_lines_show_compute_the_fit_and_decision_counts(tmp_path):
     assert lines[1] == "# adaptive fit 1 on 12 points (identified: scratch):"
     assert lines[2:4] == ["#   scratch.E = 1.5", "#   scratch.alpha = 0.4  [0.3, 0.5]"]
     assert lines[4] == "# adaptive decisions: 3 logged; latest per run: RUN 0, SKIP 1, STOP 1"
+
+
+def test_an_adaptive_sweep_refuses_runs_of_several_target_languages(tmp_path):
+    from launch.sweep import expand, load_manifest
+
+    runs = expand(load_manifest("cpt_languages", runs_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"target languages \['fr', 'ru'\].*--only"):
+        adaptive_loop.AdaptiveSweep.for_runs(runs, str(tmp_path), POLICY)
+    assert not adaptive.adaptive_dir(str(tmp_path)).exists()
