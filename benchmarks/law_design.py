@@ -213,6 +213,18 @@ def run_mt(args) -> list[str]:
         "  targets:",
         *_targets_lines(check),
     ]
+    depth = {}
+    for k in design.keys:
+        if k.startswith("pretrain/"):
+            name, step = k[len("pretrain/") :].rsplit("@", 1)
+            depth[name] = max(depth.get(name, 0), int(step))
+    lines.append(
+        "  why: pretraining is {:.1%} of the compute, so 25% of it trains each model only so far "
+        "(design: {}); each series is then fitted on a quarter of the full sweep's Dp range, "
+        "whose 8-checkpoint intervals are narrower than that extrapolation".format(
+            pre, ", ".join(f"{n} to {s // 1000}k" for n, s in sorted(depth.items()))
+        )
+    )
     lines += _mt_convention(args, study, values)
     lines.append(f"  ({time.time() - t0:.0f} s)")
     if args.plot:
@@ -269,18 +281,21 @@ def _snapshots(study, values, order, fractions, bootstrap, seed) -> list[Snapsho
 
 
 def _plot(args, name, study, values, full, design_keys, check) -> str:
-    """Snapshots of the full sweep (runs by increasing cost, as a sweep from small to large) and
-    of the design (in its order), their JSON lines, the report section and the figure."""
+    """Snapshots of the full sweep (its runs as they would finish: small models, early
+    checkpoints first) and of the design (in its order), their JSON lines, the report section
+    and the figure."""
     from fitting.reports import design_report
 
     out = Path(args.plot)
     out.mkdir(parents=True, exist_ok=True)
-    by_cost = sorted(
-        (c.key for c in study.candidates if c.key not in study.held_out),
-        key=lambda k: (study.candidate(k).cost, k),
-    )
+
+    def when(c):  # a sweep in time: small models (CPT), early checkpoints (MT) first
+        last = max((p.inputs[-1] for p in c.points), default=math.inf)
+        return (last, c.cost, c.key)
+
+    in_time = [c.key for c in sorted(study.candidates, key=when) if c.key not in study.held_out]
     order = []
-    for k in by_cost:
+    for k in in_time:
         order += choose.closure(k, {c.key: c for c in study.candidates}, set(order))
     b = min(args.bootstrap, 30) if name == "cpt" else min(args.mt_bootstrap, 10)
     sweeps = {

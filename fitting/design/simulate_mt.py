@@ -15,7 +15,7 @@ The project fits each series on its first `n_fit` points by Dp and scores the re
 are a function of its four smallest checkpoints alone, so a design that runs exactly those
 reproduces them bit for bit; `n_fit=None` (the default here) fits every point a sweep has, the
 stricter test of a design against a sweep that knows more. The bootstrap resamples whole runs
-(finetunes) within a series; a resample with fewer than three distinct Dp is skipped.
+(finetunes) within a series (`_bootstrap`: at least 6 runs, resamples with 4 distinct Dp).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from fitting.design.study import Candidate, Point
 from fitting.laws import downstream_laws, robust_fit
 
 MT_INPUT_LENGTH = 512  # Dp counts input tokens: init step × batch × 512 (the paper's unit)
+MIN_BOOTSTRAP_RUNS = 6  # a series' runs needed for a bootstrap interval (see `_bootstrap`)
 FITTERS = {"log_law": downstream_laws.fit_bleu_law, "power_law": downstream_laws.fit_ce_law}
 
 
@@ -141,14 +142,18 @@ def _fit_block(law: str, x: np.ndarray, y: np.ndarray, n_fit: int | None):
 
 
 def _bootstrap(law, x, y, runs, n_fit, bootstrap, rng) -> list[dict[str, float]]:
-    """Refits on runs resampled within the series (resamples with < 3 distinct Dp skipped)."""
+    """Refits on runs resampled within the series. A resample with fewer than 4 distinct Dp is
+    skipped (3 would fit the 3-parameter law exactly, whatever the noise), and a series of fewer
+    than `MIN_BOOTSTRAP_RUNS` runs gets no interval (its resamples would be nearly all alike)."""
     names = sorted(set(runs))
+    if len(names) < MIN_BOOTSTRAP_RUNS:
+        return []
     index = {r: [i for i, rr in enumerate(runs) if rr == r] for r in names}
     samples = []
     for _ in range(bootstrap):
         pick = [i for j in rng.integers(0, len(names), len(names)) for i in index[names[j]]]
         xs, ys = x[pick], y[pick]
-        if len(np.unique(xs)) < 3:
+        if len(np.unique(xs)) < 4:
             continue
         try:
             f = _fit_block(law, xs, ys, n_fit)

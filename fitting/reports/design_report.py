@@ -111,12 +111,15 @@ def plot(
     """
     _check(sweeps)
     names = _names(sweeps, params)
-    fig, _ = plots._figure(ncols=2, size=(5.0, 2.4 * len(names)))
-    fig.clf()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10.0, 2.4 * len(names)))
+    FigureCanvasAgg(fig)
     fig.subplots_adjust(left=0.1, right=0.97, bottom=0.05, top=0.95, hspace=0.45, wspace=0.3)
     for row, name in enumerate(names):
         est = fig.add_subplot(len(names), 2, 2 * row + 1)
-        wid = fig.add_subplot(len(names), 2, 2 * row + 2)
+        wid = fig.add_subplot(len(names), 2, 2 * row + 2, sharex=est)
         for i, (sweep, snaps) in enumerate(sweeps.items()):
             color = _COLORS[i % len(_COLORS)]
             x = [s.chip_hours for s in snaps if name in s.params]
@@ -129,14 +132,15 @@ def plot(
             w = [(s.chip_hours, s.width(name)) for s in snaps if math.isfinite(s.width(name))]
             if w:
                 wid.plot(*zip(*w, strict=True), "o-", color=color, lw=1.2, ms=3, label=sweep)
-        est.set_ylabel(name)
+        est.set_title(name, fontsize=9)
+        est.set_ylabel("estimate (95% CI)")
         wid.set_ylabel("CI width / value")
         for ax in (est, wid):
             plots._log(ax, y=False)
         if row == 0:
             est.legend(fontsize=8)
             if title:
-                est.set_title(title, fontsize=10)
+                fig.suptitle(title, fontsize=10)
         if row == len(names) - 1:
             est.set_xlabel("chip-hours spent")
             wid.set_xlabel("chip-hours spent")
