@@ -34,7 +34,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="NATS_PER_CHIP_HOUR",
         help="skip or stop a run whose remaining evaluations add less information about the "
-        "law's parameters per chip-hour (default 0: never on information alone)",
+        "law's parameters per chip-hour of --hardware (per PFLOP/s-hour without one; default 0: "
+        "never on information alone)",
     )
     group.add_argument(
         "--tolerance",
