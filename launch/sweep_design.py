@@ -90,7 +90,7 @@ def design_sweep(
     budget: float,
     hardware: str | None,
     mfu: float = 0.5,
-    criterion: str = "targets",
+    criterion: str = "d_optimal",
     prior_path: str | None = None,
     keep: Sequence[str] = (),
 ) -> SweepDesign:
