@@ -136,6 +136,11 @@ def test_adaptive_sweep_end_to_end_with_the_local_launcher(
     shown = capsys.readouterr().out
     assert "# adaptive (--min-gain 1e+12, --tolerance 0.02): spent" in shown
     assert "scratch.alpha = " in shown and f"{len(decisions)} logged" in shown
+    # The report section and plot: every refit's estimates and intervals against compute.
+    assert main(["sweep", "status", *cli, f"--report={tmp_path / 'report'}"]) == 0
+    section = (tmp_path / "report" / "adaptive.md").read_text()
+    assert "scratch.alpha" in section and "adaptive.png" in section
+    assert (tmp_path / "report" / "adaptive.png").stat().st_size > 10_000
     assert main(["sweep", "adaptive", "replay", *cli]) == 0
     assert "every decision reproduces" in capsys.readouterr().out
     # Run again: every run is done or stopped, so nothing starts and nothing fails.

@@ -107,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds without new metrics before a run counts as stopped",
     )
     status.add_argument(
+        "--report",
+        metavar="DIR",
+        help="also write an adaptive sweep's report section and plot (its fits' estimates and "
+        "95%% intervals against chip-hours spent) to DIR/adaptive.md and DIR/adaptive.png",
+    )
+    status.add_argument(
         "--scheduler",
         choices=["auto", "slurm", "none"],
         default="auto",
@@ -539,6 +545,8 @@ def status(args) -> int:
         print(f"# {waiting} pending runs wait for a [[select]] choice")
     for line in sweep_adaptive.status_lines(manifest, runs):
         print(line)
+    if args.report:
+        print(sweep_adaptive.write_report(manifest, args.report))
     return 0
 
 

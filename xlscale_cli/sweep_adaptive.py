@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from launch import adaptive, adaptive_loop
+from rundir import names
 
 REPLAY = "replay"
 
@@ -101,6 +103,28 @@ def steered(args, manifest, runs, stages: Callable[[], Any]) -> Any:
 def status_lines(manifest, runs) -> list[str]:
     """`sweep status`'s adaptive lines (none where no adaptive sweep ran)."""
     return adaptive_loop.summary_lines(runs, manifest.runs_dir)
+
+
+def write_report(manifest, out_dir: str) -> str:
+    """Writes the adaptive sweep's report section and plot (`fitting.reports.design_report`:
+    every refit's estimates and 95% intervals against the chip-hours spent by then) under
+    `out_dir`; returns the line saying where."""
+    from fitting.design.snapshots import Snapshot
+    from fitting.reports import design_report
+
+    records = adaptive.read_lines(manifest.runs_dir, names.ADAPTIVE_FITS_FILE)
+    snapshots = sorted((Snapshot.from_json(r) for r in records), key=lambda s: s.chip_hours)
+    snapshots = [s for s in snapshots if s.params]
+    if not snapshots:
+        raise ValueError(f"--report: no adaptive fits logged under {manifest.runs_dir}/adaptive")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sweeps = {"adaptive": snapshots}
+    title = f"{manifest.name}: the adaptive sweep's fit against compute"
+    plot = design_report.plot(sweeps, out / "adaptive.png", title=title)
+    text = design_report.section(sweeps, title=title, plot_path=plot.name)
+    (out / "adaptive.md").write_text(text)
+    return f"# adaptive report: {out / 'adaptive.md'} and {plot}"
 
 
 def replay(args, manifest) -> int:
