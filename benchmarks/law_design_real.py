@@ -7,7 +7,7 @@ again with seed 1 in the same runs directory (a copy of `launch/manifests/demo.t
 runs are reused by id). Then:
 
 1. `xlscale sweep design`'s choice (`launch.design` + `fitting.design.choose`, criterion
-   "targets", the paper's laws as prior unless `--prior`) of the seed-0 runs within
+   "d_optimal", the paper's laws as prior unless `--prior`) of the seed-0 runs within
    `--fraction` (default 0.5) of the study's compute (FLOPs; the demo's replay runs are not
    candidates: its L(N, D) laws leave them out);
 2. the study's laws fitted on the chosen runs only, every evaluation along each run a point, as
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs-dir", default="demo_out/runs", help="the demo's runs (both seeds)")
     ap.add_argument("--manifest", default="demo", help="the study's manifest (seed 0 runs)")
     ap.add_argument("--fraction", type=float, default=0.5, help="share of the study's compute")
-    ap.add_argument("--criterion", default="targets", choices=sorted(choose.CRITERIA))
+    ap.add_argument("--criterion", default="d_optimal", choices=sorted(choose.CRITERIA))
     ap.add_argument("--prior", help="a pilot fit's JSON of study parameters (launch.design)")
     ap.add_argument(
         "--min-fraction",
