@@ -41,6 +41,15 @@ def kernel_init(
     )
 
 
+def weight(
+    cfg: LlamaConfig, name: str, init: nn.initializers.Initializer, shape: tuple, names: tuple
+) -> jax.Array:
+    """The current module's parameter `name`, stored in `cfg.weight_dtype` with logical axes
+    `names`: one place for how every LLaMA weight is declared (callers cast to the compute
+    dtype where they use it)."""
+    return param_with_axes(name, init, shape, cfg.weight_dtype, axes=names)
+
+
 def rope_inverse_frequencies(head_dim: int, theta: float, dtype=jnp.float32) -> jax.Array:
     """Returns `theta ** (-2i / head_dim)` for i in [0, head_dim / 2): one frequency per pair."""
     return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=dtype) / head_dim))
@@ -96,9 +105,7 @@ class RMSNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """Normalises the last axis in float32 (or wider) and returns the compute dtype."""
         cfg = self.config
-        scale = param_with_axes(
-            "scale", nn.initializers.ones, (x.shape[-1],), cfg.weight_dtype, axes=(axes.EMBED,)
-        )
+        scale = weight(cfg, "scale", nn.initializers.ones, (x.shape[-1],), (axes.EMBED,))
         return rms_norm(x, scale.astype(cfg.compute_dtype), cfg.norm_eps)
 
 
@@ -152,13 +159,9 @@ class Attention(nn.Module):
         heads, kv_heads, head_dim = cfg.num_heads, cfg.kv_heads, cfg.head_size
 
         def kernel(name: str, num: int) -> jax.Array:
-            return param_with_axes(
-                name,
-                kernel_init(0, (1, 2)),
-                (d_model, num, head_dim),
-                cfg.weight_dtype,
-                axes=(axes.EMBED, axes.HEADS, axes.KV),
-            ).astype(dtype)
+            shape = (d_model, num, head_dim)
+            names = (axes.EMBED, axes.HEADS, axes.KV)
+            return weight(cfg, name, kernel_init(0, (1, 2)), shape, names).astype(dtype)
 
         # Projections that share a shape run as one matmul over weights stacked on a new,
         # unsharded axis (fewer, larger dots are faster on CPU; the parameters stay separate).
@@ -208,12 +211,9 @@ class Attention(nn.Module):
             kernel=cfg.attention_kernel,
         )
         out = constrain(out, axes.ACT_HEADS)
-        out_kernel = param_with_axes(
-            "out",
-            kernel_init((0, 1), 2),
-            (heads, head_dim, d_model),
-            cfg.weight_dtype,
-            axes=(axes.HEADS, axes.KV, axes.EMBED),
+        out_names = (axes.HEADS, axes.KV, axes.EMBED)
+        out_kernel = weight(
+            cfg, "out", kernel_init((0, 1), 2), (heads, head_dim, d_model), out_names
         )
         y = jnp.einsum("blhk,hkd->bld", out, out_kernel.astype(dtype))
         return constrain(y, axes.ACT_EMBED)
@@ -232,10 +232,7 @@ class MLP(nn.Module):
         d_model, d_ff = x.shape[-1], cfg.d_ff
 
         def kernel(name: str, shape: tuple[int, int], kernel_axes: tuple[str, str]) -> jax.Array:
-            value = param_with_axes(
-                name, kernel_init(0, 1), shape, cfg.weight_dtype, axes=kernel_axes
-            )
-            return value.astype(dtype)
+            return weight(cfg, name, kernel_init(0, 1), shape, kernel_axes).astype(dtype)
 
         w1 = kernel("w1", (d_model, d_ff), (axes.EMBED, axes.MLP))
         w3 = kernel("w3", (d_model, d_ff), (axes.EMBED, axes.MLP))

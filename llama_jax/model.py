@@ -57,11 +57,11 @@ from llama_jax.layers import (
     accum_dtype,
     kernel_init,
     positions_from_segments,
+    weight,
 )
 from modeling import axes
 from modeling.remat import REMAT_POLICIES
 
-param_with_axes = nn_partitioning.param_with_axes
 constrain = nn_partitioning.with_sharding_constraint
 
 
@@ -74,13 +74,8 @@ class Embed(nn.Module):
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """Maps int tokens `[batch, length]` to `[batch, length, embed]` in the compute dtype."""
         cfg = self.config
-        table = param_with_axes(
-            "embedding",
-            nn.initializers.normal(stddev=1.0),
-            (cfg.vocab_size, cfg.d_model),
-            cfg.weight_dtype,
-            axes=(axes.VOCAB, axes.EMBED),
-        )
+        shape, names = (cfg.vocab_size, cfg.d_model), (axes.VOCAB, axes.EMBED)
+        table = weight(cfg, "embedding", nn.initializers.normal(stddev=1.0), shape, names)
         # Gather from a whole table (FSDP all-gathers weights before use anyway): a lookup in a
         # vocab/embed-sharded table yields embed-sharded rows that the partitioner can only turn
         # into batch-sharded activations by "involuntary full rematerialization".
@@ -128,13 +123,8 @@ class LMHead(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """Maps `[batch, length, embed]` to float32 logits `[batch, length, vocab]`."""
         cfg = self.config
-        kernel = param_with_axes(
-            "kernel",
-            kernel_init(0, 1),
-            (cfg.d_model, cfg.vocab_size),
-            cfg.weight_dtype,
-            axes=(axes.EMBED, axes.VOCAB),
-        )
+        shape, names = (cfg.d_model, cfg.vocab_size), (axes.EMBED, axes.VOCAB)
+        kernel = weight(cfg, "kernel", kernel_init(0, 1), shape, names)
         logits = output_projection(x, kernel.astype(cfg.compute_dtype))
         return constrain(logits, axes.ACT_VOCAB)
 

@@ -187,18 +187,14 @@ def cost_of(study: SimStudy, keys: Sequence[str]) -> float:
 
 
 def fit(
-    study: SimStudy,
-    values: Mapping[str, np.ndarray],
-    keys: Sequence[str],
-    *,
-    bootstrap: int = 0,
-    seed: int = 0,
+    study: SimStudy, values: Mapping[str, np.ndarray], keys: Sequence[str], **options: int
 ) -> StudyFit:
-    """The study's laws fitted to the runs `keys` by the study's own fitter."""
+    """The study's laws fitted to the runs `keys` by the study's own fitter; `options` are the
+    fitter's keywords (`bootstrap=0`, `seed=0`: see `fit_cpt_study`)."""
     unknown = sorted(set(keys) - {c.key for c in study.candidates})
     if unknown:
         raise ValueError(f"runs {unknown[:5]} are not candidates of this {study.kind} study")
-    return study.fitter(study, values, keys, bootstrap=bootstrap, seed=seed)
+    return study.fitter(study, values, keys, **options)
 
 
 @dataclasses.dataclass(frozen=True)
