@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launch import sbatch_options, zeroshot_stage
+from launch import cli_options, sbatch_options, zeroshot_stage
 from launch.launchers import LaunchReport, options_from_args, start_launch
 from launch.runs import Run
 from launch.status import PREEMPTED_EXIT_CODE, Progress
@@ -131,10 +131,9 @@ class SlurmLauncher:
         group.add_argument("--partition")
         group.add_argument("--account")
         group.add_argument("--qos")
-        group.add_argument(
+        cli_options.repeatable(
+            group,
             "--sbatch-line",
-            action="append",
-            default=[],
             metavar="OPTION",
             help="an extra #SBATCH line, e.g. '--constraint=h100' (repeatable)",
         )

@@ -242,17 +242,16 @@ class XManagerLauncher:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m launch.xm_launch MANIFEST [--var K=V] [--runs-dir D] [--dry-run] [xm options]`."""
+    from launch import cli_options
     from launch.run_selection import launch_in_stages
     from launch.sweep import load_manifest
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("manifest")
-    parser.add_argument("--var", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--runs-dir")
+    cli_options.add_manifest_arguments(parser)
     parser.add_argument("--dry-run", action="store_true")
     XManagerLauncher.add_arguments(parser)
     args = parser.parse_args(argv)
-    variables = dict(v.split("=", 1) for v in args.var)
+    variables = cli_options.manifest_variables(args)
     manifest = load_manifest(args.manifest, variables=variables, runs_dir=args.runs_dir)
     args.manifest_name = manifest.name
     launcher = XManagerLauncher.from_args(args)

@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from launch import estimate, launchers, run_selection, t5x_runner, zeroshot_stage
+from launch import cli_options, estimate, launchers, run_selection, t5x_runner, zeroshot_stage
 from launch import status as run_states
 from launch.runs import RUNNERS
 from launch.sweep import expand, load_manifest, select
@@ -28,19 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the `plan`, `run`, `status` and `select` actions and their options."""
     actions = parser.add_subparsers(dest="action", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("manifest", help="manifest path or shipped name (e.g. cpt_paper)")
-    common.add_argument(
-        "--var",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="fill a manifest variable (repeatable)",
-    )
-    common.add_argument("--runs-dir", help="root of the run directories (default: manifest's)")
-    common.add_argument(
+    cli_options.add_manifest_arguments(common)
+    cli_options.repeatable(
+        common,
         "--only",
-        action="append",
-        default=[],
         metavar="GLOB",
         help="only runs whose id matches (plus their dependencies)",
     )
@@ -134,11 +125,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _manifest(args):
-    variables = dict(v.split("=", 1) for v in args.var)
     paths = t5x_runner.T5xPaths.resolve(t5x_dir=args.t5x_dir, repo_dir=args.repo_dir)
     return load_manifest(
         args.manifest,
-        variables=variables,
+        variables=cli_options.manifest_variables(args),
         runs_dir=args.runs_dir,
         runner=args.runner,
         t5x_paths=paths,
@@ -386,9 +376,7 @@ def _add_design_parser(actions, common) -> None:
         "variance against the full manifest's",
     )
     p.add_argument("--prior", metavar="FITS_JSON", help="a pilot fit (default: the paper's values)")
-    p.add_argument(
-        "--keep", action="append", default=[], metavar="RUN_ID", help="a run the design must hold"
-    )
+    cli_options.repeatable(p, "--keep", metavar="RUN_ID", help="a run the design must hold")
     p.add_argument("--out", help="the designed manifest (default: ./<name>_design.toml)")
 
 
