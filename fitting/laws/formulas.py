@@ -150,6 +150,31 @@ def _law(
     return Law(name, params, predict, fit, inputs, min_distinct)
 
 
+def _offset_power_law(
+    *,
+    name: str,
+    predict: Callable[..., np.ndarray],
+    exponent: str,
+    inputs: tuple[str],
+    a_grid: np.ndarray,
+    exponent_grid: np.ndarray,
+) -> Law:
+    """A one-input law E + A/x^exponent (parameters E, A, `exponent`; 3 distinct inputs),
+    fitted as log(exp(a − exponent·log x) + exp(e)) over columns one(a), −log x, one(e); the
+    start grid takes `a_grid` and `exponent_grid` with e in [-1, 1] by 0.5."""
+    return _law(
+        name=name,
+        params=("E", "A", exponent),
+        predict=predict,
+        inputs=inputs,
+        min_distinct=(3,),
+        names=("a", exponent, "e"),
+        terms=(((0, 0), (1, 1)), ((2, 2),)),
+        features=lambda x: neglog_features(x, layout=(-1, 0, -1)),
+        grid={"a": a_grid, exponent: exponent_grid, "e": np.arange(-1.0, 1.0 + 1e-9, 0.5)},
+    )
+
+
 def _register(*entries: Law) -> Mapping[str, Law]:
     return {law.name: law for law in entries}
 
@@ -188,20 +213,13 @@ LAWS: Mapping[str, Law] = _register(
         free=(False, True, False, False, True, True),
         fixed_params=("E", "A", "alpha"),
     ),
-    _law(
+    _offset_power_law(
         name="loss_compute",
-        params=("E", "A", "gamma"),
         predict=loss_compute,
+        exponent="gamma",
         inputs=("C",),
-        min_distinct=(3,),
-        names=("a", "gamma", "e"),
-        terms=(((0, 0), (1, 1)), ((2, 2),)),
-        features=lambda C: neglog_features(C, layout=(-1, 0, -1)),
-        grid={
-            "a": np.arange(0.0, 25.0 + 1e-9, 2.5),
-            "gamma": np.array([0.01, 0.03, 0.1, 0.3, 1.0]),
-            "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
-        },
+        a_grid=np.arange(0.0, 25.0 + 1e-9, 2.5),
+        exponent_grid=np.array([0.01, 0.03, 0.1, 0.3, 1.0]),
     ),
     _law(
         name="power",
@@ -224,20 +242,13 @@ LAWS: Mapping[str, Law] = _register(
         inputs=("Dp",),
         min_distinct=(3,),
     ),
-    _law(
+    _offset_power_law(
         name="power_law",
-        params=("E", "A", "alpha"),
         predict=power_law,
+        exponent="alpha",
         inputs=("Dp",),
-        min_distinct=(3,),
-        names=("a", "alpha", "e"),
-        terms=(((0, 0), (1, 1)), ((2, 2),)),
-        features=lambda Dp: neglog_features(Dp, layout=(-1, 0, -1)),
-        grid={
-            "a": np.arange(0.0, 25.0 + 1e-9, 5.0),
-            "alpha": np.arange(0.0, 2.0 + 1e-9, 0.5),
-            "e": np.arange(-1.0, 1.0 + 1e-9, 0.5),
-        },
+        a_grid=np.arange(0.0, 25.0 + 1e-9, 5.0),
+        exponent_grid=np.arange(0.0, 2.0 + 1e-9, 0.5),
     ),
 )
 
