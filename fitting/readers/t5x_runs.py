@@ -57,19 +57,6 @@ INFERENCE_EVAL_DIR = "inference_eval"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
 # seqio metric names (the mt_* tasks' `pipelines.text_metrics.translation_metrics`) -> xlscale's.
 METRIC_NAMES: Mapping[str, str] = {"rougeL": "rouge_l", "rougeLsum": "rouge_l"}
-# Every T5X / xlscale size-table field a config.gin may bind (T5X's `network.T5Config` names on
-# the left, xlscale's `t5_jax.config.T5Config` on the right; xlscale names map to themselves).
-_T5X_FIELDS: Mapping[str, str] = {
-    "emb_dim": "d_model",
-    "mlp_dim": "d_ff",
-    "num_heads": "num_heads",
-    "head_dim": "head_dim",
-    "num_encoder_layers": "num_encoder_layers",
-    "num_decoder_layers": "num_decoder_layers",
-    "mlp_activations": "mlp_activations",
-    "logits_via_embedding": "logits_via_embedding",
-    "vocab_size": "vocab_size",
-}
 _MODEL_FIELDS = (
     "d_model",
     "d_ff",
@@ -80,6 +67,16 @@ _MODEL_FIELDS = (
     "mlp_activations",
     "logits_via_embedding",
 )
+# T5X's `network.T5Config` names for the fields it names differently from xlscale's
+# `t5_jax.config.T5Config`.
+_T5X_RENAMED: Mapping[str, str] = {"emb_dim": "d_model", "mlp_dim": "d_ff"}
+# Every T5X / xlscale size-table field a config.gin may bind -> xlscale's name (xlscale names map
+# to themselves).
+_T5X_FIELDS: Mapping[str, str] = {
+    **_T5X_RENAMED,
+    **{f: f for f in _MODEL_FIELDS if f not in _T5X_RENAMED.values()},
+    "vocab_size": "vocab_size",
+}
 
 
 @dataclasses.dataclass(frozen=True)
