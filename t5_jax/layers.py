@@ -182,15 +182,7 @@ class RelativePositionBiases(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
-    def setup(self):
-        self.rel_embedding = param_with_axes(
-            "rel_embedding",
-            RELPOS_INIT,
-            (self.num_heads, self.num_buckets),
-            self.param_dtype,
-            axes=(HEADS, RELPOS_BUCKETS),
-        )
-
+    @nn.compact
     def __call__(self, query_positions: Array, key_positions: Array, *, bidirectional: bool):
         """Bias for query/key position vectors: [q], [k] -> [1, heads, q, k]."""
         rel = key_positions[None, :] - query_positions[:, None]
@@ -200,7 +192,14 @@ class RelativePositionBiases(nn.Module):
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        table = jnp.asarray(self.rel_embedding, self.dtype)
+        rel_embedding = param_with_axes(
+            "rel_embedding",
+            RELPOS_INIT,
+            (self.num_heads, self.num_buckets),
+            self.param_dtype,
+            axes=(HEADS, RELPOS_BUCKETS),
+        )
+        table = jnp.asarray(rel_embedding, self.dtype)
         return jnp.take(table, buckets, axis=1)[None]
 
     def full(self, qlen: int, klen: int, *, bidirectional: bool) -> Array:
