@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from launch import adaptive, adaptive_loop
-from rundir import names
+from rundir import names, storage
 
 REPLAY = "replay"
 
@@ -117,13 +116,13 @@ def write_report(manifest, out_dir: str) -> str:
     snapshots = [s for s in snapshots if s.params]
     if not snapshots:
         raise ValueError(f"--report: no adaptive fits logged under {manifest.runs_dir}/adaptive")
-    out = Path(out_dir)
+    out = storage.as_path(out_dir)  # local or object storage, as every report
     out.mkdir(parents=True, exist_ok=True)
     sweeps = {"adaptive": snapshots}
     title = f"{manifest.name}: the adaptive sweep's fit against compute"
     plot = design_report.plot(sweeps, out / "adaptive.png", title=title)
     text = design_report.section(sweeps, title=title, plot_path=plot.name)
-    (out / "adaptive.md").write_text(text)
+    storage.write_text_atomic(out / "adaptive.md", text)
     return f"# adaptive report: {out / 'adaptive.md'} and {plot}"
 
 
