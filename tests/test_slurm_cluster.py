@@ -14,6 +14,7 @@ saying why, only where the daemons cannot start.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -131,7 +132,7 @@ batch_size = 32
 [strategies.cpt]
 budget = {{ steps = 6 }}
 """
-WAIT_S = 300  # the whole sweep, queue to COMPLETED, on two shared CPUs
+WAIT_S = 900  # the whole sweep, queue to COMPLETED, on two shared CPUs (a bound: slow machines)
 # The tiny source run alone (seed 1: its own job name); each process has one CPU device.
 TWO_TASKS_MANIFEST = (
     MANIFEST.split("[[grid]]")[0].replace("seeds = [0]", "seeds = [1]")
@@ -272,8 +273,9 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     slurm_env, tiny_data, tmp_path, capsys
 ):
     # Two copies of one training side by side (a CPU each), told apart only by their checkpoint
-    # period: one has a 1-minute time limit (its script sends SIGTERM 20 s before it, 40 s into
-    # each start, while it trains), one gets a preemption notice once it trains. Each
+    # period: one gets a preemption notice once it trains, one has a 1-minute time limit (its
+    # script sends SIGTERM 20 s before it, 40 s into each start, while it trains; longer where
+    # the first took longer than 20 s to log a step). Each
     # saves a checkpoint, exits 75, requeues itself, resumes and completes, and only then does
     # its afterok dependent start; the two log the same losses, step for step.
     cluster = slurm_env
@@ -287,14 +289,21 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     assert source[limited].steps == LONG_STEPS and cpt[limited].steps == 6
     assert cpt[limited].depends_on == (source[limited].run_id,)
 
-    time_limit = ["--time-limit", "1", "--signal-before", "20", "--max-requeues", "5"]
     only = {p: ["--only", cpt[p].run_id] for p in source}
-    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[limited], *time_limit) == 0
+    submitted = time.monotonic()
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
+    _wait_until(lambda: status.last_step(source[preempted]) > 0, "a logged step", 300, script_dir)
+    # Each start under the time limit must outlast the trainer's start-up, or it is stopped before
+    # it can save, again and again: 40 s of each start before its SIGTERM where the twin logged
+    # its first step within 20 s of its submission, three times that start-up on a slower machine.
+    start_up = time.monotonic() - submitted
+    window = 40 if start_up < 20 else math.ceil(3 * start_up)
+    limit = f"{(window + 20) // 60}:{(window + 20) % 60:02d}"
+    time_limit = ["--time-limit", limit, "--signal-before", "20", "--max-requeues", "5"]
+    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[limited], *time_limit) == 0
     jobs = {p: _job_ids_when_started(script_dir, source[p].run_id) for p in source}
     # Once training has logged a step, a preemption notice (SIGTERM to the job's steps, not its
     # batch shell) makes the trainer save a checkpoint, exit 75, and the job requeue itself.
-    _wait_until(lambda: status.last_step(source[preempted]) > 0, "a logged step", 180, script_dir)
     cluster.run(["scancel", "--signal=TERM", jobs[preempted]])
     _wait_until(
         lambda: "(checkpoint saved); requeue 1" in _log(script_dir, source[preempted].run_id),
@@ -318,7 +327,7 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
         run, job_id = source[period], jobs[period]
         job = cluster.job(job_id)
         log = _log(script_dir, run.run_id)
-        # One preemption; as many 40-s starts as the training needs under the time limit (one
+        # One preemption; as many starts as the training needs under the time limit (one
         # requeue here, more on a slower machine).
         restarts = int(job["Restarts"])
         assert job["JobState"] == "COMPLETED" and restarts >= 1, (how, log[-3000:])
