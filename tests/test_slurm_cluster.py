@@ -294,12 +294,15 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
     _wait_until(lambda: status.last_step(source[preempted]) > 0, "a logged step", 300, script_dir)
     # Each start under the time limit must outlast the trainer's start-up, or it is stopped before
-    # it can save, again and again: 40 s of each start before its SIGTERM where the twin logged
-    # its first step within 20 s of its submission, three times that start-up on a slower machine.
+    # it can save, again and again, and its SIGTERM must leave the trainer time to finish its save
+    # and exit: SIGTERM 40 s into each start, 20 s before the limit, where the twin logged its
+    # first step within 20 s of its submission; on a slower machine, 3x and 1x that start-up.
     start_up = time.monotonic() - submitted
-    window = 40 if start_up < 20 else math.ceil(3 * start_up)
-    limit = f"{(window + 20) // 60}:{(window + 20) % 60:02d}"
-    time_limit = ["--time-limit", limit, "--signal-before", "20", "--max-requeues", "5"]
+    slow = start_up >= 20
+    window, before = (math.ceil(3 * start_up), math.ceil(start_up)) if slow else (40, 20)
+    minutes = math.ceil((window + before) / 60)  # SLURM's time limits are whole minutes
+    time_limit = ["--time-limit", str(minutes), "--signal-before", str(before)]
+    time_limit += ["--max-requeues", "5"]
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[limited], *time_limit) == 0
     jobs = {p: _job_ids_when_started(script_dir, source[p].run_id) for p in source}
     # Once training has logged a step, a preemption notice (SIGTERM to the job's steps, not its
@@ -355,9 +358,9 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
             assert line.startswith(
                 ("xlscale: trainer exited 75 (", "xlscale: trainer exited 143 (")
             ), line
-        sigterms = marks.count("xlscale: SIGTERM to the trainer, 20 s before the time limit")
+        sigterms = marks.count(f"xlscale: SIGTERM to the trainer, {before} s before the time limit")
         # Every stopped start of the time-limited copy had the script's SIGTERM; its last start
-        # may have one too when training ended inside the final 20 s (the trainer then exits 0).
+        # may have one too when training ended inside its final seconds (the trainer then exits 0).
         allowed = (restarts, restarts + 1) if period == limited else (0,)
         assert sigterms in allowed, (how, sigterms, log[-3000:])
         # Stopped in the middle of training with a checkpoint; the next start resumed there.
@@ -370,7 +373,7 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
         dependent = cluster.job(_job_ids(script_dir)[cpt[period].run_id])
         assert dependent["JobState"] == "COMPLETED" and status.is_completed(cpt[period])
         assert dependent["StartTime"] >= job["EndTime"], how
-    assert cluster.job(jobs[limited])["TimeLimit"] == "00:01:00"
+    assert cluster.job(jobs[limited])["TimeLimit"] == f"00:{minutes:02d}:00"
     # Resumed bitwise: both copies, stopped at different steps, log the same losses.
     rows = {p: _loss_rows(source[p]) for p in source}
     assert [r["step"] for r in rows[limited]] == list(range(50, LONG_STEPS + 1, 50))

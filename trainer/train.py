@@ -578,9 +578,9 @@ class _Training:
         steps.add_hook("checkpoint", self.save, when=self.saves_at)
         self.progress.start(start)
         step = steps.run()
+        self.store.wait()  # the last save written, before saying it is
         if step < total:
             log.warning("stopping at step %d (checkpoint saved); rerun to resume", step)
-        self.store.wait()
         if self.in_flight is not None:
             self.committed, self.in_flight = self.in_flight, None
         completed = step >= total
