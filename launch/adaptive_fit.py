@@ -8,8 +8,9 @@ steps (`fitting.reports.fit_steps.Study`, as `xlscale fit` does: the Chinchilla 
 language's source and scratch runs, the CPT law's second stage on its CPT runs; every
 evaluation after the first token a point, intermediate checkpoints included; bootstrap over whole
 runs), on the N basis the candidates use; an MT block (BLEU log-law, cross-entropy power law)
-on its series' finetunes, every (Dp, final value) fitted (`fitting.laws.downstream_laws`, no
-bootstrap: its predictions carry no interval). A block the data cannot identify yet (fewer sizes
+on its series' finetunes, every (Dp, final value) fitted (`fitting.laws.downstream_laws`), with
+a residual bootstrap (`downstream_laws.bootstrap_series`: a series has one point per checkpoint,
+so the checkpoints stay and the noise is redrawn). A block the data cannot identify yet (fewer sizes
 or Dp than its law needs, `fitting.checks.Unidentifiable`) keeps the prior and is named with the
 reason. `assess` turns the fit into each unfinished run's numbers: the information its remaining
 points add (`fitting.design.information.info_gain` at the fitted parameters, over the
@@ -57,11 +58,14 @@ MIN_SAMPLES = 10  # bootstrap refits needed for a prediction interval
 @dataclasses.dataclass(frozen=True)
 class Sources:
     """What one refit fits its blocks from: fitting's study of the runs (its fits cached), the
-    target language of each CPT block, and the downstream series of each MT block."""
+    target language of each CPT block, the downstream series of each MT block, and the MT
+    blocks' bootstrap (resamples and seed; the study carries the CPT blocks' own)."""
 
     study: fit_steps.Study
     langs: Mapping[str, str]
     series: Mapping[str, fit_points.DownstreamSeries]
+    bootstrap: int = 0
+    seed: int = 0
 
 
 # A block's fit: (sources, block name) -> (the fit, or None without points; the points it used).
@@ -85,7 +89,8 @@ def _upstream(strategies: tuple[str, ...], fit: Callable[[fit_steps.Study, str],
 
 def _downstream(src: Sources, block: str) -> tuple[LawFit | None, list[Point]]:
     """An MT-paper law fitted to its series' every finetune (Dp, final value), as
-    `xlscale fit` fits one (`fitting.laws.downstream_laws.fit_series`), all points fitted."""
+    `xlscale fit` fits one (`fitting.laws.downstream_laws.fit_series`), all points fitted, with
+    its residual bootstrap for prediction intervals."""
     series = src.series.get(block)
     if series is None:
         return None, []
@@ -100,6 +105,7 @@ def _downstream(src: Sources, block: str) -> tuple[LawFit | None, list[Point]]:
     fit = downstream_laws.fit_series(
         series.Dp, series.values, metric=series.metric, n_fit=len(series.Dp)
     )
+    fit = downstream_laws.bootstrap_series(fit, n=src.bootstrap, seed=src.seed)
     return fit, [Point(block, (float(dp),)) for dp in series.Dp]
 
 
@@ -229,7 +235,8 @@ def refit(
     data = list(obs.data.values())
     with tempfile.TemporaryDirectory() as scratch:  # Study's plot folder: nothing is drawn
         study = fit_steps.Study(data, Path(scratch), bootstrap, seed, None, n_basis=basis)
-        src = Sources(study, block_languages(model, data), series_blocks(data, run_blocks))
+        series = series_blocks(data, run_blocks)
+        src = Sources(study, block_languages(model, data), series, bootstrap, seed)
         params, ci, fits, why_not, observed = dict(model.prior), {}, {}, {}, []
         for block in model.blocks:
             how = BLOCK_FITS.get(block.law)
@@ -270,7 +277,8 @@ def _interval(
     model: StudyModel, block: str, fit: LawFit, inputs: tuple[float, ...]
 ) -> tuple[float, float] | None:
     """95% percentile interval of the block's law at `inputs` over the fit's bootstrap refits
-    (None for a fit without them: the MT laws')."""
+    (None for a fit with fewer than `MIN_SAMPLES`: no bootstrap, or an MT series with no point
+    to spare)."""
     samples = getattr(fit, "samples", ())
     if len(samples) < MIN_SAMPLES:
         return None

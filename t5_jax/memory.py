@@ -39,14 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from modeling.memory import (
-    DTYPE_BYTES,
-    ActivationMemory,
-    MemoryEstimate,
-    StepShape,
-    estimate,
-    resolve_kernel,
-)
+from modeling import memory as common
+from modeling.memory import DTYPE_BYTES, ActivationMemory
 from t5_jax.config import T5Config
 
 
@@ -209,7 +203,7 @@ def param_shapes(cfg: T5Config) -> list[tuple[int, ...]]:
     return shapes
 
 
-def memory_estimate(cfg: T5Config, *, shape: StepShape) -> MemoryEstimate:
+def memory_estimate(cfg: T5Config, *, shape: common.StepShape) -> common.MemoryEstimate:
     """Per-device bytes of the trainer's step for `cfg` at `shape` (`modeling.memory`); on
     the CPU backend under policy `none` whatever `cfg.remat_policy` says (module docstring:
     measured, `full` compiles to `none`'s bytes there)."""
@@ -217,10 +211,10 @@ def memory_estimate(cfg: T5Config, *, shape: StepShape) -> MemoryEstimate:
     resolve = dict(dtype=cfg.dtype, head_dim=cfg.head_dim, kv_length=inputs_len)
     # Self-attention adds the relative-position bias (splash refuses it: `xla` runs on TPU);
     # cross-attention has none, so the kernel asked for (splash, cuDNN) runs there.
-    kernel = resolve_kernel(shape, q_length=shape.seq_len, has_bias=True, **resolve)
-    cross_kernel = resolve_kernel(shape, q_length=shape.seq_len, causal=False, **resolve)
+    kernel = common.resolve_kernel(shape, q_length=shape.seq_len, has_bias=True, **resolve)
+    cross_kernel = common.resolve_kernel(shape, q_length=shape.seq_len, causal=False, **resolve)
     policy = "none" if shape.platform == "cpu" else cfg.remat_policy
-    return estimate(
+    return common.estimate(
         param_shapes=param_shapes(cfg),
         param_dtype=cfg.param_dtype,
         activations=lambda batch: activation_memory(

@@ -219,6 +219,20 @@ def test_refit_fits_the_mt_laws_of_a_series_of_finetunes(tmp_path):
     assert set(fit.fits) == {"bleu/S", "ce/S"} and fit.record.n_points == 16
     assert fit.params["ce/S.alpha"] == pytest.approx(synthetic.CE["alpha"], rel=0.1)
     assert fit.params["bleu/S.beta"] == pytest.approx(synthetic.BLEU["beta"], rel=0.2)
+    # With a bootstrap, the MT blocks' parameters get intervals and an unfinished finetune's
+    # final BLEU a prediction interval, so `--tolerance` can decide MT runs too.
+    boot = _refit(model, _observe(data, every), bootstrap=20, run_blocks=blocks)
+    assert boot.params == fit.params
+    lo, hi = boot.record.ci["ce/S.alpha"]
+    assert lo < boot.params["ce/S.alpha"] < hi
+    dp = 2 * float(max(boot.fits["bleu/S"].Dp))  # a finetune beyond the last checkpoint
+    cands = {"next": Candidate("next", 1.0, (Point("bleu/S", (dp,)),))}
+    obs = adaptive_fit.Observation(states={"next": "pending"}, steps={}, data={}, digest="y")
+    (state,) = adaptive_fit.assess(model, cands, [_FakeRun("next", 10)], obs, boot).values()
+    lo, hi = state.interval
+    assert lo < state.predicted < hi and 0 < state.half_width < 0.2
+    no_boot = adaptive_fit.assess(model, cands, [_FakeRun("next", 10)], obs, fit)
+    assert no_boot["next"].interval is None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,6 +51,34 @@ def test_ce_power_law_recovery_and_held_out_error():
     assert res.n_fit == 5 and res.fitted.sum() == 5 and np.isfinite(res.prediction_error)
 
 
+def test_residual_bootstrap_gives_intervals_that_hold_the_truth():
+    # Six fitted checkpoints with 1% noise: the residual bootstrap's 95% intervals hold the true
+    # parameters, and its prediction at the largest (held-out) checkpoint is a few % wide.
+    rng = np.random.default_rng(2)
+    score = formulas.log_law(DP, **BLEU) * np.exp(0.01 * rng.standard_normal(len(DP)))
+    ce = formulas.power_law(DP, **CE) * np.exp(0.002 * rng.standard_normal(len(DP)))
+    for fit, truth in [
+        (downstream_laws.fit_bleu_law(DP, score, n_fit=6), BLEU),
+        (downstream_laws.fit_ce_law(DP, ce, n_fit=6), CE),
+    ]:
+        boot = downstream_laws.bootstrap_series(fit, n=30, seed=0)
+        assert boot.params == fit.params and len(boot.samples) >= 25, fit.law
+        assert boot == downstream_laws.bootstrap_series(fit, n=30, seed=0)  # seeded
+        for name, value in truth.items():
+            lo, hi = boot.ci[name]
+            assert lo < fit.params[name] < hi and lo < value < hi, (fit.law, name)
+        at_last = [
+            float(formulas.predict(fit.law, {**fit.params, **s}, DP[-1])) for s in boot.samples
+        ]
+        lo, hi = np.percentile(at_last, [2.5, 97.5])
+        assert lo < float(fit.predict(DP[-1])) < hi and (hi - lo) / 2 / hi < 0.1, fit.law
+    assert "samples" not in boot.to_dict()  # fits.json keeps its fields
+    # Three fitted points leave no residual to redraw: no samples rather than a zero width.
+    exact = downstream_laws.fit_bleu_law(DP, score, n_fit=3)
+    assert downstream_laws.bootstrap_series(exact, n=30, seed=0).samples == ()
+    assert downstream_laws.bootstrap_series(fit, n=0, seed=0) is fit
+
+
 def test_ce_power_law_with_its_optimum_at_e_zero_converges():
     # Measured in the CPU translation study (d128 T5, en-only pretraining, Df 24 steps): over a 4x
     # range of Dp the curve is a pure power law, so E runs to its bound, where the gradient in

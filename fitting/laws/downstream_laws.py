@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import scipy.stats
 
 from fitting.checks import FitInputError, as_points, require_distinct
 from fitting.formats import json_safe
@@ -51,6 +52,9 @@ class DownstreamFit(LawFit):
       fitted: which points were used for the fit.
       prediction_error: Huber loss (δ) summed over the held-out points' log residuals (NaN when
         nothing is held out or the law is undefined at a held-out point).
+      samples: parameters of each converged residual-bootstrap refit (`bootstrap_series`;
+        empty without one), for intervals on predictions.
+      ci: parameter → (lo, hi) 95% percentile interval over `samples` (empty without them).
     """
 
     n_at_best: int
@@ -62,6 +66,8 @@ class DownstreamFit(LawFit):
     residuals: np.ndarray
     fitted: np.ndarray
     prediction_error: float
+    samples: tuple[dict[str, float], ...] = ()
+    ci: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (unrounded; NaN as null)."""
@@ -256,3 +262,49 @@ def fit_series(Dp: Sequence[float], values: Sequence[float], *, metric: str, n_f
         )
     fitter = fit_ce_law if metric == CE else fit_bleu_law
     return fitter(Dp, values, n_fit=n_fit)
+
+
+_FITTERS = {"log_law": fit_bleu_law, "power_law": fit_ce_law}  # DownstreamFit.law -> its fitter
+
+
+def bootstrap_series(fit: DownstreamFit, *, n: int, seed: int) -> DownstreamFit:
+    """`fit` with `samples` and `ci` from a residual bootstrap of its fitted points, so that its
+    predictions carry an interval (the adaptive sweep's `--tolerance` on MT runs needs one).
+
+    A series has one point per checkpoint, too few to resample points (a draw often lacks the
+    three distinct Dp a law needs). So the checkpoints stay: each refit sees the fitted values
+    times exp of log residuals drawn with replacement. The residuals are centred and scaled by
+    sqrt(n/(n − 3)) (the three coefficients the fit spent) times t(0.975, n − 3)/z(0.975): with
+    two to four points to spare, the plain percentile interval held the truth in about 75% of
+    synthetic series instead of 95% (`benchmarks/mt_intervals.py`). A fit with no point to spare
+    (n_fit = 3: zero residuals, which would claim a certain prediction) gets no samples. Refits
+    that do not converge are dropped.
+
+    Args:
+      fit: a converged `fit_bleu_law` / `fit_ce_law` result.
+      n: resamples (0: `fit` unchanged).
+      seed: the resampling seed.
+    """
+    k = int(np.sum(fit.fitted))
+    if n <= 0 or k <= 3 or not fit.converged:
+        return fit
+    Dp, pred = fit.Dp[fit.fitted], fit.predicted[fit.fitted]
+    res = fit.residuals[fit.fitted]
+    small_sample = scipy.stats.t.ppf(0.975, k - 3) / scipy.stats.norm.ppf(0.975)
+    res = (res - np.mean(res)) * math.sqrt(k / (k - 3)) * small_sample
+    rng = np.random.default_rng(seed)
+    fitter, samples = _FITTERS[fit.law], []
+    for _ in range(n):
+        drawn = pred * np.exp(rng.choice(res, size=k, replace=True))
+        try:
+            refit = fitter(Dp, drawn, n_fit=k, delta=fit.delta)
+        except FitInputError:  # e.g. a drawn score at or below zero has no log-law
+            continue
+        if refit.converged:
+            samples.append(dict(refit.params))
+    ci = {}
+    if samples:
+        for name in fit.params:
+            lo, hi = np.percentile([s[name] for s in samples], [2.5, 97.5])
+            ci[name] = (float(lo), float(hi))
+    return dataclasses.replace(fit, samples=tuple(samples), ci=ci)
