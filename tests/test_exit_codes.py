@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import gin
 import pytest
@@ -33,7 +34,7 @@ def clean_gin():
 
 @pytest.fixture
 def sleeper():
-    other = subprocess.Popen(["sleep", "60"])
+    other = subprocess.Popen(["sleep", "3600"])  # outlives any start-up; killed at teardown
     yield other.pid
     other.kill()
     other.wait()
@@ -128,7 +129,9 @@ def test_every_class_has_its_own_documented_code():
 
 def test_the_trainer_process_exits_with_the_class_code(tiny_data, tmp_path, sleeper):
     run = tmp_path / "run"
-    _write_lease(run, _holder(sleeper))
+    # A holder whose heartbeat stays fresh however long the new process takes to start (over
+    # 60 s on a slow 2-core machine, more than half of `LeaseConfig.stale_after_s`).
+    _write_lease(run, _holder(sleeper, heartbeat=time.time() + 600))
     argv = tiny_train(tiny_data, run)[1:]
     proc = subprocess.run(
         [sys.executable, "-m", "trainer.train", *argv],
