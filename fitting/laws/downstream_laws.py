@@ -27,7 +27,7 @@ import scipy.stats
 from fitting.checks import FitInputError, as_points, require_distinct
 from fitting.formats import json_safe
 from fitting.laws import formulas, optim
-from fitting.laws.robust_fit import LawFit, fit_univariate
+from fitting.laws.robust_fit import LawFit, fit_univariate, percentile_cis
 
 # What the MT paper fits laws to (eval/<task>/<metric>): the translation scores of its eq. 1
 # (BLEU, ROUGE-L, COMET) and the downstream cross-entropy ("loss", eq. 3). Anything else a run
@@ -302,9 +302,4 @@ def bootstrap_series(fit: DownstreamFit, *, n: int, seed: int) -> DownstreamFit:
             continue
         if refit.converged:
             samples.append(dict(refit.params))
-    ci = {}
-    if samples:
-        for name in fit.params:
-            lo, hi = np.percentile([s[name] for s in samples], [2.5, 97.5])
-            ci[name] = (float(lo), float(hi))
-    return dataclasses.replace(fit, samples=tuple(samples), ci=ci)
+    return dataclasses.replace(fit, samples=tuple(samples), ci=percentile_cis(samples))
