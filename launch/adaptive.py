@@ -213,6 +213,8 @@ class FitRecord:
     chip_hours: float
     fitted: tuple[str, ...] = ()  # blocks whose fit is identifiable
     skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)  # block -> why not
+    # block -> its residuals' noise (`fitting.design.noise.RunNoise.to_json`: σ, τ, runs, points)
+    noise: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """One line of fits.jsonl."""
@@ -224,6 +226,7 @@ class FitRecord:
             "n_points": self.n_points,
             "fitted": list(self.fitted),
             "skipped": dict(self.skipped),
+            "noise": {b: dict(n) for b, n in self.noise.items()},
         }
 
 

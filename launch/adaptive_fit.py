@@ -12,10 +12,16 @@ on its series' finetunes, every (Dp, final value) fitted (`fitting.laws.downstre
 a residual bootstrap (`downstream_laws.bootstrap_series`: a series has one point per checkpoint,
 so the checkpoints stay and the noise is redrawn). A block the data cannot identify yet (fewer sizes
 or Dp than its law needs, `fitting.checks.Unidentifiable`) keeps the prior and is named with the
-reason. `assess` turns the fit into each unfinished run's numbers: the information its remaining
-points add (`fitting.design.information.info_gain` at the fitted parameters, over the
-information of the points observed), its remaining chip-hours, and its final metric predicted by
-the block's law with the 95% interval of the bootstrap refits.
+reason. Each law fitted on runs' curves also gets its noise from its log residuals grouped by
+run (`fitting.design.noise.run_noise`: σ of one evaluation, τ of a run's offset, since a seed
+moves a whole curve), logged in `fits.jsonl`; the information is the fits' sandwich under that
+noise (`fitting.design.information`), so a run's checkpoints count as one run's. `assess` turns
+the fit into each unfinished run's numbers: the information its remaining points add
+(`fitting.design.information.info_gain` at the fitted parameters: the run as a whole less its
+part observed, over the information of every point observed), its remaining chip-hours, and its
+final metric predicted by the block's law moved by the run's own offset as its evaluations so
+far show it (`run_offset`), with the 95% interval of the bootstrap refits widened by what is
+left unknown of that offset and one evaluation's noise.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ import numpy as np
 
 from fitting.checks import FitInputError, Unidentifiable, require_distinct
 from fitting.design import information
-from fitting.design.study import Candidate, Point, StudyModel
+from fitting.design.noise import RunNoise, run_noise, run_offset
+from fitting.design.study import Candidate, Point, StudyModel, with_noise
 from fitting.laws import downstream_laws, formulas
 from fitting.laws.robust_fit import LawFit
 from fitting.readers import points as fit_points
@@ -69,31 +76,49 @@ class Sources:
 
 
 # A block's fit: (sources, block name) -> (the fit, or None without points; the points it used).
-BlockFit = Callable[[Sources, str], tuple[LawFit | None, list[Point]]]
+@dataclasses.dataclass(frozen=True)
+class BlockResult:
+    """One block's refit: the law's fit (None: no points yet), the points it was fitted on, and
+    for laws fitted on runs' curves, each point's log residual and run (for `run_noise`)."""
+
+    fit: LawFit | None
+    points: Sequence[Point] = ()
+    residuals: Sequence[float] = ()
+    runs: Sequence[str] = ()
+
+
+BlockFit = Callable[[Sources, str], BlockResult]
 
 
 def _upstream(strategies: tuple[str, ...], fit: Callable[[fit_steps.Study, str], Any]) -> BlockFit:
     """A CPT-paper law fitted as `xlscale fit` does, on every evaluation of the language's runs
     of `strategies` (`fitting.reports.fit_steps.Study`)."""
 
-    def fit_block(src: Sources, block: str) -> tuple[LawFit | None, list[Point]]:
+    def fit_block(src: Sources, block: str) -> BlockResult:
         lang = src.langs.get(block)
         result = None if lang is None else fit(src.study, lang)
         if result is None:
-            return None, []
+            return BlockResult(None)
         pooled = fit_points.pool(src.study.curves(strategies, lang), rule=src.study.point_rule)
-        return result, [Point(block, (n, d)) for n, d in zip(pooled.N, pooled.D, strict=True)]
+        with np.errstate(all="ignore"):
+            pred = result.predict(pooled.N, pooled.D)
+            residuals = np.log(np.asarray(pooled.L, float)) - np.log(pred)
+        runs = [str(r) for r in pooled.runs]
+        points = [
+            Point(block, (n, d), run=r) for n, d, r in zip(pooled.N, pooled.D, runs, strict=True)
+        ]
+        return BlockResult(result, points, residuals, runs)
 
     return fit_block
 
 
-def _downstream(src: Sources, block: str) -> tuple[LawFit | None, list[Point]]:
+def _downstream(src: Sources, block: str) -> BlockResult:
     """An MT-paper law fitted to its series' every finetune (Dp, final value), as
     `xlscale fit` fits one (`fitting.laws.downstream_laws.fit_series`), all points fitted, with
     its residual bootstrap for prediction intervals."""
     series = src.series.get(block)
     if series is None:
-        return None, []
+        return BlockResult(None)
     law = formulas.LAWS["power_law" if series.metric == downstream_laws.CE else "log_law"]
     require_distinct(
         law=law.name,
@@ -106,7 +131,9 @@ def _downstream(src: Sources, block: str) -> tuple[LawFit | None, list[Point]]:
         series.Dp, series.values, metric=series.metric, n_fit=len(series.Dp)
     )
     fit = downstream_laws.bootstrap_series(fit, n=src.bootstrap, seed=src.seed)
-    return fit, [Point(block, (float(dp),)) for dp in series.Dp]
+    # Each (Dp, value) is a finetune of its own: no run has two points, so σ and τ stay apart
+    # only in the prior's σ (no `run_noise`).
+    return BlockResult(fit, [Point(block, (float(dp),)) for dp in series.Dp])
 
 
 # A block's law -> how it is refitted; a block whose law is not here keeps its prior, and its
@@ -159,13 +186,20 @@ def observe(runs: Sequence[Run]) -> Observation:
 @dataclasses.dataclass(frozen=True)
 class FitState:
     """A refit: the logged record, the study parameters as a vector's worth of values, the
-    information of the points observed, and per block its fit (or why there is none)."""
+    information of the points observed, per block its fit (or why there is none), the study
+    model with the noise the residuals showed (`model`: each block's σ and τ from `run_noise`
+    where the runs tell them apart, else the prior's), the points observed (each with its run),
+    and each (block, run)'s log residuals (a running run's own offset, `run_offset`)."""
 
     record: FitRecord
     params: Mapping[str, float]
     info: np.ndarray
     fits: Mapping[str, LawFit]
     why_not: Mapping[str, str]
+    model: StudyModel | None = None
+    noise: Mapping[str, RunNoise] = dataclasses.field(default_factory=dict)
+    observed: tuple[Point, ...] = ()
+    residuals: Mapping[tuple[str, str], np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def n_basis(cands: Sequence[Candidate], runs: Sequence[Run]) -> str:
@@ -238,19 +272,22 @@ def refit(
         series = series_blocks(data, run_blocks)
         src = Sources(study, block_languages(model, data), series, bootstrap, seed)
         params, ci, fits, why_not, observed = dict(model.prior), {}, {}, {}, []
+        noise: dict[str, RunNoise] = {}
+        residuals: dict[tuple[str, str], list[float]] = {}
         for block in model.blocks:
             how = BLOCK_FITS.get(block.law)
             if how is None:
                 why_not[block.name] = f"the {block.law} law is not refitted"
                 continue
             try:
-                fit, used = how(src, block.name)
+                result = how(src, block.name)
             except Unidentifiable as e:
                 why_not[block.name] = str(e)
                 continue
             except FitInputError as e:  # e.g. a BLEU of 0 has no log-law
                 why_not[block.name] = f"cannot be fitted: {e}"
                 continue
+            fit = result.fit
             if fit is None or not fit.converged:
                 why_not[block.name] = "no points yet" if fit is None else fit.status
                 continue
@@ -259,7 +296,12 @@ def refit(
                 params[name] = float(fit.params[law_param])
                 if law_param in getattr(fit, "ci", {}):
                     ci[name] = tuple(float(x) for x in fit.ci[law_param])
-            observed += used
+            observed += result.points
+            for r, run in zip(result.residuals, result.runs, strict=True):
+                residuals.setdefault((block.name, run), []).append(float(r))
+            estimate = run_noise(result.residuals, result.runs) if result.runs else None
+            if estimate is not None and estimate.sigma > 0:
+                noise[block.name] = estimate
     record = FitRecord(
         digest=obs.digest,
         n_points=len(observed),
@@ -268,9 +310,21 @@ def refit(
         chip_hours=chip_hours,
         fitted=tuple(fits),
         skipped=why_not,
+        noise={b: n.to_json() for b, n in noise.items()},
     )
-    info = information.fisher(model, observed, params)
-    return FitState(record, params, info, fits, why_not)
+    noisy = with_noise(model, {b: (n.sigma, n.run_sigma) for b, n in noise.items()})
+    info = information.fisher(noisy, observed, params)
+    return FitState(
+        record,
+        params,
+        info,
+        fits,
+        why_not,
+        noisy,
+        noise,
+        tuple(observed),
+        {k: np.asarray(v) for k, v in residuals.items()},
+    )
 
 
 def _interval(
@@ -289,6 +343,32 @@ def _interval(
         return None
     lo, hi = np.percentile(values, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def _with_run_offset(
+    mean: float,
+    interval: tuple[float, float] | None,
+    noise: RunNoise | None,
+    residuals: Sequence[float],
+) -> tuple[float, tuple[float, float] | None]:
+    """A run's predicted final value and 95% interval: the law's (`mean`, the bootstrap's
+    `interval`) moved by the run's own offset as its evaluations so far show it (`run_offset`),
+    and widened, in log space and in quadrature, by what is left unknown of that offset and by
+    one evaluation's noise, so the interval is one for the value the run will log, not for the
+    law's mean. Without a noise estimate (`run_noise`: too few runs), the law's alone."""
+    if noise is None:
+        return mean, interval
+    offset, offset_sd = run_offset(residuals, noise)
+    predicted = mean * float(np.exp(offset))
+    if interval is None:
+        return predicted, None
+    extra = (information.Z95**2) * (offset_sd**2 + noise.sigma**2)
+    lo = float(np.log(max(mean / interval[0], 1.0)) if interval[0] > 0 else np.inf)
+    hi = float(np.log(max(interval[1] / mean, 1.0)))
+    return predicted, (
+        predicted * float(np.exp(-np.sqrt(lo**2 + extra))),
+        predicted * float(np.exp(np.sqrt(hi**2 + extra))),
+    )
 
 
 def assess(
@@ -310,15 +390,28 @@ def assess(
         blocks = {p.block for p in cand.points}
         missing = sorted(b for b in blocks if b not in fit.fits)
         gain = predicted = interval = None
+        noisy = fit.model or model
         if not missing:
-            more = information.fisher(model, left, fit.params)
+            # What the rest of this run adds to what its own evaluations told: its points share
+            # its offset, so the information of the whole run less that of its observed part.
+            seen = tuple(p for p in fit.observed if p.run == run.run_id)
+            whole = (*seen, *information.run_points(left, run.run_id))
+            more = information.fisher(noisy, whole, fit.params) - information.fisher(
+                noisy, seen, fit.params
+            )
             gain = information.info_gain(fit.info, more)
         if cand.points and not missing:
             final = cand.points[-1]
             law = model.block(final.block).law
             block_fit = fit.fits[final.block]
-            predicted = float(formulas.predict(law, dict(block_fit.params), *final.inputs))
+            mean = float(formulas.predict(law, dict(block_fit.params), *final.inputs))
             interval = _interval(model, final.block, block_fit, final.inputs)
+            predicted, interval = _with_run_offset(
+                mean,
+                interval,
+                fit.noise.get(final.block),
+                fit.residuals.get((final.block, run.run_id), ()),
+            )
         out[run.run_id] = RunState(
             run_id=run.run_id,
             status=status,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from fitting.design import choose
-from fitting.design.study import Candidate, StudyModel
+from fitting.design.study import Candidate, StudyModel, with_noise
 from launch import design
 from launch.runs import Run
 from rundir.run_record import Strategy
@@ -34,6 +34,7 @@ class SweepDesign:
       candidates: the runs as design candidates.
       model: the study model the design scored.
       budget, hardware, mfu, criterion, prior: the design's settings (prior: a file or "paper").
+      run_sigma: τ, a run's offset shared by its evaluations (0: evaluations independent).
     """
 
     result: choose.Design
@@ -45,6 +46,7 @@ class SweepDesign:
     mfu: float
     criterion: str
     prior: str
+    run_sigma: float = 0.0
 
     @property
     def chosen(self) -> list[Run]:
@@ -93,9 +95,12 @@ def design_sweep(
     criterion: str = "d_optimal",
     prior_path: str | None = None,
     keep: Sequence[str] = (),
+    run_sigma: float = 0.0,
 ) -> SweepDesign:
     """The design of `runs` for `budget` chip-hours on `hardware` (see the module docstring),
-    with the from-scratch baselines of its MT series (`with_baselines`).
+    with the from-scratch baselines of its MT series (`with_baselines`). `run_sigma`: τ of
+    every law, a run's offset shared by its evaluations (`fitting.design.information`: the fits'
+    sandwich covariance), so a run's tenth checkpoint does not count as a tenth run.
 
     Raises:
       ValueError: an unknown hardware or criterion, a prior file without parameters, no run that
@@ -104,6 +109,8 @@ def design_sweep(
     """
     if criterion not in choose.CRITERIA:
         raise ValueError(f"--criterion {criterion!r}: allowed: {', '.join(choose.CRITERIA)}")
+    if not (math.isfinite(run_sigma) and run_sigma >= 0):
+        raise ValueError(f"--run-sigma {run_sigma!r}: allowed: 0 or a positive log-metric spread")
     cands = with_baselines(runs, design.candidates(runs, hardware=hardware, mfu=mfu))
     minimum, cheapest = minimum_budget(cands)
     if not cheapest:
@@ -116,13 +123,15 @@ def design_sweep(
         )
     prior = design.read_prior(prior_path) if prior_path else None
     model = design.study_model(runs, prior)
+    if run_sigma:
+        model = with_noise(model, {b.name: (b.sigma, run_sigma) for b in model.blocks})
     targets = design.targets(model, runs, cands)
     result = choose.choose(
         model, cands, budget, targets=targets, criterion=criterion, required=tuple(keep)
     )
     return SweepDesign(
         result, tuple(runs), tuple(cands), model, budget, hardware, mfu, criterion,
-        prior_path or "paper (fitting.laws.synthetic)",
+        prior_path or "paper (fitting.laws.synthetic)", run_sigma,
     )  # fmt: skip
 
 
@@ -182,7 +191,7 @@ def summary(d: SweepDesign) -> str:
     return (
         f"{len(r.keys)} of {len(d.runs)} runs, {r.cost:,.1f} of {r.full_cost:,.1f} {unit}"
         f"{where} ({r.fraction:.1%}; budget {d.budget:g}); criterion {d.criterion}, "
-        f"prior {d.prior}"
+        f"prior {d.prior}" + (f"; run offset tau {d.run_sigma:g}" if d.run_sigma else "")
     )
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fitting.design import paper_models
+from fitting.design.noise import RunNoise
 from fitting.design.study import Candidate, Point
 from fitting.laws import synthetic
 from fitting.readers import run_dirs
@@ -175,6 +176,13 @@ def test_refit_identifies_the_laws_only_with_enough_sizes(synthetic_runs):
     assert lo < full.params["scratch.alpha"] < hi
     assert full.record.n_points == 3 * 4 * 5  # source, scratch, cpt x 4 sizes x 5 evaluations
     assert np.all(np.isfinite(full.info)) and full.record.to_json()["chip_hours"] == 2.0
+    # Each law's residuals, grouped by run, give its noise (the generator's σ = 0.005 per
+    # evaluation, no per-run offset: four runs estimate τ only roughly), logged in fits.jsonl.
+    noise = full.record.to_json()["noise"]
+    assert set(noise) == {"scratch", "cpt", "source"}
+    for block in noise.values():
+        assert block["runs"] == 4 and block["points"] == 20
+        assert block["sigma"] == pytest.approx(0.005, rel=0.5) and block["run_sigma"] < 0.01
 
 
 def test_assess_prices_remaining_points_and_predicts_the_final_loss(synthetic_runs):
@@ -198,6 +206,20 @@ def test_assess_prices_remaining_points_and_predicts_the_final_loss(synthetic_ru
     assert half.predicted == pytest.approx(truth, rel=0.02)
     lo, hi = half.interval
     assert lo <= half.predicted <= hi and half.half_width < 0.05
+    # With runs whose curves sit apart (τ), the half-done run's evaluations so far, 1% above
+    # the law, move its prediction up by their shrunk mean; the run not started keeps the law's
+    # prediction but its interval takes in a whole run's offset (against the law's alone).
+    law_only = adaptive_fit.assess(model, cands, runs, obs, dataclasses.replace(fit, noise={}))
+    noise = RunNoise(sigma=0.002, run_sigma=0.004, runs=8, points=40)
+    offsets = dataclasses.replace(
+        fit, noise={"scratch": noise}, residuals={("scratch", "half"): np.full(2, 0.01)}
+    )
+    moved = adaptive_fit.assess(model, cands, runs, obs, offsets)
+    shrink = 2 * 0.004**2 / (0.002**2 + 2 * 0.004**2)
+    assert moved["half"].predicted == pytest.approx(half.predicted * np.exp(0.01 * shrink))
+    assert moved["new"].predicted == pytest.approx(law_only["new"].predicted)
+    assert moved["new"].half_width > max(law_only["new"].half_width, 1.96 * 0.004)
+    assert moved["half"].half_width < moved["new"].half_width
 
 
 def test_refit_fits_the_mt_laws_of_a_series_of_finetunes(tmp_path):

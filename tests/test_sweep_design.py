@@ -104,6 +104,13 @@ def test_cli_design_prints_widths_and_plan_lists_the_chosen_runs(tmp_path, capsy
     full = {r.run_id for r in sweep.expand(sweep.load_manifest("cpt_paper"))}
     assert set(planned) <= full  # same ids as in the full grid
     assert "# Designed subset of cpt_paper.toml" in out.read_text()
+    # With a run's own offset (τ, a seed moving the whole curve), a run's checkpoints count as
+    # one run's: every sweep, the full manifest too, pins the exponents less tightly.
+    assert main([*args, "--out", str(out), "--json", "--run-sigma", "0.004"]) == 0
+    shared = json.loads(capsys.readouterr().out)
+    for name in ("scratch.alpha", "scratch.beta", "cpt.gamma"):
+        assert shared["full_widths"][name] > 1.5 * result["full_widths"][name], name
+    assert "--run-sigma 0.004" in out.read_text() and "run offset tau 0.004" in out.read_text()
 
 
 @pytest.mark.parametrize(
@@ -113,6 +120,7 @@ def test_cli_design_prints_widths_and_plan_lists_the_chosen_runs(tmp_path, capsy
         (["--budget", "0.01", "--hardware", "8xH100"], "--budget 0.01: below the cheapest"),
         (["--budget", "50", "--hardware", "8xH100", "--criterion", "x"], "--criterion 'x'"),
         (["--budget", "50"], "--hardware is required"),
+        (["--budget", "50", "--hardware", "8xH100", "--run-sigma=-1"], "--run-sigma -1.0: allowed"),
     ],
 )
 def test_cli_design_errors_name_the_flag(tmp_path, capsys, extra, message):

@@ -376,6 +376,16 @@ def _add_design_parser(actions, common) -> None:
         "variance against the full manifest's",
     )
     p.add_argument("--prior", metavar="FITS_JSON", help="a pilot fit (default: the paper's values)")
+    p.add_argument(
+        "--run-sigma",
+        type=float,
+        default=0.0,
+        metavar="TAU",
+        help="a run's own offset of the log metric, shared by its evaluations (its seed moves "
+        "the whole curve; e.g. the sigma_run of two seeds, or fits.jsonl's noise of an adaptive "
+        "sweep): the design then counts a run's checkpoints as one run's (default 0: every "
+        "evaluation independent)",
+    )
     cli_options.repeatable(p, "--keep", metavar="RUN_ID", help="a run the design must hold")
     p.add_argument("--out", help="the designed manifest (default: ./<name>_design.toml)")
 
@@ -406,10 +416,12 @@ def design(args) -> int:
         criterion=args.criterion,
         prior_path=args.prior,
         keep=args.keep,
+        run_sigma=args.run_sigma,
     )
     command = f"xlscale sweep design {args.manifest} --budget {args.budget:g} --hardware {hardware}"
     command += f" --mfu {args.mfu:g}" if args.mfu != 0.5 else ""
     command += f" --criterion {args.criterion}" + (f" --prior {args.prior}" if args.prior else "")
+    command += f" --run-sigma {args.run_sigma:g}" if args.run_sigma else ""
     out = Path(args.out or f"{manifest.name}_design.toml")
     text = sweep_design.manifest_text(d, source, source=Path(manifest.path).name, command=command)
     out.write_text(text)

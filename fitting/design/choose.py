@@ -185,7 +185,7 @@ COST_POWERS = (1.0, 0.5, 0.0)
 
 def _greedy(candidates, by_key, banned, info, score, start, budget, power) -> list[str]:
     """Adds runs (each with what it needs) by criterion gain / cost^power until none fits."""
-    n = next(iter(info.values())).shape[0]
+    n = next(iter(info.values())).shape[-1]
     chosen = list(start)
     spent = sum(by_key[k].cost for k in chosen)
     F = sum((info[k] for k in chosen), np.zeros((n, n)))

@@ -9,6 +9,18 @@ delta method, the 95% interval of any derived quantity — a parameter, the comp
 allocation at a target compute, the loss of the largest run. A weak prior (`PRIOR_SD` per
 internal parameter) keeps F invertible for designs that cannot identify every parameter, so
 those come out with wide intervals rather than an error.
+
+The evaluations of one run also share its offset N(0, τ²) (`Block.run_sigma`: its seed moves the
+whole curve), so their covariance is σ²(I + ρ11ᵀ), ρ = τ²/σ². The project's fits weight every
+evaluation alike (least squares and Huber, not generalised least squares), so what they estimate
+varies as the sandwich A⁻¹ + A⁻¹BA⁻¹, A = ΣJᵀJ/σ² as above and B = ρ·Σ_runs (Jᵀ1)(1ᵀJ)/σ²: a
+run's tenth checkpoint adds its shape but not a tenth offset, and the parameters that only the
+spread of sizes pins (E, A, α) come out as uncertain as the few runs behind them make them.
+`benchmarks/run_noise.py` measures it: with τ = 3σ, fitted parameters spread 3.7 times the
+independent prediction, and 1.1–1.2 times the sandwich's. Both A and B add over runs, so with a
+τ in the model an information is the pair stacked, [2, n, n], and sums of runs stay sums; with
+no τ it is A alone, [n, n], as before. The "information" of the pair, for log det and gains, is
+the inverse of the sandwich: A(A + B)⁻¹A.
 """
 
 from __future__ import annotations
@@ -48,20 +60,40 @@ def jacobian(model: StudyModel, block: str, inputs: np.ndarray, theta: np.ndarra
 def fisher(
     model: StudyModel, points: Iterable[Point], params: Mapping[str, float] | None = None
 ) -> np.ndarray:
-    """[n, n] information of `points` about the internal parameters, at `params` (the prior)."""
+    """Information of `points` about the internal parameters, at `params` (the prior): [n, n],
+    or with a block's τ in the model the pair [A, B] stacked, [2, n, n], points of one run
+    (`Point.run`; "": a run of its own) sharing its offset (see the module docstring)."""
     theta = model.to_internal(params or model.prior)
-    total = np.zeros((theta.size, theta.size))
+    A, B = np.zeros((theta.size, theta.size)), np.zeros((theta.size, theta.size))
+    points = list(points)
     for block, inputs in points_by_block(points).items():
         J = jacobian(model, block, inputs, theta)
-        total += J.T @ J
-    return total
+        A += J.T @ J
+        ratio = (model.block(block).run_sigma / model.block(block).sigma) ** 2
+        if ratio > 0:
+            runs = np.asarray([p.run or f"#{i}" for i, p in enumerate(points) if p.block == block])
+            for run in set(runs.tolist()):
+                s = J[runs == run].sum(axis=0)  # Jᵀ1 of the run's points (σ already divided)
+                B += ratio * np.outer(s, s)
+    return np.stack([A, B]) if any(b.run_sigma > 0 for b in model.blocks) else A
+
+
+def _pair(F: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(A, B) of an information: B None for one without run offsets ([n, n])."""
+    F = np.asarray(F)
+    return (F, None) if F.ndim == 2 else (F[0], F[1])
+
+
+def run_points(points: Iterable[Point], run: str) -> tuple[Point, ...]:
+    """`points` as the evaluations of one run `run` (for points made without a run)."""
+    return tuple(dataclasses.replace(p, run=run) for p in points)
 
 
 def candidate_information(
     model: StudyModel, candidates: Sequence[Candidate], params: Mapping[str, float] | None = None
 ) -> dict[str, np.ndarray]:
-    """Each candidate's own information (points of different runs add)."""
-    return {c.key: fisher(model, c.points, params) for c in candidates}
+    """Each candidate's own information, its points one run's (different runs add)."""
+    return {c.key: fisher(model, run_points(c.points, c.key), params) for c in candidates}
 
 
 def regularised(F: np.ndarray) -> np.ndarray:
@@ -102,18 +134,24 @@ def _by_size(groups: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 def log_det(F: np.ndarray, groups: Sequence[np.ndarray] | None = None) -> float:
-    """log det of the regularised information: the D-optimal criterion (larger is better).
+    """log det of the regularised information: the D-optimal criterion (larger is better); for
+    a pair, of A(A + B)⁻¹A, the inverse of the sandwich (2 log det A − log det(A + B)).
     With `groups` (`parameter_groups`), F is taken as block diagonal over them."""
-    R = regularised(F)
-    if groups is None:
-        sign, value = np.linalg.slogdet(R)
-        return float(value) if sign > 0 else -np.inf
+    A, B = _pair(F)
+    R = regularised(A)
+    blocks = [None] if groups is None else _by_size(groups)
     total = 0.0
-    for idx in _by_size(groups):
-        sign, value = np.linalg.slogdet(R[idx[:, :, None], idx[:, None, :]])
+    for idx in blocks:
+        sub = (lambda M: M) if idx is None else (lambda M, i=idx: M[i[:, :, None], i[:, None, :]])
+        sign, value = np.linalg.slogdet(sub(R))
         if np.any(sign <= 0):
             return -np.inf
         total += float(np.sum(value))
+        if B is not None:
+            sign, wide = np.linalg.slogdet(sub(R + B))
+            if np.any(sign <= 0):
+                return -np.inf
+            total += float(np.sum(value) - np.sum(wide))
     return total
 
 
@@ -183,17 +221,32 @@ def target_gradients(
     return Gradients(tuple(t.name for t in targets), grads, scales, parameter_groups(model))
 
 
+def _sandwich(R: np.ndarray, B: np.ndarray | None) -> np.ndarray:
+    """R⁻¹, or R⁻¹(R + B)R⁻¹ with run offsets (module docstring); batched over leading axes."""
+    inv = np.linalg.inv(R)
+    return inv if B is None else inv @ (R + B) @ inv
+
+
+def covariance(F: np.ndarray) -> np.ndarray:
+    """[n, n] asymptotic covariance of the fitted internal parameters under information F
+    (regularised; the sandwich for a pair)."""
+    A, B = _pair(F)
+    return _sandwich(regularised(A), B)
+
+
 def widths_from(F: np.ndarray, gradients: Gradients) -> dict[str, float]:
     """Predicted 95% half-widths of the targets under information F (delta method); F is
     inverted group by group (`Gradients.groups`, block diagonal)."""
-    R = regularised(F)
+    A, B = _pair(F)
+    R = regularised(A)
     G = gradients.grads
     if not gradients.groups:
-        var = np.einsum("tn,nm,tm->t", G, np.linalg.inv(R), G)
+        var = np.einsum("tn,nm,tm->t", G, covariance(F), G)
     else:
         var = np.zeros(G.shape[0])
         for idx in _by_size(gradients.groups):  # idx [B, k]
-            cov = np.linalg.inv(R[idx[:, :, None], idx[:, None, :]])  # [B, k, k]
+            block = (idx[:, :, None], idx[:, None, :])
+            cov = _sandwich(R[block], None if B is None else B[block])  # [B, k, k]
             g = G[:, idx]  # [T, B, k]
             var += np.einsum("tbk,bkl,tbl->t", g, cov, g)
     widths = Z95 * np.sqrt(np.maximum(var, 0.0)) / gradients.scales

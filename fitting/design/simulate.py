@@ -26,7 +26,7 @@ from fitting.checks import FitInputError
 from fitting.design import paper_models
 from fitting.design.choose import closure
 from fitting.design.information import Target
-from fitting.design.study import Block, Candidate, Point, StudyModel
+from fitting.design.study import Block, Candidate, Point, StudyModel, with_noise
 from fitting.laws import robust_fit, synthetic
 
 TOLERANCE = 0.02  # held-out final values predicted within 2% (issue 37)
@@ -61,6 +61,8 @@ class SimStudy:
         this kind of study (`fit_cpt_study`, `simulate_mt.fit_mt_study`).
       targets: reported quantities beyond the parameters, for `choose`.
       n_fit: points per series the MT laws are fitted on (None: all; see `simulate_mt`).
+      run_sigma: block → τ of the generator's per-run offset, shared by a run's evaluations
+        (none: every evaluation's noise independent, as `synthetic.write_study` draws it).
     """
 
     kind: str
@@ -71,6 +73,7 @@ class SimStudy:
     fitter: Callable[..., StudyFit]
     targets: tuple[Target, ...] = ()
     n_fit: int | None = None
+    run_sigma: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def full_cost(self) -> float:
@@ -103,14 +106,22 @@ class StudyFit:
 
 
 def draw(study: SimStudy, seed: int) -> dict[str, np.ndarray]:
-    """One realisation: candidate key → its points' values (truth × e^(σ·ε), ε ~ N(0, 1))."""
+    """One realisation: candidate key → its points' values (truth × e^(σ·ε + τ·η), ε ~ N(0, 1)
+    per point, η ~ N(0, 1) per run and block, drawn before the run's points; τ from
+    `SimStudy.run_sigma`, 0 and not drawn for blocks it lacks)."""
     rng = np.random.default_rng(seed)
     out = {}
     for c in study.candidates:
+        offsets = {}
+        for p in c.points:
+            tau = study.run_sigma.get(p.block, 0.0)
+            if tau and p.block not in offsets:
+                offsets[p.block] = tau * rng.standard_normal()
         values = np.empty(len(c.points))
         for i, p in enumerate(c.points):
             truth = study.model.predict(p.block, study.model.prior, np.asarray([p.inputs]))[0]
-            values[i] = truth * math.exp(study.sigma[p.block] * rng.standard_normal())
+            noise = study.sigma[p.block] * rng.standard_normal() + offsets.get(p.block, 0.0)
+            values[i] = truth * math.exp(noise)
         out[c.key] = values
     return out
 
@@ -354,6 +365,7 @@ def cpt_study(
     min_fraction: float = 0.0,
     held_out: int = 2,
     sigma: float = 0.005,
+    run_sigma: float = 0.0,
     chip_hour_flops: float = H100_CHIP_HOUR_FLOPS,
     scratch: Mapping[str, float] = synthetic.SCRATCH,
     cpt: Mapping[str, float] = synthetic.CPT,
@@ -369,11 +381,15 @@ def cpt_study(
         `xlscale fit --points-min-fraction`).
       held_out: the `held_out` largest sizes' runs are held out of any design.
       sigma: the generator's noise of one evaluation's log loss (`synthetic.write_study`'s).
+      run_sigma: the generator's per-run offset of the log loss (τ), shared by the run's
+        evaluations; the model's blocks carry it too, so designs count a run's points as one
+        run's (`fitting.design.information`).
       chip_hour_flops: FLOPs per chip-hour (only ratios matter for a design's fraction).
     """
     if held_out < 1 or held_out >= len(sizes) - 2:
         raise ValueError(f"held_out = {held_out}: allowed 1 to {len(sizes) - 3} largest sizes")
     model = paper_models.cpt_model(scratch=scratch, cpt=cpt, source=source, sigma=sigma)
+    model = with_noise(model, {b.name: (sigma, run_sigma) for b in model.blocks})
     candidates = []
     for n in sorted(sizes):
         total = tokens_per_param * n
@@ -396,4 +412,7 @@ def cpt_study(
         ),
     ]
     sig = {b.name: sigma for b in model.blocks}
-    return SimStudy("cpt", model, tuple(candidates), held, sig, fit_cpt_study, tuple(targets))
+    tau = {b.name: run_sigma for b in model.blocks if run_sigma}
+    return SimStudy(
+        "cpt", model, tuple(candidates), held, sig, fit_cpt_study, tuple(targets), run_sigma=tau
+    )

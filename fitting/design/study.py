@@ -9,7 +9,10 @@ when it completes — one per evaluation along it, since the fits use every eval
 al. 2025: intermediate checkpoints improve the estimates).
 
 The noise model is the fits' own: each point's log metric is the law's plus N(0, σ²) (the fits
-are Huber in log space; the synthetic generator draws lognormal noise).
+are Huber in log space; the synthetic generator draws lognormal noise), plus a run's own offset
+N(0, τ²) shared by every evaluation along that run (`Block.run_sigma`: a run's seed — its
+initialisation and data order — moves its whole curve, so the evaluations of one run are not
+independent draws; τ = 0 treats them as independent).
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ class Block:
       law: a key of `fitting.laws.formulas.LAWS`.
       params: the law's parameter → the study parameter it reads (e.g. {"E": "scratch.E"}).
       sigma: the noise of one point's log metric.
+      run_sigma: the noise of one run's log metric shared by all its points (τ; 0: none).
     """
 
     name: str
     law: str
     params: Mapping[str, str]
     sigma: float = 0.01
+    run_sigma: float = 0.0
 
     def __post_init__(self):
         if self.law not in formulas.LAWS:
@@ -48,14 +53,21 @@ class Block:
             raise ValueError(f"block {self.name!r}: law {self.law} needs {sorted(missing)}")
         if not self.sigma > 0:
             raise ValueError(f"block {self.name!r}: sigma = {self.sigma}: must be positive")
+        if not self.run_sigma >= 0:
+            raise ValueError(
+                f"block {self.name!r}: run_sigma = {self.run_sigma}: must be 0 or positive"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-    """One evaluation a run yields: the block it feeds and the law's inputs (N, D or Dp)."""
+    """One evaluation a run yields: the block it feeds, the law's inputs (N, D or Dp) and the
+    run it belongs to (points of one run share its offset, `Block.run_sigma`; "": a run of its
+    own)."""
 
     block: str
     inputs: tuple[float, ...]
+    run: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +156,18 @@ class StudyModel:
         law_params = {lp: params[sp] for lp, sp in b.params.items()}
         columns = np.asarray(inputs, np.float64).T
         return formulas.predict(b.law, law_params, *columns)
+
+
+def with_noise(model: StudyModel, noise: Mapping[str, tuple[float, float]]) -> StudyModel:
+    """`model` with the blocks of `noise` (block -> (σ, τ), e.g. estimated from a fit's
+    residuals, `fitting.design.noise`) given that noise; other blocks keep theirs."""
+    blocks = tuple(
+        dataclasses.replace(b, sigma=noise[b.name][0], run_sigma=noise[b.name][1])
+        if b.name in noise
+        else b
+        for b in model.blocks
+    )
+    return dataclasses.replace(model, blocks=blocks)
 
 
 def points_by_block(points: Iterable[Point]) -> dict[str, np.ndarray]:
