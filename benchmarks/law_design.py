@@ -150,12 +150,13 @@ def run_cpt(args) -> tuple[list[str], bool, int]:
     """The CPT study (see the module docstring): the printed lines, whether the design met
     every target, and how many random subsets did."""
     t0 = time.time()
-    study = simulate.cpt_study(simulate.paper_sizes())
+    study = simulate.cpt_study(simulate.paper_sizes(), run_sigma=args.run_sigma)
     design, values, full, check, randoms = _design_and_check(args, study, args.bootstrap)
     lines = [
         f"== CPT study (Chinchilla: source, scratch; CPT law) — {len(study.candidates)} runs, "
         f"{study.full_cost:.4g} chip-hours, criterion {args.criterion!r}, "
-        f"{args.bootstrap} bootstrap resamples, seed {args.seed}",
+        f"{args.bootstrap} bootstrap resamples, seed {args.seed}"
+        + (f", run offset tau {args.run_sigma:g}" if args.run_sigma else ""),
         f"  design: {len(design.keys)} runs, {design.cost:.4g} chip-hours "
         f"({design.fraction:.1%}); held out: {', '.join(study.held_out)}",
         f"  {'parameter':<14s} {'full':>10s} {'95% CI lo':>10s} {'95% CI hi':>10s} "
@@ -344,6 +345,13 @@ def main(argv=None) -> int:
         type=float,
         default=None,
         help="MT noise (σ of log BLEU and log CE); default: the paper study's (paper_truth.Truth)",
+    )
+    p.add_argument(
+        "--run-sigma",
+        type=float,
+        default=0.0,
+        help="CPT: a run's own offset of its log loss (tau), shared by its evaluations, drawn "
+        "by the generator and known to the design (default 0: independent evaluations)",
     )
     p.add_argument("--mt-tasks", default="mt_en_de", type=lambda s: s.split(","))
     p.add_argument("--recipe", default="paper_300", choices=list(RECIPE_STEPS))
