@@ -75,7 +75,6 @@ class Sources:
     seed: int = 0
 
 
-# A block's fit: (sources, block name) -> (the fit, or None without points; the points it used).
 @dataclasses.dataclass(frozen=True)
 class BlockResult:
     """One block's refit: the law's fit (None: no points yet), the points it was fitted on, and
@@ -87,6 +86,7 @@ class BlockResult:
     runs: Sequence[str] = ()
 
 
+# A block's fit: (sources, block name) -> its `BlockResult`.
 BlockFit = Callable[[Sources, str], BlockResult]
 
 
