@@ -224,7 +224,8 @@ def run(sweep: AdaptiveSweep, launch: Callable[[], Sequence[Any]], *, poll_s: fl
 
 def summary_lines(runs: Sequence[Run], runs_dir: str) -> list[str]:
     """`sweep status`'s lines about an adaptive sweep (none where none ran under `runs_dir`):
-    compute spent and saved, the current fit with its 95% intervals, the decision counts."""
+    compute spent and saved, the current fit with its 95% intervals and each law's noise (σ per
+    evaluation, τ per run), the decision counts."""
     session = adaptive.read_session(runs_dir)
     if session is None:
         return []
@@ -252,6 +253,11 @@ def summary_lines(runs: Sequence[Run], runs_dir: str) -> list[str]:
             + (f"  [{ci[name][0]:.4g}, {ci[name][1]:.4g}]" if name in ci else "")
             for name, value in last["params"].items()
             if name in ci or name.rsplit(".", 1)[0] in fitted
+        ]
+        lines += [  # each law's noise from its residuals by run (fitting.design.noise)
+            f"#   noise {block}: sigma {n['sigma']:.3%} per evaluation, tau {n['run_sigma']:.3%} "
+            f"per run ({n['runs']} runs, {n['points']} points)"
+            for block, n in (last.get("noise") or {}).items()
         ]
     decisions = adaptive.read_lines(runs_dir, names.ADAPTIVE_DECISIONS_FILE)
     if decisions:

@@ -7,6 +7,7 @@ and `xlscale sweep run --adaptive` again, which finds nothing left to run."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -136,6 +137,10 @@ def test_adaptive_sweep_end_to_end_with_the_local_launcher(
     shown = capsys.readouterr().out
     assert "# adaptive (--min-gain 1e+12, --tolerance 0.02): spent" in shown
     assert "scratch.alpha = " in shown and f"{len(decisions)} logged" in shown
+    # Each law's noise from its residuals by run: σ per evaluation, τ per run (issue 37).
+    assert re.search(
+        r"#   noise scratch: sigma \S+% per evaluation, tau \S+% per run \(\d runs", shown
+    )
     # The report section and plot: every refit's estimates and intervals against compute.
     assert main(["sweep", "status", *cli, f"--report={tmp_path / 'report'}"]) == 0
     section = (tmp_path / "report" / "adaptive.md").read_text()
