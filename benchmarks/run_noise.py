@@ -15,7 +15,12 @@ fits, `simulate.fit_cpt_study`), and prints:
   the generator's;
 - the information (log det, nats) a run's later half adds once its first half is in the fit,
   under each model (what `xlscale sweep run --adaptive` prices a running run's remaining
-  evaluations at).
+  evaluations at);
+- with `--intervals N` (draws), the adaptive sweep's 95% interval for the final loss of the
+  largest size's from-scratch run, not started or half done, as the other runs and its own
+  evaluations so far fit the law (bootstrap over whole runs): how often it held the loss the run
+  then logged, for the law's interval alone (before) and for the one moved by the run's own
+  offset and widened by what is unknown of it (`launch.adaptive_fit.with_run_offset`).
 
     .venv/bin/python benchmarks/run_noise.py [--draws 40] [--sigma 0.002] [--run-sigma 0.006]
 """
@@ -41,6 +46,8 @@ sys.path.insert(0, str(ROOT))
 from fitting.design import information, simulate  # noqa: E402
 from fitting.design.noise import run_noise  # noqa: E402
 from fitting.design.study import with_noise  # noqa: E402
+from fitting.laws import formulas, robust_fit  # noqa: E402
+from launch.adaptive_fit import with_run_offset  # noqa: E402
 
 SIZES = (3e7, 6e7, 1.2e8, 2.5e8, 5e8, 1e9, 2e9, 4e9)
 
@@ -58,12 +65,77 @@ def internal(model, params: dict[str, float]) -> np.ndarray:
     return model.to_internal(params)
 
 
+def interval_coverage(study, *, draws: int, seed: int, bootstrap: int) -> list[str]:
+    """The printed lines of the interval check (see the module docstring)."""
+    scratch = sorted(
+        (c for c in study.candidates if c.key.startswith("scratch_")),
+        key=lambda c: c.points[0].inputs[0],
+    )
+    target = scratch[-1]
+    half = len(target.points) // 2
+    inputs = np.asarray(target.points[-1].inputs)
+    held = {"not started": 0, "half done": half}
+    hits = {(k, m): 0 for k in held for m in ("law", "offset")}
+    widths = {(k, m): [] for k in held for m in ("law", "offset")}
+    done = 0
+    for k in range(draws):
+        values = simulate.draw(study, seed + 1000 + k)
+        truth = float(values[target.key][-1])  # what the run logs at its end
+        for label, seen in held.items():
+            rows = [
+                (p.inputs, v, c.key)
+                for c in scratch
+                for i, (p, v) in enumerate(zip(c.points, values[c.key], strict=True))
+                if c is not target or i < seen
+            ]
+            x = np.asarray([r[0] for r in rows])
+            y = np.asarray([r[1] for r in rows])
+            runs = [r[2] for r in rows]
+            fit = robust_fit.fit_chinchilla(
+                x[:, 0], x[:, 1], y, runs=runs, bootstrap=bootstrap, seed=k,
+                grid=simulate.SIM_GRID, series="scratch",
+            )  # fmt: skip
+            if not fit.converged or len(fit.samples) < 10:
+                continue
+            mean = float(fit.predict(*inputs))
+            law = [float(formulas.predict("chinchilla", {**fit.params, **s}, *inputs))
+                   for s in fit.samples]  # fmt: skip
+            interval = tuple(float(v) for v in np.percentile(law, [2.5, 97.5]))
+            residuals = np.log(y) - np.log(fit.predict(x[:, 0], x[:, 1]))
+            mine = residuals[np.asarray(runs) == target.key]
+            shown = {
+                "law": (mean, interval),
+                "offset": with_run_offset(mean, interval, run_noise(residuals, runs), mine),
+            }
+            for m, (centre, (lo, hi)) in shown.items():
+                hits[label, m] += lo <= truth <= hi
+                widths[label, m].append((hi - lo) / 2 / centre)
+            done += label == "half done"
+        if (k + 1) % 10 == 0:
+            print(f"  intervals: {k + 1}/{draws} draws", flush=True)
+    lines = [
+        f"\n{target.key}'s final loss, {done} draws, {bootstrap} bootstrap resamples of whole runs:",
+        "| run | interval | held the logged loss | median half-width |",
+        "|---|---|---|---|",
+    ]
+    for label in held:
+        for m, name in (("law", "the law's alone"), ("offset", "with the run's offset")):
+            n = len(widths[label, m])
+            lines.append(
+                f"| {label} | {name} | {hits[label, m] / max(n, 1):.0%} "
+                f"| {np.median(widths[label, m]) if n else float('nan'):.2%} |"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draws", type=int, default=40)
     ap.add_argument("--sigma", type=float, default=0.002, help="one evaluation's log-loss noise")
     ap.add_argument("--run-sigma", type=float, default=0.006, help="a run's shared offset")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--intervals", type=int, default=0, help="draws for the interval check")
+    ap.add_argument("--bootstrap", type=int, default=40, help="resamples per interval fit")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     study = simulate.cpt_study(
@@ -139,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{cand.key} half done: its last {len(pts) - half} evaluations add "
         + ", ".join(f"{v:.3g} nats ({k})" for k, v in gains.items())
     )
+    if args.intervals:
+        lines = interval_coverage(
+            study, draws=args.intervals, seed=args.seed, bootstrap=args.bootstrap
+        )
+        print("\n".join(lines))
     print(f"\n{time.perf_counter() - t0:.0f} s")
     return 0
 

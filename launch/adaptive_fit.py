@@ -345,7 +345,7 @@ def _interval(
     return float(lo), float(hi)
 
 
-def _with_run_offset(
+def with_run_offset(
     mean: float,
     interval: tuple[float, float] | None,
     noise: RunNoise | None,
@@ -406,7 +406,7 @@ def assess(
             block_fit = fit.fits[final.block]
             mean = float(formulas.predict(law, dict(block_fit.params), *final.inputs))
             interval = _interval(model, final.block, block_fit, final.inputs)
-            predicted, interval = _with_run_offset(
+            predicted, interval = with_run_offset(
                 mean,
                 interval,
                 fit.noise.get(final.block),
