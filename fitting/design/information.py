@@ -18,8 +18,8 @@ run's tenth checkpoint adds its shape but not a tenth offset, and the parameters
 spread of sizes pins (E, A, α) come out as uncertain as the few runs behind them make them.
 `benchmarks/run_noise.py` measures it: with τ = 3σ, fitted parameters spread a median 3.1
 times the independent prediction, and 1.13 times the sandwich's. Both A and B add over runs, so
-with a τ in the model an information is the pair stacked, [2, n, n], and sums of runs stay sums; with
-no τ it is A alone, [n, n], as before. The "information" of the pair, for log det and gains, is
+with a τ in the model an information is the pair stacked, [2, n, n], and sums of runs stay sums;
+with no τ it is A alone, [n, n], as before. The "information" of the pair, for log det and gains, is
 the inverse of the sandwich: A(A + B)⁻¹A.
 """
 
