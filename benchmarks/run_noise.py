@@ -114,7 +114,8 @@ def interval_coverage(study, *, draws: int, seed: int, bootstrap: int) -> list[s
         if (k + 1) % 10 == 0:
             print(f"  intervals: {k + 1}/{draws} draws", flush=True)
     lines = [
-        f"\n{target.key}'s final loss, {done} draws, {bootstrap} bootstrap resamples of whole runs:",
+        f"\n{target.key}'s final loss, {done} draws, {bootstrap} bootstrap resamples "
+        "of whole runs:",
         "| run | interval | held the logged loss | median half-width |",
         "|---|---|---|---|",
     ]
