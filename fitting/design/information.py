@@ -241,7 +241,7 @@ def widths_from(F: np.ndarray, gradients: Gradients) -> dict[str, float]:
     R = regularised(A)
     G = gradients.grads
     if not gradients.groups:
-        var = np.einsum("tn,nm,tm->t", G, covariance(F), G)
+        var = np.einsum("tn,nm,tm->t", G, _sandwich(R, B), G)
     else:
         var = np.zeros(G.shape[0])
         for idx in _by_size(gradients.groups):  # idx [B, k]
