@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fitting.checks import FitInputError, Unidentifiable  # noqa: E402
 from fitting.design import choose  # noqa: E402
+from fitting.design import noise as noise_lib  # noqa: E402
 from fitting.laws import robust_fit  # noqa: E402
 from fitting.readers import points as points_lib  # noqa: E402
 from fitting.readers import run_dirs  # noqa: E402
@@ -201,6 +202,7 @@ def main(argv=None) -> int:
         f"{np.sqrt(np.mean(diffs**2)):.4f}, σ_run {sigma:.4f}; a skipped run passes within "
         f"2σ_run = {2 * sigma:.4f}"
     )
+    _print_offsets(whole, curves0, scored, rules, sigma)
     print(
         f"{'run':48s} {'in design':9s} {f'L s{args.fit_seed}':>8s} {f'L s{1 - args.fit_seed}':>8s} {'law':>8s} {'err':>8s} "
         f"{'all-runs fit err':>16s}"
@@ -226,6 +228,21 @@ def main(argv=None) -> int:
         }
         _print_grid(args.grid, by_strategy, skipped, band=2 * sigma)
     return 0 if ok else 1
+
+
+def _print_offsets(whole, curves0, scored, rules, sigma: float) -> None:
+    """Per law, σ and τ (`fitting.design.noise.run_noise`) of the all-runs fit's log residuals
+    grouped by run, beside the seed scatter σ_run: a τ well above σ_run is the law's own misfit
+    moving whole runs, which no choice of runs can remove."""
+    for s in SCORED:
+        p = points_lib.pool([curves0[r.run_id] for r in scored if r.strategy == s], rule=rules[s])
+        res = np.log(p.L) - np.log(np.asarray(whole[s].predict(p.N, p.D), np.float64))
+        est = noise_lib.run_noise(res, p.runs)
+        if est is not None:
+            print(
+                f"# {s}: the all-runs fit's residuals, by run: σ {est.sigma:.4f} within a run, "
+                f"τ {est.run_sigma:.4f} between runs (seed scatter σ_run {sigma:.4f})"
+            )
 
 
 def _print_grid(grid: str, by_strategy, skipped, *, band: float) -> None:
