@@ -11,8 +11,9 @@ runs are reused by id). Then:
    `--fraction` (default 0.5) of the study's compute (FLOPs; the demo's replay runs are not
    candidates: its L(N, D) laws leave them out);
 2. the study's laws fitted on the chosen runs only, every evaluation along each run a point
-   (unless `--min-fraction`), as the demo's fit does (`fitting.readers.points`, `fitting.laws.robust_fit`: Chinchilla for the
-   source and from-scratch runs, the CPT law's second stage on the CPT runs);
+   (unless `--min-fraction`), as the demo's fit does (`fitting.readers.points`,
+   `fitting.laws.robust_fit`: Chinchilla for the source and from-scratch runs, the CPT law's
+   second stage on the CPT runs);
 3. each skipped run's final loss predicted and compared with its measured one (seed 0), beside
    the run-to-run noise: the relative difference between the seed-0 and seed-1 final losses of
    the same run, and its RMS over the 12 pairs (σ_run = RMS/√2, one run's scatter).
@@ -203,8 +204,9 @@ def main(argv=None) -> int:
         f"2σ_run = {2 * sigma:.4f}"
     )
     _print_offsets(whole, curves0, scored, rules, sigma)
+    mine, twin = f"L s{args.fit_seed}", f"L s{1 - args.fit_seed}"
     print(
-        f"{'run':48s} {'in design':9s} {f'L s{args.fit_seed}':>8s} {f'L s{1 - args.fit_seed}':>8s} {'law':>8s} {'err':>8s} "
+        f"{'run':48s} {'in design':9s} {mine:>8s} {twin:>8s} {'law':>8s} {'err':>8s} "
         f"{'all-runs fit err':>16s}"
     )
     ok = chosen.fraction <= args.fraction + 1e-9
