@@ -89,6 +89,16 @@ def _final_loss(runs_dir: str, run, n_basis: str) -> float:
     return float(_curve(runs_dir, run, n_basis).loss[-1])
 
 
+def _rules(chinchilla: float, cpt: float) -> dict[str, points_lib.PointRule]:
+    """Strategy -> the evaluations its law fits: from fraction `chinchilla` of each run on for
+    the source and scratch laws, from `cpt` on for the CPT law."""
+    return {
+        "source": points_lib.PointRule(min_fraction=chinchilla),
+        "scratch": points_lib.PointRule(min_fraction=chinchilla),
+        "cpt": points_lib.PointRule(min_fraction=cpt),
+    }
+
+
 def _fit(curves_by_strategy, *, bootstrap: int, rules: dict[str, points_lib.PointRule]):
     """Source and scratch Chinchilla fits and the CPT law's second stage on `curves`, each law
     on the evaluations its rule in `rules` (by strategy) keeps."""
@@ -165,11 +175,7 @@ def main(argv=None) -> int:
         for s in SCORED
     }
     cpt_fraction = args.min_fraction if args.cpt_min_fraction is None else args.cpt_min_fraction
-    rules = {
-        "source": points_lib.PointRule(min_fraction=args.min_fraction),
-        "scratch": points_lib.PointRule(min_fraction=args.min_fraction),
-        "cpt": points_lib.PointRule(min_fraction=cpt_fraction),
-    }
+    rules = _rules(args.min_fraction, cpt_fraction)
     fits = _fit(by_strategy, bootstrap=args.bootstrap, rules=rules)
     # The whole study's own fit, under the same rules: how far the law itself is from each run.
     whole = _fit(
@@ -255,13 +261,8 @@ def _print_grid(grid: str, by_strategy, skipped, *, band: float) -> None:
     print(f"# min fractions (Chinchilla, CPT) -> worst error of the skipped runs; band ±{band:.4f}")
     for mf in fractions:
         for cmf in fractions:
-            rules = {
-                "source": points_lib.PointRule(min_fraction=mf),
-                "scratch": points_lib.PointRule(min_fraction=mf),
-                "cpt": points_lib.PointRule(min_fraction=cmf),
-            }
             try:
-                fits = _fit(by_strategy, bootstrap=0, rules=rules)
+                fits = _fit(by_strategy, bootstrap=0, rules=_rules(mf, cmf))
             except (FitInputError, Unidentifiable) as e:
                 print(f"{mf:4g} {cmf:4g}  no fit: {e}")
                 continue
