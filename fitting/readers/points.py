@@ -418,6 +418,24 @@ def best_step(run: RunData) -> int | None:
     return int(json.loads(path.read_text())["step"]) if path.exists() else None
 
 
+def learning_rates(run: RunData) -> np.ndarray:
+    """The learning rate of each of a run's updates (`[k - 1]` is step k's), for the
+    schedule-aware law (`fitting.laws.lr_area`): the `learning_rate` its records log every
+    LOG_EVERY steps, interpolated linearly between them (held before the first log), up to its
+    last logged step. A schedule is an input of the run, known before it trains.
+
+    Raises:
+      FitInputError: the run logged no learning rate.
+    """
+    logged = [
+        (int(r["step"]), _float(r["learning_rate"])) for r in run.records if "learning_rate" in r
+    ]
+    if not logged:
+        raise FitInputError(f"run {run.run_id!r}: its metrics log no learning_rate")
+    steps, lrs = (np.asarray(x, np.float64) for x in zip(*sorted(logged), strict=True))
+    return np.interp(np.arange(1, int(steps[-1]) + 1), steps, lrs)
+
+
 def _final_value(run: RunData, task: str, metric: str) -> float | None:
     """`task`'s metric of a finetune (scores live at eval/<task>/<metric>): at its best
     validation step where one is recorded (`best_step`; the MT manifests choose finetunes there,

@@ -1,0 +1,116 @@
+"""The schedule-aware law (`fitting.laws.lr_area`): its areas against hand values, its fit
+recovering a known law from curves on a cosine schedule, and the logged-learning-rate reader."""
+
+import math
+
+import numpy as np
+import pytest
+from etils import epath
+
+from fitting.checks import FitInputError, Unidentifiable
+from fitting.laws import lr_area
+from fitting.readers import points
+from fitting.readers.run_data import RunData
+
+
+def _cosine(total: int, *, warmup: int = 8, final: float = 0.1, peak: float = 3e-3):
+    """A warm-up + cosine schedule like the trainer's (`trainer.schedules.cosine`), by hand."""
+    out = []
+    for k in range(total):
+        if k < warmup:
+            out.append(peak * k / warmup)
+        else:
+            d = (k - warmup) / (total - warmup)
+            out.append(peak * (final + (1 - final) * 0.5 * (1 + math.cos(math.pi * d))))
+    return np.asarray(out)
+
+
+def test_areas_of_a_constant_schedule_grow_by_one_per_step_and_never_anneal():
+    s1, s2 = lr_area.areas([2e-4] * 5, decay=0.9)
+    np.testing.assert_allclose(s1, [0, 1, 2, 3, 4, 5])
+    np.testing.assert_allclose(s2, np.zeros(6))
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.5])
+def test_a_step_decay_anneals_with_the_momentum_by_hand(decay):
+    # Peak 1 for 3 steps, then 0.5: one drop of 0.5 at step 4, remembered with momentum λ.
+    s1, s2 = lr_area.areas([1.0, 1.0, 1.0, 0.5, 0.5, 0.5], decay=decay)
+    np.testing.assert_allclose(s1, [0, 1, 2, 3, 3.5, 4, 4.5])
+    m = [0, 0, 0, 0.5, 0.5 * decay, 0.5 * decay**2]
+    np.testing.assert_allclose(s2, np.concatenate([[0], np.cumsum(m)]))
+    # Units of the peak: a rescaled schedule has the same areas.
+    np.testing.assert_allclose(lr_area.areas([3.0, 3.0, 3.0, 1.5, 1.5, 1.5], decay=decay)[1], s2)
+
+
+@pytest.mark.parametrize(
+    "lrs, decay, match",
+    [
+        ([], 0.9, "non-empty"),
+        ([1.0, float("nan")], 0.9, "finite"),
+        ([0.0, 0.0], 0.9, "all zero"),
+        ([1.0], 1.0, r"decay must be in \[0, 1\), got 1.0"),
+    ],
+)
+def test_bad_schedules_are_errors_that_say_what(lrs, decay, match):
+    with pytest.raises(FitInputError, match=match):
+        lr_area.areas(lrs, decay=decay)
+
+
+TRUE = dict(E=1.9, A=0.8, alpha=0.35, B=1.1, beta=0.45, C=0.05, gamma=-0.2)
+
+
+def _study(sizes, *, decay=0.95, total=160, every=20, noise=0.0, seed=0):
+    """Evaluations every `every` steps of one cosine run per size, from the law `TRUE`
+    (reference scales N₀ = 1e5, S₀ = 100), with relative Gaussian noise."""
+    s1, s2 = lr_area.areas(_cosine(total), decay=decay)
+    steps = np.arange(every, total + 1, every)
+    rng = np.random.default_rng(seed)
+    N = np.repeat(np.asarray(sizes, float), len(steps))
+    S1, S2 = np.tile(s1[steps], len(sizes)), np.tile(s2[steps], len(sizes))
+    L = lr_area.formula(N, S1, S2, **TRUE, n_ref=1e5, s_ref=100.0)
+    return N, S1, S2, L * (1 + noise * rng.standard_normal(L.shape))
+
+
+def test_the_fit_recovers_a_known_law_and_predicts_a_held_out_size():
+    N, S1, S2, L = _study([5e4, 1e5, 3e5])
+    fit = lr_area.fit(N, S1, S2, L, decay=0.95)
+    assert fit.converged and fit.rms < 1e-6 and fit.n_runs == 3 and fit.n_points == 24
+    # The held-out larger model's whole curve, an extrapolation in N.
+    N4, S14, S24, L4 = _study([1e6])
+    np.testing.assert_allclose(fit.predict(N4, S14, S24), L4, rtol=1e-4)
+    # The fitted reference scales differ from the generator's; the exponents do not.
+    for k in ("alpha", "beta", "gamma"):
+        assert fit.params[k] == pytest.approx(TRUE[k], abs=1e-3), k
+    assert fit.to_dict()["decay"] == 0.95 and fit.law == "lr_area"
+
+
+def test_noisy_curves_recover_the_size_factor_and_leave_only_the_noise():
+    # 0.2% relative noise on 24 evaluations: gamma is still told apart from 0 (the additive law).
+    N, S1, S2, L = _study([5e4, 1e5, 3e5], noise=0.002, seed=3)
+    fit = lr_area.fit(N, S1, S2, L, decay=0.95)
+    assert fit.params["gamma"] == pytest.approx(TRUE["gamma"], abs=0.1)
+    assert 0.001 < fit.rms < 0.003  # the noise, not misfit
+
+
+def test_too_few_sizes_or_points_are_unidentifiable():
+    N, S1, S2, L = _study([5e4, 1e5])
+    with pytest.raises(Unidentifiable, match="model sizes"):
+        lr_area.fit(N, S1, S2, L, decay=0.95, series="scratch")
+    N, S1, S2, L = _study([5e4, 1e5, 3e5], every=80)
+    with pytest.raises(Unidentifiable, match="6 points for 7 parameters"):
+        lr_area.fit(N, S1, S2, L, decay=0.95)
+    with pytest.raises(FitInputError, match="differ in length"):
+        lr_area.fit(N, S1[:-1], S2, L, decay=0.95)
+
+
+def _run(records):
+    meta = {"model": "m", "strategy": "scratch", "target_lang": "zh", "languages": ["zh"]}
+    return RunData(run_id="r", path=epath.Path("/nonexistent"), meta=meta, records=tuple(records))
+
+
+def test_learning_rates_are_read_from_the_logs_and_interpolated():
+    recs = [{"step": 2, "learning_rate": 1.0}, {"step": 4, "learning_rate": 3.0}, {"step": 5}]
+    recs.append({"step": 6, "learning_rate": 2.0, "train/loss": 5.0})
+    np.testing.assert_allclose(points.learning_rates(_run(recs)), [1, 1, 2, 3, 2.5, 2])
+    with pytest.raises(FitInputError, match="'r': its metrics log no learning_rate"):
+        points.learning_rates(_run([{"step": 1, "train/loss": 5.0}]))
