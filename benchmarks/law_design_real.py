@@ -28,17 +28,27 @@ still in its fast first drop, pull the laws off the final losses. `--min-fractio
 prints the verdict for every pair of them, so that a rule is not picked from one lucky pair;
 `--fit-seed 1` designs, fits and predicts on the seed-1 runs instead, a replication.
 
+The L(N, D) laws read an evaluation at step s of a cosine run as the final loss of an s-step run.
+`--law lr_area` fits the schedule-aware law instead (`fitting.laws.lr_area`: Tissue et al.'s
+learning-rate areas of each run's logged schedule, with a size factor), each strategy's runs on
+their own (CPT's too, not the CPT law's second stage), with annealing momentum `--decay`;
+`--decays 0,0.9,0.999` prints the verdict for each λ (on every `--grid` pair).
+
     .venv/bin/python benchmarks/law_design_real.py --runs-dir demo_out/runs [--fraction 0.5]
         [--min-fraction 0.25] [--grid 0,0.25,0.5] [--fit-seed 1]
+        [--law lr_area [--decay 0.95] [--decays 0,0.9,0.95,0.99,0.999]]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fitting.checks import FitInputError, Unidentifiable  # noqa: E402
 from fitting.design import choose  # noqa: E402
 from fitting.design import noise as noise_lib  # noqa: E402
-from fitting.laws import robust_fit  # noqa: E402
+from fitting.laws import lr_area, robust_fit  # noqa: E402
 from fitting.readers import points as points_lib  # noqa: E402
 from fitting.readers import run_dirs  # noqa: E402
 from launch import design  # noqa: E402
@@ -99,9 +109,43 @@ def _rules(chinchilla: float, cpt: float) -> dict[str, points_lib.PointRule]:
     }
 
 
-def _fit(curves_by_strategy, *, bootstrap: int, rules: dict[str, points_lib.PointRule]):
-    """Source and scratch Chinchilla fits and the CPT law's second stage on `curves`, each law
-    on the evaluations its rule in `rules` (by strategy) keeps."""
+@dataclasses.dataclass(frozen=True)
+class _Fitted:
+    """One strategy's fitted law behind one interface for both laws: `areas` (run id -> the
+    run's S1, S2 by step) is set for the schedule-aware law, None for the L(N, D) laws."""
+
+    fit: Any
+    areas: Mapping[str, tuple] | None = None
+
+    def at(self, N, D, runs, steps) -> np.ndarray:
+        """The law at evaluations given by N, tokens D, run id and step."""
+        if self.areas is None:
+            return np.asarray(self.fit.predict(N, D), np.float64)
+        s1 = [self.areas[r][0][s] for r, s in zip(runs, steps, strict=True)]
+        s2 = [self.areas[r][1][s] for r, s in zip(runs, steps, strict=True)]
+        return np.asarray(self.fit.predict(N, s1, s2), np.float64)
+
+    def final(self, c) -> float:
+        """The law at curve `c`'s last evaluation."""
+        return float(self.at([c.n_params], [c.tokens[-1]], [c.run_id], [c.steps[-1]])[0])
+
+
+def _fit(curves_by_strategy, *, bootstrap: int, rules: dict[str, points_lib.PointRule], areas=None):
+    """Each strategy's law on the evaluations its rule in `rules` keeps. Without `areas`: the
+    source and scratch Chinchilla fits and the CPT law's second stage, as the demo's fit does;
+    with them (strategy -> run id -> (S1, S2, λ), `_areas`): the schedule-aware law
+    (`fitting.laws.lr_area`) on each strategy's runs alone, CPT's included."""
+    if areas is not None:
+        fits = {}
+        for strategy, cs in curves_by_strategy.items():
+            p = points_lib.pool(cs, rule=rules[strategy])
+            by_run = areas[strategy]
+            s1 = [by_run[r][0][s] for r, s in zip(p.runs, p.steps, strict=True)]
+            s2 = [by_run[r][1][s] for r, s in zip(p.runs, p.steps, strict=True)]
+            decay = by_run[p.runs[0]][2]
+            f = lr_area.fit(p.N, s1, s2, p.L, decay=decay, runs=p.runs, series=strategy)
+            fits[strategy] = _Fitted(f, by_run)
+        return fits
     fits = {}
     for strategy in ("scratch", "source"):
         p = points_lib.pool(curves_by_strategy[strategy], rule=rules[strategy])
@@ -110,7 +154,40 @@ def _fit(curves_by_strategy, *, bootstrap: int, rules: dict[str, points_lib.Poin
         )
     p = points_lib.pool(curves_by_strategy["cpt"], rule=rules["cpt"])
     fits["cpt"] = robust_fit.fit_cpt(p.N, p.D, p.L, base=fits["scratch"], runs=p.runs, series="cpt")
-    return fits
+    return {k: _Fitted(f) for k, f in fits.items()}
+
+
+def _schedules(runs_dir: str, runs) -> dict[str, np.ndarray]:
+    """Run id -> the learning rate of each of its updates, read from what it logged
+    (`fitting.readers.points.learning_rates`; a schedule is set before a run trains, so reading
+    a skipped run's is no peek at its loss)."""
+    return {
+        r.run_id: points_lib.learning_rates(run_dirs.read_run(Path(runs_dir) / r.run_id))
+        for r in runs
+    }
+
+
+def _areas(schedules, decays: Mapping[str, float]):
+    """Strategy -> run id -> (S1, S2, λ): every run's areas under each strategy's λ."""
+    return {
+        s: {k: (*lr_area.areas(v, decay=d), d) for k, v in schedules.items()}
+        for s, d in decays.items()
+    }
+
+
+def _choose_decays(by_strategy, schedules) -> dict[str, lr_area.DecayChoice]:
+    """Per strategy, λ chosen from its fitted runs alone (`fitting.laws.lr_area.choose_decay`:
+    the first three quarters of each run forecast its last quarter)."""
+    return {
+        s: lr_area.choose_decay(
+            [
+                lr_area.RunCurve(c.run_id, c.n_params, schedules[c.run_id], c.steps, c.loss)
+                for c in cs
+            ],
+            series=s,
+        )
+        for s, cs in by_strategy.items()
+    }
 
 
 def main(argv=None) -> int:
@@ -145,6 +222,24 @@ def main(argv=None) -> int:
         help="comma-separated min fractions (e.g. 0,0.25,0.5): after the table, one line per "
         "(Chinchilla, CPT) pair of them with the skipped runs' errors and the verdict",
     )
+    ap.add_argument(
+        "--law",
+        default="chinchilla",
+        choices=("chinchilla", "lr_area"),
+        help="chinchilla: the demo's L(N, D) laws (Chinchilla, the CPT law); lr_area: the "
+        "schedule-aware law of fitting.laws.lr_area, on each strategy's runs",
+    )
+    ap.add_argument(
+        "--decay",
+        default="auto",
+        help="lr_area's annealing momentum λ (delay 1/(1-λ) steps), or auto: per strategy, the "
+        "λ under which its fitted runs' first three quarters best forecast their last quarter",
+    )
+    ap.add_argument(
+        "--decays",
+        help="comma-separated λ values (lr_area): after the table, the verdict for each, on "
+        "every pair of --grid's min fractions (or the main rule)",
+    )
     args = ap.parse_args(argv)
 
     scored = _runs(args.manifest, args.runs_dir, args.fit_seed)
@@ -176,16 +271,31 @@ def main(argv=None) -> int:
     }
     cpt_fraction = args.min_fraction if args.cpt_min_fraction is None else args.cpt_min_fraction
     rules = _rules(args.min_fraction, cpt_fraction)
-    fits = _fit(by_strategy, bootstrap=args.bootstrap, rules=rules)
+    areas, law = None, "Chinchilla / CPT"
+    if args.law == "lr_area":
+        schedules = _schedules(args.runs_dir, scored)
+        if args.decay == "auto":
+            choices = _choose_decays(by_strategy, schedules)
+            decays = {s: c.decay for s, c in choices.items()}
+            for s, c in choices.items():
+                cells = ", ".join(f"{d:g}: {e:.4f}" for d, e in c.errors.items())
+                print(f"# {s}: λ {c.decay:g} forecasts the last quarter of its runs best ({cells})")
+        else:
+            decays = dict.fromkeys(SCORED, float(args.decay))
+        areas = _areas(schedules, decays)
+        law = "lr_area, λ " + ", ".join(f"{s} {d:g}" for s, d in decays.items())
+    fits = _fit(by_strategy, bootstrap=args.bootstrap, rules=rules, areas=areas)
     # The whole study's own fit, under the same rules: how far the law itself is from each run.
     whole = _fit(
         {s: [curves0[r.run_id] for r in scored if r.strategy == s] for s in SCORED},
         bootstrap=0,
         rules=rules,
+        areas=areas,
     )
-    for name, f in fits.items():
+    for name, fitted in fits.items():
+        f = fitted.fit
         params = ", ".join(f"{k} {v:.4g}" for k, v in f.params.items())
-        print(f"# fit {name} ({f.n_runs} runs, {f.n_points} points, {f.status}): {params}")
+        print(f"# fit {name} [{law}] ({f.n_runs} runs, {f.n_points} points, {f.status}): {params}")
 
     rel_diffs, rows = [], []
     for r in scored:
@@ -194,9 +304,7 @@ def main(argv=None) -> int:
         l1 = _final_loss(args.runs_dir, twin, basis) if twin else math.nan
         l0 = float(c0.loss[-1])
         rel_diffs.append((l0 - l1) / l0)
-        pred, own = (
-            float(f[r.strategy].predict(c0.n_params, c0.tokens[-1])) for f in (fits, whole)
-        )
+        pred, own = (f[r.strategy].final(c0) for f in (fits, whole))
         rows.append((r, l0, l1, pred, own))
     diffs = np.asarray(rel_diffs)
     diffs = diffs[np.isfinite(diffs)]
@@ -229,12 +337,18 @@ def main(argv=None) -> int:
         f"{'PASS' if ok else 'FAIL'}: ≤{100 * args.fraction:.0f}% of the compute, every skipped "
         "run predicted within the run-to-run noise"
     )
-    if args.grid:
-        skipped = {
-            s: [curves0[r.run_id] for r in scored if r.strategy == s and r.run_id not in keep]
-            for s in SCORED
-        }
-        _print_grid(args.grid, by_strategy, skipped, band=2 * sigma)
+    skipped = {
+        s: [curves0[r.run_id] for r in scored if r.strategy == s and r.run_id not in keep]
+        for s in SCORED
+    }
+    pairs = _pairs(args.grid) if args.grid else [(args.min_fraction, cpt_fraction)]
+    if args.grid and not args.decays:
+        _print_grid(pairs, by_strategy, skipped, band=2 * sigma, areas=areas)
+    if areas is not None and args.decays:
+        for decay in (float(x) for x in args.decays.split(",")):
+            print(f"# lr_area, λ {decay:g} for every strategy:")
+            one = _areas(schedules, dict.fromkeys(SCORED, decay))
+            _print_grid(pairs, by_strategy, skipped, band=2 * sigma, areas=one)
     return 0 if ok else 1
 
 
@@ -244,7 +358,7 @@ def _print_offsets(whole, curves0, scored, rules, sigma: float) -> None:
     moving whole runs, which no choice of runs can remove."""
     for s in SCORED:
         p = points_lib.pool([curves0[r.run_id] for r in scored if r.strategy == s], rule=rules[s])
-        res = np.log(p.L) - np.log(np.asarray(whole[s].predict(p.N, p.D), np.float64))
+        res = np.log(p.L) - np.log(whole[s].at(p.N, p.D, p.runs, p.steps))
         est = noise_lib.run_noise(res, p.runs)
         if est is not None:
             print(
@@ -253,32 +367,34 @@ def _print_offsets(whole, curves0, scored, rules, sigma: float) -> None:
             )
 
 
-def _print_grid(grid: str, by_strategy, skipped, *, band: float) -> None:
-    """For each pair of min fractions in `grid` (Chinchilla laws', CPT law's), the worst
-    relative error of the skipped runs' predicted final losses per strategy, against `band`:
-    how much the verdict depends on which evaluations along each run are fitted."""
+def _pairs(grid: str) -> list[tuple[float, float]]:
+    """Every (Chinchilla, CPT) pair of the comma-separated min fractions in `grid`."""
     fractions = [float(x) for x in grid.split(",")]
+    return [(mf, cmf) for mf in fractions for cmf in fractions]
+
+
+def _print_grid(pairs, by_strategy, skipped, *, band: float, areas=None) -> None:
+    """For each pair of min fractions in `pairs` (the source and scratch laws', the CPT law's),
+    the worst relative error of the skipped runs' predicted final losses per strategy, against
+    `band`: how much the verdict depends on which evaluations along each run are fitted (with
+    `areas`, `_fit`'s, the schedule-aware law's)."""
     print(f"# min fractions (Chinchilla, CPT) -> worst error of the skipped runs; band ±{band:.4f}")
-    for mf in fractions:
-        for cmf in fractions:
-            try:
-                fits = _fit(by_strategy, bootstrap=0, rules=_rules(mf, cmf))
-            except (FitInputError, Unidentifiable) as e:
-                print(f"{mf:4g} {cmf:4g}  no fit: {e}")
-                continue
-            worst = {
-                s: max(
-                    (
-                        abs(float(fits[s].predict(c.n_params, c.tokens[-1])) / c.loss[-1] - 1)
-                        for c in cs
-                    ),
-                    default=0.0,
-                )
-                for s, cs in skipped.items()
-            }
-            verdict = "PASS" if all(w <= band for w in worst.values()) else "FAIL"  # NaN fails
-            cells = "  ".join(f"{s} {w:.4f}" for s, w in worst.items())
-            print(f"{mf:4g} {cmf:4g}  {cells}  {verdict}")
+    for mf, cmf in pairs:
+        try:
+            fits = _fit(by_strategy, bootstrap=0, rules=_rules(mf, cmf), areas=areas)
+        except (FitInputError, Unidentifiable) as e:
+            print(f"{mf:4g} {cmf:4g}  no fit: {e}")
+            continue
+        worst = {
+            s: max(
+                (abs(fits[s].final(c) / c.loss[-1] - 1) for c in cs),
+                default=0.0,
+            )
+            for s, cs in skipped.items()
+        }
+        verdict = "PASS" if all(w <= band for w in worst.values()) else "FAIL"  # NaN fails
+        cells = "  ".join(f"{s} {w:.4f}" for s, w in worst.items())
+        print(f"{mf:4g} {cmf:4g}  {cells}  {verdict}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The schedule-aware law (`fitting.laws.lr_area`): its areas against hand values, its fit
 recovering a known law from curves on a cosine schedule, and the logged-learning-rate reader."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -114,3 +115,41 @@ def test_learning_rates_are_read_from_the_logs_and_interpolated():
     np.testing.assert_allclose(points.learning_rates(_run(recs)), [1, 1, 2, 3, 2.5, 2])
     with pytest.raises(FitInputError, match="'r': its metrics log no learning_rate"):
         points.learning_rates(_run([{"step": 1, "train/loss": 5.0}]))
+
+
+def _curves(sizes, *, decay, total=160, every=20):
+    """One `RunCurve` per size from the law `TRUE` on the cosine schedule, areas under `decay`."""
+    lrs = _cosine(total)
+    s1, s2 = lr_area.areas(lrs, decay=decay)
+    steps = np.arange(every, total + 1, every)
+    return [
+        lr_area.RunCurve(
+            f"run{n:g}", n, lrs, steps, lr_area.formula(n, s1[steps], s2[steps], **TRUE, n_ref=1e5)
+        )
+        for n in sizes
+    ]
+
+
+@pytest.mark.parametrize("true_decay", [0.0, 0.9, 0.99])
+def test_the_decay_is_chosen_from_the_fitted_runs_by_forecasting_their_ends(true_decay):
+    curves = _curves([5e4, 1e5, 3e5], decay=true_decay)
+    choice = lr_area.choose_decay(curves, decays=(0.0, 0.9, 0.99), series="scratch")
+    assert choice.decay == true_decay and choice.holdout == 0.25
+    assert (
+        choice.errors[true_decay]
+        < 1e-4
+        < min(e for d, e in choice.errors.items() if d != true_decay)
+    )
+    fit = lr_area.fit_curves(curves, decay=choice.decay)
+    assert fit.rms < 1e-6 and fit.n_runs == 3 and fit.n_points == 24
+
+
+def test_choosing_the_decay_says_what_is_wrong():
+    curves = _curves([5e4, 1e5, 3e5], decay=0.9)
+    with pytest.raises(FitInputError, match="holdout must be in"):
+        lr_area.choose_decay(curves, holdout=1.0)
+    late = dataclasses.replace(curves[0], steps=np.array([200]), loss=np.array([5.0]))
+    with pytest.raises(
+        FitInputError, match="'run50000': evaluated at step 200, its schedule has 160"
+    ):
+        lr_area.fit_curves([late, *curves[1:]], decay=0.9)

@@ -208,3 +208,111 @@ def fit(
         n_runs=len(set(runs)) if runs is not None else len(np.unique(N)),
         n_starts=n_starts,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunCurve:
+    """One run as the law sees it: its size, its schedule and its evaluations.
+
+    Attributes:
+      run_id: the run, for messages and `LrAreaFit.n_runs`.
+      n_params: N.
+      lrs: the learning rate of each update (`fitting.readers.points.learning_rates`).
+      steps, loss: the evaluations: step (1 to len(lrs)) and loss.
+    """
+
+    run_id: str
+    n_params: float
+    lrs: np.ndarray
+    steps: np.ndarray
+    loss: np.ndarray
+
+    def at(self, decay: float, keep: np.ndarray | None = None):
+        """(N, S1, S2, L) of the evaluations `keep` selects (a boolean mask; default all), with
+        the areas of this run's schedule under `decay`.
+
+        Raises:
+          FitInputError: an evaluation after the schedule's last logged step.
+        """
+        steps = np.asarray(self.steps, int)
+        keep = np.ones(steps.shape, bool) if keep is None else np.asarray(keep, bool)
+        if steps.size and steps.max() > len(self.lrs):
+            raise FitInputError(
+                f"run {self.run_id!r}: evaluated at step {steps.max()}, its schedule has "
+                f"{len(self.lrs)} steps"
+            )
+        s1, s2 = areas(self.lrs, decay=decay)
+        at = steps[keep]
+        return np.full(at.shape, float(self.n_params)), s1[at], s2[at], np.asarray(self.loss)[keep]
+
+
+def _pooled(curves: Sequence[RunCurve], decay: float, keep=None):
+    """The curves' evaluations pooled: N, S1, S2, L and the run of each; `keep(curve)` gives a
+    curve's mask (default: every evaluation)."""
+    parts = [c.at(decay, None if keep is None else keep(c)) for c in curves]
+    runs = [c.run_id for c, p in zip(curves, parts, strict=True) for _ in p[3]]
+    N, S1, S2, L = (np.concatenate(x) if parts else np.zeros(0) for x in zip(*parts, strict=True))
+    return N, S1, S2, L, runs
+
+
+def fit_curves(curves: Sequence[RunCurve], *, decay: float, series: str = "runs") -> LrAreaFit:
+    """`fit` on every evaluation of `curves` (see there for the errors)."""
+    N, S1, S2, L, runs = _pooled(curves, decay)
+    return fit(N, S1, S2, L, decay=decay, runs=runs, series=series)
+
+
+DECAYS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecayChoice:
+    """λ chosen by forecasting the end of each run from its beginning (`choose_decay`).
+
+    Attributes:
+      decay: the λ with the smallest forecast error.
+      errors: λ -> RMS relative error of the held-out evaluations (NaN: no fit at that λ).
+      holdout: the share of each run's steps held out.
+    """
+
+    decay: float
+    errors: dict[float, float]
+    holdout: float
+
+
+def choose_decay(
+    curves: Sequence[RunCurve],
+    *,
+    decays: Sequence[float] = DECAYS,
+    holdout: float = 0.25,
+    series: str = "runs",
+) -> DecayChoice:
+    """The annealing momentum λ under which the law, fitted on the evaluations in the first
+    1 − `holdout` of each run's steps, best forecasts the rest (RMS relative error): a choice
+    made from the fitted runs alone, never from the runs to be predicted. The held-out end is
+    where a cosine schedule anneals, the part of the curve λ shapes.
+
+    Raises:
+      FitInputError: `holdout` outside (0, 1), no λ given, or no λ whose fit succeeds (the
+        last fit's error).
+    """
+    if not 0.0 < holdout < 1.0 or not decays:
+        raise FitInputError(
+            f"holdout must be in (0, 1) and decays non-empty, got {holdout}, {decays}"
+        )
+
+    def early(c: RunCurve) -> np.ndarray:
+        return np.asarray(c.steps) <= (1.0 - holdout) * len(c.lrs)
+
+    errors, last_error = {}, None
+    for decay in decays:
+        try:
+            f = fit(*_pooled(curves, decay, early)[:4], decay=decay, series=series)
+        except FitInputError as e:
+            errors[float(decay)], last_error = math.nan, e
+            continue
+        N, S1, S2, L, _ = _pooled(curves, decay, lambda c: ~early(c))
+        errors[float(decay)] = float(np.sqrt(np.mean((f.predict(N, S1, S2) / L - 1) ** 2)))
+    finite = {k: v for k, v in errors.items() if np.isfinite(v)}
+    if not finite:
+        raise last_error or FitInputError(f"{series}: no evaluation held out to choose λ")
+    return DecayChoice(decay=min(finite, key=finite.get), errors=errors, holdout=holdout)
