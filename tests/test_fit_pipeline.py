@@ -94,6 +94,7 @@ def test_cli_law_choices_are_the_pipeline_steps():
         "bleu",
         "ce",
         "zeroshot",
+        "lr_area",
         "all",
     )
 

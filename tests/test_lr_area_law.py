@@ -153,3 +153,23 @@ def test_choosing_the_decay_says_what_is_wrong():
         FitInputError, match="'run50000': evaluated at step 200, its schedule has 160"
     ):
         lr_area.fit_curves([late, *curves[1:]], decay=0.9)
+
+
+def test_xlscale_fit_fits_the_schedule_aware_law_by_name_only(tmp_path):
+    from fitting.laws import synthetic
+    from fitting.reports import fit_all
+
+    root = synthetic.write_study(
+        tmp_path / "runs", sizes=(3e7, 1e8, 3e8), evals=6, replay_ratios=(), mt=False
+    )
+    res = fit_all.fit_runs(root, tmp_path / "fit", law="lr_area", bootstrap=0)
+    zh = res["lr_area"]["zh"]
+    assert set(zh) == {"from_scratch", "cpt"} and set(res["lr_area"]["en"]) == {"from_scratch"}
+    for entry in (zh["from_scratch"], zh["cpt"], res["lr_area"]["en"]["from_scratch"]):
+        assert entry["fit"]["converged"] and entry["fit"]["n_runs"] == 3
+        # The synthetic runs follow L(N, D) laws with 0.5% noise, on a constant schedule (S2 = 0).
+        assert max(abs(f["error"]) for f in entry["finals"]) < 0.02
+        assert entry["fit"]["rms"] < 0.01
+    report = (tmp_path / "fit" / "report.md").read_text()
+    assert "## Schedule-aware law" in report and "### zh, from scratch" in report
+    assert "lr_area" in fit_all.LAWS and not fit_all.STEPS["lr_area"].in_all

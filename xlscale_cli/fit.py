@@ -23,9 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "bleu",
             "ce",
             "zeroshot",
+            "lr_area",
             "all",
         ),
-        help="which law to fit (default: all that the runs support)",
+        help="which law to fit (default: all that the runs support; lr_area, the "
+        "schedule-aware law of fitting.laws.lr_area, only by name)",
     )
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(

@@ -36,7 +36,7 @@ from fitting.checks import FitInputError
 from fitting.formats import json_safe
 from fitting.laws import formulas
 from fitting.readers import model_keys, points, run_dirs
-from fitting.reports import fit_steps, markdown, plots
+from fitting.reports import fit_steps, markdown, plots, schedule_fit
 from fitting.reports.fit_steps import Skip, Step, Study
 from rundir import storage
 
@@ -82,6 +82,7 @@ STEPS: Mapping[str, Step] = _register(
         plots.downstream,
     ),
     Step("zeroshot", (), fit_steps.zeroshot_step, markdown.zeroshot, plots.zeroshot_strategies),
+    Step("lr_area", (), schedule_fit.schedule_step, markdown.schedule, in_all=False),
 )
 LAWS = (*STEPS, "all")
 
@@ -109,7 +110,8 @@ def fit_runs(
       runs_dir: a directory of run directories (run.json + metrics.jsonl each, or real T5X
         MODEL_DIRs, `fitting.readers.t5x_runs`).
       out_dir: where fits.json, report.md and the plots go (created).
-      law: one of `LAWS`; "all" runs every step that has suitable runs.
+      law: one of `LAWS`; "all" runs every step that has suitable runs (but `lr_area`, the
+        schedule-aware law, `fitting.reports.schedule_fit`, which is only run by name).
       bootstrap: resamples of whole runs for the intervals (0: none).
       seed: bootstrap seed.
       grid: start values for the Chinchilla fits (default: the 4,500-start Hoffmann grid).
@@ -148,7 +150,7 @@ def fit_runs(
     study = Study(list(scan.runs), out, int(bootstrap), int(seed), grid, n_basis, rule)
     study.zeroshot_size = zeroshot_size
     try:
-        for name in STEPS if law == "all" else (law,):
+        for name in [n for n, s in STEPS.items() if s.in_all] if law == "all" else (law,):
             try:
                 study.results[name] = STEPS[name].run(study, STEPS[name])
             except Skip as why:

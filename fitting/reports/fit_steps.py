@@ -518,6 +518,7 @@ class Step:
         run suits it).
       section: the results → report.md lines (`fitting.reports.markdown`).
       plot: the `fitting.reports.plots` figure it draws (None: no figure).
+      in_all: whether `--law all` runs it (False: only asked for by name).
     """
 
     name: str
@@ -525,6 +526,7 @@ class Step:
     run: Callable[[Study, Step], Any]
     section: Callable[[Any], list[str]]
     plot: Callable[..., Path] | None = None
+    in_all: bool = True
 
 
 def _why_none(default: str, study: Study, prefix: str) -> str:

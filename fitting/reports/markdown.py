@@ -208,6 +208,34 @@ def replay(res: Mapping[str, Any]) -> list[str]:
     return ["## Forgetting under replay", "", *_table(header, rows), ""]
 
 
+def schedule(res: Mapping[str, Any]) -> list[str]:
+    """The schedule-aware law's fits (`fitting.reports.schedule_fit`): per language and group,
+    λ, the parameters, and each run's final loss beside the law's."""
+    lines = [
+        "## Schedule-aware law L = E + A·(N/N₀)^-α + (N/N₀)^-γ·(B·(S₁/S₀)^-β − C·S₂)",
+        "",
+        "S₁, S₂: the learning-rate areas of each run's logged schedule (Tissue et al. 2024); "
+        "every evaluation along each run is a point; λ, the annealing momentum, is the one "
+        "under which the first three quarters of the runs best forecast their last quarter.",
+        "",
+    ]
+    for lang, groups in res.items():
+        for group, e in groups.items():
+            fit = e["fit"]
+            lines += [f"### {lang}, {group.replace('_', ' ')}", ""]
+            lines += _table(("parameter", "value"), fit["params"].items())
+            lines += [
+                "",
+                f"λ {_n(e['decay'])}; {'converged' if fit['converged'] else '**NOT CONVERGED**'}; "
+                f"RMS relative residual {_n(fit['rms'])}; {fit['n_points']} points from "
+                f"{fit['n_runs']} runs.",
+                "",
+            ]
+            rows = ((f["run_id"], f["step"], f["loss"], f["law"], f["error"]) for f in e["finals"])
+            lines += _table(("run", "step", "final loss", "law", "relative error"), rows) + [""]
+    return lines
+
+
 def zeroshot(res: Mapping[str, Any]) -> list[str]:
     """CPT paper Fig. 3 (CPT vs scratch vs source per target language) and Fig. 6 (relative
     performance vs replay ratio) tables, with the size chosen and the benchmarks averaged."""
