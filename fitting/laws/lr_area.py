@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, signal
 
 from fitting.checks import FitInputError, Unidentifiable, require_distinct
 
@@ -83,11 +83,7 @@ def areas(lrs: Sequence[float], *, decay: float = DEFAULT_DECAY) -> tuple[np.nda
     s1 = np.concatenate([[0.0], np.cumsum(eta)])
     # m_k = λ·m_{k−1} + (η_{k−1} − η_k): the first step has no predecessor, so no drop.
     drops = np.concatenate([[0.0], eta[:-1] - eta[1:]])
-    m = np.empty_like(drops)
-    acc = 0.0
-    for k, d in enumerate(drops):
-        acc = decay * acc + d
-        m[k] = acc
+    m = signal.lfilter([1.0], [1.0, -decay], drops)  # the recursion, without a Python loop
     s2 = np.concatenate([[0.0], np.cumsum(m)])
     return s1, s2
 
