@@ -109,6 +109,13 @@ def _rules(chinchilla: float, cpt: float) -> dict[str, points_lib.PointRule]:
     }
 
 
+def _at_steps(by_run, runs, steps) -> tuple[list[float], list[float]]:
+    """S1 and S2 of each evaluation (its run's areas, `_areas`, at its step)."""
+    s1 = [by_run[r][0][s] for r, s in zip(runs, steps, strict=True)]
+    s2 = [by_run[r][1][s] for r, s in zip(runs, steps, strict=True)]
+    return s1, s2
+
+
 @dataclasses.dataclass(frozen=True)
 class _Fitted:
     """One strategy's fitted law behind one interface for both laws: `areas` (run id -> the
@@ -121,9 +128,7 @@ class _Fitted:
         """The law at evaluations given by N, tokens D, run id and step."""
         if self.areas is None:
             return np.asarray(self.fit.predict(N, D), np.float64)
-        s1 = [self.areas[r][0][s] for r, s in zip(runs, steps, strict=True)]
-        s2 = [self.areas[r][1][s] for r, s in zip(runs, steps, strict=True)]
-        return np.asarray(self.fit.predict(N, s1, s2), np.float64)
+        return np.asarray(self.fit.predict(N, *_at_steps(self.areas, runs, steps)), np.float64)
 
     def final(self, c) -> float:
         """The law at curve `c`'s last evaluation."""
@@ -140,8 +145,7 @@ def _fit(curves_by_strategy, *, bootstrap: int, rules: dict[str, points_lib.Poin
         for strategy, cs in curves_by_strategy.items():
             p = points_lib.pool(cs, rule=rules[strategy])
             by_run = areas[strategy]
-            s1 = [by_run[r][0][s] for r, s in zip(p.runs, p.steps, strict=True)]
-            s2 = [by_run[r][1][s] for r, s in zip(p.runs, p.steps, strict=True)]
+            s1, s2 = _at_steps(by_run, p.runs, p.steps)
             decay = by_run[p.runs[0]][2]
             f = lr_area.fit(p.N, s1, s2, p.L, decay=decay, runs=p.runs, series=strategy)
             fits[strategy] = _Fitted(f, by_run)
