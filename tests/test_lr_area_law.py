@@ -173,3 +173,40 @@ def test_xlscale_fit_fits_the_schedule_aware_law_by_name_only(tmp_path):
     report = (tmp_path / "fit" / "report.md").read_text()
     assert "## Schedule-aware law" in report and "### zh, from scratch" in report
     assert "lr_area" in fit_all.LAWS and not fit_all.STEPS["lr_area"].in_all
+
+
+def test_xlscale_fit_lr_area_takes_a_given_decay_and_the_point_rule(tmp_path, capsys):
+    from fitting.laws import synthetic
+    from fitting.readers.points import PointRule
+    from fitting.reports import fit_all
+    from xlscale_cli.main import main
+
+    root = synthetic.write_study(
+        tmp_path / "runs", sizes=(3e7, 1e8, 3e8), evals=10, replay_ratios=(), mt=False
+    )
+    res = fit_all.fit_runs(
+        root,
+        tmp_path / "fit",
+        law="lr_area",
+        bootstrap=0,
+        point_rule=PointRule(min_fraction=0.5),
+        lr_decay=0.9,
+    )
+    whole = fit_all.fit_runs(root, tmp_path / "all", law="lr_area", bootstrap=0)
+    given, chosen = res["lr_area"]["zh"]["cpt"], whole["lr_area"]["zh"]["cpt"]
+    assert given["decay"] == 0.9 and given["decay_rule"] == "given"
+    assert given["decay_forecast_errors"] == {} and given["point_rule"]["min_fraction"] == 0.5
+    assert chosen["decay_rule"] == "chosen" and chosen["decay_forecast_errors"]
+    # The second half of each run's evaluations: fewer points, every run's last one among them.
+    assert 0 < given["fit"]["n_points"] < chosen["fit"]["n_points"]
+    assert [f["step"] for f in given["finals"]] == [f["step"] for f in chosen["finals"]]
+    assert "λ 0.9 (given)" in (tmp_path / "fit" / "report.md").read_text()
+    with pytest.raises(ValueError, match="lr_decay = 1.0"):
+        fit_all.fit_runs(root, tmp_path / "bad", law="lr_area", lr_decay=1.0)
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--runs", str(root), "--out", str(tmp_path / "o"), "--lr-decay", "1.5"])
+    assert e.value.code == 2
+    assert "--lr-decay: '1.5': allowed: auto, or a number 0 <= λ < 1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

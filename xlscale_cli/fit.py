@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--points-per-run",
         type=int,
         default=None,
-        help="fit points of the L(N, D) laws: at most this many evaluations per run, evenly "
+        help="fit points: at most this many evaluations per run, evenly "
         "spaced, the last always kept (default: every evaluation; 1: final losses only)",
     )
     parser.add_argument(
@@ -61,6 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fit points: only evaluations after more than this many tokens (default 0)",
     )
     parser.add_argument(
+        "--lr-decay",
+        type=_decay,
+        default=None,
+        metavar="{auto,λ}",
+        help="lr_area: the annealing momentum λ of the learning-rate areas, 0 <= λ < 1 (Tissue "
+        "et al.'s is 0.999), or auto (default): the λ under which the runs' first three "
+        "quarters best forecast their last quarter",
+    )
+    parser.add_argument(
         "--zeroshot-size",
         type=float,
         default=None,
@@ -68,6 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: per language, the size closest to the paper's 1.4B that every compared model "
         "has; Fig. 3 is also drawn at every size present)",
     )
+
+
+def _decay(text: str) -> float | None:
+    """`--lr-decay`'s value: None for auto, else a λ in [0, 1)."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: auto, or a number 0 <= λ < 1")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             n_basis=args.n_basis,
             point_rule=rule,
             zeroshot_size=args.zeroshot_size,
+            lr_decay=args.lr_decay,
         )
     except FitInputError as e:
         print(exits.brief(f"xlscale fit: {e}"), file=sys.stderr)

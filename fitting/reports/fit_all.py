@@ -103,6 +103,7 @@ def fit_runs(
     n_basis: str = model_keys.DEFAULT_BASIS,
     point_rule: points.PointRule | None = None,
     zeroshot_size: float | None = None,
+    lr_decay: float | None = None,
 ) -> dict[str, Any]:
     """Fits the papers' laws to a directory of runs and writes fits.json, report.md and PNGs.
 
@@ -118,11 +119,13 @@ def fit_runs(
       n_basis: N of the upstream fits (`fitting.readers.model_keys.N_BASES`): "exact" non-embedding
         counts, or "nominal", the paper's sizes (CPT paper Table 4), the basis its Table 2 and
         eqs. 8-9 were fitted on; C = 6·N·D follows it.
-      point_rule: which evaluations of each run are points of the L(N, D) laws (default
+      point_rule: which evaluations of each run are fit points (default
         `fitting.readers.points.PointRule()`: every one after the first token).
       zeroshot_size: non-embedding N near which the zero-shot figures compare models
         (`fitting.analyses.zeroshot_figures`; default None: per language, the largest size at which
         every compared model has scores; the paper's figures are at 1.4B).
+      lr_decay: the schedule-aware law's annealing momentum λ, in [0, 1) (default None: chosen
+        from the runs, `fitting.laws.lr_area.choose_decay`).
 
     Returns:
       The dict written to fits.json. Its `input_warnings` name each run skipped and what a read
@@ -133,9 +136,12 @@ def fit_runs(
       FitInputError: unreadable runs, bad values (naming the run or point), `out_dir` naming a
         file, or — for a law asked for by name — no suitable runs. A refusal leaves no `out_dir`
         behind that it created.
+      ValueError: an unknown `law`, or `lr_decay` outside [0, 1).
     """
     if law not in LAWS:
         raise ValueError(f"unknown law {law!r}; choose one of {', '.join(LAWS)}")
+    if lr_decay is not None and not 0.0 <= lr_decay < 1.0:
+        raise ValueError(f"lr_decay = {lr_decay}: allowed: None (chosen) or 0 <= λ < 1")
     model_keys.check_basis(n_basis)
     out = storage.as_path(out_dir, name="--out")
     if out.exists() and not out.is_dir():
@@ -149,6 +155,7 @@ def fit_runs(
     out.mkdir(parents=True, exist_ok=True)
     study = Study(list(scan.runs), out, int(bootstrap), int(seed), grid, n_basis, rule)
     study.zeroshot_size = zeroshot_size
+    study.lr_decay = lr_decay
     try:
         for name in [n for n, s in STEPS.items() if s.in_all] if law == "all" else (law,):
             try:

@@ -44,6 +44,8 @@ class Study:
     n_basis: str = model_keys.DEFAULT_BASIS
     point_rule: points.PointRule = points.PointRule()
     zeroshot_size: float | None = None
+    # lr_area's annealing momentum λ (`fitting.reports.schedule_fit`); None: chosen from the runs.
+    lr_decay: float | None = None
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
     plots: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)

@@ -210,13 +210,15 @@ def replay(res: Mapping[str, Any]) -> list[str]:
 
 def schedule(res: Mapping[str, Any]) -> list[str]:
     """The schedule-aware law's fits (`fitting.reports.schedule_fit`): per language and group,
-    λ, the parameters, and each run's final loss beside the law's."""
+    λ (and whether it was given or chosen), the parameters, and each run's final loss beside the
+    law's."""
     lines = [
         "## Schedule-aware law L = E + A·(N/N₀)^-α + (N/N₀)^-γ·(B·(S₁/S₀)^-β − C·S₂)",
         "",
         "S₁, S₂: the learning-rate areas of each run's logged schedule (Tissue et al. 2024); "
-        "every evaluation along each run is a point; λ, the annealing momentum, is the one "
-        "under which the first three quarters of the runs best forecast their last quarter.",
+        "the points are the evaluations the fit's point rule keeps along each run; λ, the "
+        "annealing momentum, is given (--lr-decay) or chosen: the one under which the first "
+        "three quarters of the runs best forecast their last quarter.",
         "",
     ]
     for lang, groups in res.items():
@@ -224,9 +226,11 @@ def schedule(res: Mapping[str, Any]) -> list[str]:
             fit = e["fit"]
             lines += [f"### {lang}, {group.replace('_', ' ')}", ""]
             lines += _table(("parameter", "value"), fit["params"].items())
+            how = e.get("decay_rule", "chosen")
             lines += [
                 "",
-                f"λ {_n(e['decay'])}; {'converged' if fit['converged'] else '**NOT CONVERGED**'}; "
+                f"λ {_n(e['decay'])} ({how}); "
+                f"{'converged' if fit['converged'] else '**NOT CONVERGED**'}; "
                 f"RMS relative residual {_n(fit['rms'])}; {fit['n_points']} points from "
                 f"{fit['n_runs']} runs.",
                 "",
