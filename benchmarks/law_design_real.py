@@ -46,7 +46,7 @@ trained as seed 1's were (`seeds = [2]`); `--fit-seed` designs, fits and predict
 
     .venv/bin/python benchmarks/law_design_real.py --runs-dir demo_out/runs [--fraction 0.5]
         [--min-fraction 0.25] [--grid 0,0.25,0.5] [--fit-seed 1] [--twin-seed 0]
-        [--law lr_area [--decay 0.95] [--decays 0,0.9,0.95,0.99,0.999]]
+        [--law lr_area [--decay 0.95] [--decays 0,0.9,0.95,0.99,0.999]] [--pool-seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -235,6 +235,13 @@ def main(argv=None) -> int:
         help="the seed whose runs give the run-to-run noise beside the fit seed's (default: 1 "
         "for fit seed 0, else 0)",
     )
+    ap.add_argument(
+        "--pool-seeds",
+        help="comma-separated seeds (e.g. 0,1,2): after the table, the same design fitted on "
+        "the chosen runs of all of them together and each one's skipped runs predicted, beside "
+        "σ_run over every pair of them (seeds as a design axis: the share of compute is the "
+        "same)",
+    )
     ap.add_argument("--bootstrap", type=int, default=0, help="resamples for the fits' CIs")
     ap.add_argument(
         "--grid",
@@ -369,7 +376,61 @@ def main(argv=None) -> int:
             print(f"# lr_area, λ {decay:g} for every strategy:")
             one = _areas(schedules, dict.fromkeys(SCORED, decay))
             _print_grid(pairs, by_strategy, skipped, band=2 * sigma, areas=one)
+    if args.pool_seeds:
+        seeds = [int(x) for x in args.pool_seeds.split(",")]
+        _print_pooled(args, seeds, keep={(r.strategy, r.size) for r in scored if r.run_id in keep})
     return 0 if ok else 1
+
+
+def _print_pooled(args, seeds: list[int], *, keep: set) -> None:
+    """The design's (strategy, size) pairs `keep` fitted on every seed in `seeds` at once (the
+    same rule and law as the table), each seed's skipped runs predicted, against 2σ_run over
+    every pair of those seeds: whether a replicated design extrapolates where one seed's does
+    not."""
+    runs = {s: _runs(args.manifest, args.runs_dir, s) for s in seeds}
+    basis = design._n_basis(runs[seeds[0]])
+    curves = {
+        s: {(r.strategy, r.size): _curve(args.runs_dir, r, basis) for r in runs[s]} for s in seeds
+    }
+    diffs = [
+        (curves[a][k].loss[-1] - curves[b][k].loss[-1]) / curves[a][k].loss[-1]
+        for i, a in enumerate(seeds)
+        for b in seeds[i + 1 :]
+        for k in curves[a]
+    ]
+    band = 2 * float(np.sqrt(np.mean(np.square(diffs))) / math.sqrt(2))
+    areas = None
+    if args.law == "lr_area":
+        every = [r for s in seeds for r in runs[s]]
+        schedules = _schedules(args.runs_dir, every)
+        if args.decay == "auto":
+            by = {
+                st: [curves[s][k] for s in seeds for k in curves[s] if k[0] == st and k in keep]
+                for st in SCORED
+            }
+            decays = {st: c.decay for st, c in _choose_decays(by, schedules).items()}
+        else:
+            decays = dict.fromkeys(SCORED, float(args.decay))
+        areas = _areas(schedules, decays)
+    cpt_fraction = args.min_fraction if args.cpt_min_fraction is None else args.cpt_min_fraction
+    by_strategy = {
+        st: [curves[s][k] for s in seeds for k in curves[s] if k[0] == st and k in keep]
+        for st in SCORED
+    }
+    fits = _fit(
+        by_strategy, bootstrap=0, rules=_rules(args.min_fraction, cpt_fraction), areas=areas
+    )
+    how = "" if areas is None else ", λ " + ", ".join(f"{st} {d:g}" for st, d in decays.items())
+    print(f"# seeds {seeds} pooled ({args.law}{how}): σ_run over their pairs, band ±{band:.4f}")
+    worst = 0.0
+    for s in seeds:
+        for k, c in curves[s].items():
+            if k in keep:
+                continue
+            err = fits[k[0]].final(c) / c.loss[-1] - 1
+            worst = max(worst, abs(err))
+            print(f"  seed {s} {k[0]:8s} {k[1]:20s} {c.loss[-1]:8.4f} {err:+8.4f}")
+    print(f"{'PASS' if worst <= band else 'FAIL'}: seeds {seeds} pooled, worst {worst:.4f}")
 
 
 def _print_offsets(whole, curves0, scored, rules, sigma: float) -> None:
