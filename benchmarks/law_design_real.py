@@ -399,24 +399,19 @@ def _print_pooled(args, seeds: list[int], *, keep: set) -> None:
         for k in curves[a]
     ]
     band = 2 * float(np.sqrt(np.mean(np.square(diffs))) / math.sqrt(2))
-    areas = None
-    if args.law == "lr_area":
-        every = [r for s in seeds for r in runs[s]]
-        schedules = _schedules(args.runs_dir, every)
-        if args.decay == "auto":
-            by = {
-                st: [curves[s][k] for s in seeds for k in curves[s] if k[0] == st and k in keep]
-                for st in SCORED
-            }
-            decays = {st: c.decay for st, c in _choose_decays(by, schedules).items()}
-        else:
-            decays = dict.fromkeys(SCORED, float(args.decay))
-        areas = _areas(schedules, decays)
-    cpt_fraction = args.min_fraction if args.cpt_min_fraction is None else args.cpt_min_fraction
     by_strategy = {
         st: [curves[s][k] for s in seeds for k in curves[s] if k[0] == st and k in keep]
         for st in SCORED
     }
+    areas = None
+    if args.law == "lr_area":
+        schedules = _schedules(args.runs_dir, [r for s in seeds for r in runs[s]])
+        if args.decay == "auto":
+            decays = {st: c.decay for st, c in _choose_decays(by_strategy, schedules).items()}
+        else:
+            decays = dict.fromkeys(SCORED, float(args.decay))
+        areas = _areas(schedules, decays)
+    cpt_fraction = args.min_fraction if args.cpt_min_fraction is None else args.cpt_min_fraction
     fits = _fit(
         by_strategy, bootstrap=0, rules=_rules(args.min_fraction, cpt_fraction), areas=areas
     )
