@@ -204,6 +204,29 @@ def _choose_decays(by_strategy, schedules) -> dict[str, lr_area.DecayChoice]:
     }
 
 
+def _decays(decay: str, by_strategy, schedules, *, show: bool = False) -> dict[str, float]:
+    """Strategy -> λ: `--decay`'s value for every strategy, or with "auto" each strategy's choice
+    (`_choose_decays`), printed with every λ's forecast error when `show`."""
+    if decay != "auto":
+        return dict.fromkeys(SCORED, float(decay))
+    choices = _choose_decays(by_strategy, schedules)
+    if show:
+        for s, c in choices.items():
+            cells = ", ".join(f"{d:g}: {e:.4f}" for d, e in c.errors.items())
+            print(f"# {s}: λ {c.decay:g} forecasts the last quarter of its runs best ({cells})")
+    return {s: c.decay for s, c in choices.items()}
+
+
+def _sigma_run(rel_diffs) -> tuple[np.ndarray, float]:
+    """The finite relative differences between seeds' final losses, and σ_run, one run's
+    scatter: their RMS over √2 (NaN with none)."""
+    diffs = np.asarray(rel_diffs, np.float64)
+    diffs = diffs[np.isfinite(diffs)]
+    if not diffs.size:
+        return diffs, math.nan
+    return diffs, float(np.sqrt(np.mean(diffs**2)) / math.sqrt(2))
+
+
 def main(argv=None) -> int:
     """Runs the benchmark (see the module docstring); 0 when every target passes."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -301,14 +324,7 @@ def main(argv=None) -> int:
     areas, law = None, "Chinchilla / CPT"
     if args.law == "lr_area":
         schedules = _schedules(args.runs_dir, scored)
-        if args.decay == "auto":
-            choices = _choose_decays(by_strategy, schedules)
-            decays = {s: c.decay for s, c in choices.items()}
-            for s, c in choices.items():
-                cells = ", ".join(f"{d:g}: {e:.4f}" for d, e in c.errors.items())
-                print(f"# {s}: λ {c.decay:g} forecasts the last quarter of its runs best ({cells})")
-        else:
-            decays = dict.fromkeys(SCORED, float(args.decay))
+        decays = _decays(args.decay, by_strategy, schedules, show=True)
         areas = _areas(schedules, decays)
         law = "lr_area, λ " + ", ".join(f"{s} {d:g}" for s, d in decays.items())
     fits = _fit(by_strategy, bootstrap=args.bootstrap, rules=rules, areas=areas)
@@ -333,12 +349,10 @@ def main(argv=None) -> int:
         rel_diffs.append((l0 - l1) / l0)
         pred, own = (f[r.strategy].final(c0) for f in (fits, whole))
         rows.append((r, l0, l1, pred, own))
-    diffs = np.asarray(rel_diffs)
-    diffs = diffs[np.isfinite(diffs)]
+    diffs, sigma = _sigma_run(rel_diffs)
     if not diffs.size:
         print(f"no seed-{twin_seed} twins found: train them first (see the docstring)")
         return 2
-    sigma = float(np.sqrt(np.mean(diffs**2)) / math.sqrt(2))
     print(
         f"# run-to-run noise over {diffs.size} seed pairs: RMS relative difference "
         f"{np.sqrt(np.mean(diffs**2)):.4f}, σ_run {sigma:.4f}; a skipped run passes within "
@@ -392,13 +406,15 @@ def _print_pooled(args, seeds: list[int], *, keep: set) -> None:
     curves = {
         s: {(r.strategy, r.size): _curve(args.runs_dir, r, basis) for r in runs[s]} for s in seeds
     }
-    diffs = [
-        (curves[a][k].loss[-1] - curves[b][k].loss[-1]) / curves[a][k].loss[-1]
-        for i, a in enumerate(seeds)
-        for b in seeds[i + 1 :]
-        for k in curves[a]
-    ]
-    band = 2 * float(np.sqrt(np.mean(np.square(diffs))) / math.sqrt(2))
+    _, sigma = _sigma_run(
+        [
+            (curves[a][k].loss[-1] - curves[b][k].loss[-1]) / curves[a][k].loss[-1]
+            for i, a in enumerate(seeds)
+            for b in seeds[i + 1 :]
+            for k in curves[a]
+        ]
+    )
+    band = 2 * sigma
     by_strategy = {
         st: [curves[s][k] for s in seeds for k in curves[s] if k[0] == st and k in keep]
         for st in SCORED
@@ -406,10 +422,7 @@ def _print_pooled(args, seeds: list[int], *, keep: set) -> None:
     areas = None
     if args.law == "lr_area":
         schedules = _schedules(args.runs_dir, [r for s in seeds for r in runs[s]])
-        if args.decay == "auto":
-            decays = {st: c.decay for st, c in _choose_decays(by_strategy, schedules).items()}
-        else:
-            decays = dict.fromkeys(SCORED, float(args.decay))
+        decays = _decays(args.decay, by_strategy, schedules)
         areas = _areas(schedules, decays)
     cpt_fraction = args.min_fraction if args.cpt_min_fraction is None else args.cpt_min_fraction
     fits = _fit(
