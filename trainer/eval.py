@@ -144,6 +144,14 @@ def evaluate(
         raise ValueError(
             "EVAL_TASKS (data.EvalConfig.tasks) and DECODE_TASKS are empty: nothing to evaluate"
         )
+    # The checkpoint first: a wrong CHECKPOINT is refused in a second, not after the tasks are
+    # registered and the model built.
+    spec = os.fspath(checkpoint or model_dir)
+    directory, step = init_checkpoints.parse_init_checkpoint(spec)
+    if all_steps:
+        wanted = restore.kept_steps(spec, flag="CHECKPOINT")
+    else:
+        wanted = [restore.resolve_step(spec, step, flag="CHECKPOINT")]
     data_lib.register(data)
     if not data.mixture_or_task:
         first = [*evaluation.tasks, *(evaluation.decoding.tasks if evaluation.decoding else ())]
@@ -159,12 +167,6 @@ def evaluate(
         register=False,
         compile_train=False,
     )
-    spec = os.fspath(checkpoint or model_dir)
-    directory, step = init_checkpoints.parse_init_checkpoint(spec)
-    if all_steps:
-        wanted = restore.kept_steps(spec, flag="CHECKPOINT")
-    else:
-        wanted = [restore.resolve_step(spec, step, flag="CHECKPOINT")]
     abstract = job.abstract_state_with_shardings().params
     records = []
     out_dir = storage.as_path(model_dir, name="MODEL_DIR")
