@@ -7,6 +7,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# Python caches each module's bytecode (__pycache__/*.pyc) on first import, unless
+# PYTHONDONTWRITEBYTECODE is set, as it is on some CI and sandbox images: then every process
+# compiles TensorFlow, JAX and seqio from source again, ~30 s of CPU per job start on 2 cores,
+# and a test suite or a sweep starts hundreds. The recipes here run with it unset.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: setup comet-env gpu-test-wheels test lint format demo demo-smoke demo-mt demo-mt-smoke paper-check clean
 
 setup: $(STAMP)
@@ -14,7 +20,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
-	# --no-compile: Python compiles what is imported, on first import (the venv has ~24,000 files).
+	# --no-compile: Python compiles what is imported, on first import (the venv has ~24,000 files;
+	# see PYTHONDONTWRITEBYTECODE above).
 	$(BIN)/python -m pip install --no-compile -e '.[test,eval,hf]'
 	@touch $(STAMP)
 
