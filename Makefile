@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 # Python caches each module's bytecode (__pycache__/*.pyc) on first import, unless
 # PYTHONDONTWRITEBYTECODE is set, as it is on some CI and sandbox images: then every process
-# compiles TensorFlow, JAX and seqio from source again, ~30 s of CPU per job start on 2 cores,
+# compiles TensorFlow, JAX and seqio from source again, ~20 s of CPU per job start on 2 cores,
 # and a test suite or a sweep starts hundreds. The recipes here run with it unset.
 unexport PYTHONDONTWRITEBYTECODE
 
