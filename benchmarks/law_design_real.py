@@ -313,7 +313,7 @@ def main(argv=None) -> int:
         f"PFLOP/s-hours ({100 * chosen.fraction:.1f}% of the study's compute; target ≤ "
         f"{100 * args.fraction:.0f}%), criterion {args.criterion}"
     )
-    basis = design._n_basis(scored)
+    basis = design.n_basis(scored)
     curves0 = {r.run_id: _curve(args.runs_dir, r, basis) for r in scored}
     by_strategy = {
         s: [curves0[r.run_id] for r in scored if r.strategy == s and r.run_id in keep]
@@ -402,7 +402,7 @@ def _print_pooled(args, seeds: list[int], *, keep: set) -> None:
     every pair of those seeds: whether a replicated design extrapolates where one seed's does
     not."""
     runs = {s: _runs(args.manifest, args.runs_dir, s) for s in seeds}
-    basis = design._n_basis(runs[seeds[0]])
+    basis = design.n_basis(runs[seeds[0]])
     curves = {
         s: {(r.strategy, r.size): _curve(args.runs_dir, r, basis) for r in runs[s]} for s in seeds
     }

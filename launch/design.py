@@ -97,8 +97,12 @@ def _find(name: str, search_paths: Sequence[str]) -> Path | None:
     return None
 
 
-def _file_macros(name: str, search_paths: Sequence[str], out: dict[str, Any], seen: set) -> None:
-    """Top-level macro assignments of a gin file and its includes, in gin's order (later wins)."""
+def _file_bindings(
+    name: str, search_paths: Sequence[str], out: dict[str, Any], params: set, seen: set
+) -> None:
+    """Unscoped bindings of a gin file and its includes, in gin's order (later wins): macros
+    under their name, a configurable's parameter under `selector.parameter` (also added to
+    `params`)."""
     path = _find(name, search_paths)
     if path is None or path in seen:
         return
@@ -107,20 +111,44 @@ def _file_macros(name: str, search_paths: Sequence[str], out: dict[str, Any], se
     source.name = str(path)
     for statement in config_parser.ConfigParser(source, _Values()):
         if isinstance(statement, config_parser.IncludeStatement):
-            _file_macros(statement.filename, search_paths, out, seen)
-        elif isinstance(statement, config_parser.BindingStatement) and not statement.arg_name:
-            if not statement.scope:
-                out[statement.selector] = statement.value
+            _file_bindings(statement.filename, search_paths, out, params, seen)
+        elif isinstance(statement, config_parser.BindingStatement) and not statement.scope:
+            key = statement.selector
+            if statement.arg_name:
+                key = f"{key}.{statement.arg_name}"
+                params.add(key)
+            out[key] = statement.value
 
 
 def gin_macros(run: Run) -> dict[str, Any]:
     """The run's top-level gin macros as literal values: its gin files (includes followed, the
     shipped `t5x_configs/` searched last), then its bindings; a macro set to another macro reads
     that one's value, one set to a configurable call is None (unknown until gin runs it)."""
+    values, params = _gin_values(run)
+    return {k: v for k, v in values.items() if k not in params}
+
+
+def configurable_params(run: Run, configurable: str) -> dict[str, Any]:
+    """The literal values the run's gin binds to `configurable`'s parameters (e.g.
+    "ScheduleConfig" matches `schedules.ScheduleConfig.name = ...`), macros resolved as in
+    `gin_macros`; a parameter left unbound is absent."""
+    values, _ = _gin_values(run)
+    out = {}
+    for key, value in values.items():
+        selector, _, param = key.rpartition(".")  # a macro has no selector
+        if selector.rpartition(".")[2] == configurable and value is not None:
+            out[param] = value
+    return out
+
+
+def _gin_values(run: Run) -> tuple[dict[str, Any], set[str]]:
+    """Every unscoped binding of the run's gin (`_file_bindings`, then the run's own bindings),
+    resolved, and the keys that are configurables' parameters rather than macros."""
     values: dict[str, Any] = {}
+    params: set[str] = set()
     seen: set[Path] = set()
     for name in run.gin_files:
-        _file_macros(name, run.gin_search_paths, values, seen)
+        _file_bindings(name, run.gin_search_paths, values, params, seen)
     for key, text in run.bindings:
         try:
             values[key] = ast.literal_eval(text)
@@ -132,7 +160,7 @@ def gin_macros(run: Run) -> dict[str, Any]:
             value, depth = values.get(value.name), depth + 1
         return None if isinstance(value, _MacroRef) else value
 
-    return {k: resolve(v) for k, v in values.items()}
+    return {k: resolve(v) for k, v in values.items()}, params
 
 
 def run_eval_steps(run: Run) -> list[int]:
@@ -148,13 +176,20 @@ def run_eval_steps(run: Run) -> list[int]:
     return eval_schedule.eval_steps(config, total=run.steps)
 
 
-def _n_basis(runs: Sequence[Run]) -> str:
+def n_basis(runs: Sequence[Run]) -> str:
+    """The N basis of the fits the runs feed: "nominal" (the paper's sizes) where every scored
+    run has one, else "exact" (non-embedding counts), as `fitting.readers.model_keys` decides."""
     scored = [r for r in runs if r.strategy in BLOCK_OF_STRATEGY]
     nominal = [family_lib.get(r.family).nominal_params(r.base_size) for r in scored]
     return "nominal" if scored and all(n is not None for n in nominal) else "exact"
 
 
-def _n_params(run: Run, basis: str) -> float:
+def n_params(run: Run, basis: str) -> float:
+    """The run's N on `basis` (`n_basis`).
+
+    Raises:
+      ValueError: an exact basis and a model without parameter counts.
+    """
     if basis == "nominal":
         return float(family_lib.get(run.family).nominal_params(run.base_size))
     if run.counts is None:
@@ -173,7 +208,7 @@ def _cpt_points(run: Run, basis: str) -> tuple[Point, ...]:
     block = BLOCK_OF_STRATEGY.get(run.strategy)
     if block is None:
         return ()
-    n = _n_params(run, basis)
+    n = n_params(run, basis)
     per_step = _tokens_per_step(run)
     return tuple(Point(block, (n, s * per_step)) for s in run_eval_steps(run) if s > 0)
 
@@ -250,7 +285,7 @@ def candidates(
     cost = cost_fn(hardware, mfu=mfu)
     by_id = {r.run_id: r for r in runs}
     mt = is_mt(runs)
-    basis = _n_basis(runs)
+    basis = n_basis(runs)
     out = []
     for r in runs:
         points = _mt_points(r, by_id) if mt else _cpt_points(r, basis)
@@ -319,9 +354,10 @@ def read_prior(path: str | Path) -> dict[str, float]:
                 for p, v in ((entry.get("fit") or {}).get("params") or {}).items():
                     out[f"{metric}/{key}.{p}"] = float(v)
     if not out:
+        hint = "; it holds lr_area fits: add --law lr_area" if "lr_area" in data else ""
         raise ValueError(
             f"--prior {path}: no parameters found; give an MT fits.json of `xlscale fit` or a "
-            'JSON object of study parameters, e.g. {"scratch.alpha": 0.4, "cpt.beta": 0.2}'
+            'JSON object of study parameters, e.g. {"scratch.alpha": 0.4, "cpt.beta": 0.2}' + hint
         )
     return out
 

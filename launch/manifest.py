@@ -83,7 +83,9 @@ _TOP_KEYS = frozenset(
     "settings zeroshot design".split()
 )
 # [design]: the runs kept, and what the design was made for and predicts (informational).
-DESIGN_KEYS = "runs budget hardware mfu criterion prior cost full_cost widths full_widths".split()
+DESIGN_KEYS = (
+    "runs budget hardware mfu criterion law prior cost full_cost widths full_widths".split()
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """`xlscale sweep design`: a manifest's runs chosen for a compute budget, and the manifest that
 runs them.
 
-`design_sweep` builds the candidates and the study model (`launch.design`), checks the budget
+`design_sweep` builds the candidates and the study model of the laws asked for (`STUDIES`: the
+papers' laws, `launch.design`, or the schedule-aware law, `launch.design_schedule`), checks the budget
 against the cheapest useful design, and runs the greedy optimal design
 (`fitting.design.choose.choose`). `manifest_text` writes the designed manifest: a header comment
 saying how it was made, what it costs and what it predicts, then the original manifest's text
@@ -18,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from fitting.design import choose
+from fitting.design.information import Target
 from fitting.design.study import Candidate, StudyModel, with_noise
-from launch import design
+from launch import design, design_schedule
 from launch.runs import Run
 from rundir.run_record import Strategy
 
@@ -35,6 +37,7 @@ class SweepDesign:
       model: the study model the design scored.
       budget, hardware, mfu, criterion, prior: the design's settings (prior: a file or "paper").
       run_sigma: τ, a run's offset shared by its evaluations (0: evaluations independent).
+      law: the laws the design scores (a key of `STUDIES`).
     """
 
     result: choose.Design
@@ -47,6 +50,7 @@ class SweepDesign:
     criterion: str
     prior: str
     run_sigma: float = 0.0
+    law: str = "paper"
 
     @property
     def chosen(self) -> list[Run]:
@@ -86,6 +90,55 @@ def with_baselines(runs: Sequence[Run], cands: Sequence[Candidate]) -> list[Cand
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """What a design scores: the candidates, the study model, the reported quantities beyond
+    the parameters, and where the prior came from."""
+
+    candidates: list[Candidate]
+    model: StudyModel
+    targets: list[Target]
+    prior: str
+
+
+def paper_study(
+    runs: Sequence[Run], prior_path: str | None, *, hardware: str | None, mfu: float
+) -> Study:
+    """The papers' laws (`launch.design`): L(N, D) laws for CPT, the Dp laws for MT; the prior
+    the synthetic generator's paper values, or a pilot fit (`launch.design.read_prior`)."""
+    cands = design.candidates(runs, hardware=hardware, mfu=mfu)
+    prior = design.read_prior(prior_path) if prior_path else None
+    model = design.study_model(runs, prior)
+    label = prior_path or "paper (fitting.laws.synthetic)"
+    return Study(cands, model, design.targets(model, runs, cands), label)
+
+
+def schedule_study(
+    runs: Sequence[Run], prior_path: str | None, *, hardware: str | None, mfu: float
+) -> Study:
+    """The schedule-aware law (`launch.design_schedule`), from a pilot fit of it.
+
+    Raises:
+      ValueError: an MT manifest, or no `--prior` (the law has no paper values).
+    """
+    law = design_schedule.LAW
+    if design.is_mt(runs):
+        raise ValueError(f"--law {law}: a law of CPT studies' losses; this manifest is an MT study")
+    if not prior_path:
+        raise ValueError(
+            f"--law {law} needs --prior: the fits.json of `xlscale fit PILOT_RUNS_DIR --law {law}` "
+            "(the law has no paper values to start from)"
+        )
+    prior = design_schedule.read_prior(prior_path, runs)
+    cands = design_schedule.candidates(runs, prior, hardware=hardware, mfu=mfu)
+    model = design_schedule.study_model(prior)
+    return Study(cands, model, design_schedule.targets(model, cands), prior.source)
+
+
+# `--law` -> the study a design scores.
+STUDIES = {"paper": paper_study, design_schedule.LAW: schedule_study}
+
+
 def design_sweep(
     runs: Sequence[Run],
     *,
@@ -96,22 +149,27 @@ def design_sweep(
     prior_path: str | None = None,
     keep: Sequence[str] = (),
     run_sigma: float = 0.0,
+    law: str = "paper",
 ) -> SweepDesign:
     """The design of `runs` for `budget` chip-hours on `hardware` (see the module docstring),
     with the from-scratch baselines of its MT series (`with_baselines`). `run_sigma`: τ of
     every law, a run's offset shared by its evaluations (`fitting.design.information`: the fits'
-    sandwich covariance), so a run's tenth checkpoint does not count as a tenth run.
+    sandwich covariance), so a run's tenth checkpoint does not count as a tenth run. `law`: the
+    laws scored (`STUDIES`).
 
     Raises:
-      ValueError: an unknown hardware or criterion, a prior file without parameters, no run that
-        yields points, or a budget below the cheapest useful design (naming the flag, the value
-        and the minimum).
+      ValueError: an unknown law, hardware or criterion, a prior file without parameters, no run
+        that yields points, or a budget below the cheapest useful design (naming the flag, the
+        value and the minimum).
     """
     if criterion not in choose.CRITERIA:
         raise ValueError(f"--criterion {criterion!r}: allowed: {', '.join(choose.CRITERIA)}")
+    if law not in STUDIES:
+        raise ValueError(f"--law {law!r}: allowed: {', '.join(STUDIES)}")
     if not (math.isfinite(run_sigma) and run_sigma >= 0):
         raise ValueError(f"--run-sigma {run_sigma!r}: allowed: 0 or a positive log-metric spread")
-    cands = with_baselines(runs, design.candidates(runs, hardware=hardware, mfu=mfu))
+    study = STUDIES[law](runs, prior_path, hardware=hardware, mfu=mfu)
+    cands = with_baselines(runs, study.candidates)
     minimum, cheapest = minimum_budget(cands)
     if not cheapest:
         raise ValueError("no run of the manifest yields points of the study's laws")
@@ -121,17 +179,15 @@ def design_sweep(
             f"--budget {budget:g}: below the cheapest useful design, {minimum:.4g} {unit} "
             f"({cheapest} with the runs it needs{f' on {hardware}' if hardware else ''})"
         )
-    prior = design.read_prior(prior_path) if prior_path else None
-    model = design.study_model(runs, prior)
+    model = study.model
     if run_sigma:
         model = with_noise(model, {b.name: (b.sigma, run_sigma) for b in model.blocks})
-    targets = design.targets(model, runs, cands)
     result = choose.choose(
-        model, cands, budget, targets=targets, criterion=criterion, required=tuple(keep)
+        model, cands, budget, targets=study.targets, criterion=criterion, required=tuple(keep)
     )
     return SweepDesign(
         result, tuple(runs), tuple(cands), model, budget, hardware, mfu, criterion,
-        prior_path or "paper (fitting.laws.synthetic)", run_sigma,
+        study.prior, run_sigma, law,
     )  # fmt: skip
 
 
@@ -191,7 +247,9 @@ def summary(d: SweepDesign) -> str:
     return (
         f"{len(r.keys)} of {len(d.runs)} runs, {r.cost:,.1f} of {r.full_cost:,.1f} {unit}"
         f"{where} ({r.fraction:.1%}; budget {d.budget:g}); criterion {d.criterion}, "
-        f"prior {d.prior}" + (f"; run offset tau {d.run_sigma:g}" if d.run_sigma else "")
+        f"prior {d.prior}"
+        + (f"; run offset tau {d.run_sigma:g}" if d.run_sigma else "")
+        + (f"; law {d.law}" if d.law != "paper" else "")
     )
 
 
@@ -262,6 +320,7 @@ def design_table(d: SweepDesign) -> str:
         **({"hardware": d.hardware} if d.hardware else {}),
         "mfu": float(d.mfu),
         "criterion": d.criterion,
+        **({"law": d.law} if d.law != "paper" else {}),
         "prior": d.prior,
         "cost": round(r.cost, 3),
         "full_cost": round(r.full_cost, 3),

@@ -377,6 +377,13 @@ def _add_design_parser(actions, common) -> None:
     )
     p.add_argument("--prior", metavar="FITS_JSON", help="a pilot fit (default: the paper's values)")
     p.add_argument(
+        "--law",
+        default="paper",
+        help="the laws the design scores: paper (default: the papers' L(N, D) laws for CPT, "
+        "the Dp laws for MT) or lr_area (CPT: the schedule-aware law that `xlscale fit --law "
+        "lr_area` fits on every evaluation; needs --prior, that fit's fits.json)",
+    )
+    p.add_argument(
         "--run-sigma",
         type=float,
         default=0.0,
@@ -417,11 +424,13 @@ def design(args) -> int:
         prior_path=args.prior,
         keep=args.keep,
         run_sigma=args.run_sigma,
+        law=args.law,
     )
     command = f"xlscale sweep design {args.manifest} --budget {args.budget:g} --hardware {hardware}"
     command += f" --mfu {args.mfu:g}" if args.mfu != 0.5 else ""
     command += f" --criterion {args.criterion}" + (f" --prior {args.prior}" if args.prior else "")
     command += f" --run-sigma {args.run_sigma:g}" if args.run_sigma else ""
+    command += f" --law {args.law}" if args.law != "paper" else ""
     out = Path(args.out or f"{manifest.name}_design.toml")
     text = sweep_design.manifest_text(d, source, source=Path(manifest.path).name, command=command)
     out.write_text(text)

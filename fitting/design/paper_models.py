@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 from fitting.analyses import allocation
 from fitting.design.information import Target
 from fitting.design.study import Block, StudyModel
@@ -72,10 +74,10 @@ def allocation_target(model: StudyModel, block: str, compute: float) -> Target:
 
 def loss_target(model: StudyModel, block: str, inputs: tuple[float, ...], name: str) -> Target:
     """The block's law at one point (e.g. the final loss of the largest run, held out)."""
-    law = model.block(block).law
+    point = np.asarray([inputs], np.float64)
 
     def value(params: Mapping[str, float]) -> float:
-        return float(formulas.predict(law, law_params(model, block, params), *inputs))
+        return float(model.predict(block, params, point)[0])
 
     return Target(f"{block}.{name}", value)
 

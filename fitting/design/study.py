@@ -1,7 +1,8 @@
 """A study as the design sees it: laws that share parameters, and candidate runs yielding points.
 
-A study's laws are `Block`s: each block is one law of `fitting.laws.formulas` (e.g. the
-from-scratch Chinchilla law, the CPT law) whose parameters are named in the study's one
+A study's laws are `Block`s: each block is one law of `LAWS` (the laws of
+`fitting.laws.formulas`, e.g. the from-scratch Chinchilla law and the CPT law, and the
+schedule-aware law of `fitting.laws.lr_area`) whose parameters are named in the study's one
 parameter vector, so laws that share a parameter (the CPT law takes E, A, α from the
 from-scratch fit, CPT paper eq. 7) share it here too. A `Candidate` is one run of a manifest: its
 cost in chip-hours, the runs it needs first (a CPT run its source run), and the `Point`s it yields
@@ -19,11 +20,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fitting.laws import formulas
+from fitting.laws import formulas, lr_area
+
+
+@dataclasses.dataclass(frozen=True)
+class LawForm:
+    """What the design needs of a law: its parameters and its vectorised formula (inputs
+    positional, parameters by keyword)."""
+
+    params: tuple[str, ...]
+    predict: Callable[..., np.ndarray]
+
+
+def _lr_area(n, s1, s2, **params) -> np.ndarray:
+    """The schedule-aware law at inputs already on its fit's reference scales (N/N₀, S₁/S₀,
+    S₂), so that a point is self-contained (`launch.design_schedule`)."""
+    return lr_area.formula(n, s1, s2, **params)
+
+
+# law name -> its form: the papers' laws and the schedule-aware law.
+LAWS: Mapping[str, LawForm] = {
+    **{name: LawForm(tuple(law.params), law.predict) for name, law in formulas.LAWS.items()},
+    lr_area.LAW: LawForm(lr_area.PARAMS, _lr_area),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +55,7 @@ class Block:
 
     Attributes:
       name: the block's name ("scratch", "cpt", "bleu/en-de/df1M", ...).
-      law: a key of `fitting.laws.formulas.LAWS`.
+      law: a key of `LAWS`.
       params: the law's parameter → the study parameter it reads (e.g. {"E": "scratch.E"}).
       sigma: the noise of one point's log metric.
       run_sigma: the noise of one run's log metric shared by all its points (τ; 0: none).
@@ -45,10 +68,10 @@ class Block:
     run_sigma: float = 0.0
 
     def __post_init__(self):
-        if self.law not in formulas.LAWS:
-            known = ", ".join(sorted(formulas.LAWS))
+        if self.law not in LAWS:
+            known = ", ".join(sorted(LAWS))
             raise ValueError(f"block {self.name!r}: unknown law {self.law!r}; known: {known}")
-        missing = set(formulas.LAWS[self.law].params) - set(self.params)
+        missing = set(LAWS[self.law].params) - set(self.params)
         if missing:
             raise ValueError(f"block {self.name!r}: law {self.law} needs {sorted(missing)}")
         if not self.sigma > 0:
@@ -153,9 +176,10 @@ class StudyModel:
     def predict(self, block: str, params: Mapping[str, float], inputs: np.ndarray) -> np.ndarray:
         """The block's law at `inputs` ([P, k]: one row per point) with study parameters."""
         b = self.block(block)
-        law_params = {lp: params[sp] for lp, sp in b.params.items()}
+        form = LAWS[b.law]
+        law_params = {lp: float(params[b.params[lp]]) for lp in form.params}
         columns = np.asarray(inputs, np.float64).T
-        return formulas.predict(b.law, law_params, *columns)
+        return form.predict(*columns, **law_params)
 
 
 def with_noise(model: StudyModel, noise: Mapping[str, tuple[float, float]]) -> StudyModel:
