@@ -10,7 +10,11 @@ evaluation after the first token a point, intermediate checkpoints included; boo
 runs), on the N basis the candidates use; an MT block (BLEU log-law, cross-entropy power law)
 on its series' finetunes, every (Dp, final value) fitted (`fitting.laws.downstream_laws`), with
 a residual bootstrap (`downstream_laws.bootstrap_series`: a series has one point per checkpoint,
-so the checkpoints stay and the noise is redrawn). A block the data cannot identify yet (fewer sizes
+so the checkpoints stay and the noise is redrawn). A schedule-aware block (`--law lr_area`,
+`launch.design_schedule`) is refitted as `xlscale fit --law lr_area` fits it, on every evaluation
+of the block's runs, at the pilot fit's λ and reference scales so that its parameters stay the
+study's; it has no bootstrap yet, so its runs are never predicted "within tolerance", only priced
+by their information. A block the data cannot identify yet (fewer sizes
 or Dp than its law needs, `fitting.checks.Unidentifiable`) keeps the prior and is named with the
 reason. Each law fitted on runs' curves also gets its noise from its log residuals grouped by
 run (`fitting.design.noise.run_noise`: σ of one evaluation, τ of a run's offset, since a seed
@@ -39,14 +43,14 @@ import numpy as np
 from fitting.checks import FitInputError, Unidentifiable, require_distinct
 from fitting.design import information
 from fitting.design.noise import RunNoise, run_noise, run_offset
-from fitting.design.study import Candidate, Point, StudyModel, with_noise
-from fitting.laws import downstream_laws, formulas
+from fitting.design.study import Candidate, Point, StudyModel, predict_law, with_noise
+from fitting.laws import downstream_laws, formulas, lr_area
 from fitting.laws.robust_fit import LawFit
 from fitting.readers import points as fit_points
 from fitting.readers import run_dirs
 from fitting.readers.run_data import RunData
-from fitting.reports import fit_steps
-from launch import design
+from fitting.reports import fit_steps, schedule_fit
+from launch import design, design_schedule
 from launch import status as run_states
 from launch.adaptive import PENDING, RUNNING, FitRecord, RunState
 from launch.runs import Run
@@ -66,13 +70,15 @@ MIN_SAMPLES = 10  # bootstrap refits needed for a prediction interval
 class Sources:
     """What one refit fits its blocks from: fitting's study of the runs (its fits cached), the
     target language of each CPT block, the downstream series of each MT block, and the MT
-    blocks' bootstrap (resamples and seed; the study carries the CPT blocks' own)."""
+    blocks' bootstrap (resamples and seed; the study carries the CPT blocks' own), and the
+    schedule-aware blocks' λ and reference scales (`launch.design_schedule`)."""
 
     study: fit_steps.Study
     langs: Mapping[str, str]
     series: Mapping[str, fit_points.DownstreamSeries]
     bootstrap: int = 0
     seed: int = 0
+    scales: Mapping[str, design_schedule.BlockScales] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +142,36 @@ def _downstream(src: Sources, block: str) -> BlockResult:
     return BlockResult(fit, [Point(block, (float(dp),)) for dp in series.Dp])
 
 
+def _schedule_aware(src: Sources, block: str) -> BlockResult:
+    """The schedule-aware law fitted as `xlscale fit --law lr_area` fits it
+    (`fitting.reports.schedule_fit`: the language's from-scratch runs for a source or scratch
+    block, its CPT runs for the CPT block; the evaluations the study's point rule keeps, each
+    run's schedule whole), at the block's pilot λ and reference scales, so its points are the
+    design's (N/N₀, S₁/S₀, S₂)."""
+    lang, scales = src.langs.get(block), src.scales.get(block)
+    if lang is None or scales is None:
+        return BlockResult(None)
+    strategies = schedule_fit.GROUPS[design_schedule.GROUP_OF_BLOCK[block]]
+    by_id = {r.run_id: r for r in src.study.runs}
+    curves = []
+    for c in src.study.curves(strategies, lang):
+        keep = src.study.point_rule.select(c.tokens)
+        lrs = fit_points.learning_rates(by_id[c.run_id])
+        curves.append(lr_area.RunCurve(c.run_id, c.n_params, lrs, c.steps[keep], c.loss[keep]))
+    if not curves:
+        return BlockResult(None)
+    fit = lr_area.fit_curves(
+        curves, decay=scales.decay, series=f"{block} ({lang})", n_ref=scales.n_ref,
+        s_ref=scales.s_ref,
+    )  # fmt: skip
+    N, S1, S2, L, runs = lr_area.pooled(curves, scales.decay)
+    with np.errstate(all="ignore"):
+        residuals = np.log(L) - np.log(fit.predict(N, S1, S2))
+    inputs = zip(N / scales.n_ref, S1 / scales.s_ref, S2, runs, strict=True)
+    points = [Point(block, (n, s1, s2), run=r) for n, s1, s2, r in inputs]
+    return BlockResult(fit, points, residuals, list(runs))
+
+
 # A block's law -> how it is refitted; a block whose law is not here keeps its prior, and its
 # runs are decided as unidentifiable.
 BLOCK_FITS: Mapping[str, BlockFit] = {
@@ -143,6 +179,7 @@ BLOCK_FITS: Mapping[str, BlockFit] = {
     "cpt": _upstream((Strategy.CPT,), lambda study, lang: study.cpt_fit(lang)),
     "log_law": _downstream,
     "power_law": _downstream,
+    lr_area.LAW: _schedule_aware,
 }
 
 
@@ -263,14 +300,17 @@ def refit(
     bootstrap: int,
     seed: int,
     chip_hours: float,
+    scales: Mapping[str, design_schedule.BlockScales] | None = None,
 ) -> FitState:
     """Fits every block of `model` that the observed runs identify (see the module docstring);
-    `run_blocks`: run id -> the blocks its evaluations feed."""
+    `run_blocks`: run id -> the blocks its evaluations feed; `scales`: the schedule-aware
+    blocks' pilot λ and reference scales."""
     data = list(obs.data.values())
     with tempfile.TemporaryDirectory() as scratch:  # Study's plot folder: nothing is drawn
         study = fit_steps.Study(data, Path(scratch), bootstrap, seed, None, n_basis=basis)
         series = series_blocks(data, run_blocks)
-        src = Sources(study, block_languages(model, data), series, bootstrap, seed)
+        langs = block_languages(model, data)
+        src = Sources(study, langs, series, bootstrap, seed, scales or {})
         params, ci, fits, why_not, observed = dict(model.prior), {}, {}, {}, []
         noise: dict[str, RunNoise] = {}
         residuals: dict[tuple[str, str], list[float]] = {}
@@ -337,7 +377,7 @@ def _interval(
     if len(samples) < MIN_SAMPLES:
         return None
     law = model.block(block).law
-    values = [float(formulas.predict(law, {**fit.params, **sample}, *inputs)) for sample in samples]
+    values = [predict_law(law, {**fit.params, **sample}, inputs) for sample in samples]
     values = [v for v in values if np.isfinite(v)]
     if len(values) < MIN_SAMPLES:
         return None
@@ -371,6 +411,13 @@ def with_run_offset(
     )
 
 
+def _progress(point: Point, cand: Candidate) -> float:
+    """The share of its run done when `point` is observed (`Point.progress`)."""
+    if point.progress is not None:
+        return point.progress
+    return point.inputs[-1] / cand.points[-1].inputs[-1]
+
+
 def assess(
     model: StudyModel,
     cands: Mapping[str, Candidate],
@@ -386,7 +433,7 @@ def assess(
         if status is None or cand is None:
             continue
         done = obs.progress(run)
-        left = [p for p in cand.points if p.inputs[-1] > done * cand.points[-1].inputs[-1]]
+        left = [p for p in cand.points if _progress(p, cand) > done]
         blocks = {p.block for p in cand.points}
         missing = sorted(b for b in blocks if b not in fit.fits)
         gain = predicted = interval = None
@@ -404,7 +451,7 @@ def assess(
             final = cand.points[-1]
             law = model.block(final.block).law
             block_fit = fit.fits[final.block]
-            mean = float(formulas.predict(law, dict(block_fit.params), *final.inputs))
+            mean = predict_law(law, dict(block_fit.params), final.inputs)
             interval = _interval(model, final.block, block_fit, final.inputs)
             predicted, interval = with_run_offset(
                 mean,

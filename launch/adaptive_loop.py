@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fitting.design.study import Candidate, StudyModel
-from launch import adaptive, adaptive_fit, design
+from launch import adaptive, adaptive_fit, design, sweep_design
 from launch.adaptive import RUN, Policy
 from launch.adaptive_fit import FitState, Observation
 from launch.runs import Run
@@ -74,6 +74,7 @@ class AdaptiveSweep:
       cands: run id -> its candidate (cost in chip-hours, points; `launch.design.candidates`).
       policy: the thresholds; bootstrap, seed: of each refit.
       note: where progress lines go.
+      scales: the schedule-aware blocks' pilot λ and reference scales (`--law lr_area`).
     """
 
     runs: list[Run]
@@ -84,6 +85,7 @@ class AdaptiveSweep:
     bootstrap: int = 50
     seed: int = 0
     note: Callable[[str], None] = print
+    scales: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     fit: FitState | None = None
     _seen: Any = None
 
@@ -96,13 +98,17 @@ class AdaptiveSweep:
         *,
         hardware: str | None = None,
         mfu: float = 0.5,
+        law: str = "paper",
+        prior_path: str | None = None,
         **options: Any,
     ) -> AdaptiveSweep:
-        """The sweep of `runs` with the study model and candidates `launch.design` makes of
-        them; records the settings in `adaptive/session.json`.
+        """The sweep of `runs` with the study model and candidates that `--law` and `--prior`
+        make of them (`launch.sweep_design.STUDIES`, as `sweep design` does: the papers' laws
+        from their values by default); records the settings in `adaptive/session.json`.
 
         Raises:
-          ValueError: the runs train several target languages (the study model has one).
+          ValueError: the runs train several target languages (the study model has one), or
+            the law or prior is refused (`launch.sweep_design.design_sweep`'s messages).
         """
         targets = {r.coord("target_lang") for r in runs if r.strategy in TARGET_STRATEGIES}
         if len(targets) > 1:
@@ -110,15 +116,18 @@ class AdaptiveSweep:
                 f"--adaptive: the runs train target languages {sorted(targets)}; the study's "
                 "laws are one language's: narrow the sweep with --only"
             )
-        cands = design.candidates(runs, hardware=hardware, mfu=mfu)
+        if law not in sweep_design.STUDIES:
+            raise ValueError(f"--law {law!r}: allowed: {', '.join(sweep_design.STUDIES)}")
+        study = sweep_design.STUDIES[law](runs, prior_path, hardware=hardware, mfu=mfu)
         unit = "chip-hour" if hardware else "PFLOP/s-hour"  # `launch.design.cost_fn`
         policy = dataclasses.replace(policy, unit=unit)
         sweep = cls(
             list(runs),
             runs_dir,
-            design.study_model(runs),
-            {c.key: c for c in cands},
+            study.model,
+            {c.key: c for c in study.candidates},
             policy,
+            scales=study.scales,
             **options,
         )
         adaptive.write_session(
@@ -130,6 +139,8 @@ class AdaptiveSweep:
                 "cost_unit": f"{unit}s",
                 "bootstrap": sweep.bootstrap,
                 "seed": sweep.seed,
+                "law": law,
+                "prior": study.prior,
                 "runs": [r.run_id for r in runs],
             },
         )
@@ -166,6 +177,7 @@ class AdaptiveSweep:
             bootstrap=self.bootstrap,
             seed=self.seed,
             chip_hours=spent,
+            scales=self.scales,
         )
         adaptive.log_fit(self.runs_dir, self.fit.record)
         fitted = ", ".join(self.fit.record.fitted) or "none yet"

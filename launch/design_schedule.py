@@ -197,7 +197,10 @@ def _points(run: Run, basis: str, scales: BlockScales, block: str) -> tuple[Poin
     s1, s2 = lr_area.areas(logged_learning_rates(run), decay=scales.decay)
     n = design.n_params(run, basis) / scales.n_ref
     steps = [s for s in design.run_eval_steps(run) if 0 < s <= run.steps]
-    return tuple(Point(block, (n, s1[s] / scales.s_ref, s2[s]), run=run.run_id) for s in steps)
+    return tuple(
+        Point(block, (n, s1[s] / scales.s_ref, s2[s]), run=run.run_id, progress=s / run.steps)
+        for s in steps
+    )
 
 
 def candidates(

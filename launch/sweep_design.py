@@ -93,12 +93,14 @@ def with_baselines(runs: Sequence[Run], cands: Sequence[Candidate]) -> list[Cand
 @dataclasses.dataclass(frozen=True)
 class Study:
     """What a design scores: the candidates, the study model, the reported quantities beyond
-    the parameters, and where the prior came from."""
+    the parameters, where the prior came from, and for the schedule-aware law each block's
+    λ and reference scales (`launch.design_schedule.BlockScales`; what its refits must use)."""
 
     candidates: list[Candidate]
     model: StudyModel
     targets: list[Target]
     prior: str
+    scales: Mapping[str, design_schedule.BlockScales] = dataclasses.field(default_factory=dict)
 
 
 def paper_study(
@@ -132,7 +134,8 @@ def schedule_study(
     prior = design_schedule.read_prior(prior_path, runs)
     cands = design_schedule.candidates(runs, prior, hardware=hardware, mfu=mfu)
     model = design_schedule.study_model(prior)
-    return Study(cands, model, design_schedule.targets(model, cands), prior.source)
+    targets = design_schedule.targets(model, cands)
+    return Study(cands, model, targets, prior.source, prior.scales)
 
 
 # `--law` -> the study a design scores.

@@ -10,6 +10,7 @@ import pytest
 from etils import epath
 
 from fitting.design import choose
+from fitting.design.study import Candidate, Point
 from fitting.laws import lr_area
 from fitting.readers import points
 from fitting.readers.run_data import RunData
@@ -91,6 +92,7 @@ def test_candidates_are_points_of_the_schedule_aware_law_on_the_pilots_scales(de
         s1, s2 = lr_area.areas(design_schedule.logged_learning_rates(r), decay=0.8)
         steps = range(20, 161, 20)
         assert [p.inputs for p in c.points] == [(n, s1[s] / 88.56, s2[s]) for s in steps]
+        assert [p.progress for p in c.points] == [s / 160 for s in steps]
         assert {p.block for p in c.points} == {str(r.strategy)} and c.points[0].run == r.run_id
     model = design_schedule.study_model(prior)
     point = cands[next(r.run_id for r in demo_runs if r.strategy == "cpt")].points[-1]
@@ -165,3 +167,80 @@ def test_a_paper_design_given_a_schedule_aware_fit_says_which_law_it_holds(tmp_p
     assert "it holds lr_area fits: add --law lr_area" in capsys.readouterr().err
     assert main([*args[:-2], "--law", "nd", "--out", str(tmp_path / "x.toml")]) == 2
     assert "--law 'nd': allowed: paper, lr_area" in capsys.readouterr().err
+
+
+def test_an_adaptive_refit_fits_the_schedule_aware_law_on_the_pilots_scales(tmp_path):
+    from fitting.laws import synthetic
+    from fitting.readers import run_dirs
+    from fitting.reports import fit_all
+    from launch import adaptive_fit
+
+    # The paper-law generator's CPT study at four sizes, on a constant schedule (S2 = 0, S1 the
+    # step: the law holds L(N, D) exactly); the pilot is the law fitted on every size.
+    root = tmp_path / "runs"
+    synthetic.write_study(root, sizes=(3e7, 1.2e8, 5e8, 2e9), evals=5, mt=False, seed=3)
+    pilot = fit_all.fit_runs(root, tmp_path / "fit", law="lr_area", bootstrap=0, lr_decay=0.9)
+    where = {
+        "source": ("en", "from_scratch"),
+        "scratch": ("zh", "from_scratch"),
+        "cpt": ("zh", "cpt"),
+    }
+    params, scales = {}, {}
+    for block, (lang, group) in where.items():
+        fit = pilot["lr_area"][lang][group]["fit"]
+        params.update({f"{block}.{p}": max(v, 1e-12) for p, v in fit["params"].items()})
+        scales[block] = design_schedule.BlockScales(0.9, fit["n_ref"], fit["s_ref"], fit["rms"])
+    model = design_schedule.study_model(design_schedule.Prior(params, scales, "pilot"))
+    # The adaptive sweep has the three smaller sizes' runs; the largest scratch run is pending.
+    data = {r.run_id: r for r in run_dirs.read_runs(root)}
+    seen = {k: v for k, v in data.items() if not k.startswith("replay_") and "2e+09" not in k}
+    obs = adaptive_fit.Observation({k: "done" for k in seen}, {}, seen, digest="three sizes")
+    state = adaptive_fit.refit(
+        model, obs, run_blocks={}, basis=pilot["n_basis"], bootstrap=0, seed=0, chip_hours=1.0,
+        scales=scales,
+    )  # fmt: skip
+    assert set(state.fits) == {"source", "scratch", "cpt"} and not state.why_not
+    assert state.record.n_points == 3 * 3 * 5  # blocks x sizes x evaluations
+    scratch = state.fits["scratch"]
+    assert (scratch.n_ref, scratch.s_ref, scratch.decay) == (
+        scales["scratch"].n_ref, scales["scratch"].s_ref, 0.9,
+    )  # fmt: skip
+    assert all(p.inputs[2] == 0.0 for p in state.observed)  # a constant schedule never anneals
+    assert set(state.noise) == {"source", "scratch", "cpt"}
+    # The pending run, priced and predicted on the refitted law: within 2% of what it logged.
+    run = data["scratch_03_2e+09"]
+    steps = [int(r["step"]) for r in run.records]
+    s_ref = scales["scratch"].s_ref
+    n = 2e9 / scales["scratch"].n_ref
+    points = tuple(
+        Point("scratch", (n, s / s_ref, 0.0), run=run.run_id, progress=s / steps[-1]) for s in steps
+    )
+    cands = {run.run_id: Candidate(run.run_id, 10.0, points)}
+    pending = type("R", (), {"run_id": run.run_id, "steps": steps[-1]})()
+    obs = adaptive_fit.Observation({run.run_id: "pending"}, {}, {}, digest="x")
+    (assessed,) = adaptive_fit.assess(model, cands, [pending], obs, state).values()
+    assert assessed.identifiable and assessed.gain > 0 and assessed.points_left == 5
+    final = run.records[-1]["eval/lm_zh/loss"]
+    assert assessed.predicted == pytest.approx(final, rel=0.02)
+    assert assessed.interval is None  # no bootstrap of this law yet: priced, never "predicted"
+
+
+def test_an_adaptive_sweep_refits_the_law_and_prior_it_is_given(demo_runs, tmp_path):
+    from launch import adaptive, adaptive_loop
+
+    policy = adaptive.Policy(min_gain=0.0, tolerance=0.02)
+    pilot = str(_pilot(tmp_path / "fits.json"))
+    runs_dir = str(tmp_path / "runs")
+    sweep_ = adaptive_loop.AdaptiveSweep.for_runs(
+        demo_runs, runs_dir, policy, law="lr_area", prior_path=pilot
+    )
+    assert {b.law for b in sweep_.model.blocks} == {"lr_area"}
+    assert sweep_.scales["cpt"] == design_schedule.BlockScales(0.8, 2.59e5, 88.56, 0.008)
+    some = next(c for c in sweep_.cands.values() if c.points)
+    assert len(some.points[0].inputs) == 3 and some.points[-1].progress == 1.0
+    session = adaptive.read_session(runs_dir)
+    assert session["law"] == "lr_area" and "scratch=zh/from_scratch" in session["prior"]
+    with pytest.raises(ValueError, match="--law lr_area needs --prior"):
+        adaptive_loop.AdaptiveSweep.for_runs(demo_runs, runs_dir, policy, law="lr_area")
+    with pytest.raises(ValueError, match="--law 'nd': allowed: paper, lr_area"):
+        adaptive_loop.AdaptiveSweep.for_runs(demo_runs, runs_dir, policy, law="nd")

@@ -2,6 +2,7 @@
 `adaptive replay`.
 
     xlscale sweep run demo --var ... --adaptive --min-gain 0.5 --tolerance 0.02
+    xlscale sweep run demo --var ... --adaptive --adaptive-law lr_area --adaptive-prior fits.json
     xlscale sweep status demo          # + compute spent and saved, the fit, decision counts
     xlscale sweep adaptive replay demo # recompute every logged decision from its logged state
 
@@ -53,6 +54,18 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between looks at the runs' metrics (default 30)",
     )
     group.add_argument(
+        "--adaptive-law",
+        default="paper",
+        metavar="LAW",
+        help="the laws refitted: paper (default: the papers' laws from their values) or lr_area "
+        "(CPT: the schedule-aware law, from --adaptive-prior), as `sweep design --law`",
+    )
+    group.add_argument(
+        "--adaptive-prior",
+        metavar="FITS_JSON",
+        help="a pilot fit the sweep starts from, as `sweep design --prior` (lr_area: required)",
+    )
+    group.add_argument(
         "--adaptive-bootstrap",
         type=int,
         default=50,
@@ -87,6 +100,8 @@ def steered(args, manifest, runs, stages: Callable[[], Any]) -> Any:
         manifest.runs_dir,
         adaptive.Policy(min_gain=args.min_gain, tolerance=args.tolerance),
         hardware=getattr(args, "hardware", None) or manifest.hardware,
+        law=args.adaptive_law,
+        prior_path=args.adaptive_prior,
         bootstrap=args.adaptive_bootstrap,
     )
     result: list[Any] = []

@@ -84,13 +84,16 @@ class Block:
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-    """One evaluation a run yields: the block it feeds, the law's inputs (N, D or Dp) and the
+    """One evaluation a run yields: the block it feeds, the law's inputs (N, D or Dp), the
     run it belongs to (points of one run share its offset, `Block.run_sigma`; "": a run of its
-    own)."""
+    own), and the share of the run's steps done when it is observed (None: its last input's
+    share of the run's last point's, as D and Dp grow with the step; the schedule-aware law's
+    areas do not)."""
 
     block: str
     inputs: tuple[float, ...]
     run: str = ""
+    progress: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +183,13 @@ class StudyModel:
         law_params = {lp: float(params[b.params[lp]]) for lp in form.params}
         columns = np.asarray(inputs, np.float64).T
         return form.predict(*columns, **law_params)
+
+
+def predict_law(law: str, params: Mapping[str, float], inputs: Sequence[float]) -> float:
+    """A law of `LAWS` at one point, with the law's own parameters (e.g. a fit's)."""
+    form = LAWS[law]
+    values = {p: float(params[p]) for p in form.params}
+    return float(form.predict(*np.asarray(inputs, np.float64), **values))
 
 
 def with_noise(model: StudyModel, noise: Mapping[str, tuple[float, float]]) -> StudyModel:

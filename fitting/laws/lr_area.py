@@ -137,7 +137,16 @@ class LrAreaFit:
 
 
 def fit(
-    N, S1, S2, L, *, decay: float, runs: Sequence[str] | None = None, series: str = "runs"
+    N,
+    S1,
+    S2,
+    L,
+    *,
+    decay: float,
+    runs: Sequence[str] | None = None,
+    series: str = "runs",
+    n_ref: float | None = None,
+    s_ref: float | None = None,
 ) -> LrAreaFit:
     """Least squares on the log residuals, from every combination of `_STARTS`; the best end.
 
@@ -147,6 +156,9 @@ def fit(
       decay: the λ S2 was computed with (recorded in the fit).
       runs: the run of each evaluation (for `n_runs`).
       series: what is fitted, for error messages.
+      n_ref, s_ref: the reference scales of N and S₁ (default: the geometric mean of N, the
+        largest S₁); given, e.g. a pilot fit's, the fitted A and B are on the same scales as
+        its (an adaptive sweep refits the law whose prior that fit is).
 
     Raises:
       FitInputError: mismatched lengths, non-positive N, S1 or L.
@@ -166,8 +178,8 @@ def fit(
             f"{LAW} law ({series}): {len(L)} points for {len(PARAMS)} parameters; need at least "
             f"{len(PARAMS) + 1}"
         )
-    n_ref = float(np.exp(np.mean(np.log(N))))
-    s_ref = float(S1.max())
+    n_ref = float(np.exp(np.mean(np.log(N)))) if n_ref is None else float(n_ref)
+    s_ref = float(S1.max()) if s_ref is None else float(s_ref)
     n, s1, log_l = N / n_ref, S1 / s_ref, np.log(L)
 
     def residuals(theta):
@@ -246,7 +258,7 @@ class RunCurve:
         return np.full(at.shape, float(self.n_params)), s1[at], s2[at], np.asarray(self.loss)[keep]
 
 
-def _pooled(curves: Sequence[RunCurve], decay: float, keep=None):
+def pooled(curves: Sequence[RunCurve], decay: float, keep=None):
     """The curves' evaluations pooled: N, S1, S2, L and the run of each; `keep(curve)` gives a
     curve's mask (default: every evaluation)."""
     parts = [c.at(decay, None if keep is None else keep(c)) for c in curves]
@@ -255,10 +267,13 @@ def _pooled(curves: Sequence[RunCurve], decay: float, keep=None):
     return N, S1, S2, L, runs
 
 
-def fit_curves(curves: Sequence[RunCurve], *, decay: float, series: str = "runs") -> LrAreaFit:
-    """`fit` on every evaluation of `curves` (see there for the errors)."""
-    N, S1, S2, L, runs = _pooled(curves, decay)
-    return fit(N, S1, S2, L, decay=decay, runs=runs, series=series)
+def fit_curves(
+    curves: Sequence[RunCurve], *, decay: float, series: str = "runs", **scales: float | None
+) -> LrAreaFit:
+    """`fit` on every evaluation of `curves` (see there for the errors and the reference
+    `scales`, n_ref and s_ref)."""
+    N, S1, S2, L, runs = pooled(curves, decay)
+    return fit(N, S1, S2, L, decay=decay, runs=runs, series=series, **scales)
 
 
 DECAYS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999)
@@ -306,11 +321,11 @@ def choose_decay(
     errors, last_error = {}, None
     for decay in decays:
         try:
-            f = fit(*_pooled(curves, decay, early)[:4], decay=decay, series=series)
+            f = fit(*pooled(curves, decay, early)[:4], decay=decay, series=series)
         except FitInputError as e:
             errors[float(decay)], last_error = math.nan, e
             continue
-        N, S1, S2, L, _ = _pooled(curves, decay, lambda c: ~early(c))
+        N, S1, S2, L, _ = pooled(curves, decay, lambda c: ~early(c))
         errors[float(decay)] = float(np.sqrt(np.mean((f.predict(N, S1, S2) / L - 1) ** 2)))
     finite = {k: v for k, v in errors.items() if np.isfinite(v)}
     if not finite:
