@@ -10,7 +10,9 @@ reference scales. Per seed it builds the sweep's study as `--adaptive-law lr_are
 (`launch.adaptive_fit.refit`, every evaluation a point), prices and predicts each pending
 largest run (`launch.adaptive_fit.assess`), and prints the prediction against the final loss that
 run logged, PASS where the error is within `--band` (default 1.24%: the README's 2σ_run, the
-run-to-run noise of seeds 0 and 1).
+run-to-run noise of seeds 0 and 1), and its 95% interval (`--bootstrap` simulated refits per
+block, moved and widened as the sweep does; '!' where it misses the logged loss): a run whose
+half-width is under the sweep's `--tolerance` would be skipped.
 
     python benchmarks/adaptive_schedule_real.py --runs-dir demo_out/runs \
         --prior fit_lr_area/fits.json --seeds 0,1,2
@@ -34,6 +36,9 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--prior", required=True, help="fits.json of `xlscale fit RUNS --law lr_area`")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     p.add_argument("--band", type=float, default=0.0124, help="pass band (default 0.0124)")
+    p.add_argument(
+        "--bootstrap", type=int, default=50, help="simulated refits per block (default 50)"
+    )
     return p.parse_args(argv)
 
 
@@ -51,9 +56,10 @@ def main(argv=None) -> int:
     data = {r.run_id: r for r in run_dirs.read_runs(args.runs_dir)}
     print(f"# prior {study.prior}; largest size {largest}; band {args.band:.2%}")
     print(
-        f"{'seed':>4}  {'block':8}  {'run':44}  {'predicted':>9}  {'logged':>7}  {'error':>7}  verdict"
+        f"{'seed':>4}  {'block':8}  {'run':44}  {'predicted':>9}  {'logged':>7}  {'error':>7}  "
+        f"{'95% interval':>17}  {'±':>6}  verdict"
     )
-    worst = {}
+    worst, held, intervals = {}, 0, 0
     for seed in (int(s) for s in args.seeds.split(",")):
         mine = {
             k: v for k, v in data.items() if f"_s{seed}-" in k and not k.startswith("cpt_replay")
@@ -61,8 +67,8 @@ def main(argv=None) -> int:
         seen = {k: v for k, v in mine.items() if largest not in k}
         obs = adaptive_fit.Observation({k: "done" for k in seen}, {}, seen, digest=f"s{seed}")
         state = adaptive_fit.refit(
-            study.model, obs, run_blocks={}, basis="exact", bootstrap=0, seed=0, chip_hours=0.0,
-            scales=study.scales,
+            study.model, obs, run_blocks={}, basis="exact", bootstrap=args.bootstrap, seed=0,
+            chip_hours=0.0, scales=study.scales,
         )  # fmt: skip
         for cand in pending:
             block = cand.points[0].block
@@ -86,11 +92,21 @@ def main(argv=None) -> int:
             error = assessed.predicted / logged - 1
             worst[seed] = max(worst.get(seed, 0.0), abs(error))
             verdict = "PASS" if abs(error) <= args.band else "FAIL"
+            span = half = "-"
+            if assessed.interval is not None:
+                lo, hi = assessed.interval
+                inside = lo <= logged <= hi
+                held, intervals = held + inside, intervals + 1
+                span = f"[{lo:.3f}, {hi:.3f}]" + ("" if inside else "!")
+                half = f"{assessed.half_width:.2%}"
             print(
-                f"{seed:>4}  {block:8}  {found[0]:44}  {assessed.predicted:9.4f}  {logged:7.4f}  {error:+7.2%}  {verdict}"
+                f"{seed:>4}  {block:8}  {found[0]:44}  {assessed.predicted:9.4f}  {logged:7.4f}  "
+                f"{error:+7.2%}  {span:>17}  {half:>6}  {verdict}"
             )
     for seed, w in worst.items():
         print(f"# seed {seed}: worst {w:.2%}: {'PASS' if w <= args.band else 'FAIL'}")
+    if intervals:
+        print(f"# the 95% interval held the logged loss in {held} of {intervals} ('!': missed)")
     return 0
 
 

@@ -13,8 +13,9 @@ a residual bootstrap (`downstream_laws.bootstrap_series`: a series has one point
 so the checkpoints stay and the noise is redrawn). A schedule-aware block (`--law lr_area`,
 `launch.design_schedule`) is refitted as `xlscale fit --law lr_area` fits it, on every evaluation
 of the block's runs, at the pilot fit's λ and reference scales so that its parameters stay the
-study's; it has no bootstrap yet, so its runs are never predicted "within tolerance", only priced
-by their information. A block the data cannot identify yet (fewer sizes
+study's, with a parametric bootstrap for its intervals (`lr_area.parametric_bootstrap`: the
+fitted law plus the run offsets and evaluation noise its residuals show; resampling whole runs
+would leave most draws of a three-size study with fewer than three sizes). A block the data cannot identify yet (fewer sizes
 or Dp than its law needs, `fitting.checks.Unidentifiable`) keeps the prior and is named with the
 reason. Each law fitted on runs' curves also gets its noise from its log residuals grouped by
 run (`fitting.design.noise.run_noise`: σ of one evaluation, τ of a run's offset, since a seed
@@ -167,6 +168,12 @@ def _schedule_aware(src: Sources, block: str) -> BlockResult:
     N, S1, S2, L, runs = lr_area.pooled(curves, scales.decay)
     with np.errstate(all="ignore"):
         residuals = np.log(L) - np.log(fit.predict(N, S1, S2))
+    noise = run_noise(residuals, runs) if src.bootstrap > 0 else None
+    if noise is not None and noise.sigma > 0:  # intervals for the runs' predictions
+        fit = lr_area.parametric_bootstrap(
+            fit, N, S1, S2, runs, sigma=noise.sigma, run_sigma=noise.run_sigma,
+            n=src.bootstrap, seed=src.seed,
+        )  # fmt: skip
     inputs = zip(N / scales.n_ref, S1 / scales.s_ref, S2, runs, strict=True)
     points = [Point(block, (n, s1, s2), run=r) for n, s1, s2, r in inputs]
     return BlockResult(fit, points, residuals, list(runs))

@@ -194,9 +194,9 @@ def test_an_adaptive_refit_fits_the_schedule_aware_law_on_the_pilots_scales(tmp_
     # The adaptive sweep has the three smaller sizes' runs; the largest scratch run is pending.
     data = {r.run_id: r for r in run_dirs.read_runs(root)}
     seen = {k: v for k, v in data.items() if not k.startswith("replay_") and "2e+09" not in k}
-    obs = adaptive_fit.Observation({k: "done" for k in seen}, {}, seen, digest="three sizes")
+    obs_seen = adaptive_fit.Observation({k: "done" for k in seen}, {}, seen, digest="3 sizes")
     state = adaptive_fit.refit(
-        model, obs, run_blocks={}, basis=pilot["n_basis"], bootstrap=0, seed=0, chip_hours=1.0,
+        model, obs_seen, run_blocks={}, basis=pilot["n_basis"], bootstrap=0, seed=0, chip_hours=1.0,
         scales=scales,
     )  # fmt: skip
     assert set(state.fits) == {"source", "scratch", "cpt"} and not state.why_not
@@ -222,7 +222,17 @@ def test_an_adaptive_refit_fits_the_schedule_aware_law_on_the_pilots_scales(tmp_
     assert assessed.identifiable and assessed.gain > 0 and assessed.points_left == 5
     final = run.records[-1]["eval/lm_zh/loss"]
     assert assessed.predicted == pytest.approx(final, rel=0.02)
-    assert assessed.interval is None  # no bootstrap of this law yet: priced, never "predicted"
+    assert assessed.interval is None  # no bootstrap: priced, never "predicted within tolerance"
+    # With a bootstrap (the law plus the noise its residuals show, refitted), an interval that
+    # holds what the run logged, and each fitted parameter's interval in the record.
+    boot = adaptive_fit.refit(
+        model, obs_seen, run_blocks={}, basis=pilot["n_basis"], bootstrap=12, seed=0,
+        chip_hours=1.0, scales=scales,
+    )  # fmt: skip
+    assert len(boot.fits["scratch"].samples) >= 10 and "scratch.beta" in boot.record.ci
+    (assessed,) = adaptive_fit.assess(model, cands, [pending], obs, boot).values()
+    lo, hi = assessed.interval
+    assert lo < final < hi and assessed.half_width < 0.05
 
 
 def test_an_adaptive_sweep_refits_the_law_and_prior_it_is_given(demo_runs, tmp_path):
