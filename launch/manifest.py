@@ -122,6 +122,9 @@ class Manifest:
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # [design] runs: the designed subset (ids or slugs) `expand` keeps; None: every run.
     design_runs: tuple[str, ...] | None = None
+    # [design] law: the laws the design scored ("paper" when the table does not say; None
+    # without a table), the adaptive sweep's default.
+    design_law: str | None = None
 
     def missing_variables(self) -> list[str]:
         """Variables that have no value yet (declared as "" and not given)."""
@@ -255,6 +258,7 @@ def parse_manifest(
             substitute=lambda v: substitute(v, {**declared, **given}, allow_missing=True),
         ),
         design_runs=_design_runs(data.get("design"), path),
+        design_law=_design_law(data.get("design"), path),
     )
     if manifest.budget:  # fail early on a bad rule (strategies may each bring their own)
         budgets.resolve(manifest.budget, where=f"{path} [budget]")
@@ -278,6 +282,20 @@ def _design_runs(table: Mapping[str, Any] | None, path: str) -> tuple[str, ...] 
         f"{runs!r}: give a non-empty list of run ids (`xlscale sweep plan` lists them)",
     )
     return tuple(runs)
+
+
+def _design_law(table: Mapping[str, Any] | None, path: str) -> str | None:
+    """The manifest's `[design] law` ("paper" where a [design] table names none; None without
+    a table).
+
+    Raises:
+      ValueError: a law that is not a string.
+    """
+    if table is None:
+        return None
+    law = table.get("law", "paper")
+    require(isinstance(law, str), f"{path} [design] law", f"{law!r}: give a law's name")
+    return law
 
 
 def _sbatch_lines(table: Mapping[str, Any], path: str) -> tuple[str, ...]:

@@ -133,6 +133,18 @@ def test_the_design_respects_the_budget_beats_random_subsets_and_writes_its_law(
     assert table["law"] == "lr_area" and "cpt.beta" in table["widths"]
     designed = sweep.expand(sweep.load_manifest(out))
     assert sorted(r.run_id for r in designed) == sorted(table["runs"])
+    # An adaptive sweep of the designed manifest refits the law it was designed for, so it
+    # needs that law's pilot fit: refused before anything starts.
+    assert sweep.load_manifest(out).design_law == "lr_area"
+    assert sweep.load_manifest("demo").design_law is None
+    runs_dir = tmp_path / "runs"
+    run = ["sweep", "run", str(out), "--runs-dir", str(runs_dir), "--adaptive"]
+    run += ["--var", f"DATA_DIR={tmp_path}", "--var", f"VOCAB_PATH={tmp_path}/v.model"]
+    assert main(run) == 2
+    assert f"--adaptive-law lr_area (the law {out} was designed for) needs --adaptive-prior" in (
+        capsys.readouterr().err
+    )
+    assert not runs_dir.exists()
 
 
 @pytest.mark.parametrize(

@@ -55,10 +55,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--adaptive-law",
-        default="paper",
         metavar="LAW",
-        help="the laws refitted: paper (default: the papers' laws from their values) or lr_area "
-        "(CPT: the schedule-aware law, from --adaptive-prior), as `sweep design --law`",
+        help="the laws refitted: paper (the papers' laws from their values) or lr_area (CPT: "
+        "the schedule-aware law, from --adaptive-prior), as `sweep design --law` (default: the "
+        "law a designed manifest was made for, else paper)",
     )
     group.add_argument(
         "--adaptive-prior",
@@ -95,12 +95,19 @@ def steered(args, manifest, runs, stages: Callable[[], Any]) -> Any:
             f"--adaptive-poll {args.adaptive_poll} and --adaptive-bootstrap "
             f"{args.adaptive_bootstrap}: allowed: seconds > 0 and resamples >= 0"
         )
+    law = args.adaptive_law or manifest.design_law or "paper"
+    if law != "paper" and not args.adaptive_prior:
+        why = "" if args.adaptive_law else f" (the law {manifest.path} was designed for)"
+        raise ValueError(
+            f"--adaptive-law {law}{why} needs --adaptive-prior: the pilot fit's fits.json "
+            f"(`xlscale fit PILOT_RUNS_DIR --law {law}`); or give --adaptive-law paper"
+        )
     sweep = adaptive_loop.AdaptiveSweep.for_runs(
         runs,
         manifest.runs_dir,
         adaptive.Policy(min_gain=args.min_gain, tolerance=args.tolerance),
         hardware=getattr(args, "hardware", None) or manifest.hardware,
-        law=args.adaptive_law,
+        law=law,
         prior_path=args.adaptive_prior,
         bootstrap=args.adaptive_bootstrap,
     )
