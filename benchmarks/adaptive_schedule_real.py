@@ -75,9 +75,8 @@ def main(argv=None) -> int:
             slug = re.sub(r"_s0-[0-9a-f]+$", f"_s{seed}-", cand.key)
             found = [k for k in mine if k.startswith(slug)]
             if not found or block not in state.fits:
-                print(
-                    f"{seed:>4}  {block:8}  {slug:44}  (no run or no fit: {state.why_not.get(block, '')})"
-                )
+                why = state.why_not.get(block, "")
+                print(f"{seed:>4}  {block:8}  {slug:44}  (no run or no fit: {why})")
                 continue
             run = mine[found[0]]
             key = f"eval/lm_{run.target_lang}/loss"

@@ -49,7 +49,7 @@ from rundir.run_record import Strategy
 from trainer import loop, schedules
 
 LAW = lr_area.LAW
-# block -> the group of `xlscale fit --law lr_area` (fitting.reports.schedule_fit.GROUPS) fitting it.
+# block -> the group of `xlscale fit --law lr_area` that fits it (its `schedule_fit.GROUPS`).
 GROUP_OF_BLOCK: Mapping[str, str] = {
     "source": "from_scratch",
     "scratch": "from_scratch",

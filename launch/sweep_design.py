@@ -2,8 +2,8 @@
 runs them.
 
 `design_sweep` builds the candidates and the study model of the laws asked for (`STUDIES`: the
-papers' laws, `launch.design`, or the schedule-aware law, `launch.design_schedule`), checks the budget
-against the cheapest useful design, and runs the greedy optimal design
+papers' laws, `launch.design`, or the schedule-aware law, `launch.design_schedule`), checks the
+budget against the cheapest useful design, and runs the greedy optimal design
 (`fitting.design.choose.choose`). `manifest_text` writes the designed manifest: a header comment
 saying how it was made, what it costs and what it predicts, then the original manifest's text
 unchanged (comments kept), then a `[design]` table naming the chosen runs (`launch.manifest`), so
