@@ -86,6 +86,7 @@ batch_size = 8
 # when its time limit's SIGTERM comes 40 s into the job (after ~13 s of start-up; ~2000-2250
 # steps done there), and done within the next start's 40 s (a slower machine needs more starts).
 LONG_STEPS = 3000
+LIMITED_REQUEUES = 8  # --max-requeues of the time-limited copy
 LONG_MANIFEST = f"""
 [sweep]
 name = "slurm_cluster_long"
@@ -302,7 +303,9 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     window, before = (math.ceil(3 * start_up), math.ceil(start_up)) if slow else (40, 20)
     minutes = math.ceil((window + before) / 60)  # SLURM's time limits are whole minutes
     time_limit = ["--time-limit", str(minutes), "--signal-before", str(before)]
-    time_limit += ["--max-requeues", "5"]
+    # Starts as many as a loaded 2-core machine needs: each start spends its start-up again, and
+    # with other tests beside it one start trained a sixth of the run (CI, session 21).
+    time_limit += ["--max-requeues", str(LIMITED_REQUEUES)]
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[limited], *time_limit) == 0
     jobs = {p: _job_ids_when_started(script_dir, source[p].run_id) for p in source}
     # Once training has logged a step, a preemption notice (SIGTERM to the job's steps, not its
@@ -336,7 +339,7 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
         assert job["JobState"] == "COMPLETED" and restarts >= 1, (how, log[-3000:])
         assert restarts == 1 or period == limited, (how, log[-3000:])
         # The job's one log (appended across starts) records each start, stop and requeue.
-        most = 5 if period == limited else 3
+        most = LIMITED_REQUEUES if period == limited else 3
         marks = [
             re.sub(r"( on \S+)? at \d{4}-\d\d-\d\dT\S+Z", "", line)
             for line in log.splitlines()
