@@ -248,9 +248,11 @@ def summary_lines(runs: Sequence[Run], runs_dir: str) -> list[str]:
     spent, saved = adaptive_fit.spent_and_saved({c.key: c for c in cands}, runs, obs)
     total = sum(c.cost for c in cands)
     unit = session.get("cost_unit", "chip-hours")
+    law = session.get("law", "paper")  # sessions before --adaptive-law refitted the papers' laws
     lines = [
-        f"# adaptive (--min-gain {session['min_gain']:g}, --tolerance {session['tolerance']:g}): "
-        f"spent {spent:.4g} {unit}, saved {saved:.4g} (skipped or stopped) of {total:.4g}"
+        f"# adaptive (--min-gain {session['min_gain']:g}, --tolerance {session['tolerance']:g}"
+        + (f", --adaptive-law {law}" if law != "paper" else "")
+        + f"): spent {spent:.4g} {unit}, saved {saved:.4g} (skipped or stopped) of {total:.4g}"
     ]
     fits = adaptive.read_lines(runs_dir, names.ADAPTIVE_FITS_FILE)
     if fits:

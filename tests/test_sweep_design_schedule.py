@@ -262,6 +262,9 @@ def test_an_adaptive_sweep_refits_the_law_and_prior_it_is_given(demo_runs, tmp_p
     assert len(some.points[0].inputs) == 3 and some.points[-1].progress == 1.0
     session = adaptive.read_session(runs_dir)
     assert session["law"] == "lr_area" and "scratch=zh/from_scratch" in session["prior"]
+    # `sweep status` names the law the sweep refits (the runs themselves are not read here)
+    (line,) = adaptive_loop.summary_lines([], runs_dir)
+    assert line.startswith("# adaptive (--min-gain 0, --tolerance 0.02, --adaptive-law lr_area):")
     with pytest.raises(ValueError, match="--law lr_area needs --prior"):
         adaptive_loop.AdaptiveSweep.for_runs(demo_runs, runs_dir, policy, law="lr_area")
     with pytest.raises(ValueError, match="--law 'nd': allowed: paper, lr_area"):
