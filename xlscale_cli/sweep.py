@@ -351,13 +351,6 @@ def choose(args) -> int:
     return 0
 
 
-_LAW_HELP = (
-    "the laws the design scores: paper (default: the papers' L(N, D) laws for CPT, the Dp laws "
-    "for MT) or lr_area (CPT: the schedule-aware law that `xlscale fit --law lr_area` fits on "
-    "every evaluation; needs --prior, that fit's fits.json)"
-)
-
-
 def _add_design_parser(actions, common) -> None:
     """The `design` action's options."""
     p = actions.add_parser(
@@ -383,7 +376,7 @@ def _add_design_parser(actions, common) -> None:
         "variance against the full manifest's",
     )
     p.add_argument("--prior", metavar="FITS_JSON", help="a pilot fit (default: the paper's values)")
-    p.add_argument("--law", default="paper", metavar="LAW", help=_LAW_HELP)
+    p.add_argument("--law", default="paper", metavar="LAW", help=sweep_adaptive.LAW_HELP)
     p.add_argument(
         "--run-sigma",
         type=float,

@@ -19,6 +19,12 @@ from launch import adaptive, adaptive_loop
 from rundir import names, storage
 
 REPLAY = "replay"
+# `sweep design --law`: the laws scored (an adaptive sweep refits the same, `--adaptive-law`).
+LAW_HELP = (
+    "the laws the design scores: paper (default: the papers' L(N, D) laws for CPT, the Dp laws "
+    "for MT) or lr_area (CPT: the schedule-aware law that `xlscale fit --law lr_area` fits on "
+    "every evaluation; needs --prior, that fit's fits.json)"
+)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
