@@ -17,9 +17,9 @@ study's, with a parametric bootstrap for its intervals (`lr_area.parametric_boot
 fitted law plus the run offsets and evaluation noise its residuals show; resampling whole runs
 would leave most draws of a three-size study with fewer than three sizes). A block the data
 cannot identify yet (fewer sizes or Dp than its law needs, `fitting.checks.Unidentifiable`)
-keeps the prior and is named with the reason. Each law fitted on runs' curves also gets its noise from its log residuals grouped by
-run (`fitting.design.noise.run_noise`: σ of one evaluation, τ of a run's offset, since a seed
-moves a whole curve), logged in `fits.jsonl`; the information is the fits' sandwich under that
+keeps the prior and is named with the reason. Each law fitted on runs' curves also gets its noise
+from its log residuals grouped by run (`fitting.design.noise.run_noise`: σ of one evaluation, τ
+of a run's offset, since a seed moves a whole curve), logged in `fits.jsonl`; the information is the fits' sandwich under that
 noise (`fitting.design.information`), so a run's checkpoints count as one run's. `assess` turns
 the fit into each unfinished run's numbers: the information its remaining points add
 (`fitting.design.information.info_gain` at the fitted parameters: the run as a whole less its
