@@ -19,8 +19,9 @@ would leave most draws of a three-size study with fewer than three sizes). A blo
 cannot identify yet (fewer sizes or Dp than its law needs, `fitting.checks.Unidentifiable`)
 keeps the prior and is named with the reason. Each law fitted on runs' curves also gets its noise
 from its log residuals grouped by run (`fitting.design.noise.run_noise`: σ of one evaluation, τ
-of a run's offset, since a seed moves a whole curve), logged in `fits.jsonl`; the information is the fits' sandwich under that
-noise (`fitting.design.information`), so a run's checkpoints count as one run's. `assess` turns
+of a run's offset, since a seed moves a whole curve), logged in `fits.jsonl`; the information is
+the fits' sandwich under that noise (`fitting.design.information`), so a run's checkpoints count
+as one run's. `assess` turns
 the fit into each unfinished run's numbers: the information its remaining points add
 (`fitting.design.information.info_gain` at the fitted parameters: the run as a whole less its
 part observed, over the information of every point observed), its remaining chip-hours, and its
