@@ -247,18 +247,6 @@ class FitState:
     residuals: Mapping[tuple[str, str], np.ndarray] = dataclasses.field(default_factory=dict)
 
 
-def n_basis(cands: Sequence[Candidate], runs: Sequence[Run]) -> str:
-    """The N basis the candidates' points are on: "exact" where each run's N is its
-    non-embedding count, else the paper's "nominal" sizes (`launch.design`)."""
-    by_id = {r.run_id: r for r in runs}
-    for c in cands:
-        run = by_id.get(c.key)
-        if c.points and run is not None and run.counts is not None:
-            if c.points[0].inputs[0] != float(run.counts.params_non_embedding):
-                return "nominal"
-    return "exact"
-
-
 def block_languages(model: StudyModel, data: Sequence[RunData]) -> dict[str, str]:
     """Block -> the target language of the runs that feed it (`launch.design` blocks: source,
     scratch, cpt by strategy).

@@ -116,9 +116,7 @@ class AdaptiveSweep:
                 f"--adaptive: the runs train target languages {sorted(targets)}; the study's "
                 "laws are one language's: narrow the sweep with --only"
             )
-        if law not in sweep_design.STUDIES:
-            raise ValueError(f"--law {law!r}: allowed: {', '.join(sweep_design.STUDIES)}")
-        study = sweep_design.STUDIES[law](runs, prior_path, hardware=hardware, mfu=mfu)
+        study = sweep_design.study_of(law, runs, prior_path, hardware=hardware, mfu=mfu)
         unit = "chip-hour" if hardware else "PFLOP/s-hour"  # `launch.design.cost_fn`
         policy = dataclasses.replace(policy, unit=unit)
         sweep = cls(
@@ -173,7 +171,7 @@ class AdaptiveSweep:
             self.model,
             obs,
             run_blocks={k: sorted({p.block for p in c.points}) for k, c in self.cands.items()},
-            basis=adaptive_fit.n_basis(list(self.cands.values()), self.runs),
+            basis=design.n_basis(self.runs),  # the basis the candidates' points are on
             bootstrap=self.bootstrap,
             seed=self.seed,
             chip_hours=spent,

@@ -142,6 +142,20 @@ def schedule_study(
 STUDIES = {"paper": paper_study, design_schedule.LAW: schedule_study}
 
 
+def study_of(
+    law: str, runs: Sequence[Run], prior_path: str | None, *, hardware: str | None, mfu: float
+) -> Study:
+    """The study `--law` names (`STUDIES`), built on `runs`: what `sweep design` scores and the
+    adaptive sweep refits, so both refuse an unknown law in the same words.
+
+    Raises:
+      ValueError: an unknown law (naming the allowed ones), or the study's own refusals.
+    """
+    if law not in STUDIES:
+        raise ValueError(f"--law {law!r}: allowed: {', '.join(STUDIES)}")
+    return STUDIES[law](runs, prior_path, hardware=hardware, mfu=mfu)
+
+
 def design_sweep(
     runs: Sequence[Run],
     *,
@@ -167,11 +181,9 @@ def design_sweep(
     """
     if criterion not in choose.CRITERIA:
         raise ValueError(f"--criterion {criterion!r}: allowed: {', '.join(choose.CRITERIA)}")
-    if law not in STUDIES:
-        raise ValueError(f"--law {law!r}: allowed: {', '.join(STUDIES)}")
     if not (math.isfinite(run_sigma) and run_sigma >= 0):
         raise ValueError(f"--run-sigma {run_sigma!r}: allowed: 0 or a positive log-metric spread")
-    study = STUDIES[law](runs, prior_path, hardware=hardware, mfu=mfu)
+    study = study_of(law, runs, prior_path, hardware=hardware, mfu=mfu)
     cands = with_baselines(runs, study.candidates)
     minimum, cheapest = minimum_budget(cands)
     if not cheapest:

@@ -2,12 +2,15 @@
 runs (French, the fixture corpora), trained one after another in this process while
 `launch.adaptive_loop` refits the Chinchilla law on every new evaluation and skips or stops what
 the law already knows; then `xlscale sweep status` and `xlscale sweep adaptive replay` on the log,
-and `xlscale sweep run --adaptive` again, which finds nothing left to run."""
+and `xlscale sweep run --adaptive` again, which finds nothing left to run. Then the same study
+under the schedule-aware law (`--adaptive-law lr_area`), from a pilot fit of it, reusing the two
+finished runs."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -59,6 +62,25 @@ strategies = ["scratch"]
 steps = 24
 batch_size = 8
 """
+
+
+# A pilot fit of the tiny study as `xlscale fit RUNS --law lr_area --lr-decay 0.8` writes it (the
+# five runs above trained whole, rounded): the French from-scratch law, its λ, reference scales
+# and residual RMS.
+PILOT_FIT = {
+    "params": dict(
+        zip(
+            ("E", "A", "alpha", "B", "beta", "C", "gamma"),
+            (3e-16, 4.78, 0.123, 0.049, 3.0, 0.134, -0.218),
+            strict=True,
+        )
+    ),
+    "decay": 0.8,
+    "n_ref": 2.94e4,
+    "s_ref": 14.15,
+    "rms": 0.029,
+}
+PILOT = {"n_basis": "exact", "lr_area": {"fr": {"from_scratch": {"fit": PILOT_FIT}}}}
 
 
 def _manifest_text(runs_dir) -> str:
@@ -152,3 +174,43 @@ def test_adaptive_sweep_end_to_end_with_the_local_launcher(
     assert main(["sweep", "run", *cli, "--adaptive", "--min-gain=1e12", "--adaptive-poll=1"]) == 0
     again = capsys.readouterr()
     assert f"stop requested ({names.STOP_REQUEST_FILE})" in again.out + again.err
+
+    # The schedule-aware law (`--adaptive-law lr_area --adaptive-prior PILOT`): the two finished
+    # runs reused in another runs directory (a run keeps its id there), the third size trained
+    # until the law, refitted on every evaluation at the pilot's λ and scales, knows the rest.
+    lr_path = tmp_path / "adaptive_tiny_lr_area.toml"
+    lr_path.write_text(_manifest_text(tmp_path / "runs_lr_area"))
+    lr_manifest = load_manifest(str(lr_path), variables=variables)
+    lr_runs = expand(lr_manifest)
+    assert [r.run_id for r in lr_runs] == ids
+    for run in lr_runs[:2]:
+        shutil.copytree(by_id[run.run_id].model_dir, run.model_dir)
+    pilot = tmp_path / "pilot_fits.json"
+    pilot.write_text(json.dumps(PILOT))
+    lr_sweep = adaptive_loop.AdaptiveSweep.for_runs(
+        lr_runs, lr_manifest.runs_dir, policy, bootstrap=20, law="lr_area", prior_path=str(pilot)
+    )
+    saved = seqio_state.snapshot()
+    try:
+        (lr_report,) = adaptive_loop.run(lr_sweep, lambda: [launcher.launch(lr_runs)], poll_s=0.3)
+    finally:
+        seqio_state.restore(saved)
+    assert set(lr_report.skipped) >= set(ids[:2]) and not lr_report.failed
+    lr_dropped = set(lr_report.stopped)
+    assert lr_dropped and lr_dropped <= set(ids[2:])
+    assert set(lr_report.completed) | lr_dropped | set(ids[:2]) == set(ids)
+    assert adaptive.read_session(lr_manifest.runs_dir)["law"] == "lr_area"
+    lr_fits = adaptive.read_lines(lr_manifest.runs_dir, names.ADAPTIVE_FITS_FILE)
+    assert lr_fits[-1]["fitted"] == ["scratch"]
+    assert set(lr_fits[-1]["params"]) == {f"scratch.{p}" for p in PILOT_FIT["params"]}
+    assert "scratch.alpha" in lr_fits[-1]["ci"]
+    lr_decisions = adaptive.read_lines(lr_manifest.runs_dir, names.ADAPTIVE_DECISIONS_FILE)
+    lr_drops = [d for d in lr_decisions if d["decision"] != adaptive.RUN]
+    assert {d["run_id"] for d in lr_drops} >= lr_dropped
+    assert all(d["identifiable"] and d["fit"]["n_points"] > 0 for d in lr_drops)
+    assert adaptive.replay(lr_manifest.runs_dir).ok
+    lr_cli = [str(lr_path), *(f"--var={k}={v}" for k, v in variables.items())]
+    capsys.readouterr()
+    assert main(["sweep", "status", *lr_cli]) == 0
+    shown = capsys.readouterr().out
+    assert "--adaptive-law lr_area):" in shown and "scratch.gamma = " in shown
