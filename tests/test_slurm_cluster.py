@@ -3,7 +3,8 @@
 a source run and two CPT runs chained by `afterok`; runs stopped by their time limit or by a
 preemption notice that requeue themselves, resume bitwise and complete before their dependents
 start; a failing run whose dependents are cancelled; jobs that can never start, named by
-`sweep status`; and a run of two JAX processes (two SLURM tasks) equal to one process.
+`sweep status`; a run of two JAX processes (two SLURM tasks) equal to one process; and an
+adaptive sweep (`--adaptive`) steering the jobs it submitted.
 
 The tests of this module share one cluster (module scope). Under pytest-xdist the tests may land
 on both workers; `SlurmCluster.start` then makes the second worker's cluster wait for the first
@@ -553,3 +554,56 @@ def test_a_run_stopped_on_request_is_not_requeued(slurm_env, tiny_data, tmp_path
     assert saved and status.last_step(source) <= max(saved) < min(LONG_STEPS, 1000), saved
     assert not (runs_dir / source.run_id / names.COMPLETED_FILE).exists()
     assert status.run_status(source).state == "stopped"
+
+
+@pytest.mark.slow
+def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
+    slurm_env, tiny_data, tmp_path, capsys
+):
+    # `sweep run --adaptive --launcher slurm` (issue 37: beside every launcher): the five tiny
+    # scratch runs of `test_adaptive_sweep`, submitted at once and run two at a time. The sweep
+    # polls their run directories beside the queue and refits on every evaluation; once three
+    # sizes identify the law it drops the rest: a queued job finds its stop request and ends
+    # before compiling, a running one saves a checkpoint and exits 79; neither is requeued.
+    from test_adaptive_sweep import _manifest_text
+
+    from launch import adaptive
+    from rundir import exits, names, stop_request
+
+    cluster = slurm_env
+    manifest = tmp_path / "adaptive_tiny.toml"
+    manifest.write_text(_manifest_text(tmp_path / "runs"))
+    runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
+    runs = _runs(manifest, runs_dir, tiny_data)
+    ids = [r.run_id for r in runs]
+    steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
+    steer += ["--adaptive-bootstrap=10"]  # a quick refit: decided before the last job starts
+    # Returns once every job has ended: the sweep polls on after the launcher submitted them.
+    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *steer) == 0
+    _wait_for_empty_queue(cluster, script_dir, 60)
+
+    states = {r.run_id: status.run_status(r).state for r in runs}
+    assert set(states.values()) <= {"done", "stopped"}, states
+    dropped = {k for k, state in states.items() if state == "stopped"}
+    assert dropped and dropped <= set(ids[2:]) and states[ids[0]] == states[ids[1]] == "done"
+    jobs = _job_ids(script_dir)
+    for run in runs:
+        job = cluster.job(jobs[run.run_id])
+        log = _log(script_dir, run.run_id)
+        if run.run_id in dropped:  # SKIP (never trained) or STOP (a checkpoint at its step)
+            assert (job["JobState"], job["ExitCode"], job["Restarts"]) == (
+                "FAILED",
+                f"{exits.STOPPED}:0",
+                "0",
+            ), log[-3000:]
+            assert "adaptive" in stop_request.read(run.model_dir)["by"]
+        else:
+            assert job["JobState"] == "COMPLETED" and status.is_completed(run), log[-3000:]
+    decisions = adaptive.read_lines(str(runs_dir), names.ADAPTIVE_DECISIONS_FILE)
+    drops = [d for d in decisions if d["decision"] != adaptive.RUN]
+    assert {d["run_id"] for d in drops} >= dropped
+    assert all(d["identifiable"] and d["fit"]["n_points"] > 0 for d in drops)
+    assert adaptive.replay(str(runs_dir)).ok
+    text = _sweep_status(manifest, runs_dir, capsys, data=tiny_data)
+    assert "# adaptive (--min-gain 1e+12, --tolerance 0.02): spent" in text
+    assert "scratch.alpha = " in text, text
