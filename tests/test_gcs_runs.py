@@ -2,7 +2,8 @@
 on 127.0.0.1, `tests/gcs_server.py`): a tiny source run and a CPT run from it write their whole
 run directories to the bucket and nothing locally; the CPT run is killed with SIGKILL and resumes
 from the bucket to the same records and parameters as an uninterrupted run; the runs are fitted,
-status'd and scored zero-shot from the bucket; a second writer is refused by name.
+status'd and scored zero-shot from the bucket; a second writer is refused by name; an adaptive
+sweep steers TPU VM jobs whose run directories are in the bucket.
 
 The trainer runs as `python -m trainer.train` subprocesses (the real command line) with the
 server's environment; the no-egress guard of the fixture covers them too.
@@ -263,3 +264,54 @@ def test_a_sweep_launched_locally_keeps_its_runs_in_the_bucket(gcs_bucket, tmp_p
         log = tmp_path / "xlscale_logs" / run.run_id / "train.log"
         assert record["log"] == str(log) and f"trained {run.run_id}" in log.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["unit.toml", "xlscale_logs"]
+
+
+def test_an_adaptive_sweep_steers_tpu_vm_jobs_whose_runs_live_in_the_bucket(
+    gcs_bucket, tiny_data, tmp_path, monkeypatch
+):
+    # `sweep run --adaptive --launcher tpu_vm` as on a pod: the run directories in the bucket,
+    # the adaptive sweep on the launching machine reading them and writing its log and stop
+    # requests there. Each job's `gcloud ... ssh --command` runs its worker command here, in a
+    # shell (cd to the checkout, the exports, `python -m trainer.train`), as the one worker.
+    from test_adaptive_sweep import _manifest_text
+
+    from launch import adaptive, adaptive_loop, status, sweep, tpu_vm
+    from rundir import stop_request
+
+    monkeypatch.chdir(tmp_path)
+    manifest = tmp_path / "adaptive_tiny.toml"
+    manifest.write_text(_manifest_text(f"{gcs_bucket}/runs"))
+    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
+    loaded = sweep.load_manifest(manifest, variables=variables)
+    runs = sweep.expand(loaded)
+    ids = [r.run_id for r in runs]
+
+    def worker(argv, stdout, stderr):
+        assert argv[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"] and "--worker=all" in argv
+        # The job expects a TPU (exit 69 without one); this worker is a CPU.
+        remote = argv[-1].replace("XLSCALE_EXPECT_PLATFORM=tpu", "XLSCALE_EXPECT_PLATFORM=any")
+        assert remote != argv[-1]
+        return subprocess.call(["bash", "-c", remote], stdout=stdout, stderr=stderr, env=_env())
+
+    launcher = tpu_vm.TpuVmLauncher(
+        tpu="pod", zone="z", remote_dir=str(REPO), python=sys.executable, call=worker,
+        log_dir=str(tmp_path / "logs"),
+    )  # fmt: skip
+    policy = adaptive.Policy(min_gain=1e12, tolerance=0.02)
+    steering = adaptive_loop.AdaptiveSweep.for_runs(runs, loaded.runs_dir, policy, bootstrap=10)
+    (report,) = adaptive_loop.run(steering, lambda: [launcher.launch(runs)], poll_s=0.5)
+
+    assert report.completed[:2] == ids[:2] and not report.failed, report
+    dropped = set(report.stopped)
+    assert dropped and dropped <= set(ids[2:]) and set(report.completed) | dropped == set(ids)
+    for run in runs:
+        assert run.model_dir.startswith(f"{gcs_bucket}/runs/")
+        state = status.run_status(run).state
+        assert state == ("stopped" if run.run_id in dropped else "done"), run.run_id
+        if run.run_id in dropped:
+            assert "adaptive" in stop_request.read(run.model_dir)["by"]
+    decisions = adaptive.read_lines(loaded.runs_dir, names.ADAPTIVE_DECISIONS_FILE)
+    assert {d["run_id"] for d in decisions if d["decision"] != adaptive.RUN} >= dropped
+    assert adaptive.replay(loaded.runs_dir).ok
+    assert storage.as_path(loaded.runs_dir, name="runs_dir").joinpath("adaptive").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adaptive_tiny.toml", "logs"]
