@@ -25,7 +25,7 @@ from typing import Any
 
 from fitting.design.study import Candidate, StudyModel
 from launch import adaptive, adaptive_fit, design, sweep_design
-from launch.adaptive import RUN, Policy
+from launch.adaptive import RUN, SKIP, Policy
 from launch.adaptive_fit import FitState, Observation
 from launch.runs import Run
 from rundir import names, stop_request
@@ -75,6 +75,8 @@ class AdaptiveSweep:
       policy: the thresholds; bootstrap, seed: of each refit.
       note: where progress lines go.
       scales: the schedule-aware blocks' pilot λ and reference scales (`--law lr_area`).
+      withdraw: takes back a skipped run the launcher has queued (`SlurmLauncher.withdraw`:
+        cancels its pending jobs); returns what it did, or None.
     """
 
     runs: list[Run]
@@ -86,6 +88,7 @@ class AdaptiveSweep:
     seed: int = 0
     note: Callable[[str], None] = print
     scales: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    withdraw: Callable[[Run], str | None] | None = None
     fit: FitState | None = None
     _seen: Any = None
 
@@ -198,6 +201,9 @@ class AdaptiveSweep:
                 continue
             stop_request.request(by_id[run_id].model_dir, reason=f"{decision}: {reason}", by=BY)
             self.note(f"adaptive: {decision} {run_id}: {reason}")
+            withdrawn = self.withdraw(by_id[run_id]) if self.withdraw and decision == SKIP else None
+            if withdrawn:
+                self.note(f"adaptive: {withdrawn}")
 
 
 def run(sweep: AdaptiveSweep, launch: Callable[[], Sequence[Any]], *, poll_s: float) -> list:

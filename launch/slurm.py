@@ -265,6 +265,20 @@ class SlurmLauncher:
         self._submit_scoring(runs, job_ids, in_queue, report, progress, dry_run=dry_run)
         return report
 
+    def withdraw(self, run: Run) -> str | None:
+        """Cancels the run's jobs that are still waiting in the queue (its training job and its
+        zero-shot stage), for an adaptive sweep that skipped it: a skipped run then takes no
+        allocation. `scancel --state=PENDING` leaves a job that started meanwhile to find its stop
+        request and exit 79. Returns what was cancelled, or None."""
+        user = pwd.getpwuid(os.getuid()).pw_name
+        names = [run.run_id, zeroshot_stage.job_name(run)]
+        argv = ["squeue", f"--user={user}", "--states=PENDING", "--noheader", "--format=%i"]
+        out = _client([*argv, f"--name={','.join(names)}"])
+        ids = (out or "").split()
+        if not ids or _client(["scancel", "--state=PENDING", *ids]) is None:
+            return None
+        return f"cancelled queued job{'s' if len(ids) > 1 else ''} {', '.join(ids)} of {run.run_id}"
+
     def _submit_scoring(
         self,
         runs: Sequence[Run],

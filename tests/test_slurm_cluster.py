@@ -563,11 +563,12 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
     # `sweep run --adaptive --launcher slurm` (issue 37: beside every launcher): the five tiny
     # scratch runs of `test_adaptive_sweep`, submitted at once and run two at a time. The sweep
     # polls their run directories beside the queue and refits on every evaluation; once three
-    # sizes identify the law it drops the rest: a queued job finds its stop request and ends
-    # before compiling, a running one saves a checkpoint and exits 79; neither is requeued.
+    # sizes identify the law it drops the rest: a skipped run's queued job is cancelled (it
+    # never takes an allocation; one that started meanwhile finds its stop request and ends
+    # before compiling), a running one saves a checkpoint and exits 79; none is requeued.
     from test_adaptive_sweep import _manifest_text
 
-    from launch import adaptive
+    from launch import adaptive, slurm
     from rundir import exits, names, stop_request
 
     cluster = slurm_env
@@ -579,26 +580,36 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
     steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
     steer += ["--adaptive-bootstrap=10"]  # a quick refit: decided before the last job starts
     # Returns once every job has ended: the sweep polls on after the launcher submitted them.
+    capsys.readouterr()
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *steer) == 0
+    out = capsys.readouterr().out
     _wait_for_empty_queue(cluster, script_dir, 60)
 
     states = {r.run_id: status.run_status(r).state for r in runs}
     assert set(states.values()) <= {"done", "stopped"}, states
     dropped = {k for k, state in states.items() if state == "stopped"}
     assert dropped and dropped <= set(ids[2:]) and states[ids[0]] == states[ids[1]] == "done"
-    jobs = _job_ids(script_dir)
+    jobs = slurm.scheduler_jobs(ids)
+    cancelled = set()
     for run in runs:
-        job = cluster.job(jobs[run.run_id])
+        job = cluster.job(jobs[run.run_id].job_id)
         log = _log(script_dir, run.run_id)
-        if run.run_id in dropped:  # SKIP (never trained) or STOP (a checkpoint at its step)
+        if run.run_id in dropped and job["JobState"] == "CANCELLED":  # skipped while queued
+            assert not log and f"cancelled queued job {job['JobId']} of {run.run_id}" in out, out
+            cancelled.add(run.run_id)
+        elif run.run_id in dropped:  # started before its SKIP, or stopped (79, not requeued)
             assert (job["JobState"], job["ExitCode"], job["Restarts"]) == (
                 "FAILED",
                 f"{exits.STOPPED}:0",
                 "0",
             ), log[-3000:]
-            assert "adaptive" in stop_request.read(run.model_dir)["by"]
         else:
             assert job["JobState"] == "COMPLETED" and status.is_completed(run), log[-3000:]
+        if run.run_id in dropped:
+            assert "adaptive" in stop_request.read(run.model_dir)["by"]
+    # The last size waits in the queue behind two running jobs when the third size's first
+    # evaluation identifies the law: skipped there, its job never starts.
+    assert ids[-1] in cancelled, (states, out)
     decisions = adaptive.read_lines(str(runs_dir), names.ADAPTIVE_DECISIONS_FILE)
     drops = [d for d in decisions if d["decision"] != adaptive.RUN]
     assert {d["run_id"] for d in drops} >= dropped

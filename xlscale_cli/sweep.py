@@ -479,6 +479,7 @@ def launch(args) -> int:
             progress_factory=run_states.Progress,
             note=progress.note,
         ),
+        launcher=launcher,
     )
     done = {i for r in reports for i in r.completed}
     ids = {

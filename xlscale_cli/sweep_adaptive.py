@@ -91,9 +91,10 @@ def add_actions(actions, common: argparse.ArgumentParser) -> None:
     )
 
 
-def steered(args, manifest, runs, stages: Callable[[], Any]) -> Any:
+def steered(args, manifest, runs, stages: Callable[[], Any], *, launcher=None) -> Any:
     """`stages()` (the sweep's launch, returning (reports, waiting)), steered by an adaptive
-    sweep when `--adaptive` is given; as it is otherwise."""
+    sweep when `--adaptive` is given; as it is otherwise. A skipped run's queued jobs are taken
+    back through `launcher.withdraw`."""
     if not args.adaptive or args.dry_run:
         return stages()
     if args.adaptive_poll <= 0 or args.adaptive_bootstrap < 0:
@@ -117,6 +118,7 @@ def steered(args, manifest, runs, stages: Callable[[], Any]) -> Any:
         prior_path=args.adaptive_prior,
         bootstrap=args.adaptive_bootstrap,
     )
+    sweep.withdraw = launcher.withdraw if launcher is not None else None
     result: list[Any] = []
 
     def launch() -> list:
