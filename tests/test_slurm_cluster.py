@@ -573,12 +573,14 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
 
     cluster = slurm_env
     manifest = tmp_path / "adaptive_tiny.toml"
-    manifest.write_text(_manifest_text(tmp_path / "runs"))
+    # 48 steps, and refits without a bootstrap (the information decides here): the last size
+    # is skipped while the third and fourth train their remaining 42 steps, not as they end.
+    manifest.write_text(_manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 48"))
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
     runs = _runs(manifest, runs_dir, tiny_data)
     ids = [r.run_id for r in runs]
     steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
-    steer += ["--adaptive-bootstrap=10"]  # a quick refit: decided before the last job starts
+    steer += ["--adaptive-bootstrap=0"]
     # Returns once every job has ended: the sweep polls on after the launcher submitted them.
     capsys.readouterr()
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *steer) == 0
