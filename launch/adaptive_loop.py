@@ -75,8 +75,8 @@ class AdaptiveSweep:
       policy: the thresholds; bootstrap, seed: of each refit.
       note: where progress lines go.
       scales: the schedule-aware blocks' pilot λ and reference scales (`--law lr_area`).
-      withdraw: takes back a skipped run the launcher has queued (`SlurmLauncher.withdraw`:
-        cancels its pending jobs); returns what it did, or None.
+      cancel_queued: cancels a skipped run's jobs that wait in the launcher's queue
+        (`SlurmLauncher.cancel_queued`); returns what it cancelled, or None.
     """
 
     runs: list[Run]
@@ -88,7 +88,7 @@ class AdaptiveSweep:
     seed: int = 0
     note: Callable[[str], None] = print
     scales: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    withdraw: Callable[[Run], str | None] | None = None
+    cancel_queued: Callable[[Run], str | None] | None = None
     fit: FitState | None = None
     _seen: Any = None
 
@@ -201,9 +201,10 @@ class AdaptiveSweep:
                 continue
             stop_request.request(by_id[run_id].model_dir, reason=f"{decision}: {reason}", by=BY)
             self.note(f"adaptive: {decision} {run_id}: {reason}")
-            withdrawn = self.withdraw(by_id[run_id]) if self.withdraw and decision == SKIP else None
-            if withdrawn:
-                self.note(f"adaptive: {withdrawn}")
+            if self.cancel_queued is not None and decision == SKIP:
+                cancelled = self.cancel_queued(by_id[run_id])
+                if cancelled:
+                    self.note(f"adaptive: {cancelled}")
 
 
 def run(sweep: AdaptiveSweep, launch: Callable[[], Sequence[Any]], *, poll_s: float) -> list:

@@ -265,7 +265,7 @@ class SlurmLauncher:
         self._submit_scoring(runs, job_ids, in_queue, report, progress, dry_run=dry_run)
         return report
 
-    def withdraw(self, run: Run) -> str | None:
+    def cancel_queued(self, run: Run) -> str | None:
         """Cancels the run's jobs that are still waiting in the queue (its training job and its
         zero-shot stage), for an adaptive sweep that skipped it: a skipped run then takes no
         allocation. `scancel --state=PENDING` leaves a job that started meanwhile to find its stop

@@ -143,7 +143,7 @@ class XManagerLauncher:
             lines.append("  " + json.dumps(unit))
         return lines
 
-    def withdraw(self, run: Run) -> str | None:
+    def cancel_queued(self, run: Run) -> str | None:
         """Nothing taken back for an adaptive SKIP: a work unit that starts finds the run's stop
         request and ends before compiling (exit 79)."""
         return None

@@ -94,7 +94,7 @@ def add_actions(actions, common: argparse.ArgumentParser) -> None:
 def steered(args, manifest, runs, stages: Callable[[], Any], *, launcher=None) -> Any:
     """`stages()` (the sweep's launch, returning (reports, waiting)), steered by an adaptive
     sweep when `--adaptive` is given; as it is otherwise. A skipped run's queued jobs are taken
-    back through `launcher.withdraw`."""
+    back through `launcher.cancel_queued`."""
     if not args.adaptive or args.dry_run:
         return stages()
     if args.adaptive_poll <= 0 or args.adaptive_bootstrap < 0:
@@ -118,7 +118,7 @@ def steered(args, manifest, runs, stages: Callable[[], Any], *, launcher=None) -
         prior_path=args.adaptive_prior,
         bootstrap=args.adaptive_bootstrap,
     )
-    sweep.withdraw = launcher.withdraw if launcher is not None else None
+    sweep.cancel_queued = launcher.cancel_queued if launcher is not None else None
     result: list[Any] = []
 
     def launch() -> list:
