@@ -561,7 +561,8 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
     slurm_env, tiny_data, tmp_path, capsys
 ):
     # `sweep run --adaptive --launcher slurm` (issue 37: beside every launcher): the five tiny
-    # scratch runs of `test_adaptive_sweep`, submitted at once and run two at a time. The sweep
+    # scratch runs of `test_adaptive_sweep`, submitted at once and run one at a time (each job
+    # asks every CPU of the node, so the last two wait in the queue however slow the refit). The sweep
     # polls their run directories beside the queue and refits on every evaluation; once three
     # sizes identify the law it drops the rest: a skipped run's queued job is cancelled (it
     # never takes an allocation; one that started meanwhile finds its stop request and ends
@@ -573,14 +574,14 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
 
     cluster = slurm_env
     manifest = tmp_path / "adaptive_tiny.toml"
-    # 48 steps, and refits without a bootstrap (the information decides here): the last size
-    # is skipped while the third and fourth train their remaining 42 steps, not as they end.
+    # 48 steps, so a run is still training when the third size's first evaluations identify the
+    # law; refits without a bootstrap (the information decides here).
     manifest.write_text(_manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 48"))
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
     runs = _runs(manifest, runs_dir, tiny_data)
     ids = [r.run_id for r in runs]
     steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
-    steer += ["--adaptive-bootstrap=0"]
+    steer += ["--adaptive-bootstrap=0", "--cpus-per-task", str(cluster.cpus)]
     # Returns once every job has ended: the sweep polls on after the launcher submitted them.
     capsys.readouterr()
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *steer) == 0
@@ -609,8 +610,8 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
             assert job["JobState"] == "COMPLETED" and status.is_completed(run), log[-3000:]
         if run.run_id in dropped:
             assert "adaptive" in stop_request.read(run.model_dir)["by"]
-    # The last size waits in the queue behind two running jobs when the third size's first
-    # evaluation identifies the law: skipped there, its job never starts.
+    # The last size waits in the queue behind the third and fourth when the third size's first
+    # evaluations identify the law: skipped there, its job never starts.
     assert ids[-1] in cancelled, (states, out)
     decisions = adaptive.read_lines(str(runs_dir), names.ADAPTIVE_DECISIONS_FILE)
     drops = [d for d in decisions if d["decision"] != adaptive.RUN]
