@@ -158,11 +158,6 @@ class SequentialLauncher(abc.ABC):
     def __init__(self, *, retries: int = 0):
         self.retries = retries
 
-    def cancel_queued(self, run: Run) -> str | None:
-        """Nothing to take back for an adaptive SKIP: this launcher starts each run itself and
-        looks for its stop request first (`attempt`)."""
-        return None
-
     @abc.abstractmethod
     def describe(self, run: Run) -> str:
         """The command that `execute` would start, for dry runs."""

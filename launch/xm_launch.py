@@ -143,11 +143,6 @@ class XManagerLauncher:
             lines.append("  " + json.dumps(unit))
         return lines
 
-    def cancel_queued(self, run: Run) -> str | None:
-        """Nothing taken back for an adaptive SKIP: a work unit that starts finds the run's stop
-        request and ends before compiling (exit 79)."""
-        return None
-
     def launch(
         self, runs: Sequence[Run], *, dry_run: bool = False, progress: Progress | None = None
     ) -> LaunchReport:

@@ -94,7 +94,7 @@ def add_actions(actions, common: argparse.ArgumentParser) -> None:
 def steered(args, manifest, runs, stages: Callable[[], Any], *, launcher=None) -> Any:
     """`stages()` (the sweep's launch, returning (reports, waiting)), steered by an adaptive
     sweep when `--adaptive` is given; as it is otherwise. A skipped run's queued jobs are taken
-    back through `launcher.cancel_queued`."""
+    back through the launcher's `cancel_queued`, where it has a queue."""
     if not args.adaptive or args.dry_run:
         return stages()
     if args.adaptive_poll <= 0 or args.adaptive_bootstrap < 0:
@@ -118,7 +118,10 @@ def steered(args, manifest, runs, stages: Callable[[], Any], *, launcher=None) -
         prior_path=args.adaptive_prior,
         bootstrap=args.adaptive_bootstrap,
     )
-    sweep.cancel_queued = launcher.cancel_queued if launcher is not None else None
+    # Launchers with a queue (SLURM) cancel a skipped run's waiting jobs; the others start each
+    # run themselves after looking for its stop request, and an xmanager work unit that starts
+    # finds it and ends before compiling.
+    sweep.cancel_queued = getattr(launcher, "cancel_queued", None)
     result: list[Any] = []
 
     def launch() -> list:
