@@ -199,6 +199,10 @@ class AdaptiveSweep:
         for run_id, (_, decision, reason) in decided.items():
             if decision == RUN:
                 continue
+            if obs.states.get(run_id) in ("running", "stopped") and stop_request.requested(
+                by_id[run_id].model_dir
+            ):
+                continue  # stopping or stopped on an earlier decision: logged, nothing to do
             stop_request.request(by_id[run_id].model_dir, reason=f"{decision}: {reason}", by=BY)
             self.note(f"adaptive: {decision} {run_id}: {reason}")
             if self.cancel_queued is not None and decision == SKIP:

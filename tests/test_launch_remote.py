@@ -501,6 +501,22 @@ def test_xmanager_dry_run_needs_no_xmanager(runs):
     assert {r.strategy for r in waves[1]} == {"cpt", "cpt_replay"}
 
 
+def test_xmanager_checkout_packaging_runs_this_checkouts_python_on_the_local_executor(runs):
+    # No image: each unit is `sh -c 'exec PYTHON -m MODULE ARGS >> LOG'` on xmanager's local
+    # executor (tests/test_xmanager_local.py launches it for real).
+    stream = io.StringIO()
+    launcher = xm_launch.XManagerLauncher(executor="local", packaging="checkout", python="/py")
+    report = launcher.launch(runs, dry_run=True, progress=status.Progress(runs, stream=stream))
+    assert "Local(TPU_V3=8), processes /py -m trainer.train" in report.commands[0]
+    assert not any("docker" in line for line in report.commands)
+    with pytest.raises(
+        ValueError, match="needs --xm-executor local \\(given: --xm-executor vertex"
+    ):
+        xm_launch.XManagerLauncher(packaging="checkout")
+    with pytest.raises(ValueError, match="--xm-packaging 'image': allowed: checkout, container"):
+        xm_launch.XManagerLauncher(packaging="image")
+
+
 def xm_launch_order(runs):
     return [r for wave in xm_launch.waves(runs) for r in wave]
 
