@@ -32,14 +32,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _sweep(manifest, tiny_data, cwd, home, *extra: str) -> subprocess.CompletedProcess:
-    """`xlscale sweep run MANIFEST --launcher xmanager ...` as a user runs it."""
+def _sweep(manifest, variables, cwd, home, *extra: str) -> subprocess.CompletedProcess:
+    """`xlscale sweep run MANIFEST --var K=V ... --launcher xmanager ...` as a user runs it."""
     env = dict(os.environ, HOME=str(home), JAX_PLATFORMS="cpu", XLA_FLAGS="")
     env["PYTHONPATH"] = os.pathsep.join([XM_PATH, REPO])
     env["XLSCALE_COMPILATION_CACHE"] = jax.config.jax_compilation_cache_dir or str(home / "xla")
     argv = [sys.executable, "-m", "xlscale_cli.main", "sweep", "run", str(manifest)]
-    argv += ["--var", f"DATA_DIR={tiny_data['corpora']}"]
-    argv += ["--var", f"VOCAB_PATH={tiny_data['vocab']}"]
+    for key, value in variables.items():
+        argv += ["--var", f"{key}={value}"]
     argv += ["--launcher", "xmanager", "--xm-executor", "local", "--xm-packaging", "checkout"]
     argv += ["--xm-accelerator", "cpu", "--xm-accelerator-count", "1", *extra]
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
@@ -59,12 +59,12 @@ def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tmp_path)
     home = tmp_path / "home"
     home.mkdir()
     steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
-    proc = _sweep(manifest, tiny_data, tmp_path, home, *steer, "--adaptive-bootstrap=0")
+    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
+    proc = _sweep(manifest, variables, tmp_path, home, *steer, "--adaptive-bootstrap=0")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "Traceback" not in out, out[-6000:]
 
-    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
     runs = sweep.expand(sweep.load_manifest(manifest, variables=variables))
     states = {r.run_id: status.run_status(r).state for r in runs}
     assert set(states.values()) <= {"done", "stopped"}, (states, out[-4000:])
@@ -99,3 +99,34 @@ def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tmp_path)
             "SELECT work_unit_id FROM work_unit WHERE experiment_id = ?", (experiment,)
         )
         assert title == "adaptive_tiny" and sorted(u for (u,) in units) == [1, 2, 3, 4, 5]
+
+
+def test_failed_work_units_block_their_dependents_and_the_sweep_exits_1(tmp_path):
+    # test_launch's unit manifest, which binds no vocabulary: wave 0's four source and scratch
+    # units are refused at start (before anything is compiled), so wave 1's CPT units
+    # never start. xmanager raises the failures again as the experiment ends; the sweep reports
+    # each once and exits 1, without a traceback.
+    from test_launch import MANIFEST
+
+    manifest = tmp_path / "unit.toml"
+    manifest.write_text(MANIFEST)
+    home = tmp_path / "home"
+    home.mkdir()
+    missing = {"DATA_DIR": str(tmp_path / "no_data")}
+    proc = _sweep(manifest, missing, tmp_path, home, "--runs-dir", str(tmp_path / "runs"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-6000:]
+    assert "Traceback" not in out and "Multiple exceptions" not in out, out[-6000:]
+    loaded = sweep.load_manifest(manifest, variables=missing, runs_dir=str(tmp_path / "runs"))
+    runs = sweep.expand(loaded)
+    first = [r for r in runs if not r.depends_on]
+    later = [r for r in runs if r.depends_on]
+    assert len(first) == 4 and later
+    for run in first:
+        assert f"FAILED {run.run_id} after " in out, out[-4000:]
+        log = (tmp_path / "runs" / run.run_id / names.LOG_FILE).read_text()
+        assert "required gin macro VOCAB_PATH is not set" in log, log
+    for run in later:
+        assert f"skip {run.run_id} (blocked by a failed dependency)" in out, out[-4000:]
+        assert not (tmp_path / "runs" / run.run_id / names.LOG_FILE).exists()
+    assert f"failed {len(first)}, blocked {len(later)}" in out, out[-2000:]
