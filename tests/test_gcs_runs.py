@@ -21,6 +21,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from conftest import fast_compile_flags
 
 from rundir import names, records, storage
 
@@ -45,7 +46,9 @@ def _argv(model_dir: str, tiny_data, *, experiment: str, vocab=None, **macros) -
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="")
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS=fast_compile_flags()
+    )
     env["PYTHONPATH"] = os.pathsep.join([os.fspath(REPO), env.get("PYTHONPATH", "")])
     cache = jax.config.jax_compilation_cache_dir
     if cache:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import fast_compile_flags
 from flax import linen as nn
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -151,7 +152,7 @@ def test_trainer_step_partitions_without_full_rematerialization(family, size, ov
     env = {
         **os.environ,
         "TF_CPP_MIN_LOG_LEVEL": "0",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {fast_compile_flags()}",
         "JAX_PLATFORMS": "cpu",
     }
     done = subprocess.run(

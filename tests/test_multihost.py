@@ -16,6 +16,7 @@ import gin
 import jax
 import numpy as np
 import pytest
+from conftest import fast_compile_flags
 
 from rundir import records as rundir_records
 from tests.test_trainer_runs import REPO, tiny_kwargs
@@ -151,7 +152,7 @@ def _start(model_dir, tiny_data, *, cache, process, port, log):
     """Process `process` of a 2-host `python -m trainer.train` job (1 CPU device each),
     coordinated on 127.0.0.1:`port`."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=1 {fast_compile_flags()}"
     env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(cache)
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
     env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"

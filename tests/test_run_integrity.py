@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import fast_compile_flags
 from test_trainer_runs import REPO, compilation_cache, tiny_kwargs  # noqa: F401
 
 from rundir import checksums, names
@@ -372,7 +373,9 @@ def test_kill_9_loop_during_async_saves_keeps_the_run_intact(tiny_data, tmp_path
     model_dir = tmp_path / "killed"
     ckpt_dir = checkpoints.checkpoints_dir(model_dir)
     steps, kills, killed_pids = 60, 10, []
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="")
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS=fast_compile_flags()
+    )
     env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
     env["PYTHONPATH"] = os.pathsep.join([os.fspath(REPO), env.get("PYTHONPATH", "")])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import fast_compile_flags
 from test_run_integrity import no_compile  # noqa: F401
 from test_trainer_runs import REPO, compilation_cache, tiny_kwargs  # noqa: F401
 
@@ -126,7 +127,9 @@ def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(tiny_dat
     import jax
 
     model_dir = tmp_path / "run"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS="")
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS=fast_compile_flags()
+    )
     env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
     flags = [
         "--gin_file=experiments/cpt_source_en.gin",

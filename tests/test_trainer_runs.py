@@ -22,6 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import fast_compile_flags
 
 from convert import init_checkpoints
 from rundir import names
@@ -330,7 +331,7 @@ def test_eval_and_infer_jobs_read_a_checkpoint(runs, tiny_data, tmp_path, seqio_
 def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
     model_dir = tmp_path / "preempted"
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    env["XLA_FLAGS"] = ""
+    env["XLA_FLAGS"] = fast_compile_flags()
     # Same model, length and device count as the single-device run: its init compiles are reused.
     env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"

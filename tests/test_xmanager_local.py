@@ -17,6 +17,7 @@ import sys
 
 import jax
 import pytest
+from conftest import fast_compile_flags
 from test_adaptive_sweep import _manifest_text
 
 from launch import adaptive, status, sweep
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 
 def _sweep(manifest, variables, cwd, home, *extra: str) -> subprocess.CompletedProcess:
     """`xlscale sweep run MANIFEST --var K=V ... --launcher xmanager ...` as a user runs it."""
-    env = dict(os.environ, HOME=str(home), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    env = dict(os.environ, HOME=str(home), JAX_PLATFORMS="cpu", XLA_FLAGS=fast_compile_flags())
     env["PYTHONPATH"] = os.pathsep.join([XM_PATH, REPO])
     env["XLSCALE_COMPILATION_CACHE"] = jax.config.jax_compilation_cache_dir or str(home / "xla")
     argv = [sys.executable, "-m", "xlscale_cli.main", "sweep", "run", str(manifest)]
