@@ -64,6 +64,12 @@ def waves(runs: Sequence[Run]) -> list[list[Run]]:
     return grouped
 
 
+def _is_unit_exit(error: BaseException | None) -> bool:
+    """Whether `error` is xm_local's for a local unit that ended non-zero (a RuntimeError, or
+    xmanager's ExperimentUnitError around one)."""
+    return isinstance(error, RuntimeError) and "returned non-zero code" in str(error)
+
+
 class _ReportedUnitFailures(logging.Filter):
     """Drops xm_local's tracebacks of local units that ended non-zero, which it logs as the
     experiment ends ("Multiple exceptions occurred ... ignored"): the launcher awaited each unit
@@ -72,9 +78,7 @@ class _ReportedUnitFailures(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         return not (
-            record.getMessage().startswith("Multiple exceptions occurred")
-            and isinstance(error, RuntimeError)
-            and "returned non-zero code" in str(error)
+            record.getMessage().startswith("Multiple exceptions occurred") and _is_unit_exit(error)
         )
 
 
@@ -257,10 +261,10 @@ class XManagerLauncher:
                     report=report,
                     failures=unit_failures,
                 )
-        except Exception:
+        except Exception as e:
             # xm_local raises a failed local unit's error again as the experiment ends; each
             # such unit is already in the report (failed, stopped on request, or score_failed).
-            if not unit_failures:
+            if not (unit_failures and _is_unit_exit(e)):
                 raise
         finally:
             logging.getLogger("absl").removeFilter(quiet)
