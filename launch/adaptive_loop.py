@@ -196,7 +196,10 @@ class AdaptiveSweep:
         ]
         adaptive.log_decisions(self.runs_dir, records)
         by_id = {r.run_id: r for r in self.runs}
-        for run_id, (_, decision, reason) in decided.items():
+        # Skips first: a queued job is cancelled before a running one is told to stop, so the
+        # allocation a stopped job frees never goes to a job about to be cancelled.
+        acted = sorted(decided.items(), key=lambda item: item[1][1] != SKIP)
+        for run_id, (_, decision, reason) in acted:
             if decision == RUN:
                 continue
             if obs.states.get(run_id) in ("running", "stopped") and stop_request.requested(

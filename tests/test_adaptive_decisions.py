@@ -345,3 +345,52 @@ def test_an_adaptive_sweep_refuses_runs_of_several_target_languages(tmp_path):
     with pytest.raises(ValueError, match=r"target languages \['fr', 'ru'\].*--only"):
         adaptive_loop.AdaptiveSweep.for_runs(runs, str(tmp_path), POLICY)
     assert not adaptive.adaptive_dir(str(tmp_path)).exists()
+
+
+def test_queued_runs_are_cancelled_before_a_running_one_is_stopped(tmp_path, monkeypatch):
+    # A stopped job frees its allocation at once; were a queued run of the same refit cancelled
+    # after that, the scheduler could start it in between (SLURM under load, session 23).
+    from types import SimpleNamespace
+
+    from launch.sweep import expand, load_manifest
+    from rundir import stop_request
+
+    runs = expand(load_manifest("smoke", runs_dir=str(tmp_path)))
+    running, queued_a, queued_b = (r.run_id for r in runs[:3])
+    events = []
+    monkeypatch.setattr(
+        stop_request, "request", lambda model_dir, **kw: events.append(("stop", model_dir))
+    )
+    sweep = adaptive_loop.AdaptiveSweep.for_runs(
+        runs,
+        str(tmp_path),
+        POLICY,
+        note=lambda line: None,
+        cancel_queued=lambda run: events.append(("cancel", run.model_dir)) or "cancelled",
+    )
+    sweep.fit = SimpleNamespace(record=_fit_record())
+    decided = {
+        running: (state(run_id=running, status="running"), STOP, "known"),
+        queued_a: (state(run_id=queued_a), SKIP, "known"),
+        queued_b: (state(run_id=queued_b), SKIP, "known"),
+    }
+    monkeypatch.setattr(adaptive_fit, "assess", lambda *args: None)
+    monkeypatch.setattr(adaptive, "decide_all", lambda *args: decided)
+    obs = adaptive_fit.Observation(
+        states={running: "running", queued_a: "pending", queued_b: "pending"},
+        steps={},
+        data={},
+        digest="",
+    )
+    sweep._decide(obs)
+    dirs = {r.run_id: r.model_dir for r in runs}
+    assert events == [
+        ("stop", dirs[queued_a]),
+        ("cancel", dirs[queued_a]),
+        ("stop", dirs[queued_b]),
+        ("cancel", dirs[queued_b]),
+        ("stop", dirs[running]),
+    ]
+    # The log keeps the decisions in the refit's order.
+    logged = adaptive.read_lines(str(tmp_path), names.ADAPTIVE_DECISIONS_FILE)
+    assert [d["run_id"] for d in logged] == [running, queued_a, queued_b]
