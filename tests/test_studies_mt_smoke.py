@@ -6,7 +6,7 @@ import pytest
 
 
 @pytest.mark.slow
-def test_mt_smoke_study_end_to_end(tmp_path, monkeypatch):
+def test_mt_smoke_study_end_to_end(tmp_path, monkeypatch, optimized_xla):
     from studies.registry import run_demo
 
     monkeypatch.setenv("XLSCALE_DATA", str(tmp_path / "data"))
