@@ -1,6 +1,7 @@
 """The xmanager launcher for real: `xlscale sweep run --launcher xmanager --xm-executor local
 --xm-packaging checkout` runs the tiny adaptive study (`test_adaptive_sweep`) as an xmanager
-experiment on xmanager's own local executor, each work unit a process of this machine.
+experiment on xmanager's own local executor, each work unit a process of this machine; a
+completed run's zero-shot stage is a work unit too.
 
 `make test` installs the local executor's imports off the venv's import path (`.venv/xmanager-local`,
 pinned in `tests/xmanager_local_requirements.txt`) and names the folder in XLSCALE_XMANAGER_PATH;
@@ -10,18 +11,21 @@ this test puts it on the sweep's PYTHONPATH. xmanager keeps its experiments in
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import pytest
 from conftest import fast_compile_flags
 from test_adaptive_sweep import _manifest_text
 
+from evals import local_tasks
 from launch import adaptive, status, sweep
-from rundir import names, stop_request
+from rundir import names, stop_request, zeroshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XM_ENV = "XLSCALE_XMANAGER_PATH"
@@ -100,6 +104,43 @@ def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tmp_path)
             "SELECT work_unit_id FROM work_unit WHERE experiment_id = ?", (experiment,)
         )
         assert title == "adaptive_tiny" and sorted(u for (u,) in units) == [1, 2, 3, 4, 5]
+
+
+def test_a_completed_run_is_scored_by_a_zero_shot_work_unit(tiny_data, tmp_path):
+    # The smallest run of the tiny study, with a zero-shot stage on local tasks: a training unit,
+    # then a scoring unit (`evals.score_run`) on its final checkpoint, whose output goes to the
+    # run's log as the training's does. A second `sweep run` finds it trained and scored.
+    tasks_dir = tmp_path / "zeroshot_tasks"
+    local_tasks.write_local_tasks(
+        Path(tiny_data["corpora"]), tasks_dir, langs=["en", "fr"], items=8
+    )
+    manifest = tmp_path / "adaptive_tiny.toml"
+    text = _manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 6")
+    manifest.write_text(
+        f'{text}\n[zeroshot]\ntasks = "local"\nlocal_dir = "{tasks_dir}"\nlimit = 8\n'
+    )
+    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
+    run = sweep.expand(sweep.load_manifest(manifest, variables=variables))[0]
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = _sweep(manifest, variables, tmp_path, home, "--only", run.run_id)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out[-6000:]
+    assert "completed 1," in out and "zero-shot: scored 1, scoring failed 0" in out, out[-3000:]
+    scored = json.loads(zeroshot.results_file(run.model_dir, run.steps).read_text())
+    assert set(scored["tasks"]) == {"xl_cont_en", "xl_cont_fr", "xl_trans_fr"}, scored
+    assert all(row["n"] > 0 and row["limit"] == 8 for row in scored["tasks"].values()), scored
+    log = (tmp_path / "runs" / run.run_id / names.LOG_FILE).read_text()
+    assert "step 6/6" in log and "xl_trans_fr" in log, log[-3000:]
+    # Both units are xmanager's: one experiment, a training unit and a scoring unit.
+    with sqlite3.connect(home / ".xmanager" / "experiments.sqlite3") as db:
+        units = db.execute("SELECT work_unit_id FROM work_unit").fetchall()
+        assert sorted(u for (u,) in units) == [1, 2]
+
+    again = _sweep(manifest, variables, tmp_path, home, "--only", run.run_id)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0 and f"skip {run.run_id} (completed)" in out, out[-3000:]
+    assert "zero-shot: scored" not in out, out[-3000:]
 
 
 def test_failed_work_units_block_their_dependents_and_the_sweep_exits_1(tmp_path):
