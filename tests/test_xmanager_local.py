@@ -106,6 +106,7 @@ def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tmp_path)
         assert title == "adaptive_tiny" and sorted(u for (u,) in units) == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 def test_a_completed_run_is_scored_by_a_zero_shot_work_unit(tiny_data, tmp_path):
     # The smallest run of the tiny study, with a zero-shot stage on local tasks: a training unit,
     # then a scoring unit (`evals.score_run`) on its final checkpoint, whose output goes to the
