@@ -314,7 +314,7 @@ def test_t5_eval_and_infer_runs_parse_with_the_t5_model_file():
         ],
         job="infer",
     )
-    assert "infer_script.infer.task = %TASK" in config.config_str
+    assert "infer_script.InferSource.task = %TASK" in config.config_str
     gin.clear_config()
     gin_entry.parse(
         ["--gin_file=models/t5.gin", "--gin_file=runs/eval.gin", *MT_BASE]

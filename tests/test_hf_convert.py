@@ -454,10 +454,9 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
         model_dir=tmp_path / "infer",
         model=spec,
         vocab_path=vocab_path,
-        prompts=prompts,
+        source=infer_lib.InferSource(prompts=prompts),
         checkpoint=os.fspath(tmp_path / "cpt"),
-        max_decode_len=24,
-        batch_size=2,
+        decoding=infer_lib.InferDecoding(max_decode_len=24, batch_size=2),
         mesh=MeshConfig(num_devices=1),
     )
     # The exported directory is itself a size and an INIT_CHECKPOINT, decoding the same tokens.
@@ -465,10 +464,9 @@ def test_cpt_from_an_imported_model_exports_and_generates_what_infer_does(
         model_dir=tmp_path / "infer_export",
         model=model_spec.ModelSpec(size=f"hf:{tmp_path / 'export'}"),
         vocab_path=os.fspath(tmp_path / "export" / "tokenizer.model"),
-        prompts=prompts,
+        source=infer_lib.InferSource(prompts=prompts),
         checkpoint=f"hf:{tmp_path / 'export'}",
-        max_decode_len=24,
-        batch_size=2,
+        decoding=infer_lib.InferDecoding(max_decode_len=24, batch_size=2),
         mesh=MeshConfig(num_devices=1),
     )
     assert [r["tokens"] for r in from_export] == [r["tokens"] for r in decoded]

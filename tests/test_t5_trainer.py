@@ -376,6 +376,7 @@ def test_strategies_check_their_init_checkpoint(tmp_path):
 def test_infer_translates_a_task_split_and_given_lines(mt_runs, tiny_data, tmp_path, seqio_state):
     from trainer import infer as infer_lib
 
+    decoding = infer_lib.InferDecoding(inputs_len=64, max_decode_len=32, method="greedy")
     saved = seqio_state.snapshot()
     try:
         results = infer_lib.infer(
@@ -383,11 +384,8 @@ def test_infer_translates_a_task_split_and_given_lines(mt_runs, tiny_data, tmp_p
             model=T5_TINY,
             vocab_path=tiny_data["vocab"],
             checkpoint=os.fspath(mt_runs["root"] / "ft"),
-            task="mt_en_fr",
-            data_dir=tiny_data["corpora"],
-            inputs_len=64,
-            max_decode_len=32,
-            decode_method="greedy",
+            source=infer_lib.InferSource(task="mt_en_fr", data_dir=tiny_data["corpora"]),
+            decoding=decoding,
             mesh=MeshConfig(num_devices=1),
         )
         assert len(results) == 3 and all("target" in r for r in results)
@@ -404,11 +402,14 @@ def test_infer_translates_a_task_split_and_given_lines(mt_runs, tiny_data, tmp_p
             model=T5_TINY,
             vocab_path=tiny_data["vocab"],
             checkpoint=os.fspath(mt_runs["root"] / "ft"),
-            task="mt_en_fr",
-            prompts=["Everyone has the right to life.\tTout individu a droit à la vie.", "Hello"],
-            inputs_len=64,
-            max_decode_len=32,
-            decode_method="greedy",
+            source=infer_lib.InferSource(
+                task="mt_en_fr",
+                prompts=[
+                    "Everyone has the right to life.\tTout individu a droit à la vie.",
+                    "Hello",
+                ],
+            ),
+            decoding=decoding,
             mesh=MeshConfig(num_devices=1),
         )
     finally:

@@ -317,10 +317,9 @@ def test_eval_and_infer_jobs_read_a_checkpoint(runs, tiny_data, tmp_path, seqio_
         model_dir=tmp_path / "infer",
         model=kwargs["model"],
         vocab_path=tiny_data["vocab"],
-        prompts=["Everyone has the right", "All human beings"],
+        source=infer_lib.InferSource(prompts=["Everyone has the right", "All human beings"]),
         checkpoint=os.fspath(runs["root"] / "full"),
-        max_decode_len=16,
-        batch_size=2,
+        decoding=infer_lib.InferDecoding(max_decode_len=16, batch_size=2),
     )
     assert [r["prompt"] for r in results] == ["Everyone has the right", "All human beings"]
     assert all(0 < len(r["tokens"]) <= 16 for r in results)

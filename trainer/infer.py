@@ -54,7 +54,7 @@ def encode_prompts(vocabulary, prompts: Sequence[str], *, length: int) -> np.nda
         if len(ids) >= length:
             raise ValueError(
                 f"prompt {i} has {len(ids)} tokens, max_decode_len is {length}: "
-                "raise infer.max_decode_len or shorten the prompt"
+                "raise InferDecoding.max_decode_len (MAX_DECODE_LEN) or shorten the prompt"
             )
         rows[i, : len(ids)] = ids
     return rows
@@ -91,6 +91,10 @@ class InferSource:
     data_dir: str | None = None
     max_examples: int | None = None
 
+    def __post_init__(self):
+        # gin binds PROMPTS as a list; the frozen source keeps a tuple (hashable, unchanged).
+        object.__setattr__(self, "prompts", tuple(self.prompts))
+
     def lines(self) -> list[str]:
         """`prompts` followed by the non-blank lines of `prompts_file`."""
         return _lines(self.prompts, self.prompts_file)
@@ -121,74 +125,18 @@ def infer(
     model_dir: str | os.PathLike,
     model: model_spec.ModelSpec,
     vocab_path: str,
-    prompts: Sequence[str] = (),
-    prompts_file: str | None = None,
-    checkpoint: str | None = None,
-    max_decode_len: int = 64,
-    batch_size: int = 8,
-    output_file: str = INFER_FILE,
-    mesh: MeshConfig = MeshConfig(),
-    task: str | None = None,
-    split: str = "test",
-    data_dir: str | None = None,
-    extra_ids: int | None = None,
-    inputs_len: int = 512,
-    decode_method: str = "beam",
-    max_examples: int | None = None,
-    comet_model: str | None = None,
-    comet_python: str | None = None,
-    expect_platform: str | None = None,
-) -> list[dict]:
-    """The gin-facing `infer` (`runs/infer.gin` binds each keyword to its macro): gathers the
-    keywords into an `InferSource` and an `InferDecoding` and calls `run_inference`.
-
-    Args: as the fields of `InferSource` and `InferDecoding` (`decode_method` is
-    `InferDecoding.method`), and those of `run_inference`; `expect_platform` as in
-    `trainer.platform.check` (`EXPECT_PLATFORM`), checked first.
-    """
-    platform_lib.check(expect_platform)
-    return run_inference(
-        model_dir=model_dir,
-        model=model,
-        vocab_path=vocab_path,
-        checkpoint=checkpoint,
-        mesh=mesh,
-        source=InferSource(
-            prompts=tuple(prompts),
-            prompts_file=prompts_file,
-            task=task,
-            split=split,
-            data_dir=data_dir,
-            max_examples=max_examples,
-        ),
-        decoding=InferDecoding(
-            max_decode_len=max_decode_len,
-            batch_size=batch_size,
-            inputs_len=inputs_len,
-            method=decode_method,
-            extra_ids=extra_ids,
-        ),
-        output_file=output_file,
-        comet_model=comet_model,
-        comet_python=comet_python,
-    )
-
-
-def run_inference(
-    *,
-    model_dir: str | os.PathLike,
-    model: model_spec.ModelSpec,
-    vocab_path: str,
-    source: InferSource,
+    source: InferSource = InferSource(),
     decoding: InferDecoding = InferDecoding(),
     checkpoint: str | None = None,
     mesh: MeshConfig = MeshConfig(),
     output_file: str = INFER_FILE,
     comet_model: str | None = None,
     comet_python: str | None = None,
+    expect_platform: str | None = None,
 ) -> list[dict]:
     """Decodes continuations of the source's prompts, or, for an encoder-decoder, translations
-    of a task's split or of the given lines.
+    of a task's split or of the given lines; the gin-facing job (`runs/infer.gin` binds each
+    argument, `source` and `decoding` whole, as `InferSource` and `InferDecoding`).
 
     Args:
       model_dir: where the results go (`MODEL_DIR`).
@@ -202,11 +150,13 @@ def run_inference(
       comet_model: a local COMET checkpoint for `scores.json` (see `trainer.downstream`).
       comet_python: COMET's side-environment interpreter (`COMET_PYTHON`; see
         `pipelines.comet.scoring`).
+      expect_platform: as in `trainer.platform.check` (`EXPECT_PLATFORM`), checked first.
 
     Returns:
       One dict per prompt: `prompt`, `continuation`, `tokens` (generated ids); encoder-decoders:
       `inputs`, `prediction` and `target` where known.
     """
+    platform_lib.check(expect_platform)
     from pipelines import vocab as vocab_lib
     from trainer.jobs import build_partitioned_model
 
@@ -226,7 +176,9 @@ def run_inference(
         )
     texts = source.lines()
     if not texts:
-        raise ValueError("no prompts: set infer.prompts (PROMPTS) or infer.prompts_file")
+        raise ValueError(
+            "no prompts: set InferSource.prompts (PROMPTS) or InferSource.prompts_file (PROMPTS_FILE)"
+        )
     max_decode_len, batch_size = decoding.max_decode_len, decoding.batch_size
     vocabulary = vocab_lib.load_vocab(vocab_path, extra_ids=decoding.extra_ids or 0)
     params = restore.restore_params(
@@ -302,7 +254,7 @@ def _infer_encdec(
     comet_python: str | None,
     output_file: str,
 ) -> list[dict]:
-    """`run_inference` for encoder-decoders: examples, decoding, predictions file and
+    """`infer` for encoder-decoders: examples, decoding, predictions file and
     `scores.json`."""
     from trainer import data as data_lib
     from trainer import downstream
