@@ -18,6 +18,7 @@ with SRC's parameters grown to the new vocabulary (`convert.grown_init`).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 
 
 def _weights(text: str | None, langs: list[str]) -> dict[str, float] | None:
@@ -109,15 +110,17 @@ def _train(args: argparse.Namespace) -> int:
         max_sentences=args.max_sentences,
     )
     info = vocab.read_vocab_info(model)
-    print(f"wrote {model} and {model.with_suffix('.json')}")
-    print("lang  tokens/char  byte-fallback  sample-lines")
-    for lang in args.langs:
-        m = info["measurements"][lang]
-        print(
-            f"{lang:<5} {m['tokens_per_char']:>11.4f}  {m['byte_fallback_fraction']:>13.4f}"
+    measured = info["measurements"]
+    return _report(
+        f"wrote {model} and {model.with_suffix('.json')}",
+        "lang  tokens/char  byte-fallback  sample-lines",
+        (
+            f"{lang:<5} {measured[lang]['tokens_per_char']:>11.4f}  "
+            f"{measured[lang]['byte_fallback_fraction']:>13.4f}"
             f"  {info['sample'][lang]['lines']:>12}"
-        )
-    return 0
+            for lang in args.langs
+        ),
+    )
 
 
 def _extend(args: argparse.Namespace) -> int:
@@ -133,13 +136,23 @@ def _extend(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     info = vocab_extend.read_extension_info(model)
-    print(f"wrote {model}: {info['base_size']} -> {info['new_size']} pieces")
-    print("lang  tokens/char before  after  lines changed")
-    for lang, m in info["measurements"].items():
-        print(
+    return _report(
+        f"wrote {model}: {info['base_size']} -> {info['new_size']} pieces",
+        "lang  tokens/char before  after  lines changed",
+        (
             f"{lang:<5} {m['tokens_per_char_before']:>18.4f} {m['tokens_per_char_after']:>6.4f}"
             f"  {m['lines_encoded_differently']}/{m['lines']}"
-        )
+            for lang, m in info["measurements"].items()
+        ),
+    )
+
+
+def _report(wrote: str, header: str, rows: Iterable[str]) -> int:
+    """Prints what an action wrote and its per-language table; the action's exit status."""
+    print(wrote)
+    print(header)
+    for row in rows:
+        print(row)
     return 0
 
 
