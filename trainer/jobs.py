@@ -134,16 +134,16 @@ def _init_compiler_options() -> dict[str, int] | None:
     return None
 
 
-def _check(
-    *, spec: model_spec.ModelSpec, model, data: DataConfig, evaluation, partitioner, microbatches
-):
-    """All configuration checks that need no compilation (see `trainer.validation`)."""
-    dp, hosts = partitioner.data_parallel_size, jax.process_count()
+def _check_shapes(
+    *, spec: model_spec.ModelSpec, model, data: DataConfig, partitioner, microbatches: int
+) -> None:
+    """The checks of batch and feature shapes against the model and the mesh (see
+    `trainer.validation`); they need no registered task."""
     validation.check_batch_size(
         batch_size=data.batch_size,
-        data_parallel_size=dp,
+        data_parallel_size=partitioner.data_parallel_size,
         num_microbatches=microbatches,
-        process_count=hosts,
+        process_count=jax.process_count(),
     )
     validation.check_feature_lengths(
         feature_lengths=data.task_feature_lengths,
@@ -156,6 +156,11 @@ def _check(
         feature_keys=model.feature_keys,
         family=spec.family,
     )
+
+
+def _check_tasks(*, model, data: DataConfig, evaluation) -> None:
+    """The checks of the training, evaluation and decoding tasks against the registered ones
+    and of their vocabulary against the model's (see `trainer.validation`)."""
     names = data_lib.registered_names()
     validation.check_task(name=data.mixture_or_task, allowed=names)
     for task in evaluation.tasks:
@@ -331,14 +336,15 @@ def plan_job(
     wrapper, partitioner, abstract_params = build_partitioned_model(model, mesh)
     if register:
         data_lib.register(data)
-    _check(
+    # Every check that needs no compilation, before anything is compiled.
+    _check_shapes(
         spec=model,
         model=wrapper,
         data=data,
-        evaluation=evaluation,
         partitioner=partitioner,
         microbatches=step.num_microbatches,
     )
+    _check_tasks(model=wrapper, data=data, evaluation=evaluation)
     eval_batch = evaluation.batch_size or data.batch_size
     if evaluation.tasks:
         validation.check_batch_size(
