@@ -18,18 +18,24 @@ class ParamCounts:
     """Parameter counts of a T5 model.
 
     Attributes:
-      total: every parameter.
-      non_embedding: `total - embedding` (the N of scaling laws).
-      embedding: token embedding plus the untied output projection.
       encoder: encoder stack without embeddings (layers, relative positions, final norm).
       decoder: decoder stack without embeddings.
+      embedding: token embedding plus the untied output projection.
     """
 
-    total: int
-    non_embedding: int
-    embedding: int
     encoder: int
     decoder: int
+    embedding: int
+
+    @property
+    def non_embedding(self) -> int:
+        """`encoder + decoder`, the N of scaling laws."""
+        return self.encoder + self.decoder
+
+    @property
+    def total(self) -> int:
+        """Every parameter: `non_embedding + embedding`."""
+        return self.non_embedding + self.embedding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,13 +70,7 @@ def param_counts(config: T5Config) -> ParamCounts:
     encoder = config.num_encoder_layers * encoder_layer + relpos + d
     decoder = config.num_decoder_layers * decoder_layer + relpos + d
     embedding = config.vocab_size * d * (1 if config.logits_via_embedding else 2)
-    return ParamCounts(
-        total=encoder + decoder + embedding,
-        non_embedding=encoder + decoder,
-        embedding=embedding,
-        encoder=encoder,
-        decoder=decoder,
-    )
+    return ParamCounts(encoder=encoder, decoder=decoder, embedding=embedding)
 
 
 def flops_per_example(
