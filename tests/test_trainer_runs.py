@@ -39,13 +39,25 @@ REPO = Path(__file__).resolve().parent.parent
 TRAIN_STEPS = 12
 
 
+def shared_cache_dir(tmp_path_factory) -> Path:
+    """One compilation cache directory for the whole test session, shared by the xdist workers
+    (their base temporary directories are siblings): the modules that use `compilation_cache`
+    run the same tiny configurations, so each program compiles once per session."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "xla-shared"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="module", autouse=True)
 def compilation_cache(tmp_path_factory):
-    """A persistent compilation cache for this module: runs of one configuration (full, stopped,
-    resumed, NaN) compile their steps once instead of four times."""
+    """A persistent compilation cache while this module runs: runs of one configuration (full,
+    stopped, resumed, NaN) compile their steps once instead of four times, and once for every
+    module that imports this fixture (`shared_cache_dir`). Modules without it compile as before."""
     from jax.experimental.compilation_cache import compilation_cache as cc
 
-    jax.config.update("jax_compilation_cache_dir", os.fspath(tmp_path_factory.mktemp("xla")))
+    jax.config.update("jax_compilation_cache_dir", os.fspath(shared_cache_dir(tmp_path_factory)))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     cc.reset_cache()
     yield
