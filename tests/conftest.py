@@ -156,6 +156,7 @@ def _why_no_gpu(config) -> str | None:
 # ~35 s, the paper check ~21 s. Only an order: a module missing here runs all the same.
 LONGEST_FIRST = (
     "test_slurm_cluster.py",
+    "test_slurm_nodes.py",  # its cluster waits for the one above: right after it, on its worker
     "test_studies_mt_smoke.py",
     "test_storage_failures.py",
     "test_studies_cpt_smoke.py",

@@ -325,8 +325,14 @@ def _fake_srun_script(
         "done\nexit $code\n"
     )
     hosts = "\\n".join(f"node{7 + i}" for i in range(nodes))
+    # `show node nodeN`: as SLURM prints it, with the node's address 10.0.0.N (NodeAddr).
+    node = (
+        'printf "NodeName=$3 Arch=x86_64 CoresPerSocket=1\\n   '
+        'NodeAddr=10.0.0.${3#node} NodeHostName=$3 Version=22.05.8\\n"'
+    )
     (bin_dir / "scontrol").write_text(
-        f'#!/bin/sh\nif [ "$1" = show ]; then printf "{hosts}\\n"; exit; fi\n'
+        f'#!/bin/sh\nif [ "$1 $2" = "show node" ]; then {node}; exit; fi\n'
+        f'if [ "$1" = show ]; then printf "{hosts}\\n"; exit; fi\n'
         f'echo "scontrol $*" >> {calls}\n'
     )
     (bin_dir / "squeue").write_text(f"#!/bin/sh\necho {end_time}\n")
@@ -380,9 +386,10 @@ def test_slurm_script_starts_jax_distributed_for_every_task(
     if devices is None:
         assert seen == ["task 0: coordinator= processes= id= devices= collectives="]
         return
-    # Every task finds process 0 on the first host, at the port offset by the job id (1042).
+    # Every task finds process 0 on the first host, at its address (NodeAddr) and the port
+    # offset by the job id (1042).
     assert seen == [
-        f"task {i}: coordinator=node7:12387 processes={nodes * tasks} id={i} "
+        f"task {i}: coordinator=10.0.0.7:12387 processes={nodes * tasks} id={i} "
         f"devices={devices[i]} collectives=gloo"
         for i in range(nodes * tasks)
     ]

@@ -499,8 +499,17 @@ def test_a_run_of_two_tasks_has_the_losses_of_one_process(slurm_env, tiny_data, 
     # `--tasks-per-node 2`: one job, two JAX processes (one CPU device each) that find each
     # other through jax.distributed from SLURM's variables and split the global batch of 8; the
     # same run as one process with two devices, beside the job, logs the same losses.
-    cluster = slurm_env
-    manifest = tmp_path / "two_tasks.toml"
+    two_tasks = ["--tasks-per-node", "2", "--cpus-per-task", "1"]
+    run, job, log = run_beside_one_process(slurm_env, tiny_data, tmp_path, *two_tasks)
+    assert (job["JobState"], job["NumTasks"], job["ExitCode"]) == ("COMPLETED", "2", "0:0"), log
+
+
+def run_beside_one_process(cluster: SlurmCluster, tiny_data, tmp_path: Path, *flags: str):
+    """Runs `TWO_TASKS_MANIFEST`'s run as a SLURM job of two JAX processes (`flags` say how they
+    are placed) and, beside it, as one process with two devices; checks that both complete, that
+    the job's log names both processes and that the two log the same losses. Returns the run,
+    the job (`scontrol show job`) and its log."""
+    manifest = tmp_path / "two_processes.toml"
     manifest.write_text(TWO_TASKS_MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
     (run,) = _runs(manifest, runs_dir, tiny_data)
@@ -512,8 +521,7 @@ def test_a_run_of_two_tasks_has_the_losses_of_one_process(slurm_env, tiny_data, 
             reference.argv(sys.executable), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
         )
         try:
-            two_tasks = ["--tasks-per-node", "2", "--cpus-per-task", "1"]
-            assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *two_tasks) == 0
+            assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *flags) == 0
             _wait_for_empty_queue(cluster, script_dir, WAIT_S)
             assert one.wait(timeout=WAIT_S) == 0, (tmp_path / "one.log").read_text()[-3000:]
         finally:
@@ -521,11 +529,11 @@ def test_a_run_of_two_tasks_has_the_losses_of_one_process(slurm_env, tiny_data, 
                 one.kill()
     job_id = _job_ids(script_dir)[run.run_id]
     job, log = cluster.job(job_id), _log(script_dir, run.run_id)
-    assert (job["JobState"], job["NumTasks"], job["ExitCode"]) == ("COMPLETED", "2", "0:0"), log
     assert "process 0 of 2" in log and "process 1 of 2" in log, log[-3000:]
     assert status.is_completed(run) and status.is_completed(reference)
     assert len(_loss_rows(run)) == run.steps // 2
     assert _loss_rows(run) == _loss_rows(reference)
+    return run, job, log
 
 
 @pytest.mark.slow
