@@ -308,12 +308,14 @@ def _fake_srun_script(
     tasks_per_node: int = 1,
     end_time: str = "Unknown",
     train_s: float = 0,
+    node_addr: bool = True,
 ) -> tuple:
     """Runs a rendered script under bash with stand-ins for `srun` (starts the tasks one after
     another, each with its SLURM_PROCID and SLURM_LOCALID), `scontrol` (hosts node7, node8, ...;
     other calls recorded), `squeue` (the job's `end_time`), `scancel` (recorded) and the
     trainer's `python` (prints the jax.distributed variables it sees, takes `train_s` seconds,
-    then exits `exit_code`); returns (exit code, output, calls)."""
+    then exits `exit_code`); returns (exit code, output, calls). `node_addr`: `scontrol show
+    node nodeN` gives the node's address 10.0.0.N (else nothing, as where SLURM has none)."""
     bin_dir = tmp_path / f"bin{exit_code}_{restarts}_{nodes}x{tasks_per_node}_{train_s}"
     bin_dir.mkdir()
     calls = bin_dir / "calls"
@@ -329,6 +331,8 @@ def _fake_srun_script(
     node = (
         'printf "NodeName=$3 Arch=x86_64 CoresPerSocket=1\\n   '
         'NodeAddr=10.0.0.${3#node} NodeHostName=$3 Version=22.05.8\\n"'
+        if node_addr
+        else "true"
     )
     (bin_dir / "scontrol").write_text(
         f'#!/bin/sh\nif [ "$1 $2" = "show node" ]; then {node}; exit; fi\n'
@@ -393,6 +397,15 @@ def test_slurm_script_starts_jax_distributed_for_every_task(
         f"devices={devices[i]} collectives=gloo"
         for i in range(nodes * tasks)
     ]
+
+
+def test_slurm_coordinator_is_the_first_node_name_where_slurm_has_no_address(runs, tmp_path):
+    launcher = slurm.SlurmLauncher(nodes=2, gpus_per_node=0, workdir=str(tmp_path))
+    code, out, calls = _fake_srun_script(
+        launcher.render(runs[0]), tmp_path, exit_code=0, restarts=0, nodes=2, node_addr=False
+    )
+    assert code == 0 and calls == ["srun"], out
+    assert "task 0: coordinator=node7:12387 processes=2 id=0" in out, out
 
 
 def test_slurm_tasks_per_node_must_split_the_gpus_evenly():
