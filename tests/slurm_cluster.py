@@ -106,13 +106,18 @@ def free_ports(count: int) -> list[int]:
 
 
 def slurm_conf(
-    root: Path, *, cpus: int, ctld_port: int, slurmd_port: int, nodes: tuple[str, ...] = (NODE,)
+    root: Path,
+    *,
+    cpus: int,
+    ctld_port: int,
+    slurmd_ports: tuple[int, ...],
+    nodes: tuple[str, ...] = (NODE,),
 ) -> str:
     """The generated `slurm.conf`: nodes of `cpus` CPUs each without GPUs, one partition, no
     accounting, no cgroups (process tracking by /proc), requeue allowed, files under `root`.
 
     One node is this machine as `localhost`. Several are slurmd daemons on this machine, each
-    with its own name, port (`slurmd_port` + its index) and spool, pid and log files (`%n`);
+    with its own name, port (its entry of `slurmd_ports`) and spool, pid and log files (`%n`);
     SLURM refuses a node named `localhost` beside another, so several nodes have other names,
     all reached at 127.0.0.1 (their `NodeAddr`).
     """
@@ -121,9 +126,9 @@ def slurm_conf(
         per_node = ""
     else:
         node_lines = "\n".join(
-            f"NodeName={name} NodeHostname={NODE} NodeAddr=127.0.0.1 Port={slurmd_port + i} "
+            f"NodeName={name} NodeHostname={NODE} NodeAddr=127.0.0.1 Port={port} "
             f"CPUs={cpus} RealMemory=1024 State=UNKNOWN"
-            for i, name in enumerate(nodes)
+            for name, port in zip(nodes, slurmd_ports, strict=True)
         )
         per_node = ".%n"
     return f"""\
@@ -131,7 +136,7 @@ def slurm_conf(
 ClusterName=xlscaletest
 SlurmctldHost={NODE}(127.0.0.1)
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
+SlurmdPort={slurmd_ports[0]}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -213,13 +218,12 @@ class SlurmCluster:
         key.chmod(0o600)
         try:
             ctld_port, *slurmd_ports = free_ports(1 + len(self.nodes))
-            slurmd_port = _consecutive(slurmd_ports)
             self.conf.write_text(
                 slurm_conf(
                     self.root,
                     cpus=self.cpus,
                     ctld_port=ctld_port,
-                    slurmd_port=slurmd_port,
+                    slurmd_ports=tuple(slurmd_ports),
                     nodes=self.nodes,
                 )
             )
@@ -340,27 +344,6 @@ class SlurmCluster:
             self._lock = None
         if alive:
             raise RuntimeError(f"SLURM test cluster: {', '.join(alive)} still running after stop")
-
-
-def _consecutive(ports: list[int]) -> int:
-    """The first of `len(ports)` consecutive free ports (the slurmd of node i listens on the
-    first + i): `ports` itself when it is consecutive, else a run found above it."""
-    ports = sorted(ports)
-    if ports == list(range(ports[0], ports[0] + len(ports))):
-        return ports[0]
-    for first in range(ports[-1] + 1, 65535 - len(ports)):
-        if all(_port_free(first + i) for i in range(len(ports))):
-            return first
-    raise ClusterUnavailable(f"no {len(ports)} consecutive free ports on 127.0.0.1")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _alive(pid: int) -> bool:
