@@ -292,6 +292,16 @@ def write_session(runs_dir: str, settings: Mapping[str, Any]) -> None:
     storage.write_text_atomic(path, json.dumps({"started": _now(), **settings}, indent=1) + "\n")
 
 
+def write_error(runs_dir: str, text: str) -> str:
+    """Writes the traceback of steering that stopped mid-sweep to
+    `<runs_dir>/adaptive/steering_error.txt` (a bug to report; the runs go on as planned) and
+    returns the file's path."""
+    path = adaptive_dir(runs_dir) / names.ADAPTIVE_ERROR_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    storage.write_text_atomic(path, text)
+    return str(path)
+
+
 def read_session(runs_dir: str) -> dict[str, Any] | None:
     """The recorded settings, or None where no adaptive sweep ran."""
     path = adaptive_dir(runs_dir) / names.ADAPTIVE_SESSION_FILE

@@ -327,9 +327,14 @@ def refit(
             if fit is None or not fit.converged:
                 why_not[block.name] = "no points yet" if fit is None else fit.status
                 continue
+            fitted = {name: float(fit.params[p]) for p, name in block.params.items()}
+            degenerate = model.unusable(fitted)
+            if degenerate:  # e.g. early curves where a larger model's loss is still higher
+                why_not[block.name] = f"the fit is degenerate ({degenerate}): needs more points"
+                continue
             fits[block.name] = fit
+            params.update(fitted)
             for law_param, name in block.params.items():
-                params[name] = float(fit.params[law_param])
                 if law_param in getattr(fit, "ci", {}):
                     ci[name] = tuple(float(x) for x in fit.ci[law_param])
             observed += result.points

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -214,12 +215,36 @@ class AdaptiveSweep:
                     self.note(f"adaptive: {cancelled}")
 
 
+class SteeringError(RuntimeError):
+    """The adaptive steering stopped mid-sweep on an error of its own; the launch went on as
+    planned. The message names the error and the file that holds its traceback."""
+
+
+def _stopped(sweep: AdaptiveSweep, error: Exception, after: str) -> SteeringError:
+    """The `SteeringError` of `error` (just caught), its traceback written beside the sweep's
+    logs (`adaptive.write_error`); notes it, with what happens to the runs (`after`)."""
+    what = f"{type(error).__name__}: {error}"
+    try:
+        where = (
+            f"its traceback is in {adaptive.write_error(sweep.runs_dir, traceback.format_exc())}"
+        )
+    except Exception as io:  # noqa: BLE001 -- the message must reach the user all the same
+        where = f"its traceback could not be written ({io})"
+    sweep.note(f"adaptive: steering stopped ({what}); {after}")
+    return SteeringError(f"adaptive steering stopped mid-sweep ({what}); {where}; {after}")
+
+
 def run(sweep: AdaptiveSweep, launch: Callable[[], Sequence[Any]], *, poll_s: float) -> list:
     """Runs `launch()` (the launcher, in this thread) with `sweep` polling beside it, then
     polls on until every run has finished where the launcher only submitted jobs; returns
-    `launch()`'s reports. An error of the polling thread is raised once the launch returned."""
+    `launch()`'s reports.
+
+    Raises:
+      SteeringError: the polling failed; raised once the launch returned, so no run is lost to
+        it. Its traceback is in `<runs_dir>/adaptive/steering_error.txt`.
+    """
     launched = threading.Event()
-    failure: list[BaseException] = []
+    failure: list[SteeringError] = []
 
     def watch() -> None:
         try:
@@ -227,9 +252,8 @@ def run(sweep: AdaptiveSweep, launch: Callable[[], Sequence[Any]], *, poll_s: fl
                 sweep.poll()
                 if launched.wait(poll_s):
                     return
-        except BaseException as e:  # noqa: BLE001 -- raised again in the launching thread
-            failure.append(e)
-            sweep.note(f"adaptive: steering stopped ({e}); the launch goes on as planned")
+        except Exception as e:  # noqa: BLE001 -- raised again in the launching thread
+            failure.append(_stopped(sweep, e, "the launch goes on as planned"))
 
     watcher = threading.Thread(target=watch, name="adaptive", daemon=True)
     watcher.start()
@@ -241,8 +265,12 @@ def run(sweep: AdaptiveSweep, launch: Callable[[], Sequence[Any]], *, poll_s: fl
     if failure:
         raise failure[0]
     submitted = any(getattr(r, "submitted", None) for r in reports)
-    while not sweep.poll() and submitted:
-        time.sleep(poll_s)
+    try:
+        while not sweep.poll() and submitted:
+            time.sleep(poll_s)
+    except Exception as e:
+        after = "the submitted jobs go on as planned: `xlscale sweep status` follows them"
+        raise _stopped(sweep, e, after) from e
     return reports
 
 

@@ -355,6 +355,9 @@ def read_prior(path: str | Path) -> dict[str, float]:
                     out[f"{metric}/{key}.{p}"] = float(v)
     if not out:
         hint = "; it holds lr_area fits: add --law lr_area" if "lr_area" in data else ""
+        if isinstance(data, Mapping) and not hint and not set(data) & set(MT_METRICS):
+            odd = {k: v for k, v in data.items() if not isinstance(v, int | float)}
+            hint = f"; these values are not numbers: {odd}" if odd else ""
         raise ValueError(
             f"--prior {path}: no parameters found; give an MT fits.json of `xlscale fit` or a "
             'JSON object of study parameters, e.g. {"scratch.alpha": 0.4, "cpt.beta": 0.2}' + hint

@@ -110,7 +110,12 @@ def paper_study(
     the synthetic generator's paper values, or a pilot fit (`launch.design.read_prior`)."""
     cands = design.candidates(runs, hardware=hardware, mfu=mfu)
     prior = design.read_prior(prior_path) if prior_path else None
-    model = design.study_model(runs, prior)
+    try:
+        model = design.study_model(runs, prior)
+    except ValueError as e:
+        if not prior_path:
+            raise  # the papers' own values: nothing of the user's to name
+        raise ValueError(f"--prior {prior_path}: {e}") from e
     label = prior_path or "paper (fitting.laws.synthetic)"
     return Study(cands, model, design.targets(model, runs, cands), label)
 
@@ -133,7 +138,10 @@ def schedule_study(
         )
     prior = design_schedule.read_prior(prior_path, runs)
     cands = design_schedule.candidates(runs, prior, hardware=hardware, mfu=mfu)
-    model = design_schedule.study_model(prior)
+    try:
+        model = design_schedule.study_model(prior)
+    except ValueError as e:
+        raise ValueError(f"--prior {prior_path}: {e}") from e
     targets = design_schedule.targets(model, cands)
     return Study(cands, model, targets, prior.source, prior.scales)
 

@@ -40,6 +40,7 @@ ADAPTIVE_SUBDIR = "adaptive"  # `xlscale sweep run --adaptive`'s logs (`launch.a
 ADAPTIVE_DECISIONS_FILE = "decisions.jsonl"  # one decision (run, RUN/SKIP/STOP, why) a line
 ADAPTIVE_FITS_FILE = "fits.jsonl"  # one refit (chip-hours spent, params, 95% intervals) a line
 ADAPTIVE_SESSION_FILE = "session.json"  # the thresholds, hardware and fit settings in force
+ADAPTIVE_ERROR_FILE = "steering_error.txt"  # the traceback of steering that stopped mid-sweep
 
 
 def predictions_file(task: str, step: int) -> str:

@@ -68,6 +68,23 @@ def test_two_stage_cpt_fit_recovers_the_cpt_law(clean_fit):
         robust_fit.fit_cpt(N, D, L, base=dataclasses.replace(base, law="cpt"))
 
 
+def test_cpt_stage_two_takes_a_stage_one_that_fitted_the_size_term_away():
+    # Early curves where the sizes' losses do not differ yet: stage one's optimum drops A·N^-α
+    # (a → -∞, A underflows to 0). Stage two holds stage one's own variables, not log(A), so it
+    # fits instead of failing on "math domain error" (the adaptive sweep's refit in CI, stop 52).
+    sizes = np.array([2e4, 8e4, 3e5])
+    N = np.repeat(sizes, 3)
+    D = np.concatenate([20 * n * np.geomspace(0.05, 1, 3) for n in sizes])
+    L = 1.5 + 700 / D**0.3
+    runs = [f"run{i}" for i in np.repeat(np.arange(3), 3)]
+    base = robust_fit.fit_chinchilla(N, D, L, runs=runs, bootstrap=8, seed=0)
+    assert base.params["A"] == 0.0 and math.isfinite(base.log_params["a"])
+    Lc = 1.5 + 433.3 / (D**0.2 * N**0.08)
+    res = robust_fit.fit_cpt(N, D, Lc, base=base, runs=runs, bootstrap=8, seed=1)
+    assert res.law == "cpt" and all(res.params[k] == base.params[k] for k in ("E", "A", "alpha"))
+    assert math.isfinite(res.params["beta"]) and res.n_bootstrap == 8
+
+
 def test_bootstrap_resamples_runs_and_covers_the_truth():
     # 20 runs (model sizes) × 10 evaluations along training, as the CPT paper fits curves
     # (200 points: the compiled screen is shared with the full-grid test).

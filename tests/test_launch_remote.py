@@ -309,13 +309,16 @@ def _fake_srun_script(
     end_time: str = "Unknown",
     train_s: float = 0,
     node_addr: bool = True,
+    fails: int = 0,
 ) -> tuple:
     """Runs a rendered script under bash with stand-ins for `srun` (starts the tasks one after
     another, each with its SLURM_PROCID and SLURM_LOCALID), `scontrol` (hosts node7, node8, ...;
     other calls recorded), `squeue` (the job's `end_time`), `scancel` (recorded) and the
     trainer's `python` (prints the jax.distributed variables it sees, takes `train_s` seconds,
     then exits `exit_code`); returns (exit code, output, calls). `node_addr`: `scontrol show
-    node nodeN` gives the node's address 10.0.0.N (else nothing, as where SLURM has none)."""
+    node nodeN` gives the node's address 10.0.0.N (else nothing, as where SLURM has none).
+    `fails`: `squeue` and `scancel` each fail their first `fails` calls, as a busy controller's
+    do (recorded too)."""
     bin_dir = tmp_path / f"bin{exit_code}_{restarts}_{nodes}x{tasks_per_node}_{train_s}"
     bin_dir.mkdir()
     calls = bin_dir / "calls"
@@ -339,8 +342,18 @@ def _fake_srun_script(
         f'if [ "$1" = show ]; then printf "{hosts}\\n"; exit; fi\n'
         f'echo "scontrol $*" >> {calls}\n'
     )
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\necho {end_time}\n")
-    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "scancel $*" >> {calls}\n')
+    for tool, answer in (
+        ("squeue", f"echo {end_time}"),
+        ("scancel", f'echo "scancel $*" >> {calls}'),
+    ):
+        tries = bin_dir / f"{tool}.tries"
+        (bin_dir / tool).write_text(
+            f"#!/bin/sh\necho x >> {tries}\n"
+            f'if [ "$(wc -l < {tries})" -le {fails} ]; then\n'
+            f'  echo "{tool} failed" >> {calls}\n'
+            f'  echo "{tool}: error: Socket timed out on send/recv operation" >&2; exit 1\nfi\n'
+            f"{answer}\n"
+        )
     (bin_dir / "python").write_text(
         '#!/bin/sh\necho "task $SLURM_PROCID: coordinator=${JAX_COORDINATOR_ADDRESS:-} '
         "processes=${JAX_NUM_PROCESSES:-} id=${JAX_PROCESS_ID:-} "
@@ -476,6 +489,34 @@ def test_slurm_script_sends_sigterm_before_the_time_limit_of_each_start(runs, tm
     now = datetime.datetime.now().isoformat(timespec="seconds")
     code, out, calls = _fake_srun_script(script, tmp_path, exit_code=0, restarts=2, end_time=now)
     assert "the time limit is less than 2 s away: no SIGTERM before it" in out
+
+
+def test_slurm_script_asks_a_busy_controller_again(runs, tmp_path):
+    # squeue (the end time) and scancel (the SIGTERM) each time out once, as a busy slurmctld's
+    # do: each asks again, and the trainer still gets its SIGTERM 2 s before the limit.
+    launcher = slurm.SlurmLauncher(gpus_per_node=0, signal_before=2, workdir=str(tmp_path))
+    # squeue's retry waits 5 s: the limit is 16 s away, the trainer would outlast it.
+    soon = datetime.datetime.now() + datetime.timedelta(seconds=16)
+    code, out, calls = _fake_srun_script(
+        launcher.render(runs[0]),
+        tmp_path,
+        exit_code=75,
+        restarts=0,
+        end_time=soon.isoformat(timespec="seconds"),
+        train_s=17,
+        fails=1,
+    )
+    assert code == 0, out
+    assert calls == [
+        "squeue failed",
+        "srun",
+        "scancel failed",
+        "scancel --signal=TERM 1042",
+        "scontrol requeue 1042",
+    ], out
+    assert "xlscale: squeue failed (try 1 of 3): squeue: error: Socket timed out" in out
+    assert "xlscale: scancel --signal=TERM 1042 failed (try 1 of 3)" in out
+    assert "xlscale: SIGTERM to the trainer, 2 s before the time limit" in out
 
 
 def test_slurm_sbatch_refusal_fails_the_run_and_blocks_its_dependents(runs, tmp_path):

@@ -103,23 +103,36 @@ def test_an_early_refusal_leaves_no_model_dir_behind(tiny_data, tmp_path, seqio_
     assert (tmp_path / "mine").is_dir() and not any((tmp_path / "mine").iterdir())
 
 
+# Sends itself SIGTERM as `argv[1]` (module.function of the start-up) is called: after the lease
+# is taken, while the job is being built or its state set up.
 SIGTERM_AT_START = """
-import os, signal, sys
+import importlib, os, signal, sys
 from rundir import exits
-from trainer import jobs
 from trainer import train as t
-real = jobs.compile_plan
-def build(plan, **kwargs):  # SIGTERM after the lease is taken, while the job is being built
+where, name = sys.argv.pop(1).rsplit(".", 1)
+module = importlib.import_module(where)
+real = getattr(module, name)
+def called(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
-    return real(plan, **kwargs)
-jobs.compile_plan = build
+    return real(*args, **kwargs)
+setattr(module, name, called)
 sys.exit(exits.run_main(t.main, prog="python -m trainer.train", argv=sys.argv[1:]))
 """
 
 
-def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(tiny_data, tmp_path):
+@pytest.mark.parametrize(
+    ("during", "stops_before"),
+    [
+        ("trainer.jobs.compile_plan", "initialising the state"),  # a restore is skipped too
+        ("trainer.start_state.initial_state", "opening the data"),
+    ],
+)
+def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(
+    tiny_data, tmp_path, during, stops_before
+):
     # Issue 26: a SIGTERM between taking the lease and the training loop used to kill the job
-    # (exit -15) with MODEL_DIR/LEASE left behind.
+    # (exit -15) with MODEL_DIR/LEASE left behind. The trainer stops at the next point of its
+    # start-up, not after all of it: a short notice is not spent restoring or opening the data.
     import os
     import subprocess
     import sys
@@ -140,7 +153,7 @@ def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(tiny_dat
         "--gin.EVAL_TASKS=[]",
     ]
     proc = subprocess.run(
-        [sys.executable, "-c", SIGTERM_AT_START, *flags],
+        [sys.executable, "-c", SIGTERM_AT_START, during, *flags],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -152,7 +165,10 @@ def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(tiny_dat
     assert not (model_dir / "checkpoints").exists() or not any(
         (model_dir / "checkpoints").iterdir()
     )
-    assert "SIGTERM during start-up" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"stopping before {stops_before} (SIGTERM during start-up" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # Nothing trained, so no run file: the rerun is a fresh start.
+    assert not (model_dir / "run.json").exists(), sorted(p.name for p in model_dir.iterdir())
 
 
 def test_reading_a_checkpoint_logs_no_orbax_read_only_notices(tmp_path, caplog):

@@ -2,6 +2,7 @@
 the `[design]` manifest that expands to exactly the chosen runs with unchanged ids."""
 
 import json
+import re
 import tomllib
 
 import pytest
@@ -177,6 +178,31 @@ def test_prior_from_a_json_of_study_parameters(tmp_path, smoke_runs):
     path.write_text("[]")
     with pytest.raises(ValueError, match="--prior .*no parameters found"):
         design.read_prior(path)
+
+
+@pytest.mark.parametrize(
+    ("prior", "said"),
+    [
+        ({"scratch.A": 0.0}, "study prior scratch.A = 0: allowed: finite numbers, and the laws' "
+         r"scales \(E, A, B, k\) above 0"),
+        ({"cpt.beta": float("nan")}, "study prior cpt.beta = nan: allowed"),
+        ({"scratch.alpha": "0.3"}, "no parameters found; .*these values are not numbers: "
+         "{'scratch.alpha': '0.3'}"),
+    ],
+)  # fmt: skip
+def test_a_prior_the_design_cannot_use_is_refused_naming_the_file_and_value(
+    tmp_path, capsys, prior, said
+):
+    # A scale of 0 has no log (the design's variables): it used to end `sweep design` on "math
+    # domain error"; a NaN used to write a design of NaNs.
+    path = tmp_path / "prior.json"
+    path.write_text(json.dumps(prior))
+    out = tmp_path / "d.toml"
+    args = ["sweep", "design", "demo", "--budget", "1", "--hardware", "8xH100"]
+    assert main([*args, "--prior", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(f"xlscale sweep: --prior {path}: {said}", err), err
+    assert not out.exists()
 
 
 def test_a_designed_manifest_designs_again_from_its_full_grid(tmp_path, capsys):

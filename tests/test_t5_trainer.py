@@ -25,7 +25,7 @@ import sacrebleu
 from convert import init_checkpoints
 from pipelines import features
 from rundir import records as rundir_records
-from trainer import checkpoints, downstream, model_spec, recipes, steps
+from trainer import checkpoints, downstream, model_spec, recipes, start_state, steps
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -289,7 +289,7 @@ def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_
     finally:
         seqio_state.restore(saved)
     store = checkpoints.CheckpointStore(mt_runs["root"] / "empty", CheckpointConfig())
-    state, _, init = train_lib._initial_state(
+    state, _, init = start_state.initial_state(
         job, store, resume=False, init_checkpoint=source, seed=3
     )
     store.close()

@@ -27,7 +27,7 @@ from conftest import fast_compile_flags
 from convert import init_checkpoints
 from rundir import names
 from rundir import records as rundir_records
-from trainer import checkpoints, data, model_spec
+from trainer import checkpoints, data, model_spec, start_state
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -221,7 +221,7 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
         compile_train=False,
     )
     store = checkpoints.CheckpointStore(tmp_path / "empty", CheckpointConfig())
-    state, saved, init = train_lib._initial_state(
+    state, saved, init = start_state.initial_state(
         job, store, resume=False, init_checkpoint=source, seed=1
     )
     store.close()

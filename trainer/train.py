@@ -38,14 +38,22 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from convert import init_checkpoints
 from rundir import exits, finetune_recipes, paper_units, records, storage
 from rundir import lease as lease_lib
 from rundir.lease import LeaseConfig
 from rundir.run_record import Strategy
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
-from trainer import divergence, eval_schedule, gin_entry, jobs, model_spec, run_files, validation
+from trainer import (
+    divergence,
+    eval_schedule,
+    gin_entry,
+    jobs,
+    model_spec,
+    run_files,
+    start_state,
+    validation,
+)
 from trainer import eval as eval_lib
 from trainer import loop as loop_lib
 from trainer import metrics_log as metrics_lib
@@ -247,6 +255,10 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
     log.info("%s", platform_lib.describe())
     log.info("%s", plan_lib.describe(plan))
     job = jobs.compile_plan(plan.job)
+    # SIGTERM only here (stop requests are polled by the watcher, built with the store below).
+    if sigterm is not None and sigterm.event.is_set():  # before a restore that may take minutes
+        first = "restoring" if plan.resuming else "initialising"
+        return _stopped_at_start_up(plan, before=f"{first} the state", step=plan.resume_step or 0)
     model_dir = plan.model_dir
     is_chief = jax.process_index() == 0
     if is_chief:
@@ -257,7 +269,7 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
     failed: BaseException | None = None
     training = None
     try:
-        state, saved, init = _initial_state(
+        state, saved, init = start_state.initial_state(
             job,
             store,
             resume=plan.resuming,
@@ -265,6 +277,10 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
             seed=plan.seed,
         )
         start = int(saved.get("step", 0))
+        if watcher.signalled():  # before opening the input pipeline (seconds for large mixtures)
+            return _stopped_at_start_up(
+                plan, before="opening the data", step=start, tokens=int(saved.get("tokens", 0))
+            )
         files = run_files.RunFiles(
             record=run_files.run_record(
                 job,
@@ -315,6 +331,20 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
         _close(watcher, writer, store, failed=failed)
 
 
+def _stopped_at_start_up(
+    plan: plan_lib.RunPlan, *, before: str, step: int, tokens: int = 0
+) -> TrainResult:
+    """A run told to stop (SIGTERM, a stop request) while it starts: nothing trained since its
+    last checkpoint, so nothing to save. It stops at the next point of its start-up rather than
+    after all of it, so a short notice (a preemptible VM's, a scheduler's SIGTERM before its time
+    limit) is not spent restoring and compiling; a rerun resumes. `step`, `tokens`: where the run
+    stands (0 tokens when the state was not read yet)."""
+    log.warning("stopping before %s (SIGTERM during start-up or a stop request)", before)
+    return TrainResult(
+        model_dir=os.fspath(plan.model_dir), step=step, tokens=tokens, completed=False
+    )
+
+
 def _close(watcher, writer, store, *, failed: BaseException | None) -> None:
     """Stops the preemption watcher, the metrics writer and the checkpoint store.
 
@@ -335,43 +365,6 @@ def _close(watcher, writer, store, *, failed: BaseException | None) -> None:
             if failed is None:
                 raise
             log.warning("while stopping after %s: %s", type(failed).__name__, e)
-
-
-def _initial_state(job: Job, store, *, resume: bool, init_checkpoint: str | None, seed: int):
-    """Resumed state (with its saved JSON) when `resume`, else a fresh one (from
-    `init_checkpoint` if given) and the `init_*` fields of `run.json`."""
-    if resume:
-        abstract = job.abstract_state_with_shardings()
-        # The newest step that verifies, loads and is finite (newer ones are logged and set aside:
-        # corrupt files, or non-finite values written by older code).
-        latest, params, opt_state, saved = store.restore_latest_intact(
-            abstract_params=abstract.params, abstract_opt_state=abstract.opt_state
-        )
-        state = job.assemble_state(
-            params=params,
-            opt_state=opt_state,
-            step=int(saved["step"]),
-            rng=np.asarray(saved["rng"], np.uint32),
-            skipped=int(saved.get("skipped", 0)),
-        )
-        log.info("resuming from step %d", latest)
-        return state, saved, {}
-    rng = np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32)
-    if init_checkpoint is None:
-        return job.init_state(rng), {}, {}
-    params, directory, step = ckpt_lib.restore_init_params(
-        init_checkpoint, abstract_params=job.abstract_state_with_shardings().params
-    )
-    init = {
-        # The source run's MODEL_DIR (where its run.json is), not its checkpoints/ folder.
-        "init_checkpoint": os.fspath(
-            directory.parent if directory.name == ckpt_lib.CHECKPOINTS_SUBDIR else directory
-        ),
-        "init_step": step,
-        "init_params_hash": init_checkpoints.params_hash(params),
-    }
-    log.info("initialised params from %s step %d", directory, step)
-    return job.init_state(rng, params=params), {}, init
 
 
 class _Training:
@@ -557,10 +550,9 @@ class _Training:
         """Steps `start+1 .. total` with the log and checkpoint hooks, then `COMPLETED`."""
         start, total = self.start, self.job.total_steps
         if watcher.signalled():  # SIGTERM or a stop request at start-up: nothing to save
-            log.warning(
-                "stopping before step %d (SIGTERM during start-up or a stop request)", start + 1
+            return _stopped_at_start_up(
+                self.plan, before=f"step {start + 1}", step=start, tokens=self.counters.tokens
             )
-            return self.result(start, completed=False)
         if start == 0 and 0 in self.eval_at:
             self.log_record(
                 {**self.counters.record(0, **self.job.flops_kwargs()), **self.evaluate(0)}

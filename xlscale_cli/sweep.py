@@ -19,6 +19,7 @@ import sys
 
 from launch import cli_options, estimate, launchers, run_selection, t5x_runner, zeroshot_stage
 from launch import status as run_states
+from launch.adaptive_loop import SteeringError
 from launch.runs import RUNNERS
 from launch.sweep import expand, load_manifest, select
 from xlscale_cli import sweep_adaptive
@@ -444,7 +445,7 @@ def run(args) -> int:
     actions["adaptive"] = lambda args: sweep_adaptive.replay(args, _manifest(args))
     try:
         return actions[args.action](args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, SteeringError) as e:
         print(f"xlscale sweep: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

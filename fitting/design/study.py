@@ -133,6 +133,12 @@ class StudyModel:
         missing = needed - set(self.prior)
         if missing:
             raise ValueError(f"study prior lacks {sorted(missing)}")
+        bad = self.unusable(self.prior)
+        if bad:
+            raise ValueError(
+                f"study prior {bad}: allowed: finite numbers, and the laws' scales "
+                f"({', '.join(formulas.LOG_VARIABLES)}) above 0"
+            )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -159,6 +165,19 @@ class StudyModel:
             if b.name == name:
                 return b
         raise KeyError(f"no block {name!r}; the study has {[b.name for b in self.blocks]}")
+
+    def unusable(self, params: Mapping[str, float]) -> str:
+        """The study parameters among `params` that the design cannot work with, as
+        "scratch.A = 0, ..." (empty when none): a value that is not finite, or a scale
+        (`log_scaled`) at or below 0, whose log (`to_internal`) does not exist. A prior must
+        have none; a fit with one is degenerate (early curves where the larger model is not
+        ahead yet fit A·N^-α away, and A underflows to 0)."""
+        scaled = dict(self._scales())
+        return ", ".join(
+            f"{p} = {float(v):.3g}"
+            for p, v in params.items()
+            if p in scaled and (not math.isfinite(float(v)) or (scaled[p] and float(v) <= 0))
+        )
 
     def to_internal(self, params: Mapping[str, float]) -> np.ndarray:
         """The vector the design differentiates: logs of scales, other parameters as they are."""

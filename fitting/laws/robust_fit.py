@@ -391,19 +391,33 @@ def fit_cpt(N, D, L, *, base: FitResult, **options: Unpack[FitOptions]) -> FitRe
         where = f"cpt/{series}" if series else "cpt"
         raise Unidentifiable(f"{where}: base fit has non-finite E, A or alpha")
     spec = formulas.fit_spec("cpt")
-    fixed = formulas.to_internal({p: base.params[p] for p in spec.fixed_params})
+    names = [formulas.LOG_VARIABLES.get(p, p) for p in spec.fixed_params]
+    if all(n in base.log_params for n in names):
+        # Stage one's own variables, not log(exp(·)): a scale it fitted away (A·N^-α where the
+        # sizes' losses do not differ yet) underflows to A = 0, which has no log.
+        fixed = {n: base.log_params[n] for n in names}
+    else:
+        fixed = formulas.to_internal({p: base.params[p] for p in spec.fixed_params})
+    # A resample whose stage one fitted a scale away cannot seed its lane (see above).
+    samples = [s for s in base.samples if _positive_scales(s, spec.fixed_params)]
     res = fit_law(
         spec,
         [N, D],
         L,
         fixed=fixed,
-        fixed_samples=list(base.samples) or None,
+        fixed_samples=samples or None,
         input_names=("N", "D"),
         **options,
     )
     # Report stage one's values bit for bit (not their exp(log(·)) round trip).
     params = {**res.params, **{k: base.params[k] for k in spec.fixed_params}}
     return dataclasses.replace(res, params=params)
+
+
+def _positive_scales(values: Mapping[str, float], params: Sequence[str]) -> bool:
+    """Whether every scale among `params` (`formulas.LOG_VARIABLES`) is positive and finite."""
+    scales = [values[p] for p in params if p in formulas.LOG_VARIABLES]
+    return all(0 < v < math.inf for v in scales)
 
 
 def fit_loss_compute(C, L, **options: Unpack[FitOptions]) -> FitResult:

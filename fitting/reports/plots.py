@@ -229,7 +229,11 @@ def isoloss(
         ax.set_xlabel("compute C (FLOPs)")
         ax.set_ylabel("parameters N")
         ax.set_title(f"{title}: {name} law IsoLoss{_flag(f)}")
-        ax.legend(fontsize=7, loc="upper right")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper right")
+        else:  # say so on the figure, rather than leave an empty legend (the report says why)
+            ax.text(0.02, 0.02, "no law has an interior compute optimum", fontsize=7,
+                    transform=ax.transAxes)  # fmt: skip
     return _save(fig, path)
 
 
