@@ -12,6 +12,13 @@ from modeling.remat import REMAT_POLICIES
 
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 
+# Target backends on which projections that share an input run as one matmul over weights
+# stacked on a new, unsharded axis (q/k/v; w1/w3). Fewer, larger dots are faster on CPU; on TPU
+# and GPU the stacking copies the weights every step, and slicing the stacked result and
+# broadcasting its gradient move more bytes than the separate dots cost (XLA's TPU estimate).
+# The parameters stay separate either way, so checkpoints do not depend on it.
+STACKED_PROJECTION_BACKENDS = frozenset({"cpu"})
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LlamaConfig:

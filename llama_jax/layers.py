@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
-from llama_jax.config import LlamaConfig
+from llama_jax.config import STACKED_PROJECTION_BACKENDS, LlamaConfig
 from modeling import axes
-from modeling.attention import attend
+from modeling.attention import attend, target_backend
 
 param_with_axes = nn_partitioning.param_with_axes
 constrain = nn_partitioning.with_sharding_constraint
@@ -96,6 +96,13 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
     return index - start_index
 
 
+def stack_projections() -> bool:
+    """Whether the program being traced stacks its shared-input projections: by the target
+    backend (`modeling.attention.target_backend`, the mesh's platform when compiling ahead of
+    time for a TPU topology on a CPU host): `STACKED_PROJECTION_BACKENDS`."""
+    return target_backend() in STACKED_PROJECTION_BACKENDS
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm with a learned scale and no bias (Zhang & Sennrich 2019)."""
 
@@ -163,10 +170,10 @@ class Attention(nn.Module):
             names = (axes.EMBED, axes.HEADS, axes.KV)
             return weight(cfg, name, kernel_init(0, (1, 2)), shape, names).astype(dtype)
 
-        # Projections that share a shape run as one matmul over weights stacked on a new,
-        # unsharded axis (fewer, larger dots are faster on CPU; the parameters stay separate).
         wq, wk, wv = kernel("query", heads), kernel("key", kv_heads), kernel("value", kv_heads)
-        if kv_heads == heads:
+        if not stack_projections():
+            query, key, value = (jnp.einsum("bld,dhk->blhk", x, w) for w in (wq, wk, wv))
+        elif kv_heads == heads:
             qkv = jnp.einsum("bld,dshk->blshk", x, jnp.stack([wq, wk, wv], axis=1))
             query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         else:
@@ -237,10 +244,12 @@ class MLP(nn.Module):
         w1 = kernel("w1", (d_model, d_ff), (axes.EMBED, axes.MLP))
         w3 = kernel("w3", (d_model, d_ff), (axes.EMBED, axes.MLP))
         w2 = kernel("w2", (d_ff, d_model), (axes.MLP, axes.EMBED))
-        # w1 and w3 run as one matmul over weights stacked on a new, unsharded axis.
-        gate_up = jnp.einsum("bld,dsf->blsf", x, jnp.stack([w1, w3], axis=1))
-        gate = constrain(gate_up[:, :, 0], axes.ACT_MLP)
-        up = constrain(gate_up[:, :, 1], axes.ACT_MLP)
+        if stack_projections():
+            gate_up = jnp.einsum("bld,dsf->blsf", x, jnp.stack([w1, w3], axis=1))
+            gate, up = gate_up[:, :, 0], gate_up[:, :, 1]
+        else:
+            gate, up = jnp.einsum("bld,df->blf", x, w1), jnp.einsum("bld,df->blf", x, w3)
+        gate, up = constrain(gate, axes.ACT_MLP), constrain(up, axes.ACT_MLP)
         hidden = swiglu(gate, up)
         return constrain(jnp.einsum("blf,fd->bld", hidden, w2), axes.ACT_EMBED)
 

@@ -10,11 +10,12 @@ sequence of `S` tokens, with `c` the compute dtype's bytes:
   (`S·(2H + 2K)·h·c`) and the RoPE sine/cosine tables (`8·S·h`); SwiGLU's gate and up
   projections and their product (`3·S·F·c`: the SiLU is rematerialised,
   `llama_jax.layers.swiglu`); and the attention kernel's own residuals: the `xla` kernel keeps
-  the masked float32 logits, their exponent, the weights (compute dtype) and the boolean mask,
-  each `[H, S, S]` (`H·S²·(9 + c)`), while `cudnn` and `splash` keep only float32 softmax
+  only the weights in the compute dtype, `[H, S, S]` (`H·S²·c`: its softmax's backward pass
+  runs from them, `modeling.attention.softmax_as`), while `cudnn` and `splash` keep only float32 softmax
   statistics `[H, S]` (cuDNN on a packed batch also a `[1, S, S]` boolean mask and the bias it
-  becomes). It also keeps the compute-dtype copies of the block's weights (the stacked q/k/v
-  and w1/w3 matrices; with bf16 compute every cast weight): per layer, not per sequence.
+  becomes). It also keeps the compute-dtype copies of the block's weights (on CPU, where the
+  projections run stacked, the stacked q/k/v and w1/w3 matrices; with bf16 compute every cast
+  weight): per layer, not per sequence.
 - `dots_saveable` keeps only matmul outputs: q/k/v, the out projection, gate/up, and with the
   `xla` kernel the float32 attention logits and the attention output (a fused kernel is not a
   matmul to JAX, so its outputs are recomputed).
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from llama_jax.config import LlamaConfig
+from llama_jax.config import STACKED_PROJECTION_BACKENDS, LlamaConfig
 from modeling.memory import (
     DTYPE_BYTES,
     ActivationMemory,
@@ -47,8 +48,8 @@ def _attention_kernel_bytes(cfg: LlamaConfig, *, seq_len: int, kernel: str, pack
     c = DTYPE_BYTES[cfg.dtype]
     heads, s = cfg.num_heads, seq_len
     by_kernel = {
-        # masked float32 logits, exp, weights in the compute dtype, the boolean mask
-        "xla": heads * s * s * (4 + 4 + c + 1),
+        # the weights in the compute dtype (`modeling.attention.softmax_as`)
+        "xla": heads * s * s * c,
         # float32 softmax statistics; a packed batch's [1, S, S] mask and its bias
         "cudnn": 4 * heads * s + (s * s * (1 + c) if packed else 0),
         # float32 logsumexp and max per query row
@@ -57,11 +58,14 @@ def _attention_kernel_bytes(cfg: LlamaConfig, *, seq_len: int, kernel: str, pack
     return by_kernel[kernel]
 
 
-def _weight_copies(cfg: LlamaConfig) -> int:
-    """Per layer, the compute-dtype weight copies policy `none` keeps (not per sequence)."""
+def _weight_copies(cfg: LlamaConfig, *, stacked: bool) -> int:
+    """Per layer, the compute-dtype weight copies policy `none` keeps (not per sequence);
+    `stacked`: the shared-input projections run stacked (`llama_jax.layers.stack_projections`)."""
     c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
     d, f, h = cfg.d_model, cfg.d_ff, cfg.head_size
     q, kv = cfg.num_heads * h, cfg.kv_heads * h
+    if c == w and not stacked:  # no casts, no stacks: the parameters themselves
+        return 0
     if c == w:  # no casts: only the stacked matrices are new arrays
         qkv = 3 * d * q if cfg.kv_heads == cfg.num_heads else 2 * d * kv
         return c * (qkv + 2 * d * f)
@@ -69,10 +73,11 @@ def _weight_copies(cfg: LlamaConfig) -> int:
 
 
 def layer_saved(
-    cfg: LlamaConfig, *, policy: str, seq_len: int, kernel: str, packed: bool
+    cfg: LlamaConfig, *, policy: str, seq_len: int, kernel: str, packed: bool, platform: str = "cpu"
 ) -> tuple[int, int]:
     """(bytes per sequence, bytes per layer independent of the batch) one block saves under
-    `policy` (see the module docstring)."""
+    `policy` (see the module docstring) on `platform` (which decides whether the projections
+    run stacked: `llama_jax.layers.STACKED_PROJECTION_BACKENDS`)."""
     c = DTYPE_BYTES[cfg.dtype]
     s, d, f, h = seq_len, cfg.d_model, cfg.d_ff, cfg.head_size
     q, kv = s * cfg.num_heads * h, s * cfg.kv_heads * h
@@ -93,11 +98,11 @@ def layer_saved(
         + 3 * s * f * c  # SwiGLU: gate, up, and their product (the SiLU is recomputed)
         + _attention_kernel_bytes(cfg, seq_len=s, kernel=kernel, packed=packed)
     )
-    return per_seq, _weight_copies(cfg)
+    return per_seq, _weight_copies(cfg, stacked=platform in STACKED_PROJECTION_BACKENDS)
 
 
 def activation_memory(
-    cfg: LlamaConfig, *, batch: int, seq_len: int, kernel: str, packed: bool
+    cfg: LlamaConfig, *, batch: int, seq_len: int, kernel: str, packed: bool, platform: str = "cpu"
 ) -> ActivationMemory:
     """`ActivationMemory` of `batch` sequences on one device under `cfg.remat_policy`.
 
@@ -106,10 +111,15 @@ def activation_memory(
     """
     c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
     per_seq, per_layer = layer_saved(
-        cfg, policy=cfg.remat_policy, seq_len=seq_len, kernel=kernel, packed=packed
+        cfg,
+        policy=cfg.remat_policy,
+        seq_len=seq_len,
+        kernel=kernel,
+        packed=packed,
+        platform=platform,
     )
     full_seq, full_layer = layer_saved(
-        cfg, policy="none", seq_len=seq_len, kernel=kernel, packed=packed
+        cfg, policy="none", seq_len=seq_len, kernel=kernel, packed=packed, platform=platform
     )
     outside = 2 * seq_len * cfg.d_model * c  # last block's output, the final norm's
     return ActivationMemory(
@@ -156,7 +166,12 @@ def memory_estimate(cfg: LlamaConfig, *, shape: StepShape) -> MemoryEstimate:
         param_shapes=param_shapes(cfg),
         param_dtype=cfg.param_dtype,
         activations=lambda batch: activation_memory(
-            cfg, batch=batch, seq_len=shape.seq_len, kernel=kernel, packed=shape.packed
+            cfg,
+            batch=batch,
+            seq_len=shape.seq_len,
+            kernel=kernel,
+            packed=shape.packed,
+            platform=shape.platform,
         ),
         shape=shape,
         remat_policy=cfg.remat_policy,

@@ -4,7 +4,8 @@ Callers say what defines the mask (a causal flag, packed-document segment ids, a
 such as T5's relative positions, the query offset of a cached decoding step) and never build a
 `[B, 1, Q, K]` mask themselves, so a fused kernel can keep the mask implicit:
 
-- `xla`: einsum logits in float32 (or wider), masked softmax, einsum. The reference, and the only
+- `xla`: einsum logits in float32 (or wider), masked softmax (whose backward pass keeps only the
+  compute-dtype probabilities, `softmax_as`), einsum. The reference, and the only
   kernel for cached decoding, attention-weight dropout and anything else a fused kernel refuses.
 - `cudnn`: cuDNN fused (flash) attention on GPU, bf16/fp16 (`jax._src.cudnn.
   fused_attention_stablehlo`, what `jax.nn.dot_product_attention(implementation="cudnn")` calls);
@@ -120,6 +121,34 @@ def reference_mask(
     return mask
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def softmax_as(logits: Array, dtype) -> Array:
+    """`softmax(logits)` over the last axis, computed in the logits' (float32) dtype and returned
+    in `dtype` (the compute dtype), keeping only that output for the backward pass.
+
+    Plain autodiff keeps the float32 probabilities for softmax's backward beside the `dtype`
+    copy the value einsum keeps: with bf16 compute, 6 bytes per `[B, H, Q, K]` element per layer
+    instead of 2 (MaxText's attention keeps the bf16 probabilities only). The backward pass
+    here, `p * (g - sum(g * p))`, runs in float32 from the kept `dtype` probabilities; with a
+    float32 (or wider) compute dtype it is exactly softmax's own."""
+    return jax.nn.softmax(logits, axis=-1).astype(dtype)
+
+
+def _softmax_as_fwd(logits: Array, dtype) -> tuple[Array, Array]:
+    probs = softmax_as(logits, dtype)
+    return probs, probs
+
+
+def _softmax_as_bwd(dtype, probs: Array, grad: Array) -> tuple[Array]:
+    del dtype
+    wide = _logits_dtype(probs.dtype)
+    p, g = probs.astype(wide), grad.astype(wide)
+    return (p * (g - jnp.sum(g * p, axis=-1, keepdims=True)),)
+
+
+softmax_as.defvjp(_softmax_as_fwd, _softmax_as_bwd)
+
+
 def _xla(
     query, key, value, *, causal, q_segment_ids, kv_segment_ids, bias, q_offset, scale, dropout
 ):
@@ -142,8 +171,12 @@ def _xla(
             kv_segment_ids=kv_segment_ids,
             q_offset=q_offset,
         )
-        logits = jnp.where(mask[:, :, None], logits, MASK_VALUE)
-    weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+        # Added, not selected: a select's backward pass keeps the float32 logits it chose
+        # from (JAX saves them to build its zero tangent), an addition keeps nothing. Beside
+        # MASK_VALUE the logits are far below one unit in the last place, so the sum is
+        # MASK_VALUE itself, as the select gave.
+        logits = logits + jnp.where(mask[:, :, None], 0.0, MASK_VALUE).astype(wide)
+    weights = softmax_as(logits, value.dtype)
     if dropout is not None:
         weights = dropout(weights)
     out = jnp.einsum("bkgqs,bskd->bqkgd", weights, value)

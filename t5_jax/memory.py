@@ -6,8 +6,8 @@ As for LLaMA (`llama_jax.memory`), the terms follow what JAX saves for `t5_jax.m
 
 - `none`: per sublayer its norm's input (the block input or a residual sum) and output
   (`2·S·D·c`: the norm itself is rematerialised, `t5_jax.layers.rms_norm`); per attention the
-  query, key, value and output (`(2·Sq + 2·Sk)·a·c`) and the kernel's residuals (`xla`: masked
-  float32 logits, their exponent, weights and boolean mask, `H·Sq·Sk·(9 + c)`; `cudnn`: float32
+  query, key, value and output (`(2·Sq + 2·Sk)·a·c`) and the kernel's residuals (`xla`: the
+  weights in the compute dtype, `H·Sq·Sk·c`; `cudnn`: float32
   statistics and, packed, a `[Sq, Sk]` mask and bias); the MLP's input projections and their
   gated product (gated GELU `3·S·F·c`, ReLU `2·S·F·c`: the activation is rematerialised,
   `t5_jax.layers.gated_product`). With bf16 compute each layer also keeps its cast weights.
@@ -20,7 +20,7 @@ That is what JAX saves; what XLA keeps differs, because T5's layers run in a Pyt
 (unrolled, no scan): with the whole stack in one graph XLA fuses every elementwise chain into
 its consumer and recomputes it there, so under `none` only the fusion outputs stay live
 (`layer_kept_unrolled`: matmul outputs, attention weights, the MLP's product, norm outputs and
-sums): JAX's list less the attention kernel's float32 residuals (measured: CPU compiles of
+sums), not JAX's whole list (measured: CPU compiles of
 t5_small and t5_base, a TPU ahead-of-time compile of T5-770M). The remat policies' lists are already of that kind. On the
 CPU backend XLA also schedules an unrolled stack's recomputation as early as the forward, so
 remat saves nothing there and the estimate counts `none`.
@@ -75,7 +75,7 @@ def _attention(
     if policy == "dots_saveable":
         return projections + (4 * h * sq * sk + sq * a * c if kernel == "xla" else 0)
     by_kernel = {
-        "xla": h * sq * sk * (9 + c),
+        "xla": h * sq * sk * c,  # the weights only (`modeling.attention.softmax_as`)
         "cudnn": 4 * h * sq + (sq * sk * (1 + c) if packed else 0),
         "splash": 8 * h * sq,
     }
@@ -133,8 +133,8 @@ def layer_kept_unrolled(cfg: T5Config, block: Block) -> int:
     consumes it, in the forward and again in the backward, so what stays live between the
     passes is the matmul outputs (`dots_saveable`'s set), the attention weights in the compute
     dtype, the MLP's gated product and each sublayer's norm input and output -- not JAX's
-    residual list (`layer_saved`), whose masked float32 logits and their exponent are
-    recomputed inside fusions.
+    residual list (`layer_saved`), whose query/key/value copies are recomputed inside
+    fusions.
     """
     c = DTYPE_BYTES[cfg.dtype]
     sq, sk, kernel = block.sq, block.sk, block.kernel

@@ -12,6 +12,7 @@ plugin needs nothing but the standard library.
 """
 
 import glob
+import importlib.util
 import os
 import shutil
 import sys
@@ -348,3 +349,32 @@ def tiny_data(tmp_path_factory):
         corpora_dir=corpora, langs=["en", "fr"], out_prefix=root / "vocab" / "tiny", vocab_size=320
     )
     return {"corpora": os.fspath(corpora), "vocab": os.fspath(model)}
+
+
+# `make test` installs libtpu off the import path (`$(VENV)/libtpu-aot`, so no other process
+# loads it or prints its TPU start-up warnings) and names it in XLSCALE_LIBTPU; an installed
+# `jax[tpu]` works too.
+LIBTPU = os.environ.get("XLSCALE_LIBTPU", "")
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None or os.path.isfile(LIBTPU)
+
+
+@pytest.fixture(scope="session")
+def tpu_topology():
+    """`devices(name, num_slices=1)`: the compile-only devices of a TPU topology, to compile for
+    a TPU ahead of time on this CPU; skips the test where libtpu is not installed."""
+    if not HAS_LIBTPU:
+        pytest.skip(
+            "needs libtpu for compile-only TPU devices: `make test` sets XLSCALE_LIBTPU, or "
+            "pip install 'jax[tpu]==0.10.2'"
+        )
+    from jax.experimental import topologies
+
+    def devices(name: str, num_slices: int = 1):
+        with pytest.MonkeyPatch.context() as env:
+            if os.path.isfile(LIBTPU):
+                env.setenv("TPU_LIBRARY_PATH", LIBTPU)
+            # Compile-only: another process (a second pytest, a benchmark) may hold its lock.
+            env.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+            return topologies.get_topology_desc(name, platform="tpu", num_slices=num_slices).devices
+
+    return devices

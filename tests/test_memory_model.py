@@ -81,6 +81,11 @@ def test_llama_block_terms_are_what_jax_saves(policy, dtype):
     assert per_seq + per_layer == pytest.approx(traced, rel=0.05), (per_seq, per_layer, traced)
 
 
+def x_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name."""
+    return jnp.dtype(dtype).itemsize
+
+
 def _t5_block_residual_bytes(cfg, *, decoder: bool, sq: int, sk: int) -> int:
     """Bytes of what JAX saves for one T5 block of one example (weights, the encoder output
     and the shared bias excluded; the block input included)."""
@@ -111,7 +116,10 @@ def test_t5_block_terms_are_what_jax_saves(policy, dtype):
         if policy == "none":
             estimate += t5_memory._layer_weights(cfg, decoder=decoder)
         traced = _t5_block_residual_bytes(cfg, decoder=decoder, sq=sq, sk=sk or sq)
-        # the softmax's [H, Sq, 1] statistics are left out of the estimate
+        if decoder and policy == "none" and cfg.dtype != cfg.param_dtype:
+            # The encoder output is a constant here, so JAX does not keep the cross-attention's
+            # cast key/value weights, which a training step keeps for the encoder's gradient.
+            traced += 2 * cfg.d_model * cfg.num_heads * cfg.head_dim * x_bytes(cfg.dtype)
         assert estimate == pytest.approx(traced, rel=0.02), (decoder, estimate, traced)
 
 
@@ -228,8 +236,9 @@ def test_microbatches_and_shards_shrink_the_estimate():
     estimate = _estimator("llama2", "llama2_1085m")
     one = estimate("none", SHAPE)
     four = estimate("none", SHAPE.replace(num_microbatches=4))
-    # a quarter of the per-sequence residuals; the per-layer weight copies stay
-    assert one.activations / 4 < four.activations < one.activations / 3
+    # a quarter of the per-sequence residuals; the per-layer weight copies (none here: f32
+    # compute, projections unstacked on a GPU) stay
+    assert one.activations / 4 <= four.activations < one.activations / 3
     assert four.gradients == 2 * one.gradients  # an accumulating tree beside each microbatch's
     fsdp = estimate("none", SHAPE.replace(param_shards=8, data_parallel=8, batch_size=64))
     assert fsdp.params == one.params // 8 and fsdp.optimizer_state == one.optimizer_state // 8
@@ -277,7 +286,7 @@ def test_a_step_that_cannot_fit_is_refused_in_one_line():
     assert "\n" not in message
     assert message.startswith("llama2_cpu_d128: the train step needs an estimated 0.8 GiB")
     assert "the device has 0.6 GiB (partitioning.MeshConfig.device_memory_gib)" in message
-    assert "set NUM_MICROBATCHES=2 (est. 0.5 GiB)" in message
+    assert "set NUM_MICROBATCHES=2 (est. 0.4 GiB)" in message
     with pytest.raises(ConfigError, match="nothing fits"):
         _check(0.1)
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 FINITE_PARTS: dict[str, str] = {
     "finite_loss": "loss",
     "finite_grads": "gradients",
-    "finite_update": "updated parameters/optimizer state",
+    "finite_update": "update",
 }
 # A run may skip this many updates whatever its length (one early skip in a short run is fine).
 MIN_SKIPS_TOLERATED = 1
@@ -41,7 +41,7 @@ class NonFiniteError(RuntimeError):
 
 
 def nonfinite_parts(metrics: Mapping[str, Any]) -> list[str]:
-    """What was not finite in one step's metrics (e.g. `['updated parameters/optimizer state']`)."""
+    """What was not finite in one step's metrics (e.g. `['update']`)."""
     parts = [
         what for key, what in FINITE_PARTS.items() if key in metrics and not bool(metrics[key])
     ]

@@ -1,10 +1,12 @@
 """The one place that builds the device mesh and turns logical axis names into shardings.
 
 The mesh has the axes `('data', 'fsdp', 'model')` (`modeling.axes.MESH_AXES`); its sizes come from
-a `MeshConfig` in which one size may be -1 ("all remaining devices"). Parameters and optimizer
-state are sharded by the model's logical axis rules through `NamedSharding`; batches are sharded
-along their leading axis over every data-parallel mesh axis (`data` and `fsdp`), and each host
-contributes only its own rows (`jax.make_array_from_process_local_data`).
+a `MeshConfig` in which one size may be -1 ("all remaining devices"); on several TPU slices
+(`MeshConfig.num_slices`) the sizes are those of one slice and `data` also spans the slices.
+Parameters and optimizer state are sharded by the model's logical axis rules through
+`NamedSharding`; batches are sharded along their leading axis over every data-parallel mesh axis
+(`data` and `fsdp`), and each host contributes only its own rows
+(`jax.make_array_from_process_local_data`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ class MeshConfig:
     ['bytes_limit']` on GPU/TPU) and checks nothing where that is unknown (CPU). Bind it
     (`partitioning.MeshConfig.device_memory_gib = 16`) to plan for a smaller chip, or to allow
     more than the device reports when the estimate is known to be high.
+
+    `num_slices` > 1 makes a multi-slice mesh (TPU slices joined by the data-center network,
+    MaxText's `dcn_data_parallelism`): `data`, `fsdp` and `model` then describe the mesh within
+    one slice (ICI; -1 takes that slice's remaining devices), and the slices are data-parallel
+    replicas of it, so the mesh's `data` axis has `num_slices * data` entries with each slice's
+    devices contiguous along it. Only the gradient all-reduce over `data` crosses the slow network;
+    `fsdp` and `model` collectives stay inside a slice. Bind it with
+    `partitioning.MeshConfig.num_slices = 2`.
     """
 
     data: int = -1
@@ -51,6 +61,7 @@ class MeshConfig:
     model: int = 1
     num_devices: int | None = None
     device_memory_gib: float | None = None
+    num_slices: int = 1
 
     def sizes(self) -> dict[str, int]:
         """The requested sizes by axis name (may contain -1)."""
@@ -169,7 +180,14 @@ def build_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) 
     """Builds the `('data', 'fsdp', 'model')` mesh over `devices` (default: all devices).
 
     Uses the physical topology (`mesh_utils.create_device_mesh`) where JAX knows it, so that the
-    `model` axis lands on the fastest interconnect; falls back to device order otherwise.
+    `model` axis lands on the fastest interconnect; falls back to device order otherwise. With
+    `config.num_slices` > 1 the mesh is hybrid (`mesh_utils.create_hybrid_device_mesh`): one
+    `(data, fsdp, model)` block per slice, stacked along `data` in slice order, so that only the
+    `data` axis spans the data-center network between slices.
+
+    Raises:
+      ValueError: `num_devices` or `num_slices` out of range (naming the field, its value and
+        what is allowed), or mesh sizes that do not fit the devices (of one slice).
     """
     devices = list(jax.devices() if devices is None else devices)
     if config.num_devices is not None:
@@ -178,15 +196,104 @@ def build_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) 
                 f"MeshConfig.num_devices = {config.num_devices}: allowed 1..{len(devices)}"
             )
         devices = devices[: config.num_devices]
-    sizes = resolve_mesh_shape(config, len(devices))
+    num_slices = _check_num_slices(config.num_slices, len(devices))
+    slices = _slices(devices, num_slices)
+    try:
+        sizes = resolve_mesh_shape(config, len(slices[0]))
+    except ValueError as e:
+        if num_slices == 1:
+            raise
+        raise ValueError(
+            f"{e} in each slice ({len(devices)} devices / MeshConfig.num_slices = {num_slices})"
+        ) from None
     shape = tuple(sizes[name] for name in MESH_AXES)
+    if num_slices == 1:
+        return Mesh(_slice_grid(shape, devices), MESH_AXES)
+    grid = None
+    if _has_slice_index(devices):
+        from jax.experimental import mesh_utils
+
+        try:
+            grid = mesh_utils.create_hybrid_device_mesh(
+                mesh_shape=shape, dcn_mesh_shape=(num_slices, 1, 1), devices=devices
+            )
+        except (ValueError, AssertionError):
+            grid = None  # a slice JAX cannot lay out physically: device order within each slice
+    if grid is None:
+        grid = np.concatenate([_slice_grid(shape, group) for group in slices], axis=0)
+    return Mesh(grid, MESH_AXES)
+
+
+def _check_num_slices(num_slices: Any, num_devices: int) -> int:
+    """`num_slices`, after checking it is a positive integer that divides the device count.
+
+    Raises:
+      ValueError: naming `MeshConfig.num_slices`, its value and what is allowed.
+    """
+    if isinstance(num_slices, bool) or not isinstance(num_slices, int) or num_slices < 1:
+        raise ValueError(
+            f"MeshConfig.num_slices = {num_slices!r}: allowed an integer >= 1 (the number of "
+            "slices the mesh is data-parallel across; 1 = a single slice)"
+        )
+    if num_devices % num_slices:
+        divisors = [n for n in range(1, num_devices + 1) if num_devices % n == 0]
+        raise ValueError(
+            f"MeshConfig.num_slices = {num_slices}: {num_devices} devices do not split into "
+            f"{num_slices} equal slices; allowed {', '.join(map(str, divisors))}"
+        )
+    return num_slices
+
+
+def _has_slice_index(devices: Sequence[jax.Device]) -> bool:
+    """Whether every device says which slice it is in (TPU devices, compile-only ones too)."""
+    return all(getattr(device, "slice_index", None) is not None for device in devices)
+
+
+def _slices(devices: Sequence[jax.Device], num_slices: int) -> list[list[jax.Device]]:
+    """The devices of each slice, in slice order.
+
+    Devices with a `slice_index` (TPU) are grouped by it, and must form exactly `num_slices`
+    slices of equal size: a mismatch is a configuration error, since a slice split across `fsdp`
+    or `model` would put their collectives on the slow network. Devices without one (CPU, used
+    by tests) are split into `num_slices` consecutive groups of the device order. A single slice
+    of non-TPU devices is not checked (GPU devices may report a `slice_index` per host).
+
+    Raises:
+      ValueError: naming `MeshConfig.num_slices` when the devices' slices do not match it.
+    """
+    devices = list(devices)
+    tpu = bool(devices) and devices[0].platform == "tpu"
+    if not _has_slice_index(devices) or (num_slices == 1 and not tpu):
+        per_slice = len(devices) // num_slices
+        return [devices[i * per_slice : (i + 1) * per_slice] for i in range(num_slices)]
+    groups: dict[int, list[jax.Device]] = {}
+    for device in devices:
+        groups.setdefault(device.slice_index, []).append(device)
+    counts = {index: len(groups[index]) for index in sorted(groups)}
+    if len(groups) != num_slices:
+        raise ValueError(
+            f"MeshConfig.num_slices = {num_slices}: the devices are in {len(groups)} slice(s) "
+            f"(devices per slice_index: {counts}); allowed {len(groups)}, the number of slices "
+            "the devices are in"
+        )
+    if len(set(counts.values())) > 1:
+        raise ValueError(
+            f"MeshConfig.num_slices = {num_slices}: the slices hold different numbers of devices "
+            f"(devices per slice_index: {counts}); a multi-slice mesh needs equal slices (check "
+            "MeshConfig.num_devices)"
+        )
+    return [groups[index] for index in sorted(groups)]
+
+
+def _slice_grid(shape: tuple[int, ...], devices: Sequence[jax.Device]) -> np.ndarray:
+    """The devices of one slice as an array of `shape`: laid out by their physical topology
+    (`mesh_utils.create_device_mesh`) where JAX knows it, else in device order."""
     try:
         from jax.experimental import mesh_utils
 
-        grid = mesh_utils.create_device_mesh(shape, devices=devices)
+        return mesh_utils.create_device_mesh(shape, devices=list(devices))
     except (ValueError, AssertionError):
-        grid = np.asarray(devices, dtype=object).reshape(shape)
-    return Mesh(grid, MESH_AXES)
+        return np.asarray(devices, dtype=object).reshape(shape)
 
 
 def data_parallel_size(mesh: Mesh) -> int:

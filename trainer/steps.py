@@ -27,8 +27,8 @@ class TrainState:
       params: the parameter tree.
       opt_state: the optax state.
       rng: base RNG key data (uint32[2]); step `s` uses `fold_in(rng, s)`.
-      skipped: number of updates skipped because the loss, the gradients or the updated
-        parameters/optimizer state were not finite.
+      skipped: number of updates skipped because the loss, the gradients or the update were
+        not finite.
     """
 
     step: jax.Array
@@ -60,14 +60,19 @@ class StepConfig:
 
 
 def tokens_by_component(batch: Mapping[str, jax.Array], num_components: int) -> jax.Array:
-    """Target tokens of the batch per mixture component (int32 `[num_components]`)."""
-    weights = (batch[features.DECODER_LOSS_WEIGHTS] > 0).astype(jnp.int32)
+    """Target tokens of the batch per mixture component (int32 `[num_components]`).
+
+    A comparison against each component id and a sum, not a `segment_sum`: the components are a
+    handful, and a scatter-add is what XLA offloads to a TPU's SparseCore, where its cost model
+    cannot price it (the whole step's `optimal_seconds` then reads negative). Ids outside
+    `[0, num_components)` count for none."""
+    weights = batch[features.DECODER_LOSS_WEIGHTS] > 0
     if features.DECODER_TASK_IDS not in batch:
-        return jnp.zeros((num_components,), jnp.int32).at[0].set(weights.sum())
+        first = jnp.arange(num_components) == 0  # every target counts for the first component
+        return jnp.where(first, weights.sum(dtype=jnp.int32), 0)
     ids = batch[features.DECODER_TASK_IDS]
-    ids = jnp.where((ids >= 0) & (ids < num_components), ids, num_components)
-    counts = jax.ops.segment_sum(weights.ravel(), ids.ravel(), num_segments=num_components + 1)
-    return counts[:num_components]
+    hits = (ids[..., None] == jnp.arange(num_components, dtype=ids.dtype)) & weights[..., None]
+    return hits.sum(axis=tuple(range(ids.ndim)), dtype=jnp.int32)
 
 
 def tree_finite(tree: Any) -> jax.Array:
@@ -103,11 +108,14 @@ def make_train_step(
     """Builds `train_step(state, batch) -> (state, metrics)`.
 
     The loss is normalised per target token of the whole global batch (microbatches included).
-    A step whose loss, gradient norm, updated parameters or updated optimizer state is not finite
-    leaves params and optimizer state untouched (and counts it in `skipped`), so a non-finite
-    state can never be checkpointed: a huge learning rate can turn finite gradients into infinite
-    parameters, which only the updated state shows. The metrics `finite_loss`, `finite_grads` and
-    `finite_update` say which part failed, `finite` whether the update was applied.
+    A step whose loss, gradient norm or update norm is not finite leaves params and optimizer
+    state untouched (and counts it in `skipped`), so a non-finite state can never be
+    checkpointed: a huge learning rate can turn finite gradients into infinite updates, which
+    only the update norm shows. The metrics `finite_loss`, `finite_grads` and `finite_update`
+    say which part failed, `finite` whether the update was applied. The three are global norms
+    (scalars), so the guard costs no pass over the state beyond the update's own; it assumes
+    an optimizer whose state stays finite on finite gradients (AdamW's and Adafactor's running
+    averages of the gradients and their squares do).
 
     Dropout (models that have it) draws from `fold_in(rng, s)` at the s-th update (1-based, so
     never the key that initialised the parameters), folded with the microbatch index.
@@ -148,13 +156,17 @@ def make_train_step(
         finite_grads = jnp.isfinite(grad_norm)
 
         updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
-        finite_update = tree_finite(new_params) & tree_finite(new_opt_state)
+        # The guard is three scalars, not a check of every new value: a finite gradient norm
+        # bounds every gradient's square, so the optimizer's running moments stay finite, and a
+        # finite update norm bounds every update's square (< 3.4e38), so params + updates stay
+        # finite. The selects below then fuse into the update itself (no extra pass over the
+        # state), where a check of the new state would have to finish before any select began.
+        finite_update = jnp.isfinite(optax.global_norm(updates))
         finite = finite_loss & finite_grads & finite_update
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         new_state = TrainState(
             step=state.step + 1,
-            params=keep(new_params, state.params),
+            params=keep(optax.apply_updates(state.params, updates), state.params),
             opt_state=keep(new_opt_state, state.opt_state),
             rng=state.rng,
             skipped=state.skipped + (~finite).astype(jnp.int32),

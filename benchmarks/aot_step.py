@@ -1,0 +1,293 @@
+"""One train step of xlscale, compiled ahead of time for a TPU topology on this CPU; XLA's own
+figures for it as JSON.
+
+XLA's TPU compiler (libtpu; `make test` installs it in `.venv/libtpu-aot/`) compiles the trainer's
+own step (`trainer.jobs.compile_job` through `compiled_step`: forward, backward, AdamW, the
+non-finite guard, the per-component token counts, state sharded by logical axes and donated)
+for compile-only devices of a topology, and reports per-device memory (`memory_analysis()`) and
+FLOPs, bytes accessed and `optimal_seconds`, its estimate of the step time
+(`cost_analysis()`). No TPU is needed; the figures are estimates, to compare as ratios between
+programs of equal FLOPs (`aot_vs_maxtext.py` sets them beside MaxText's).
+
+    .venv/bin/python benchmarks/aot_step.py --size llama2_1085m --topology v5p:2x2x1 \\
+        --batch 16 --remat none --attention xla --no-scan --json out.json
+
+Writes `{"program", "settings", "memory": {argument/output/alias/temp/generated code bytes,
+"peak"}, "cost": {"flops", "bytes accessed", "optimal_seconds", ...}, "model_flops",
+"estimated_mfu", "usable", "why_unusable", "uncosted_ops", "compile_s"}`. A negative or
+missing `optimal_seconds` makes the estimate unusable: the JSON says so (`usable: false`) and
+names the ops XLA could not cost (e.g. a scatter offloaded to the SparseCore), and so does the
+printout. With a scanned layer stack XLA's cost analysis counts the body once: `--no-scan`
+(every layer in the program) is what a comparison uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for the TPU, run nothing
+
+# Peak dense bf16 FLOP/s per chip, by the topology's generation (the chips' data sheets).
+PEAK_FLOPS = {"v4": 275e12, "v5e": 197e12, "v5litepod": 197e12, "v5p": 459e12, "v6e": 918e12}
+MEMORY_FIELDS = (
+    "argument_size_in_bytes",
+    "output_size_in_bytes",
+    "alias_size_in_bytes",
+    "temp_size_in_bytes",
+    "generated_code_size_in_bytes",
+)
+COST_FIELDS = ("flops", "bytes accessed", "optimal_seconds", "transcendentals")
+DEFAULT_LIBTPU = Path(__file__).resolve().parent.parent / ".venv/libtpu-aot/libtpu/libtpu.so"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line: the program's shape, mesh and settings."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--family", default="llama2", choices=("llama2", "t5"))
+    p.add_argument("--size", default="llama2_1085m", help="a size name of the family")
+    p.add_argument("--topology", default="v5p:2x2x1", help="e.g. v5p:2x2x1, v5e:4x4, v6e:2x2")
+    p.add_argument("--num-slices", type=int, default=1, help="slices, data parallel over DCN")
+    p.add_argument("--batch", type=int, default=16, help="global batch, sequences")
+    p.add_argument("--seq-len", type=int, default=2048, help="targets length")
+    p.add_argument("--inputs-len", type=int, default=None, help="t5: inputs length (--seq-len)")
+    p.add_argument("--remat", default="none", help="a remat policy name, or 'auto': the policy "
+                   "xlscale's memory model picks for the chip")  # fmt: skip
+    p.add_argument("--attention", default="xla", help="xla, splash, auto")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the size's)")
+    p.add_argument("--layers", type=int, default=None, help="layers (default: the size's)")
+    p.add_argument("--scan", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--dtype", default="bfloat16", help="compute dtype (parameters stay float32)")
+    p.add_argument("--microbatches", type=int, default=1)
+    p.add_argument("--components", type=int, default=1, help="mixture components counted")
+    p.add_argument("--libtpu", default=os.environ.get("XLSCALE_LIBTPU", str(DEFAULT_LIBTPU)))
+    p.add_argument("--json", help="write the result here")
+    p.add_argument("--hlo", help="write the optimised program's HLO text here")
+    return p.parse_args(argv)
+
+
+def uncosted_ops(hlo: str) -> list[str]:
+    """The ops of `hlo` (optimised HLO text) that XLA's TPU cost model cannot price: those run
+    on the SparseCore (a scatter offloaded there reports an unknown cost), by the JAX op that
+    made them (`op_name` metadata, e.g. `jit(train_step)/.../scatter-add`) or else the
+    instruction's name."""
+    found = set()
+    for line in hlo.splitlines():
+        if 'execution_thread="sparsecore"' not in line:
+            continue
+        named = re.search(r'op_name="([^"]+)"', line)
+        head = line.strip().split("=", 1)[0].strip()
+        if named:
+            found.add(named.group(1))
+        elif head.startswith("%"):
+            found.add(head)
+    return sorted(found)
+
+
+def usability(cost: dict, hlo: str) -> tuple[bool, str | None, list[str]]:
+    """`(usable, why not, uncosted ops)` of a cost analysis: `optimal_seconds` must be present
+    and positive."""
+    seconds = cost.get("optimal_seconds")
+    ops = uncosted_ops(hlo)
+    if seconds is None:
+        return False, "cost_analysis() has no optimal_seconds", ops
+    if not seconds > 0:
+        named = f": ops XLA could not cost: {', '.join(ops[:5])}" if ops else ""
+        return False, f"optimal_seconds = {seconds:.4g} (not a time){named}", ops
+    return True, None, ops
+
+
+def _chip_generation(topology: str) -> str:
+    return topology.split(":", 1)[0].split("-", 1)[0]
+
+
+def _auto_remat(args: argparse.Namespace, built, optimizer) -> str:
+    """The remat policy xlscale's memory model picks for this step on the topology's chip: the
+    cheapest whose estimate fits (`modeling.memory.plan`, as `trainer.memory_check` advises)."""
+    import dataclasses
+
+    from modeling import family as family_lib
+    from modeling import memory
+    from trainer import memory_check
+
+    wrapper, partitioner, _ = built
+    chip = memory.get_chip(_chip_generation(args.topology), flag="--topology")
+    shape = memory_check.step_shape(
+        model=wrapper,
+        partitioner=partitioner,
+        batch_size=args.batch,
+        seq_len=args.seq_len,
+        feature_lengths=(
+            {"inputs": _inputs_len(args), "targets": args.seq_len} if _inputs_len(args) else None
+        ),
+        optimizer=optimizer,
+        num_microbatches=args.microbatches,
+    )
+    family = family_lib.get(args.family)
+
+    def estimator(policy, step_shape):
+        config = dataclasses.replace(wrapper.config, remat_policy=policy)
+        return family.memory_estimate(config, shape=step_shape)
+
+    return memory.plan(estimator, shape=shape, limit=chip.usable).remat_policy
+
+
+def compile_program(args: argparse.Namespace) -> dict:
+    """Compiles the step `args` describes and returns its figures (the JSON's fields)."""
+    import compiled_step
+    from jax.experimental import topologies
+
+    from trainer import jobs, model_spec, steps
+    from trainer.optimizers import OptimizerConfig
+    from trainer.partitioning import MeshConfig
+    from trainer.schedules import ScheduleConfig
+
+    topology = topologies.get_topology_desc(
+        args.topology, platform="tpu", num_slices=args.num_slices
+    )
+    devices = topology.devices
+    per_slice = len(devices) // args.num_slices
+    slices = {"num_slices": args.num_slices} if args.num_slices > 1 else {}
+    mesh = MeshConfig(data=1, fsdp=per_slice, model=1, **slices)
+    overrides = {"dtype": args.dtype, "scan_layers": args.scan}
+    if args.vocab:
+        overrides["vocab_size"] = args.vocab
+    if args.layers:
+        overrides["num_layers"] = args.layers
+    optimizer = OptimizerConfig()
+
+    def build(remat: str):
+        spec = model_spec.ModelSpec(
+            family=args.family,
+            size=args.size,
+            overrides={**overrides, "remat_policy": remat},
+            attention_kernel=args.attention,
+        )
+        return jobs.build_partitioned_model(spec, mesh, devices=devices)
+
+    remat = args.remat
+    if remat == "auto":
+        remat = _auto_remat(args, build("none"), optimizer)
+    built = build(remat)
+    wrapper = built[0]
+    start = time.perf_counter()
+    job = compiled_step.compile_train_step(
+        built,
+        batch_size=args.batch,
+        seq_len=args.seq_len,
+        feature_lengths=(
+            {"inputs": _inputs_len(args), "targets": args.seq_len} if _inputs_len(args) else None
+        ),
+        optimizer=optimizer,
+        schedule=ScheduleConfig(),
+        step_config=steps.StepConfig(
+            num_microbatches=args.microbatches, num_components=args.components
+        ),
+        components=[f"c{k}" for k in range(args.components)],
+        total_steps=1000,
+    )
+    compiled = job.train_step
+    compile_s = time.perf_counter() - start
+    mem = compiled.memory_analysis()
+    memory = {f: int(getattr(mem, f)) for f in MEMORY_FIELDS}
+    memory["peak"] = (
+        memory["argument_size_in_bytes"]
+        + memory["output_size_in_bytes"]
+        - memory["alias_size_in_bytes"]
+        + memory["temp_size_in_bytes"]
+    )
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else (cost or {})
+    cost = {k: float(v) for k, v in cost.items() if k in COST_FIELDS}
+    hlo = compiled.as_text()
+    if args.hlo:
+        Path(args.hlo).write_text(hlo, encoding="utf-8")
+    usable, why, ops = usability(cost, hlo)
+    model_flops = _model_flops(wrapper, args)
+    peak = PEAK_FLOPS.get(_chip_generation(args.topology))
+    mfu = model_flops / (cost["optimal_seconds"] * len(devices) * peak) if usable and peak else None
+    return {
+        "program": "xlscale",
+        "settings": {**vars(args), "remat": remat, "devices": len(devices)},
+        "device_kind": devices[0].device_kind,
+        "compile_s": compile_s,
+        "memory": memory,
+        "cost": cost,
+        "model_flops": model_flops,
+        "estimated_mfu": mfu,
+        "usable": usable,
+        "why_unusable": why,
+        "uncosted_ops": ops,
+    }
+
+
+def _model_flops(wrapper, args: argparse.Namespace) -> float:
+    """Model FLOPs of the step: every matmul of forward and backward over the global batch
+    (6·N per token plus causal attention and the output projection, PaLM appendix B)."""
+    from modeling import family as family_lib
+
+    family = family_lib.get(args.family)
+    per_token = family.cost_per_token(
+        wrapper.config, seq_len=args.seq_len, inputs_len=_inputs_len(args)
+    )
+    return float(per_token) * args.batch * args.seq_len
+
+
+def _inputs_len(args: argparse.Namespace) -> int | None:
+    """The encoder length of an encoder-decoder family (None for decoder-only ones)."""
+    return (args.inputs_len or args.seq_len) if args.family == "t5" else None
+
+
+def summary(result: dict) -> str:
+    """One readable paragraph of a result."""
+    m, c = result["memory"], result["cost"]
+    s = result["settings"]
+    gb = 1e9
+    lines = [
+        f"{s['size']} on {s['topology']} x{s['num_slices']} ({result['device_kind']}, "
+        f"{s['devices']} chips), batch {s['batch']} x {s['seq_len']}, remat {s['remat']}, "
+        f"attention {s['attention']}, {'scanned' if s['scan'] else 'unscanned'}; compiled in "
+        f"{result['compile_s']:.0f} s",
+        f"  memory per device: peak {m['peak'] / gb:.2f} GB (temp {m['temp_size_in_bytes'] / gb:.2f}"
+        f" GB, arguments {m['argument_size_in_bytes'] / gb:.2f} GB)",
+        f"  flops {c.get('flops', float('nan')):.4g}, bytes accessed "
+        f"{c.get('bytes accessed', float('nan')):.4g}, model flops {result['model_flops']:.4g}",
+    ]
+    if result["usable"]:
+        mfu = result["estimated_mfu"]
+        lines.append(
+            f"  optimal_seconds {c['optimal_seconds']:.4f}"
+            + (f", estimated MFU {100 * mfu:.1f}%" if mfu is not None else "")
+        )
+    else:
+        lines.append(f"  estimate UNUSABLE: {result['why_unusable']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compiles one program and prints (and with `--json` writes) its figures; exits 2 without
+    libtpu, naming where it looked."""
+    args = parse_args(argv)
+    if not Path(args.libtpu).is_file():
+        print(
+            f"--libtpu {args.libtpu}: no such file; `make test` installs libtpu in "
+            ".venv/libtpu-aot/ (or pip install libtpu==0.0.42.1 --target DIR)",
+            file=sys.stderr,
+        )
+        return 2
+    os.environ["TPU_LIBRARY_PATH"] = args.libtpu
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    result = compile_program(args)
+    print(summary(result), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""xlscale's LLaMA train step beside MaxText's, both compiled ahead of time by the same jax and
+libtpu for the same TPU topology and shapes; a table of XLA's own figures as ratios.
+
+Each row compiles xlscale's step with `aot_step.py` and, when a MaxText runner is given, MaxText's
+with its own `train_compile` (`--maxtext-runner RUNNER --maxtext DEST`: RUNNER is a command
+`RUNNER DEST OUT.json key=value...` that compiles MaxText's step for MaxText config overrides
+and writes `{"memory": {...}, "cost": {...}}` as `aot_step.py` does; DEST its MaxText setup). Every
+compile runs in its own process and writes `OUT/<row>.<program>.json`; a rerun reuses the files
+that exist, so a grid can be built up over several calls. The table (`OUT/table.md`) gives per
+row `optimal_seconds` (XLA's estimate of the step time), its ratio, the ratios of FLOPs and bytes
+accessed, per-device temporary and peak memory, and the estimated MFU of each side.
+
+    .venv/bin/python benchmarks/aot_vs_maxtext.py --out aot_grid --rows 1085m_none 1085m_full \\
+        --maxtext-runner path/to/run.sh --maxtext path/to/maxtext-setup
+
+Fair by construction: same shape, vocabulary, global batch, dtypes (bf16 compute, f32
+parameters), AdamW, pure FSDP over the topology's chips, the same remat policy, unscanned layers
+(XLA's cost analysis counts a scanned body once), and `xla` attention against MaxText's
+`dot_product` (a Pallas kernel is opaque to the cost model; splash vs flash rows compare only
+with each other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Row:
+    """One comparison: a LLaMA size at a topology and batch, remat and attention kernel."""
+
+    size: str
+    d_model: int
+    heads: int
+    d_ff: int
+    layers: int
+    topology: str  # jax's name, e.g. v5p:2x2x1
+    maxtext_topology: str  # MaxText's, e.g. v5p-8 (v5p counts two TensorCores a chip)
+    chips: int
+    batch: int
+    remat: str = "none"  # xlscale's policy; MaxText's of the same effect below
+    attention: str = "xla"  # xla or splash (MaxText: dot_product or flash)
+    num_slices: int = 1
+    vocab: int = 32000
+    seq_len: int = 2048
+    scan: bool = False
+
+
+# MaxText's policy of the same effect as xlscale's (`none` and `full` are named alike).
+MAXTEXT_REMAT = {"none": "none", "full": "full", "dots_saveable": "save_dot_except_mlpwi"}
+MAXTEXT_ATTENTION = {"xla": "dot_product", "splash": "flash"}
+
+_1085M = dict(size="llama2_1085m", d_model=1792, heads=14, d_ff=9728, layers=20)
+_V5P8 = dict(topology="v5p:2x2x1", maxtext_topology="v5p-8", chips=4, batch=16)
+ROWS: dict[str, Row] = {
+    "1085m_none": Row(**_1085M, **_V5P8, remat="none"),
+    "1085m_full": Row(**_1085M, **_V5P8, remat="full"),
+    "1085m_full_splash": Row(**_1085M, **_V5P8, remat="full", attention="splash"),
+    "1085m_none_2slices": Row(**_1085M, **{**_V5P8, "batch": 32}, remat="none", num_slices=2),
+}
+
+
+def xlscale_args(row: Row, out: Path) -> list[str]:
+    """`aot_step.py`'s command line for `row`."""
+    return [
+        sys.executable,
+        str(HERE / "aot_step.py"),
+        f"--size={row.size}",
+        f"--topology={row.topology}",
+        f"--num-slices={row.num_slices}",
+        f"--batch={row.batch}",
+        f"--seq-len={row.seq_len}",
+        f"--remat={row.remat}",
+        f"--attention={row.attention}",
+        f"--vocab={row.vocab}",
+        f"--layers={row.layers}",
+        "--scan" if row.scan else "--no-scan",
+        f"--json={out}",
+    ]
+
+
+def maxtext_overrides(row: Row) -> list[str]:
+    """MaxText config overrides (its `base.yml` keys) for the same program as `row`."""
+    per_device = row.batch // (row.chips * row.num_slices)
+    overrides = {
+        "compile_topology": row.maxtext_topology,
+        "compile_topology_num_slices": row.num_slices,
+        "base_emb_dim": row.d_model,
+        "base_num_query_heads": row.heads,
+        "base_num_kv_heads": row.heads,
+        "base_mlp_dim": row.d_ff,
+        "head_dim": row.d_model // row.heads,
+        "vocab_size": row.vocab,
+        "max_target_length": row.seq_len,
+        "dtype": "bfloat16",
+        "weight_dtype": "float32",
+        "base_num_decoder_layers": row.layers,
+        "per_device_batch_size": per_device,
+        "scan_layers": str(row.scan).lower(),
+        "remat_policy": MAXTEXT_REMAT[row.remat],
+        "attention": MAXTEXT_ATTENTION[row.attention],
+    }
+    if row.num_slices > 1:
+        overrides["dcn_data_parallelism"] = row.num_slices
+    return [f"{k}={v}" for k, v in overrides.items()]
+
+
+def _run(cmd: list[str], log: Path, timeout_s: int) -> int:
+    """Runs one compile in its own process, its output to `log`; returns the exit status."""
+    with open(log, "w", encoding="utf-8") as f:
+        try:
+            return subprocess.run(
+                cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s
+            ).returncode
+        except subprocess.TimeoutExpired:
+            return 124
+
+
+def compile_row(name: str, row: Row, args: argparse.Namespace) -> dict[str, dict | None]:
+    """Both programs of a row (from their JSON where it exists), by program name."""
+    found = {}
+    for program in ("xlscale", "maxtext"):
+        out = args.out / f"{name}.{program}.json"
+        if not out.exists():
+            if program == "xlscale":
+                cmd = xlscale_args(row, out)
+            elif args.maxtext_runner and args.maxtext:
+                cmd = ["bash", str(args.maxtext_runner), str(args.maxtext), str(out)]
+                cmd += maxtext_overrides(row)
+            else:
+                found[program] = None
+                continue
+            start = time.perf_counter()
+            rc = _run(cmd, args.out / f"{name}.{program}.log", args.timeout)
+            took = time.perf_counter() - start
+            print(f"  {name} {program}: exit {rc} in {took:.0f} s", flush=True)
+        found[program] = json.loads(out.read_text()) if out.exists() else None
+    return found
+
+
+def figures(result: dict | None, row: Row) -> dict | None:
+    """The table's figures of one program: optimal_seconds (None when unusable), FLOPs, bytes
+    accessed, temporary and peak memory (GB per device), estimated MFU."""
+    if result is None:
+        return None
+    mem, cost = result["memory"], result.get("cost", {})
+    peak = mem.get("peak")
+    if peak is None:
+        peak = (
+            mem["argument_size_in_bytes"]
+            + mem["output_size_in_bytes"]
+            - mem["alias_size_in_bytes"]
+            + mem["temp_size_in_bytes"]
+        )
+    seconds = cost.get("optimal_seconds")
+    seconds = seconds if seconds is not None and seconds > 0 else None
+    model_flops = result.get("model_flops")
+    mfu = result.get("estimated_mfu")
+    if mfu is None and seconds and model_flops:
+        mfu = model_flops / (seconds * row.chips * row.num_slices * 459e12)
+    return {
+        "seconds": seconds,
+        "raw_seconds": cost.get("optimal_seconds"),
+        "flops": cost.get("flops"),
+        "bytes": cost.get("bytes accessed"),
+        "temp_gb": mem["temp_size_in_bytes"] / 1e9,
+        "peak_gb": peak / 1e9,
+        "mfu": mfu,
+    }
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.3f}" if a and b else "–"
+
+
+def _num(x, fmt: str) -> str:
+    return format(x, fmt) if x is not None else "unusable"
+
+
+def _pair(xl: dict, mt: dict | None, key: str, fmt: str) -> str:
+    """`xlscale / MaxText` of one figure."""
+
+    def one(f):
+        return "–" if f is None or f.get(key) is None else format(f[key], fmt)
+
+    return f"{one(xl)} / {one(mt)}"
+
+
+def table(rows: dict[str, tuple[Row, dict, dict | None]]) -> str:
+    """The markdown table of compiled rows (xlscale's figures, MaxText's, their ratios)."""
+    lines = [
+        "| row | optimal s (xlscale / MaxText) | ratio | FLOPs ratio | bytes ratio "
+        "| temp GB | peak GB | est. MFU |",
+        "|" + "---|" * 8,
+    ]
+    for name, (_, xl, mt) in rows.items():
+        mt_ = mt or {}
+        seconds = f"{_num(xl['seconds'], '.4f')} / {_num(mt_.get('seconds'), '.4f') if mt else '–'}"
+        mfu = {
+            k: (100 * f["mfu"] if f and f.get("mfu") else None) for k, f in (("x", xl), ("m", mt))
+        }
+        lines.append(
+            f"| {name} | {seconds} | {_ratio(xl['seconds'], mt_.get('seconds'))} "
+            f"| {_ratio(xl['flops'], mt_.get('flops'))} | {_ratio(xl['bytes'], mt_.get('bytes'))} "
+            f"| {_pair(xl, mt, 'temp_gb', '.2f')} | {_pair(xl, mt, 'peak_gb', '.2f')} "
+            f"| {_pair({'v': mfu['x']}, {'v': mfu['m']}, 'v', '.1f')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compiles the chosen rows (reusing existing JSON) and prints and writes the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for each program's JSON")
+    p.add_argument("--rows", nargs="+", default=list(ROWS), help=f"of {', '.join(ROWS)}")
+    p.add_argument("--maxtext-runner", type=Path, help="RUNNER DEST OUT.json key=value...")
+    p.add_argument("--maxtext", type=Path, help="DEST given to the runner (MaxText's setup)")
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per compile")
+    args = p.parse_args(argv)
+    unknown = [r for r in args.rows if r not in ROWS]
+    if unknown:
+        print(f"--rows {' '.join(unknown)}: allowed {', '.join(ROWS)}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    done = {}
+    for name in args.rows:
+        row = ROWS[name]
+        found = compile_row(name, row, args)
+        xl = figures(found["xlscale"], row)
+        if xl is None:
+            print(f"  {name}: xlscale did not compile (see {args.out / (name + '.xlscale.log')})")
+            continue
+        done[name] = (row, xl, figures(found["maxtext"], row))
+    text = table(done)
+    print(text)
+    (args.out / "table.md").write_text(text + "\n", encoding="utf-8")
+    grid = {
+        n: {"row": dataclasses.asdict(r), "xlscale": x, "maxtext": m}
+        for n, (r, x, m) in done.items()
+    }
+    (args.out / "grid.json").write_text(json.dumps(grid, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

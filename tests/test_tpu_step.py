@@ -1,0 +1,269 @@
+"""The train step as a TPU compiles it: attention without float32 copies of its weights, a
+non-finite guard of three scalars, projections unstacked off the CPU, token counts without a
+scatter, and the ahead-of-time benchmark's JSON (usable or not).
+
+Frozen references: softmax as JAX differentiates it, the guard that checked every new value,
+and `segment_sum` counts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import sys
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax._src.ad_checkpoint import saved_residuals
+from jax.sharding import PartitionSpec as P
+
+from llama_jax import model as llama_model
+from llama_jax import sizes as llama_sizes
+from modeling import attention
+from pipelines import features
+from trainer import steps
+
+BENCH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "aot_step.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("aot_step_benchmark", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- attention: only the compute-dtype weights are kept ---------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_softmax_as_equals_softmax_forward_and_backward(dtype):
+    logits = jax.random.normal(jax.random.key(3), (2, 3, 5, 7), jnp.float32) * 4
+    cot = jax.random.normal(jax.random.key(4), (2, 3, 5, 7), jnp.float32)
+
+    def ours(x):
+        return (attention.softmax_as(x, dtype).astype(jnp.float32) * cot).sum()
+
+    def reference(x):  # softmax as JAX differentiates it, then the cast
+        return (jax.nn.softmax(x, axis=-1).astype(dtype).astype(jnp.float32) * cot).sum()
+
+    tol = 1e-6 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(ours(logits), reference(logits), rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        jax.grad(ours)(logits), jax.grad(reference)(logits), rtol=tol, atol=tol
+    )
+
+
+def test_xla_attention_gradients_match_the_reference_kernel_in_bf16():
+    """The whole `xla` kernel, masked and packed, against a reference built from
+    `jax.nn.softmax` (which keeps the float32 weights), forward and gradients."""
+    b, s, h, d = 2, 16, 4, 8
+    keys = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(key, (b, s, h, d), jnp.bfloat16) for key in keys)
+    seg = jnp.array([[1] * 10 + [2] * 6, [1] * 16], jnp.int32)
+
+    def ours(q, k, v):
+        out = attention.attend(q, k, v, causal=True, q_segment_ids=seg, kernel="xla")
+        return out.astype(jnp.float32).sum(), out
+
+    def reference(q, k, v):
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q * d**-0.5, k, preferred_element_type=jnp.float32)
+        mask = attention.reference_mask(
+            q_length=s, kv_length=s, causal=True, q_segment_ids=seg, kv_segment_ids=seg
+        )
+        weights = jax.nn.softmax(jnp.where(mask, logits, attention.MASK_VALUE), axis=-1)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
+        return out.astype(jnp.float32).sum(), out
+
+    (_, out), grads = jax.value_and_grad(ours, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    (_, ref), ref_grads = jax.value_and_grad(reference, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    np.testing.assert_allclose(np.float32(out), np.float32(ref), atol=2e-2, rtol=2e-2)
+    for g, r in zip(grads, ref_grads, strict=True):
+        np.testing.assert_allclose(np.float32(g), np.float32(r), atol=5e-2, rtol=5e-2)
+
+
+def test_a_bf16_llama_block_keeps_no_float32_attention_array():
+    cfg = llama_sizes.get_config(
+        "llama2_tiny", dtype="bfloat16", remat_policy="none", attention_kernel="xla"
+    )
+    layer = llama_model._layer_class(cfg, decode=False)(cfg)
+    s = 40  # distinct from every model dimension
+    x = jnp.zeros((1, s, cfg.d_model), cfg.compute_dtype)
+    seg = jnp.ones((1, s), jnp.int32)
+    pos = jnp.zeros((1, s), jnp.int32)
+    params = jax.eval_shape(lambda: layer.init(jax.random.key(0), x, seg, pos))
+    saved = saved_residuals(lambda p, x: layer.apply(p, x, seg, pos)[0], params, x)
+    square = [a for a, _ in saved if a.ndim >= 2 and a.shape[-2:] == (s, s)]
+    assert square and all(a.dtype == jnp.bfloat16 for a in square), square
+    assert len(square) == 1  # the weights; no mask, logits or exponent
+
+
+# --- projections: stacked on CPU only, same numbers either way ---------------------------------
+
+
+def test_unstacked_projections_give_the_stacked_outputs(monkeypatch):
+    from llama_jax import layers
+
+    cfg = llama_sizes.get_config("llama2_tiny", attention_kernel="xla")  # GQA: k/v stacked only
+    model = llama_model.Llama(cfg)
+    tokens = jax.random.randint(jax.random.key(1), (2, 12), 1, cfg.vocab_size)
+    params = model.init(jax.random.key(2), tokens)["params"]
+    assert layers.stack_projections()  # the CPU backend stacks
+    stacked = model.apply({"params": params}, tokens)
+    monkeypatch.setattr(layers, "STACKED_PROJECTION_BACKENDS", frozenset())
+    assert not layers.stack_projections()
+    separate = model.apply({"params": params}, tokens)
+    np.testing.assert_allclose(stacked, separate, rtol=1e-5, atol=1e-5)
+
+
+# --- the non-finite guard: three scalars, the same decisions ------------------------------------
+
+
+class _Linear:
+    """A one-matrix model: loss = sum(x @ w) over a batch `x` (inputs may be inf or nan)."""
+
+    def loss_fn(self, params, batch, *, z_loss, dropout_rng):
+        del z_loss, dropout_rng
+        x = batch["x"]
+        loss = (x @ params["w"]).sum()
+        return steps_output(loss, x.shape[0])
+
+
+class _LossSums(NamedTuple):
+    """The loss record a model's `loss_fn` returns (sums; the step divides by `weight_sum`)."""
+
+    loss_sum: jax.Array
+    z_loss_sum: jax.Array
+    weight_sum: jax.Array
+
+
+def steps_output(loss, n):
+    """`_LossSums` of a summed loss over `n` targets."""
+    return _LossSums(loss, jnp.zeros(()), jnp.asarray(float(n)))
+
+
+def _reference_finite(state, grads, optimizer, loss):
+    """The guard as it was: loss, gradient norm and every new parameter and optimizer value."""
+    updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    return bool(
+        jnp.isfinite(loss)
+        & jnp.isfinite(optax.global_norm(grads))
+        & steps.tree_finite(new_params)
+        & steps.tree_finite(new_opt)
+    )
+
+
+@pytest.mark.parametrize(
+    "case, x, lr",
+    [
+        ("finite", 1.0, 1e-2),
+        ("inf input: non-finite loss and gradients", np.inf, 1e-2),
+        ("nan input", np.nan, 1e-2),
+        ("huge learning rate: finite gradients, infinite update", 1.0, 3.4e38),
+    ],
+)
+def test_the_guard_skips_what_the_old_guard_skipped(case, x, lr):
+    optimizer = optax.adamw(lr, weight_decay=0.1)
+    model = _Linear()
+    step = jax.jit(
+        steps.make_train_step(model, optimizer, optax.constant_schedule(lr), steps.StepConfig())
+    )
+    params = {"w": jnp.full((3, 2), 0.5, jnp.float32)}
+    state = steps.init_train_state(model, optimizer, jnp.zeros(2, jnp.uint32), params=params)
+    batch = {
+        "x": jnp.full((4, 3), x, jnp.float32),
+        features.DECODER_LOSS_WEIGHTS: jnp.ones((4, 1), jnp.float32),
+    }
+    loss = (batch["x"] @ params["w"]).sum() / 4
+    grads = jax.grad(lambda p: (batch["x"] @ p["w"]).sum() / 4)(params)
+    expected = _reference_finite(state, grads, optimizer, loss)
+    before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+    new, metrics = step(state, batch)
+    assert bool(metrics["finite"]) == expected, case
+    assert int(new.skipped) == int(not expected)
+    after = jax.tree.map(np.asarray, (new.params, new.opt_state))
+    same = jax.tree.leaves(jax.tree.map(np.array_equal, before, after))
+    if expected:
+        assert not all(same)  # the update was applied
+    else:  # params and optimizer state untouched, bit for bit
+        assert all(same)
+        assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(after))
+
+
+# --- per-component token counts: no scatter ----------------------------------------------------
+
+
+def test_token_counts_equal_segment_sum_and_compile_without_a_scatter():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(-1, 5, (6, 20)).astype(np.int32)  # -1 and 4 fall outside 4 components
+    weights = (rng.random((6, 20)) > 0.3).astype(np.float32)
+    batch = {features.DECODER_TASK_IDS: ids, features.DECODER_LOSS_WEIGHTS: weights}
+    counts = steps.tokens_by_component(batch, 4)
+    bucket = np.where((ids >= 0) & (ids < 4), ids, 4)
+    reference = jax.ops.segment_sum((weights > 0).astype(np.int32).ravel(), bucket.ravel(), 5)[:4]
+    np.testing.assert_array_equal(counts, reference)
+    only = steps.tokens_by_component({features.DECODER_LOSS_WEIGHTS: weights}, 3)
+    np.testing.assert_array_equal(only, [int((weights > 0).sum()), 0, 0])
+    hlo = jax.jit(lambda b: steps.tokens_by_component(b, 4)).lower(batch).as_text()
+    assert "scatter" not in hlo
+
+
+# --- the ahead-of-time benchmark ---------------------------------------------------------------
+
+
+def test_an_estimate_xla_cannot_make_is_unusable_and_names_the_ops(tpu_topology, monkeypatch):
+    """A scatter-add (what `segment_sum` lowers to) compiled for a v5p runs on the SparseCore,
+    whose cost XLA does not know: `optimal_seconds` comes out negative."""
+    devices = tpu_topology("v5p:2x2x1")  # skips without libtpu
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    bench = _bench()
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("d",)), P("d"))
+    shape = jax.ShapeDtypeStruct((16, 2048), jnp.int32)
+    compiled = (
+        jax.jit(lambda w, ids: jax.ops.segment_sum(w.ravel(), ids.ravel(), num_segments=4))
+        .lower(
+            jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding),
+            jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding),
+        )
+        .compile()
+    )
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    usable, why, ops = bench.usability(dict(cost), compiled.as_text())
+    assert not usable and "not a time" in why
+    assert ops and all("scatter" in op for op in ops) and ops[0] in why
+    assert bench.usability({"flops": 1.0}, "")[:2] == (
+        False,
+        "cost_analysis() has no optimal_seconds",
+    )
+    assert bench.usability({"optimal_seconds": 0.25}, "") == (True, None, [])
+
+
+def test_the_benchmark_json_of_a_tiny_tpu_step(tpu_topology, tmp_path, monkeypatch):
+    tpu_topology("v5p:2x2x1")  # skips without libtpu
+    monkeypatch.syspath_prepend(str(BENCH.parent))  # its sibling `compiled_step`
+    bench = _bench()
+    out = tmp_path / "tiny.json"
+    monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    args = ["--size=llama2_tiny", "--topology=v5p:2x2x1", "--batch=8", "--seq-len=128"]
+    assert bench.main([*args, "--remat=none", "--components=2", f"--json={out}"]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["memory"]) >= {
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "alias_size_in_bytes",
+        "temp_size_in_bytes",
+        "peak",
+    }
+    assert set(result["cost"]) >= {"flops", "bytes accessed", "optimal_seconds"}
+    # The stock compile (token counts included) has an estimate: nothing left uncosted.
+    assert result["usable"] and result["uncosted_ops"] == [], result["why_unusable"]
+    assert result["cost"]["optimal_seconds"] > 0 and 0 < result["estimated_mfu"] < 1
+    assert result["model_flops"] > 0 and result["settings"]["devices"] == 4
