@@ -43,6 +43,8 @@ MEMORY_FIELDS = (
     "generated_code_size_in_bytes",
 )
 COST_FIELDS = ("flops", "bytes accessed", "optimal_seconds", "transcendentals")
+# Each family's optimizer (the papers' recipes: LLaMA2 AdamW, T5 Adafactor).
+DEFAULT_OPTIMIZER = {"llama2": "adamw", "t5": "adafactor"}
 DEFAULT_LIBTPU = Path(__file__).resolve().parent.parent / ".venv/libtpu-aot/libtpu/libtpu.so"
 
 
@@ -65,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", help="compute dtype (parameters stay float32)")
     p.add_argument("--microbatches", type=int, default=1)
     p.add_argument("--components", type=int, default=1, help="mixture components counted")
+    p.add_argument("--optimizer", choices=sorted(DEFAULT_OPTIMIZER.values()), default=None,
+                   help="default: the family's (llama2 adamw, t5 adafactor)")  # fmt: skip
     p.add_argument("--libtpu", default=os.environ.get("XLSCALE_LIBTPU", str(DEFAULT_LIBTPU)))
     p.add_argument("--json", help="write the result here")
     p.add_argument("--hlo", help="write the optimised program's HLO text here")
@@ -154,12 +158,16 @@ def compile_program(args: argparse.Namespace) -> dict:
     per_slice = len(devices) // args.num_slices
     slices = {"num_slices": args.num_slices} if args.num_slices > 1 else {}
     mesh = MeshConfig(data=1, fsdp=per_slice, model=1, **slices)
-    overrides = {"dtype": args.dtype, "scan_layers": args.scan}
+    overrides = {"dtype": args.dtype}
+    if args.family == "llama2":  # T5's stacks always run unrolled
+        overrides["scan_layers"] = args.scan
     if args.vocab:
         overrides["vocab_size"] = args.vocab
+    if args.layers and args.family != "llama2":
+        raise SystemExit(f"--layers {args.layers}: only for --family llama2, not {args.family}")
     if args.layers:
         overrides["num_layers"] = args.layers
-    optimizer = OptimizerConfig()
+    optimizer = OptimizerConfig(name=args.optimizer or DEFAULT_OPTIMIZER[args.family])
 
     def build(remat: str):
         spec = model_spec.ModelSpec(

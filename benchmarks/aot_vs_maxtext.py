@@ -5,7 +5,8 @@ Each row compiles xlscale's step with `aot_step.py` and, when a MaxText runner i
 with its own `train_compile` (`--maxtext-runner RUNNER --maxtext DEST`: RUNNER is a command
 `RUNNER DEST OUT.json key=value...` that compiles MaxText's step for MaxText config overrides
 and writes `{"memory": {...}, "cost": {...}}` as `aot_step.py` does; DEST its MaxText setup). Every
-compile runs in its own process and writes `OUT/<row>.<program>.json`; a rerun reuses the files
+compile runs in its own process and writes `OUT/<row>.<program>.json` (and its program,
+`.hlo.txt`, to read where the bytes go); a rerun reuses the files
 that exist, so a grid can be built up over several calls. The table (`OUT/table.md`) gives per
 row `optimal_seconds` (XLA's estimate of the step time), its ratio, the ratios of FLOPs and bytes
 accessed, per-device temporary and peak memory, and the estimated MFU of each side.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,10 +40,10 @@ class Row:
     """One comparison: a LLaMA size at a topology and batch, remat and attention kernel."""
 
     size: str
-    d_model: int
-    heads: int
-    d_ff: int
-    layers: int
+    d_model: int = 0  # the LLaMA shape MaxText is given (0: no MaxText peer, e.g. T5)
+    heads: int = 0
+    d_ff: int = 0
+    layers: int | None = None  # None: the size's own
     topology: str  # jax's name, e.g. v5p:2x2x1
     maxtext_topology: str  # MaxText's, e.g. v5p-8 (v5p counts two TensorCores a chip)
     chips: int
@@ -52,10 +54,18 @@ class Row:
     vocab: int = 32000
     seq_len: int = 2048
     scan: bool = False
+    family: str = "llama2"
+    inputs_len: int | None = None  # t5: the encoder length
+
+    @property
+    def has_peer(self) -> bool:
+        """Whether MaxText compiles the same program (LLaMA rows)."""
+        return self.family == "llama2" and self.d_model > 0
 
 
-# MaxText's policy of the same effect as xlscale's (`none` and `full` are named alike).
-MAXTEXT_REMAT = {"none": "none", "full": "full", "dots_saveable": "save_dot_except_mlpwi"}
+# MaxText's policy of the same effect as xlscale's (`none` and `full` are named alike); for
+# `auto` (the policy xlscale's memory model picks) MaxText's stock least-remat policy.
+MAXTEXT_REMAT = {"none": "none", "full": "full", "auto": "minimal_with_context"}
 MAXTEXT_ATTENTION = {"xla": "dot_product", "splash": "flash"}
 
 _1085M = dict(size="llama2_1085m", d_model=1792, heads=14, d_ff=9728, layers=20)
@@ -63,8 +73,29 @@ _V5P8 = dict(topology="v5p:2x2x1", maxtext_topology="v5p-8", chips=4, batch=16)
 ROWS: dict[str, Row] = {
     "1085m_none": Row(**_1085M, **_V5P8, remat="none"),
     "1085m_full": Row(**_1085M, **_V5P8, remat="full"),
+    "1085m_auto": Row(**_1085M, **_V5P8, remat="auto"),
     "1085m_full_splash": Row(**_1085M, **_V5P8, remat="full", attention="splash"),
     "1085m_none_2slices": Row(**_1085M, **{**_V5P8, "batch": 32}, remat="none", num_slices=2),
+    # T5 at the MT paper's batch (128 examples of 512 input and 114 target tokens), Adafactor,
+    # the remat policy xlscale's memory model picks; no MaxText peer.
+    "t5_770m_auto": Row(
+        family="t5",
+        size="t5_770m",
+        **{**_V5P8, "batch": 128},
+        remat="auto",
+        vocab=32128,
+        seq_len=114,
+        inputs_len=512,
+    ),
+    "t5_3b_auto": Row(
+        family="t5",
+        size="t5_3b",
+        **{**_V5P8, "batch": 128},
+        remat="auto",
+        vocab=32128,
+        seq_len=114,
+        inputs_len=512,
+    ),
 }
 
 
@@ -73,6 +104,7 @@ def xlscale_args(row: Row, out: Path) -> list[str]:
     return [
         sys.executable,
         str(HERE / "aot_step.py"),
+        f"--family={row.family}",
         f"--size={row.size}",
         f"--topology={row.topology}",
         f"--num-slices={row.num_slices}",
@@ -81,9 +113,11 @@ def xlscale_args(row: Row, out: Path) -> list[str]:
         f"--remat={row.remat}",
         f"--attention={row.attention}",
         f"--vocab={row.vocab}",
-        f"--layers={row.layers}",
         "--scan" if row.scan else "--no-scan",
         f"--json={out}",
+        f"--hlo={out.with_suffix('.hlo.txt')}",
+        *([f"--layers={row.layers}"] if row.layers else []),
+        *([f"--inputs-len={row.inputs_len}"] if row.inputs_len else []),
     ]
 
 
@@ -132,7 +166,7 @@ def compile_row(name: str, row: Row, args: argparse.Namespace) -> dict[str, dict
         if not out.exists():
             if program == "xlscale":
                 cmd = xlscale_args(row, out)
-            elif args.maxtext_runner and args.maxtext:
+            elif args.maxtext_runner and args.maxtext and row.has_peer:
                 cmd = ["bash", str(args.maxtext_runner), str(args.maxtext), str(out)]
                 cmd += maxtext_overrides(row)
             else:
@@ -167,6 +201,7 @@ def figures(result: dict | None, row: Row) -> dict | None:
     if mfu is None and seconds and model_flops:
         mfu = model_flops / (seconds * row.chips * row.num_slices * 459e12)
     return {
+        "remat": result.get("settings", {}).get("remat"),
         "seconds": seconds,
         "raw_seconds": cost.get("optimal_seconds"),
         "flops": cost.get("flops"),
@@ -216,6 +251,81 @@ def table(rows: dict[str, tuple[Row, dict, dict | None]]) -> str:
     return "\n".join(lines)
 
 
+def provenance(args: argparse.Namespace) -> dict[str, str]:
+    """What produced the figures: xlscale's commit, jax and libtpu versions, MaxText's revision
+    (its setup's `REVISION` file, where there is one), the machine that compiled."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def package(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    commit = subprocess.run(
+        ["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    revision = args.maxtext / "REVISION" if args.maxtext else None
+    # libtpu installed off the import path (`make test`): its version from the dist-info beside it
+    libtpu_dir = Path(os.environ.get("XLSCALE_LIBTPU", HERE.parent / ".venv/libtpu-aot/libtpu/x"))
+    infos = sorted(libtpu_dir.parent.parent.glob("libtpu-*.dist-info"))
+    return {
+        "xlscale commit": commit or "unknown",
+        "jax / jaxlib": f"{package('jax')} / {package('jaxlib')}",
+        "libtpu": infos[-1].name.split("-")[1].removesuffix(".dist")
+        if infos
+        else package("libtpu"),
+        "MaxText revision": revision.read_text().strip()[:12]
+        if revision and revision.exists()
+        else "–",
+        "compiled on": f"{platform.machine()} CPU, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()} (ahead of time; no TPU)",
+    }
+
+
+def write_doc(path: Path, text: str, info: dict[str, str], rows: dict) -> None:
+    """Writes a grid into a documentation page: provenance, the settings of each row, the table,
+    as one generated block that replaces the page's previous one (the rest of the page is
+    left as it is)."""
+    lines = [
+        "| | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in info.items()),
+        "",
+        "| row | size | topology | chips × slices | global batch × length | remat | attention |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, (row, xl, _) in rows.items():
+        remat, attention = xl.get("remat") or row.remat, row.attention
+        if row.has_peer:
+            remat += f" / {MAXTEXT_REMAT.get(row.remat, row.remat)}"
+            attention += f" / {MAXTEXT_ATTENTION[row.attention]}"
+        shape = f"vocab {row.vocab}" + (f", {row.layers} layers" if row.layers else "")
+        length = f"{row.inputs_len} + {row.seq_len}" if row.inputs_len else f"{row.seq_len}"
+        lines.append(
+            f"| {name} | {row.size} ({shape}) | {row.topology} | {row.chips} × {row.num_slices} "
+            f"| {row.batch} × {length} | {remat} | {attention} |"
+        )
+    lines += ["", text]
+    block = "\n".join([BEGIN, *lines, END])
+    page = path.read_text(encoding="utf-8") if path.exists() else ""
+    if BEGIN in page and END in page:  # the page's own text stays; the block is replaced
+        head, rest = page.split(BEGIN, 1)
+        page = head + block + rest.split(END, 1)[1]
+    else:
+        page = page + ("\n" if page else "") + block + "\n"
+    path.write_text(page, encoding="utf-8")
+
+
+# The generated block of a documentation page (`--doc`), between these two lines.
+BEGIN = "<!-- generated by benchmarks/aot_vs_maxtext.py --doc: begin -->"
+END = "<!-- generated by benchmarks/aot_vs_maxtext.py --doc: end -->"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Compiles the chosen rows (reusing existing JSON) and prints and writes the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -224,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--maxtext-runner", type=Path, help="RUNNER DEST OUT.json key=value...")
     p.add_argument("--maxtext", type=Path, help="DEST given to the runner (MaxText's setup)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per compile")
+    p.add_argument("--doc", type=Path, help="also write the table with its provenance here")
     args = p.parse_args(argv)
     unknown = [r for r in args.rows if r not in ROWS]
     if unknown:
@@ -247,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         for n, (r, x, m) in done.items()
     }
     (args.out / "grid.json").write_text(json.dumps(grid, indent=1) + "\n", encoding="utf-8")
+    if args.doc:
+        write_doc(args.doc, text, provenance(args), done)
     return 0
 
 

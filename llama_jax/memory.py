@@ -7,7 +7,7 @@ sequence of `S` tokens, with `c` the compute dtype's bytes:
 - `none` saves every intermediate a primitive's backward needs: the block input and the
   residual sum `h` (`S·D·c` each); each RMSNorm's output (`S·D·c`: the norm itself is
   rematerialised, `llama_jax.layers.rms_norm`); query, key, value and the attention output
-  (`S·(2H + 2K)·h·c`) and the RoPE sine/cosine tables (`8·S·h`); SwiGLU's gate and up
+  (`S·(2H + 2K)·h·c`) and the RoPE sine/cosine tables (`2·S·h·c`); SwiGLU's gate and up
   projections and their product (`3·S·F·c`: the SiLU is rematerialised,
   `llama_jax.layers.swiglu`); and the attention kernel's own residuals: the `xla` kernel keeps
   only the weights in the compute dtype, `[H, S, S]` (`H·S²·c`: its softmax's backward pass
@@ -17,7 +17,7 @@ sequence of `S` tokens, with `c` the compute dtype's bytes:
   projections run stacked, the stacked q/k/v and w1/w3 matrices; with bf16 compute every cast
   weight): per layer, not per sequence.
 - `dots_saveable` keeps only matmul outputs: q/k/v, the out projection, gate/up, and with the
-  `xla` kernel the float32 attention logits and the attention output (a fused kernel is not a
+  `xla` kernel the attention logits (compute dtype) and the attention output (a fused kernel is not a
   matmul to JAX, so its outputs are recomputed).
 - `dots_with_no_batch_dims_saveable` keeps the weight matmuls' outputs only (the attention
   einsums have batch dimensions).
@@ -88,13 +88,13 @@ def layer_saved(
     if policy == "dots_with_no_batch_dims_saveable":
         return block_input + weight_dots, 0
     if policy == "dots_saveable":
-        attention = 4 * cfg.num_heads * s * s + q * c if kernel == "xla" else 0
+        attention = c * cfg.num_heads * s * s + q * c if kernel == "xla" else 0
         return block_input + weight_dots + attention, 0
     per_seq = (
         2 * s * d * c  # block input, residual sum
         + 2 * s * d * c  # the two RMSNorm outputs (the norms recompute the rest)
         + (2 * q + 2 * kv) * c  # query, key, value, attention output
-        + 8 * s * h  # RoPE tables
+        + 2 * s * h * c  # RoPE tables (sine and cosine for q and for k)
         + 3 * s * f * c  # SwiGLU: gate, up, and their product (the SiLU is recomputed)
         + _attention_kernel_bytes(cfg, seq_len=s, kernel=kernel, packed=packed)
     )

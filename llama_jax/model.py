@@ -60,6 +60,7 @@ from llama_jax.layers import (
     weight,
 )
 from modeling import axes
+from modeling.attention import target_backend
 from modeling.remat import REMAT_POLICIES
 
 constrain = nn_partitioning.with_sharding_constraint
@@ -100,14 +101,22 @@ def _output_projection_fwd(x, kernel):
 
 
 def _output_projection_bwd(residuals, g):
-    # Autodiff contracts the [tokens, vocab] cotangent over tokens for the kernel gradient, and
-    # XLA:CPU lays that out by transposing the whole cotangent (the largest array of the step).
-    # Transposing the small activation instead, kept from being folded back into the dot by an
-    # optimisation barrier, makes it a plain row-major matmul (about 2x faster for the head).
     x, kernel = residuals
-    x_t = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)
-    d_kernel = jnp.dot(x_t, g.reshape(-1, g.shape[-1]), preferred_element_type=g.dtype)
-    d_x = jnp.einsum("blv,dv->bld", g, kernel, preferred_element_type=g.dtype)
+    wide = g.dtype
+    # The logits' cotangent enters both matmuls in the compute dtype (accumulated wide), as
+    # every other matmul of the step: a float32 operand would make them float32 matmuls, and
+    # the float32 `[tokens, vocab]` cotangent is the largest array of the step to read twice.
+    g = g.astype(x.dtype)
+    if target_backend() == "cpu":
+        # Autodiff contracts the cotangent over tokens for the kernel gradient, and XLA:CPU lays
+        # that out by transposing the whole cotangent. Transposing the small activation
+        # instead, kept from being folded back into the dot by an optimisation barrier, makes
+        # it a plain row-major matmul (about 2x faster for the head).
+        x_t = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)
+        d_kernel = jnp.dot(x_t, g.reshape(-1, g.shape[-1]), preferred_element_type=wide)
+    else:
+        d_kernel = jnp.einsum("bld,blv->dv", x, g, preferred_element_type=wide)
+    d_x = jnp.einsum("blv,dv->bld", g, kernel, preferred_element_type=wide)
     return d_x.astype(x.dtype), d_kernel.astype(kernel.dtype)
 
 

@@ -4,8 +4,8 @@ Callers say what defines the mask (a causal flag, packed-document segment ids, a
 such as T5's relative positions, the query offset of a cached decoding step) and never build a
 `[B, 1, Q, K]` mask themselves, so a fused kernel can keep the mask implicit:
 
-- `xla`: einsum logits in float32 (or wider), masked softmax (whose backward pass keeps only the
-  compute-dtype probabilities, `softmax_as`), einsum. The reference, and the only
+- `xla`: einsum logits in the compute dtype, masked softmax in float32 (or wider; its backward
+  pass keeps only the compute-dtype probabilities, `softmax_as`), einsum. The reference, and the only
   kernel for cached decoding, attention-weight dropout and anything else a fused kernel refuses.
 - `cudnn`: cuDNN fused (flash) attention on GPU, bf16/fp16 (`jax._src.cudnn.
   fused_attention_stablehlo`, what `jax.nn.dot_product_attention(implementation="cudnn")` calls);
@@ -150,15 +150,31 @@ softmax_as.defvjp(_softmax_as_fwd, _softmax_as_bwd)
 
 
 def _xla(
-    query, key, value, *, causal, q_segment_ids, kv_segment_ids, bias, q_offset, scale, dropout
+    query,
+    key,
+    value,
+    *,
+    causal,
+    q_segment_ids,
+    kv_segment_ids,
+    bias,
+    q_offset,
+    scale,
+    dropout,
+    float32_logits=False,
 ):
-    """Einsum attention with grouped key/value heads; logits and softmax in float32 or wider."""
+    """Einsum attention with grouped key/value heads; the softmax in float32 or wider."""
     batch, q_length, heads, head_dim = query.shape
     kv_heads = key.shape[2]
     group = heads // kv_heads
     q = _scale_query(query, scale).reshape(batch, q_length, kv_heads, group, head_dim)
     wide = _logits_dtype(query.dtype)
-    logits = jnp.einsum("bqkgd,bskd->bkgqs", q, key, preferred_element_type=wide)
+    # The logits leave the matmul in the compute dtype (as T5X, MaxText and Hugging Face's LLaMA
+    # compute them) and are widened for the mask and softmax inside the fusion that consumes
+    # them: a float32 `[B, H, Q, K]` array written and read back per layer would be the
+    # attention's largest memory traffic.
+    out_type = wide if float32_logits else None
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", q, key, preferred_element_type=out_type).astype(wide)
     if bias is not None:
         bias = bias.astype(wide)
         logits = logits + bias.reshape(bias.shape[0], kv_heads, group, *bias.shape[2:])
@@ -189,12 +205,24 @@ def _xla_why_not(problem: Problem) -> str | None:
 
 
 def _cudnn(
-    query, key, value, *, causal, q_segment_ids, kv_segment_ids, bias, q_offset, scale, dropout
+    query,
+    key,
+    value,
+    *,
+    causal,
+    q_segment_ids,
+    kv_segment_ids,
+    bias,
+    q_offset,
+    scale,
+    dropout,
+    float32_logits=False,
 ):
     """cuDNN fused attention. Causality is cuDNN's own mask; segments enter as a boolean
     `[B, 1, Q, K]` mask that cuDNN folds into its bias (bf16/fp16 and shared by the heads, rather
     than the float32 `[B, H, Q, K]` softmax of the xla kernel)."""
     del q_offset, dropout  # refused by `_cudnn_why_not`
+    del float32_logits  # the fused kernel keeps its logits in float32 inside
     from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
     mask = None
@@ -271,7 +299,18 @@ def _splash_kernel(q_length, kv_length, heads, causal, mqa, interpret):
 
 
 def _splash(
-    query, key, value, *, causal, q_segment_ids, kv_segment_ids, bias, q_offset, scale, dropout
+    query,
+    key,
+    value,
+    *,
+    causal,
+    q_segment_ids,
+    kv_segment_ids,
+    bias,
+    q_offset,
+    scale,
+    dropout,
+    float32_logits=False,
 ):
     """Pallas splash attention, run per device shard under the current mesh.
 
@@ -281,6 +320,7 @@ def _splash(
     heads' (the activation rules of `modeling.axes` in scope), as MaxText wraps it.
     """
     del bias, q_offset, dropout  # refused by `_splash_why_not`
+    del float32_logits  # the fused kernel keeps its logits in float32 inside
     local = functools.partial(_splash_local, causal=causal, scale=scale)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
@@ -414,6 +454,7 @@ def attend(
     scale: float | None = None,
     dropout: Callable[[Array], Array] | None = None,
     kernel: str = "auto",
+    float32_logits: bool = False,
 ) -> Array:
     """Softmax attention whose mask is described, not materialised.
 
@@ -434,6 +475,8 @@ def attend(
       dropout: applied to the attention weights (training with attention dropout); only the
         `xla` kernel takes it.
       kernel: a name from `kernel_names()`.
+      float32_logits: the `xla` kernel's logits leave their matmul in float32 rather than the
+        compute dtype (T5X's `float32_attention_logits`); the softmax is float32 either way.
 
     Returns:
       `[batch, q_length, heads, head_dim]` in `query`'s dtype.
@@ -467,6 +510,7 @@ def attend(
         q_offset=q_offset,
         scale=scale,
         dropout=dropout,
+        float32_logits=float32_logits,
     )
     try:
         return KERNELS[name].run(query, key, value, **args)

@@ -48,8 +48,8 @@ class T5Config:
       layer_norm_eps: epsilon of the RMS layer norm.
       dtype: activation dtype name ("float32", "bfloat16").
       param_dtype: parameter dtype name.
-      float32_attention_logits: kept for T5X configs; the attention seam always computes logits
-        and softmax in float32 (or wider), so False changes nothing.
+      float32_attention_logits: the `xla` attention kernel's logits leave their matmul in float32
+        (T5X's T5.1.1 setting; False: in `dtype`, as LLaMA's). The softmax is float32 either way.
       remat_policy: a key of `modeling.remat.REMAT_POLICIES` (the one registry), applied per
         layer in training calls, never while decoding.
       attention_kernel: a name from `modeling.attention.kernel_names()`: "auto" (cudnn on GPU,

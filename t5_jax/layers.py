@@ -225,6 +225,7 @@ class MultiHeadDotProductAttention(nn.Module):
     cross: bool = False
     dropout_rate: float = 0.0
     kernel: str = "auto"
+    float32_logits: bool = True
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
@@ -306,6 +307,7 @@ class MultiHeadDotProductAttention(nn.Module):
             scale=1.0,
             dropout=dropout,
             kernel=self.kernel,
+            float32_logits=self.float32_logits,
         )
         x = x.reshape(x.shape[:2] + (hd,))
         out = self._dense("out", self.out_features, (JOINED_KV, EMBED), ATTENTION_INIT)(x)

@@ -73,7 +73,8 @@ def _attention(
     if policy == "dots_with_no_batch_dims_saveable":
         return projections
     if policy == "dots_saveable":
-        return projections + (4 * h * sq * sk + sq * a * c if kernel == "xla" else 0)
+        logits = 4 if cfg.float32_attention_logits else c
+        return projections + (logits * h * sq * sk + sq * a * c if kernel == "xla" else 0)
     by_kernel = {
         "xla": h * sq * sk * c,  # the weights only (`modeling.attention.softmax_as`)
         "cudnn": 4 * h * sq + (sq * sk * (1 + c) if packed else 0),

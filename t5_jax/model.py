@@ -58,6 +58,7 @@ def _attention(cfg: T5Config, name: str, cross: bool = False):
         cross=cross,
         dropout_rate=cfg.dropout_rate,
         kernel=cfg.attention_kernel,
+        float32_logits=cfg.float32_attention_logits,
         **_dtypes(cfg),
         name=name,
     )

@@ -143,7 +143,8 @@ def test_t5_cross_attention_runs_the_kernel_asked_for():
     xla = family.memory_estimate(cfg, shape=shape.replace(attention_kernel="xla"))
     assert auto.kernel == xla.kernel == "xla"  # the self-attention kernel
     h, s, a = cfg.num_heads, 512, cfg.num_heads * cfg.head_dim
-    # per decoder layer and example: float32 logits, the attention output, the weights (bf16)
+    # per decoder layer and example: float32 logits (T5X's float32_attention_logits), the
+    # attention output, the weights (bf16)
     cross = 4 * h * s * s + 2 * s * a + 2 * h * s * s
     assert xla.activations - auto.activations == 8 * cfg.num_decoder_layers * cross
 

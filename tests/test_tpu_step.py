@@ -267,3 +267,51 @@ def test_the_benchmark_json_of_a_tiny_tpu_step(tpu_topology, tmp_path, monkeypat
     assert result["usable"] and result["uncosted_ops"] == [], result["why_unusable"]
     assert result["cost"]["optimal_seconds"] > 0 and 0 < result["estimated_mfu"] < 1
     assert result["model_flops"] > 0 and result["settings"]["devices"] == 4
+
+
+def _grid_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    path = BENCH.parent / "aot_vs_maxtext.py"
+    spec = importlib.util.spec_from_file_location("aot_vs_maxtext_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_comparison_gives_maxtext_the_same_program_and_tabulates_ratios(monkeypatch, tmp_path):
+    grid = _grid_module(monkeypatch)
+    row = grid.ROWS["1085m_none_2slices"]
+    overrides = dict(o.split("=", 1) for o in grid.maxtext_overrides(row))
+    assert overrides["base_emb_dim"] == "1792" and overrides["head_dim"] == "128"
+    assert overrides["per_device_batch_size"] == "4"  # 32 sequences over 2 slices of 4 chips
+    assert overrides["dcn_data_parallelism"] == "2" and overrides["scan_layers"] == "false"
+    assert overrides["attention"] == "dot_product" and overrides["remat_policy"] == "none"
+    args = grid.xlscale_args(row, tmp_path / "x.json")
+    assert "--num-slices=2" in args and "--attention=xla" in args and "--no-scan" in args
+    assert not grid.ROWS["t5_770m_auto"].has_peer
+
+    def result(seconds, bytes_, temp):
+        memory = {
+            "argument_size_in_bytes": 4e9,
+            "output_size_in_bytes": 4e9,
+            "alias_size_in_bytes": 4e9,
+            "temp_size_in_bytes": temp,
+        }
+        cost = {"optimal_seconds": seconds, "flops": 1e12, "bytes accessed": bytes_}
+        return {"memory": memory, "cost": cost, "model_flops": 2.8e14}
+
+    xl = grid.figures(result(0.25, 3e11, 2e9), row)
+    mt = grid.figures(result(0.20, 2e11, 1e9), row)
+    bad = grid.figures(result(-1.69, 3e11, 2e9), row)
+    text = grid.table({"a": (row, xl, mt), "b": (row, bad, mt)})
+    assert "| a | 0.2500 / 0.2000 | 1.250 | 1.000 | 1.500 | 2.00 / 1.00 | 6.00 / 5.00 |" in text
+    assert "| b | unusable / 0.2000 | – |" in text
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\nOur words.\n")
+    info = {"xlscale commit": "abc"}
+    grid.write_doc(page, text, info, {"a": (row, xl, mt)})
+    grid.write_doc(page, text, info, {"a": (row, xl, mt)})  # replaces its block
+    written = page.read_text()
+    assert written.startswith("# Title\n\nOur words.\n") and written.count(grid.BEGIN) == 1
+    assert "| 1085m_none_2slices |" not in written and "| a | llama2_1085m" in written
