@@ -30,6 +30,8 @@ from etils import epath
 
 from rundir import checksums, names, storage
 
+log = logging.getLogger(__name__)
+
 
 class CheckpointNotFoundError(FileNotFoundError):
     """A flag (`INIT_CHECKPOINT`, `CHECKPOINT`, ...) names no directory, a directory with no
@@ -56,7 +58,7 @@ def parse_init_checkpoint(spec: str) -> tuple[epath.Path, int | None]:
             f"INIT_CHECKPOINT {spec!r}: the part after '@' must be a step number"
         )
     directory = storage.as_path(path, name="INIT_CHECKPOINT")
-    if (directory / names.CHECKPOINTS_SUBDIR).is_dir():
+    if storage.is_dir(directory / names.CHECKPOINTS_SUBDIR):
         directory = directory / names.CHECKPOINTS_SUBDIR
     return directory, (int(step) if sep else None)
 
@@ -216,13 +218,14 @@ def _committed_steps(directory: epath.Path, *, spec: str, what: str) -> list[int
     Raises:
       CheckpointNotFoundError: no such directory, or no step in it.
     """
-    if not directory.is_dir():
+    if not storage.is_dir(directory):  # an outage raises StorageError, not "no directory"
         raise CheckpointNotFoundError(f"{what} {spec!r}: no directory {directory}")
-    manager = _params_manager(directory, read_only=True)
-    try:
-        steps = sorted(manager.all_steps())
-    finally:
-        manager.close()
+    with storage.service_errors(directory, "listing checkpoints in"):
+        manager = _params_manager(directory, read_only=True)
+        try:
+            steps = sorted(manager.all_steps())
+        finally:
+            manager.close()
     if not steps:
         raise CheckpointNotFoundError(f"{what} {spec!r}: no checkpoint in {directory}")
     return steps
@@ -230,12 +233,23 @@ def _committed_steps(directory: epath.Path, *, spec: str, what: str) -> list[int
 
 def _named_step(spec: str, *, what: str, complete_only: bool) -> tuple[epath.Path, int]:
     """The directory and step `'<dir>[@step]'` names; no step: the newest one (with
-    `complete_only`, the newest with its integrity record, if any)."""
+    `complete_only`, the newest with its integrity record, if any: when newer steps have none,
+    one warning names the step used, the newer ones skipped and why, never a silent fallback)."""
     directory, step = parse_init_checkpoint(spec)
     steps = _committed_steps(directory, spec=spec, what=what)
+    if step is None and not complete_only:
+        return directory, steps[-1]
     if step is None:
         complete = [s for s in steps if checksums.has_manifest(directory / str(s))]
-        return directory, (complete or steps)[-1] if complete_only else steps[-1]
+        step = (complete or steps)[-1]  # none complete: the newest, refused by its verification
+        if skipped := [s for s in steps if s > step]:
+            log.warning(
+                "%s",
+                checksums.older_step_message(
+                    source=f"{what} {spec!r}", directory=directory, step=step, skipped=skipped
+                ),
+            )
+        return directory, step
     if step not in steps:
         raise CheckpointNotFoundError(
             f"{what} {spec!r}: no step {step} in {directory} (steps: {steps})"
@@ -255,7 +269,9 @@ def resolve_step(spec: str, *, what: str = "INIT_CHECKPOINT") -> tuple[epath.Pat
       rundir.checksums.CheckpointCorruptError: a file of the step fails its checksums.
     """
     directory, step = _named_step(spec, what=what, complete_only=True)
-    checksums.verify_manifest(directory / str(step), step=step, source=f"{what} {spec!r}")
+    checksums.verify_manifest(
+        directory / str(step), step=step, source=f"{what} {spec!r}", skip=COMMIT_FILES
+    )
     return directory, step
 
 

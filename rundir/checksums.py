@@ -11,7 +11,9 @@ naming it is refused with `CheckpointUnrecordedError`, which says how to record 
 files one trusts (`xlscale convert record DIR@STEP`, i.e. `write_manifest`).
 
 A restore verifies the record first: a truncated or bit-flipped file is named with its step
-instead of loading silently or failing deep inside TensorStore.
+instead of loading silently or failing deep inside TensorStore. The record covers the whole step:
+a file of the step that it does not list (other than those the commit writes after it) is a
+mismatch too, so that a record which lost an entry cannot vouch for a step it no longer covers.
 """
 
 from __future__ import annotations
@@ -51,6 +53,22 @@ def unrecorded_message(*, source: str, step_dir: str | os.PathLike, step: int) -
         f"{source}: step {step} ({step_dir}) has no integrity record ({MANIFEST_FILE}), so its "
         "files cannot be verified\n"
         f"  if you trust them, record them first: xlscale convert record '{step_dir.parent}@{step}'"
+    )
+
+
+def older_step_message(
+    *, source: str, directory: str | os.PathLike, step: int, skipped: Sequence[int]
+) -> str:
+    """The one line logged when `'<dir>'` without a step resolves to an older complete step than
+    its newest committed one: the step used, the newer ones skipped, why, and what to do."""
+    directory = storage.as_path(directory)
+    newer = f"steps {', '.join(map(str, skipped))}" if len(skipped) > 1 else f"step {skipped[0]}"
+    their = "their" if len(skipped) > 1 else "its"
+    return (
+        f"{source}: using step {step}, the newest step with an integrity record; skipped newer "
+        f"{newer}: no integrity record ({MANIFEST_FILE}), so {their} files cannot be verified "
+        "(name a step with '@STEP', or record files you trust: xlscale convert record "
+        f"'{directory}@{skipped[-1]}')"
     )
 
 
@@ -106,27 +124,46 @@ def write_manifest(step_dir: str | os.PathLike, *, skip: Collection[str] = ()) -
 
 
 def has_manifest(step_dir: str | os.PathLike) -> bool:
-    """Whether the step directory carries its integrity record (the step is complete)."""
-    return (storage.as_path(step_dir) / MANIFEST_FILE).is_file()
+    """Whether the step directory carries its integrity record (the step is complete).
+
+    Raises:
+      rundir.storage.StorageError: the storage service failed (never taken for "no record").
+    """
+    path = storage.as_path(step_dir) / MANIFEST_FILE
+    with storage.service_errors(path, "reading the integrity record"):
+        return path.is_file()
 
 
-def verify_manifest(step_dir: str | os.PathLike, *, step: int, source: str) -> int:
-    """Checks every file listed in the step's integrity record (size, then SHA-256).
+def verify_manifest(
+    step_dir: str | os.PathLike, *, step: int, source: str, skip: Collection[str] = ()
+) -> int:
+    """Checks that the step's integrity record lists every file of the step, and every file it
+    lists (size, then SHA-256): a step verifies only when the record covers all of it.
 
     Args:
       step_dir: the step's directory.
       step: its step number (for messages).
       source: what the checkpoint is to the user, e.g. "INIT_CHECKPOINT '/runs/x'" or the
         checkpoints directory (for messages).
+      skip: paths (relative to `step_dir`) that may be in the step unlisted: the files the
+        commit writes after the record (`write_manifest`'s `skip`).
 
     Returns:
       How many files were verified (at least one: an empty record is refused as unreadable).
     Raises:
       CheckpointUnrecordedError: the step has no record (`unrecorded_message`).
-      CheckpointCorruptError: naming the first file that is missing, truncated or altered,
-        and the step; or a record that is unreadable or lists no file.
+      CheckpointCorruptError: naming the first file that is missing, truncated, altered or not
+        in the record, and the step; or a record that is unreadable or lists no file.
+      rundir.storage.StorageError: the storage service failed while reading (never taken for
+        a corrupt step).
     """
     step_dir = storage.as_path(step_dir)
+    with storage.service_errors(step_dir, "verifying checkpoint files in"):
+        return _verify(step_dir, step=step, source=source, skip=skip)
+
+
+def _verify(step_dir: epath.Path, *, step: int, source: str, skip: Collection[str]) -> int:
+    """`verify_manifest`'s checks, storage errors left as they come."""
     path = step_dir / MANIFEST_FILE
     if not path.is_file():
         raise CheckpointUnrecordedError(
@@ -149,6 +186,15 @@ def verify_manifest(step_dir: str | os.PathLike, *, step: int, source: str) -> i
         else:
             continue
         raise CheckpointCorruptError(f"{source}: step {step}: file {file} {problem}")
+    unlisted = [
+        p for p in _files(step_dir, skip) if p.relative_to(step_dir).as_posix() not in files
+    ]
+    if unlisted:
+        raise CheckpointCorruptError(
+            f"{source}: step {step}: file {unlisted[0]} is not listed in its integrity record "
+            f"{MANIFEST_FILE} ({len(unlisted)} unlisted in all): the record does not cover the "
+            "step, so it cannot be verified"
+        )
     paths = [step_dir / name for name in files]
     for file, expected, digest in zip(paths, files.values(), _sha256s(paths), strict=True):
         if digest != expected["sha256"]:

@@ -558,6 +558,21 @@ def mtime(path: PathLike) -> float | None:
     return datetime.datetime.fromisoformat(meta["updated"]).timestamp()
 
 
+def is_dir(path: PathLike) -> bool:
+    """Whether the directory `path` exists (on gs://: objects exist under it); False when it does
+    not, and `StorageError` when the storage service fails. Use it rather than
+    `epath.Path.is_dir()` where the answer decides something (a resume or a fresh start): on gs://
+    that one answers False when the service does not answer at all."""
+    path = as_path(path)
+    if not is_remote(path):
+        return os.path.isdir(path)
+    with storage_errors(path, "reading the metadata of"):
+        try:
+            return gcs_objects.filesystem().info(os.fspath(path))["type"] == "directory"
+        except FileNotFoundError:
+            return False
+
+
 def list_files(path: PathLike) -> list[epath.Path]:
     """Every file under the directory `path`, recursively, sorted; [] when there is none.
 

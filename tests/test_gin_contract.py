@@ -59,7 +59,7 @@ def test_macros_only_another_job_reads_are_logged_not_refused(caplog):
         (
             "--gin.partitioning.MeshConfig.fsdpp=8",
             r"partitioning.MeshConfig.fsdpp \(set by --gin.partitioning.MeshConfig.fsdpp=8\).*"
-            r"did you mean fsdp\? \(allowed: data, fsdp, model, num_devices, device_memory_gib\)",
+            r"did you mean fsdp\? \(allowed: data, fsdp, model, num_devices, device_memory_gib, num_slices\)",
         ),
         (
             "--gin.partitioning.MeshConfg.fsdp=8",

@@ -80,6 +80,7 @@ class CheckpointConfig:
     keep_best_mode: str = "min"
 
     def __post_init__(self):
+        validation.check_positive_int(name="checkpoint_period", value=self.period)
         validation.check_choice(
             name="keep_best_mode", value=self.keep_best_mode, allowed=tuple(BEST_MODES)
         )
@@ -127,7 +128,7 @@ def committed_step(model_dir: str | os.PathLike) -> int | None:
     are set aside when the run opens its store); opens nothing for writing and creates
     nothing."""
     directory = checkpoints_dir(model_dir)
-    if not directory.is_dir():
+    if not storage.is_dir(directory):  # an outage raises: never taken for a fresh start
         return None
     store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
     try:
@@ -138,6 +139,11 @@ def committed_step(model_dir: str | os.PathLike) -> int | None:
 
 class CheckpointStore:
     """A run's checkpoints: periodic saves with a keep policy, and full restores for resume.
+
+    Opening the store, listing its steps, reading their records and verifying them raise
+    `rundir.storage.StorageError` when the storage service fails (as saves do), so that an outage
+    while a resume opens its checkpoints is reported as one (exit 74, `rundir.exits`), never as
+    a corrupt step.
 
     Args:
       directory: the checkpoints directory (`checkpoints_dir(model_dir)`).
@@ -182,12 +188,15 @@ class CheckpointStore:
             create=not read_only,
             read_only=read_only,
         )
-        with init_checkpoints.quiet_read_only_notice():
+        with (
+            storage.service_errors(self.directory, "opening checkpoints in"),
+            init_checkpoints.quiet_read_only_notice(),
+        ):
             self._manager = ocp.CheckpointManager(
                 self.directory, options=options, item_handlers=_handlers()
             )
-        if not read_only:
-            self._set_aside_unrecorded()
+            if not read_only:
+                self._set_aside_unrecorded()
 
     def step_dir(self, step: int) -> epath.Path:
         """A committed step's directory."""
@@ -225,7 +234,8 @@ class CheckpointStore:
     def all_steps(self) -> list[int]:
         """Steps of all committed checkpoints, ascending (in a writer's store, all complete:
         those without a record were set aside when it opened)."""
-        return sorted(self._manager.all_steps())
+        with storage.service_errors(self.directory, "listing checkpoints in"):
+            return sorted(self._manager.all_steps())
 
     def save(
         self,
@@ -266,10 +276,15 @@ class CheckpointStore:
           How many files were verified (at least one).
         Raises:
           rundir.checksums.CheckpointUnrecordedError: the step has no record.
-          CheckpointCorruptError: naming the file and the step.
+          CheckpointCorruptError: naming the file and the step (a file the record does not list
+            is one too).
+          rundir.storage.StorageError: the storage service failed while reading.
         """
         return checksums.verify_manifest(
-            self.step_dir(step), step=step, source=f"checkpoint {self.directory}"
+            self.step_dir(step),
+            step=step,
+            source=f"checkpoint {self.directory}",
+            skip=init_checkpoints.COMMIT_FILES,
         )
 
     def _verify_agreed(self, step: int) -> None:
@@ -307,9 +322,11 @@ class CheckpointStore:
           (step, params, opt_state, train_state), or None when there is no checkpoint.
         Raises:
           CheckpointCorruptError: when no step verifies and loads, listing each step's problem.
+          rundir.storage.StorageError: the storage service failed while listing or verifying
+            (no step is taken for corrupt then, nor set aside).
         """
         failed: list[tuple[int, Exception]] = []
-        for step in sorted(self._manager.all_steps(), reverse=True):
+        for step in reversed(self.all_steps()):
             if not self.recorded(step):
                 log.warning(
                     "checkpoint step %d in %s has no integrity record: skipped",
@@ -322,6 +339,8 @@ class CheckpointStore:
                 restored = self.restore(
                     step, abstract_params=abstract_params, abstract_opt_state=abstract_opt_state
                 )
+            except storage.StorageError:
+                raise  # the store failed, not the step: a rerun resumes once it is back
             except Exception as e:  # noqa: BLE001 - TensorStore raises many kinds on bad files
                 log.warning(
                     "checkpoint step %d in %s is unusable (%s); falling back to the previous step",

@@ -14,6 +14,8 @@ gin texts the entry points parse (with gin's own parser, `gin.config_parser`) an
 - `explain_gin_error`, `explain_unbound_macro`: turn gin's errors for an unknown configurable or
   parameter, and for a macro read but set nowhere, into a `ConfigError` naming the flag or file
   line and the nearest valid names.
+- `explain_syntax_error`, `refused`: turn gin's parse errors (a flag or file line gin cannot
+  parse, anything else gin refuses) into a one-line `ConfigError` naming the flag or file line.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import io
 import logging
 import re
 import sys
+import tokenize
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -50,6 +53,8 @@ class TextScan:
       includes: the files the text includes, as written.
       modules: `(name, module)` for each Python module the text imports (`from trainer import
         data` binds `data` to `trainer.data`).
+      bound: `(binding, place)` for each parameter the text binds, as written
+        (`[scope/]configurable.param`).
     """
 
     defined: tuple[tuple[str, str], ...] = ()
@@ -57,6 +62,7 @@ class TextScan:
     selectors: frozenset[str] = frozenset()
     includes: tuple[str, ...] = ()
     modules: tuple[tuple[str, str], ...] = ()
+    bound: tuple[tuple[str, str], ...] = ()
 
     @property
     def referenced(self) -> frozenset[str]:
@@ -95,7 +101,7 @@ def scan_text(text: str, *, name: str, labels: Sequence[str] | None = None) -> T
       labels: the command-line flag of each line, for the bindings text (places `by <flag>`).
     """
     recorder = _Recorder()
-    defined, reads, selectors, includes, modules = [], [], set(), [], []
+    defined, reads, selectors, includes, modules, bound = [], [], set(), [], [], []
     source = io.StringIO(text)
     source.name = name  # syntax errors name the file, as gin's own do
     for statement in config_parser.ConfigParser(source, recorder):
@@ -108,17 +114,19 @@ def scan_text(text: str, *, name: str, labels: Sequence[str] | None = None) -> T
             modules.append((statement.bound_name(), statement.module))
         if not isinstance(statement, config_parser.BindingStatement):
             continue
+        name = f"{statement.scope}/{statement.selector}" if statement.scope else statement.selector
         if statement.arg_name:
             selectors.add(statement.selector)
+            bound.append((f"{name}.{statement.arg_name}", where))
             continue
-        macro = f"{statement.scope}/{statement.selector}" if statement.scope else statement.selector
-        defined.append((macro, where))
+        defined.append((name, where))
     return TextScan(
         defined=tuple(defined),
         reads=tuple(reads),
         selectors=frozenset(selectors),
         includes=tuple(includes),
         modules=tuple(modules),
+        bound=tuple(bound),
     )
 
 
@@ -129,7 +137,7 @@ def _file_scan(path: Path, mtime_ns: int) -> tuple[frozenset[str], tuple[str, ..
     del mtime_ns  # part of the cache key only
     try:
         scan = scan_text(path.read_text(), name=str(path))
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, tokenize.TokenError):
         return frozenset(), ()
     return scan.referenced, scan.includes
 
@@ -347,3 +355,65 @@ def explain_unbound_macro(
     defined = {name for scan in scans for name, _ in scan.defined}
     hint = _did_you_mean(macro, defined, "macro of the configuration")
     return validation.ConfigError(f"gin macro {macro} ({read}) is set nowhere; {hint}")
+
+
+# How a flag is written, for the refusal of one gin cannot parse.
+FLAG_SYNTAX = (
+    "--gin.NAME=VALUE with VALUE a Python literal (strings quoted: --gin.NAME=\"'text'\"), "
+    "a %MACRO or an @configurable()"
+)
+# What gin's parser says when a text ends inside brackets or a string (tokenize's words).
+_UNCLOSED = "a bracket or a string is not closed"
+
+
+def _parse_failure(error: Exception) -> tuple[str, int]:
+    """gin's reason for a text it cannot parse, in a few words, and the line (0: unknown)."""
+    if isinstance(error, tokenize.TokenError):
+        return _UNCLOSED, 0
+    reason = (str(getattr(error, "msg", "")).strip().splitlines() or ["unparsable"])[-1]
+    return reason.strip().rstrip("."), int(getattr(error, "lineno", 0) or 0)
+
+
+PARSE_ERRORS = (SyntaxError, tokenize.TokenError)  # what gin's parser raises on bad text
+
+
+def explain_syntax_error(
+    error: Exception, *, name: str, text: str, labels: Sequence[str] | None
+) -> validation.ConfigError:
+    """gin's parser error for `text` (a `PARSE_ERRORS`) as a one-line `ConfigError`: for the
+    command-line bindings, the flag gin cannot parse (each line is parsed alone to find it: an
+    unclosed bracket would otherwise swallow the flags after it) and how a flag is written; for a
+    gin file, the file, its line and gin's reason.
+
+    Args:
+      error: what gin's parser raised.
+      name: the text's file name (as given to gin).
+      text: the text parsed.
+      labels: the command-line flag of each line, for the bindings text.
+    """
+    lines = text.splitlines()
+    if labels is not None and len(labels) == len(lines):
+        for line, label in zip(lines, labels, strict=True):
+            try:
+                scan_text(line, name=name)
+            except PARSE_ERRORS as e:
+                reason, _ = _parse_failure(e)
+                return validation.ConfigError(
+                    f"{label}: gin cannot parse it ({reason}); allowed: {FLAG_SYNTAX}"
+                )
+    reason, line = _parse_failure(error)
+    shown = f" {lines[line - 1].strip()!r}" if 0 < line <= len(lines) else ""
+    return validation.ConfigError(
+        f"gin cannot parse the statement {place(name=name, line=line, labels=labels)}{shown}: "
+        f"{reason}; allowed: gin statements (NAME = VALUE, configurable.param = VALUE, include, "
+        "import)"
+    )
+
+
+def refused(error: Exception, *, name: str, labels: Sequence[str] | None) -> validation.ConfigError:
+    """Any other error gin raised while parsing a text (not one `explain_gin_error` knows), as a
+    one-line `ConfigError` naming the flag or file line and gin's own first line."""
+    message = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    line = _LINE.search(str(error))
+    where = place(name=name, line=int(line["line"]) if line else 0, labels=labels)
+    return validation.ConfigError(f"gin refused the configuration set {where}: {message}")

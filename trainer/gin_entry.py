@@ -27,7 +27,7 @@ import gin
 
 from pipelines import native_logs
 from rundir import exits, stop_request, storage
-from trainer import compile_cache, gin_checks, partitioning, stop_requests, validation
+from trainer import compile_cache, gin_checks, gin_types, partitioning, stop_requests, validation
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,8 @@ def parse_config_text(
 
     Raises:
       trainer.validation.ConfigError: an include after a binding, an include cycle, a missing
-        file, or a binding to a configurable or parameter that does not exist.
+        file, a binding to a configurable or parameter that does not exist, or a flag or file
+        line gin cannot parse (naming it), or anything else gin refuses.
     """
     body, bound, scans = [], False, []
     for lineno, line in enumerate(text.splitlines(keepends=True), 1):
@@ -177,18 +178,21 @@ def parse_config_text(
             including=(*including, path),
         )
         body.append("\n")  # keeps gin's line numbers right
-    scan = gin_checks.scan_text("".join(body), name=name, labels=labels)
+    try:
+        scan = gin_checks.scan_text("".join(body), name=name, labels=labels)
+    except gin_checks.PARSE_ERRORS as e:
+        raise gin_checks.explain_syntax_error(
+            e, name=name, text="".join(body), labels=labels
+        ) from None
     source = io.StringIO("".join(body))
     source.name = name  # gin's parser names the file in its error messages
     try:
         gin.parse_config(source)
-    except ValueError as e:
+    except (ValueError, *gin_checks.PARSE_ERRORS) as e:
         error = gin_checks.explain_gin_error(
             e, name=name, labels=labels, scans=[*parsed, *scans, scan]
         )
-        if error is None:
-            raise
-        raise error from None
+        raise (error or gin_checks.refused(e, name=name, labels=labels)) from None
     return [*scans, scan]
 
 
@@ -257,12 +261,14 @@ def _background_tracebacks_off() -> None:
 
 def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> ParsedConfig:
     """Starts multi-host JAX if needed, parses gin files and bindings, checks that every macro
-    set is read by some gin file (`gin_checks`) and that the required macros are set.
+    set is read by some gin file (`gin_checks`), that the required macros are set and that every
+    bound value has its parameter's type (`gin_types`).
 
     Raises:
       trainer.validation.ConfigError: a required macro is unset (names it and the flag to pass),
-        or a macro or binding that nothing uses (names it, where it was set and the nearest
-        valid names).
+        a macro or binding that nothing uses (names it, where it was set and the nearest valid
+        names), a flag or file line gin cannot parse, or a value of the wrong type (names the
+        macro or binding, where it was set, the value and the types allowed).
     """
     native_logs.quiet_tensorflow_import()  # TF's C++ start-up lines stay off the terminal
     _show_progress()
@@ -303,6 +309,7 @@ def parse(argv: Sequence[str], *, job: str, distributed: str = "auto") -> Parsed
                 f"required gin macro {name} is not set; pass --gin.{name}=..."
             ) from None
         raise
+    gin_types.check_bound_types(scans)
     return ParsedConfig(
         job=job, files=tuple(files), bindings=tuple(bindings), config_str=gin.config_str()
     )

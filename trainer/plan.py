@@ -49,6 +49,10 @@ class RunPlan:
       run: strategy and languages (`trainer.train.RunInfo`).
       init_checkpoint: `'<dir>[@step]'` or `'hf:<dir>'` to start from (None: random init);
         unused when resuming.
+      init_source: `init_checkpoint` as the checkpoints directory and step that were checked
+        (`'<checkpoints dir>@<step>'`), what a fresh start restores: the step checked is the step
+        loaded, and its choice (a fallback past newer unrecorded steps) is logged once (None:
+        no initial checkpoint, or a resume).
       seed, gin_config: as given to `train`.
       resume_step: the newest committed checkpoint step in `model_dir` (None: a fresh start).
       vocab_hash: SHA-256 of the vocabulary file (None without one).
@@ -64,6 +68,7 @@ class RunPlan:
     mesh: MeshConfig
     run: Any
     init_checkpoint: str | None
+    init_source: str | None
     seed: int
     gin_config: str
     resume_step: int | None
@@ -121,8 +126,12 @@ def build_run_plan(
     )
     resume_step = ckpt_lib.committed_step(model_dir)
     vocab_hash = fingerprint_lib.vocab_sha256(data.vocab_path)
+    init_source = None
     if init_checkpoint and resume_step is None:
-        ckpt_lib.check_init_checkpoint(init_checkpoint, abstract_params=job.abstract_params)
+        init_dir, init_step = ckpt_lib.check_init_checkpoint(
+            init_checkpoint, abstract_params=job.abstract_params
+        )
+        init_source = f"{os.fspath(init_dir)}@{init_step}"
         source_hash = init_vocab_sha256(init_checkpoint)
         if source_hash is not None and vocab_hash is not None:
             validation.check_init_vocab(
@@ -157,6 +166,7 @@ def build_run_plan(
         mesh=mesh,
         run=run,
         init_checkpoint=init_checkpoint,
+        init_source=init_source,
         seed=seed,
         gin_config=gin_config,
         resume_step=resume_step,

@@ -13,14 +13,17 @@ unverified.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
 from etils import epath
 
 from convert import init_checkpoints
-from rundir import checksums
+from rundir import checksums, storage
 from trainer import checkpoints as ckpt_lib
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointNotFoundError(init_checkpoints.CheckpointNotFoundError):
@@ -57,7 +60,7 @@ def _steps(checkpoint: str | os.PathLike, *, flag: str) -> tuple[epath.Path, lis
       CheckpointNotFoundError: the directory does not exist (naming `flag` and the value).
     """
     directory, _ = init_checkpoints.parse_init_checkpoint(os.fspath(checkpoint))
-    if not directory.is_dir():
+    if not storage.is_dir(directory):  # an outage raises StorageError, not "no directory"
         raise CheckpointNotFoundError(f"{flag} {os.fspath(checkpoint)!r}: no directory {directory}")
     store = ckpt_lib.CheckpointStore(directory, ckpt_lib.CheckpointConfig(), read_only=True)
     try:
@@ -77,7 +80,8 @@ def kept_steps(checkpoint: str | os.PathLike, *, flag: str = "checkpoint") -> li
 
 
 def resolve_step(checkpoint: str | os.PathLike, step: int | None, *, flag: str) -> int:
-    """`step`, or the newest complete step of `checkpoint`.
+    """`step`, or the newest complete step of `checkpoint` (when newer steps have no integrity
+    record, one warning names the step used and the newer ones skipped).
 
     Raises:
       CheckpointNotFoundError: no checkpoint at all, or `step` is not kept (listing the kept
@@ -91,6 +95,13 @@ def resolve_step(checkpoint: str | os.PathLike, step: int | None, *, flag: str) 
         raise CheckpointNotFoundError(f"{name}: no checkpoint in it")
     if step is None:
         step = (kept or committed)[-1]  # none complete: refused below
+        if skipped := [s for s in committed if s > step]:
+            log.warning(
+                "%s",
+                checksums.older_step_message(
+                    source=name, directory=directory, step=step, skipped=skipped
+                ),
+            )
     if int(step) not in committed:
         raise CheckpointNotFoundError(f"{name}: step {step} is not kept; kept steps: {kept}")
     if int(step) not in kept:

@@ -261,19 +261,21 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
         return _stopped_at_start_up(plan, before=f"{first} the state", step=plan.resume_step or 0)
     model_dir = plan.model_dir
     is_chief = jax.process_index() == 0
-    if is_chief:
-        model_dir.mkdir(parents=True, exist_ok=True)
-    store = ckpt_lib.CheckpointStore(ckpt_lib.checkpoints_dir(model_dir), plan.checkpoint)
-    writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
-    watcher = ckpt_lib.PreemptionWatcher(store, flag=sigterm, model_dir=model_dir)
     failed: BaseException | None = None
-    training = None
+    store = writer = watcher = training = None
     try:
+        # Opening the store (listing its steps, reading their records) is storage work too: an
+        # outage here is reported as one, like a failed save.
+        if is_chief:
+            model_dir.mkdir(parents=True, exist_ok=True)
+        store = ckpt_lib.CheckpointStore(ckpt_lib.checkpoints_dir(model_dir), plan.checkpoint)
+        writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
+        watcher = ckpt_lib.PreemptionWatcher(store, flag=sigterm, model_dir=model_dir)
         state, saved, init = start_state.initial_state(
             job,
             store,
             resume=plan.resuming,
-            init_checkpoint=plan.init_checkpoint,
+            init_checkpoint=plan.init_source,  # the step the plan checked
             seed=plan.seed,
         )
         start = int(saved.get("step", 0))
@@ -321,8 +323,9 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
         failed = failed or e
         if not isinstance(failed, storage.StorageError):
             raise
-        last = training and training.committed
-        last = None if last is None else (last, store.step_dir(last))
+        # Before the state is restored, the last complete checkpoint is the one the plan found.
+        last = plan.resume_step if training is None else training.committed
+        last = None if last is None else (last, ckpt_lib.checkpoints_dir(model_dir) / str(last))
         raise storage.told(failed, last=last) from e
     except BaseException as e:
         failed = e
@@ -346,7 +349,8 @@ def _stopped_at_start_up(
 
 
 def _close(watcher, writer, store, *, failed: BaseException | None) -> None:
-    """Stops the preemption watcher, the metrics writer and the checkpoint store.
+    """Stops the preemption watcher, the metrics writer and the checkpoint store (those that
+    were opened: None for one that was not).
 
     After a failure, a close that fails too is logged rather than raised (the first error is the
     one to report); after a storage failure the store's background save is not waited for: it
@@ -355,8 +359,12 @@ def _close(watcher, writer, store, *, failed: BaseException | None) -> None:
     staged events copied (each request would wait out the storage client's retries again).
     """
     unreachable = isinstance(failed, storage.StorageError)
-    closers = [watcher.close, functools.partial(writer.close, sync=not unreachable)]
-    if not unreachable:
+    closers = []
+    if watcher is not None:
+        closers.append(watcher.close)
+    if writer is not None:
+        closers.append(functools.partial(writer.close, sync=not unreachable))
+    if store is not None and not unreachable:
         closers.append(store.close)
     for close in closers:
         try:

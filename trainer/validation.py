@@ -8,6 +8,7 @@ knows no gin: the names below are only strings for messages.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ BINDINGS: dict[str, str] = {
     "mixture_or_task": "MIXTURE_OR_TASK_NAME (data.DataConfig.mixture_or_task)",
     "eval_tasks": "EVAL_TASKS (data.EvalConfig.tasks)",
     "train_steps": "TRAIN_STEPS (train.train_steps)",
+    "checkpoint_period": "CHECKPOINT_PERIOD (checkpoints.CheckpointConfig.period)",
     "tokens_per_param": "TOKENS_PER_PARAM (train.tokens_per_param)",
     "param_basis": "PARAM_BASIS (train.param_basis)",
     "init_checkpoint": "INIT_CHECKPOINT (train.init_checkpoint)",
@@ -146,16 +148,26 @@ def check_vocab(*, vocab_size: int, model_vocab_size: int, vocab_path: str | Non
 
 
 def check_steps(*, train_steps: int | None, tokens_per_param: float | None) -> None:
-    """A step count or a token budget must be given (the step count wins), and be positive."""
+    """A step count or a token budget must be given (the step count wins): the count a positive
+    integer (10.5 steps is refused, not truncated), the budget a positive number."""
     if train_steps is None and tokens_per_param is None:
         raise ConfigError(
             f"set {BINDINGS['train_steps']} or {BINDINGS['tokens_per_param']}; "
             "allowed: a positive number for either (TRAIN_STEPS wins when both are set)"
         )
-    name = "train_steps" if train_steps is not None else "tokens_per_param"
-    value = train_steps if train_steps is not None else tokens_per_param
-    if value <= 0:
-        raise ConfigError(f"{BINDINGS[name]} = {value}: allowed: a positive number")
+    if train_steps is not None:
+        check_positive_int(name="train_steps", value=train_steps)
+        return
+    value = tokens_per_param
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
+        raise ConfigError(f"{BINDINGS['tokens_per_param']} = {value!r}; allowed: a positive number")
+
+
+def check_positive_int(*, name: str, value: Any) -> None:
+    """A count (steps, a period) must be a positive integer: 10.5 steps is not a count to round,
+    and a period of 0 or less never comes."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ConfigError(f"{BINDINGS.get(name, name)} = {value!r}; allowed: a positive integer")
 
 
 def check_init_vocab(
