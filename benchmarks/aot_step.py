@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=2048, help="targets length")
     p.add_argument("--inputs-len", type=int, default=None, help="t5: inputs length (--seq-len)")
     p.add_argument("--remat", default="none", help="a remat policy name, or 'auto': the policy "
-                   "xlscale's memory model picks for the chip")  # fmt: skip
+                   "and microbatches xlscale's memory model picks for the chip")  # fmt: skip
     p.add_argument("--attention", default="xla", help="xla, splash, auto")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the size's)")
     p.add_argument("--layers", type=int, default=None, help="layers (default: the size's)")
@@ -93,15 +93,18 @@ def uncosted_ops(hlo: str) -> list[str]:
     return sorted(found)
 
 
-def usability(cost: dict, hlo: str) -> tuple[bool, str | None, list[str]]:
+def usability(cost: dict, hlo: str, *, num_slices: int = 1) -> tuple[bool, str | None, list[str]]:
     """`(usable, why not, uncosted ops)` of a cost analysis: `optimal_seconds` must be present
-    and positive."""
+    and positive. With several slices, the collectives between them (over the data-center
+    network) are what XLA's TPU cost model has no figures for."""
     seconds = cost.get("optimal_seconds")
     ops = uncosted_ops(hlo)
     if seconds is None:
         return False, "cost_analysis() has no optimal_seconds", ops
     if not seconds > 0:
         named = f": ops XLA could not cost: {', '.join(ops[:5])}" if ops else ""
+        if not ops and num_slices > 1:
+            named = f": collectives across the {num_slices} slices (DCN) have no cost estimate"
         return False, f"optimal_seconds = {seconds:.4g} (not a time){named}", ops
     return True, None, ops
 
@@ -110,9 +113,10 @@ def _chip_generation(topology: str) -> str:
     return topology.split(":", 1)[0].split("-", 1)[0]
 
 
-def _auto_remat(args: argparse.Namespace, built, optimizer) -> str:
-    """The remat policy xlscale's memory model picks for this step on the topology's chip: the
-    cheapest whose estimate fits (`modeling.memory.plan`, as `trainer.memory_check` advises)."""
+def _auto_remat(args: argparse.Namespace, built, optimizer) -> tuple[str, int]:
+    """The remat policy and microbatches xlscale's memory model picks for this step on the
+    topology's chip: the cheapest policy, then the fewest microbatches, whose estimate fits
+    (`modeling.memory.plan`, as `trainer.memory_check` advises)."""
     import dataclasses
 
     from modeling import family as family_lib
@@ -138,7 +142,8 @@ def _auto_remat(args: argparse.Namespace, built, optimizer) -> str:
         config = dataclasses.replace(wrapper.config, remat_policy=policy)
         return family.memory_estimate(config, shape=step_shape)
 
-    return memory.plan(estimator, shape=shape, limit=chip.usable).remat_policy
+    plan = memory.plan(estimator, shape=shape, limit=chip.usable)
+    return plan.remat_policy, plan.num_microbatches
 
 
 def compile_program(args: argparse.Namespace) -> dict:
@@ -178,9 +183,9 @@ def compile_program(args: argparse.Namespace) -> dict:
         )
         return jobs.build_partitioned_model(spec, mesh, devices=devices)
 
-    remat = args.remat
+    remat, microbatches = args.remat, args.microbatches
     if remat == "auto":
-        remat = _auto_remat(args, build("none"), optimizer)
+        remat, microbatches = _auto_remat(args, build("none"), optimizer)
     built = build(remat)
     wrapper = built[0]
     start = time.perf_counter()
@@ -193,9 +198,7 @@ def compile_program(args: argparse.Namespace) -> dict:
         ),
         optimizer=optimizer,
         schedule=ScheduleConfig(),
-        step_config=steps.StepConfig(
-            num_microbatches=args.microbatches, num_components=args.components
-        ),
+        step_config=steps.StepConfig(num_microbatches=microbatches, num_components=args.components),
         components=[f"c{k}" for k in range(args.components)],
         total_steps=1000,
     )
@@ -215,13 +218,18 @@ def compile_program(args: argparse.Namespace) -> dict:
     hlo = compiled.as_text()
     if args.hlo:
         Path(args.hlo).write_text(hlo, encoding="utf-8")
-    usable, why, ops = usability(cost, hlo)
+    usable, why, ops = usability(cost, hlo, num_slices=args.num_slices)
     model_flops = _model_flops(wrapper, args)
     peak = PEAK_FLOPS.get(_chip_generation(args.topology))
     mfu = model_flops / (cost["optimal_seconds"] * len(devices) * peak) if usable and peak else None
     return {
         "program": "xlscale",
-        "settings": {**vars(args), "remat": remat, "devices": len(devices)},
+        "settings": {
+            **vars(args),
+            "remat": remat,
+            "microbatches": microbatches,
+            "devices": len(devices),
+        },
         "device_kind": devices[0].device_kind,
         "compile_s": compile_s,
         "memory": memory,

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# Peak dense bf16 FLOP/s per chip (as `aot_step.PEAK_FLOPS`), for MaxText's estimated MFU.
+PEAK_FLOPS = {"v4": 275e12, "v5e": 197e12, "v5p": 459e12, "v6e": 918e12}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -196,12 +198,10 @@ def figures(result: dict | None, row: Row) -> dict | None:
         )
     seconds = cost.get("optimal_seconds")
     seconds = seconds if seconds is not None and seconds > 0 else None
-    model_flops = result.get("model_flops")
     mfu = result.get("estimated_mfu")
-    if mfu is None and seconds and model_flops:
-        mfu = model_flops / (seconds * row.chips * row.num_slices * 459e12)
     return {
         "remat": result.get("settings", {}).get("remat"),
+        "microbatches": result.get("settings", {}).get("microbatches", 1),
         "seconds": seconds,
         "raw_seconds": cost.get("optimal_seconds"),
         "flops": cost.get("flops"),
@@ -301,6 +301,8 @@ def write_doc(path: Path, text: str, info: dict[str, str], rows: dict) -> None:
     ]
     for name, (row, xl, _) in rows.items():
         remat, attention = xl.get("remat") or row.remat, row.attention
+        if (xl.get("microbatches") or 1) > 1:
+            remat += f" ({xl['microbatches']} microbatches)"
         if row.has_peer:
             remat += f" / {MAXTEXT_REMAT.get(row.remat, row.remat)}"
             attention += f" / {MAXTEXT_ATTENTION[row.attention]}"
@@ -349,7 +351,13 @@ def main(argv: list[str] | None = None) -> int:
         if xl is None:
             print(f"  {name}: xlscale did not compile (see {args.out / (name + '.xlscale.log')})")
             continue
-        done[name] = (row, xl, figures(found["maxtext"], row))
+        mt = figures(found["maxtext"], row)
+        if mt and mt["mfu"] is None and mt["seconds"] and found["xlscale"].get("model_flops"):
+            # the same program: xlscale's model FLOPs are MaxText's too
+            mt["mfu"] = found["xlscale"]["model_flops"] / (
+                mt["seconds"] * row.chips * row.num_slices * PEAK_FLOPS[row.topology.split(":")[0]]
+            )
+        done[name] = (row, xl, mt)
     text = table(done)
     print(text)
     (args.out / "table.md").write_text(text + "\n", encoding="utf-8")

@@ -37,9 +37,19 @@ log = logging.getLogger(__name__)
 _ATTEMPT_NAMES = (names.LEASE_FILE, names.CONFIG_FILE, names.CHECKPOINTS_SUBDIR)
 
 
-class NoRecordsError(FitInputError):
+class SkippedRunError(FitInputError):
+    """A run directory that cannot be fitted but need not stop the fit of the others:
+    `scan_runs` skips it with a warning naming it (the fit of that one run alone still fails)."""
+
+
+class NoRecordsError(SkippedRunError):
     """A run directory with nothing to fit: no metrics.jsonl and no TensorBoard event files, or
     a metrics.jsonl with no complete record. `read_runs` skips such a run with a warning."""
+
+
+class EmptyRunFileError(SkippedRunError):
+    """A run directory whose run.json has 0 bytes (or only whitespace), so its strategy, language
+    and N are unknown. `read_runs` skips such a run with a warning."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +58,10 @@ class RunScan:
 
     Attributes:
       runs: the runs read.
-      warnings: one line per run skipped (what it lacks) and per thing a read run lost (a torn
-        last line of metrics.jsonl, an empty run.json), each naming the run.
+      warnings: one line per run skipped (what it lacks, a 0-byte run.json) and per thing a read
+        run lost or cannot vouch for (a torn last line of metrics.jsonl, duplicated rows, no
+        COMPLETED marker, records from TensorBoard events, an empty run.json), each naming the
+        run.
     """
 
     runs: tuple[RunData, ...]
@@ -71,21 +83,66 @@ def _torn_warning(run_id: str, torn: str, kept: Sequence[Mapping[str, Any]]) -> 
     )
 
 
+def _deduplicated(
+    run_id: str, metrics: epath.Path, found: Sequence[Mapping[str, Any]]
+) -> tuple[list[Mapping[str, Any]], str | None]:
+    """`found` keeping only the last row of each step, and a warning naming the file, how many
+    rows were dropped and their steps (None when no step repeats). A repeated step would
+    otherwise add its evaluation to the fits twice, weighting it silently."""
+    by_step: dict[Any, Mapping[str, Any]] = {}
+    for rec in found:
+        by_step[rec["step"]] = rec
+    dropped = len(found) - len(by_step)
+    if not dropped:
+        return list(found), None
+    seen, repeated = set(), []
+    for rec in found:
+        if rec["step"] in seen and rec["step"] not in repeated:
+            repeated.append(rec["step"])
+        seen.add(rec["step"])
+    steps = ", ".join(str(s) for s in repeated[:5]) + (", ..." if len(repeated) > 5 else "")
+    return list(by_step.values()), (
+        f"run {run_id!r}: {metrics} holds {dropped} duplicated row{'s' if dropped > 1 else ''} "
+        f"(a step logged again; step {steps}): the last row of each step was kept"
+    )
+
+
+def _unfinished_warning(run_id: str, path: epath.Path, found: Sequence[Mapping[str, Any]]) -> str:
+    """Why a run without a COMPLETED marker is still fitted, and up to which step: its curve may
+    stop short of the run's planned length (a job killed midway, or one still training)."""
+    return (
+        f"run {run_id!r} ({path}): no {COMPLETED_FILE} marker (the job was killed or is still "
+        f"running): fitted up to its last record, step {found[-1]['step']}"
+    )
+
+
+def _is_empty_file(path: epath.Path) -> bool:
+    """Whether a file holds nothing but whitespace (a 0-byte run.json: a write cut short)."""
+    return not path.read_bytes().strip()
+
+
 def read_run(path: str | os.PathLike) -> RunData:
     """Reads one run directory (local or `gs://`); falls back to TensorBoard events when
     metrics.jsonl is absent.
 
-    What the reader leaves out (a torn last line of metrics.jsonl) or cannot tell (run.json
-    holding `{}`) is in the run's `warnings`.
+    What the reader leaves out (a torn last line of metrics.jsonl, all but the last row of a
+    step logged twice) or cannot tell (run.json holding `{}`; no COMPLETED marker; records read
+    from TensorBoard's float32 events for want of metrics.jsonl) is in the run's `warnings`.
 
     Raises:
-      FitInputError: no run.json, unreadable JSON; `NoRecordsError` (a `FitInputError`): neither
-        metrics.jsonl nor event files, or no complete record.
+      FitInputError: no run.json, unreadable JSON; `NoRecordsError` (a `SkippedRunError`):
+        neither metrics.jsonl nor event files, or no complete record; `EmptyRunFileError` (a
+        `SkippedRunError`): run.json has 0 bytes.
     """
     path = storage.as_path(path)
     run_id = path.name
     if not records.has_run_json(path):
         raise FitInputError(f"run {run_id!r} ({path}): no {RUN_FILE}")
+    if _is_empty_file(records.run_file(path)):
+        raise EmptyRunFileError(
+            f"run {run_id!r}: {records.run_file(path)} is empty (0 bytes: a write cut short): "
+            "its strategy, language and N are unknown"
+        )
     try:
         meta = records.read_run_json(path)
     except ValueError as e:
@@ -97,6 +154,7 @@ def read_run(path: str | os.PathLike) -> RunData:
             "unknown, so no law uses its records"
         )
     metrics = records.metrics_file(path)
+    torn = False
     if metrics.is_file():
         # As `records.read_metrics`, but keeping what a torn last line held, for the warning.
         text = metrics.read_bytes().decode("utf-8", errors="replace")
@@ -106,6 +164,9 @@ def read_run(path: str | os.PathLike) -> RunData:
             raise FitInputError(f"run {run_id!r}: {METRICS_FILE} line {e.line} {e.reason}") from e
         if torn:
             warnings.append(_torn_warning(run_id, text.splitlines()[-1], found))
+        found, duplicated = _deduplicated(run_id, metrics, found)
+        if duplicated:
+            warnings.append(duplicated)
     else:
         scalars = read_tensorboard(path)
         if not scalars:
@@ -113,6 +174,10 @@ def read_run(path: str | os.PathLike) -> RunData:
                 f"run {run_id!r} ({path}): no {METRICS_FILE} and no TensorBoard event files"
             )
         found = records_from_scalars(scalars, meta)
+        warnings.append(
+            f"run {run_id!r} ({path}): no {METRICS_FILE}: its records were read from TensorBoard "
+            "event files, whose float32 values hold losses to about 7 significant digits"
+        )
     if not found:
         why = "; ".join(w.split(": ", 1)[1] for w in warnings)
         raise NoRecordsError(
@@ -121,6 +186,8 @@ def read_run(path: str | os.PathLike) -> RunData:
         )
     completed = records.read_completed(path)
     found = sorted(found, key=lambda r: r["step"])
+    if completed is None and not torn:  # a torn line's warning already says the job was killed
+        warnings.insert(0, _unfinished_warning(run_id, path, found))
     return RunData(run_id, path, meta, tuple(found), completed, tuple(warnings))
 
 
@@ -178,11 +245,12 @@ def scan_runs(
     (`RUN_FORMATS`; a T5X MODEL_DIR is read by `fitting.readers.t5x_runs`), mixed freely.
 
     A subdirectory with nothing to fit is skipped with one warning naming it and what it lacks:
-    metrics.jsonl but no run.json; run.json but no metrics.jsonl and no TensorBoard event files
-    (or no complete record); or only what an attempt leaves from its first moments (`LEASE`,
-    `config.gin`, `checkpoints/`: a refused job). Other subdirectories (e.g. plots) are ignored.
-    A read run's own warnings (a torn last line, an empty run.json) are in the scan's warnings
-    too. `root` may itself be a run.
+    metrics.jsonl but no run.json; a 0-byte run.json; run.json but no metrics.jsonl and no
+    TensorBoard event files (or no complete record); or only what an attempt leaves from its
+    first moments (`LEASE`, `config.gin`, `checkpoints/`: a refused job). Other subdirectories
+    (e.g. plots) are ignored. A read run's own warnings (a torn last line, duplicated rows, no
+    COMPLETED marker, records from TensorBoard events, an empty run.json) are in the scan's
+    warnings too. `root` may itself be a run.
 
     When `root` holds a sweep's `selection.json` (and `use_selection`), the candidates its
     `[[select]]` stages did not choose (the other learning rates of a grid) are skipped, with a
@@ -210,7 +278,7 @@ def scan_runs(
         elif fmt is not None:
             try:
                 run = RUN_FORMATS[fmt].read(sub)
-            except NoRecordsError as e:
+            except SkippedRunError as e:
                 warnings.append(f"{e}; skipped")
                 continue
             runs.append(run)
