@@ -224,22 +224,44 @@ def with_acc_norm(manager: Any, task: str) -> dict[str, Any] | str:
 def _no_progress_bars():
     """Silences the progress bars of `datasets` (building each task's split) and of lm-eval
     (building each task's requests) while scoring: they would land between the project's own
-    progress lines, one set per task and checkpoint. The scorer reports its own cost."""
+    progress lines, one set per task and checkpoint. The scorer reports its own cost. Also
+    keeps git's complaint off the terminal (`quiet_git_hash`)."""
     import functools
 
     import datasets.utils.logging as datasets_logging
     import lm_eval.api.task as lm_eval_task
+    import lm_eval.evaluator as lm_eval_evaluator
 
     was_enabled = datasets_logging.is_progress_bar_enabled()
     original = lm_eval_task.tqdm
+    original_hash = lm_eval_evaluator.get_git_commit_hash
     datasets_logging.disable_progress_bar()
     lm_eval_task.tqdm = functools.partial(original, disable=True)
+    lm_eval_evaluator.get_git_commit_hash = quiet_git_hash
     try:
         yield
     finally:
         lm_eval_task.tqdm = original
+        lm_eval_evaluator.get_git_commit_hash = original_hash
         if was_enabled:
             datasets_logging.enable_progress_bar()
+
+
+def quiet_git_hash() -> str | None:
+    """`git describe --always` of the working directory, or None outside a git repository.
+
+    What lm-eval records as its results' `git_hash`, asked with git's stderr captured: lm-eval
+    lets git write `fatal: not a git repository` to the terminal once per scoring whenever the
+    working directory is not a checkout (a run directory, a job's scratch space)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always"], capture_output=True, text=True, check=True
+        )
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+    return done.stdout.strip() or None
 
 
 def evaluate(
