@@ -221,7 +221,11 @@ def compile_program(args: argparse.Namespace) -> dict:
     usable, why, ops = usability(cost, hlo, num_slices=args.num_slices)
     model_flops = _model_flops(wrapper, args)
     peak = PEAK_FLOPS.get(_chip_generation(args.topology))
-    mfu = model_flops / (cost["optimal_seconds"] * len(devices) * peak) if usable and peak else None
+    mfu = (
+        estimated_mfu(model_flops, cost["optimal_seconds"], len(devices) * peak, microbatches)
+        if usable and peak
+        else None
+    )
     return {
         "program": "xlscale",
         "settings": {
@@ -236,10 +240,18 @@ def compile_program(args: argparse.Namespace) -> dict:
         "cost": cost,
         "model_flops": model_flops,
         "estimated_mfu": mfu,
+        "counts": "one microbatch (a loop body counts once)" if microbatches > 1 else "the step",
         "usable": usable,
         "why_unusable": why,
         "uncosted_ops": ops,
     }
+
+
+def estimated_mfu(model_flops: float, seconds: float, peak: float, microbatches: int) -> float:
+    """Model FLOPs over `optimal_seconds` × the chips' peak FLOP/s. XLA's cost analysis counts
+    a loop's body once, and microbatches run in a loop: with several, its figures are those of
+    one microbatch (and the update), so are its model FLOPs here."""
+    return model_flops / microbatches / (seconds * peak)
 
 
 def _model_flops(wrapper, args: argparse.Namespace) -> float:

@@ -77,6 +77,32 @@ ROWS: dict[str, Row] = {
     "1085m_full": Row(**_1085M, **_V5P8, remat="full"),
     "1085m_auto": Row(**_1085M, **_V5P8, remat="auto"),
     "1085m_full_splash": Row(**_1085M, **_V5P8, remat="full", attention="splash"),
+    # Larger paper sizes at 4 sequences per chip (the paper's 2,048-sequence batches would need
+    # gradient accumulation on these slices) and full remat, the policy they would run.
+    "2791m_full": Row(
+        size="llama2_2791m",
+        d_model=2304,
+        heads=18,
+        d_ff=12800,
+        layers=32,
+        topology="v5p:2x2x2",
+        maxtext_topology="v5p-16",
+        chips=8,
+        batch=32,
+        remat="full",
+    ),
+    "5534m_full": Row(
+        size="llama2_5534m",
+        d_model=3072,
+        heads=24,
+        d_ff=16896,
+        layers=36,
+        topology="v5p:2x2x4",
+        maxtext_topology="v5p-32",
+        chips=16,
+        batch=64,
+        remat="full",
+    ),
     "1085m_none_2slices": Row(**_1085M, **{**_V5P8, "batch": 32}, remat="none", num_slices=2),
     # T5 at the MT paper's batch (128 examples of 512 input and 114 target tokens), Adafactor,
     # the remat policy xlscale's memory model picks; no MaxText peer.
