@@ -110,6 +110,13 @@ def activation_memory(
     already holds, and about as many cotangents are live as residuals are freed).
     """
     c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
+    # XLA:CPU widens narrower-than-float32 logits in separate operations, so a program compiled
+    # for the CPU also keeps the float32 logits and their exponent of each layer (8·H·S² per
+    # sequence), which a TPU or GPU fuses into the softmax (JAX's own residuals are the
+    # compute-dtype weights alone, `layer_saved`).
+    widened = 0
+    if platform == "cpu" and kernel == "xla" and c < 4:
+        widened = 8 * cfg.num_heads * seq_len * seq_len
     per_seq, per_layer = layer_saved(
         cfg,
         policy=cfg.remat_policy,
@@ -122,9 +129,10 @@ def activation_memory(
         cfg, policy="none", seq_len=seq_len, kernel=kernel, packed=packed, platform=platform
     )
     outside = 2 * seq_len * cfg.d_model * c  # last block's output, the final norm's
+    kept = widened if cfg.remat_policy == "none" else 0
     return ActivationMemory(
-        saved=cfg.num_layers * (batch * per_seq + per_layer) + batch * outside,
-        layer=batch * full_seq + full_layer,
+        saved=cfg.num_layers * (batch * (per_seq + kept) + per_layer) + batch * outside,
+        layer=batch * (full_seq + widened) + full_layer,
         logits=4 * batch * seq_len * cfg.vocab_size,
         gathered_head=2 * w * cfg.vocab_size * cfg.d_model,
         gathered_layer=w
