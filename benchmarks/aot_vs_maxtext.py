@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+import aot_step  # its sibling: the chips' peak FLOP/s
+
 HERE = Path(__file__).resolve().parent
-# Peak dense bf16 FLOP/s per chip (as `aot_step.PEAK_FLOPS`), for MaxText's estimated MFU.
-PEAK_FLOPS = {"v4": 275e12, "v5e": 197e12, "v5p": 459e12, "v6e": 918e12}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -381,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         if mt and mt["mfu"] is None and mt["seconds"] and found["xlscale"].get("model_flops"):
             # the same program: xlscale's model FLOPs are MaxText's too
             mt["mfu"] = found["xlscale"]["model_flops"] / (
-                mt["seconds"] * row.chips * row.num_slices * PEAK_FLOPS[row.topology.split(":")[0]]
+                mt["seconds"]
+                * row.chips
+                * row.num_slices
+                * aot_step.PEAK_FLOPS[row.topology.split(":")[0]]
             )
         done[name] = (row, xl, mt)
     text = table(done)
