@@ -31,6 +31,7 @@ STDERR_FD = 2
 
 _lock = threading.RLock()
 _depth = 0  # nested `stderr_to` blocks: only the outermost one moves fd 2
+_terminal: int | None = None  # fd 2's own target while a block has moved it (a dup)
 
 
 def third_party_log() -> str | None:
@@ -55,13 +56,14 @@ def stderr_to(path: str | os.PathLike | None = None) -> Iterator[None]:
     so a line another thread writes meanwhile goes the same way; keep the blocks short, around
     the native call.
     """
-    global _depth
+    global _depth, _terminal
     with _lock:
         saved = None
         if _depth == 0:
             target = os.open(os.fspath(path or sink()), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             sys.stderr.flush()
             saved = os.dup(STDERR_FD)
+            _terminal = saved
             os.dup2(target, STDERR_FD)
             os.close(target)
         _depth += 1
@@ -73,7 +75,16 @@ def stderr_to(path: str | os.PathLike | None = None) -> Iterator[None]:
             if saved is not None:
                 sys.stderr.flush()
                 os.dup2(saved, STDERR_FD)
+                _terminal = None
                 os.close(saved)
+
+
+def terminal_fd() -> int:
+    """The file descriptor of the process's own stderr (the terminal, or whatever fd 2 was
+    before a `stderr_to` block moved it): where a line that must be seen goes, e.g. the one a
+    signal handler writes while TensorFlow imports with fd 2 pointed at the sink."""
+    saved = _terminal
+    return STDERR_FD if saved is None else saved
 
 
 def _hide_gpus_from_tensorflow(tf) -> None:

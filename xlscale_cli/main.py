@@ -60,13 +60,16 @@ def _preempted_before_start(prog: str) -> None:
     """Until the job installs its own handler (`trainer.checkpoints.SigtermFlag`, before it writes
     anything), SIGTERM ends the process at once with the preemption code and one line: nothing has
     been written, so starting the job again is all there is to do (a scheduler requeues on 75)."""
-    from rundir import exits  # light: the standard library only
+    from pipelines import native_logs  # light: the standard library only
+    from rundir import exits
 
     line = f"{prog}: SIGTERM before the job started; nothing was written: start it again\n"
 
     def stop(signum, frame):
         del signum, frame
-        os.write(2, line.encode())
+        # fd 2 may point at the third-party log (TensorFlow importing): the line goes to the
+        # terminal all the same.
+        os.write(native_logs.terminal_fd(), line.encode())
         os._exit(exits.PREEMPTED)
 
     signal.signal(signal.SIGTERM, stop)
