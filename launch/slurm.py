@@ -23,6 +23,9 @@ from rundir import exits
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 _PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
+# How often a job script asks SLURM for its end time again (seconds): a time limit changed while
+# the job runs moves the script's SIGTERM before it (SLURM's own limit check runs every 30 s).
+LIMIT_POLL_S = 30
 
 
 def sbatch_line(option: str) -> str:
@@ -214,6 +217,7 @@ class SlurmLauncher:
             "CPUS_PER_TASK": str(self.cpus_per_task),
             "TIME_LIMIT": self.time_limit,
             "SIGNAL_BEFORE": str(self.signal_before),
+            "LIMIT_POLL_S": str(LIMIT_POLL_S),
             "LOG_DIR": str(Path(self.script_dir) / "logs"),
             "EXTRA_SBATCH": "\n".join(self.sbatch_options(run)),
             "WORKDIR": shlex.quote(self.workdir),

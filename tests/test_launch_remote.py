@@ -519,6 +519,31 @@ def test_slurm_script_asks_a_busy_controller_again(runs, tmp_path):
     assert "xlscale: SIGTERM to the trainer, 2 s before the time limit" in out
 
 
+def test_slurm_script_follows_a_time_limit_changed_while_the_job_runs(runs, tmp_path, monkeypatch):
+    # The job starts with a far time limit; an administrator (or a test) then brings it near
+    # (scontrol update TimeLimit=...): the script asks SLURM again every LIMIT_POLL_S and sends
+    # the SIGTERM before the new limit, not the old one.
+    monkeypatch.setattr(slurm, "LIMIT_POLL_S", 1)
+    launcher = slurm.SlurmLauncher(gpus_per_node=0, signal_before=2, workdir=str(tmp_path))
+    near = datetime.datetime.now() + datetime.timedelta(seconds=8)
+    tries = tmp_path / "bin75_0_1x1_15" / "squeue.tries"  # the stand-in's call count
+    end_time = (
+        f'"$(if [ "$(wc -l < {tries})" -le 1 ]; then echo 2099-01-01T00:00:00; '
+        f'else echo {near.isoformat(timespec="seconds")}; fi)"'
+    )
+    code, out, calls = _fake_srun_script(
+        launcher.render(runs[0]),
+        tmp_path,
+        exit_code=75,
+        restarts=0,
+        end_time=end_time,
+        train_s=15,
+    )
+    assert code == 0, out
+    assert calls == ["srun", "scancel --signal=TERM 1042", "scontrol requeue 1042"], out
+    assert "xlscale: SIGTERM to the trainer, 2 s before the time limit" in out
+
+
 def test_slurm_sbatch_refusal_fails_the_run_and_blocks_its_dependents(runs, tmp_path):
     def refuse_sources(argv):
         if "--dependency" not in " ".join(argv):

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from slurm_cluster import ClusterUnavailable, SlurmCluster, ensure_installed
 from launch import status, sweep
 from launch.runs import Run
 from rundir import records
+from trainer import checkpoints
 
 REPO = Path(sweep.__file__).resolve().parent.parent
 
@@ -83,12 +85,12 @@ replay_ratios = [0.1]
 steps = 6
 batch_size = 8
 """
-# Two copies of one training, told apart only by when they save (which changes no number), each
-# 30-50 s of steps on the test machine (9.4 ms a step alone, ~15 beside the other): still training
-# when its time limit's SIGTERM comes 40 s into the job (after ~13 s of start-up; ~2000-2250
-# steps done there), and done within the next start's 40 s (a slower machine needs more starts).
+# Two copies of one training, told apart only by when they save (which changes no number): long
+# enough that the test can stop each in the middle (its first checkpoint is at step 1000).
 LONG_STEPS = 3000
-LIMITED_REQUEUES = 12  # --max-requeues of the time-limited copy (4 were needed on a loaded machine)
+# The time-limited copy's limit (minutes) until the test brings it near, and its SIGTERM's lead.
+LONG_LIMIT_MIN = 30
+SIGNAL_BEFORE_S = 120
 LONG_MANIFEST = f"""
 [sweep]
 name = "slurm_cluster_long"
@@ -295,11 +297,13 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     slurm_env, tiny_data, tmp_path, capsys
 ):
     # Two copies of one training side by side (a CPU each), told apart only by their checkpoint
-    # period: one gets a preemption notice once it trains, one has a 2-minute time limit (its
-    # script sends SIGTERM 80 s before it, 40 s into each start, while it trains; longer where
-    # the first took longer than 20 s to log a step). Each
-    # saves a checkpoint, exits 75, requeues itself, resumes and completes, and only then does
-    # its afterok dependent start; the two log the same losses, step for step.
+    # period: one gets a preemption notice once it trains, one has its time limit brought near
+    # once it has committed a checkpoint (its script then sends SIGTERM SIGNAL_BEFORE s before the
+    # new limit). Each saves a checkpoint, exits 75, requeues itself, resumes and completes, and
+    # only then does its afterok dependent start; the two log the same losses, step for step.
+    # Nothing here depends on how fast the machine trains: the moments are the test's own, and
+    # the time-limited trainer is held (SIGSTOP) from the moment its limit moves until the
+    # script's SIGTERM has been sent, so it cannot finish first however fast it is.
     cluster = slurm_env
     manifest = tmp_path / "slurm_cluster_long.toml"
     manifest.write_text(LONG_MANIFEST)
@@ -312,33 +316,18 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     assert cpt[limited].depends_on == (source[limited].run_id,)
 
     only = {p: ["--only", cpt[p].run_id] for p in source}
-    submitted = time.monotonic()
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
-    _wait_until(lambda: status.last_step(source[preempted]) > 0, "a logged step", 300, script_dir)
-    # Each start under the time limit must outlast the trainer's start-up, or it is stopped before
-    # it can save, again and again: SIGTERM 40 s into each start where the twin logged its first
-    # step within 20 s of its submission; on a slower machine, 3x that start-up. Its SIGTERM must
-    # leave the trainer time to stop, or the limit ends the job (TIMEOUT, not requeued): a signal
-    # reaches Python only between C calls (a compile, an eval, a save), 13 s late on a loaded
-    # 2-core machine, and 20 s before the limit were not enough under load. The limit is
-    # the first whole minute (SLURM's unit) at least 60 s, or 3x the start-up, past the SIGTERM.
-    start_up = time.monotonic() - submitted
-    window = math.ceil(3 * start_up) if start_up >= 20 else 40
-    minutes = math.ceil((window + max(60, math.ceil(3 * start_up))) / 60)
-    before = 60 * minutes - window
-    time_limit = ["--time-limit", str(minutes), "--signal-before", str(before)]
-    # Starts as many as a loaded 2-core machine needs: each start spends its start-up again, and
-    # with other tests beside it one start trained a sixth of the run.
-    time_limit += ["--max-requeues", str(LIMITED_REQUEUES)]
+    time_limit = ["--time-limit", str(LONG_LIMIT_MIN), "--signal-before", str(SIGNAL_BEFORE_S)]
     assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[limited], *time_limit) == 0
     jobs = {p: _job_ids_when_started(script_dir, source[p].run_id) for p in source}
     # Once training has logged a step, a preemption notice (SIGTERM to the job's steps, not its
     # batch shell) makes the trainer save a checkpoint, exit 75, and the job requeue itself.
+    _wait_until(lambda: status.last_step(source[preempted]) > 0, "a logged step", 300, script_dir)
     cluster.run(["scancel", "--signal=TERM", jobs[preempted]])
     _wait_until(
         lambda: "(checkpoint saved); requeue 1" in _log(script_dir, source[preempted].run_id),
         "requeue",
-        120,
+        300,
         script_dir,
     )
     # While it waits to start again (or has started again), `sweep run` submits nothing new and
@@ -350,6 +339,39 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     text = _sweep_status(manifest, runs_dir, capsys, data=tiny_data)
     row = next(line for line in text.splitlines() if line.startswith(source[preempted].run_id))
     assert f"{jobs[preempted]} " in row and row.endswith("requeued 1"), text
+
+    # The time-limited copy: once it has committed its first checkpoint, its trainer is held and
+    # its time limit brought to the first whole minute (SLURM's unit) that puts the SIGTERM at
+    # most a minute away; released once the script has sent it, the trainer saves and exits 75.
+    limited_run = source[limited]
+    _wait_until(
+        lambda: checkpoints.committed_step(limited_run.model_dir) is not None,
+        "committed checkpoint",
+        WAIT_S,
+        script_dir,
+    )
+    trainer = _trainer_pid(limited_run)
+    os.kill(trainer, signal.SIGSTOP)
+    try:
+        ran = _seconds(cluster.job(jobs[limited])["RunTime"])
+        minutes = math.ceil((ran + SIGNAL_BEFORE_S + 5) / 60)
+        cluster.run(["scontrol", "update", f"JobId={jobs[limited]}", f"TimeLimit={minutes}"])
+        _wait_until(
+            lambda: "SIGTERM to the trainer" in _log(script_dir, limited_run.run_id),
+            "SIGTERM from the job script",
+            60 * minutes,
+            script_dir,
+        )
+    finally:
+        os.kill(trainer, signal.SIGCONT)
+    _wait_until(
+        lambda: "(checkpoint saved); requeue 1" in _log(script_dir, limited_run.run_id),
+        "requeue after the time limit's SIGTERM",
+        300,
+        script_dir,
+    )
+    # Its next start has the far limit back, and completes.
+    cluster.run(["scontrol", "update", f"JobId={jobs[limited]}", f"TimeLimit={LONG_LIMIT_MIN}"])
     _wait_for_empty_queue(cluster, script_dir, WAIT_S)
 
     stopped_at = {}
@@ -357,55 +379,64 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
         run, job_id = source[period], jobs[period]
         job = cluster.job(job_id)
         log = _log(script_dir, run.run_id)
-        # One preemption; as many starts as the training needs under the time limit (one
-        # requeue here, more on a slower machine).
-        restarts = int(job["Restarts"])
-        assert job["JobState"] == "COMPLETED" and restarts >= 1, _story(how, log)
-        assert restarts == 1 or period == limited, _story(how, log)
+        # One stop, one requeue, one completing start.
+        assert (job["JobState"], job["Restarts"]) == ("COMPLETED", "1"), _story(how, log)
         # The job's one log (appended across starts) records each start, stop and requeue.
-        most = LIMITED_REQUEUES if period == limited else 3
         marks = [
             re.sub(r"( on \S+)? at \d{4}-\d\d-\d\dT\S+Z", "", line)
             for line in log.splitlines()
             if line.startswith("xlscale: ")
         ]
-        starts = [
-            f"xlscale: job {job_id} start, requeue {k} of at most {most}"
-            for k in range(restarts + 1)
-        ]
+        starts = [f"xlscale: job {job_id} start, requeue {k} of at most 3" for k in range(2)]
         assert [m for m in marks if " start, " in m] == starts, _story(how, log)
         assert marks[-1] == "xlscale: trainer exited 0", _story(how, log)
         exits = [m for m in marks if "trainer exited" in m][:-1]
-        assert (
-            exits[0]
-            == f"xlscale: trainer exited 75 (checkpoint saved); requeue 1 of at most {most}"
-        )
-        for k, line in enumerate(exits[1:], start=2):  # a later stop may come as it exits: 143
-            assert line.endswith(f"; requeue {k} of at most {most}"), _story(how, log)
-            assert line.startswith(
-                ("xlscale: trainer exited 75 (", "xlscale: trainer exited 143 (")
-            ), line
-        sigterms = marks.count(f"xlscale: SIGTERM to the trainer, {before} s before the time limit")
-        # Every stopped start of the time-limited copy had the script's SIGTERM; its last start
-        # may have one too when training ended inside its final seconds (the trainer then exits 0).
-        allowed = (restarts, restarts + 1) if period == limited else (0,)
-        assert sigterms in allowed, _story(f"{how}, {sigterms} SIGTERMs", log)
+        assert exits == ["xlscale: trainer exited 75 (checkpoint saved); requeue 1 of at most 3"]
+        sigterm = f"xlscale: SIGTERM to the trainer, {SIGNAL_BEFORE_S} s before the time limit"
+        assert marks.count(sigterm) == (1 if period == limited else 0), _story(how, log)
         # Stopped in the middle of training with a checkpoint; the next start resumed there.
         stopped = [int(s) for s in re.findall(r"stopping at step (\d+) \(checkpoint saved\)", log)]
         resumed = [int(s) for s in re.findall(r"resuming from step (\d+)", log)]
-        assert stopped and 0 < stopped[0] and stopped == sorted(set(stopped)), _story(how, log)
-        assert stopped[-1] < LONG_STEPS and resumed[0] == stopped[0], _story(how, log)
+        assert len(stopped) == 1 and 0 < stopped[0] < LONG_STEPS, _story(how, log)
+        assert sorted(set(resumed)) == stopped, _story(how, log)  # the header and the loop
         stopped_at[how] = stopped
         assert records.read_completed(run.model_dir)["step"] == LONG_STEPS
         dependent = cluster.job(_job_ids(script_dir)[cpt[period].run_id])
         assert dependent["JobState"] == "COMPLETED" and status.is_completed(cpt[period])
         assert dependent["StartTime"] >= job["EndTime"], how
-    assert cluster.job(jobs[limited])["TimeLimit"] == f"00:{minutes:02d}:00"
+    # Held from its first checkpoint until the SIGTERM: it stopped after it, not at its end.
+    assert stopped_at["time limit"][0] >= limited
     # Resumed bitwise: both copies, stopped at different steps, log the same losses.
     rows = {p: _loss_rows(source[p]) for p in source}
     assert [r["step"] for r in rows[limited]] == list(range(50, LONG_STEPS + 1, 50))
     assert rows[limited] == rows[preempted], stopped_at
     print(f"stopped at steps {stopped_at} of {LONG_STEPS}")
+
+
+def _seconds(run_time: str) -> int:
+    """`scontrol`'s RunTime (`[D-]HH:MM:SS`) in seconds."""
+    days, _, clock = run_time.rpartition("-")
+    h, m, sec = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
+
+
+def _trainer_pid(run: Run) -> int:
+    """The pid of `run`'s trainer process on this (single-node) cluster: the Python process whose
+    command line is the run's (`python -m trainer.train ... MODEL_DIR ...`); holding it holds the
+    training, whatever srun does."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        # The interpreter itself (`--slurm-python`), not srun or the shell that exec'd it.
+        if argv[:3] == [sys.executable, "-m", run.module] and any(
+            str(run.model_dir) in a for a in argv
+        ):
+            return int(proc.name)
+    raise AssertionError(f"no trainer process of {run.run_id}")
 
 
 def _loss_rows(run: Run) -> list[dict]:
