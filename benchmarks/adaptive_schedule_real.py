@@ -1,6 +1,6 @@
 """Benchmark: on the demo's real CPU runs, does an adaptive sweep refitting the schedule-aware law
 (`xlscale sweep run --adaptive --adaptive-law lr_area`) predict the largest size's runs, still
-pending, from the three smaller sizes' finished runs? (issue 37)
+pending, from the three smaller sizes' finished runs?
 
 Needs the demo study trained (`xlscale demo`; for other seeds, its source/scratch/CPT runs again
 with `seeds = [...]` in a copy of `launch/manifests/demo.toml`, in the same runs directory) and a

@@ -1,4 +1,4 @@
-"""Benchmark (issue 37): does a designed quarter of a paper study recover what the full study finds?
+"""Benchmark: does a designed quarter of a paper study recover what the full study finds?
 
 For each synthetic study from the project's paper-law generator (its noise included):
 

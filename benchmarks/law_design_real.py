@@ -1,5 +1,5 @@
 """Benchmark: on the demo's real CPU runs, does a law fitted on a designed half of the study
-predict the runs it skipped, within the run-to-run noise of two seeds? (issue 37)
+predict the runs it skipped, within the run-to-run noise of two seeds?
 
 Needs the demo study trained twice: `xlscale demo` (seed 0), then its 12 source/scratch/CPT runs
 again with seed 1 in the same runs directory (a copy of `launch/manifests/demo.toml` with
@@ -34,7 +34,7 @@ learning-rate areas of each run's logged schedule, with a size factor), each str
 their own (CPT's too, not the CPT law's second stage), with annealing momentum `--decay`;
 `--decays 0,0.9,0.999` prints the verdict for each λ (on every `--grid` pair).
 
-One rule was read off seeds 0 and 1 (session 18: 9 fitting rules × 7 λ, with their results in
+One rule was read off seeds 0 and 1 (9 fitting rules × 7 λ, with their results in
 view), so passing on them is a pass found, not predicted. It is fixed here, before a third seed
 was trained, as the rule to be checked on that seed's runs alone:
 

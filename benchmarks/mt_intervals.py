@@ -1,4 +1,4 @@
-"""Benchmark (issue 37): how often do an MT series' residual-bootstrap intervals hold the truth?
+"""Benchmark: how often do an MT series' residual-bootstrap intervals hold the truth?
 
 The adaptive sweep stops or skips a finetune whose final value is predicted within `--tolerance`
 (`launch.adaptive`); for MT series that prediction interval comes from

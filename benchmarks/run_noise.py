@@ -1,4 +1,4 @@
-"""Benchmark (issue 37): are a sweep's predicted intervals honest when a run's evaluations share
+"""Benchmark: are a sweep's predicted intervals honest when a run's evaluations share
 its seed?
 
 The paper-law generator's CPT study (`fitting.design.simulate.cpt_study`) is drawn with a per-run

@@ -11,8 +11,8 @@ Here are the pieces that both sides need, so that each has one home: `parse_init
 `init_params_hash`), `RecordOnCommit` (each step's integrity record written inside orbax's commit,
 `rundir.checksums`), and params-only saves and restores (`write_params`, `resolve_step`,
 `read_params`, `record_step`). `trainer.checkpoints` imports the first two from here; this package never
-imports `trainer` (DESIGN.md, layers: trainer and convert sit side by side, and only trainer
-looks across), so no module of one imports back into the other.
+imports `trainer` (the project's layers, `tests/test_layering.py`: trainer and convert sit side
+by side, and only trainer looks across), so no module of one imports back into the other.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ such as T5's relative positions, the query offset of a cached decoding step) and
 - `auto` (the default): `cudnn` on GPU, `splash` on TPU, `xla` elsewhere.
 
 A kernel that cannot take a call falls back to `xla` and logs why, once per reason. A packed
-call never reaches a kernel that does not keep segments apart (MaxText issue #4476).
+call never reaches a kernel that does not keep segments apart (a known MaxText bug).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Task and mixture naming conventions (DESIGN.md), in one light module (no TensorFlow).
+"""Task and mixture naming conventions, in one light module (no TensorFlow).
 
 `lm_<lang>` (language modelling), `span_<lang>` (span corruption), `mt_<src>_<tgt>`
 (translation). Readers of run directories (`fitting`, `trainer.downstream`, `studies`) parse

@@ -49,7 +49,7 @@ from rundir import storage
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # Special-id layouts `load_vocab` accepts, as (pad, eos, unk) ids. `train_vocab` writes T5's;
 # LLaMA's `tokenizer.model` (unk 0, bos 1, eos 2, no pad) lets a published checkpoint keep its
-# own vocabulary (issue 17). seqio pads with 0 and masks the loss where targets are 0, so with
+# own vocabulary. seqio pads with 0 and masks the loss where targets are 0, so with
 # LLaMA's layout id 0 (`<unk>`, which byte fallback makes rare) doubles as padding; its `<s>` is
 # the start token that targets are shifted behind (`start_id`).
 ID_LAYOUTS: dict[str, tuple[int, int, int]] = {"t5": (PAD_ID, EOS_ID, UNK_ID), "llama": (-1, 2, 0)}

@@ -238,7 +238,7 @@ def temporary_files_in_basetemp(tmp_path_factory):
 def optimized_xla(monkeypatch):
     """XLA's default optimisation for this test and the processes it starts: for a test whose
     time goes to running its steps, not compiling them (the MT smoke study's 28 runs in worker
-    processes: 144 s instead of 186 s unoptimised, cold cache, session 24)."""
+    processes: 144 s instead of 186 s unoptimised, cold cache)."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE_FLAGS]
     monkeypatch.setenv("XLA_FLAGS", " ".join(flags))
 

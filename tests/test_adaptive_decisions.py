@@ -169,7 +169,7 @@ def test_refit_identifies_the_laws_only_with_enough_sizes(synthetic_runs):
     ids = [k for k in synthetic_runs if not k.startswith("replay_")]
     full = _refit(model, _observe(synthetic_runs, ids), bootstrap=12, chip_hours=2.0)
     assert set(full.fits) == {"scratch", "cpt", "source"}
-    # The well-determined exponents come back (α is poorly pinned by four sizes: issue 37).
+    # The well-determined exponents come back (α is poorly pinned by four sizes).
     for name, truth in [("scratch.beta", 0.30), ("cpt.beta", 0.20), ("cpt.gamma", 0.08)]:
         assert full.params[name] == pytest.approx(truth, rel=0.15), name
     lo, hi = full.record.ci["scratch.alpha"]
@@ -422,7 +422,7 @@ def test_an_adaptive_sweep_refuses_runs_of_several_target_languages(tmp_path):
 
 def test_queued_runs_are_cancelled_before_a_running_one_is_stopped(tmp_path, monkeypatch):
     # A stopped job frees its allocation at once; were a queued run of the same refit cancelled
-    # after that, the scheduler could start it in between (SLURM under load, session 23).
+    # after that, the scheduler could start it in between (SLURM under load).
     from types import SimpleNamespace
 
     from launch.sweep import expand, load_manifest

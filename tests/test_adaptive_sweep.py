@@ -159,7 +159,7 @@ def test_adaptive_sweep_end_to_end_with_the_local_launcher(
     shown = capsys.readouterr().out
     assert "# adaptive (--min-gain 1e+12, --tolerance 0.02): spent" in shown
     assert "scratch.alpha = " in shown and f"{len(decisions)} logged" in shown
-    # Each law's noise from its residuals by run: σ per evaluation, τ per run (issue 37).
+    # Each law's noise from its residuals by run: σ per evaluation, τ per run.
     assert re.search(
         r"#   noise scratch: sigma \S+% per evaluation, tau \S+% per run \(\d runs", shown
     )

@@ -1,4 +1,4 @@
-"""Run-level noise (issue 37): σ and τ estimated from residuals grouped by run, a run's own
+"""Run-level noise: σ and τ estimated from residuals grouped by run, a run's own
 offset, the sandwich covariance of fits that weight correlated evaluations alike, and the
 generator's per-run offsets."""
 

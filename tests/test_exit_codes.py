@@ -1,4 +1,4 @@
-"""One error presentation for every command (issue 26): a known refusal is its message on stderr,
+"""One error presentation for every command: a known refusal is its message on stderr,
 prefixed by the command, with the exit code of its class (`rundir.exits`); the traceback only with
 `--verbose` or `XLSCALE_DEBUG=1`; a bug keeps its traceback.
 

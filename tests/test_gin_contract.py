@@ -1,6 +1,6 @@
 """Typos never pass silently: every gin macro and binding set on the command line, in a gin file
 or in a sweep manifest must mean something, and the errors name the flag, the file and the
-allowed values (issue 14, failures 2 and 6)."""
+allowed values."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_manifest_gin_keys_are_checked_before_any_job(tmp_path):
 
 
 def test_a_manifest_cannot_set_a_coordinate_through_a_strategys_gin(tmp_path):
-    # Issue 26, finding 1: REPLAY_RATIO on plain CPT would be recorded, never applied.
+    # REPLAY_RATIO on plain CPT would be recorded, never applied.
     user = tmp_path / "gin"
     user.mkdir()
     (user / "mine.gin").write_text("train_script.RunInfo.strategy = %MY_SETTING\n")

@@ -1,4 +1,4 @@
-"""Hugging Face / Meta LLaMA checkpoints in and out of xlscale (issue 17).
+"""Hugging Face / Meta LLaMA checkpoints in and out of xlscale.
 
 The reference is transformers itself: a random `LlamaForCausalLM` with distinct dimensions and
 grouped-query attention is saved with `save_pretrained`, imported, and must give the same float32
@@ -551,7 +551,7 @@ def test_a_llama_layout_tokenizer_can_be_a_runs_vocabulary(tmp_path):
 
 
 def test_orbax_to_hf_keeps_the_imported_models_token_ids_and_generation_config(hf_dirs, tmp_path):
-    # Issue 26, finding 4: a model without tokenizer.model used to come back with bos 0 and eos
+    # A model without tokenizer.model used to come back with bos 0 and eos
     # null, and without its generation_config.json, so `generate` behaved differently.
     source = shutil.copytree(hf_dirs[False][0], tmp_path / "published")
     original = json.loads((source / "config.json").read_text())
@@ -587,7 +587,7 @@ def test_orbax_to_hf_writes_a_generation_config_from_the_runs_vocabulary(
 def test_convert_advice_names_absolute_paths_when_given_relative_ones(
     hf_dirs, tmp_path, monkeypatch, capsys
 ):
-    # Issue 26, finding 5: INIT_CHECKPOINT='orbax' as advised failed at the first save.
+    # INIT_CHECKPOINT='orbax' as advised failed at the first save.
     from xlscale_cli import main
 
     shutil.copytree(hf_dirs[False][0], tmp_path / "published")

@@ -1,4 +1,4 @@
-"""Vocabulary identity across runs (issue 34): `run.json` records the vocabulary's hash, and an
+"""Vocabulary identity across runs: `run.json` records the vocabulary's hash, and an
 `INIT_CHECKPOINT` whose run recorded another vocabulary is refused before anything is compiled or
 written (`trainer.plan`); sources that say nothing (older runs, bare checkpoint directories) are
 accepted as before.

@@ -1,5 +1,5 @@
 """`KEEP_BEST`: beside the newest checkpoints, the one saved at the best evaluation of a metric is
-kept (issue 35: a finetune's best-step selection must find that step on disk), across restarts of
+kept (a finetune's best-step selection must find that step on disk), across restarts of
 the store, on real orbax checkpoints."""
 
 from __future__ import annotations

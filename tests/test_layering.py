@@ -1,4 +1,4 @@
-"""Layers point down and no module imports back into a circle (DESIGN.md, Layout; STYLE.md 14).
+"""Layers point down and no module imports back into a circle.
 
 Every package has a layer (`LAYERS`), bottom to top: `rundir` (the run directory; imports nothing
 of ours) < `modeling` (shared model pieces), `pipelines` (data, text metrics, COMET's caller) <
@@ -26,7 +26,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Each package's layer, bottom (0) to top; a module may import modules of its own layer or lower
-# ones, never of a higher layer (DESIGN.md: CLI -> studies, launch -> trainer, convert, fitting,
+# ones, never of a higher layer (CLI -> studies, launch -> trainer, convert, fitting,
 # evals -> models -> modeling, pipelines -> rundir). `t5x_configs` (gin files and the T5X
 # environment's task registrations) sits with the data pipelines it registers.
 LAYERS: dict[str, int] = {

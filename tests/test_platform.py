@@ -1,4 +1,4 @@
-"""A job that asked for an accelerator never runs on the CPU backend (issue 32), and the GPU test
+"""A job that asked for an accelerator never runs on the CPU backend, and the GPU test
 harness (tests/conftest.py) that runs the GPU tests where there is a GPU.
 
 - `python -m trainer.train` with `EXPECT_PLATFORM='gpu'` (or `$XLSCALE_EXPECT_PLATFORM`) on this

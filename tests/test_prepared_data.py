@@ -1,4 +1,4 @@
-"""Prepared tasks (issue 25): tokens equal seqio's pre-cache output, the manifest says what was
+"""Prepared tasks: tokens equal seqio's pre-cache output, the manifest says what was
 prepared, `PreparedDataset.open` refuses a damaged directory before any read, and preparation
 restarts and splits across machines without losing or duplicating a document."""
 

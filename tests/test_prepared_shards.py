@@ -1,5 +1,5 @@
 """A prepared task's sidecars and records are tied to the manifest's shards: another shard's
-lengths, or damaged record bytes, are one line naming the file (review of issue 25)."""
+lengths, or damaged record bytes, are one line naming the file."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The trainer on prepared data (`PREPARED_DATA`, issue 25): a replay mixture prepared once by
+"""The trainer on prepared data (`PREPARED_DATA`): a replay mixture prepared once by
 `xlscale data prepare` and read by index trains, stops and resumes to the records of the
 uninterrupted run; the run's fingerprint records which prepared data it read, and a resume on
 other prepared data, or prepared data from another vocabulary, is refused before training."""

@@ -1,4 +1,4 @@
-"""A quiet terminal (issue 36): the commands print the project's own lines; TensorFlow's native
+"""A quiet terminal: the commands print the project's own lines; TensorFlow's native
 start-up lines, tf_text's SentencePiece line and other libraries' warnings go to the third-party
 log (`pipelines.native_logs`, `xlscale_cli.terminal`). The smoke demo's terminal is checked by
 `tests/test_studies_cpt_smoke.py`, which already runs it."""
@@ -101,8 +101,8 @@ def test_vocabulary_tokenizes_in_pipelines_as_seqio_does(tiny_data):
 
 @pytest.mark.slow
 def test_train_terminal_holds_only_project_lines(tiny_data, tmp_path, run_quietly):
-    """A 3-step `xlscale train`: its terminal holds the project's lines only (9 third-party ones
-    before issue 36), and the third-party log holds TensorFlow's start-up lines and tf_text's."""
+    """A 3-step `xlscale train`: its terminal holds the project's lines only (a terminal without
+    this routing held 9 third-party ones), and the third-party log holds TensorFlow's start-up lines and tf_text's."""
     third_party = tmp_path / "third_party.log"
     shown = run_quietly(
         "train",

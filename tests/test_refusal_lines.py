@@ -1,4 +1,4 @@
-"""Every known refusal of an `xlscale` command is at most three lines on stderr (issue 36), with
+"""Every known refusal of an `xlscale` command is at most three lines on stderr, with
 its class's exit code (`rundir.exits`) and a traceback only with `--verbose`.
 
 Each case runs the real console module (`python -m xlscale_cli.main`) in a subprocess. Libraries

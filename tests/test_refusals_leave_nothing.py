@@ -1,4 +1,4 @@
-"""Refusals leave nothing and record nothing (issue 36).
+"""Refusals leave nothing and record nothing.
 
 An amended resume records its amendment (run.json's fingerprint and `amendments`,
 `config.<step>.gin`) only at its first checkpoint: refused on damaged prepared data, or diverged
@@ -226,7 +226,7 @@ def test_sweep_status_shows_a_refused_attempt_as_not_started(tmp_path):
     run = runs[0]
     directory = Path(run.model_dir)
     directory.mkdir(parents=True)
-    # What a refused attempt left before issue 36: run files, an empty checkpoints/ and tb/.
+    # What a refused attempt used to leave: run files, an empty checkpoints/ and tb/.
     (directory / names.RUN_FILE).write_text("{}")
     (directory / names.CONFIG_FILE).write_text("# refused\n")
     (directory / names.CHECKPOINTS_SUBDIR).mkdir()

@@ -1,4 +1,4 @@
-"""Resume checks what it resumes: the run fingerprint and `RESUME_POLICY` (issue 14, failure 1).
+"""Resume checks what it resumes: the run fingerprint and `RESUME_POLICY`.
 
 One module-scoped finished 4-step constant-LR run on one device serves every test (compiling is
 what costs time): the refusal tests fail before anything is compiled or written, and the others
@@ -311,7 +311,7 @@ def test_fingerprint_holds_the_vocabulary_contents(finished, tiny_data):
 def test_another_vocabulary_at_the_same_path_is_refused(
     finished, tiny_data, seqio_registry, tmp_path, other_vocab, policy
 ):
-    # Issue 26, finding 2: same VOCAB_PATH, other contents; 'paths' allows moved files only.
+    # Same VOCAB_PATH, other contents; 'paths' allows moved files only.
     model_dir = tmp_path / "run"
     shutil.copytree(finished, model_dir)
     vocab_path = tmp_path / "vocab.model"
@@ -379,8 +379,8 @@ def test_a_finetune_from_before_the_recipe_resumes_with_a_warning(tmp_path, capl
 def test_a_torn_row_of_the_newest_checkpoint_is_logged_again_on_resume(
     finished, tiny_data, seqio_registry, tmp_path, caplog
 ):
-    # Issue 26, finding 3: the last row (step 4) is also the newest checkpoint's; cut in half it
-    # used to be dropped for good, since the resume starts after it.
+    # The last row (step 4) is also the newest checkpoint's; cut in half it
+    # Used to be dropped for good, since the resume starts after it.
     model_dir = tmp_path / "torn"
     shutil.copytree(finished, model_dir)
     path = model_dir / "metrics.jsonl"
@@ -406,7 +406,7 @@ def test_each_checkpoint_holds_the_rows_logged_since_the_previous_one(finished):
 def test_relative_model_dir_and_init_checkpoint_are_made_absolute_before_anything_runs(
     finished, tiny_data, seqio_registry, tmp_path, monkeypatch
 ):
-    # Issue 26, finding 5: orbax refuses relative paths, which used to surface at the first save.
+    # Orbax refuses relative paths, which used to surface at the first save.
     shutil.copytree(finished, tmp_path / "rel")
     monkeypatch.chdir(tmp_path)
     longer = base_kwargs(tiny_data, train_steps=6)

@@ -1,4 +1,4 @@
-"""Nothing silently mis-recorded (issue 26): a run records only what it applied, resumes only onto
+"""Nothing silently mis-recorded: a run records only what it applied, resumes only onto
 what it started with, and its records survive up to the newest checkpoint.
 
 Each test names the finding it covers; the checks that need no training run with `no_compile`
@@ -51,7 +51,7 @@ def test_a_replay_mixture_must_be_recorded_at_the_ratio_it_applies(tiny_data, tm
 
 @pytest.mark.parametrize("langs", [None, ("en", "fr")])
 def test_a_missing_data_dir_names_data_dir_and_the_path(tiny_data, tmp_path, seqio_registry, langs):
-    # Issue 26, finding 6: used to be "... 'lm_en' is not a registered task or mixture; allowed: "
+    # Used to be "... 'lm_en' is not a registered task or mixture; allowed: "
     # (nothing), or a FileNotFoundError naming no setting.
     missing = tmp_path / "no_corpora"
     config = DataConfig(
@@ -90,7 +90,7 @@ def test_an_unwritable_tensorboard_directory_names_it_and_model_dir(tmp_path):
 
 
 def test_an_early_refusal_leaves_no_model_dir_behind(tiny_data, tmp_path, seqio_registry):
-    # Issue 26: refusals found after the lease is taken (data, vocabulary, shapes) used to leave
+    # Refusals found after the lease is taken (data, vocabulary, shapes) used to leave
     # an empty MODEL_DIR; one that existed before is left as it was.
     kwargs = tiny_kwargs(tiny_data)
     kwargs["data"] = dataclasses.replace(kwargs["data"], corpora_dir=str(tmp_path / "none"))
@@ -130,7 +130,7 @@ sys.exit(exits.run_main(t.main, prog="python -m trainer.train", argv=sys.argv[1:
 def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(
     tiny_data, tmp_path, during, stops_before
 ):
-    # Issue 26: a SIGTERM between taking the lease and the training loop used to kill the job
+    # A SIGTERM between taking the lease and the training loop used to kill the job
     # (exit -15) with MODEL_DIR/LEASE left behind. The trainer stops at the next point of its
     # start-up, not after all of it: a short notice is not spent restoring or opening the data.
     import os
@@ -172,7 +172,7 @@ def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(
 
 
 def test_reading_a_checkpoint_logs_no_orbax_read_only_notices(tmp_path, caplog):
-    # Issue 26: every zero-shot or eval restore printed orbax's read_only warnings.
+    # Every zero-shot or eval restore printed orbax's read_only warnings.
     import logging
 
     import jax

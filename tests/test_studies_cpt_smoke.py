@@ -11,7 +11,7 @@ def test_smoke_demo_end_to_end(tmp_path, monkeypatch, run_quietly):
 
     monkeypatch.setenv("XLSCALE_DATA", str(tmp_path / "data"))
     out = tmp_path / "out"
-    # The command as a user runs it; its terminal holds the project's lines only (issue 36: 62
+    # The command as a user runs it; its terminal holds the project's lines only (62
     # third-party lines before, from TensorFlow's start-up, tf_text and orbax).
     shown = run_quietly("demo", "--profile", "smoke", "--out", out)
     assert "[demo] done in" in shown
@@ -26,7 +26,7 @@ def test_smoke_demo_end_to_end(tmp_path, monkeypatch, run_quietly):
     assert fits["cpt"]["zh"]["fit"]["converged"]
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert {"loss_compute_zh.png", "transfer_zh.png", "replay_zh.png"} <= set(pngs)
-    # Zero-shot (issue 16): the Fig. 3 and Fig. 6 analogues, from the runs' zero-shot JSON.
+    # Zero-shot: the Fig. 3 and Fig. 6 analogues, from the runs' zero-shot JSON.
     assert {"zeroshot_by_strategy.png", "zeroshot_vs_replay.png"} <= set(pngs)
     assert "Zero-shot accuracy" in report and "Wilson" in report
     scored = sorted(p.parent.parent.name for p in out.glob("runs/*/zeroshot/*.json"))

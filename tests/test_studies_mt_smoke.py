@@ -21,7 +21,7 @@ def test_mt_smoke_study_end_to_end(tmp_path, monkeypatch, optimized_xla):
         "## Runs",
     ):
         assert heading in report, heading
-    # Real runs beside the MT paper (issue 34): every series a row saying why it is (not)
+    # Real runs beside the MT paper: every series a row saying why it is (not)
     # comparable, the paper's CE-vs-BLEU consistency, Remark 2 on the logged brevity penalty.
     for heading in (
         "## The MT paper beside these fits",

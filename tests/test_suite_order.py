@@ -1,6 +1,6 @@
-"""The suite's order (tests/conftest.py `longest_first`, issue 33): the modules of the longest tests
+"""The suite's order (tests/conftest.py `longest_first`): the modules of the longest tests
 first, in `LONGEST_FIRST`'s order, then the other modules holding a `slow` test, each module's
-tests together, checked on this session's own collection."""
+tests together, checked on this run's own collection."""
 
 from pathlib import Path
 

@@ -119,7 +119,7 @@ def test_t5x_command_lines_are_the_agreed_form():
 
 
 def test_the_sweeps_seed_reaches_t5x():
-    # Issue 26: T5X's RANDOM_SEED = None drew a time-based seed per run.
+    # T5X's RANDOM_SEED = None drew a time-based seed per run.
     runs = expand(MANIFEST.replace("seeds = [0]", "seeds = [7]"))
     for run in runs.values():
         assert "--gin.RANDOM_SEED=7" in run.argv("python"), run.run_id

@@ -1,4 +1,4 @@
-"""Vocabulary extension for a new language (issue 17): the merged tokenizer keeps every old id,
+"""Vocabulary extension for a new language: the merged tokenizer keeps every old id,
 the grown model keeps every old token's logits, and a CPT run starts from the grown checkpoint.
 
 The base tokenizer is `tiny_data`'s English/French vocabulary (320 pieces), extended with

@@ -1,4 +1,4 @@
-"""The `xlscale` lm-evaluation-harness model (issue 16): its log-likelihoods are the trainer's eval
+"""The `xlscale` lm-evaluation-harness model: its log-likelihoods are the trainer's eval
 loss, its accuracies are lm-eval's from those log-likelihoods, the context/continuation boundary
 is lm-eval's, and the results round-trip into `fitting`.
 
@@ -320,7 +320,7 @@ def test_xlscale_zeroshot_command(run_dir, tiny_data, tmp_path, capsys):
     out = captured.out
     assert status == 0, out
     assert "xl_cont_en" in out and "requests in" in out and "xl_cont_fr" not in out
-    assert "it/s]" not in captured.err and "%|" not in captured.err  # issue 26: no lm-eval bars
+    assert "it/s]" not in captured.err and "%|" not in captured.err  # no lm-eval bars
     (score,) = [s for s in zeroshot_lib.read_zeroshot(run_dir) if s.step == 2]
     assert (score.task, score.language, score.chance) == ("xl_cont_en", "en", 0.25)
     assert score.n == tasks_n(tasks.dir, "xl_cont_en")
@@ -347,7 +347,7 @@ def tasks_n(directory, task):
 
 
 def test_sweep_stage_scores_a_completed_run_once(run_dir, tiny_data, tmp_path):
-    """The sweep's zero-shot stage (issue 35) on a completed run: the local launcher finds it
+    """The sweep's zero-shot stage on a completed run: the local launcher finds it
     COMPLETED, scores its final step through `evals.score_run`, scores nothing when run again,
     and a stage with one more language scores only that one, keeping the earlier tasks."""
     import dataclasses

@@ -1,4 +1,4 @@
-"""The sweep's zero-shot stage (issue 35): the CPT manifests' `[zeroshot]` tables, the check that
+"""The sweep's zero-shot stage: the CPT manifests' `[zeroshot]` tables, the check that
 makes it resumable, and each launcher running it after a run's training. The scoring itself
 (`evals.score_run` through lm-eval on a trained run) is tested in test_zeroshot_harness.py."""
 

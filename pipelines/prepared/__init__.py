@@ -1,1 +1,1 @@
-"""Tasks tokenized once into ArrayRecord shards and read by document index (issue 25)."""
+"""Tasks tokenized once into ArrayRecord shards and read by document index."""

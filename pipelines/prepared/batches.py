@@ -1,6 +1,6 @@
 """Training batches by index over prepared (tokenized) documents: the global batch of step `s` is
 a pure function of `(seed, s)`, so resuming costs the same at any step and each host reads only
-the documents of its own rows (STYLE.md 17; issue 25).
+the documents of its own rows.
 
 `batches(...)` yields exactly the arrays of `pipelines.streams.batches` (same keys, packing layout,
 shifted decoder inputs, loss weights, task ids), from readers of prepared datasets (`features`,
