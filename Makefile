@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # and a test suite or a sweep starts hundreds. The recipes here run with it unset.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup comet-env gpu-test-wheels test lint format demo demo-smoke demo-mt demo-mt-smoke paper-check clean
+.PHONY: setup comet-env gpu-test-wheels test lint format docs docs-check demo demo-smoke demo-mt demo-mt-smoke paper-check clean
 
 setup: $(STAMP)
 
@@ -100,9 +100,33 @@ $(XM_STAMP): $(STAMP) tests/xmanager_local_requirements.txt
 		-r tests/xmanager_local_requirements.txt
 	@touch $(XM_STAMP)
 
-test: lint $(LIBTPU_STAMP) $(XM_STAMP)
+test: lint docs-check $(LIBTPU_STAMP) $(XM_STAMP)
 	XLSCALE_LIBTPU=$(abspath $(LIBTPU_DIR))/libtpu/libtpu.so \
 	XLSCALE_XMANAGER_PATH=$(abspath $(XM_DIR)) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
+
+# The documentation site (mkdocs.yml; pages in docs/) into DOCS_SITE (git-ignored). `make docs`
+# rewrites the results pages and README's results summary from their measurement records
+# (docs/results/data/*.json, docs/gen_results.py), then builds the site; `make docs-check`, a step
+# of `make test`, fails instead when they are out of date. Either fails on a broken link, a
+# missing page or anchor, or a docstring the API reference cannot render (--strict). The `docs`
+# extra is installed into the venv when missing or when pyproject.toml changed.
+DOCS_SITE ?= site
+DOCS_STAMP := $(VENV)/.docs-installed
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
+
+# The `docs` extra's pins alone (the project itself is installed by `setup`).
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))' > $(VENV)/docs-requirements.txt
+	$(BIN)/python -m pip install -q --no-compile -r $(VENV)/docs-requirements.txt
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/python docs/gen_results.py
+	$(MKDOCS)
+
+docs-check: $(DOCS_STAMP)
+	$(BIN)/python docs/gen_results.py --check
+	$(MKDOCS)
 
 demo: setup
 	$(BIN)/xlscale demo
