@@ -246,8 +246,10 @@ CHIP_OF_KIND: dict[str, str] = {
     "a100": "a100-80g",
 }
 
-# The optimizer each family's paper trains with (what a run's state holds).
-PAPER_OPTIMIZER: dict[str, str] = {"llama2": "adamw", "t5": "adafactor"}
+# The optimizer each family's recipe trains with (what a run's state holds): T5's Adafactor is the
+# MT paper's [q:mt.s4_adafactor]; LLaMA2's AdamW is ours (LLaMA2's own optimizer: the CPT paper
+# names none, runs/common/cpt_paper.gin).
+RECIPE_OPTIMIZER: dict[str, str] = {"llama2": "adamw", "t5": "adafactor"}
 
 
 def chip_of(hardware: Hardware) -> memory.Chip:
@@ -285,7 +287,7 @@ def memory_plan(run: Run, hardware: Hardware) -> memory.Plan | None:
         else None,
         data_parallel=hardware.chips,
         param_shards=hardware.chips,
-        optimizer=PAPER_OPTIMIZER.get(run.family, "adamw"),
+        optimizer=RECIPE_OPTIMIZER.get(run.family, "adamw"),
         attention_kernel=getattr(config, "attention_kernel", "auto"),
         platform=memory.CHIP_PLATFORM[chip.name],
     )

@@ -62,7 +62,8 @@ TokensToLogits = Callable[[DecodingState], tuple[jax.Array, PyTree]]
 
 
 def brevity_penalty(alpha: float, length) -> jax.Array:
-    """T5X / GNMT length normalisation `((5 + length) / 6) ** alpha`."""
+    """T5X / GNMT length normalisation `((5 + length) / 6) ** alpha` (T5X's name; a length penalty,
+    unrelated to BLEU's brevity penalty)."""
     return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, alpha)
 
 
@@ -192,7 +193,7 @@ def beam_search(
       tokens_to_logits: the model's one-step callback; it sees batch b * num_decodes.
       eos_id: end-of-sequence id.
       num_decodes: beam size k.
-      alpha: brevity-penalty exponent (0: rank by raw log-probability).
+      alpha: length-penalty exponent (0: rank by raw log-probability).
       max_decode_len: output length (default `l`).
       cache_offset: axis of the batch in the cache leaves (1 for layer-scanned caches).
 

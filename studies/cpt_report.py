@@ -112,7 +112,8 @@ def replay_table(runs: Sequence[Any], lang: str) -> list[dict[str, Any]]:
 
 # fits.json's `n_basis` -> what the Table 2 comparison says about it.
 BASIS_NOTES = {
-    "nominal": "Fitted on the paper's own N basis (its Table 4 nominal sizes), as Table 2 was.",
+    "nominal": "Fitted on the paper's N basis as we read it (its Table 4 nominal sizes, the basis "
+    "§2.1 sizes its runs by; the paper does not say on which N Table 2 was fitted).",
     "exact": "Fitted on exact non-embedding N, not the paper's basis (its Table 4 nominal sizes; "
     "these models have none), so A and α are not on Table 2's footing.",
 }
@@ -132,7 +133,8 @@ def comparison(fits: Mapping[str, Any], runs: Sequence[Any], lang: str = "zh") -
         out += [
             "**Does CPT reach a lower loss than training from scratch at equal compute?** "
             f"At the end of training CPT is lower for {wins} of {len(rows)} sizes "
-            "(the paper: lower at every size and throughout training, Fig. 1).",
+            "(the paper: lower at every size and throughout training, Fig. 1 "
+            "[q:cpt.s1_lower_loss] [q:cpt.s4_1_gap]).",
             "",
             "| N (non-emb.) | final loss, CPT | final loss, scratch | evals where CPT is lower "
             "(after step 0) |",
@@ -148,9 +150,11 @@ def comparison(fits: Mapping[str, Any], runs: Sequence[Any], lang: str = "zh") -
     if table:
         out += [
             "**Does replay keep the source-language loss down?** Final losses of one size "
-            "(the paper, §5.2 and Fig. 4: without replay the English loss rises; replaying "
-            "10–30% of the source language mitigates the forgetting, and about 30% keeps the "
-            "source loss below its value at the start of CPT, Appendix A).",
+            "(the paper: without replay the English loss rises, §5.2 [q:cpt.s5_2_forgetting]; "
+            "replaying 10–30% of the source language mitigates the forgetting, §1 "
+            "[q:cpt.s1_replay]; around 30% keeps the source loss below its value at the start of "
+            "CPT, App. A [q:cpt.appA_30pct], while §5.2 finds losses at every ratio back below "
+            "the start, even at 1–5% [q:cpt.s5_2_low_replay]).",
             "",
             "| run | source-language loss | target-language loss |",
             "|---|---:|---:|",

@@ -274,7 +274,7 @@ def caveats(cells: Sequence[Cell], runs: Sequence[Any], *, data_note: str = DEBI
         [
             "## What the tiny scale cannot show",
             "",
-            f"- **Scale.** The model has {count_label(n)} parameters (the paper: 770M and 3B) and "
+            f"- **Scale.** The model has {count_label(n)} parameters (the paper: 770M and 3B [q:mt.s1_models]) and "
             f"pretrains on {dp_text}; the paper pretrains on mC4 for 1M steps ({count_label(paper_max)} "
             "tokens in its unit, steps × 256 × 512) and does not list the checkpoints it "
             f"finetunes; the mt_paper manifest's checkpoint grid runs from {count_label(lo)} to "
@@ -289,8 +289,8 @@ def caveats(cells: Sequence[Cell], runs: Sequence[Any], *, data_note: str = DEBI
             "is the steadier score at this size.",
             f"- **Data.** {data_note}",
             "- **One seed, one run per point.** Differences smaller than the seed-to-seed spread "
-            "cannot be told from noise; the paper too reports single runs, at a scale where "
-            "noise is much smaller.",
+            "cannot be told from noise; the paper reports no seeds or repeats (we read its "
+            "points as single runs), at a scale where noise is much smaller.",
             "- **Fig. 4's other mixtures** (30/70, 70/30, fr/de/ro only) and the other tasks are "
             "in `launch/manifests/mt_paper.toml`, not in this CPU study.",
             "",

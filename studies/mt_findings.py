@@ -169,7 +169,7 @@ def _int(v: Any) -> int | None:
 def finetune_design(cells: Sequence[Cell]) -> tuple[str, bool]:
     """What varies between the finetuning sizes Df of the cells, in words, and whether it is Df
     alone: (text, fixed), naming the finetuning recipe whose length the cells share. The MT paper
-    finetunes every Df for the same number of steps, so a gain that
+    finetunes every Df for the same 300 steps [q:mt.s4_finetune], so a gain that
     shrinks with Df is the set's size; where a larger Df also trains for more steps (one pass
     over each set), the two effects are mixed and the text says so."""
     steps_by_df: dict[Any, set] = {}
@@ -193,10 +193,11 @@ def finetune_design(cells: Sequence[Cell]) -> tuple[str, bool]:
         )
         return (
             f"Here Df ({dfs} tokens) varies at a fixed {fixed}, as the "
-            "paper fixes one length for every Df (§4 prints 300 steps, but its Df sizes and its "
-            "5-7 hours per T5-3B finetune need Raffel et al.'s 2^18, rundir/finetune_recipes.py): "
-            "a smaller set is repeated more often, so a change between Df is the finetuning "
-            "set's size, not the training length.",
+            "paper fixes one length, 300 steps, for every Df [q:mt.s4_finetune] (2^18 steps, "
+            "'raffel_2^18', is ours: Raffel et al.'s finetuning length, which the paper does not "
+            "name but its Df sizes and App. A timings fit, rundir/finetune_recipes.py): a smaller "
+            "set is repeated more often, so a change between Df is the finetuning set's size, not "
+            "the training length.",
             True,
         )
     per = "; ".join(
@@ -227,8 +228,9 @@ def aligned_vs_english(
     cells: Sequence[Cell], metric: str, *, noise: Mapping[str, float] | None = None
 ) -> list[dict[str, Any]]:
     """Per (model, task, Df): the most and least aligned mixtures compared checkpoint by
-    checkpoint (same pretraining step), counting where the aligned one is better (the paper:
-    always). Mixtures are compared within one model, never across models.
+    checkpoint (same pretraining step), counting where the aligned one is better (the paper's
+    Remark 1 [q:mt.remark1_aligned]: English-only is "significantly worse" than the balanced
+    mixtures). Mixtures are compared within one model, never across models.
 
     Args:
       cells: from `collect`.
@@ -313,7 +315,8 @@ def pretraining_gain(cells: Sequence[Cell], metric: str) -> list[dict[str, Any]]
 
 
 def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, Any]]:
-    """Per cell: does the score follow the cross-entropy along pretraining (MT paper §3.4)?
+    """Per cell: does the score follow the cross-entropy along pretraining (MT paper §3.4
+    [q:mt.s3_4_ce_monotone])?
 
     Counts the steps between consecutive checkpoints where the cross-entropy falls, where the
     score rises, and where the cross-entropy falls but the score drops by more than the noise
@@ -347,7 +350,7 @@ def co_movement(cells: Sequence[Cell], score: str = "bleu") -> list[dict[str, An
 
 def brevity_penalty(runs: Sequence[Any]) -> dict[str, Any]:
     """BLEU's brevity penalty over the finetuning runs' last decoded evaluation, against the MT
-    paper's Remark 2 ("in all the experiments, we observe brevity-penalty = 1").
+    paper's Remark 2 [q:mt.remark2_bp].
 
     Returns:
       n: runs that logged `eval/<task>/bleu_bp`; at_one: how many have BP = 1 (to 1e-9); min_bp,

@@ -110,7 +110,7 @@ def predict_batch(
       max_decode_length: output length.
       method: "greedy" or "beam".
       num_decodes: beam size (beam search only).
-      alpha: brevity-penalty exponent (beam search only).
+      alpha: length-penalty exponent (beam search only).
       eos_id: end-of-sequence id (T5: 1).
       return_all_decodes: beam search only; return all beams (sorted by increasing score).
 

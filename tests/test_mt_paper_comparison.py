@@ -1,5 +1,6 @@
-"""Issue 34 (MT half): the MT paper beside `xlscale fit`'s downstream fits, its CE tables against
-its BLEU tables, and fits only on the scores the paper fits (never on BLEU's parts)."""
+"""The MT paper beside `xlscale fit`'s downstream fits, its CE tables against its BLEU tables
+(over every value their printed digits allow), and fits only on the scores the paper fits (never
+on BLEU's parts)."""
 
 import json
 import math
@@ -7,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from fitting import printed_box
 from fitting.analyses import valuation
 from fitting.laws import downstream_laws, synthetic
 from fitting.reports import fit_all, paper_values
@@ -54,21 +56,26 @@ def test_manifest_grid_is_the_mt_paper_manifests():
 
 
 def test_consistency_reproduces_the_tables_ce_against_their_bleu():
-    """In tokens (the paper's unit) the BLEU tables give BLEU 1.6-41 over the manifest's grid
-    while the CE tables give 2e-5 to 2e-4 nats; no unit makes both plausible."""
+    """In tokens (our reading of the paper's unit) and with log read as natural, the BLEU tables
+    give BLEU 1.6-41 over the manifest's grid while the CE tables give 2e-5 to 2e-4 nats; no unit
+    makes both plausible at any value the printed digits allow."""
     grid = np.asarray(paper_values.MT_DP["grid_steps"], float) * STEPS_256_512
     table = {r["unit"]: r for r in cmp.consistency()}
     for metric, key in (("bleu", "bleu"), ("loss", "ce")):
         rows = [r[key] for r in paper_values.MT_T5_3B_LAWS.values() if r[key] is not None]
         values = [_reference(metric, row, dp) for row in rows for dp in grid]
-        assert table["tokens"][metric]["laws"] == len(rows)
-        assert table["tokens"][metric]["min"] == pytest.approx(np.nanmin(values), rel=1e-9)
-        assert table["tokens"][metric]["max"] == pytest.approx(np.nanmax(values), rel=1e-9)
+        tok = table["tokens"][metric]
+        assert tok["laws"] == len(rows)
+        assert tok["printed_min"] == pytest.approx(np.nanmin(values), rel=1e-9)
+        assert tok["printed_max"] == pytest.approx(np.nanmax(values), rel=1e-9)
+        # Over every value the printed digits allow the range only widens.
+        assert tok["min"] <= tok["printed_min"] and tok["max"] >= tok["printed_max"]
     tok = table["tokens"]
-    assert 1.5 < tok["bleu"]["min"] < 1.7 and 40 < tok["bleu"]["max"] < 42
+    assert 1.5 < tok["bleu"]["printed_min"] < 1.7 and 40 < tok["bleu"]["printed_max"] < 42
+    assert 1.4 < tok["bleu"]["min"] and tok["bleu"]["max"] < 47
     assert tok["bleu"]["plausible_laws"] == tok["bleu"]["laws"]
     assert 2e-5 < tok["loss"]["min"] and tok["loss"]["max"] < 2e-4
-    assert tok["loss"]["plausible_laws"] == 0
+    assert tok["loss"]["plausible_laws"] == tok["loss"]["possible_laws"] == 0
     # e.g. the balanced en-de 6M row at the first checkpoint: 3.21e-5 + 35.45/(25k·256·512)^0.64
     first = 3.21e-5 + 35.45 / (25_000 * STEPS_256_512) ** 0.64
     assert cmp.evaluate("loss", grid[:1])[0, 0] == pytest.approx(first)
@@ -76,23 +83,35 @@ def test_consistency_reproduces_the_tables_ce_against_their_bleu():
         table
     )
     assert not any(r["both"] for r in table.values()) and cmp.ce_unit() is None
+    assert {r["verdict"] for r in table.values()} == {printed_box.CONTRADICTED}
+    assert cmp.unit_verdict() == printed_box.CONTRADICTED
     reason = cmp.ce_reason()
-    assert "only in tokens" in reason and "nats" in reason
+    assert "only in tokens" in reason and "nats" in reason and "natural" in reason
     section = "\n".join(cmp.consistency_section())
-    assert "| tokens | 1.59–40.9 | 15/15 | 2.15e-05–0.000188 | 0/18 | no |" in section
+    assert (
+        "| tokens | 1.59–40.9 (box 1.45–45.9) | 15/15 | 2.15e-05–0.000188 (box 2.15e-05–0.000189) "
+        f"| 0/18 | {printed_box.CONTRADICTED} |"
+    ) in section
+    assert "natural logarithm (the paper does not state the base" in section
 
 
 def test_a_plausible_ce_table_would_be_found(monkeypatch):
-    """The check can pass: CE tables on a nats scale make tokens the unit."""
-    scaled = {
+    """The check can pass: CE tables on a nats scale make tokens the unit, at every value their
+    printed digits allow."""
+
+    def scaled(printed: str) -> str:
+        return f"{float(printed) * 5e4:.3g}"
+
+    tables = {
         k: {
             **v,
-            "ce": None if v["ce"] is None else (v["ce"][0] * 5e4, v["ce"][1] * 5e4, v["ce"][2]),
+            "ce": None if v["ce"] is None else (scaled(v["ce"][0]), scaled(v["ce"][1]), v["ce"][2]),
         }
-        for k, v in paper_values.MT_T5_3B_LAWS.items()
+        for k, v in paper_values.MT_T5_3B_PRINTED.items()
     }
-    monkeypatch.setattr(cmp, "MT_T5_3B_LAWS", scaled)
+    monkeypatch.setattr(cmp, "MT_T5_3B_PRINTED", tables)
     assert cmp.ce_unit() == "tokens" and cmp.ce_reason() == ""
+    assert cmp.unit_verdict() == printed_box.CONSISTENT
 
 
 def test_bleu_parts_are_never_fitted_nor_valued():
@@ -180,7 +199,8 @@ def test_paper_check_reports_no_ce_agreement(paper_scale):
     rows = paper_check.mt_consistency_rows()
     assert all(r.group == paper_check.CONSISTENCY for r in rows)
     claim = rows[0]
-    assert claim.law == "MT Tables 4, 6 (CE) vs 3, 5 (BLEU)" and claim.fitted == "contradicts"
+    assert claim.law == "MT Tables 4, 6 (CE) vs 3, 5 (BLEU)"
+    assert claim.fitted == printed_box.CONTRADICTED
     assert not claim.ok and "no Dp unit of the 15 tried" in claim.note
     assert all(r.ok and r.paper == "-" for r in rows[1:])  # the units tried: informational
     assert "n/a" in paper_check.format_table(rows)

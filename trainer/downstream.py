@@ -9,7 +9,7 @@ asked), each task of `DecodeConfig.tasks` is decoded on its held-out split:
   and `target` is the untokenised reference, not a SentencePiece round trip);
 - inputs are tokenised with the task's vocabulary, EOS appended, truncated to the `inputs` feature
   length, and decoded in fixed-size batches (one compiled program per run shape) by the model's
-  `predict_batch`: T5X beam search (4 beams, brevity penalty 0.6) or greedy;
+  `predict_batch`: T5X beam search (4 beams, length penalty α 0.6) or greedy;
 - predictions are detokenised and scored against the references with `pipelines.text_metrics`:
   sacreBLEU BLEU (`13a`; `zh` for Chinese targets) with its brevity penalty and 1-4-gram
   precisions (`pipelines.text_metrics.BLEU_PARTS`, the MT paper's Remark 2), chrF++, Unicode-aware
@@ -61,7 +61,8 @@ class DecodeConfig:
       split: the held-out split to score on (`DECODE_SPLIT`); tasks without it use `validation`.
       method: `beam` (T5X beam search) or `greedy` (`DECODE_METHOD`).
       num_decodes: beams (beam search only).
-      alpha: brevity-penalty exponent `((5 + len) / 6) ** alpha` (beam search only).
+      alpha: length-penalty exponent `((5 + len) / 6) ** alpha` (GNMT's; T5X names it
+        `brevity_penalty`, unrelated to BLEU's brevity penalty; beam search only).
       max_examples: decode at most this many examples per task, in file order
         (`EVAL_DECODE_MAX_EXAMPLES`; None: the whole split). Caps the CPU cost of beam search.
       batch_size: examples decoded together (the last batch is padded, so one program serves all).

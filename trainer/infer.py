@@ -108,7 +108,7 @@ class InferDecoding:
       max_decode_len: total tokens per row, prompt included (encoder-decoders: output tokens).
       batch_size: rows decoded together (padded to a multiple of the data-parallel size).
       inputs_len: encoder-decoders: inputs are truncated to this many tokens (EOS kept).
-      method: encoder-decoders: `beam` (4 beams, brevity penalty 0.6) or `greedy`.
+      method: encoder-decoders: `beam` (4 beams, length penalty α 0.6) or `greedy`.
       extra_ids: sentinels appended to the vocabulary (None: 100 for encoder-decoders, as in
         span-corruption pretraining; 0 for language models).
     """

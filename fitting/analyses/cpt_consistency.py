@@ -1,10 +1,12 @@
 """What the CPT paper's Table 2 implies for its own headline claims (Zheng et al. 2024).
 
 The paper fits the Chinchilla law (eq. 1) to its from-scratch runs and the extended law (eq. 4) to
-its CPT runs with E, A, α fixed from the first fit (eqs. 6-7), so the two laws differ only in their
-data terms: B/D^β from scratch, B'/(D^β'·N^γ) for CPT. Evaluated at the paper's own sizes and
-token counts, that pair of laws says things its text contradicts. Everything here is computed
-from the laws' coefficients, none of it is read off the paper:
+its CPT runs with E, A, α fixed from the first fit [q:cpt.s3_2_fixed], so the two laws differ only
+in their data terms: B/D^β from scratch, B'/(D^β'·N^γ) for CPT. Evaluated at the paper's own sizes
+and token counts, that pair of laws can be set against what its text claims from the same runs.
+Everything here is computed from the laws' coefficients, none of it is read off the paper; the
+functions take arrays of coefficients too, so that `fitting.reports.cpt_comparison` evaluates them
+over every value the printed digits allow (`fitting.printed_box`):
 
 - `crossover_tokens`: the D at which the two laws give the same loss at size N; CPT is below
   scratch only for fewer tokens (β' < β), so at 20 tokens per parameter, where the paper trains,
@@ -98,14 +100,17 @@ def implied_frontier(
     """Eq. 3's pure power L = k·C^(−g) as the paper fits it (the lowest loss at each compute
     level over all runs, `frontier.frontier_points`), to the curves `loss(N, D)` of runs of
     `sizes` trained on `tokens_per_param`·N tokens, each evaluated at `points` log-spaced token
-    counts from `start_fraction` of its run to its end; C = 6·N·D.
+    counts from `start_fraction` of its run to its end (1: the run's end only); C = 6·N·D.
 
     Returns:
       {"k", "g", "C_min", "C_max"}: the fitted power and the compute range of its frontier.
     """
     C, L, runs = [], [], []
+    points = 1 if start_fraction >= 1.0 else points  # from the run ends only: one point per run
     for n in sizes:
-        d = np.geomspace(start_fraction * tokens_per_param * n, tokens_per_param * n, points)
+        d = np.geomspace(
+            min(start_fraction, 1.0) * tokens_per_param * n, tokens_per_param * n, points
+        )
         C.append(6.0 * n * d)
         L.append(np.asarray(loss(n, d), np.float64))
         runs += [f"{n:g}"] * points

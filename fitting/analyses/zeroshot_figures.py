@@ -17,7 +17,7 @@ language, as the paper's Fr./Ru./Zh. panels) that all three models have, and the
 chosen size and (`by_size`) at every size where all three models have scores.
 Fig. 6 (CPT paper Appendix A) divides each benchmark's acc_norm by the highest acc_norm across
 all training settings of that size, as the paper does ("accuracy relative to the highest accuracy
-achieved across different training settings with 1.4B parameters"): the replay settings (plain
+achieved across different training settings with 1.4B parameters" [q:cpt.fig6_relative]): the replay settings (plain
 CPT is ratio 0), the English-only source model and the target-only model from scratch, so the
 best of them all is 1; benchmarks are grouped into the source language's and the target
 language's, and each group's mean acc_norm is divided likewise.

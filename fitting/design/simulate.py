@@ -338,7 +338,7 @@ def check(
 
 
 def paper_sizes() -> list[float]:
-    """The CPT paper's 42 model sizes (Table 4's nominal N, the basis its laws are fitted on),
+    """The CPT paper's 42 model sizes (Table 4's nominal N, the basis we read its laws as fitted on),
     from the LLaMA2 size table."""
     from modeling import family  # the size table: only when a study needs the paper's sizes
 

@@ -1,7 +1,8 @@
 """A schedule-aware loss law, for fitting every evaluation along runs on a decaying schedule.
 
 The L(N, D) laws (Chinchilla, the CPT law) describe the *final* loss of a run of D tokens. Fitted
-on every evaluation along a cosine-scheduled run, as the CPT paper does, they read the loss at
+on every evaluation along a cosine-scheduled run (as our fits do; the CPT paper fits "across all
+trained models" [q:cpt.appB_procedure] without saying which evaluations), they read the loss at
 step s as if it were the final loss of an s-step run, which it is not: its learning rate has not
 been annealed yet. At the demo's scale (160-step runs) that misfit, 1-2% within each run, is
 larger than the seed scatter, and the laws fitted on some sizes miss the others by up to 3%

@@ -9,9 +9,15 @@ downstream cross-entropy its power law's form on a nats scale (`CE`, not Table 4
 whose printed values are 2e-5 to 2e-4 nats: `fitting.reports.mt_paper_comparison`).
 
 With `models` (size names of the CPT paper's Table 4, e.g. `llama2_49m`), the runs are the
-paper's models: losses follow the laws at the paper's nominal N (the basis its Table 2 was
-fitted on) while run.json records the exact non-embedding counts, as the trainer does, so a fit
-on the nominal basis must recover Table 2 and one on the exact basis need not.
+paper's models: losses follow the laws at the paper's nominal N (the basis we read its Table 2 as
+fitted on, `fitting.reports.paper_values.CPT_TABLE2`) while run.json records the exact
+non-embedding counts, as the trainer does, so a fit on the nominal basis must recover Table 2 and
+one on the exact basis need not.
+
+The laws: `SCRATCH` and `CPT` are the CPT paper's Table 2 [q:cpt.table2_scratch]
+[q:cpt.table2_cpt]; `SOURCE`, the English source models' own law, is ours (made up, near the
+scratch law): the paper fits no law to its source runs. `BLEU` is the MT paper's Table 3 first row;
+`CE` is ours (eq. 3's form on a nats scale).
 
 The full paper-scale study (every run of the papers' manifests, as `xlscale sweep` expands them)
 is `studies.paper_study`, which needs `launch` and so lives a layer up; it uses `forgetting`.
@@ -30,7 +36,8 @@ from rundir import records as rundir_records
 from rundir import storage
 
 SCRATCH = {"E": 1.55, "A": 420.0, "B": 719.5, "alpha": 0.40, "beta": 0.30}  # CPT paper Table 2
-CPT = {"E": 1.55, "A": 420.0, "alpha": 0.40, "B": 433.3, "beta": 0.20, "gamma": 0.08}
+CPT = {"E": 1.55, "A": 420.0, "alpha": 0.40, "B": 433.3, "beta": 0.20, "gamma": 0.08}  # Table 2
+# Ours, not the paper's: a made-up law for the English source runs (the paper fits none to them).
 SOURCE = {"E": 1.45, "A": 400.0, "B": 650.0, "alpha": 0.38, "beta": 0.29}
 BLEU = {"log_A": -180.75, "alpha": 9.0, "beta": 0.75}  # MT paper Table 3, first row
 CE = {"E": 0.9, "A": 60.0, "alpha": 0.2}  # eq. 3's form, 1.2-1.7 nats over Dp 2.6e9-1.3e11

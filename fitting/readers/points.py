@@ -2,7 +2,9 @@
 
 The fit-point rule (`PointRule`, default: every evaluation after the first token) decides which
 evaluations of a run become points of the L(N, D) laws; by default every intermediate evaluation
-is one, as in the CPT paper, which fits along training curves. Runs are evaluated every
+is one. That is our reading of the CPT paper, which fits "across all trained models"
+[q:cpt.appB_procedure] and measures Fig. 2 along each run's training, but does not say which
+evaluations of a run its fits take. Runs are evaluated every
 EVAL_PERIOD steps, so a run's share of the points follows its length in steps: at paper scale the
 49M run gives 1 point and the 5534M run 27. `PointRule(per_run=k)` evens that out (at most k
 points per run, evenly spaced, its last evaluation always kept; k = 1: final losses only),

@@ -16,8 +16,8 @@ Chinchilla law, fewer points than parameters) is skipped with a message naming t
 language or series and what is missing; it is never reported, let alone as converged.
 Downstream series are one model's each (family + size; `fitting.readers.points.downstream_series`), and
 every row names its model. N is on the basis `n_basis` names (`fitting.readers.model_keys.N_BASES`:
-"exact" non-embedding counts, or the paper's "nominal" sizes, the basis of the CPT paper's
-Table 2 and eqs. 8-9); fits.json and report.md record it. Which evaluations of a run are points
+"exact" non-embedding counts, or the paper's "nominal" sizes, the basis we read the CPT paper's
+Table 2 and eqs. 8-9 as fitted on); fits.json and report.md record it. Which evaluations of a run are points
 of the L(N, D) laws (Chinchilla, CPT, Appendix B) is `point_rule` (`fitting.readers.points.PointRule`;
 default every evaluation after the first token); fits.json (`fit_points`, and `points_per_run`
 per fit) and report.md state it. The loss–compute frontier is an envelope over whole training
@@ -117,8 +117,9 @@ def fit_runs(
       seed: bootstrap seed.
       grid: start values for the Chinchilla fits (default: the 4,500-start Hoffmann grid).
       n_basis: N of the upstream fits (`fitting.readers.model_keys.N_BASES`): "exact" non-embedding
-        counts, or "nominal", the paper's sizes (CPT paper Table 4), the basis its Table 2 and
-        eqs. 8-9 were fitted on; C = 6·N·D follows it.
+        counts, or "nominal", the paper's sizes (CPT paper Table 4), the basis we read its Table 2
+        and eqs. 8-9 as fitted on (`fitting.reports.paper_values.CPT_TABLE2`); C = 6·N·D follows
+        it.
       point_rule: which evaluations of each run are fit points (default
         `fitting.readers.points.PointRule()`: every one after the first token).
       zeroshot_size: non-embedding N near which the zero-shot figures compare models

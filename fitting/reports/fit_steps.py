@@ -253,7 +253,8 @@ def cpt_step(study: Study, step: Step) -> dict[str, Any]:
             }
 
         # Appendix B's "pretraining" column: the extended law's second stage fitted on the
-        # from-scratch runs themselves (the paper: γ ≈ −0.005, no better than Chinchilla there).
+        # from-scratch runs themselves (the paper: γ ≈ −0.005, no better than Chinchilla there,
+        # [q:cpt.appB_table3]).
         def cpt_on_scratch() -> FitResult:
             scratch = study.pooled("chinchilla", FROM_SCRATCH, lang)
             return _fit_nd(

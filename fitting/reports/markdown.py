@@ -18,8 +18,9 @@ N_BASIS_NOTES = {
     "exact": "N basis: exact non-embedding parameter counts (run.json `params_non_embedding`); "
     "not the CPT paper's basis (its Table 4 nominal sizes), so A, α and the allocation "
     "prefactors are not comparable with its Table 2 and eqs. 8-9.",
-    "nominal": "N basis: the paper's nominal sizes (CPT paper Table 4), the basis of its "
-    "Table 2 and eqs. 8-9; C = 6·N·D on the same N.",
+    "nominal": "N basis: the paper's nominal sizes (CPT paper Table 4), the basis we read its "
+    "Table 2 and eqs. 8-9 as fitted on (its §2.1 sizes runs by them; it names no other N); "
+    "C = 6·N·D on the same N.",
 }
 
 

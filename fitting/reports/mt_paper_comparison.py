@@ -10,11 +10,14 @@ Df, the Dp unit and range, a usable printed row) and, when not, every reason. `f
 each series' BLEU-vs-CE relation beside Fig. 5's (qualitative: the figure prints no numbers).
 
 `consistency()` is the paper's consistency check: its CE coefficients and its BLEU coefficients
-evaluated over the same checkpoints, in every candidate Dp unit (`candidate_units`). In tokens,
-the unit the paper states (§4: steps × 256 × 512) and the only one in which its BLEU laws give
-BLEU everywhere, its CE laws give 2e-5 to 2e-4 nats, while a finetuned model's downstream CE is
-1-3 nats; `ce_unit()` is the unit in which both are plausible, or None, and then no CE row is
-comparable (`ce_reason()`). Everything is computed from the printed coefficients
+evaluated over the same checkpoints, in every candidate Dp unit (`candidate_units`), at the
+printed coefficients and over every value their printed digits allow (`fitting.printed_box`). In
+tokens (§4 maps each checkpoint to "the number of pretraining tokens seen" [q:mt.s4_one_pass];
+steps × 256 × 512 is our reading, `paper_values.MT_DP`), the only unit in which its BLEU laws give
+BLEU everywhere (with `log` read as natural: the paper does not state the base), its CE laws give
+2e-5 to 2e-4 nats, while a finetuned model's downstream CE is 1-3 nats; `ce_unit()` is the unit
+in which both are plausible, or None, and then no CE row is comparable (`ce_reason()`);
+`unit_verdict()` is the verdict. Everything is computed from the printed coefficients
 (`fitting.reports.paper_values`). `section(result)` renders both for report.md.
 """
 
@@ -27,10 +30,17 @@ from typing import Any
 
 import numpy as np
 
+from fitting import printed_box
 from fitting.analyses.correlations import spearman
 from fitting.formats import fmt, markdown_table
 from fitting.laws import formulas
-from fitting.reports.paper_values import MT_DP, MT_T5_3B_LAWS, MT_T5_3B_UNUSABLE
+from fitting.printed_box import Printed
+from fitting.reports.paper_values import (
+    MT_DP,
+    MT_T5_3B_LAWS,
+    MT_T5_3B_PRINTED,
+    MT_T5_3B_UNUSABLE,
+)
 
 PAPER_MODEL = "t5_3b"  # Tables 3-6 are T5-3B's; the paper prints no T5-770M coefficients
 PAPER_TASKS = {"mt_en_de": "WMT-17 en-de", "mt_en_fr": "WMT-15 en-fr", "mt_en_ro": "WMT-16 en-ro"}
@@ -48,6 +58,9 @@ DF_MATCH = 0.05  # a Df matches a printed size within 5% (the manifest gives pai
 # "implausible" is not an artefact of a tight band).
 PLAUSIBLE = {"bleu": (0.1, 100.0), "loss": (0.3, 10.0)}
 REAL_CE_NATS = (1.0, 3.0)
+# Seeded points inside each law's box of printed digits, beside its centre and 8 corners (the
+# laws are monotone in each coefficient wherever they are defined, so the corners give the range).
+BOX_SAMPLES = 64
 _DF = re.compile(r"Df (\d+)")
 
 
@@ -79,6 +92,16 @@ def paper_laws(metric: str) -> list[tuple[tuple[str, str, int], dict[str, float]
     ]
 
 
+def paper_laws_printed(metric: str) -> list[tuple[tuple[str, str, int], dict[str, str]]]:
+    """`paper_laws` with each coefficient as printed (its digits: `fitting.printed_box`)."""
+    key, _, names = PAPER_METRICS[metric]
+    return [
+        (cond, dict(zip(names, row[key], strict=True)))
+        for cond, row in MT_T5_3B_PRINTED.items()
+        if row[key] is not None
+    ]
+
+
 def evaluate(metric: str, dp_tokens: Sequence[float], tokens_per_unit: float = 1.0) -> np.ndarray:
     """Every printed law of `metric` at `dp_tokens` given in that unit: [laws, points]."""
     _, law, _ = PAPER_METRICS[metric]
@@ -86,12 +109,23 @@ def evaluate(metric: str, dp_tokens: Sequence[float], tokens_per_unit: float = 1
     return np.stack([formulas.predict(law, p, dp) for _, p in paper_laws(metric)])
 
 
-def _plausible(metric: str, values: np.ndarray) -> np.ndarray:
-    """Per law: every value finite and inside `PLAUSIBLE[metric]`."""
-    lo, hi = PLAUSIBLE[metric]
-    with np.errstate(invalid="ignore"):
-        ok = np.isfinite(values) & (values >= lo) & (values <= hi)
-    return np.all(ok, axis=1)
+def _over_box(metric: str, printed: Mapping[str, str], dp: np.ndarray) -> np.ndarray:
+    """One printed law over every value its printed digits allow (`printed_box.points`):
+    [box points, dp], the printed point first."""
+    _, law, _ = PAPER_METRICS[metric]
+    point = printed_box.points(printed_box.box(printed), samples=BOX_SAMPLES)
+    columns = {k: v[:, None] for k, v in point.items()}  # broadcast against dp's row
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return np.asarray(formulas.LAWS[law].predict(dp[None, :], **columns), np.float64)
+
+
+def _law_verdict(metric: str, values: np.ndarray) -> str:
+    """Whether a law is plausible at every checkpoint: per checkpoint, its range over the box
+    against `PLAUSIBLE` (`printed_box.verdict_of_range`), all checkpoints together."""
+    return printed_box.verdict_all(
+        printed_box.judge(values[:, j], PLAUSIBLE[metric])["verdict"]
+        for j in range(values.shape[1])
+    )
 
 
 def _span(values: np.ndarray) -> tuple[float, float]:
@@ -100,48 +134,75 @@ def _span(values: np.ndarray) -> tuple[float, float]:
 
 
 def consistency() -> list[dict[str, Any]]:
-    """Per candidate Dp unit: what Tables 3/5 (BLEU) and 4/6 (CE) give over the manifest's grid
-    (min, max, laws whose every value is plausible, undefined values) and whether both are."""
+    """Per candidate Dp unit: what Tables 3/5 (BLEU) and 4/6 (CE) give over the manifest's grid,
+    over every value their printed digits allow (min, max; printed_min, printed_max at the
+    printed digits; laws plausible at every such value, laws plausible at some; values undefined
+    at the printed digits), and the unit's `verdict` on "every BLEU law and every CE law is
+    plausible" (`fitting.printed_box`); `both` when that is consistent. The laws are evaluated
+    with natural logarithms (`fitting.laws.formulas.log_law`: the paper does not state the base)."""
     out = []
+    laws = {m: paper_laws_printed(m) for m in PAPER_METRICS}
     for unit, per in candidate_units().items():
         row: dict[str, Any] = {"unit": unit, "tokens_per_unit": per}
+        dp = grid_dp() / per
+        verdicts = []
         for metric in PAPER_METRICS:
-            v = evaluate(metric, grid_dp(), per)
-            lo, hi = _span(v)
+            boxes = [_over_box(metric, p, dp) for _, p in laws[metric]]
+            law_verdicts = [_law_verdict(metric, v) for v in boxes]
+            lo, hi = _span(np.concatenate([v.ravel() for v in boxes]))
+            printed_point = np.stack([v[0] for v in boxes])  # the box's centre: as printed
+            at_lo, at_hi = _span(printed_point)
             row[metric] = {
                 "min": lo,
                 "max": hi,
-                "plausible_laws": int(np.sum(_plausible(metric, v))),
-                "laws": int(v.shape[0]),
-                "undefined": int(np.sum(~np.isfinite(v))),
+                "printed_min": at_lo,
+                "printed_max": at_hi,
+                "plausible_laws": sum(v == printed_box.CONSISTENT for v in law_verdicts),
+                "possible_laws": sum(v != printed_box.CONTRADICTED for v in law_verdicts),
+                "laws": len(boxes),
+                "undefined": int(np.sum(~np.isfinite(printed_point))),
             }
-        row["both"] = all(row[m]["plausible_laws"] == row[m]["laws"] for m in PAPER_METRICS)
+            verdicts.append(printed_box.verdict_all(law_verdicts))
+        row["verdict"] = printed_box.verdict_all(verdicts)
+        row["both"] = row["verdict"] == printed_box.CONSISTENT
         out.append(row)
     return out
 
 
+def unit_verdict(rows: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The verdict on "some Dp unit makes Tables 3-6 all plausible" over every unit tried
+    (`printed_box.verdict_any` of the units' verdicts)."""
+    rows = consistency() if rows is None else rows
+    return printed_box.verdict_any(r["verdict"] for r in rows)
+
+
 def ce_unit() -> str | None:
-    """The Dp unit in which every printed BLEU law and every printed CE law is plausible (the
-    paper's own tokens first), or None when there is none."""
+    """The Dp unit in which every printed BLEU law and every printed CE law is plausible at every
+    value its digits allow (the paper's own tokens first), or None when there is none."""
     return next((r["unit"] for r in consistency() if r["both"]), None)
 
 
 def ce_reason() -> str:
     """Why the printed CE laws cannot be set against measured cross-entropy (computed)."""
-    table = {r["unit"]: r for r in consistency()}
+    rows = consistency()
+    table = {r["unit"]: r for r in rows}
     tok = table["tokens"]
-    e_max = max(p["E"] for _, p in paper_laws("loss"))
+    e_max = max(Printed(p["E"]).value for _, p in paper_laws_printed("loss"))
     if ce_unit() is not None:
         return ""
     bleu_units = [u for u, r in table.items() if r["bleu"]["plausible_laws"] == r["bleu"]["laws"]]
     return (
-        f"at the manifest's Dp grid in tokens (the paper's unit; all {tok['bleu']['laws']} BLEU "
-        f"laws give a plausible BLEU, {fmt(tok['bleu']['min'], 3)}–{fmt(tok['bleu']['max'], 3)}, "
-        f"only in {' and '.join(bleu_units) or 'no unit'}), Tables 4 and 6 give a downstream CE of "
-        f"{fmt(tok['loss']['min'], 2)}–{fmt(tok['loss']['max'], 2)} nats, where a finetuned "
+        f"at the manifest's Dp grid in tokens (our reading of the paper's unit; all "
+        f"{tok['bleu']['laws']} BLEU laws give a plausible BLEU, {_range(tok['bleu'], 'printed_')} "
+        f"at the printed digits and {_range(tok['bleu'])} over every value they allow, with log "
+        f"read as natural, only in {' and '.join(bleu_units) or 'no unit'}), Tables 4 and 6 give "
+        f"a downstream CE of {fmt(tok['loss']['min'], 2)}–{fmt(tok['loss']['max'], 2)} nats, "
+        "where a finetuned "
         f"model's is {REAL_CE_NATS[0]:g}–{REAL_CE_NATS[1]:g}; no Dp unit of the "
         f"{len(table)} tried makes both plausible (every row's asymptote E ≤ {fmt(e_max, 3)} "
-        "nats, whatever the unit), so the printed CE is on a scale the paper does not state"
+        "nats as printed, whatever the unit): "
+        + unit_verdict(rows)
+        + ", so the printed CE is on a scale the paper does not state"
     )
 
 
@@ -316,7 +377,7 @@ def fig5_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
             total = np.sum((np.log(bleu) - np.log(bleu).mean()) ** 2)
             k, r2 = float(-slope), float(1 - np.sum(resid**2) / total) if total > 0 else math.nan
         paper = {
-            "mt_en_de": "consistently correlated (Fig. 5 left)",
+            "mt_en_de": "consistently correlated (Fig. 5 left)",  # [q:mt.fig5_caption]
             "mt_en_fr": "in some cases arbitrary: BLEU and CE rise together (Fig. 5 right)",
         }.get(task, "—")
         out.append(
@@ -346,22 +407,36 @@ def _params(p: Mapping[str, float] | None) -> str:
     return "—" if not p else ", ".join(f"{k}={fmt(v, 3)}" for k, v in p.items())
 
 
-def _range(v: Mapping[str, Any]) -> str:
-    ok = math.isfinite(v["min"])
-    return f"{fmt(v['min'], 3)}–{fmt(v['max'], 3)}" if ok else "undefined everywhere"
+def _range(v: Mapping[str, Any], prefix: str = "") -> str:
+    lo, hi = v[f"{prefix}min"], v[f"{prefix}max"]
+    return f"{fmt(lo, 3)}–{fmt(hi, 3)}" if math.isfinite(lo) else "undefined everywhere"
+
+
+def _ranges(v: Mapping[str, Any]) -> str:
+    """`printed range (every value the digits allow: box range)`."""
+    return f"{_range(v, 'printed_')} (box {_range(v)})"
 
 
 def consistency_section() -> list[str]:
-    """Markdown: the paper's CE tables against its BLEU tables, per candidate Dp unit."""
+    """Markdown: the paper's CE tables against its BLEU tables, per candidate Dp unit, over every
+    value their printed digits allow, with the verdict."""
     lo, hi = grid_dp()[0], grid_dp()[-1]
+    rows = consistency()
     lines = [
         "### Paper consistency: its CE coefficients against its BLEU coefficients",
         "",
-        f"Tables 3-6 evaluated at the mt_paper manifest's checkpoints (Dp {fmt(lo, 3)}–"
-        f"{fmt(hi, 3)} tokens = 25k–1M steps × 256 × 512), with Dp read in each unit: a law is "
-        f"plausible when every value is finite and inside BLEU {PLAUSIBLE['bleu'][0]:g}–"
+        f"Tables 3-6 [q:mt.eq1_log_law] [q:mt.eq3_ce_law] evaluated at the mt_paper manifest's "
+        f"checkpoints (Dp {fmt(lo, 3)}–{fmt(hi, 3)} tokens = 25k–1M steps × 256 × 512, our "
+        "reading of Dp), with Dp read in each unit, `log` read as the natural logarithm (the "
+        "paper does not state the base; in base 10 most of its BLEU laws are undefined on this "
+        "grid) and the CE as nats per target token (the paper names no unit). Each law is "
+        "evaluated at its printed coefficients and over every value their printed digits allow "
+        "(each ± half its last digit: the box's centre, corners and "
+        f"{BOX_SAMPLES} seeded points inside, `fitting.printed_box`). A law is plausible when "
+        f"every value is finite and inside BLEU {PLAUSIBLE['bleu'][0]:g}–"
         f"{PLAUSIBLE['bleu'][1]:g}, CE {PLAUSIBLE['loss'][0]:g}–{PLAUSIBLE['loss'][1]:g} nats "
-        f"(a finetuned model's CE is {REAL_CE_NATS[0]:g}–{REAL_CE_NATS[1]:g}).",
+        f"(a finetuned model's CE is {REAL_CE_NATS[0]:g}–{REAL_CE_NATS[1]:g}); the counts are "
+        "of laws plausible at every value their digits allow.",
         "",
     ]
 
@@ -370,11 +445,11 @@ def consistency_section() -> list[str]:
         undefined = f" ({b['undefined']} undefined)" if b["undefined"] else ""
         return [
             r["unit"],
-            f"{_range(b)}{undefined}",
+            f"{_ranges(b)}{undefined}",
             f"{b['plausible_laws']}/{b['laws']}",
-            _range(c),
+            _ranges(c),
             f"{c['plausible_laws']}/{c['laws']}",
-            "yes" if r["both"] else "no",
+            r["verdict"],
         ]
 
     lines += markdown_table(
@@ -384,9 +459,9 @@ def consistency_section() -> list[str]:
             "plausible BLEU laws",
             "CE, nats (Tables 4, 6)",
             "plausible CE laws",
-            "both",
+            "verdict: both plausible",
         ),
-        map(row, consistency()),
+        map(row, rows),
         right=("plausible BLEU laws", "plausible CE laws"),
     )
     unit = ce_unit()
@@ -394,7 +469,9 @@ def consistency_section() -> list[str]:
         "",
         f"→ Both plausible in: {unit}."
         if unit
-        else "→ No unit makes both plausible: "
+        else "→ Some unit makes both plausible: "
+        + unit_verdict(rows)
+        + ": "
         + ce_reason()
         + ". The CE rows are therefore not comparable; only the shapes' exponents α would be, "
         "if the printed CE were a rescaled nats value, which the paper does not say.",
@@ -478,20 +555,22 @@ def section(result: Mapping[str, Any]) -> list[str]:
 
 def paper_check_rows() -> list[tuple[str, str, str, str, None, str]]:
     """`studies.paper_check`'s consistency rows (law, parameter, paper, fitted, tolerance, note):
-    the claim that the CE and BLEU tables share a Dp unit ("consistent" or "contradicts"), then
-    each candidate unit's ranges (informational, "-")."""
+    the claim that the CE and BLEU tables share a Dp unit (its verdict over every value the
+    printed digits allow, `fitting.printed_box.VERDICTS`), then each candidate unit's ranges
+    (informational, "-")."""
+    rows = consistency()
     unit = ce_unit()
     out = [
         (
             "MT Tables 4, 6 (CE) vs 3, 5 (BLEU)",
             "one Dp unit makes both plausible",
-            "consistent",
-            "consistent" if unit else "contradicts",
+            printed_box.CONSISTENT,
+            unit_verdict(rows),
             None,
             f"both plausible with Dp in {unit}" if unit else ce_reason(),
         )
     ]
-    for r in consistency():
+    for r in rows:
         b, c = r["bleu"], r["loss"]
         out.append(
             (
@@ -500,8 +579,8 @@ def paper_check_rows() -> list[tuple[str, str, str, str, None, str]]:
                 "-",
                 "-",
                 None,
-                f"BLEU {_range(b)} ({b['plausible_laws']}/{b['laws']} plausible); CE {_range(c)} "
-                f"nats ({c['plausible_laws']}/{c['laws']} plausible)",
+                f"BLEU {_ranges(b)} ({b['plausible_laws']}/{b['laws']} plausible); CE "
+                f"{_ranges(c)} nats ({c['plausible_laws']}/{c['laws']} plausible): {r['verdict']}",
             )
         )
     return out

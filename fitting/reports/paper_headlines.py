@@ -1,15 +1,18 @@
 """The CPT paper's headline numbers set beside ours, each with what makes them comparable or not.
 
 A fit report reads as a replication only if its numbers sit next to the paper's: eq. 3's
-loss–compute frontier (k·C^−g for scratch and CPT), the 25–50% FLOPs saved, the 5.5B example
-(70B CPT tokens ≈ 110B from scratch) and both columns of Appendix B. `rows` turns a
+loss–compute frontier (k·C^−g for scratch and CPT [q:cpt.s4_2_eq3_values]), the 25–50% FLOPs saved
+[q:cpt.s4_3_flops_saved], the 5.5B example (70B CPT tokens ≈ 110B from scratch
+[q:cpt.s1_example_5p5b]) and both columns of Appendix B [q:cpt.appB_table3]. `rows` turns a
 `fitting.reports.fit_all.fit_runs` result into one row per (language, quantity): paper, ours, and a
 note saying on which basis the two may be compared.
-The paper's numbers are for a Chinese target; rows for other languages say so. Where a
-headline contradicts the paper's own Table 2 (the 25-50% FLOPs saved, the 5.5B example, eq. 3's
-exponents), the note says so: a mismatch there is the paper's, not the fit range's or the
-basis's (`fitting.reports.cpt_comparison.consistency`). `fitting.reports.cpt_comparison` adds
-each row's comparability and renders the table.
+The paper's numbers are for a Chinese target; rows for other languages say so. Where the paper's
+own Table 2 decides a headline at every value its printed digits allow (the 5.5B example and
+FLOPs saved under 25% at the run ends: contradicted, with γ read from App. B), the note says a mismatch there is the
+paper's, not the fit range's or the basis's; where it does not (eq. 3's exponents, which depend
+on where the frontier starts), the note says so
+(`fitting.reports.cpt_comparison.consistency`). `fitting.reports.cpt_comparison` adds each row's
+comparability and renders the table.
 """
 
 from __future__ import annotations
@@ -28,22 +31,24 @@ NOTES = {
     "the fit's N basis) and the compute range fitted, so it matches the paper only on its data "
     "and basis; compare g, and the CPT/scratch ratio of k.",
     "frontier_g": "The exponent: a slope in log-log, which depends on the compute range fitted. "
-    "The paper's own Table 2 does not give its g either (fitted its way to Table 2's curves of "
-    "its 42 sizes, see 'Paper consistency'), so a fit that recovers Table 2 differs from "
-    "0.0579/0.0575 by the paper's inconsistency, not by ours.",
+    "Fitted the paper's way to its own Table 2's curves of its 42 sizes, g depends on where the "
+    "frontier starts in each run (our choice; the paper does not say), over a range that "
+    "contains 0.0579/0.0575 (see 'Paper consistency'): compare g at the paper's compute range.",
     "frontier_ratio": "CPT's k over scratch's: the constant factor by which CPT lowers the "
-    "frontier when the exponents agree (the paper: 'an advantageous initial condition').",
-    "flops_saved": "Paper: across its 40 sizes over whole runs (Fig. 2). Ours: min … max over "
+    "frontier when the exponents agree (the paper: 'an advantageous initial condition' "
+    "[q:cpt.s4_2_initial_condition]).",
+    "flops_saved": "Paper: across its sizes over whole runs (Fig. 2). Ours: min … max over "
     "the CPT runs' evaluations inside their scratch run's loss range (equal-loss curves). The "
-    "paper's own Table 2 gives 25–50% only in the first few percent of each run and CPT costing "
-    "more than scratch at its end (see 'Paper consistency').",
+    "paper's own Table 2 gives under 25% at the end of every run for every value its printed "
+    "digits allow, γ read from App. B's 0.080 (see 'Paper consistency').",
     "example_5p5b": "Our fitted laws (Chinchilla on scratch, extended on CPT) evaluated at the "
-    "paper's N = 5534M and D = 70B. The paper's own Table 2 gives about a third of its 110B "
-    "there (see 'Paper consistency'): a fit that recovers Table 2 misses 110B by the paper's "
-    "inconsistency, whatever its range and basis.",
+    "paper's N = 5534M and D = 70B. The paper's own Table 2 gives 16–88B there for every value "
+    "its printed digits allow, γ read from App. B's 0.080 (see 'Paper consistency'): a fit that "
+    "recovers Table 2 misses 110B by the paper's inconsistency, whatever its range and basis.",
     "example_5p5b_exact": "Our fitted laws evaluated at N = 5534M and D = 70B, on exact N, not "
-    "the paper's nominal N. Even on its basis the paper's own Table 2 gives about a third of "
-    "its 110B there (see 'Paper consistency').",
+    "the paper's nominal N. Even on its basis the paper's own Table 2 gives 16–88B there for "
+    "every value its printed digits allow, γ read from App. B's 0.080 (see 'Paper "
+    "consistency').",
     "appendix_b_gamma": "γ of the extended law's second stage (eq. 4).",
     "appendix_b_ratio": "Error ratio extended law / Chinchilla on the same points; the paper's "
     "absolute errors are normalised in a way it does not state, the ratio is not.",
