@@ -1,13 +1,9 @@
 """The seqio mixture registry of xlscale, built from one ratios mapping.
 
-`RATIOS` maps a mixture name to `{task name: fraction of tokens}`:
-
-- the MT paper's pretraining mixtures of span-corruption tasks, `mix_<lang>_<pct>[_<lang>_<pct>]`:
-  100% en/de/fr/ro, 50/50 en-de, en-fr, en-ro, and 30/70, 70/30 en-fr;
-- the CPT paper's replay mixtures of LM tasks, `cpt_<target>_replay_en_<pct>` for targets zh, fr,
-  ru and English replay pct in {0, 1, 5, 10, 20, 30, 50, 80}. Replay is nothing but a mixture;
-  pct 0 keeps `lm_en` as a component with fraction 0, so every replay run reports the same
-  components (and `tokens_by_task["lm_en"] == 0`).
+`RATIOS` (`pipelines.mixture_tables`, which holds the tables without seqio) maps a mixture name
+to `{task name: fraction of tokens}`: the MT paper's pretraining mixtures of span-corruption
+tasks, `mix_<lang>_<pct>[_<lang>_<pct>]`, and the CPT paper's replay mixtures of LM tasks,
+`cpt_<target>_replay_en_<pct>`.
 
 Fractions are of *tokens* (the papers' "x% of a batch"), while seqio samples *examples*. The
 seqio `Mixture` stores the token fractions as its rates; `pipelines.streams` turns them into
@@ -17,67 +13,27 @@ round-robin rather than by random sampling, so the realised token shares follow 
 ones closely (see `pipelines.streams`; tests check ±2% over ~10k examples).
 
 Nothing is registered at import time: call `register_mixtures()` after
-`pipelines.tasks.register_tasks(...)`.
+`pipelines.tasks.register_tasks(...)`. seqio is imported by the functions that use its registry,
+so the tables and `replay_fraction` are read without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import seqio
-
-from pipelines.tasks import lm_task_name, span_task_name
-
-# The MT paper (Isik et al. 2024), Figures 2-4: pretraining language shares in percent.
-MT_MIXES: tuple[dict[str, int], ...] = (
-    {"en": 100},
-    {"de": 100},
-    {"fr": 100},
-    {"ro": 100},
-    {"en": 50, "de": 50},
-    {"en": 50, "fr": 50},
-    {"en": 50, "ro": 50},
-    {"en": 30, "fr": 70},
-    {"en": 70, "fr": 30},
+# The tables live in a module without seqio; they are this module's names too.
+from pipelines.mixture_tables import (  # noqa: F401 -- re-exported
+    CPT_SOURCE,
+    CPT_TARGETS,
+    MT_MIXES,
+    RATIOS,
+    REPLAY_PCTS,
+    cpt_name,
+    default_ratios,
+    mix_name,
+    replay_fraction,
+    validate,
 )
-# The CPT paper (Zheng et al. 2024), section 5.2: English replay during continual pretraining.
-CPT_TARGETS: tuple[str, ...] = ("zh", "fr", "ru")
-CPT_SOURCE = "en"
-REPLAY_PCTS: tuple[int, ...] = (0, 1, 5, 10, 20, 30, 50, 80)
-
-
-def mix_name(shares: Mapping[str, int]) -> str:
-    """Returns `mix_<lang>_<pct>_...` for `{lang: pct}` in the given order."""
-    return "mix_" + "_".join(f"{lang}_{pct}" for lang, pct in shares.items())
-
-
-def cpt_name(target: str, source: str, pct: int) -> str:
-    """Returns `cpt_<target>_replay_<source>_<pct>`."""
-    return f"cpt_{target}_replay_{source}_{pct}"
-
-
-def default_ratios() -> dict[str, dict[str, float]]:
-    """Builds the mapping mixture name -> {task: token fraction} of both papers."""
-    ratios: dict[str, dict[str, float]] = {}
-    for shares in MT_MIXES:
-        ratios[mix_name(shares)] = {span_task_name(lang): p / 100 for lang, p in shares.items()}
-    for target in CPT_TARGETS:
-        for pct in REPLAY_PCTS:
-            ratios[cpt_name(target, CPT_SOURCE, pct)] = {
-                lm_task_name(target): (100 - pct) / 100,
-                lm_task_name(CPT_SOURCE): pct / 100,
-            }
-    return ratios
-
-
-RATIOS: dict[str, dict[str, float]] = default_ratios()
-
-
-def _validate(name: str, fractions: Mapping[str, float]) -> None:
-    if not fractions or any(f < 0 for f in fractions.values()):
-        raise ValueError(f"mixture {name!r}: fractions must be non-negative, got {fractions}")
-    if abs(sum(fractions.values()) - 1.0) > 1e-6:
-        raise ValueError(f"mixture {name!r}: fractions must sum to 1, got {fractions}")
 
 
 def register_mixtures(*, ratios: Mapping[str, Mapping[str, float]] | None = None) -> list[str]:
@@ -92,12 +48,14 @@ def register_mixtures(*, ratios: Mapping[str, Mapping[str, float]] | None = None
     Returns:
       The registered mixture names.
     """
+    import seqio
+
     explicit = ratios is not None
     ratios = RATIOS if ratios is None else ratios
     registered = set(seqio.TaskRegistry.names())
     names = []
     for name, fractions in ratios.items():
-        _validate(name, fractions)
+        validate(name, fractions)
         missing = [t for t in fractions if t not in registered]
         if missing:
             if explicit:
@@ -113,6 +71,8 @@ def register_mixtures(*, ratios: Mapping[str, Mapping[str, float]] | None = None
 def component_names(mixture_or_task: str) -> list[str]:
     """Returns the components of a mixture in seqio's order (sorted by name); a task gives
     `[task]`. Indices into this list are the `decoder_task_ids` of `pipelines.streams`."""
+    import seqio
+
     if mixture_or_task in seqio.TaskRegistry.names():
         return [mixture_or_task]
     return [t.name for t in seqio.MixtureRegistry.get(mixture_or_task).tasks]
@@ -120,6 +80,8 @@ def component_names(mixture_or_task: str) -> list[str]:
 
 def token_fractions(mixture_or_task: str) -> dict[str, float]:
     """Returns `{component: fraction of tokens}` (normalised; a task gives `{task: 1.0}`)."""
+    import seqio
+
     if mixture_or_task in seqio.TaskRegistry.names():
         return {mixture_or_task: 1.0}
     mixture = seqio.MixtureRegistry.get(mixture_or_task)
@@ -128,18 +90,3 @@ def token_fractions(mixture_or_task: str) -> dict[str, float]:
     if total <= 0:
         raise ValueError(f"mixture {mixture_or_task!r} has no positive rate")
     return {name: rate / total for name, rate in rates.items()}
-
-
-def replay_fraction(
-    *, mixture_or_task: str, target_lang: str | None, source_lang: str | None
-) -> float:
-    """The share of source-language tokens `mixture_or_task` replays into a run on `target_lang`:
-    the `lm_<source>` fraction of a mixture of `RATIOS` that also holds `lm_<target>`, else 0 (a
-    task, or a mixture without both languages). This, not the `REPLAY_RATIO` asked for, is what
-    the data applies and `run.json` may record."""
-    if not (target_lang and source_lang) or target_lang == source_lang:
-        return 0.0
-    fractions = RATIOS.get(mixture_or_task, {})
-    if lm_task_name(target_lang) not in fractions:
-        return 0.0
-    return float(fractions.get(lm_task_name(source_lang), 0.0))

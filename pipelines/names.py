@@ -19,6 +19,22 @@ LANG_NAMES: dict[str, str] = {
     "ro": "Romanian",
 }
 
+
+def lm_task_name(lang: str) -> str:
+    """Returns `lm_<lang>`."""
+    return f"lm_{lang}"
+
+
+def span_task_name(lang: str) -> str:
+    """Returns `span_<lang>`."""
+    return f"span_{lang}"
+
+
+def mt_task_name(src: str, tgt: str) -> str:
+    """Returns `mt_<src>_<tgt>`."""
+    return f"mt_{src}_{tgt}"
+
+
 _MT_TASK = re.compile(r"^mt_([a-z]{2})_([a-z]{2})$")
 
 

@@ -35,6 +35,9 @@ import tensorflow as tf
 
 from pipelines import features
 
+# First-fit packing is numpy, shared with the prepared eval reader (one definition).
+from pipelines.prepared.packing import MAX_OPEN_ROWS, PACK_WINDOW, first_fit  # noqa: F401
+
 # The span arithmetic lives in the TF-free module the by-index input shares (one definition).
 from pipelines.prepared.spans import (
     MEAN_NOISE_SPAN_LENGTH,
@@ -275,70 +278,6 @@ def span_corruption(
 
 
 # ----------------------------------------------------------------------------- packing
-
-PACK_WINDOW = 256
-MAX_OPEN_ROWS = 16  # first fit among the 16 most recent rows: near-optimal and O(n)
-
-
-def first_fit(lengths: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Places examples (rows of `lengths`, one column per feature) in arrival order into the
-    first of the `MAX_OPEN_ROWS` most recent packed rows where every feature still fits under
-    `limits`, else into a new row.
-
-    Returns:
-      `(rows, offsets)`: each example's row index (-1 for an example whose lengths are all 0)
-      and its start offset per feature (int32).
-    """
-    n, k = lengths.shape
-    if k == 1:
-        return _first_fit_1d(lengths[:, 0].tolist(), int(limits[0]))
-    room = [int(x) for x in limits]
-    used: list[list[int]] = []  # per row, tokens used per feature
-    open_rows: list[int] = []  # rows still considered, oldest first
-    rows = np.zeros(n, np.int32)
-    offsets = np.zeros((n, k), np.int32)
-    for i, ln in enumerate(lengths.tolist()):
-        if not any(ln):
-            rows[i] = -1
-            continue
-        for r in open_rows:
-            u = used[r]
-            if all(u[j] + ln[j] <= room[j] for j in range(k)):
-                break
-        else:
-            r = len(used)
-            used.append([0] * k)
-            open_rows.append(r)
-            if len(open_rows) > MAX_OPEN_ROWS:
-                open_rows.pop(0)
-        rows[i] = r
-        offsets[i] = used[r]
-        used[r] = [a + b for a, b in zip(used[r], ln, strict=True)]
-    return rows, offsets
-
-
-def _first_fit_1d(lengths: list[int], limit: int) -> tuple[np.ndarray, np.ndarray]:
-    used: list[int] = []
-    open_rows: list[int] = []
-    rows, offsets = [], []
-    for ln in lengths:
-        if not ln:
-            rows.append(-1)
-            offsets.append(0)
-            continue
-        for r in open_rows:
-            if used[r] + ln <= limit:
-                break
-        else:
-            r = len(used)
-            used.append(0)
-            open_rows.append(r)
-            if len(open_rows) > MAX_OPEN_ROWS:
-                open_rows.pop(0)
-        rows.append(r)
-        offsets.append(used[r])
-        used[r] += ln
-    return np.asarray(rows, np.int32), np.asarray(offsets, np.int32).reshape(-1, 1)
 
 
 def _base_key(key: str) -> str:

@@ -229,6 +229,7 @@ def eval_batches(
 
     The batches of a given task, split and size are computed once per process and then
     served from memory (read-only arrays), so periodic evaluation costs no pipeline time.
+    `pipelines.prepared.eval_batches` makes the same batches from a prepared split in numpy.
 
     Returns:
       A list (re-iterable) of dicts as in `batches`, with

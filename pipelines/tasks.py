@@ -37,7 +37,7 @@ import seqio
 from pipelines import preprocessors as prep
 from pipelines import superglue_sources, text_metrics
 from pipelines.corpora import hf_catalog, hf_sources, paths
-from pipelines.names import LANG_NAMES
+from pipelines.names import LANG_NAMES, lm_task_name, mt_task_name, span_task_name
 
 SHUFFLE_BUFFER_SIZE = 1000
 
@@ -49,21 +49,6 @@ TFDS_WMT: dict[str, str] = {
     "en-zh": "wmt19_translate/zh-en:1.0.0",
     "en-ru": "wmt19_translate/ru-en:1.0.0",
 }
-
-
-def lm_task_name(lang: str) -> str:
-    """Returns `lm_<lang>`."""
-    return f"lm_{lang}"
-
-
-def span_task_name(lang: str) -> str:
-    """Returns `span_<lang>`."""
-    return f"span_{lang}"
-
-
-def mt_task_name(src: str, tgt: str) -> str:
-    """Returns `mt_<src>_<tgt>`."""
-    return f"mt_{src}_{tgt}"
 
 
 @dataclasses.dataclass(frozen=True)

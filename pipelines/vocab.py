@@ -26,12 +26,14 @@ pieces (`limit_alphabet`); the others are encoded as bytes. This is what lets a 
 vocabulary cover all six languages; the JSON records what was left out.
 
 This module imports only SentencePiece at load time; `load_vocab` imports seqio (and so
-TensorFlow) when called.
+TensorFlow) when called. `vocab_info` reads what a run on prepared data needs of a vocabulary
+(ids, size, sha256) with SentencePiece alone.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import io
 import json
@@ -282,9 +284,86 @@ def start_id(vocabulary) -> int:
     """The decoder's start token for `vocabulary`: its BOS where it has one (LLaMA's `<s>`, 1:
     a published LLaMA saw it in front of every document), else 0 (T5X's shift-right token, which
     is also the padding id). Training batches put it at every segment start, decoding in front of
-    the prompt, and zero-shot scoring in front of every context."""
+    the prompt, and zero-shot scoring in front of every context. `vocabulary` is a seqio
+    vocabulary or a `VocabInfo`."""
+    if isinstance(vocabulary, VocabInfo):
+        return vocabulary.start_id
     bos = int(vocabulary.tokenizer.bos_id())
     return bos if bos >= 0 else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabInfo:
+    """What a reader of prepared data needs of a vocabulary, read without seqio or TensorFlow
+    (`vocab_info`); the attributes a seqio vocabulary has by the same names agree with it.
+
+    Attributes:
+      path: the `.model` file as given (`VOCAB_PATH`).
+      sha256: hex sha256 of its bytes (what a prepared manifest records as `vocab_hash`).
+      vocab_size: SentencePiece pieces plus `extra_ids` (seqio's `vocab_size`).
+      extra_ids: sentinel ids appended at the top.
+      eos_id, pad_id, unk_id, bos_id: the model's special ids (-1 where it has none).
+    """
+
+    path: str
+    sha256: str
+    vocab_size: int
+    extra_ids: int
+    eos_id: int
+    pad_id: int
+    unk_id: int
+    bos_id: int
+
+    @property
+    def start_id(self) -> int:
+        """The decoder's start token (`start_id`): BOS where the model has one, else 0."""
+        return self.bos_id if self.bos_id >= 0 else 0
+
+
+def _check_layout(model_path, tok) -> None:
+    """VocabularyFileError unless the model's pad/eos/unk ids are one of `ID_LAYOUTS`."""
+    ids = (tok.pad_id(), tok.eos_id(), tok.unk_id())
+    if ids not in ID_LAYOUTS.values():
+        allowed = "; ".join(f"{name} {v[0]}/{v[1]}/{v[2]}" for name, v in ID_LAYOUTS.items())
+        raise VocabularyFileError(
+            f"{model_path}: special ids pad/eos/unk = {ids[0]}/{ids[1]}/{ids[2]} are no known "
+            f"layout; allowed: {allowed}"
+        )
+
+
+def _unusable(model_path, e: Exception) -> VocabularyFileError:
+    return VocabularyFileError(
+        f"{os.fspath(model_path)}: not a SentencePiece model ({type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else 'unreadable'}); the file is damaged or of "
+        "another kind"
+    )
+
+
+def vocab_info(model_path: str | os.PathLike, *, extra_ids: int = 0) -> VocabInfo:
+    """The ids, size and sha256 of a SentencePiece model, read with SentencePiece alone: what a
+    run on prepared data needs (start, EOS, size, sentinels), without the seqio vocabulary and
+    the TensorFlow it brings. Agrees with `load_vocab(model_path, extra_ids=...)`.
+
+    Raises:
+      VocabularyFileError: as `load_vocab` (not a SentencePiece model, or no known id layout).
+    """
+    local = local_model_file(model_path)
+    data = Path(local).read_bytes()
+    try:
+        tok = spm.SentencePieceProcessor(model_proto=data)
+    except Exception as e:  # protobuf's DecodeError, SentencePiece's RuntimeError/OSError
+        raise _unusable(model_path, e) from e
+    _check_layout(model_path, tok)
+    return VocabInfo(
+        path=os.fspath(model_path),
+        sha256=hashlib.sha256(data).hexdigest(),
+        vocab_size=int(tok.get_piece_size()) + int(extra_ids),
+        extra_ids=int(extra_ids),
+        eos_id=int(tok.eos_id()),
+        pad_id=int(tok.pad_id()),
+        unk_id=int(tok.unk_id()),
+        bos_id=int(tok.bos_id()),
+    )
 
 
 def local_model_file(model_path: str | os.PathLike) -> str:
@@ -338,16 +417,6 @@ def load_vocab(model_path: str | os.PathLike, *, extra_ids: int = 0):
     try:
         tok = vocab.tokenizer
     except Exception as e:  # protobuf's DecodeError, SentencePiece's RuntimeError/OSError
-        raise VocabularyFileError(
-            f"{os.fspath(model_path)}: not a SentencePiece model ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else 'unreadable'}); the file is damaged or of "
-            "another kind"
-        ) from e
-    ids = (tok.pad_id(), tok.eos_id(), tok.unk_id())
-    if ids not in ID_LAYOUTS.values():
-        allowed = "; ".join(f"{name} {v[0]}/{v[1]}/{v[2]}" for name, v in ID_LAYOUTS.items())
-        raise VocabularyFileError(
-            f"{model_path}: special ids pad/eos/unk = {ids[0]}/{ids[1]}/{ids[2]} are no known "
-            f"layout; allowed: {allowed}"
-        )
+        raise _unusable(model_path, e) from e
+    _check_layout(model_path, tok)
     return vocab

@@ -29,9 +29,17 @@ LIGHT_MODULES = [
     "pipelines.prepared.manifest",
     "pipelines.prepared.shards",
     "pipelines.features",
+    "pipelines.prepared.batches",
+    "pipelines.prepared.eval_batches",
+    # a run on prepared data reads its vocabulary and mixture without seqio
+    "pipelines.vocab",
+    "pipelines.mixture_tables",
+    "pipelines.mixtures",
     # the trainer's data wiring and gin recipes import seqio only when a run reads seqio data
     "trainer.data",
     "trainer.recipes",
+    "trainer.train",
+    "trainer.eval",
 ]
 
 

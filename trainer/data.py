@@ -10,22 +10,27 @@ declares; the name helpers gin files compute with are `trainer.recipes`.
 
 seqio, TensorFlow and the `pipelines` modules that import them are imported inside the functions
 that need them: the trainer's jobs import this module in processes that never read seqio data
-(`tests/test_import_hygiene.py`).
+(`tests/test_import_hygiene.py`). A run on prepared data (`PREPARED_DATA` with `VOCAB_PATH`)
+imports neither: its vocabulary is read with SentencePiece (`pipelines.vocab.vocab_info`), its
+mixture from `pipelines.mixture_tables`, and its train and eval batches from prepared splits
+(`pipelines.prepared`); only decoding tasks (`trainer.downstream`) still register seqio tasks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from pipelines import features
+from pipelines import features, mixture_tables
 from pipelines import vocab as vocab_lib
 from pipelines.corpora import paths
 from pipelines.prepared import batches, shards
+from pipelines.prepared import manifest as manifest_lib
 from rundir import storage
 from trainer import eval_schedule, validation
 
@@ -62,10 +67,12 @@ class DataConfig:
         `"per_host"` packs a separate seqio shard on each host (the input pipeline costs 1/n
         per host, for input-bound scale), whose batches differ from one host's.
       prepared_dir: a directory of prepared tasks (`PREPARED_DATA`; `xlscale data prepare`
-        writes `<dir>/<task>/`): training batches are read by index from them
-        (`pipelines.prepared.batches`), so resume at any step costs what step 0 costs and each host reads
-        only its rows, whatever `host_sharding` says; None: the seqio pipeline. Evaluation
-        always reads through seqio.
+        writes `<dir>/<task>/`, and `<dir>/<task>@validation/` for `--split validation`):
+        training batches are read by index from them (`pipelines.prepared.batches`), so resume
+        at any step costs what step 0 costs and each host reads only its rows, whatever
+        `host_sharding` says, and eval batches from the prepared validation splits
+        (`pipelines.prepared.eval_batches`, the batches of the seqio path); None: the seqio
+        pipeline.
     """
 
     mixture_or_task: str = ""
@@ -171,9 +178,18 @@ class EvalConfig:
         return bool(self.tasks) or bool(self.decoding is not None and self.decoding.tasks)
 
 
+def seqio_free(config: DataConfig) -> bool:
+    """Whether the run reads its data without seqio: prepared data (`PREPARED_DATA`) and a
+    vocabulary file (`VOCAB_PATH`) to read ids from (without one, the caller registered seqio
+    tasks and the run reads their vocabulary)."""
+    return config.prepared_dir is not None and config.vocab_path is not None
+
+
 def register(config: DataConfig) -> Any:
     """Registers the tasks and mixtures of `config.vocab_path`; returns the vocabulary (or None
-    when `vocab_path` is None and the caller registered the tasks).
+    when `vocab_path` is None and the caller registered the tasks). A run on prepared data
+    (`seqio_free`) registers nothing: it returns the vocabulary's `pipelines.vocab.VocabInfo`
+    (read with SentencePiece), after the same checks of `VOCAB_PATH`.
 
     Raises:
       trainer.validation.ConfigError: `vocab_path` does not exist or holds no usable vocabulary
@@ -182,8 +198,13 @@ def register(config: DataConfig) -> Any:
     """
     if config.vocab_path is None:
         return None
-    from pipelines import mixtures, tasks
+    if seqio_free(config):
+        return prepared_vocabulary(config)
+    return register_seqio(config)
 
+
+def _check_vocab_file(config: DataConfig) -> None:
+    """ConfigError naming `VOCAB_PATH` when the file does not exist."""
     # Through the project's storage layer (local paths and gs:// alike): TensorFlow's own GCS
     # client would bypass it (and, pointed at an emulator, reach for www.googleapis.com).
     if not storage.as_path(config.vocab_path, name="VOCAB_PATH").exists():
@@ -191,6 +212,31 @@ def register(config: DataConfig) -> Any:
             f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: no such file; "
             "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
         )
+
+
+def prepared_vocabulary(config: DataConfig) -> vocab_lib.VocabInfo:
+    """The run's vocabulary as a run on prepared data needs it (ids, size with `extra_ids`,
+    sha256), read from `VOCAB_PATH` with SentencePiece alone (no seqio, no TensorFlow).
+
+    Raises:
+      trainer.validation.ConfigError: as `register` (naming `VOCAB_PATH` and the file).
+    """
+    _check_vocab_file(config)
+    try:
+        return vocab_lib.vocab_info(config.vocab_path, extra_ids=config.extra_ids)
+    except vocab_lib.VocabularyFileError as e:
+        raise validation.ConfigError(
+            f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: {e}; "
+            "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
+        ) from e
+
+
+def register_seqio(config: DataConfig) -> Any:
+    """`register` through seqio: registers the tasks and mixtures of `config.vocab_path` (the
+    seqio path, and decoding tasks of any run); returns the seqio vocabulary."""
+    from pipelines import mixtures, tasks
+
+    _check_vocab_file(config)
     try:
         vocabulary = vocab_lib.load_vocab(config.vocab_path, extra_ids=config.extra_ids)
     except vocab_lib.VocabularyFileError as e:
@@ -220,10 +266,8 @@ def register(config: DataConfig) -> Any:
 def _check_corpora(config: DataConfig, *, registered: Sequence[str]) -> None:
     """The training mixture's tasks must have found their text under the corpora directory; a
     missing or empty `DATA_DIR` otherwise surfaces as an unregistered task with nothing allowed."""
-    from pipelines import mixtures
-
     name = config.mixture_or_task
-    wanted = list(mixtures.RATIOS.get(name, {name: 1.0}))
+    wanted = list(mixture_tables.RATIOS.get(name, {name: 1.0}))
     missing = [t for t in wanted if t.split("_", 1)[0] in _CORPUS_TASKS and t not in registered]
     if not missing:
         return
@@ -249,16 +293,22 @@ def registered_names() -> list[str]:
     return sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
 
 
-def vocab_size(name: str) -> int:
-    """Vocabulary size (extra ids included) of a task's or mixture's `targets` feature."""
+def vocab_size(name: str, config: DataConfig | None = None) -> int:
+    """Vocabulary size (extra ids included) of a task's or mixture's `targets` feature: of the
+    registered seqio task, or of `VOCAB_PATH` for a run on prepared data (`seqio_free`)."""
+    if config is not None and seqio_free(config):
+        return prepared_vocabulary(config).vocab_size
     import seqio
 
     provider = seqio.get_mixture_or_task(name)
     return int(provider.output_features["targets"].vocabulary.vocab_size)
 
 
-def components(name: str) -> list[str]:
-    """Mixture components (a task gives `[task]`), in the order of `decoder_task_ids`."""
+def components(name: str, config: DataConfig | None = None) -> list[str]:
+    """Mixture components (a task gives `[task]`), in the order of `decoder_task_ids`: from the
+    seqio registry, or from `pipelines.mixture_tables` for a run on prepared data."""
+    if config is not None and seqio_free(config):
+        return mixture_tables.components(name)
     from pipelines import mixtures
 
     return list(mixtures.component_names(name))
@@ -330,11 +380,13 @@ def _packed_stream(config, *, seed, start_step, shard):
         yield features.model_arrays(batch)
 
 
-def _prepare_command(config: DataConfig, task: str) -> str:
-    """The `xlscale data prepare` command line that prepares `task` for this run."""
+def _prepare_command(config: DataConfig, task: str, split: str = "train") -> str:
+    """The `xlscale data prepare` command line that prepares `task`'s `split` for this run
+    (a validation split in one shard: its documents keep the split's order)."""
     vocab = config.vocab_path or "<VOCAB_PATH>"
+    split_flags = "" if split == "train" else f" --split {split} --shards 1"
     return (
-        f"xlscale data prepare --task {task} --vocab {vocab} --data-dir <DATA_DIR> "
+        f"xlscale data prepare --task {task}{split_flags} --vocab {vocab} --data-dir <DATA_DIR> "
         f"--source {config.source} --out {config.prepared_dir}"
     )
 
@@ -354,12 +406,10 @@ def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str
         sidecar is missing, unreadable or another shard's (naming `PREPARED_DATA`, the file and
         what differs, and the command that prepares it).
     """
-    from pipelines import mixtures
-
     out = {}
     root = storage.as_path(config.prepared_dir, name="PREPARED_DATA")
     where = f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}"
-    for name in mixtures.component_names(config.mixture_or_task):
+    for name in components(config.mixture_or_task, config):
         directory = os.fspath(root / name)
         try:
             dataset = shards.PreparedDataset.open(directory, vocab_hash=vocab_hash)
@@ -404,14 +454,19 @@ def _prepared_stream(config, *, seed, start_step, host_rows, datasets, vocabular
       trainer.validation.ConfigError: the prepared data cannot make this run's batches (names
         PREPARED_DATA and why: lengths, Df subset, fractions, sentinels, ...).
     """
-    from pipelines import mixtures
-
-    if vocabulary is None:  # the run registered its tasks: their targets vocabulary
+    if vocabulary is None and seqio_free(config):  # VOCAB_PATH, read without seqio
+        vocabulary = prepared_vocabulary(config)
+    if vocabulary is None:  # the caller registered the tasks: their targets vocabulary
         import seqio
 
         provider = seqio.get_mixture_or_task(config.mixture_or_task)
         vocabulary = provider.output_features["targets"].vocabulary
-    fractions = mixtures.token_fractions(config.mixture_or_task)
+    if seqio_free(config):
+        fractions = mixture_tables.fractions(config.mixture_or_task)
+    else:
+        from pipelines import mixtures
+
+        fractions = mixtures.token_fractions(config.mixture_or_task)
     components = [
         batches.Component(name=name, dataset=ds, fraction=fractions.get(name, 1.0))
         for name, ds in datasets.items()
@@ -488,6 +543,104 @@ def train_batches(
     )
 
 
+def prepared_eval_dataset(config: DataConfig, task: str, split: str, *, vocab_hash: str | None):
+    """The prepared `split` of eval task `task` (`PREPARED_DATA/<task>@<split>`), opened and
+    verified (sidecars, every shard's sha256, the vocabulary) as training splits are: one shard
+    (its documents in the split's order, as the seqio path reads them) of a kind the numpy eval
+    reader makes (`pipelines.prepared.eval_batches.EVAL_KINDS`).
+
+    Raises:
+      trainer.validation.ConfigError: the split is not prepared, damaged, of another task,
+        split or vocabulary, in several shards, or of a kind with no prepared eval (naming
+        `PREPARED_DATA`, the directory and the command that prepares it).
+    """
+    from pipelines.prepared import eval_batches as eval_lib
+
+    root = storage.as_path(config.prepared_dir, name="PREPARED_DATA")
+    directory = os.fspath(root / manifest_lib.task_dir_name(task, split))
+    where = f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}"
+    command = _prepare_command(config, task, split)
+    if not os.path.isdir(directory):
+        raise validation.ConfigError(
+            f"{where}: eval task {task!r} has no prepared {split} split: no directory "
+            f"{directory}; a run on prepared data evaluates on prepared splits; prepare it "
+            f"with: {command}"
+        )
+    try:
+        dataset = shards.PreparedDataset.open(directory, vocab_hash=vocab_hash)
+    except shards.PreparedDataError as e:
+        raise validation.ConfigError(f"{where}: {e}; prepare it with: {command}") from e
+    manifest = dataset.manifest
+    problem = None
+    if (manifest.task, manifest.split) != (task, split):
+        problem = (
+            f"{directory} holds task {manifest.task!r} split {manifest.split!r}; evaluation "
+            f"reads task {task!r} split {split!r}"
+        )
+    elif len(manifest.shards) != 1:
+        problem = (
+            f"{directory} holds {len(manifest.shards)} shards; an eval split is read in the "
+            "split's order, which one shard keeps"
+        )
+    elif manifest.postprocess not in eval_lib.EVAL_KINDS:
+        problem = (
+            f"{directory} is of kind {manifest.postprocess!r}, which has no prepared eval (its "
+            f"masks are drawn by TensorFlow); allowed: tasks of kind "
+            f"{', '.join(map(repr, eval_lib.EVAL_KINDS))}, or PREPARED_DATA = None"
+        )
+    if problem is not None:
+        dataset.close()
+        raise validation.ConfigError(f"{where}: {problem}; prepare it with: {command}")
+    try:
+        dataset.verify()
+    except shards.PreparedDataError as e:
+        dataset.close()
+        raise validation.ConfigError(f"{where}: {e}; prepare it again with: {command}") from e
+    return dataset
+
+
+def check_prepared_eval(config: DataConfig, evaluation: EvalConfig) -> None:
+    """Every eval task of a run on prepared data has its split prepared and intact
+    (`prepared_eval_dataset`), checked while the run plans, not at its first evaluation.
+
+    Raises:
+      trainer.validation.ConfigError: as `prepared_eval_dataset`.
+    """
+    if not evaluation.tasks:
+        return
+    vocab_hash = prepared_vocabulary(config).sha256
+    for task in evaluation.tasks:
+        prepared_eval_dataset(config, task, evaluation.split, vocab_hash=vocab_hash).close()
+
+
+def _prepared_eval_batches(config, *, task, split, seq_len, batch_size, max_tokens):
+    """`pipelines.prepared.eval_batches` of `task`'s prepared `split`, with the run's ids."""
+    from pipelines.prepared import eval_batches as eval_lib
+
+    vocabulary = prepared_vocabulary(config)
+    with prepared_eval_dataset(config, task, split, vocab_hash=vocabulary.sha256) as dataset:
+        return eval_lib.eval_batches(
+            dataset,
+            sequence_length=seq_len,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            eos_id=vocabulary.eos_id,
+            start_id=vocabulary.start_id,
+        )
+
+
+def _seqio_eval_batches(*, task, split, seq_len, batch_size, max_tokens):
+    from pipelines import streams
+
+    return streams.eval_batches(
+        task=task,
+        split=split,
+        sequence_length=seq_len,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+    )
+
+
 def eval_batches(
     *,
     task: str,
@@ -498,6 +651,7 @@ def eval_batches(
     shard_index: int,
     num_shards: int,
     host_rows: Sequence[tuple[int, int]] | None = None,
+    config: DataConfig | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Fixed-shape eval batches of `task` (this host's rows); the last one is padded with rows of
     zero weight, so every batch compiles to the same program. `seq_len` is the targets length,
@@ -505,15 +659,16 @@ def eval_batches(
 
     Every host reads the same global batches (whatever the host count) and keeps its rows
     (`host_rows`, as in `train_batches`), so the token-weighted loss summed over the global batch
-    does not depend on the host count."""
-    from pipelines import streams
-
-    for batch in streams.eval_batches(
-        task=task,
-        split=split,
-        sequence_length=dict(seq_len) if isinstance(seq_len, Mapping) else seq_len,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
+    does not depend on the host count. A run on prepared data (`config`, `seqio_free`) reads
+    the prepared split (`prepared_eval_dataset`), whose batches are those of the seqio path."""
+    lengths = dict(seq_len) if isinstance(seq_len, Mapping) else seq_len
+    read = (
+        functools.partial(_prepared_eval_batches, config)
+        if config is not None and seqio_free(config)
+        else _seqio_eval_batches
+    )
+    for batch in read(
+        task=task, split=split, seq_len=lengths, batch_size=batch_size, max_tokens=max_tokens
     ):
         batch = features.model_arrays(batch)
         rows = next(iter(batch.values())).shape[0]

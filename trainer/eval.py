@@ -57,7 +57,8 @@ def evaluate_params(
 
     Eval batches are read once per job and kept (they are fixed), so periodic evaluation costs
     only the forward passes. Encoder-decoder jobs read inputs/targets batches at the job's
-    feature lengths.
+    feature lengths. A job on prepared data (`job.data`, `trainer.data.seqio_free`) reads them
+    from the prepared validation splits, without seqio.
     """
     from trainer import downstream
 
@@ -84,6 +85,7 @@ def evaluate_params(
                     shard_index=jax.process_index(),
                     num_shards=jax.process_count(),
                     host_rows=job.partitioner.host_rows(job.eval_batch_size),
+                    config=getattr(job, "data", None),
                 )
             )
         sums = [

@@ -55,6 +55,8 @@ class Job:
       eval_data: eval batches read so far, by (task, split, length, batch, tokens).
       feature_lengths: the task feature lengths (`{"targets": L}`, or with `"inputs"` for an
         encoder-decoder).
+      data: the run's `DataConfig` (`compile_plan` sets it): where evaluation reads from (a run
+        on prepared data reads prepared validation splits); None: through seqio.
     """
 
     model: Any
@@ -73,6 +75,7 @@ class Job:
     seq_len: int
     eval_data: dict = dataclasses.field(default_factory=dict)
     feature_lengths: dict = dataclasses.field(default_factory=dict)
+    data: Any = None
 
     def flops_kwargs(self) -> dict[str, float]:
         """FLOPs-per-token arguments for metric records."""
@@ -160,7 +163,13 @@ def _check_shapes(
 
 def _check_tasks(*, model, data: DataConfig, evaluation) -> None:
     """The checks of the training, evaluation and decoding tasks against the registered ones
-    and of their vocabulary against the model's (see `trainer.validation`)."""
+    and of their vocabulary against the model's (see `trainer.validation`). A run on prepared
+    data (`data.seqio_free`) registers no seqio task: its training tasks are checked when their
+    prepared splits are opened (`data.prepared_datasets`), its eval tasks' prepared validation
+    splits here, and only decoding tasks are registered through seqio."""
+    if data_lib.seqio_free(data):
+        _check_prepared_tasks(model=model, data=data, evaluation=evaluation)
+        return
     names = data_lib.registered_names()
     validation.check_task(name=data.mixture_or_task, allowed=names)
     for task in evaluation.tasks:
@@ -173,6 +182,26 @@ def _check_tasks(*, model, data: DataConfig, evaluation) -> None:
     )
     validation.check_vocab(
         vocab_size=data_lib.vocab_size(data.mixture_or_task),
+        model_vocab_size=model.vocab_size,
+        vocab_path=data.vocab_path,
+    )
+
+
+def _check_prepared_tasks(*, model, data: DataConfig, evaluation) -> None:
+    """`_check_tasks` of a run on prepared data: the eval tasks' prepared splits exist and
+    verify, decoding tasks (read through seqio) are registered, and the vocabulary of
+    `VOCAB_PATH` fits the model."""
+    data_lib.check_prepared_eval(data, evaluation)
+    decoding = getattr(evaluation, "decoding", None)
+    if decoding is not None and decoding.tasks:
+        data_lib.register_seqio(data)  # decoding reads its held-out split through seqio
+        validation.check_decoding(
+            tasks=decoding.tasks,
+            allowed=data_lib.registered_names(),
+            feature_keys=model.feature_keys,
+        )
+    validation.check_vocab(
+        vocab_size=data_lib.vocab_size(data.mixture_or_task, data),
         model_vocab_size=model.vocab_size,
         vocab_path=data.vocab_path,
     )
@@ -352,7 +381,7 @@ def plan_job(
             data_parallel_size=partitioner.data_parallel_size,
             process_count=jax.process_count(),
         )
-    components = data_lib.components(data.mixture_or_task)
+    components = data_lib.components(data.mixture_or_task, data)
     total, non_embedding = wrapper.param_counts()
     length = RunLength(train_steps, tokens_per_param, param_basis)
     total_steps = resolve_train_steps(
@@ -398,8 +427,9 @@ def plan_job(
 
 
 def compile_plan(plan: JobPlan, *, compile_train: bool = True) -> Job:
-    """Compiles the planned job's steps (`compile_job`)."""
-    return compile_job(
+    """Compiles the planned job's steps (`compile_job`); the job keeps the plan's data
+    settings (where evaluation reads from)."""
+    job = compile_job(
         model=plan.model,
         partitioner=plan.partitioner,
         abstract_params=plan.abstract_params,
@@ -414,6 +444,8 @@ def compile_plan(plan: JobPlan, *, compile_train: bool = True) -> Job:
         step_config=plan.step,
         compile_train=compile_train,
     )
+    job.data = plan.data
+    return job
 
 
 def build_job(*, compile_train: bool = True, **kwargs) -> Job:

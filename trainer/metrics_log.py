@@ -104,7 +104,7 @@ class MetricsWriter:
 
     def _open_tensorboard(self) -> None:
         """Creates the events file (a remote run's in a local staging directory)."""
-        from clu.metric_writers.summary_writer import SummaryWriter
+        from trainer import event_files
 
         self._tensorboard = False
         tb_dir = self.model_dir / names.TB_SUBDIR
@@ -114,7 +114,10 @@ class MetricsWriter:
             # before it could) still removes it when collected or when the process exits.
             self._tb_staged = weakref.finalize(self, shutil.rmtree, tb_dir, ignore_errors=True)
         try:
-            self._tb = SummaryWriter(os.fspath(tb_dir))
+            self._tb = event_files.scalar_writer(tb_dir)
+        except ImportError as e:  # neither TensorFlow nor tensorboard: metrics.jsonl alone
+            log.warning("no TensorBoard events (%s): metrics.jsonl holds every record", e)
+            return
         except Exception as e:  # TensorFlow's OpError (PermissionDenied, FailedPrecondition)
             raise _tb_not_writable(self.model_dir, tb_dir, e) from e
         self._tb_dir = tb_dir

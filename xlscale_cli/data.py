@@ -12,6 +12,15 @@ import time
 from pathlib import Path
 
 DEFAULT_SHARDS = 8  # `data prepare --shards` when not given (--finalize: the directory's count)
+# A split other than train (the validation split evaluation reads) is one shard by default: the
+# prepared eval reader reads its documents in the split's order, which one shard keeps.
+DEFAULT_EVAL_SHARDS = 1
+
+
+def default_shards(split: str) -> int:
+    """`--shards` when not given: `DEFAULT_SHARDS` for the train split, `DEFAULT_EVAL_SHARDS`
+    for any other."""
+    return DEFAULT_SHARDS if split == "train" else DEFAULT_EVAL_SHARDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,14 +71,16 @@ def add_prepare_arguments(prepare: argparse.ArgumentParser) -> None:
     prepare.add_argument(
         "--out",
         required=True,
-        help="parent of prepared tasks (writes OUT/<task>/; local, or a gcsfuse mount)",
+        help="parent of prepared tasks (writes OUT/<task>/ for train, OUT/<task>@<split>/ for "
+        "another split; local, or a gcsfuse mount)",
     )
     prepare.add_argument("--split", default="train", help="split to prepare (default train)")
     prepare.add_argument(
         "--shards",
         type=int,
         default=None,
-        help=f"shards of the split (default {DEFAULT_SHARDS}; with --finalize: those in --out)",
+        help=f"shards of the split (default {DEFAULT_SHARDS} for train, {DEFAULT_EVAL_SHARDS} for "
+        "another split, which evaluation reads in order; with --finalize: those in --out)",
     )
     prepare.add_argument(
         "--workers", type=int, default=2, help="processes preparing shards (default 2)"
@@ -165,7 +176,7 @@ def _prepare_refusal(args: argparse.Namespace) -> str | None:
     from pipelines import tasks
     from rundir import storage
 
-    shards = DEFAULT_SHARDS if args.shards is None else args.shards
+    shards = default_shards(args.split) if args.shards is None else args.shards
     counts = {"--shards": (shards, 1), "--workers": (args.workers, 1)}
     counts["--extra-ids"] = (args.extra_ids, 0)
     if args.max_documents is not None:
@@ -227,7 +238,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         else:
             prepare.prepare(
                 **common,
-                num_shards=DEFAULT_SHARDS if args.shards is None else args.shards,
+                num_shards=default_shards(args.split) if args.shards is None else args.shards,
                 workers=args.workers,
                 shard_indices=args.shard_index,
                 max_documents=args.max_documents,

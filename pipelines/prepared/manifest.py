@@ -1,6 +1,7 @@
 """The manifest of a prepared task: what was tokenized, with which vocabulary, into which shards.
 
-A prepared task is one directory `<out>/<task>/`:
+A prepared task is one directory `<out>/<task>/` (its train split; another split, e.g. the
+validation split evaluation reads, is `<out>/<task>@<split>/`, `task_dir_name`):
 
 - `data-KKKKK-of-NNNNN.array_record`: shard k, one record per tokenized document (the output of
   the task's pre-cache preprocessors for seqio shard k of the split, in order; `pipelines.prepared.shards`
@@ -32,6 +33,17 @@ SIDECAR_SUFFIX = ".lengths.npz"
 # What the reader does after the prepared (pre-cache) part, per kind of task: LM chunks of the
 # targets, T5 span corruption, or inputs/targets pairs (EOS appended after trimming).
 POSTPROCESS_KINDS = ("lm_chunks", "span_corruption", "pairs")
+
+
+TRAIN_SPLIT = "train"
+SPLIT_SEPARATOR = "@"  # no task name holds it
+
+
+def task_dir_name(task: str, split: str) -> str:
+    """The directory name of a prepared task's split under the prepared root (`PREPARED_DATA`):
+    `<task>` for the `train` split (what training reads), `<task>@<split>` for any other (the
+    `validation` split evaluation reads), so both splits of a task sit side by side."""
+    return task if split == TRAIN_SPLIT else f"{task}{SPLIT_SEPARATOR}{split}"
 
 
 class PreparedDataError(ValueError):

@@ -12,6 +12,11 @@ restarting at 0 per segment), and `model_features` turns those into exactly the 
 `pipelines.preprocessors._decoder_rows` / `_encdec_rows` (decoder inputs shifted right with the
 start id at every segment start, loss weights on non-zero targets, the component of every placed
 target token and -1 on padding).
+
+`first_fit` is the packing of the seqio path (`pipelines.preprocessors.pack_windows`): each
+example in the first of the `MAX_OPEN_ROWS` most recent rows of its window where it fits. It is
+defined here, without TensorFlow, so that the prepared eval reader
+(`pipelines.prepared.eval_batches`) packs exactly as the seqio path does.
 """
 
 from __future__ import annotations
@@ -108,3 +113,68 @@ def model_features(
         out[features.ENCODER_SEGMENT_IDS] = packed["inputs"]["segment_ids"]
         out[features.ENCODER_POSITIONS] = packed["inputs"]["positions"]
     return {key: value.astype(features.DTYPE) for key, value in out.items()}
+
+
+PACK_WINDOW = 256
+MAX_OPEN_ROWS = 16  # first fit among the 16 most recent rows: near-optimal and O(n)
+
+
+def first_fit(lengths: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Places examples (rows of `lengths`, one column per feature) in arrival order into the
+    first of the `MAX_OPEN_ROWS` most recent packed rows where every feature still fits under
+    `limits`, else into a new row.
+
+    Returns:
+      `(rows, offsets)`: each example's row index (-1 for an example whose lengths are all 0)
+      and its start offset per feature (int32).
+    """
+    n, k = lengths.shape
+    if k == 1:
+        return _first_fit_1d(lengths[:, 0].tolist(), int(limits[0]))
+    room = [int(x) for x in limits]
+    used: list[list[int]] = []  # per row, tokens used per feature
+    open_rows: list[int] = []  # rows still considered, oldest first
+    rows = np.zeros(n, np.int32)
+    offsets = np.zeros((n, k), np.int32)
+    for i, ln in enumerate(lengths.tolist()):
+        if not any(ln):
+            rows[i] = -1
+            continue
+        for r in open_rows:
+            u = used[r]
+            if all(u[j] + ln[j] <= room[j] for j in range(k)):
+                break
+        else:
+            r = len(used)
+            used.append([0] * k)
+            open_rows.append(r)
+            if len(open_rows) > MAX_OPEN_ROWS:
+                open_rows.pop(0)
+        rows[i] = r
+        offsets[i] = used[r]
+        used[r] = [a + b for a, b in zip(used[r], ln, strict=True)]
+    return rows, offsets
+
+
+def _first_fit_1d(lengths: list[int], limit: int) -> tuple[np.ndarray, np.ndarray]:
+    used: list[int] = []
+    open_rows: list[int] = []
+    rows, offsets = [], []
+    for ln in lengths:
+        if not ln:
+            rows.append(-1)
+            offsets.append(0)
+            continue
+        for r in open_rows:
+            if used[r] + ln <= limit:
+                break
+        else:
+            r = len(used)
+            used.append(0)
+            open_rows.append(r)
+            if len(open_rows) > MAX_OPEN_ROWS:
+                open_rows.pop(0)
+        rows.append(r)
+        offsets.append(used[r])
+        used[r] += ln
+    return np.asarray(rows, np.int32), np.asarray(offsets, np.int32).reshape(-1, 1)

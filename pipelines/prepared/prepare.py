@@ -365,7 +365,9 @@ def prepare(
     registration: Registration | None = None,
     log: Callable[[str], None] = print,
 ) -> Manifest | None:
-    """Prepares `task_name`'s `split` into `<out_dir>/<task_name>/` (see the module docstring).
+    """Prepares `task_name`'s `split` into `<out_dir>/<task_name>/` (the train split) or
+    `<out_dir>/<task_name>@<split>/` (any other; `manifest.task_dir_name`), see the module
+    docstring.
 
     Args:
       task_name: a registered seqio task (`lm_<lang>`, `span_<lang>`, `mt_<src>_<tgt>`).
@@ -413,7 +415,9 @@ def prepare(
             task_name=task_name, split=split, out_dir=out_dir, num_shards=num_shards, log=log
         )
     postprocess_kind(task)  # refuses a task of no prepared kind before any work
-    directory = os.path.join(shards_lib.local_dir(out_dir), task_name)
+    directory = os.path.join(
+        shards_lib.local_dir(out_dir), manifest_lib.task_dir_name(task_name, split)
+    )
     plan_lib.shard_count(directory, num_shards)  # refuses shards of another count, before any work
     plan = _plan(
         task, split=split, directory=directory, num_shards=num_shards, max_documents=max_documents
@@ -461,7 +465,7 @@ def finalize(
     log: Callable[[str], None] = print,
 ) -> Manifest | None:
     """Writes `manifest.json` when every shard of the preparation in `<out_dir>/<task_name>`
-    is done; returns it, or None with a line saying what is left.
+    (`manifest.task_dir_name` of the split) is done; returns it, or None with a line saying what is left.
 
     Without `plan`, the preparation is the `num_shards`-shard one (None: the one shard count the
     directory holds) with the document limit its sidecars record, from this run's source and
@@ -483,7 +487,9 @@ def finalize(
     task = _task(task_name, registration)
     _check_split(task, split)
     if plan is None:
-        directory = os.path.join(shards_lib.local_dir(out_dir), task_name)
+        directory = os.path.join(
+            shards_lib.local_dir(out_dir), manifest_lib.task_dir_name(task_name, split)
+        )
         num_shards = plan_lib.shard_count(directory, num_shards)
         recorded = None if num_shards is None else plan_lib.recorded_settings(directory, num_shards)
         if recorded is None:
