@@ -19,6 +19,15 @@ to the newest step with a record -- or starts fresh, as after a kill before the 
 -- and, training being deterministic, reaches the same state. (Recomputing the record on resume
 would verify nothing: it would hash whatever the files hold now.) `INIT_CHECKPOINT` and the
 readers of `trainer.restore` refuse such a step, saying how to record files one trusts.
+
+Deletion: the keep policy's deletion of an old step first marks it (`trainer.step_deletion`), so
+a kill in the middle leaves `<step>.deleting`, which the next writer removes; it is never taken
+for a step without its record. Steps set aside are listed each time a writer opens the store.
+
+Failures: a writer knows which step it committed last and which save is in flight, so a failed
+save names its own step (not the step of the save that noticed it) and a failure report names
+the last step actually committed (`CheckpointStore.last_committed`). Orbax's own error records
+of a failing save stay off the terminal (`trainer.orbax_logs`).
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from convert.hf_cache import local_init_spec
 from convert.init_checkpoints import param_name
 from rundir import checksums, names, storage
 from rundir.checksums import CheckpointCorruptError
-from trainer import stop_requests, validation
+from trainer import orbax_logs, step_deletion, stop_requests, validation
 from trainer.steps import tree_finite
 
 log = logging.getLogger(__name__)
@@ -195,8 +204,28 @@ class CheckpointStore:
             self._manager = ocp.CheckpointManager(
                 self.directory, options=options, item_handlers=_handlers()
             )
-            if not read_only:
-                self._set_aside_unrecorded()
+        # The newest step known committed with its record, and the step of a save in flight.
+        self._committed: int | None = None
+        self._pending: int | None = None
+        if not read_only:
+            self._open_for_writing()
+
+    def _open_for_writing(self) -> None:
+        """A writer's start: the keep policy's deletions marked (`trainer.step_deletion`), what
+        a kill left of earlier ones removed, steps without a record set aside, the steps set
+        aside so far listed, and orbax's error records kept off the terminal."""
+        orbax_logs.install()
+        # Orbax (pinned at 0.12.8) takes no deleter as an option: its manager's own is replaced,
+        # and an orbax without that attribute is refused here rather than deleting unmarked.
+        if not hasattr(self._manager, "_checkpoint_deleter"):
+            raise RuntimeError(f"orbax {ocp.__version__}: CheckpointManager has no deleter to set")
+        self._manager._checkpoint_deleter = step_deletion.MarkedDeleter(self.directory)
+        with storage.service_errors(self.directory, "opening checkpoints in"):
+            if step_deletion.finish_interrupted(self.directory) or jax.process_count() > 1:
+                self._manager.reload()
+            self._set_aside_unrecorded()
+            self._list_set_aside()
+            self._committed = self.latest_step()
 
     def step_dir(self, step: int) -> epath.Path:
         """A committed step's directory."""
@@ -226,6 +255,19 @@ class CheckpointStore:
                 )
                 self.set_aside(step, reason="unverified")
 
+    def _list_set_aside(self) -> None:
+        """Logs the steps set aside beside the checkpoints so far (they are kept for inspection
+        and never removed by the run: the user removes them once not needed)."""
+        aside = self.directory.parent / SET_ASIDE_SUBDIR
+        if jax.process_index() != 0 or not storage.is_dir(aside):
+            return
+        if names_aside := sorted(entry.name for entry in aside.iterdir()):
+            log.info(
+                "checkpoints set aside in %s (never resumed; remove them once not needed): %s",
+                aside,
+                ", ".join(names_aside),
+            )
+
     def latest_step(self) -> int | None:
         """Step of the newest complete checkpoint (committed, with its integrity record), or
         None."""
@@ -249,12 +291,17 @@ class CheckpointStore:
         """Saves one step (asynchronously when configured); a step already on disk is skipped.
 
         `best`: the step's value of the `keep_best` metric, when it was evaluated (non-finite
-        values do not compete)."""
+        values do not compete).
+
+        Raises:
+          rundir.storage.StorageError: the storage failed, in this save or in the save still in
+            flight (the error names that save's step).
+        """
+        # The record hook learns its step only once the previous save has committed.
+        self._finish_pending()
         with storage.service_errors(self.directory / str(step), "saving checkpoint"):
             if step in self._manager.all_steps():
                 return
-            # The record hook learns its step only once the previous save has committed.
-            self._manager.wait_until_finished()
             self._record.expect(step)
             self._manager.save(
                 step,
@@ -266,8 +313,36 @@ class CheckpointStore:
                 metrics=_best_metrics(self.config, best),
                 force=True,
             )
-            if not self.config.async_save:
-                self._manager.wait_until_finished()
+            self._pending = step
+        if not self.config.async_save:
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        """Waits for the save in flight; once it committed, it is the last committed step. A
+        failure names that save's step, and the save is no longer in flight."""
+        pending, self._pending = self._pending, None
+        where, action = (
+            (self.directory, "committing checkpoints in")
+            if pending is None
+            else (self.directory / str(pending), "saving checkpoint")
+        )
+        with storage.service_errors(where, action):
+            self._manager.wait_until_finished()
+        if pending is not None:
+            self._committed = pending
+
+    def last_committed(self, *, wait: bool) -> int | None:
+        """The newest step this store knows committed with its record (a writer's), for a
+        failure report: where a rerun resumes. A save still in flight counts once it committed:
+        with `wait` its end is waited for (local disk: seconds, whether it commits or fails),
+        without it the save counts only if it already ended (a store that went away may keep a
+        save waiting for minutes). Never raises: the failure being reported comes first."""
+        if self._pending is not None and (wait or not self._manager.is_saving_in_progress()):
+            try:
+                self._finish_pending()
+            except Exception as e:  # noqa: BLE001 - it failed too: not committed
+                log.debug("the save in flight failed too: %s", e)
+        return self._committed
 
     def verify(self, step: int) -> int:
         """Verifies a step's integrity record.
@@ -405,7 +480,7 @@ class CheckpointStore:
         Returns:
           The newest remaining step, or None.
         """
-        self._manager.wait_until_finished()
+        self._finish_pending()
         if jax.process_index() == 0:
             target = self.directory.parent / SET_ASIDE_SUBDIR / f"{step}.{reason}"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -418,12 +493,16 @@ class CheckpointStore:
 
             multihost_utils.sync_global_devices(f"xlscale_set_aside_{step}")
         self._manager.reload()
-        return self.latest_step()
+        self._committed = self.latest_step()
+        return self._committed
 
     def wait(self) -> None:
-        """Blocks until background saves are committed (each with its integrity record)."""
-        with storage.service_errors(self.directory, "committing checkpoints in"):
-            self._manager.wait_until_finished()
+        """Blocks until background saves are committed (each with its integrity record).
+
+        Raises:
+          rundir.storage.StorageError: the storage failed in the save in flight (named).
+        """
+        self._finish_pending()
 
     def reached_preemption(self, step: int) -> bool:
         """Whether JAX's multi-host preemption service asks every host to stop at `step`."""
@@ -432,8 +511,7 @@ class CheckpointStore:
     def close(self) -> None:
         """Waits for pending saves (each committed with its integrity record), and releases the
         manager."""
-        with storage.service_errors(self.directory, "committing checkpoints in"):
-            self._manager.wait_until_finished()
+        self._finish_pending()
         self._manager.close()
 
 

@@ -30,7 +30,6 @@ steps since the previous record (so no step is left out of the curve whatever `l
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from pipelines import native_logs
 from rundir import exits, finetune_recipes, paper_units, records, storage
 from rundir import lease as lease_lib
 from rundir.lease import LeaseConfig
@@ -51,6 +51,7 @@ from trainer import (
     jobs,
     model_spec,
     run_files,
+    shutdown,
     start_state,
     validation,
 )
@@ -323,15 +324,17 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
         failed = failed or e
         if not isinstance(failed, storage.StorageError):
             raise
-        # Before the state is restored, the last complete checkpoint is the one the plan found.
-        last = plan.resume_step if training is None else training.committed
+        # The store knows the last step committed (on local disk it lets a save in flight end
+        # first); before it opened, that is the step the plan found.
+        local = not storage.is_remote(model_dir)
+        last = plan.resume_step if store is None else store.last_committed(wait=local)
         last = None if last is None else (last, ckpt_lib.checkpoints_dir(model_dir) / str(last))
         raise storage.told(failed, last=last) from e
     except BaseException as e:
         failed = e
         raise
     finally:
-        _close(watcher, writer, store, failed=failed)
+        shutdown.close(watcher, writer, store, failed=failed)
 
 
 def _stopped_at_start_up(
@@ -346,33 +349,6 @@ def _stopped_at_start_up(
     return TrainResult(
         model_dir=os.fspath(plan.model_dir), step=step, tokens=tokens, completed=False
     )
-
-
-def _close(watcher, writer, store, *, failed: BaseException | None) -> None:
-    """Stops the preemption watcher, the metrics writer and the checkpoint store (those that
-    were opened: None for one that was not).
-
-    After a failure, a close that fails too is logged rather than raised (the first error is the
-    one to report); after a storage failure the store's background save is not waited for: it
-    may retry against the unreachable store for many minutes (TensorStore's retry policy), and
-    the step it writes was never committed, so resume does not see it; nor are TensorBoard's
-    staged events copied (each request would wait out the storage client's retries again).
-    """
-    unreachable = isinstance(failed, storage.StorageError)
-    closers = []
-    if watcher is not None:
-        closers.append(watcher.close)
-    if writer is not None:
-        closers.append(functools.partial(writer.close, sync=not unreachable))
-    if store is not None and not unreachable:
-        closers.append(store.close)
-    for close in closers:
-        try:
-            close()
-        except Exception as e:
-            if failed is None:
-                raise
-            log.warning("while stopping after %s: %s", type(failed).__name__, e)
 
 
 class _Training:
@@ -395,10 +371,6 @@ class _Training:
         self.start, self.store, self.writer = start, store, writer
         # A resume's run files, written by the first checkpoint (`save`).
         self.pending_files = pending_files
-        # The newest checkpoint known to be complete, and the one an asynchronous save is still
-        # writing (orbax's `save` returns once the previous one committed).
-        self.committed: int | None = start if saved else None
-        self.in_flight: int | None = None
         data = plan.job.data
         self.counters = metrics_lib.Counters(
             job.components,
@@ -474,8 +446,11 @@ class _Training:
         )
 
     def log_record(self, record: dict) -> None:
-        """Writes a `metrics.jsonl` record, kept for the next checkpoint too."""
-        self.writer.write(record)
+        """Writes a `metrics.jsonl` record, kept for the next checkpoint too. TensorFlow's own
+        lines of a failed events write (a full disk) go to the third-party log: the failure is
+        raised, and reported once."""
+        with native_logs.stderr_to():
+            self.writer.write(record)
         self.unsaved.append(dict(record))
         del self.unsaved[:-_RECORDS_PER_CHECKPOINT]
 
@@ -538,10 +513,6 @@ class _Training:
             train_state=train_state,
             best=best,
         )
-        self.committed = self.in_flight if self.in_flight is not None else self.committed
-        self.in_flight = info.step
-        if not self.plan.checkpoint.async_save:
-            self.committed, self.in_flight = info.step, None
         self.unsaved.clear()
         self.progress.start(info.step)
 
@@ -581,8 +552,6 @@ class _Training:
         self.store.wait()  # the last save written, before saying it is
         if step < total:
             log.warning("stopping at step %d (checkpoint saved); rerun to resume", step)
-        if self.in_flight is not None:
-            self.committed, self.in_flight = self.in_flight, None
         completed = step >= total
         if completed:
             divergence.check_applied(step=step, skipped=self.counters.skipped)
