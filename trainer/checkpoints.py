@@ -35,8 +35,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,8 +49,7 @@ from convert.hf_cache import local_init_spec
 from convert.init_checkpoints import param_name
 from rundir import checksums, names, storage
 from rundir.checksums import CheckpointCorruptError
-from trainer import orbax_logs, step_deletion, stop_requests, validation
-from trainer.steps import tree_finite
+from trainer import orbax_logs, step_deletion, steps, validation
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +101,6 @@ class CheckpointConfig:
 BEST_MODES = {"min": True, "max": False}
 # The metrics orbax stores with a checkpoint saved at an evaluation step (`keep_best`).
 _BEST_METRIC = "best"
-
-
-class _NoMetricNotice(logging.Filter):
-    """Drops orbax's warning for a save without metrics while it tracks the best checkpoint: only
-    checkpoints saved at an evaluation step have a value, by design."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Requested `tracked_metric`")
-
-
-logging.getLogger("absl").addFilter(_NoMetricNotice())
 
 
 def _handlers() -> dict[str, ocp.CheckpointHandler]:
@@ -425,7 +411,7 @@ class CheckpointStore:
                 )
                 failed.append((step, "corrupt", e))
                 continue
-            if not params_finite(restored[:2]):  # written by code without the update guard
+            if not steps.params_finite(restored[:2]):  # written by code without the update guard
                 log.warning(
                     "checkpoint step %d in %s holds non-finite values; falling back to the "
                     "previous step",
@@ -603,67 +589,3 @@ def restore_init_params(
         store.close()
     log.info("restored the parameters of %s step %d (verified)", directory, step)
     return params, directory, step
-
-
-def params_finite(tree: Any) -> bool:
-    """Whether every floating-point value of `tree` (params, optimizer state: any sharding) is
-    finite. Resume checks restored checkpoints with it: older code could write infinite
-    parameters after a divergent update, and resuming them would fail again at once."""
-    return bool(jax.jit(tree_finite)(tree))
-
-
-class SigtermFlag:
-    """Turns SIGTERM into a flag from construction until `close()`: `trainer.train` installs it
-    before taking the lease, so a SIGTERM during start-up (loading, compiling) ends the job as a
-    preemption (lease released, exit 75) rather than killing it with the lease left behind.
-
-    Only single-process jobs in the main thread install a handler (it only sets the flag: saving
-    inside a signal handler is unsafe); multi-host jobs rely on JAX's preemption service.
-    """
-
-    def __init__(self):
-        self.event = threading.Event()
-        self._previous = None
-        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
-
-    def _on_signal(self, signum, frame):
-        del frame
-        log.warning("received signal %d: stopping (saving a checkpoint if training)", signum)
-        self.event.set()
-
-    def close(self) -> None:
-        """Restores the previous SIGTERM handler."""
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-
-
-class PreemptionWatcher:
-    """Notices a SIGTERM (preemptible TPUs, schedulers) or, given `model_dir`, a stop request
-    (`trainer.stop_requests`) so the loop can save and exit cleanly.
-
-    Single-process jobs watch a `SigtermFlag` (their own, or the caller's installed earlier);
-    multi-host jobs rely on JAX's preemption service, which all hosts agree on through
-    `CheckpointStore.reached_preemption`.
-    """
-
-    def __init__(self, store: CheckpointStore, *, flag: SigtermFlag | None = None, model_dir=None):
-        self._store = store
-        self._own = flag is None
-        self._flag = SigtermFlag() if flag is None else flag
-        self._requests = None if model_dir is None else stop_requests.Poller(model_dir)
-
-    def signalled(self) -> bool:
-        """Whether this process received SIGTERM, or (single process) a stop is requested."""
-        return self._flag.event.is_set() or bool(self._requests and self._requests.requested_now())
-
-    def should_stop(self, step: int) -> bool:
-        """Whether a preemption was signalled or a stop requested (checked once per step)."""
-        requested = self._requests is not None and self._requests.poll()
-        return requested or self._flag.event.is_set() or self._store.reached_preemption(step)
-
-    def close(self) -> None:
-        """Restores the previous SIGTERM handler (if this watcher installed it)."""
-        if self._own:
-            self._flag.close()

@@ -72,3 +72,14 @@ def install() -> None:
     logger = logging.getLogger(_ABSL_LOGGER)
     if not any(isinstance(f, OrbaxErrors) for f in logger.filters):
         logger.addFilter(OrbaxErrors())
+
+
+class _NoMetricNotice(logging.Filter):
+    """Drops orbax's warning for a save without metrics while it tracks the best checkpoint: only
+    checkpoints saved at an evaluation step have a value, by design."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Requested `tracked_metric`")
+
+
+logging.getLogger("absl").addFilter(_NoMetricNotice())

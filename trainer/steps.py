@@ -285,3 +285,10 @@ def compile_eval_step(eval_step: Callable, *, partitioner: Partitioner, params_s
         in_shardings=(params_shardings, partitioner.batch_sharding()),
         out_shardings=partitioner.replicated(),
     )
+
+
+def params_finite(tree: Any) -> bool:
+    """Whether every floating-point value of `tree` (params, optimizer state: any sharding) is
+    finite. Resume checks restored checkpoints with it: older code could write infinite
+    parameters after a divergent update, and resuming them would fail again at once."""
+    return bool(jax.jit(tree_finite)(tree))

@@ -50,6 +50,7 @@ from trainer import (
     gin_entry,
     jobs,
     model_spec,
+    preemption,
     run_files,
     shutdown,
     start_state,
@@ -191,7 +192,7 @@ def train(
     model_dir = storage.as_path(model_dir, name="MODEL_DIR")
     created = not storage.is_remote(model_dir) and not model_dir.exists()
     existed = run_files.entries(model_dir)  # what a fresh start that trains nothing leaves behind
-    sigterm = ckpt_lib.SigtermFlag()  # from before the lease is taken until it is released
+    sigterm = preemption.SigtermFlag()  # from before the lease is taken until it is released
     held, plan = None, None
     try:
         held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails if not writable
@@ -250,7 +251,7 @@ def _check_replay(*, run: RunInfo, data: DataConfig) -> None:
     )
 
 
-def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None) -> TrainResult:
+def _run(plan: plan_lib.RunPlan, *, sigterm: preemption.SigtermFlag | None = None) -> TrainResult:
     """A planned run, once its lease is held: compiles, restores or initialises the state,
     writes the run files and runs the loop."""
     log.info("%s", platform_lib.describe())
@@ -271,7 +272,7 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: ckpt_lib.SigtermFlag | None = None)
             model_dir.mkdir(parents=True, exist_ok=True)
         store = ckpt_lib.CheckpointStore(ckpt_lib.checkpoints_dir(model_dir), plan.checkpoint)
         writer = metrics_lib.MetricsWriter(model_dir, is_chief=is_chief)
-        watcher = ckpt_lib.PreemptionWatcher(store, flag=sigterm, model_dir=model_dir)
+        watcher = preemption.PreemptionWatcher(store, flag=sigterm, model_dir=model_dir)
         state, saved, init = start_state.initial_state(
             job,
             store,
@@ -525,7 +526,7 @@ class _Training:
             completed=completed,
         )
 
-    def run(self, watcher: ckpt_lib.PreemptionWatcher) -> TrainResult:
+    def run(self, watcher: preemption.PreemptionWatcher) -> TrainResult:
         """Steps `start+1 .. total` with the log and checkpoint hooks, then `COMPLETED`."""
         start, total = self.start, self.job.total_steps
         if watcher.signalled():  # SIGTERM or a stop request at start-up: nothing to save

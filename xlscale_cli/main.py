@@ -57,7 +57,7 @@ JOBS = frozenset({"train", "eval", "infer"})
 
 
 def _preempted_before_start(prog: str) -> None:
-    """Until the job installs its own handler (`trainer.checkpoints.SigtermFlag`, before it writes
+    """Until the job installs its own handler (`trainer.preemption.SigtermFlag`, before it writes
     anything), SIGTERM ends the process at once with the preemption code and one line: nothing has
     been written, so starting the job again is all there is to do (a scheduler requeues on 75)."""
     from pipelines import native_logs  # light: the standard library only
