@@ -190,7 +190,7 @@ def leave(code: int) -> int:
 
     A failed job may leave non-daemon threads behind that Python's exit would wait for: an orbax
     save blocked on storage that went away waits for minutes, its signalling threads forever
-    (issue 36). After a failure, what threads still print is dropped (the report stays the last
+   . After a failure, what threads still print is dropped (the report stays the last
     lines on stderr), and they get `JOIN_DEADLINE_S` in all; if one is still alive then, the
     standard streams are flushed and the process ends at once (`os._exit`) rather than by the
     interpreter's exit, which would wait for it. Nothing it could still write matters: the

@@ -378,3 +378,81 @@ def tpu_topology():
             return topologies.get_topology_desc(name, platform="tpu", num_slices=num_slices).devices
 
     return devices
+
+
+def shared_cache_dir(tmp_path_factory) -> Path:
+    """One compilation cache directory for the whole test session, shared by the xdist workers
+    (their base temporary directories are siblings): the modules that use `compilation_cache`
+    run the same tiny configurations, so each program compiles once per session."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "xla-shared"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def compilation_cache(tmp_path_factory):
+    """A persistent compilation cache while a module runs, for the modules that use it
+    (`pytestmark = pytest.mark.usefixtures("compilation_cache")`): runs of one configuration
+    (full, stopped, resumed, NaN) compile their steps once instead of four times, and once for
+    every module that uses this fixture (`shared_cache_dir`). Modules without it compile as
+    before."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    jax.config.update("jax_compilation_cache_dir", os.fspath(shared_cache_dir(tmp_path_factory)))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    cc.reset_cache()
+    yield
+    jax.config.update("jax_compilation_cache_dir", None)
+    cc.reset_cache()
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Makes any attempt to plan (and so compile) a run fail: the checks under test come first."""
+    from trainer import train as train_lib
+
+    def refuse(**kwargs):
+        raise AssertionError("the run was planned")
+
+    monkeypatch.setattr(train_lib.plan_lib, "build_run_plan", refuse)
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_data, tmp_path_factory, seqio_state):
+    """A finished `resume_runs.base_kwargs` run, once per module that uses it."""
+    from resume_runs import STEPS, base_kwargs
+
+    from trainer import train as train_lib
+
+    saved = seqio_state.snapshot()
+    model_dir = tmp_path_factory.mktemp("resume") / "finished"
+    try:
+        result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
+    finally:
+        seqio_state.restore(saved)
+    assert result.completed and result.step == STEPS
+    return model_dir
+
+
+@pytest.fixture
+def clean_gin():
+    """An empty gin configuration before and after the test."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+@pytest.fixture(scope="module")
+def other_vocab(tiny_data, tmp_path_factory):
+    """A second SentencePiece model of the fixture corpora: other pieces, so other token ids."""
+    from pipelines import vocab
+
+    root = tmp_path_factory.mktemp("other_vocab")
+    return vocab.train_vocab(
+        corpora_dir=tiny_data["corpora"], langs=["en", "fr"], out_prefix=root / "v", vocab_size=300
+    )

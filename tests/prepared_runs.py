@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from test_trainer_runs import tiny_kwargs
+from tiny_runs import tiny_kwargs
 
 from pipelines.prepared import prepare as prepare_lib
 from trainer.checkpoints import CheckpointConfig

@@ -5,7 +5,7 @@ and a run that stops on its request is neither retried nor counted as failed."""
 from __future__ import annotations
 
 import pytest
-from test_launch import MANIFEST, FakeTrainer, launch
+from launch_fakes import MANIFEST, FakeTrainer, launch
 
 from launch import sweep
 from rundir import exits, stop_request
@@ -13,7 +13,8 @@ from rundir import exits, stop_request
 
 @pytest.fixture
 def runs(tmp_path):
-    """`test_launch`'s unit sweep: sources, scratch and CPT runs of two sizes, one replay run."""
+    """The unit sweep (`launch_fakes.MANIFEST`): sources, scratch and CPT runs of two sizes, one
+    replay run."""
     path = tmp_path / "unit.toml"
     path.write_text(MANIFEST)
     return sweep.expand(sweep.load_manifest(path, runs_dir=str(tmp_path / "runs")))

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401 -- the module fixture
+from tiny_runs import tiny_kwargs
 
 from rundir import exits, names, stop_request
 from rundir import records as rundir_records
@@ -19,6 +19,8 @@ from trainer.checkpoints import CheckpointConfig
 from trainer.data import EvalConfig
 from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 STEPS = 120
 
@@ -98,7 +100,7 @@ def test_a_job_started_with_a_request_ends_at_once_with_its_exit_code(tiny_data,
     """What a queued SLURM or xmanager job of a skipped run does: nothing built, compiled or
     written, exit 79 (not requeued), one line saying why."""
     import gin
-    from test_exit_codes import tiny_train
+    from tiny_runs import tiny_train
 
     from xlscale_cli import main
 
@@ -140,12 +142,12 @@ def test_the_poller_looks_at_most_every_poll_s(tmp_path):
 def test_a_stop_request_stops_every_host_at_one_step(tiny_data, tmp_path):
     """A 2-process job (1 CPU device each): process 0 sees the request and raises the preemption
     notice, and JAX's preemption service stops both hosts at the same step, exit 79 on each."""
-    from test_multihost import STEPS as HOST_STEPS
-    from test_multihost import _two_hosts
+    from two_host_runs import STEPS as HOST_STEPS
+    from two_host_runs import two_hosts
 
     model_dir = tmp_path / "two"
     stop_request.request(model_dir, reason="test")
-    codes, logs = _two_hosts(model_dir, tiny_data, tmp_path, name="stop", cache=tmp_path / "xla")
+    codes, logs = two_hosts(model_dir, tiny_data, tmp_path, name="stop", cache=tmp_path / "xla")
     assert codes == [exits.STOPPED] * 2, [log[-3000:] for log in logs]
     store = checkpoints.CheckpointStore(
         checkpoints.checkpoints_dir(model_dir), CheckpointConfig(), read_only=True

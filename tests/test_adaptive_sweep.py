@@ -13,56 +13,12 @@ import re
 import shutil
 
 import pytest
+from adaptive_study import manifest_text
 
 from launch import adaptive, adaptive_loop, launchers
 from launch.sweep import expand, load_manifest
 from rundir import names, stop_request
 from xlscale_cli.main import main
-
-SIZES = {  # name -> (d_model, num_layers): 4k to 100k non-embedding parameters
-    "a_d16": (16, 1),
-    "b_d32": (32, 1),
-    "c_d32x2": (32, 2),
-    "d_d48x2": (48, 2),
-    "e_d64x2": (64, 2),
-}
-MANIFEST = """
-[sweep]
-name = "adaptive_tiny"
-description = "five tiny scratch runs (fr) for the adaptive sweep"
-family = "llama2"
-runs_dir = "RUNS_DIR"
-seq_len = 64
-gin_files = ["experiments/tiny.gin"]
-
-[vars]
-DATA_DIR = ""
-VOCAB_PATH = ""
-
-[gin]
-DATA_DIR = "${DATA_DIR}"
-VOCAB_PATH = "${VOCAB_PATH}"
-MODEL_OVERRIDES = { vocab_size = 512, max_len = 128 }
-SEQUENCE_LENGTH = 64
-PEAK_LR = 3e-3
-EVAL_PERIOD = 6
-EVAL_MAX_TOKENS = 1024
-LOG_EVERY = 3
-CHECKPOINT_PERIOD = 12
-
-[axes]
-sizes = SIZE_NAMES
-target_langs = ["fr"]
-seeds = [0]
-
-[[grid]]
-strategies = ["scratch"]
-
-[budget]
-steps = 24
-batch_size = 8
-"""
-
 
 # A pilot fit of the tiny study as `xlscale fit RUNS --law lr_area --lr-decay 0.8` writes it (the
 # five runs above trained whole, rounded): the French from-scratch law, its λ, reference scales
@@ -83,17 +39,6 @@ PILOT_FIT = {
 PILOT = {"n_basis": "exact", "lr_area": {"fr": {"from_scratch": {"fit": PILOT_FIT}}}}
 
 
-def _manifest_text(runs_dir) -> str:
-    text = MANIFEST.replace("RUNS_DIR", str(runs_dir))
-    text = text.replace("SIZE_NAMES", json.dumps(list(SIZES)))
-    for name, (width, layers) in SIZES.items():
-        text += (
-            f'\n[sizes.{name}]\nbase = "llama2_cpu_d64"\nd_model = {width}\n'
-            f"d_ff = {4 * width}\nnum_heads = 2\nnum_layers = {layers}\n"
-        )
-    return text
-
-
 def train_here(run, log_path) -> int:
     """The trainer's gin entry point in this process (its exit code: 0, 75 or 79)."""
     import gin
@@ -109,7 +54,7 @@ def test_adaptive_sweep_end_to_end_with_the_local_launcher(
     tiny_data, tmp_path, seqio_state, capsys
 ):
     path = tmp_path / "adaptive_tiny.toml"
-    path.write_text(_manifest_text(tmp_path / "runs"))
+    path.write_text(manifest_text(tmp_path / "runs"))
     variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
     manifest = load_manifest(str(path), variables=variables)
     runs = expand(manifest)
@@ -179,7 +124,7 @@ def test_adaptive_sweep_end_to_end_with_the_local_launcher(
     # runs reused in another runs directory (a run keeps its id there), the third size trained
     # until the law, refitted on every evaluation at the pilot's λ and scales, knows the rest.
     lr_path = tmp_path / "adaptive_tiny_lr_area.toml"
-    lr_path.write_text(_manifest_text(tmp_path / "runs_lr_area"))
+    lr_path.write_text(manifest_text(tmp_path / "runs_lr_area"))
     lr_manifest = load_manifest(str(lr_path), variables=variables)
     lr_runs = expand(lr_manifest)
     assert [r.run_id for r in lr_runs] == ids

@@ -247,9 +247,10 @@ def test_the_wmt22_offline_layout_scores_a_t5x_runs_inference_outputs(
     # The real wmt22-comet-da offline: its checkpoint in the hub cache, naming the encoder
     # `xlm-roberta-large`, whose config and tokenizer (no weights) sit in the same cache. Here the
     # random model of the fixture, laid out so; the worker loads it with the hub offline.
+    from t5x_run_dirs import write_t5x_run
+
     from fitting.readers import t5x_runs
     from launch import t5x_comet, t5x_runner
-    from tests.test_t5x_runs import write_t5x_run
 
     cache = tmp_path / "hub"
     script = ROOT / "pipelines" / "comet" / "random_model.py"

@@ -3,7 +3,7 @@ update infinite while loss and gradients are still finite; "stop" rolls back to 
 last (finite) checkpoint, "skip" counts only applied updates and fails past a small fraction.
 
 Short single-device runs of `llama2_tiny` (4 steps, no evaluation) sharing two compiled programs
-(one per learning rate) through the persistent compilation cache of `test_trainer_runs`.
+(one per learning rate) through the shared persistent compilation cache (`compilation_cache`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401 (autouse fixture)
+from tiny_runs import tiny_kwargs
 
 from rundir import names
 from rundir import records as rundir_records
@@ -23,6 +23,8 @@ from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
 from trainer.validation import ConfigError
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 HUGE = ScheduleConfig(peak=3.4e38)  # the issue's PEAK_LR: finite grads, infinite parameters
 SANE = ScheduleConfig(peak=3e-3)

@@ -13,23 +13,18 @@ import subprocess
 import sys
 import time
 
-import gin
 import pytest
-from test_run_integrity import _holder, _write_lease
+from lease_files import lease_holder, write_lease
+from tiny_runs import tiny_train
 
 from rundir import exits
 from trainer import divergence
 from trainer import train as train_lib
 from xlscale_cli import main
 
+pytestmark = pytest.mark.usefixtures("clean_gin")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True)
-def clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
 
 
 @pytest.fixture
@@ -38,18 +33,6 @@ def sleeper():
     yield other.pid
     other.kill()
     other.wait()
-
-
-def tiny_train(tiny_data, model_dir, *extra):
-    return [
-        "train",
-        "--gin_file=experiments/cpt_source_en.gin",
-        "--gin_file=experiments/tiny.gin",
-        f"--gin.MODEL_DIR='{model_dir}'",
-        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
-        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
-        *extra,
-    ]
 
 
 def _diverged(plan, **kwargs):
@@ -78,7 +61,7 @@ def test_each_refusal_class_is_one_message_and_its_exit_code(
     flags, after_checks, kind, first = CASES[case]
     run = tmp_path / "run"
     if case == "lease":
-        _write_lease(run, _holder(sleeper))
+        write_lease(run, lease_holder(sleeper))
     monkeypatch.setattr(
         train_lib,
         "_run",
@@ -131,7 +114,7 @@ def test_the_trainer_process_exits_with_the_class_code(tiny_data, tmp_path, slee
     run = tmp_path / "run"
     # A holder whose heartbeat stays fresh however long the new process takes to start (over
     # 60 s on a slow 2-core machine, more than half of `LeaseConfig.stale_after_s`).
-    _write_lease(run, _holder(sleeper, heartbeat=time.time() + 600))
+    write_lease(run, lease_holder(sleeper, heartbeat=time.time() + 600))
     argv = tiny_train(tiny_data, run)[1:]
     proc = subprocess.run(
         [sys.executable, "-m", "trainer.train", *argv],

@@ -71,7 +71,7 @@ def test_two_stage_cpt_fit_recovers_the_cpt_law(clean_fit):
 def test_cpt_stage_two_takes_a_stage_one_that_fitted_the_size_term_away():
     # Early curves where the sizes' losses do not differ yet: stage one's optimum drops A·N^-α
     # (a → -∞, A underflows to 0). Stage two holds stage one's own variables, not log(A), so it
-    # fits instead of failing on "math domain error" (the adaptive sweep's refit in CI, stop 52).
+    # fits instead of failing on "math domain error" (as the adaptive sweep's refit once did).
     sizes = np.array([2e4, 8e4, 3e5])
     N = np.repeat(sizes, 3)
     D = np.concatenate([20 * n * np.geomspace(0.05, 1, 3) for n in sizes])

@@ -1,4 +1,4 @@
-"""Issue 15, findings 1, 2 and 6: fits group by model, fit on the paper's N basis when asked, and
+"""fits group by model, fit on the paper's N basis when asked, and
 refuse what the data cannot identify."""
 
 import json

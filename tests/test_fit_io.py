@@ -231,7 +231,7 @@ def test_the_fit_point_rule_is_stated_and_configurable(study):
 
 
 def test_read_runs_warns_of_what_it_drops_and_names_a_file_as_not_a_directory(tmp_path):
-    # Issue 36: a torn last line is named with its step; --runs naming a file is not "missing".
+    # a torn last line is named with its step; --runs naming a file is not "missing".
     run = tmp_path / "torn"
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"strategy": "scratch", "target_lang": "zh"}))

@@ -313,7 +313,7 @@ def test_cli_passes_the_fit_point_rule(study, tmp_path, monkeypatch, capsys):
 
 
 def test_too_few_finetuning_points_say_so_when_the_law_is_asked_for(tmp_path):
-    # Issue 26, finding 6: one finetune with a loss used to read "no finetuning runs with loss
+    # one finetune with a loss used to read "no finetuning runs with loss
     # results"; it has a loss, and one point is fewer than the 3 a fit needs.
     root = tmp_path / "runs"
     synthetic.write_study(root, sizes=(3e7, 1e8), evals=3, replay_ratios=())
@@ -356,7 +356,7 @@ def test_report_sets_the_cpt_papers_headline_numbers_beside_the_fitted_ones(resu
 
 
 def test_dropped_records_and_skipped_runs_are_warnings_in_fits_json_and_report(tmp_path):
-    # Issue 36: a torn last line used to drop a run's final evaluation silently; a refused
+    # a torn last line used to drop a run's final evaluation silently; a refused
     # attempt (run.json, LEASE, config.gin, empty checkpoints/) failed the whole fit.
     root = tmp_path / "runs"
     synthetic.write_study(root, sizes=(3e7, 1e8, 3e8), evals=4, replay_ratios=(), mt=False)

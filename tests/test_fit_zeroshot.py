@@ -5,92 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from zeroshot_runs import LARGE, SMALL, TASKS, zeroshot_acc, zeroshot_runs_dir
 
 from fitting.analyses import zeroshot_figures
 from fitting.checks import FitInputError
 from fitting.readers import run_dirs
 from fitting.reports import fit_all
-from rundir import records, zeroshot
-
-SMALL, LARGE = 1.0e8, 1.4e9
-TASKS = {"en": ("hellaswag", "arc_easy"), "zh": ("xcopa_zh", "xstory_zh")}
-TASKS |= {"fr": ("xnli_fr",), "ru": ("xstory_ru", "xwino_ru")}
-
-
-def _acc(strategy: str, size: float, task: str, ratio: float) -> float:
-    """Distinct, ordered scores: CPT > scratch > source on target tasks, bigger is better."""
-    base = {"source": 0.30, "scratch": 0.35, "cpt": 0.40, "cpt_replay": 0.40}[strategy]
-    lang = next(k for k, v in TASKS.items() if task in v)
-    if lang == "en":
-        base = 0.6 - 0.2 * (1 - ratio) if strategy in ("cpt", "cpt_replay") else 0.55
-    elif strategy == "cpt_replay":
-        base -= 0.1 * ratio
-    return base + (0.05 if size == LARGE else 0.0) + 0.01 * len(task) % 0.03
-
-
-def _run(root, name, *, strategy, target, size, ratio=0.0, scored=True):
-    info = {
-        "strategy": strategy,
-        "target_lang": target,
-        "source_lang": "en",
-        "replay_ratio": ratio,
-        "params_non_embedding": size,
-        "model": f"m{int(size / 1e6)}M",
-    }
-    recs = [
-        {"step": s, "tokens": 1000 * s, f"eval/lm_{target}/loss": 3.0 - s / 100} for s in (1, 50)
-    ]
-    path = records.write_run(root / name, info=info, records=recs)
-    if scored:
-        tasks = {
-            t: {
-                "acc": 0.5,
-                "acc_norm": _acc(strategy, size, t, ratio),
-                "n": 200,
-                "language": lang,
-                "chance": 0.25,
-            }
-            for lang in (TASKS if strategy == "source" else {"en", target})
-            for t in TASKS[lang]
-        }
-        for step in (10, 50):  # the latest scored step is the one reported
-            data = {"format": zeroshot.FORMAT, "step": step, "tasks": tasks}
-            if step == 10:
-                data = json.loads(json.dumps(data).replace('"acc_norm": 0.', '"acc_norm": 0.0'))
-            zeroshot.write_results_file(path, data)
-
-
-def _runs_dir(tmp_path, *, scored=True):
-    root = tmp_path / "runs"
-    for size in (SMALL, LARGE):
-        _run(
-            root, f"source_en_{size:.0e}", strategy="source", target="en", size=size, scored=scored
-        )
-        for lang in ("zh", "fr", "ru"):
-            for strategy in ("cpt", "scratch"):
-                _run(
-                    root,
-                    f"{strategy}_{lang}_{size:.0e}",
-                    strategy=strategy,
-                    target=lang,
-                    size=size,
-                    scored=scored,
-                )
-    for ratio in (0.1, 0.3, 0.5):
-        _run(
-            root,
-            f"replay_zh_{ratio}",
-            strategy="cpt_replay",
-            target="zh",
-            size=LARGE,
-            ratio=ratio,
-            scored=scored,
-        )
-    return root
 
 
 def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
-    root = _runs_dir(tmp_path)
+    root = zeroshot_runs_dir(tmp_path)
     res = fit_all.fit_runs(root, tmp_path / "out", law="zeroshot", bootstrap=0)["zeroshot"]
     fig3 = res["fig3"]
     assert sorted(fig3) == ["fr", "ru", "zh"]
@@ -105,13 +29,13 @@ def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
         # Trained up to the scored step 50: its record's cumulative tokens (no flops logged).
         assert small["trained"]["cpt"] == {"tokens": 50_000.0, "flops": None}
         assert small["acc_norm"]["cpt"] == {
-            t: _acc("cpt", SMALL, t, 0.0) for t in small["benchmarks"]
+            t: zeroshot_acc("cpt", SMALL, t, 0.0) for t in small["benchmarks"]
         }
         assert set(e["runs"]) == {"source", "scratch", "cpt"}
         assert e["runs"]["source"] == f"source_en_{LARGE:.0e}"
         assert set(e["steps"].values()) == {50}
         for s, scores in e["acc_norm"].items():
-            assert scores == {t: _acc(s, LARGE, t, 0.0) for t in e["benchmarks"]}
+            assert scores == {t: zeroshot_acc(s, LARGE, t, 0.0) for t in e["benchmarks"]}
             assert e["average"][s] == pytest.approx(sum(scores.values()) / len(scores))
     fig6 = res["fig6"]
     assert list(fig6) == ["zh"]
@@ -162,7 +86,7 @@ def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
 
 
 def test_zeroshot_size_picks_the_closest_complete_size(tmp_path):
-    runs = run_dirs.read_runs(_runs_dir(tmp_path))
+    runs = run_dirs.read_runs(zeroshot_runs_dir(tmp_path))
     fig3, _ = zeroshot_figures.fig3(runs, size=2e8)
     assert {e["size"] for e in fig3.values()} == {SMALL}
     assert "closest to 2e+08" in fig3["zh"]["size_rule"]
@@ -172,7 +96,7 @@ def test_zeroshot_size_picks_the_closest_complete_size(tmp_path):
 
 
 def test_runs_without_zeroshot_results_skip_the_step(tmp_path):
-    root = _runs_dir(tmp_path, scored=False)
+    root = zeroshot_runs_dir(tmp_path, scored=False)
     with pytest.raises(FitInputError, match="zeroshot: no run has zero-shot results"):
         fit_all.fit_runs(root, tmp_path / "out", law="zeroshot", bootstrap=0)
     res = fit_all.fit_runs(root, tmp_path / "all", law="compute", bootstrap=0)
@@ -189,7 +113,7 @@ def test_cli_passes_the_zeroshot_size(tmp_path):
 
     parser = argparse.ArgumentParser()
     fit_cli.add_arguments(parser)
-    root = _runs_dir(tmp_path)
+    root = zeroshot_runs_dir(tmp_path)
     args = parser.parse_args(
         ["--runs", str(root), "--out", str(tmp_path / "o"), "--law", "zeroshot"]
         + ["--zeroshot-size", "1e8", "--bootstrap", "0"]

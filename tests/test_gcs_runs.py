@@ -19,67 +19,30 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import pytest
-from conftest import fast_compile_flags
+from bucket_runs import (
+    REPO,
+    STEPS,
+    run_argv,
+    subprocess_env,
+    wait_or_dump_stacks,
+)
 
 from rundir import names, records, storage
 
-REPO = Path(__file__).resolve().parent.parent
-STEPS = 8
-
-
-def _argv(model_dir: str, tiny_data, *, experiment: str, vocab=None, **macros) -> list[str]:
-    argv = [
-        f"--gin_file=experiments/{experiment}.gin",
-        "--gin_file=experiments/tiny.gin",
-        f"--gin.MODEL_DIR='{model_dir}'",
-        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
-        f"--gin.VOCAB_PATH='{vocab or tiny_data['vocab']}'",
-        f"--gin.TRAIN_STEPS={STEPS}",
-        "--gin.CHECKPOINT_PERIOD=2",
-        "--gin.EVAL_PERIOD=4",
-        "--gin.EVAL_MAX_TOKENS=512",
-        "--gin.LOG_EVERY=1",
-    ]
-    return argv + [f"--gin.{k}={v}" for k, v in macros.items()]
-
-
-def _env() -> dict[str, str]:
-    env = dict(
-        os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS=fast_compile_flags()
-    )
-    env["PYTHONPATH"] = os.pathsep.join([os.fspath(REPO), env.get("PYTHONPATH", "")])
-    cache = jax.config.jax_compilation_cache_dir
-    if cache:
-        env["JAX_COMPILATION_CACHE_DIR"] = cache
-        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
-    return env
-
 
 def _train(argv, cwd: Path, log: Path, *, wait: bool = True):
-    # -X faulthandler: a process that overstays its wait dumps every thread's stack (`_wait`).
+    # -X faulthandler: a process that overstays its wait dumps every thread's stack (`wait_or_dump_stacks`).
     command = [sys.executable, "-X", "faulthandler", "-m", "trainer.train", *argv]
     with open(log, "w") as out:
         process = subprocess.Popen(
-            command, cwd=cwd, env=_env(), stdout=out, stderr=subprocess.STDOUT
+            command, cwd=cwd, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT
         )
     if not wait:
         return process
-    code = _wait(process, log, timeout=300)
+    code = wait_or_dump_stacks(process, log, timeout=300)
     assert code == 0, log.read_text()[-3000:]
     return process
-
-
-def _wait(process, log: Path, *, timeout: float) -> int:
-    """The exit code of `process`; past `timeout` it is made to dump its threads' stacks (SIGABRT
-    under faulthandler) and the test fails with them, so that a hang says where it hung."""
-    try:
-        return process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGABRT)
-        process.wait(timeout=30)
-        pytest.fail(f"still running after {timeout} s; its stacks:\n{log.read_text()[-12000:]}")
 
 
 def _checkpoint_hash(model_dir: str) -> str:
@@ -105,7 +68,7 @@ def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tmp_path):
     vocab = f"{gcs_bucket}/vocab/tiny.model"
     storage.write_bytes(vocab, Path(tiny_data["vocab"]).read_bytes())
     _train(
-        _argv(source, tiny_data, experiment="cpt_source_en", vocab=vocab),
+        run_argv(source, tiny_data, experiment="cpt_source_en", vocab=vocab),
         cwd,
         tmp_path / "source.log",
     )
@@ -114,12 +77,12 @@ def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tmp_path):
     # be done before the comparison).
     ref_log = tmp_path / "ref.log"
     uninterrupted = _train(
-        _argv(reference, tiny_data, experiment="cpt", **cpt_macros), cwd, ref_log, wait=False
+        run_argv(reference, tiny_data, experiment="cpt", **cpt_macros), cwd, ref_log, wait=False
     )
 
     # The CPT run, killed with SIGKILL once a checkpoint past step 2 is in the bucket.
     process = _train(
-        _argv(cpt, tiny_data, experiment="cpt", **cpt_macros),
+        run_argv(cpt, tiny_data, experiment="cpt", **cpt_macros),
         cwd,
         tmp_path / "killed.log",
         wait=False,
@@ -136,12 +99,14 @@ def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tmp_path):
     assert process.wait(timeout=60) == -signal.SIGKILL
     assert not records.read_completed(cpt)
     resumed = _train(
-        _argv(cpt, tiny_data, experiment="cpt", **cpt_macros), cwd, tmp_path / "resumed.log"
+        run_argv(cpt, tiny_data, experiment="cpt", **cpt_macros), cwd, tmp_path / "resumed.log"
     )
     assert resumed.returncode == 0
     log = (tmp_path / "resumed.log").read_text()
     assert "resuming from step" in log and "taking over the stale lease" in log
-    assert _wait(uninterrupted, ref_log, timeout=300) == 0, ref_log.read_text()[-3000:]
+    assert wait_or_dump_stacks(uninterrupted, ref_log, timeout=300) == 0, ref_log.read_text()[
+        -3000:
+    ]
 
     # Nothing local: no `gs:` folder, nothing at all in the working directory.
     assert list(cwd.iterdir()) == []
@@ -209,10 +174,10 @@ def test_an_unsupported_scheme_is_refused_before_anything_is_written(tmp_path, t
             sys.executable,
             "-m",
             "trainer.train",
-            *_argv("s3://bucket/run", tiny_data, experiment="cpt_source_en"),
+            *run_argv("s3://bucket/run", tiny_data, experiment="cpt_source_en"),
         ],
         cwd=tmp_path,
-        env=_env(),
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -223,14 +188,6 @@ def test_an_unsupported_scheme_is_refused_before_anything_is_written(tmp_path, t
     assert list(tmp_path.iterdir()) == []
 
 
-def _step_dirs(gcs_server, model_dir: str) -> list[int]:
-    """The checkpoint step directories of a run in the bucket, read from the server's own files
-    (so that polling costs no requests). On GCS orbax writes a step in place: a new step
-    directory is a save in flight, and orbax starts one only once the previous one committed."""
-    path = Path(gcs_server.root) / "data" / model_dir.removeprefix("gs://") / "checkpoints"
-    return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit()) if path.is_dir() else []
-
-
 # The store going away mid-save, at start, and a full disk: tests/test_storage_failures.py.
 
 
@@ -239,7 +196,7 @@ def test_a_sweep_launched_locally_keeps_its_runs_in_the_bucket(gcs_bucket, tmp_p
     # the process logs in ./xlscale_logs, status from the bucket.
     import io
 
-    from test_launch import MANIFEST
+    from launch_fakes import MANIFEST
 
     from launch import launchers, status, sweep
 
@@ -276,14 +233,14 @@ def test_an_adaptive_sweep_steers_tpu_vm_jobs_whose_runs_live_in_the_bucket(
     # the adaptive sweep on the launching machine reading them and writing its log and stop
     # requests there. Each job's `gcloud ... ssh --command` runs its worker command here, in a
     # shell (cd to the checkout, the exports, `python -m trainer.train`), as the one worker.
-    from test_adaptive_sweep import _manifest_text
+    from adaptive_study import manifest_text
 
     from launch import adaptive, adaptive_loop, status, sweep, tpu_vm
     from rundir import stop_request
 
     monkeypatch.chdir(tmp_path)
     manifest = tmp_path / "adaptive_tiny.toml"
-    manifest.write_text(_manifest_text(f"{gcs_bucket}/runs"))
+    manifest.write_text(manifest_text(f"{gcs_bucket}/runs"))
     variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
     loaded = sweep.load_manifest(manifest, variables=variables)
     runs = sweep.expand(loaded)
@@ -294,7 +251,9 @@ def test_an_adaptive_sweep_steers_tpu_vm_jobs_whose_runs_live_in_the_bucket(
         # The job expects a TPU (exit 69 without one); this worker is a CPU.
         remote = argv[-1].replace("XLSCALE_EXPECT_PLATFORM=tpu", "XLSCALE_EXPECT_PLATFORM=any")
         assert remote != argv[-1]
-        return subprocess.call(["bash", "-c", remote], stdout=stdout, stderr=stderr, env=_env())
+        return subprocess.call(
+            ["bash", "-c", remote], stdout=stdout, stderr=stderr, env=subprocess_env()
+        )
 
     launcher = tpu_vm.TpuVmLauncher(
         tpu="pod", zone="z", remote_dir=str(REPO), python=sys.executable, call=worker,

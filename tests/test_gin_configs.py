@@ -1,4 +1,4 @@
-"""Every gin file parses, layers as STYLE.md says, and resolves to the papers' settings."""
+"""Every gin file parses, layers as docs/conventions.md says, and resolves to the papers' settings."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ from pathlib import Path
 
 import gin
 import pytest
+from gin_values import BASE, MT_BASE, parse_mt, resolve
 
 from trainer import gin_entry, validation
+
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 CONFIGS = Path(__file__).resolve().parent.parent / "t5x_configs"
 OVERLAYS = ("tiny.gin", "t5_tiny.gin", "superglue.gin")
@@ -17,34 +20,6 @@ ALL_EXPERIMENTS = sorted(
 )
 EXPERIMENTS = [name for name in ALL_EXPERIMENTS if name.startswith("cpt")]
 MT_EXPERIMENTS = [name for name in ALL_EXPERIMENTS if name.startswith("mt_")]
-BASE = [
-    "--gin.MODEL_DIR='/xl/run'",
-    "--gin.MODEL_SIZE='llama2_49m'",
-    "--gin.VOCAB_PATH='/xl/vocab.model'",
-    "--gin.INIT_CHECKPOINT='/xl/source@100'",
-]
-
-
-@pytest.fixture(autouse=True)
-def clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
-
-
-def resolve(name: str):
-    """A macro's value, evaluating configurable references (`@fn()`) as gin would."""
-    return _evaluate(gin_entry.macro_value(name))
-
-
-def _evaluate(value):
-    if hasattr(value, "scoped_configurable_fn"):
-        return value.scoped_configurable_fn()
-    if isinstance(value, dict):
-        return {k: _evaluate(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_evaluate(v) for v in value)
-    return value
 
 
 def parse(experiment: str, *extra: str, job: str = "train"):
@@ -161,7 +136,7 @@ def include_closure(name: str) -> list[Path]:
 
 
 def test_run_files_stand_alone():
-    # STYLE.md item 2: a run file reads top to bottom; it may include shared fragments
+    # A run file reads top to bottom (docs/conventions.md, "Gin files"): it may include shared fragments
     # (runs/common/*.gin) but never another run file it would then override.
     assert {"pretrain.gin", "cpt.gin", "span_pretrain.gin", "finetune.gin"} <= set(RUNS)
     for run in RUNS:
@@ -203,22 +178,6 @@ def test_includes_are_resolved_on_the_search_path_and_checked(tmp_path):
     gin.clear_config()
     with pytest.raises(validation.ConfigError, match="'runs/nothing.gin' not found"):
         parse("runs/nothing.gin")
-
-
-MT_BASE = [
-    "--gin.MODEL_DIR='/xl/run'",
-    "--gin.MODEL_SIZE='t5_3b'",
-    "--gin.VOCAB_PATH='/xl/vocab.model'",
-]
-
-
-def parse_mt(experiment: str, *extra: str, tiny: bool = False):
-    files = [f"--gin_file=experiments/{experiment}"]
-    base = MT_BASE
-    if tiny:  # the overlay sets MODEL_SIZE itself; a command-line binding would win over it
-        files.append("--gin_file=experiments/t5_tiny.gin")
-        base = [b for b in MT_BASE if "MODEL_SIZE" not in b] + ["--gin.DATA_DIR='/xl/data'"]
-    return gin_entry.parse([*files, *base, *extra], job="train")
 
 
 def test_mt_pretrain_resolves_to_the_paper_and_t5x_settings():

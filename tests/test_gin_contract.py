@@ -7,19 +7,13 @@ from __future__ import annotations
 import logging
 import textwrap
 
-import gin
 import pytest
+from gin_values import BASE, resolve
 
 from launch import sweep
-from tests.test_gin_configs import BASE, resolve
 from trainer import data, gin_entry, validation
 
-
-@pytest.fixture(autouse=True)
-def clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def parse(*extra: str, files=("experiments/cpt_source_en.gin",), job: str = "train"):

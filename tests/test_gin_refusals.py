@@ -14,13 +14,14 @@ import os
 import subprocess
 import sys
 
-import gin
 import pytest
-from test_exit_codes import REPO, tiny_train
+from tiny_runs import REPO, tiny_train
 
 from rundir import exits
 from trainer import train as train_lib
 from xlscale_cli import main
+
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 CONFIGURATION = exits.CLASSES["configuration"].code
 # case -> (the flag, what the line says is allowed)
@@ -30,13 +31,6 @@ CASES = {
     "unparsable flag": ("--gin.TRAIN_STEPS=((", "allowed: --gin.NAME=VALUE with VALUE"),
     "negative checkpoint period": ("--gin.CHECKPOINT_PERIOD=-2", "allowed: a positive integer"),
 }
-
-
-@pytest.fixture(autouse=True)
-def clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
 
 
 def _refused(argv, monkeypatch, capsys) -> list[str]:

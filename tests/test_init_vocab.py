@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401  (module fixture)
+from tiny_runs import tiny_kwargs
 
 from convert import grown_init
 from rundir import records
@@ -28,6 +28,8 @@ from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
 from trainer.schedules import ScheduleConfig
 from trainer.steps import StepConfig
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 def _sha(path) -> str:
@@ -67,17 +69,6 @@ def source(tiny_data, tmp_path_factory, seqio_state):
         seqio_state.restore(saved)
     assert result.completed
     return model_dir
-
-
-@pytest.fixture(scope="module")
-def other_vocab(tiny_data, tmp_path_factory):
-    """A second SentencePiece model of the fixture corpora: other pieces, so other token ids."""
-    from pipelines import vocab
-
-    root = tmp_path_factory.mktemp("other_vocab")
-    return vocab.train_vocab(
-        corpora_dir=tiny_data["corpora"], langs=["en", "fr"], out_prefix=root / "v", vocab_size=300
-    )
 
 
 def test_run_json_records_the_vocabulary_and_the_param_basis(source, tiny_data):

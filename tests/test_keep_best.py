@@ -59,8 +59,9 @@ def test_a_run_keeps_the_checkpoint_of_its_best_evaluation(tiny_data, tmp_path, 
     # Through the trainer: evaluations every 2 steps of 8 and no periodic checkpoint before the
     # end; KEEP_BEST saves one at each evaluation and keeps the newest and the best ('max' of the
     # loss here, so that the best is not simply the newest: the loss falls).
+    from tiny_runs import tiny_kwargs
+
     from rundir import records
-    from tests.test_trainer_runs import tiny_kwargs
     from trainer import checkpoints
     from trainer import train as train_lib
     from trainer.data import EvalConfig

@@ -38,9 +38,9 @@ def test_a_paper_300_finetune_with_comet_parses_as_the_trainer_reads_it():
     # mt_paper's 300-step recipe under xlscale's trainer, with the COMET settings given: 300
     # steps, evaluated and decoded every 50, the recipe recorded, COMET configured for decoding.
     import gin
+    from gin_values import resolve
 
     from launch import sweep
-    from tests.test_gin_configs import resolve
     from trainer import gin_entry
 
     model = "/m/wmt22-comet-da/checkpoints/model.ckpt"

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from paper_runs import en_de_balanced_runs
 
 from fitting import printed_box
 from fitting.analyses import valuation
@@ -14,7 +15,6 @@ from fitting.laws import downstream_laws, synthetic
 from fitting.reports import fit_all, paper_values
 from fitting.reports import mt_paper_comparison as cmp
 from studies import paper_check, paper_study, paper_truth
-from tests.test_paper_check import en_de_balanced_runs
 
 STEPS_256_512 = 256 * 512
 

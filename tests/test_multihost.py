@@ -7,19 +7,16 @@ import dataclasses
 import itertools
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import gin
 import jax
 import numpy as np
 import pytest
-from conftest import fast_compile_flags
+from tiny_runs import tiny_kwargs
+from two_host_runs import STEPS, host_argv, two_hosts
 
 from rundir import records as rundir_records
-from tests.test_trainer_runs import REPO, tiny_kwargs
 from trainer import checkpoints, data, partitioning, validation
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
@@ -101,31 +98,7 @@ def test_explicit_distributed_variables_are_passed_and_checked(monkeypatch):
 
 # --- real 2-process runs ---------------------------------------------------------------------
 
-STEPS = 6
 LOSS_KEYS = ("step", "tokens", "tokens_by_task", "train/loss", "learning_rate", "eval/lm_en/loss")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _argv(model_dir, tiny_data):
-    """The tiny source run of `experiments/tiny.gin`: 6 steps of 8 rows, evaluated at steps 3
-    and 6, saved every 2 steps."""
-    return [
-        "--gin_file=experiments/cpt_source_en.gin",
-        "--gin_file=experiments/tiny.gin",
-        f"--gin.MODEL_DIR='{model_dir}'",
-        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
-        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
-        f"--gin.TRAIN_STEPS={STEPS}",
-        "--gin.CHECKPOINT_PERIOD=2",
-        "--gin.EVAL_PERIOD=3",
-        "--gin.EVAL_MAX_TOKENS=512",
-        "--gin.LOG_EVERY=1",
-    ]
 
 
 def _one_host(model_dir, tiny_data, *, cache, seqio_state):
@@ -139,50 +112,13 @@ def _one_host(model_dir, tiny_data, *, cache, seqio_state):
     cc.reset_cache()
     gin.clear_config()
     try:
-        argv = [*_argv(model_dir, tiny_data), "--gin.partitioning.MeshConfig.num_devices=2"]
+        argv = [*host_argv(model_dir, tiny_data), "--gin.partitioning.MeshConfig.num_devices=2"]
         return gin_entry.call(train_lib.train, gin_entry.parse(argv, job="train"))
     finally:
         gin.clear_config()
         jax.config.update("jax_compilation_cache_dir", configured)
         cc.reset_cache()
         seqio_state.restore(saved)
-
-
-def _start(model_dir, tiny_data, *, cache, process, port, log):
-    """Process `process` of a 2-host `python -m trainer.train` job (1 CPU device each),
-    coordinated on 127.0.0.1:`port`."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=1 {fast_compile_flags()}"
-    env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(cache)
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
-    env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
-    env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
-    env["JAX_NUM_PROCESSES"] = "2"
-    env["JAX_PROCESS_ID"] = str(process)
-    command = [sys.executable, "-m", "trainer.train", *_argv(model_dir, tiny_data)]
-    return subprocess.Popen(command, cwd=REPO, env=env, stderr=log, stdout=log)
-
-
-def _two_hosts(model_dir, tiny_data, tmp, *, name, cache, on_start=None):
-    """Runs processes 0 and 1 of a 2-host job (1 CPU device each); returns their exit codes and
-    stderr texts."""
-    port = _free_port()
-    logs = [open(tmp / f"{name}_{i}.log", "w") for i in range(2)]  # noqa: SIM115
-    procs = [
-        _start(model_dir, tiny_data, cache=cache, process=i, port=port, log=logs[i])
-        for i in range(2)
-    ]
-    try:
-        if on_start is not None:
-            on_start(procs, [tmp / f"{name}_{i}.log" for i in range(2)])
-        codes = [p.wait(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for log in logs:
-            log.close()
-    return codes, [(tmp / f"{name}_{i}.log").read_text() for i in range(2)]
 
 
 def _loss_rows(model_dir):
@@ -228,12 +164,12 @@ def multihost(tiny_data, tmp_path_factory, seqio_state):
         "tmp": tmp,
         "one": _one_host(tmp / "one", tiny_data, cache=cache, seqio_state=seqio_state),
     }
-    out["term_codes"], out["term_logs"] = _two_hosts(
+    out["term_codes"], out["term_logs"] = two_hosts(
         tmp / "two", tiny_data, tmp, name="term", cache=cache, on_start=_sigterm_host_1_once_started
     )
     out["term_step"] = _final_params(tmp / "two")[0]
     out["term_completed"] = (tmp / "two" / "COMPLETED").exists()
-    out["resume_codes"], out["resume_logs"] = _two_hosts(
+    out["resume_codes"], out["resume_logs"] = two_hosts(
         tmp / "two", tiny_data, tmp, name="resume", cache=cache
     )
     return out

@@ -1,4 +1,4 @@
-"""Dp and Df in the papers' units (issue 15, finding 3), beside the real token counts.
+"""Dp and Df in the papers' units, beside the real token counts.
 
 The MT paper counts pretraining data as steps × batch 256 × 512 (the span-corruption *inputs*
 length; our targets are at most 114 tokens) and a finetuning set as training pairs × 512
@@ -153,7 +153,7 @@ def test_the_training_stream_gets_the_pair_count(monkeypatch):
 
 
 def test_the_finetune_gin_files_size_the_paper_set_in_pairs():
-    from tests.test_gin_configs import _evaluate, parse_mt, resolve
+    from gin_values import evaluate, parse_mt, resolve
 
     gin.clear_config()
     try:
@@ -165,14 +165,14 @@ def test_the_finetune_gin_files_size_the_paper_set_in_pairs():
             "--gin.FINETUNE_UNIT='paper'",
         )
         assert resolve("TRAIN_STEPS") == 300
-        query = lambda key: _evaluate(gin.query_parameter(key))  # noqa: E731
+        query = lambda key: evaluate(gin.query_parameter(key))  # noqa: E731
         assert query("data.DataConfig.subset_examples") == 1221
         assert query("data.DataConfig.subset_tokens") is None
         assert query("train_script.RunInfo.finetune_unit") == "paper"
         gin.clear_config()
         parse_mt("mt_finetune.gin", "--gin.TASK='mt_en_ro'", "--gin.FINETUNE_TOKENS=625000")
         assert resolve("TRAIN_STEPS") == 10  # today's default unit: one pass, Df target tokens
-        query = lambda key: _evaluate(gin.query_parameter(key))  # noqa: E731
+        query = lambda key: evaluate(gin.query_parameter(key))  # noqa: E731
         assert query("data.DataConfig.subset_tokens") == 625_000
         assert query("data.DataConfig.subset_examples") is None
     finally:

@@ -30,17 +30,12 @@ from trainer import infer as infer_lib
 from trainer import platform, validation
 from trainer import train as train_lib
 
+pytestmark = pytest.mark.usefixtures("clean_gin")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLATFORM_CODE = exits.CLASSES["platform"].code
 # Packages a JAX GPU image may lack (the H100 had none of them).
 NOT_ON_GPU_IMAGE = ("tensorflow", "seqio", "gin", "tensorflow_text", "tensorflow_datasets")
-
-
-@pytest.fixture(autouse=True)
-def clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
 
 
 @pytest.fixture

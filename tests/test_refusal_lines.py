@@ -15,10 +15,10 @@ import subprocess
 import sys
 
 import pytest
+from tiny_runs import tiny_train
 
 from fitting.laws import synthetic
 from rundir import exits
-from tests.test_exit_codes import tiny_train
 from trainer import validation
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

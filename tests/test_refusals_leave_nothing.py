@@ -20,8 +20,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from launch_fakes import MANIFEST
 from prepared_runs import prepare_train_splits, prepared_kwargs
-from test_launch import MANIFEST
 
 from launch import status, sweep
 from pipelines.prepared import prepare as prepare_lib

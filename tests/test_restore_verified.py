@@ -1,4 +1,4 @@
-"""Every restore is verified (issue 36, part 5): a checkpoint is complete only with its integrity
+"""Every restore is verified: a checkpoint is complete only with its integrity
 record, written inside orbax's commit, and a step without one is never restored blind.
 
 - A process killed (SIGKILL, a real one) right after writing a step's record but before orbax's
@@ -27,12 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from test_resume_contract import (
-    STEPS,
-    base_kwargs,
-    finished,  # noqa: F401  (module fixture: the uninterrupted run)
-)
-from test_trainer_runs import REPO, compilation_cache  # noqa: F401  (module fixture)
+from resume_runs import STEPS, base_kwargs
+from tiny_runs import REPO
 
 from convert import init_checkpoints
 from rundir import checksums, exits, names, storage
@@ -42,6 +38,8 @@ from trainer import restore as restore_lib
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig, CheckpointStore
 from xlscale_cli import main as cli_main
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 UNVERIFIED = "no checksums"  # what an unverified restore used to log; never again
 

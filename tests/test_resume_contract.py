@@ -13,32 +13,13 @@ import logging
 import shutil
 
 import pytest
-from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401  (module fixture)
+from resume_runs import CONSTANT, STEPS, base_kwargs
 
 from rundir import records as rundir_records
 from trainer import fingerprint, model_spec, validation
 from trainer import train as train_lib
-from trainer.checkpoints import CheckpointConfig
-from trainer.data import EvalConfig
-from trainer.partitioning import MeshConfig
-from trainer.schedules import ScheduleConfig
 
-STEPS = 4
-CONSTANT = ScheduleConfig(name="constant", peak=3e-3)
-
-
-def base_kwargs(tiny_data, **overrides):
-    """A 4-step single-device constant-LR run checkpointed every 2 steps, no evaluation."""
-    kwargs = tiny_kwargs(
-        tiny_data,
-        train_steps=STEPS,
-        schedule=CONSTANT,
-        checkpoint=CheckpointConfig(period=2, keep_last=10),
-        mesh=MeshConfig(num_devices=1),
-        evaluation=EvalConfig(),
-    )
-    kwargs.update(overrides)
-    return kwargs
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 def snapshot(model_dir):
@@ -47,18 +28,6 @@ def snapshot(model_dir):
     files = {name: (model_dir / name).read_bytes() for name in names}
     files["checkpoints"] = sorted(p.name for p in (model_dir / "checkpoints").iterdir())
     return files
-
-
-@pytest.fixture(scope="module")
-def finished(tiny_data, tmp_path_factory, seqio_state):
-    saved = seqio_state.snapshot()
-    model_dir = tmp_path_factory.mktemp("resume") / "finished"
-    try:
-        result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
-    finally:
-        seqio_state.restore(saved)
-    assert result.completed and result.step == STEPS
-    return model_dir
 
 
 def test_fingerprint_is_stored_with_what_defines_the_run(finished):
@@ -285,17 +254,6 @@ def test_resume_policy_macro_reaches_train(tiny_data):
         assert gin_entry.macro_value("RESUME_POLICY") == "train_steps"
     finally:
         gin.clear_config()
-
-
-@pytest.fixture(scope="module")
-def other_vocab(tiny_data, tmp_path_factory):
-    """A second SentencePiece model of the fixture corpora: other pieces, so other token ids."""
-    from pipelines import vocab
-
-    root = tmp_path_factory.mktemp("other_vocab")
-    return vocab.train_vocab(
-        corpora_dir=tiny_data["corpora"], langs=["en", "fr"], out_prefix=root / "v", vocab_size=300
-    )
 
 
 def test_fingerprint_holds_the_vocabulary_contents(finished, tiny_data):

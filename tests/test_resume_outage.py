@@ -16,7 +16,7 @@ import gin
 import jax
 import jax.numpy as jnp
 import pytest
-from test_exit_codes import tiny_train
+from tiny_runs import tiny_train
 
 from rundir import exits, storage
 from trainer import checkpoints

@@ -1,4 +1,4 @@
-"""A run directory has one writer and is checked on resume (issue 14, failures 4 and 6).
+"""A run directory has one writer and is checked on resume.
 
 The lease on `MODEL_DIR` (`rundir.lease`), checkpoint checksums verified on restore
 (`rundir.checksums`), the fallback from a corrupt latest step, and the repair of a
@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import fast_compile_flags
-from test_trainer_runs import REPO, compilation_cache, tiny_kwargs  # noqa: F401
+from lease_files import lease_holder, write_lease
+from tiny_runs import REPO, tiny_kwargs
 
 from rundir import checksums, names
 from rundir import lease as lease_lib
@@ -36,41 +37,14 @@ from trainer.data import EvalConfig
 from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
 
-
-def _holder(pid, *, host=None, heartbeat=None, started=None):
-    now = time.time()
-    return {
-        "host": host or socket.gethostname(),
-        "pid": pid,
-        "pid_start": lease_lib._pid_start(pid)[0],
-        "started": started or now - 3600,
-        "heartbeat": heartbeat or now,
-        "token": f"t{pid}",
-    }
-
-
-def _write_lease(model_dir: Path, holder: dict) -> Path:
-    model_dir.mkdir(parents=True, exist_ok=True)
-    path = lease_lib.lease_path(model_dir)
-    path.write_text(json.dumps(holder))
-    return path
-
-
-@pytest.fixture
-def no_compile(monkeypatch):
-    """Makes any attempt to plan (and so compile) a run fail: the checks under test come first."""
-
-    def refuse(**kwargs):
-        raise AssertionError("the run was planned")
-
-    monkeypatch.setattr(train_lib.plan_lib, "build_run_plan", refuse)
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 def test_second_writer_is_refused_naming_the_holder(tiny_data, tmp_path, no_compile):
     other = subprocess.Popen(["sleep", "60"])
     try:
         model_dir = tmp_path / "run"
-        path = _write_lease(model_dir, _holder(other.pid))
+        path = write_lease(model_dir, lease_holder(other.pid))
         before = path.read_text()
         with pytest.raises(lease_lib.LeaseHeldError) as e:
             train_lib.train(model_dir=model_dir, **tiny_kwargs(tiny_data))
@@ -83,12 +57,12 @@ def test_second_writer_is_refused_naming_the_holder(tiny_data, tmp_path, no_comp
         other.kill()
         other.wait()
     # Another host's lease with a fresh heartbeat is refused too; with an old one it is stale.
-    remote = _holder(12345, host="elsewhere.example")
-    _write_lease(tmp_path / "remote", remote)
+    remote = lease_holder(12345, host="elsewhere.example")
+    write_lease(tmp_path / "remote", remote)
     with pytest.raises(lease_lib.LeaseHeldError, match="host elsewhere.example, pid 12345"):
         lease_lib.acquire(tmp_path / "remote")
     config = lease_lib.LeaseConfig(stale_after_s=60)
-    _write_lease(tmp_path / "remote", {**remote, "heartbeat": time.time() - 120})
+    write_lease(tmp_path / "remote", {**remote, "heartbeat": time.time() - 120})
     held = lease_lib.acquire(tmp_path / "remote", config=config)
     assert held.took_over["host"] == "elsewhere.example"
     held.release()
@@ -97,7 +71,7 @@ def test_second_writer_is_refused_naming_the_holder(tiny_data, tmp_path, no_comp
 def test_stale_lease_is_taken_over_and_refreshed_and_released(tmp_path, caplog):
     dead = subprocess.Popen(["true"])
     dead.wait()
-    path = _write_lease(tmp_path, _holder(dead.pid))
+    path = write_lease(tmp_path, lease_holder(dead.pid))
     with caplog.at_level(logging.WARNING, logger="rundir.lease"):
         held = lease_lib.acquire(tmp_path, config=lease_lib.LeaseConfig(heartbeat_s=0.05))
     try:
@@ -131,7 +105,7 @@ def test_multi_host_lease_outcome_reaches_every_host(tmp_path, monkeypatch):
 
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", broadcast)
-    _write_lease(tmp_path / "run", _holder(4242, host="elsewhere.example"))
+    write_lease(tmp_path / "run", lease_holder(4242, host="elsewhere.example"))
     for index in (0, 1):
         monkeypatch.setattr(jax, "process_index", lambda index=index: index)
         with pytest.raises(lease_lib.LeaseHeldError, match="host elsewhere.example, pid 4242"):
@@ -418,7 +392,7 @@ def test_kill_9_loop_during_async_saves_keeps_the_run_intact(tiny_data, tmp_path
         server.stdin.close()
         server.wait(timeout=60)
     # Each restart took over the lease of the process killed before it; every step a kill left
-    # was committed with its integrity record (issue 36): none is found without one.
+    # was committed with its integrity record: none is found without one.
     for pid, log_path in zip(killed_pids, logs[1:], strict=True):
         text = log_path.read_text()
         assert "taking over the stale lease" in text and f"pid {pid}" in text, text[-2000:]

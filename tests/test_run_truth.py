@@ -11,12 +11,13 @@ import dataclasses
 
 import pytest
 from conftest import fast_compile_flags
-from test_run_integrity import no_compile  # noqa: F401
-from test_trainer_runs import REPO, compilation_cache, tiny_kwargs  # noqa: F401
+from tiny_runs import REPO, tiny_kwargs
 
 from trainer import data, validation
 from trainer import train as train_lib
 from trainer.data import DataConfig
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 def cpt(replay_ratio: float, *, target: str = "fr") -> train_lib.RunInfo:

@@ -19,134 +19,32 @@ import math
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import fast_compile_flags
 from slurm_cluster import ClusterUnavailable, SlurmCluster, ensure_installed
+from slurm_sweeps import (
+    LONG_LIMIT_MIN,
+    LONG_MANIFEST,
+    LONG_STEPS,
+    MANIFEST,
+    SIGNAL_BEFORE_S,
+    WAIT_S,
+    job_ids,
+    job_log,
+    loss_rows,
+    run_beside_one_process,
+    sweep_run,
+    sweep_runs,
+    wait_for_empty_queue,
+)
 
-from launch import status, sweep
+from launch import status
 from launch.runs import Run
 from rundir import records
 from trainer import checkpoints
-
-REPO = Path(sweep.__file__).resolve().parent.parent
-
-# One tiny shape; a source run (en) and CPT runs (fr, without and with 10% English replay). Each
-# job has one CPU device ([env]): 8 simulated ones (this session's XLA_FLAGS, which sbatch passes
-# on) all-reduce through a rendezvous that times out when two jobs share two CPUs.
-MANIFEST = """
-[sweep]
-name = "slurm_cluster"
-family = "llama2"
-seq_len = 64
-gin_files = ["experiments/tiny.gin"]
-
-[vars]
-DATA_DIR = ""
-VOCAB_PATH = ""
-
-[gin]
-DATA_DIR = "${DATA_DIR}"
-VOCAB_PATH = "${VOCAB_PATH}"
-MODEL_OVERRIDES = { vocab_size = 512, max_len = 128 }
-SEQUENCE_LENGTH = 64
-EVAL_PERIOD = 4
-EVAL_MAX_TOKENS = 512
-LOG_EVERY = 2
-CHECKPOINT_PERIOD = 4
-
-[env]
-XLA_FLAGS = "--xla_force_host_platform_device_count=1 FAST_COMPILE"
-
-[sizes.t16]
-base = "llama2_cpu_d64"
-d_model = 16
-d_ff = 32
-num_heads = 2
-num_layers = 1
-
-[axes]
-sizes = ["t16"]
-target_langs = ["fr"]
-seeds = [0]
-
-[[grid]]
-strategies = ["source", "cpt"]
-
-[[grid]]
-strategies = ["cpt_replay"]
-replay_ratios = [0.1]
-
-[budget]
-steps = 6
-batch_size = 8
-"""
-# Two copies of one training, told apart only by when they save (which changes no number): long
-# enough that the test can stop each in the middle (its first checkpoint is at step 1000).
-LONG_STEPS = 3000
-# The time-limited copy's limit (minutes) until the test brings it near, and its SIGTERM's lead.
-LONG_LIMIT_MIN = 30
-SIGNAL_BEFORE_S = 120
-LONG_MANIFEST = f"""
-[sweep]
-name = "slurm_cluster_long"
-family = "llama2"
-seq_len = 64
-gin_files = ["experiments/tiny.gin"]
-
-[vars]
-DATA_DIR = ""
-VOCAB_PATH = ""
-
-[gin]
-DATA_DIR = "${{DATA_DIR}}"
-VOCAB_PATH = "${{VOCAB_PATH}}"
-MODEL_OVERRIDES = {{ vocab_size = 512, max_len = 128 }}
-SEQUENCE_LENGTH = 64
-EVAL_PERIOD = {LONG_STEPS // 2}
-EVAL_MAX_TOKENS = 512
-LOG_EVERY = 50
-
-[env]
-XLA_FLAGS = "--xla_force_host_platform_device_count=1"
-
-[sizes.t32]
-base = "llama2_cpu_d64"
-d_model = 32
-d_ff = 64
-num_heads = 2
-num_layers = 2
-
-[axes]
-sizes = ["t32"]
-target_langs = ["fr"]
-seeds = [0]
-
-[[grid]]
-strategies = ["source", "cpt"]
-gin_axes = {{ CHECKPOINT_PERIOD = [1000, 1001] }}
-
-[budget]
-steps = {LONG_STEPS}
-batch_size = 32
-
-[strategies.cpt]
-budget = {{ steps = 6 }}
-"""
-# The short jobs compile as the suite's processes do (FAST_COMPILE_FLAGS in tests/conftest.py);
-# the long runs keep XLA's optimisations: unoptimised, their 3,000 steps outran 8 time-limited
-# starts (CI, session 23).
-MANIFEST = MANIFEST.replace("FAST_COMPILE", fast_compile_flags())
-WAIT_S = 900  # the whole sweep, queue to COMPLETED, on two shared CPUs (a bound: slow machines)
-# The tiny source run alone (seed 1: its own job name); each process has one CPU device.
-TWO_TASKS_MANIFEST = (
-    MANIFEST.split("[[grid]]")[0].replace("seeds = [0]", "seeds = [1]")
-    + '[[grid]]\nstrategies = ["source"]\n\n[budget]\nsteps = 6\nbatch_size = 8\n'
-)
 
 
 @pytest.fixture(scope="module")
@@ -174,70 +72,6 @@ def slurm_env(cluster, monkeypatch):
     return cluster
 
 
-def _sweep_run(manifest: Path, runs_dir: Path, script_dir: Path, tiny_data, *extra: str) -> int:
-    from xlscale_cli import main as cli
-
-    return cli.main(
-        [
-            "sweep",
-            "run",
-            str(manifest),
-            "--var",
-            f"DATA_DIR={tiny_data['corpora']}",
-            "--var",
-            f"VOCAB_PATH={tiny_data['vocab']}",
-            "--runs-dir",
-            str(runs_dir),
-            "--launcher",
-            "slurm",
-            "--gpus-per-node",
-            "0",
-            "--cpus-per-task",
-            "1",
-            "--time-limit",
-            "15:00",
-            "--script-dir",
-            str(script_dir),
-            "--slurm-python",
-            sys.executable,
-            "--slurm-workdir",
-            str(REPO),
-            *extra,
-        ]
-    )
-
-
-def _runs(manifest: Path, runs_dir: Path, tiny_data) -> list[Run]:
-    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
-    loaded = sweep.load_manifest(manifest, variables=variables, runs_dir=str(runs_dir))
-    return sweep.expand(loaded)
-
-
-def _job_ids(script_dir: Path) -> dict[str, str]:
-    """Run id -> job id, from the job logs `<run id>-<job id>.out`."""
-    return {
-        path.stem.rsplit("-", 1)[0]: path.stem.rsplit("-", 1)[1]
-        for path in (script_dir / "logs").glob("*.out")
-    }
-
-
-def _wait_for_empty_queue(cluster: SlurmCluster, script_dir: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while jobs := cluster.jobs():
-        if time.monotonic() > deadline or any(
-            "DependencyNeverSatisfied" in j["reason"] for j in jobs
-        ):
-            logs = "\n".join(
-                f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (script_dir / "logs").glob("*")
-            )
-            pytest.fail(f"jobs still queued (waited at most {timeout} s): {jobs}\n{logs}")
-        time.sleep(1.0)
-
-
-def _log(script_dir: Path, run_id: str) -> str:
-    return "".join(p.read_text() for p in (script_dir / "logs").glob(f"{run_id}-*.out"))
-
-
 def _story(how: str, log: str, most: int = 150) -> str:
     """A failure message: the job log with each run of per-step progress lines cut to its last
     line (what happened at every start, stop and requeue, with where training was), in full
@@ -259,20 +93,20 @@ def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_pa
     manifest = tmp_path / "slurm_cluster.toml"
     manifest.write_text(MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    runs = _runs(manifest, runs_dir, tiny_data)
+    runs = sweep_runs(manifest, runs_dir, tiny_data)
     assert sorted(r.strategy for r in runs) == ["cpt", "cpt_replay", "source"]
 
-    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, tiny_data) == 0
     queued = {job["name"]: job for job in cluster.jobs()}
     assert set(queued) <= {r.run_id for r in runs}
-    _wait_for_empty_queue(cluster, script_dir, WAIT_S)
+    wait_for_empty_queue(cluster, script_dir, WAIT_S)
 
-    jobs = _job_ids(script_dir)
+    jobs = job_ids(script_dir)
     assert set(jobs) == {r.run_id for r in runs}
     source = next(r for r in runs if r.strategy == "source")
     for run in runs:
         job = cluster.job(jobs[run.run_id])
-        log = _log(script_dir, run.run_id)
+        log = job_log(script_dir, run.run_id)
         assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), log[-3000:]
         assert job["Restarts"] == "0" and "requeue 0 of at most 3" in log
         assert status.is_completed(run), log[-3000:]
@@ -282,8 +116,8 @@ def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_pa
             # Started only after the source job had completed (afterok).
             assert job["StartTime"] >= cluster.job(jobs[source.run_id])["EndTime"]
     # A second `sweep run` finds every run done and submits nothing.
-    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data) == 0
-    assert cluster.jobs() == [] and len(_job_ids(script_dir)) == len(runs)
+    assert sweep_run(manifest, runs_dir, script_dir, tiny_data) == 0
+    assert cluster.jobs() == [] and len(job_ids(script_dir)) == len(runs)
     # `sweep status` joins the finished jobs (slurmctld keeps them for MinJobAge).
     text = _sweep_status(manifest, runs_dir, capsys, data=tiny_data)
     for run in runs:
@@ -308,7 +142,7 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     manifest = tmp_path / "slurm_cluster_long.toml"
     manifest.write_text(LONG_MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    runs = _runs(manifest, runs_dir, tiny_data)
+    runs = sweep_runs(manifest, runs_dir, tiny_data)
     source = {r.coord("CHECKPOINT_PERIOD"): r for r in runs if r.strategy == "source"}
     cpt = {r.coord("CHECKPOINT_PERIOD"): r for r in runs if r.strategy == "cpt"}
     (limited, preempted) = sorted(source)
@@ -316,16 +150,16 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     assert cpt[limited].depends_on == (source[limited].run_id,)
 
     only = {p: ["--only", cpt[p].run_id] for p in source}
-    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
     time_limit = ["--time-limit", str(LONG_LIMIT_MIN), "--signal-before", str(SIGNAL_BEFORE_S)]
-    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[limited], *time_limit) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[limited], *time_limit) == 0
     jobs = {p: _job_ids_when_started(script_dir, source[p].run_id) for p in source}
     # Once training has logged a step, a preemption notice (SIGTERM to the job's steps, not its
     # batch shell) makes the trainer save a checkpoint, exit 75, and the job requeue itself.
     _wait_until(lambda: status.last_step(source[preempted]) > 0, "a logged step", 300, script_dir)
     cluster.run(["scancel", "--signal=TERM", jobs[preempted]])
     _wait_until(
-        lambda: "(checkpoint saved); requeue 1" in _log(script_dir, source[preempted].run_id),
+        lambda: "(checkpoint saved); requeue 1" in job_log(script_dir, source[preempted].run_id),
         "requeue",
         300,
         script_dir,
@@ -333,7 +167,7 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     # While it waits to start again (or has started again), `sweep run` submits nothing new and
     # `sweep status` shows the requeue.
     capsys.readouterr()
-    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
     out = capsys.readouterr().out
     assert "submitted 0," in out and f"already in the queue as job {jobs[preempted]}" in out
     text = _sweep_status(manifest, runs_dir, capsys, data=tiny_data)
@@ -357,7 +191,7 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
         minutes = math.ceil((ran + SIGNAL_BEFORE_S + 5) / 60)
         cluster.run(["scontrol", "update", f"JobId={jobs[limited]}", f"TimeLimit={minutes}"])
         _wait_until(
-            lambda: "SIGTERM to the trainer" in _log(script_dir, limited_run.run_id),
+            lambda: "SIGTERM to the trainer" in job_log(script_dir, limited_run.run_id),
             "SIGTERM from the job script",
             60 * minutes,
             script_dir,
@@ -365,20 +199,20 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     finally:
         os.kill(trainer, signal.SIGCONT)
     _wait_until(
-        lambda: "(checkpoint saved); requeue 1" in _log(script_dir, limited_run.run_id),
+        lambda: "(checkpoint saved); requeue 1" in job_log(script_dir, limited_run.run_id),
         "requeue after the time limit's SIGTERM",
         300,
         script_dir,
     )
     # Its next start has the far limit back, and completes.
     cluster.run(["scontrol", "update", f"JobId={jobs[limited]}", f"TimeLimit={LONG_LIMIT_MIN}"])
-    _wait_for_empty_queue(cluster, script_dir, WAIT_S)
+    wait_for_empty_queue(cluster, script_dir, WAIT_S)
 
     stopped_at = {}
     for period, how in ((limited, "time limit"), (preempted, "preemption")):
         run, job_id = source[period], jobs[period]
         job = cluster.job(job_id)
-        log = _log(script_dir, run.run_id)
+        log = job_log(script_dir, run.run_id)
         # One stop, one requeue, one completing start.
         assert (job["JobState"], job["Restarts"]) == ("COMPLETED", "1"), _story(how, log)
         # The job's one log (appended across starts) records each start, stop and requeue.
@@ -401,13 +235,13 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
         assert sorted(set(resumed)) == stopped, _story(how, log)  # the header and the loop
         stopped_at[how] = stopped
         assert records.read_completed(run.model_dir)["step"] == LONG_STEPS
-        dependent = cluster.job(_job_ids(script_dir)[cpt[period].run_id])
+        dependent = cluster.job(job_ids(script_dir)[cpt[period].run_id])
         assert dependent["JobState"] == "COMPLETED" and status.is_completed(cpt[period])
         assert dependent["StartTime"] >= job["EndTime"], how
     # Held from its first checkpoint until the SIGTERM: it stopped after it, not at its end.
     assert stopped_at["time limit"][0] >= limited
     # Resumed bitwise: both copies, stopped at different steps, log the same losses.
-    rows = {p: _loss_rows(source[p]) for p in source}
+    rows = {p: loss_rows(source[p]) for p in source}
     assert [r["step"] for r in rows[limited]] == list(range(50, LONG_STEPS + 1, 50))
     assert rows[limited] == rows[preempted], stopped_at
     print(f"stopped at steps {stopped_at} of {LONG_STEPS}")
@@ -439,14 +273,9 @@ def _trainer_pid(run: Run) -> int:
     raise AssertionError(f"no trainer process of {run.run_id}")
 
 
-def _loss_rows(run: Run) -> list[dict]:
-    keys = ("step", "tokens", "tokens_by_task", "train/loss", "learning_rate", "eval/lm_en/loss")
-    return [{k: r[k] for k in keys if k in r} for r in records.read_metrics(run.model_dir)]
-
-
 def _job_ids_when_started(script_dir: Path, run_id: str) -> str:
-    _wait_until(lambda: run_id in _job_ids(script_dir), f"job log of {run_id}", 120, script_dir)
-    return _job_ids(script_dir)[run_id]
+    _wait_until(lambda: run_id in job_ids(script_dir), f"job log of {run_id}", 120, script_dir)
+    return job_ids(script_dir)[run_id]
 
 
 def _wait_until(ready, what: str, timeout: float, script_dir: Path) -> None:
@@ -467,12 +296,12 @@ def test_a_run_that_fails_is_not_requeued_and_its_dependents_are_cancelled(
     manifest.write_text(MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
     broken = {**tiny_data, "vocab": str(tmp_path / "missing.model")}  # a configuration error
-    runs = _runs(manifest, runs_dir, broken)
+    runs = sweep_runs(manifest, runs_dir, broken)
 
-    assert _sweep_run(manifest, runs_dir, script_dir, broken) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, broken) == 0
     submitted = dict(re.findall(r"submitted (\S+) as job (\d+)", capsys.readouterr().out))
     assert set(submitted) == {r.run_id for r in runs}
-    _wait_for_empty_queue(cluster, script_dir, WAIT_S)
+    wait_for_empty_queue(cluster, script_dir, WAIT_S)
 
     for run in runs:
         job = cluster.job(submitted[run.run_id])
@@ -481,7 +310,7 @@ def test_a_run_that_fails_is_not_requeued_and_its_dependents_are_cancelled(
             # Never started: no start time (None, or Unknown once the scheduler had looked).
             assert job["StartTime"] in ("None", "Unknown") or job["RunTime"] == "00:00:00", job
             continue
-        log = _log(script_dir, run.run_id)
+        log = job_log(script_dir, run.run_id)
         assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("FAILED", "2:0", "0"), log
         assert "xlscale: trainer exited 2" in log and "requeue 1" not in log
         assert "missing.model" in log
@@ -507,9 +336,9 @@ def test_status_names_jobs_that_can_never_start(slurm_env, tmp_path, capsys):
     manifest.write_text(MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
     data = {"corpora": "/d", "vocab": "/v"}
-    runs = _runs(manifest, runs_dir, data)
+    runs = sweep_runs(manifest, runs_dir, data)
     too_many = str(cluster.cpus * 16)
-    assert _sweep_run(manifest, runs_dir, script_dir, data, "--cpus-per-task", too_many) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, data, "--cpus-per-task", too_many) == 0
     try:
         submitted = dict(re.findall(r"submitted (\S+) as job (\d+)", capsys.readouterr().out))
         assert len(submitted) == len(runs)
@@ -535,7 +364,7 @@ def test_status_names_jobs_that_can_never_start(slurm_env, tmp_path, capsys):
         assert by_id[source.run_id]["slurm"]["stuck"].startswith("the partition cannot give")
         assert {row["slurm"]["reason"] for row in rows} <= {"PartitionConfig", "Dependency"}
         # A second `sweep run` finds the runs in the queue and submits none of them again.
-        assert _sweep_run(manifest, runs_dir, script_dir, data, "--cpus-per-task", "1") == 0
+        assert sweep_run(manifest, runs_dir, script_dir, data, "--cpus-per-task", "1") == 0
         assert "submitted 0" in capsys.readouterr().out
     finally:
         cluster.run(["scancel", "--user=root"], check=False)
@@ -553,38 +382,6 @@ def test_a_run_of_two_tasks_has_the_losses_of_one_process(slurm_env, tiny_data, 
     assert (job["JobState"], job["NumTasks"], job["ExitCode"]) == ("COMPLETED", "2", "0:0"), log
 
 
-def run_beside_one_process(cluster: SlurmCluster, tiny_data, tmp_path: Path, *flags: str):
-    """Runs `TWO_TASKS_MANIFEST`'s run as a SLURM job of two JAX processes (`flags` say how they
-    are placed) and, beside it, as one process with two devices; checks that both complete, that
-    the job's log names both processes and that the two log the same losses. Returns the run,
-    the job (`scontrol show job`) and its log."""
-    manifest = tmp_path / "two_processes.toml"
-    manifest.write_text(TWO_TASKS_MANIFEST)
-    runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    (run,) = _runs(manifest, runs_dir, tiny_data)
-    (reference,) = _runs(manifest, tmp_path / "one", tiny_data)
-    env = {**os.environ, **reference.environment()}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {fast_compile_flags()}"
-    with open(tmp_path / "one.log", "w") as out:
-        one = subprocess.Popen(
-            reference.argv(sys.executable), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-        try:
-            assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *flags) == 0
-            _wait_for_empty_queue(cluster, script_dir, WAIT_S)
-            assert one.wait(timeout=WAIT_S) == 0, (tmp_path / "one.log").read_text()[-3000:]
-        finally:
-            if one.poll() is None:
-                one.kill()
-    job_id = _job_ids(script_dir)[run.run_id]
-    job, log = cluster.job(job_id), _log(script_dir, run.run_id)
-    assert "process 0 of 2" in log and "process 1 of 2" in log, log[-3000:]
-    assert status.is_completed(run) and status.is_completed(reference)
-    assert len(_loss_rows(run)) == run.steps // 2
-    assert _loss_rows(run) == _loss_rows(reference)
-    return run, job, log
-
-
 @pytest.mark.slow
 def test_a_run_stopped_on_request_is_not_requeued(slurm_env, tiny_data, tmp_path, capsys):
     # `sweep run --adaptive`'s STOP (`rundir.stop_request`): the trainer saves a checkpoint and
@@ -596,14 +393,14 @@ def test_a_run_stopped_on_request_is_not_requeued(slurm_env, tiny_data, tmp_path
     manifest = tmp_path / "slurm_cluster_long.toml"
     manifest.write_text(LONG_MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    runs = _runs(manifest, runs_dir, tiny_data)
+    runs = sweep_runs(manifest, runs_dir, tiny_data)
     (source,) = [r for r in runs if r.strategy == "source" and r.coord("CHECKPOINT_PERIOD") == 1000]
-    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, "--only", source.run_id) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, "--only", source.run_id) == 0
     job = _job_ids_when_started(script_dir, source.run_id)
     _wait_until(lambda: status.last_step(source) > 0, "a logged step", 180, script_dir)
     stop_request.request(source.model_dir, reason="STOP: test")
-    _wait_for_empty_queue(cluster, script_dir, WAIT_S)
-    log = _log(script_dir, source.run_id)
+    wait_for_empty_queue(cluster, script_dir, WAIT_S)
+    log = job_log(script_dir, source.run_id)
     state = cluster.job(job)
     assert (state["JobState"], state["ExitCode"], state["Restarts"]) == (
         "FAILED",
@@ -622,14 +419,14 @@ def test_a_run_stopped_on_request_is_not_requeued(slurm_env, tiny_data, tmp_path
 def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
     slurm_env, tiny_data, tmp_path, capsys
 ):
-    # `sweep run --adaptive --launcher slurm` (issue 37: beside every launcher): the five tiny
+    # `sweep run --adaptive --launcher slurm` (beside every launcher): the five tiny
     # scratch runs of `test_adaptive_sweep`, submitted at once and run one at a time (each job
     # asks every CPU of the node, so the last two wait in the queue however slow the refit). The sweep
     # polls their run directories beside the queue and refits on every evaluation; once three
     # sizes identify the law it drops the rest: a skipped run's queued job is cancelled (it
     # never takes an allocation; one that started meanwhile finds its stop request and ends
     # before compiling), a running one saves a checkpoint and exits 79; none is requeued.
-    from test_adaptive_sweep import _manifest_text
+    from adaptive_study import manifest_text
 
     from launch import adaptive, slurm
     from rundir import exits, names, stop_request
@@ -638,17 +435,17 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
     manifest = tmp_path / "adaptive_tiny.toml"
     # 48 steps, so a run is still training when the third size's first evaluations identify the
     # law; refits without a bootstrap (the information decides here).
-    manifest.write_text(_manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 48"))
+    manifest.write_text(manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 48"))
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    runs = _runs(manifest, runs_dir, tiny_data)
+    runs = sweep_runs(manifest, runs_dir, tiny_data)
     ids = [r.run_id for r in runs]
     steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
     steer += ["--adaptive-bootstrap=0", "--cpus-per-task", str(cluster.cpus)]
     # Returns once every job has ended: the sweep polls on after the launcher submitted them.
     capsys.readouterr()
-    assert _sweep_run(manifest, runs_dir, script_dir, tiny_data, *steer) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *steer) == 0
     out = capsys.readouterr().out
-    _wait_for_empty_queue(cluster, script_dir, 60)
+    wait_for_empty_queue(cluster, script_dir, 60)
 
     states = {r.run_id: status.run_status(r).state for r in runs}
     assert set(states.values()) <= {"done", "stopped"}, states
@@ -658,7 +455,7 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
     cancelled = set()
     for run in runs:
         job = cluster.job(jobs[run.run_id].job_id)
-        log = _log(script_dir, run.run_id)
+        log = job_log(script_dir, run.run_id)
         if run.run_id in dropped and job["JobState"] == "CANCELLED":  # skipped while queued
             assert not log and f"cancelled queued job {job['JobId']} of {run.run_id}" in out, out
             cancelled.add(run.run_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from slurm_cluster import ClusterUnavailable, SlurmCluster, ensure_installed
-from test_slurm_cluster import run_beside_one_process
+from slurm_sweeps import run_beside_one_process
 
 NODES = ("n1", "n2")
 

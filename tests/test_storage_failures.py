@@ -1,4 +1,4 @@
-"""Storage failures end a run within a minute, in a few lines (issue 36): the GCS API server
+"""Storage failures end a run within a minute, in a few lines: the GCS API server
 stopped in the middle of an asynchronous save and before a run starts, and a size-limited tmpfs
 (mounted by the test; CI runs as root) filled while a save is in flight and before a run starts.
 
@@ -21,9 +21,9 @@ import time
 import uuid
 from pathlib import Path
 
+import bucket_runs
 import pytest
-import test_gcs_runs
-from test_gcs_runs import _env, _step_dirs, _wait
+from bucket_runs import bucket_step_dirs, subprocess_env, wait_or_dump_stacks
 
 from rundir import exits, names, records
 
@@ -37,7 +37,7 @@ STORAGE = exits.CLASSES["storage"].code
 
 def _argv(model_dir: str, tiny_data) -> list[str]:
     """A tiny source run of 30 steps, saved every 10, a record every 5, no evaluation."""
-    return test_gcs_runs._argv(
+    return bucket_runs.run_argv(
         model_dir,
         tiny_data,
         experiment="cpt_source_en",
@@ -51,11 +51,13 @@ def _argv(model_dir: str, tiny_data) -> list[str]:
 def _start(argv, log: Path, cwd: Path) -> subprocess.Popen:
     command = [sys.executable, "-X", "faulthandler", "-m", "trainer.train", *argv]
     with open(log, "w") as out:
-        return subprocess.Popen(command, cwd=cwd, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            command, cwd=cwd, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def _train(argv, log: Path, cwd: Path) -> None:
-    code = _wait(_start(argv, log, cwd), log, timeout=300)
+    code = wait_or_dump_stacks(_start(argv, log, cwd), log, timeout=300)
     assert code == 0, log.read_text()[-3000:]
 
 
@@ -144,7 +146,7 @@ def reference(tiny_data, tmp_path_factory):
     process = _start(_argv(model_dir, tiny_data), log, root)
 
     def finished() -> str:
-        code = _wait(process, log, timeout=300)
+        code = wait_or_dump_stacks(process, log, timeout=300)
         assert code == 0, log.read_text()[-3000:]
         return model_dir
 
@@ -164,7 +166,7 @@ def _wait_for(predicate, process, log: Path, *, timeout: float = 180) -> None:
 
 
 def _ends_as_storage_failure(process, log: Path, *, failed_at: float, cause: str) -> list[str]:
-    code = _wait(process, log, timeout=DEADLINE_S + 120)
+    code = wait_or_dump_stacks(process, log, timeout=DEADLINE_S + 120)
     took = time.monotonic() - failed_at
     text = log.read_text()
     assert code == STORAGE, text[-3000:]
@@ -193,10 +195,10 @@ def test_the_store_going_away_mid_save_ends_the_run_in_a_minute(
     log = tmp_path / "outage.log"
     process = _start(argv, log, tmp_path)
     # The server stops the moment the second save starts (the first one has committed by then).
-    _wait_for(lambda: len(_step_dirs(gcs_server, model_dir)) >= 2, process, log)
+    _wait_for(lambda: len(bucket_step_dirs(gcs_server, model_dir)) >= 2, process, log)
     gcs_server.stop()
     failed_at = time.monotonic()
-    committed = _step_dirs(gcs_server, model_dir)[0]
+    committed = bucket_step_dirs(gcs_server, model_dir)[0]
     try:
         own = _ends_as_storage_failure(process, log, failed_at=failed_at, cause="unreachable")
     finally:

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from run_dir_files import write_run_dir
 
 from fitting.laws import formulas as laws
 from fitting.readers import points
@@ -18,15 +19,6 @@ TOKENS_PER_STEP = 4096
 DFS = {40_000: 20, 400_000: 200}  # Df -> finetuning steps
 BLEU_LAW = {"log_A": -8.0, "alpha": 1.0, "beta": 0.9}  # increasing over Dp in 4e5..4e6
 CE_LAW = {"E": 1.5, "A": 60.0, "alpha": 0.3}
-
-
-def _write(root, run_id, meta, records):
-    d = root / run_id
-    d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps(meta))
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (d / "COMPLETED").write_text(json.dumps({"step": records[-1]["step"]}))
-    return d
 
 
 def _meta(strategy, task, **extra):
@@ -72,7 +64,7 @@ def runs_dir(tmp_path_factory):
             {"step": s, "tokens": s * TOKENS_PER_STEP, "train/loss": 5.0 / math.log(s)}
             for s in STEPS
         ]
-        _write(root, pre_id, {**_meta("pretrain", mixture), "components": comps}, recs)
+        write_run_dir(root, pre_id, {**_meta("pretrain", mixture), "components": comps}, recs)
         dp = np.asarray(STEPS, float) * TOKENS_PER_STEP
         for df, ft_steps in DFS.items():
             bleu, ce = _scores(dp, df, aligned=mixture == "mix_en_50_fr_50")
@@ -105,7 +97,7 @@ def runs_dir(tmp_path_factory):
                     "eval/mt_en_fr/bleu_sys_len": 950.0 + 10 * i,
                     "eval/mt_en_fr/bleu_ref_len": 1000.0,
                 }
-                _write(root, rid, meta, [rec])
+                write_run_dir(root, rid, meta, [rec])
     for df, ft_steps in DFS.items():
         small = df == 40_000
         base = {
@@ -117,7 +109,7 @@ def runs_dir(tmp_path_factory):
             "eval/mt_en_fr/rouge_l": 8.0 if small else 18.0,
         }
         meta = _meta("finetune_scratch", "mt_en_fr", train_steps=ft_steps, finetune_tokens=df)
-        _write(root, f"finetune_scratch_df{df}", meta, [base])
+        write_run_dir(root, f"finetune_scratch_df{df}", meta, [base])
     return root
 
 

@@ -4,14 +4,14 @@ overwrite each other), languages from the runs, and the replay runs of their own
 
 from __future__ import annotations
 
-from test_fit_zeroshot import LARGE, _runs_dir
+from zeroshot_runs import LARGE, zeroshot_runs_dir
 
 from fitting.readers import run_dirs as io
 from studies import cpt_zeroshot, zeroshot_report
 
 
 def test_each_target_language_gets_its_own_fig3_group_and_rows(tmp_path):
-    runs = io.read_runs(_runs_dir(tmp_path))
+    runs = io.read_runs(zeroshot_runs_dir(tmp_path))
     assert cpt_zeroshot.target_langs(runs) == ["fr", "ru", "zh"]
     groups = cpt_zeroshot.fig3_groups(runs)
     assert sorted(groups) == ["fr", "ru", "zh"]
@@ -46,7 +46,7 @@ def test_each_target_language_gets_its_own_fig3_group_and_rows(tmp_path):
 
 
 def test_one_target_language_keeps_the_single_language_table(tmp_path):
-    runs = [r for r in io.read_runs(_runs_dir(tmp_path)) if r.target_lang in ("en", "zh")]
+    runs = [r for r in io.read_runs(zeroshot_runs_dir(tmp_path)) if r.target_lang in ("en", "zh")]
     text = zeroshot_report.section(runs, tmp_path)
     assert "| language | source (en) | scratch | CPT |" in text and "CPT target" not in text
     assert "| run | replay | en | zh |" in text

@@ -15,15 +15,10 @@ from rundir import records as rundir_records
 from trainer import gin_entry
 from trainer import train as train_lib
 
+pytestmark = pytest.mark.usefixtures("clean_gin")
+
 SUPERGLUE = os.path.join(os.path.dirname(__file__), "fixtures", "superglue", "hf")
 E2E_TASKS = ("super_glue_cb", "super_glue_record")
-
-
-@pytest.fixture(autouse=True)
-def clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
 
 
 def _resolve(name):

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from test_studies_mt_report import _write
+from run_dir_files import write_run_dir
 
 from fitting.laws import formulas as laws
 from fitting.readers import points
@@ -48,7 +48,7 @@ def _dp():
 def runs_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("sg_runs")
     recs = [{"step": s, "tokens": s * TOKENS_PER_STEP, "train/loss": 3.0} for s in STEPS]
-    _write(root, "pretrain_en", _meta("pretrain", "mix_en_100"), recs)
+    write_run_dir(root, "pretrain_en", _meta("pretrain", "mix_en_100"), recs)
     dp = _dp()
     for i, s in enumerate(STEPS):
         rec = {"step": 300, "tokens": 300 * 64}
@@ -61,12 +61,12 @@ def runs_dir(tmp_path_factory):
             init_checkpoint=f"{root / 'pretrain_en'}@{s}",
             init_step=s,
         )
-        _write(root, f"sg_step{s}", meta, [rec])
+        write_run_dir(root, f"sg_step{s}", meta, [rec])
     base = {"step": 300, "tokens": 300 * 64}
     for task in TASKS:
         base[f"eval/{task}/score"] = BASELINE[task]
         base[f"eval/{task}/loss"] = 2.0
-    _write(root, "sg_scratch", _meta("finetune_scratch", "super_glue"), [base])
+    write_run_dir(root, "sg_scratch", _meta("finetune_scratch", "super_glue"), [base])
     return root
 
 

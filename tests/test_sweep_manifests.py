@@ -210,9 +210,9 @@ def test_mt_paper_df_conditions_are_pairs_under_raffels_2_18_steps():
     Df / 512 pairs) and trains the 'raffel_2^18' recipe (2^18 steps of 128, which the paper's Df
     sizes need; 300 steps would see 0.65% of en-de's 3.02B) whatever Df, and the plan says so."""
     import gin
+    from gin_values import evaluate
 
     from launch import estimate
-    from tests.test_gin_configs import _evaluate
     from trainer import gin_entry, recipes
 
     runs = _translation(sweep.expand(sweep.load_manifest("mt_paper")))
@@ -244,10 +244,10 @@ def test_mt_paper_df_conditions_are_pairs_under_raffels_2_18_steps():
     gin.clear_config()
     try:
         gin_entry.parse(run.gin_args(allow_missing=True), job="train")
-        assert _evaluate(gin.query_parameter("data.DataConfig.subset_examples")) == 610_320
-        assert _evaluate(gin.query_parameter("data.DataConfig.subset_tokens")) is None
-        assert _evaluate(gin_entry.macro_value("TRAIN_STEPS")) == 2**18
-        assert _evaluate(gin.query_parameter("train_script.RunInfo.finetune_recipe")) == (
+        assert evaluate(gin.query_parameter("data.DataConfig.subset_examples")) == 610_320
+        assert evaluate(gin.query_parameter("data.DataConfig.subset_tokens")) is None
+        assert evaluate(gin_entry.macro_value("TRAIN_STEPS")) == 2**18
+        assert evaluate(gin.query_parameter("train_script.RunInfo.finetune_recipe")) == (
             "raffel_2^18"
         )
     finally:

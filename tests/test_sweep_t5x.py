@@ -207,8 +207,9 @@ def test_cli_dry_run_of_the_mt_paper_under_t5x(launcher, capsys, tmp_path, monke
 
 
 def test_t5x_runs_finish_at_their_last_checkpoint_and_select_on_their_summaries(tmp_path):
+    from t5x_run_dirs import write_t5x_run
+
     from launch import run_selection
-    from tests.test_t5x_runs import write_t5x_run
 
     text = MANIFEST.replace('runs_dir = "RUNS"', f'runs_dir = "{tmp_path}"')
     runs = expand(text)

@@ -347,7 +347,7 @@ def test_the_paper_recipe_is_what_t5x_gets(t5x_gin):
     assert (q("%BASE_LR"), q("%RSQRT_OFFSET")) == (1.0, 10000)
     assert q("utils.SaveCheckpointConfig.keep") is None
     assert q("adafactor.Adafactor.decay_rate") == 0.8
-    assert q("%RANDOM_SEED") == 0  # issue 26: T5X's None would draw a time-based seed
+    assert q("%RANDOM_SEED") == 0  # T5X's None would draw a time-based seed
     t5x_gin.clear_config()
     t5x_gin.parse_config_files_and_bindings(
         ["t5x/models/t5_3b.gin", RUN_FILES[1]], list(COMMAND_LINE[RUN_FILES[1]])
@@ -355,7 +355,7 @@ def test_the_paper_recipe_is_what_t5x_gets(t5x_gin):
     assert q("%BATCH_SIZE") == 128
     assert q("%TASK_FEATURE_LENGTHS") == {"inputs": 512, "targets": 512}
     assert q("%FINETUNE_STEPS") == 300  # TRAIN_STEPS_RELATIVE = %FINETUNE_STEPS
-    assert q("%RANDOM_SEED") == 0  # issue 26: T5X's None would draw a time-based seed
+    assert q("%RANDOM_SEED") == 0  # T5X's None would draw a time-based seed
     assert q("utils.create_learning_rate_scheduler.factors") == "constant"
     assert q("%PEAK_LR") == 0.001
 

@@ -17,15 +17,10 @@ from llama_jax import sizes
 from modeling import family as family_lib
 from trainer import fingerprint, gin_entry, jobs, validation
 
+pytestmark = pytest.mark.usefixtures("clean_gin")
+
 LLAMA = family_lib.get("llama2")
 PAPER_SIZES = [name for name in sizes.SIZES if LLAMA.nominal_params(name) is not None]
-
-
-@pytest.fixture(autouse=True)
-def clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
 
 
 def _macro(name: str):

@@ -17,12 +17,12 @@ import subprocess
 import sys
 import time
 import types
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from conftest import fast_compile_flags
+from tiny_runs import REPO, TRAIN_STEPS, tiny_kwargs
 
 from convert import init_checkpoints
 from rundir import names
@@ -30,67 +30,11 @@ from rundir import records as rundir_records
 from trainer import checkpoints, data, model_spec, start_state
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
-from trainer.data import DataConfig, EvalConfig
+from trainer.data import EvalConfig
 from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
-from trainer.schedules import ScheduleConfig
 
-REPO = Path(__file__).resolve().parent.parent
-TRAIN_STEPS = 12
-
-
-def shared_cache_dir(tmp_path_factory) -> Path:
-    """One compilation cache directory for the whole test session, shared by the xdist workers
-    (their base temporary directories are siblings): the modules that use `compilation_cache`
-    run the same tiny configurations, so each program compiles once per session."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    path = root / "xla-shared"
-    path.mkdir(exist_ok=True)
-    return path
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """A persistent compilation cache while this module runs: runs of one configuration (full,
-    stopped, resumed, NaN) compile their steps once instead of four times, and once for every
-    module that imports this fixture (`shared_cache_dir`). Modules without it compile as before."""
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    jax.config.update("jax_compilation_cache_dir", os.fspath(shared_cache_dir(tmp_path_factory)))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    cc.reset_cache()
-    yield
-    jax.config.update("jax_compilation_cache_dir", None)
-    cc.reset_cache()
-
-
-def tiny_kwargs(tiny_data, **overrides):
-    """Arguments of a 12-step run of `llama2_tiny` on English (overridable); model and lengths
-    as in `experiments/tiny.gin`."""
-    kwargs = dict(
-        model=model_spec.ModelSpec(
-            size="llama2_tiny", overrides={"vocab_size": 512, "max_len": 128}
-        ),
-        data=DataConfig(
-            mixture_or_task="lm_en",
-            task_feature_lengths={"targets": 64},
-            batch_size=8,
-            vocab_path=tiny_data["vocab"],
-            corpora_dir=tiny_data["corpora"],
-            langs=("en", "fr"),
-        ),
-        train_steps=TRAIN_STEPS,
-        schedule=ScheduleConfig(peak=3e-3),
-        checkpoint=CheckpointConfig(period=4, keep_last=10),
-        mesh=MeshConfig(data=2, fsdp=2, model=2),
-        evaluation=EvalConfig(tasks=("lm_en",), period=6, max_tokens=1024),
-        run=train_lib.RunInfo(strategy="source", source_lang="en"),
-        loop=LoopConfig(log_every=2),
-        seed=0,
-    )
-    kwargs.update(overrides)
-    return kwargs
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 @pytest.fixture(scope="module")

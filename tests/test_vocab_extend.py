@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
-from test_trainer_runs import tiny_kwargs
+from tiny_runs import tiny_kwargs
 
 from convert import grown_init as grow_lib
 from llama_jax import embedding_growth, sizes

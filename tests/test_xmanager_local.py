@@ -20,8 +20,8 @@ from pathlib import Path
 
 import jax
 import pytest
+from adaptive_study import manifest_text
 from conftest import fast_compile_flags
-from test_adaptive_sweep import _manifest_text
 
 from evals import local_tasks
 from launch import adaptive, status, sweep
@@ -60,7 +60,7 @@ def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tmp_path)
     manifest = tmp_path / "adaptive_tiny.toml"
     # 600 steps: the runs are still training when the law is identified (a refit, not a step
     # count, sets when; a stopped run has spent only its first evaluations).
-    manifest.write_text(_manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 600"))
+    manifest.write_text(manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 600"))
     home = tmp_path / "home"
     home.mkdir()
     steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
@@ -116,7 +116,7 @@ def test_a_completed_run_is_scored_by_a_zero_shot_work_unit(tiny_data, tmp_path)
         Path(tiny_data["corpora"]), tasks_dir, langs=["en", "fr"], items=8
     )
     manifest = tmp_path / "adaptive_tiny.toml"
-    text = _manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 6")
+    text = manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 6")
     manifest.write_text(
         f'{text}\n[zeroshot]\ntasks = "local"\nlocal_dir = "{tasks_dir}"\nlimit = 8\n'
     )
@@ -145,11 +145,11 @@ def test_a_completed_run_is_scored_by_a_zero_shot_work_unit(tiny_data, tmp_path)
 
 
 def test_failed_work_units_block_their_dependents_and_the_sweep_exits_1(tmp_path):
-    # test_launch's unit manifest, which binds no vocabulary: wave 0's four source and scratch
+    # launch_fakes' unit manifest, which binds no vocabulary: wave 0's four source and scratch
     # units are refused at start (before anything is compiled), so wave 1's CPT units
     # never start. xmanager raises the failures again as the experiment ends; the sweep reports
     # each once and exits 1, without a traceback.
-    from test_launch import MANIFEST
+    from launch_fakes import MANIFEST
 
     manifest = tmp_path / "unit.toml"
     manifest.write_text(MANIFEST)

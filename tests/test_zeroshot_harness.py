@@ -15,7 +15,7 @@ import math
 import jax
 import numpy as np
 import pytest
-from test_trainer_runs import compilation_cache, tiny_kwargs  # noqa: F401  (module fixture)
+from tiny_runs import tiny_kwargs
 
 pytest.importorskip("lm_eval")
 
@@ -29,6 +29,8 @@ from trainer import train as train_lib  # noqa: E402
 from trainer.checkpoints import CheckpointConfig  # noqa: E402
 from trainer.data import EvalConfig  # noqa: E402
 from trainer.partitioning import MeshConfig  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 STEPS = 4
 

@@ -29,7 +29,7 @@ from fitting.design.information import Target
 from fitting.design.study import Block, Candidate, Point, StudyModel, with_noise
 from fitting.laws import robust_fit, synthetic
 
-TOLERANCE = 0.02  # held-out final values predicted within 2% (issue 37)
+TOLERANCE = 0.02  # held-out final values predicted within 2%
 H100_CHIP_HOUR_FLOPS = 989e12 * 0.4 * 3600  # bf16 peak at 40% MFU: only ratios matter here
 # A coarser start grid than Hoffmann's 4,500 (4 x 3 x 3 x 5 x 5 = 900 starts): synthetic data
 # from the law has one basin near the truth, and simulations refit many times.

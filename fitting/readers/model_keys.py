@@ -4,8 +4,8 @@ A model is its family and size (run.json `family`, `model`): runs of different m
 pooled into one downstream series, and every series and fit row names its model
 (`model_label`). N has two bases (`N_BASES`):
 
-- `exact`: run.json's `params_non_embedding`, counted from the initialised tree (DESIGN.md's
-  convention, and today's default);
+- `exact`: run.json's `params_non_embedding`, counted from the initialised tree (the project's
+  convention, and the default);
 - `nominal`: the paper's nominal size of the model (the CPT paper's Table 4 "Parameter Size"),
   which is what the paper fitted its Table 2 and eqs. 8-9 on. It is read from run.json's
   `params_nominal` where the run recorded one, else from the family's size table

@@ -1,0 +1,235 @@
+"""Sweeps on the test SLURM cluster (`slurm_cluster.py`): the tiny sweep manifests, `sweep run`
+with the SLURM launcher (`sweep_run`), its jobs and logs, and `run_beside_one_process`, a run of
+two JAX processes checked against the same run as one process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import fast_compile_flags
+from slurm_cluster import SlurmCluster
+
+from launch import status, sweep
+from launch.runs import Run
+from rundir import records
+
+REPO = Path(sweep.__file__).resolve().parent.parent
+
+# One tiny shape; a source run (en) and CPT runs (fr, without and with 10% English replay). Each
+# job has one CPU device ([env]): 8 simulated ones (this session's XLA_FLAGS, which sbatch passes
+# on) all-reduce through a rendezvous that times out when two jobs share two CPUs.
+MANIFEST = """
+[sweep]
+name = "slurm_cluster"
+family = "llama2"
+seq_len = 64
+gin_files = ["experiments/tiny.gin"]
+
+[vars]
+DATA_DIR = ""
+VOCAB_PATH = ""
+
+[gin]
+DATA_DIR = "${DATA_DIR}"
+VOCAB_PATH = "${VOCAB_PATH}"
+MODEL_OVERRIDES = { vocab_size = 512, max_len = 128 }
+SEQUENCE_LENGTH = 64
+EVAL_PERIOD = 4
+EVAL_MAX_TOKENS = 512
+LOG_EVERY = 2
+CHECKPOINT_PERIOD = 4
+
+[env]
+XLA_FLAGS = "--xla_force_host_platform_device_count=1 FAST_COMPILE"
+
+[sizes.t16]
+base = "llama2_cpu_d64"
+d_model = 16
+d_ff = 32
+num_heads = 2
+num_layers = 1
+
+[axes]
+sizes = ["t16"]
+target_langs = ["fr"]
+seeds = [0]
+
+[[grid]]
+strategies = ["source", "cpt"]
+
+[[grid]]
+strategies = ["cpt_replay"]
+replay_ratios = [0.1]
+
+[budget]
+steps = 6
+batch_size = 8
+"""
+# Two copies of one training, told apart only by when they save (which changes no number): long
+# enough that the test can stop each in the middle (its first checkpoint is at step 1000).
+LONG_STEPS = 3000
+# The time-limited copy's limit (minutes) until the test brings it near, and its SIGTERM's lead.
+LONG_LIMIT_MIN = 30
+SIGNAL_BEFORE_S = 120
+LONG_MANIFEST = f"""
+[sweep]
+name = "slurm_cluster_long"
+family = "llama2"
+seq_len = 64
+gin_files = ["experiments/tiny.gin"]
+
+[vars]
+DATA_DIR = ""
+VOCAB_PATH = ""
+
+[gin]
+DATA_DIR = "${{DATA_DIR}}"
+VOCAB_PATH = "${{VOCAB_PATH}}"
+MODEL_OVERRIDES = {{ vocab_size = 512, max_len = 128 }}
+SEQUENCE_LENGTH = 64
+EVAL_PERIOD = {LONG_STEPS // 2}
+EVAL_MAX_TOKENS = 512
+LOG_EVERY = 50
+
+[env]
+XLA_FLAGS = "--xla_force_host_platform_device_count=1"
+
+[sizes.t32]
+base = "llama2_cpu_d64"
+d_model = 32
+d_ff = 64
+num_heads = 2
+num_layers = 2
+
+[axes]
+sizes = ["t32"]
+target_langs = ["fr"]
+seeds = [0]
+
+[[grid]]
+strategies = ["source", "cpt"]
+gin_axes = {{ CHECKPOINT_PERIOD = [1000, 1001] }}
+
+[budget]
+steps = {LONG_STEPS}
+batch_size = 32
+
+[strategies.cpt]
+budget = {{ steps = 6 }}
+"""
+# The short jobs compile as the suite's processes do (FAST_COMPILE_FLAGS in tests/conftest.py);
+# the long runs keep XLA's optimisations: unoptimised, their 3,000 steps outran 8 time-limited
+# starts in CI.
+MANIFEST = MANIFEST.replace("FAST_COMPILE", fast_compile_flags())
+WAIT_S = 900  # the whole sweep, queue to COMPLETED, on two shared CPUs (a bound: slow machines)
+# The tiny source run alone (seed 1: its own job name); each process has one CPU device.
+TWO_TASKS_MANIFEST = (
+    MANIFEST.split("[[grid]]")[0].replace("seeds = [0]", "seeds = [1]")
+    + '[[grid]]\nstrategies = ["source"]\n\n[budget]\nsteps = 6\nbatch_size = 8\n'
+)
+
+
+def sweep_run(manifest: Path, runs_dir: Path, script_dir: Path, tiny_data, *extra: str) -> int:
+    from xlscale_cli import main as cli
+
+    return cli.main(
+        [
+            "sweep",
+            "run",
+            str(manifest),
+            "--var",
+            f"DATA_DIR={tiny_data['corpora']}",
+            "--var",
+            f"VOCAB_PATH={tiny_data['vocab']}",
+            "--runs-dir",
+            str(runs_dir),
+            "--launcher",
+            "slurm",
+            "--gpus-per-node",
+            "0",
+            "--cpus-per-task",
+            "1",
+            "--time-limit",
+            "15:00",
+            "--script-dir",
+            str(script_dir),
+            "--slurm-python",
+            sys.executable,
+            "--slurm-workdir",
+            str(REPO),
+            *extra,
+        ]
+    )
+
+
+def sweep_runs(manifest: Path, runs_dir: Path, tiny_data) -> list[Run]:
+    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
+    loaded = sweep.load_manifest(manifest, variables=variables, runs_dir=str(runs_dir))
+    return sweep.expand(loaded)
+
+
+def job_ids(script_dir: Path) -> dict[str, str]:
+    """Run id -> job id, from the job logs `<run id>-<job id>.out`."""
+    return {
+        path.stem.rsplit("-", 1)[0]: path.stem.rsplit("-", 1)[1]
+        for path in (script_dir / "logs").glob("*.out")
+    }
+
+
+def wait_for_empty_queue(cluster: SlurmCluster, script_dir: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while jobs := cluster.jobs():
+        if time.monotonic() > deadline or any(
+            "DependencyNeverSatisfied" in j["reason"] for j in jobs
+        ):
+            logs = "\n".join(
+                f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (script_dir / "logs").glob("*")
+            )
+            pytest.fail(f"jobs still queued (waited at most {timeout} s): {jobs}\n{logs}")
+        time.sleep(1.0)
+
+
+def job_log(script_dir: Path, run_id: str) -> str:
+    return "".join(p.read_text() for p in (script_dir / "logs").glob(f"{run_id}-*.out"))
+
+
+def loss_rows(run: Run) -> list[dict]:
+    keys = ("step", "tokens", "tokens_by_task", "train/loss", "learning_rate", "eval/lm_en/loss")
+    return [{k: r[k] for k in keys if k in r} for r in records.read_metrics(run.model_dir)]
+
+
+def run_beside_one_process(cluster: SlurmCluster, tiny_data, tmp_path: Path, *flags: str):
+    """Runs `TWO_TASKS_MANIFEST`'s run as a SLURM job of two JAX processes (`flags` say how they
+    are placed) and, beside it, as one process with two devices; checks that both complete, that
+    the job's log names both processes and that the two log the same losses. Returns the run,
+    the job (`scontrol show job`) and its log."""
+    manifest = tmp_path / "two_processes.toml"
+    manifest.write_text(TWO_TASKS_MANIFEST)
+    runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
+    (run,) = sweep_runs(manifest, runs_dir, tiny_data)
+    (reference,) = sweep_runs(manifest, tmp_path / "one", tiny_data)
+    env = {**os.environ, **reference.environment()}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {fast_compile_flags()}"
+    with open(tmp_path / "one.log", "w") as out:
+        one = subprocess.Popen(
+            reference.argv(sys.executable), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *flags) == 0
+            wait_for_empty_queue(cluster, script_dir, WAIT_S)
+            assert one.wait(timeout=WAIT_S) == 0, (tmp_path / "one.log").read_text()[-3000:]
+        finally:
+            if one.poll() is None:
+                one.kill()
+    job_id = job_ids(script_dir)[run.run_id]
+    job, log = cluster.job(job_id), job_log(script_dir, run.run_id)
+    assert "process 0 of 2" in log and "process 1 of 2" in log, log[-3000:]
+    assert status.is_completed(run) and status.is_completed(reference)
+    assert len(loss_rows(run)) == run.steps // 2
+    assert loss_rows(run) == loss_rows(reference)
+    return run, job, log

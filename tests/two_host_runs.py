@@ -1,0 +1,75 @@
+"""Real 2-process runs on 127.0.0.1 (1 CPU device each, collectives through gloo) of the tiny
+source run of `experiments/tiny.gin` (`host_argv`): `two_hosts` runs processes 0 and 1 of such
+a job."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from conftest import fast_compile_flags
+from tiny_runs import REPO
+
+STEPS = 6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def host_argv(model_dir, tiny_data):
+    """The tiny source run of `experiments/tiny.gin`: 6 steps of 8 rows, evaluated at steps 3
+    and 6, saved every 2 steps."""
+    return [
+        "--gin_file=experiments/cpt_source_en.gin",
+        "--gin_file=experiments/tiny.gin",
+        f"--gin.MODEL_DIR='{model_dir}'",
+        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
+        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
+        f"--gin.TRAIN_STEPS={STEPS}",
+        "--gin.CHECKPOINT_PERIOD=2",
+        "--gin.EVAL_PERIOD=3",
+        "--gin.EVAL_MAX_TOKENS=512",
+        "--gin.LOG_EVERY=1",
+    ]
+
+
+def start_host(model_dir, tiny_data, *, cache, process, port, log):
+    """Process `process` of a 2-host `python -m trainer.train` job (1 CPU device each),
+    coordinated on 127.0.0.1:`port`."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=1 {fast_compile_flags()}"
+    env["JAX_COMPILATION_CACHE_DIR"] = os.fspath(cache)
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
+    env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
+    env["JAX_NUM_PROCESSES"] = "2"
+    env["JAX_PROCESS_ID"] = str(process)
+    command = [sys.executable, "-m", "trainer.train", *host_argv(model_dir, tiny_data)]
+    return subprocess.Popen(command, cwd=REPO, env=env, stderr=log, stdout=log)
+
+
+def two_hosts(model_dir, tiny_data, tmp, *, name, cache, on_start=None):
+    """Runs processes 0 and 1 of a 2-host job (1 CPU device each); returns their exit codes and
+    stderr texts."""
+    port = free_port()
+    logs = [open(tmp / f"{name}_{i}.log", "w") for i in range(2)]  # noqa: SIM115
+    procs = [
+        start_host(model_dir, tiny_data, cache=cache, process=i, port=port, log=logs[i])
+        for i in range(2)
+    ]
+    try:
+        if on_start is not None:
+            on_start(procs, [tmp / f"{name}_{i}.log" for i in range(2)])
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()
+    return codes, [(tmp / f"{name}_{i}.log").read_text() for i in range(2)]
