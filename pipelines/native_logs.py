@@ -9,7 +9,9 @@ its op loads an identity-normalised model such as ours, and exposes no log level
 logging never sees these lines, so the only place to catch them is the file descriptor itself:
 `stderr_to` points fd 2 at a log file (or the sink) while a native call that writes them runs,
 `quiet_tensorflow_import` wraps the first `import tensorflow` of a process, wherever it happens,
-in it.
+in it. TensorStore (orbax's checkpoint arrays) logs `Using GOOGLE_AUTH_TOKEN_FOR_TESTING` (or which
+credentials it found) from C++ when it first asks for GCS credentials, from whatever thread makes
+its first request: `quiet_tensorstore_credentials` makes that first request in a block.
 
 The sink is the third-party log, `$XLSCALE_THIRD_PARTY_LOG` (a file the lines are appended to;
 `/dev/stderr` shows them as before), else `os.devnull`. Python exceptions are not affected: they are raised, not written, and
@@ -138,3 +140,35 @@ def quiet_tensorflow_import() -> None:
         return
     if not any(isinstance(finder, _QuietTensorFlow) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietTensorFlow())
+
+
+# How long the first TensorStore request may take before `quiet_tensorstore_credentials` moves on
+# (it has asked for the credentials by then; a store that does not answer keeps it waiting).
+_CREDENTIALS_WAIT_S = 5.0
+_credentials_asked = False
+
+
+def quiet_tensorstore_credentials(url: str) -> None:
+    """Makes TensorStore's first GCS request of the process, a read of `url` (a `gs://` URL; an
+    absent object is fine), with fd 2 pointed at the sink, so that the line its credentials
+    lookup logs never reaches the terminal: orbax's first save or restore would log it from a
+    background thread, at a time no block could cover. Waits for the answer at most
+    `_CREDENTIALS_WAIT_S`; its failure is ignored (the run's own requests report the store's).
+    Once per process; a no-op for other URLs."""
+    global _credentials_asked
+    if _credentials_asked or not url.startswith("gs://"):
+        return
+    _credentials_asked = True
+    import tensorstore as ts
+
+    bucket, _, key = url[len("gs://") :].partition("/")
+    spec = {
+        "driver": "gcs",
+        "bucket": bucket,
+        "context": {"gcs_request_retries": {"max_retries": 0}},
+    }
+    with stderr_to():
+        try:
+            ts.KvStore.open(spec).result().read(key.rstrip("/")).result(timeout=_CREDENTIALS_WAIT_S)
+        except Exception:  # noqa: BLE001 - no answer, a refusal: the run's own requests say so
+            pass

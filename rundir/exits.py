@@ -189,13 +189,13 @@ def leave(code: int) -> int:
     """Ends a command's process with `code` (its top-level `main`, not a library call).
 
     A failed job may leave non-daemon threads behind that Python's exit would wait for: an orbax
-    save blocked on storage that went away waits for minutes, its signalling threads forever
-   . After a failure, what threads still print is dropped (the report stays the last
-    lines on stderr), and they get `JOIN_DEADLINE_S` in all; if one is still alive then, the
-    standard streams are flushed and the process ends at once (`os._exit`) rather than by the
-    interpreter's exit, which would wait for it. Nothing it could still write matters: the
-    error has been reported, and a resume does not see an uncommitted step. Otherwise, and for
-    success and preemption, `code` is returned for a normal exit.
+    save blocked on storage that went away waits for minutes, its signalling threads forever.
+    After a failure, what threads still print is dropped (the report stays the last lines on
+    stderr), and they get `JOIN_DEADLINE_S` in all; if one is still alive then, the standard
+    streams are flushed and the process ends at once (`os._exit`) rather than by the
+    interpreter's exit, which would wait for it. Nothing it could still write matters: the error
+    has been reported, and a resume does not see an uncommitted step. Otherwise, and for success
+    and preemption, `code` is returned for a normal exit.
     """
     if code in (0, PREEMPTED):
         return code

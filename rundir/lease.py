@@ -4,9 +4,11 @@ A training job takes the lease before it writes anything else into `MODEL_DIR`: 
 `MODEL_DIR/LEASE`, created only if absent (`O_EXCL` on local disk, a generation precondition on
 GCS; `rundir.storage.create_exclusive`), names its holder (host, pid, the pid's start
 time, when it started) and a heartbeat time that a daemon thread refreshes. The job removes the
-file when it ends, however it ends (a normal return, an exception, a preemption). A second writer
-stops at once with a message naming the holder, instead of interleaving metrics and deleting the
-first one's checkpoints.
+file when it ends, however it ends (a normal return, an exception, a preemption), unless the store
+stopped answering: then the file stays behind (each request would wait again), or appears only
+once the store answers the request that created it, and the next start takes it over, saying so
+in one line. A second writer stops at once with a message naming the holder, instead of
+interleaving metrics and deleting the first one's checkpoints.
 
 A lease whose holder is gone is stale and taken over with a warning:
   - on the same host, when the pid is not running (or is a different process by now: its start
@@ -43,6 +45,9 @@ log = logging.getLogger(__name__)
 
 LEASE_FILE = names.LEASE_FILE
 _UNREADABLE_GRACE_S = 10.0  # an unreadable lease younger than this is being written right now
+# After a storage failure, how long a job that ends waits for its lease's removal (a store that
+# answers removes it in milliseconds; one that fails otherwise is not waited for).
+_PARTING_S = 5.0
 _BROADCAST_BYTES = 4096
 _HELD: set[str] = set()  # tokens of the leases this process holds
 _HELD_LOCK = threading.Lock()
@@ -184,6 +189,7 @@ class Lease:
 
     def _beat(self) -> None:
         path = self.path  # `release` may clear `self.path` while a refresh is in flight
+        failing = False  # the last refresh failed: its warning was given
         while not self._stop.wait(self._config.heartbeat_s):
             try:
                 found = _read(path)
@@ -195,9 +201,18 @@ class Lease:
                 if not storage.replace_if(path, json.dumps(beat) + "\n", found[1]):
                     continue  # changed under us: judged again at the next beat
                 self.holder = beat
+                failing = False
             except OSError as e:  # a full disk or a storage outage must not kill training
-                if not self._stop.is_set():  # after release, the job has reported the cause
-                    log.warning("could not refresh the lease %s: %s", path, e)
+                # One warning per outage (the job reports the failure when it meets it too),
+                # none after release (the job has reported the cause).
+                if not self._stop.is_set():
+                    log.log(
+                        logging.DEBUG if failing else logging.WARNING,
+                        "could not refresh the lease %s: %s",
+                        path,
+                        e,
+                    )
+                failing = True
 
     def _lose(self, current: dict[str, Any] | None) -> None:
         self.lost = True
@@ -211,27 +226,37 @@ class Lease:
     def release(self, *, remove_file: bool = True) -> None:
         """Stops the heartbeat and removes the lease file if it is still this job's.
 
-        `remove_file=False` (the store is unreachable) only stops the heartbeat, without waiting
-        for a refresh in flight: the file left behind goes stale and the next run takes it over
-        (at once on this host, the holder's pid being gone)."""
+        `remove_file=False` (the store failed) stops the heartbeat without waiting for a refresh
+        in flight, and removes the file only while the store still answers, for at most
+        `_PARTING_S`: never once it stopped answering (`storage.store_unreachable`), where each
+        request would wait again. A file left behind goes stale, and the next start takes it
+        over, saying so in one line (at once on this host, the holder's pid being gone)."""
         self._stop.set()
         if self._thread is not None and remove_file:
             self._thread.join()
         self._thread = None
-        if self.path is None:
+        path, self.path = self.path, None
+        if path is None:
             return
         with _HELD_LOCK:
             _HELD.discard(self.holder["token"])
-        if not remove_file:
-            self.path = None
-            return
+        if remove_file:
+            self._remove(path)
+        elif not storage.store_unreachable():
+            parting = threading.Thread(
+                target=self._remove, args=(path,), name="xlscale-lease-release", daemon=True
+            )
+            parting.start()
+            parting.join(_PARTING_S)
+
+    def _remove(self, path: epath.Path) -> None:
+        """Deletes the lease file if it still names this job (a compare-and-delete)."""
         try:
-            found = _read(self.path)
+            found = _read(path)
             if found is not None and (found[0] or {}).get("token") == self.holder["token"]:
-                storage.delete_if(self.path, found[1])
+                storage.delete_if(path, found[1])
         except OSError as e:  # left behind, it goes stale and is taken over
-            log.warning("could not remove the lease %s: %s", self.path, e)
-        self.path = None
+            log.warning("could not remove the lease %s: %s", path, e)
 
 
 def _not_writable(model_dir, path, error: OSError) -> OSError | ModelDirNotWritableError:
@@ -307,9 +332,9 @@ def _take(model_dir: epath.Path, config: LeaseConfig) -> Lease:
         except OSError as e:
             raise _not_writable(model_dir, path, e) from e
         log.warning(
-            "taking over the stale lease %s of %s: %s",
+            "taking over the stale lease %s, left behind by %s: %s",
             path,
-            _describe(current) if current else "an unknown holder",
+            f"a job that is gone ({_describe(current)})" if current else "an unknown holder",
             reason,
         )
         took_over = current or {}

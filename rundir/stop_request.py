@@ -34,10 +34,20 @@ def request(model_dir: str | os.PathLike, *, reason: str, by: str = "xlscale") -
     storage.write_text_atomic(target, json.dumps(record, sort_keys=True) + "\n")
 
 
-def requested(model_dir: str | os.PathLike) -> bool:
-    """Whether a stop of the run in `model_dir` is requested (unreadable storage: no)."""
+def requested(model_dir: str | os.PathLike, *, storage_failures: bool = False) -> bool:
+    """Whether a stop of the run in `model_dir` is requested (one request on object storage).
+
+    Unreadable storage reads as no, unless `storage_failures`: then the storage service failing
+    (no answer, a refusal) raises `storage.StorageError`. A running job asks for that: it
+    cannot go on without its store, and a failure it ignored would wait out the store again at
+    its next look, every few seconds, instead of ending the run.
+    """
     try:
-        return path(model_dir).exists()
+        return storage.mtime(path(model_dir)) is not None
+    except storage.StorageError:
+        if storage_failures:
+            raise
+        return False
     except (OSError, ValueError):
         return False
 

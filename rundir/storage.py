@@ -1,6 +1,6 @@
 """The one path type of the project and the storage primitives every run-directory writer uses.
 
-Every path is a URL (STYLE.md 16): `as_path` turns a local path or a `gs://BUCKET/...` URL into an
+Every path is a URL (docs/conventions.md): `as_path` turns a local path or a `gs://BUCKET/...` URL into an
 `etils.epath.Path` (the type orbax uses), and refuses anything else before a byte is written. The
 primitives below behave alike on local disk and on Google Cloud Storage:
 
@@ -14,8 +14,9 @@ primitives below behave alike on local disk and on Google Cloud Storage:
 Backends: gs:// goes through fsspec/gcsfs for our own calls AND for every `epath.Path` (orbax's
 metadata included), never through TensorFlow's GCS client, so one client with one configuration
 (endpoint, credentials, retries) serves the whole process. Importing this module therefore pins
-`EPATH_USE_TF=false` and gcsfs's plain JSON-API filesystem (see `_select_backends`). Failures of
-the storage service surface as `StorageError`, one line naming the path and the cause.
+`EPATH_USE_TF=false`, gcsfs's plain JSON-API filesystem and the time bounds of every request,
+TensorStore's included (`rundir.storage_backends`, whose public names are re-exported here).
+Failures of the storage service surface as `StorageError`, one line naming the path and the cause.
 """
 
 from __future__ import annotations
@@ -29,10 +30,16 @@ import pathlib
 import re
 from collections.abc import Iterator
 
-import fsspec
 from etils import epath
 
-from rundir import gcs_objects, local_files
+from rundir import gcs_objects, local_files, storage_backends
+from rundir.storage_backends import (  # noqa: F401  (re-exported: callers import them from here)
+    REQUEST_TIMEOUTS_S,
+    TENSORSTORE_CURL_ENV,
+    TENSORSTORE_RETRIES,
+    bound_orbax_retries,
+    store_unreachable,
+)
 
 Path = epath.Path
 PathLike = str | os.PathLike
@@ -98,75 +105,7 @@ class Version:
 
 # --------------------------------------------------------------------------- paths
 
-
-def _select_backends() -> None:
-    """Routes gs:// through fsspec's plain gcsfs filesystem, for epath (orbax) and for us.
-
-    - `EPATH_USE_TF=false`: etils otherwise uses TensorFlow's GCS client whenever TF is installed,
-      which ignores `STORAGE_EMULATOR_HOST` and our retries; etils caches that choice on first
-      use (`gpath._is_tf_installed`), so the cache is cleared too if someone used gs:// earlier.
-    - gcsfs's JSON-API `GCSFileSystem` (as `rundir.gcs_client.BoundedGCSFileSystem`, which
-      stops retrying once the store is unreachable), not its `ExtendedGcsFileSystem` default:
-      the extended one
-      asks the Storage Control gRPC API for every bucket's layout (a 60 s retry loop where that
-      API is not served, e.g. an emulator) and our preconditions and compose are JSON-API calls.
-    - No listing cache: gcsfs caches directory listings forever by default, so a reader would not
-      see objects another process wrote (checkpoints, metrics); local disk has no such staleness.
-    """
-    os.environ["EPATH_USE_TF"] = "false"
-    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # for child processes
-    from etils.epath import gpath
-
-    cached = getattr(gpath, "_is_tf_installed", None)
-    if hasattr(cached, "cache_clear"):
-        cached.cache_clear()
-    for protocol in ("gs", "gcs"):
-        if protocol in fsspec.registry:  # already imported (maybe the extended class)
-            from rundir.gcs_client import BoundedGCSFileSystem
-
-            fsspec.register_implementation(protocol, BoundedGCSFileSystem, clobber=True)
-        else:  # imported on first use
-            fsspec.register_implementation(
-                protocol, "rundir.gcs_client.BoundedGCSFileSystem", clobber=True
-            )
-    conf = fsspec.config.conf.setdefault("gcs", {})
-    conf.setdefault("use_listings_cache", False)
-    # Every request is bounded: a connection that does not open, or an answer that stops
-    # arriving, fails the attempt (gcsfs then retries 6 times, about 20 s of back-off in all).
-    conf.setdefault("requests_timeout", _request_timeout())
-
-
-def _request_timeout():
-    import aiohttp  # gcsfs's transport, imported with it anyway
-
-    return aiohttp.ClientTimeout(
-        total=None, sock_connect=REQUEST_TIMEOUTS_S["connect"], sock_read=REQUEST_TIMEOUTS_S["read"]
-    )
-
-
-# Bounds of one storage request (seconds): to open its connection, and between two reads of its
-# answer (a long upload or download is not cut short while data flows).
-REQUEST_TIMEOUTS_S = {"connect": 10.0, "read": 30.0}
-# TensorStore's retries of a failed GCS request (orbax's arrays): its default (32 retries, up to
-# 32 s apart) waits about 5 minutes on a store that went away; this waits about 25 s, so that a
-# storage failure ends the run within a minute (issue 36). Transient 429/503 answers still get
-# six tries, a second to 8 s apart.
-TENSORSTORE_RETRIES = {"max_retries": 6, "initial_delay": "1s", "max_delay": "8s"}
-
-
-def bound_orbax_retries() -> None:
-    """Applies `TENSORSTORE_RETRIES` to every TensorStore context orbax builds from now on (its
-    base and OCDBT contexts are module-level templates that `get_ts_context` copies). Called by
-    the job entry points; orbax is imported here, not by `import rundir.storage`."""
-    from orbax.checkpoint._src.serialization import tensorstore_utils
-
-    for name in ("_BASE_TS_CONTEXT", "_DEFAULT_OCDBT_TS_CONTEXT"):
-        template = getattr(tensorstore_utils, name, None)
-        if isinstance(template, dict):
-            template["gcs_request_retries"] = dict(TENSORSTORE_RETRIES)
-
-
-_select_backends()
+storage_backends.select_backends()  # before anything in this process touches gs://
 
 
 def _refuse(name: str | None, value: str, why: str) -> UnsupportedPathError:
@@ -243,8 +182,14 @@ def is_remote(path: PathLike) -> bool:
 
 
 def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or "no detail"
-    return f"{type(error).__name__}: {text}"
+    """`Type: message` in one line; a message-less error (fsspec's FSTimeoutError) borrows the
+    first message of the errors it was raised from (aiohttp's "Timeout on reading data...")."""
+    text, seen, cause = "", set(), error
+    while not text and cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        text = " ".join(str(cause).split())
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(error).__name__}: {text or 'no detail'}"
 
 
 # errno -> cause, for local disks and the OSErrors libraries pass on.

@@ -4,7 +4,8 @@ every client of the stack at it and nowhere else.
 
 The server keeps its objects in a directory (`-backend filesystem`) and listens on one port for
 its whole life, so `restart()` (or `stop()` ... `start()`) brings the same buckets back at the same
-URL: a test can take storage away in the middle of a save and give it back.
+URL: a test can take storage away in the middle of a save and give it back. `freeze()` stops the
+process with SIGSTOP instead: connections are still accepted, nothing answers them (`thaw()`).
 
 What fake-gcs-server does not do (checked against the bundled build): it ignores
 `ifGenerationMatch` on DELETE, on compose and on single-request `uploadType=media` uploads (it
@@ -60,7 +61,8 @@ def _opener() -> urllib.request.OpenerDirector:
 
 class GcsServer:
     """One fake-gcs-server process on 127.0.0.1: `start`, `stop`, `restart` (same port and
-    data), `create_bucket`, `list_objects`, and `env()` for clients."""
+    data), `freeze`/`thaw` (it accepts connections but answers none), `create_bucket`,
+    `list_objects`, and `env()` for clients."""
 
     def __init__(self, root: Path, *, port: int | None = None):
         self.root = Path(root)
@@ -68,6 +70,7 @@ class GcsServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen | None = None
         self._log = self.root / "server.log"
+        self._frozen = False
 
     @property
     def running(self) -> bool:
@@ -115,7 +118,11 @@ class GcsServer:
         """Stops the server (SIGTERM to its pid, SIGKILL after 5 s); its data stays."""
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
+            self._frozen = False
             return
+        if self._frozen:  # a stopped process handles SIGTERM only once it runs again
+            process.send_signal(signal.SIGCONT)
+            self._frozen = False
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=5)
@@ -127,6 +134,26 @@ class GcsServer:
         """Stops and starts again on the same port with the same data."""
         self.stop()
         self.start()
+
+    @property
+    def frozen(self) -> bool:
+        """Whether the server is stopped with SIGSTOP (`freeze`) right now."""
+        return self._frozen
+
+    def freeze(self) -> None:
+        """Stops the server process with SIGSTOP: the kernel still accepts TCP connections on its
+        port (the listen backlog), but nothing reads a request or answers it, as with a store
+        that hangs. `thaw()` (or `stop()`) undoes it; a test must call one in its teardown."""
+        if not self.running:
+            raise RuntimeError("freeze: the server is not running")
+        self._process.send_signal(signal.SIGSTOP)
+        self._frozen = True
+
+    def thaw(self) -> None:
+        """Lets a frozen server run again (SIGCONT); it answers the requests it had accepted."""
+        if self._frozen and self.running:
+            self._process.send_signal(signal.SIGCONT)
+        self._frozen = False
 
     def log_tail(self, chars: int = 2000) -> str:
         try:

@@ -17,7 +17,7 @@ import pytest
 from gcs_server import GcsServer
 from no_egress import no_egress_guard
 
-from rundir import gcs_client, gcs_objects, storage
+from rundir import gcs_client, gcs_objects, storage, storage_backends
 
 
 @pytest.fixture(params=["local", "gs"])
@@ -299,7 +299,7 @@ def test_orbax_tensorstore_requests_give_up_within_seconds(gcs_bucket, gcs_serve
         template = copy.deepcopy(getattr(tensorstore_utils, name))
         monkeypatch.setattr(tensorstore_utils, name, template)
     bound = {"max_retries": 3, "initial_delay": "0.1s", "max_delay": "0.2s"}
-    monkeypatch.setattr(storage, "TENSORSTORE_RETRIES", bound)
+    monkeypatch.setattr(storage_backends, "TENSORSTORE_RETRIES", bound)
     storage.bound_orbax_retries()
     context = tensorstore_utils.get_ts_context(use_ocdbt=True)
     assert context.spec.to_json()["gcs_request_retries"]["max_retries"] == 3
@@ -354,7 +354,7 @@ def test_a_stopped_server_is_a_storage_error_naming_the_path(
                 "unreachable"
             )
         # The first request used up its retries; once the store counts as unreachable, each
-        # later one is tried once (a run's next request ends it at once, issue 36).
+        # later one is tried once (a run's next request ends it at once).
         assert len(requests) == gcs_client.ATTEMPTS + len(attempts) - 1, requests
         server.restart()  # same port, same data
         storage.append_text(path, "2\n")

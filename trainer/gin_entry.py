@@ -211,7 +211,7 @@ def _show_progress() -> None:
 class _BackgroundTracebacks(logging.Filter):
     """Keeps a background thread's log record to its message, without the traceback: orbax's
     save threads log one per failed operation when the store goes away or the disk fills (tens
-    of tracebacks, issue 36); the job's main thread reports the failure itself."""
+    of tracebacks); the job's main thread reports the failure itself."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and threading.current_thread() is not threading.main_thread():
@@ -323,6 +323,21 @@ def call(fn: Callable, config: ParsedConfig) -> Any:
     return configured()
 
 
+# Macros whose gs:// URL TensorStore reads or writes (orbax's checkpoint arrays).
+_TENSORSTORE_MACROS = ("MODEL_DIR", "INIT_CHECKPOINT")
+
+
+def _quiet_tensorstore_credentials() -> None:
+    """TensorStore's first GCS request, with its credentials line kept off the terminal
+    (`native_logs.quiet_tensorstore_credentials`), made here in the main thread before the job
+    starts, when a macro of `_TENSORSTORE_MACROS` names a gs:// URL."""
+    for name in _TENSORSTORE_MACROS:
+        value = macro_value(name)
+        if isinstance(value, str) and value.startswith("gs://"):
+            native_logs.quiet_tensorstore_credentials(value)
+            return
+
+
 def run(job: str, argv: Sequence[str] | None = None) -> int:
     """One job from its flags (`python -m trainer.<job>` and `xlscale <job>`): parses them
     (`parse`), calls the job's gin-configured function and returns the exit code: 0, or
@@ -331,6 +346,7 @@ def run(job: str, argv: Sequence[str] | None = None) -> int:
     module, name = JOBS[job]
     fn = getattr(importlib.import_module(module), name)
     config = parse(sys.argv[1:] if argv is None else argv, job=job)
+    _quiet_tensorstore_credentials()
     try:
         result = call(fn, config)
     except stop_requests.StopRequested as e:  # told to stop before it started: not a failure

@@ -2,11 +2,13 @@
 
 `Poller.poll()` is asked once per step by the preemption watcher
 (`trainer.checkpoints.PreemptionWatcher`) and looks at the file at most every `POLL_S` seconds
-(on object storage each look is a request). A single-process job stops at the step it sees the
-request, as after a SIGTERM: the checkpoint hook saves that step, no COMPLETED is written, and the
-job exits `rundir.exits.STOPPED`. In a multi-host job only process 0 looks, and on seeing the
-request it sends itself SIGTERM: JAX's preemption service then has every host agree on one step
-to stop at (`CheckpointStore.reached_preemption`), the very path a preemption takes.
+(on object storage each look is a request; the store failing there ends the run as any storage
+failure does, rather than reading as "no request" and waiting on the store again at the next
+look). A single-process job stops at the step it sees the request, as after a SIGTERM: the
+checkpoint hook saves that step, no COMPLETED is written, and the job exits
+`rundir.exits.STOPPED`. In a multi-host job only process 0 looks, and on seeing the request it
+sends itself SIGTERM: JAX's preemption service then has every host agree on one step to stop at
+(`CheckpointStore.reached_preemption`), the very path a preemption takes.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def refuse_if_requested(model_dir) -> None:
     """Raises `StopRequested` when the run in `model_dir` holds a stop request and this job is a
     single process (the hosts of a multi-host job could see a new request at different moments,
     so they stop together in the loop instead)."""
-    if jax.process_count() == 1 and stop_request.requested(model_dir):
+    if jax.process_count() == 1 and stop_request.requested(model_dir, storage_failures=True):
         why = (stop_request.read(model_dir) or {}).get("reason", "")
         raise StopRequested(
             f"{stop_request.path(model_dir)}: stop requested ({why}); not started. "
@@ -66,7 +68,9 @@ class Poller:
     def requested_now(self) -> bool:
         """Whether a request exists now (a single-process job's start-up check: it then trains
         nothing); always False in a multi-host job, whose hosts must decide together."""
-        return not self._multihost and stop_request.requested(self._model_dir)
+        return not self._multihost and stop_request.requested(
+            self._model_dir, storage_failures=True
+        )
 
     def poll(self) -> bool:
         """Whether this step is the one to stop at (single process), after looking at the file
@@ -78,7 +82,7 @@ class Poller:
         if not self._looks or now < self._next:
             return False
         self._next = now + self._every_s
-        if not stop_request.requested(self._model_dir):
+        if not stop_request.requested(self._model_dir, storage_failures=True):
             return False
         self._seen = True
         log.warning(
