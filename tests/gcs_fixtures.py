@@ -5,7 +5,8 @@ no-egress guard.
   plugin loads: a connect, send or name lookup aimed at anything but loopback fails at once.
 - `gcs_server` (session): one fake-gcs-server (`tests/gcs_server.py`), filesystem-backed on a fixed
   port, so `gcs_server.restart()` or `stop()` ... `start()` keeps its buckets; skipped, saying why,
-  only where the server binary cannot start.
+  only where the server binary cannot start; `gcs_server.freeze()` ... `thaw()` makes it accept
+  connections without answering them.
 - `fast_retries` (function): the storage clients' retries without their back-off sleeps.
 - `gcs_bucket` (function): a fresh bucket, yielded as `gs://<bucket>`, with the server's
   environment set in `os.environ` for this process and for subprocesses (their PYTHONPATH gains
@@ -45,6 +46,7 @@ def gcs_bucket(gcs_server, monkeypatch, tmp_path_factory):
 
     if not gcs_server.running:  # a test before this one may have stopped it
         gcs_server.start()
+    gcs_server.thaw()  # or frozen it (`GcsServer.freeze`)
     egress_log = tmp_path_factory.mktemp("egress") / "blocked.log"
     for key, value in gcs_server.env(egress_log=egress_log).items():
         monkeypatch.setenv(key, value)
