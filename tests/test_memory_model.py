@@ -308,7 +308,7 @@ def test_refusal_comes_from_build_job_before_compiling(monkeypatch):
 
     monkeypatch.setattr(memory_check, "check_memory", refuse)
     monkeypatch.setattr(jobs, "_check_tasks", lambda **kw: None)  # no task registered
-    monkeypatch.setattr(jobs.data_lib, "components", lambda name: ["lm"])
+    monkeypatch.setattr(jobs.data_lib, "components", lambda name, data=None: ["lm"])
     from trainer import model_spec
     from trainer.data import DataConfig, EvalConfig
     from trainer.schedules import ScheduleConfig
