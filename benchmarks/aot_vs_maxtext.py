@@ -77,6 +77,10 @@ ROWS: dict[str, Row] = {
     "1085m_full": Row(**_1085M, **_V5P8, remat="full"),
     "1085m_auto": Row(**_1085M, **_V5P8, remat="auto"),
     "1085m_full_splash": Row(**_1085M, **_V5P8, remat="full", attention="splash"),
+    # Both programs scanned: memory as a scanned run allocates it; XLA's cost analysis counts
+    # the scanned layer once on both sides, so the seconds and FLOPs compare one layer and
+    # everything outside the scan, alike.
+    "1085m_full_scan": Row(**_1085M, **_V5P8, remat="full", scan=True),
     # Larger paper sizes at 4 sequences per chip (the paper's 2,048-sequence batches would need
     # gradient accumulation on these slices) and full remat, the policy they would run.
     "2791m_full": Row(

@@ -64,6 +64,8 @@ from modeling.attention import target_backend
 from modeling.remat import REMAT_POLICIES
 
 constrain = nn_partitioning.with_sharding_constraint
+# Backends whose embedding lookup reads the table as it is sharded (see `Embed`).
+SHARDED_LOOKUP_BACKENDS = frozenset({"tpu"})
 
 
 class Embed(nn.Module):
@@ -77,9 +79,18 @@ class Embed(nn.Module):
         cfg = self.config
         shape, names = (cfg.vocab_size, cfg.d_model), (axes.VOCAB, axes.EMBED)
         table = weight(cfg, "embedding", nn.initializers.normal(stddev=1.0), shape, names)
-        # Gather from a whole table (FSDP all-gathers weights before use anyway): a lookup in a
-        # vocab/embed-sharded table yields embed-sharded rows that the partitioner can only turn
-        # into batch-sharded activations by "involuntary full rematerialization".
+        if target_backend() in SHARDED_LOOKUP_BACKENDS:
+            # Look up in the table as it is sharded (embed over `fsdp`), in the compute dtype:
+            # the partitioner gathers every device's tokens from its slice of the columns and
+            # swaps slices for rows with one all-to-all, and the gradient is a scatter into the
+            # local slice, as MaxText's embedding does. Gathering the whole table instead costs a
+            # float32 `[vocab, embed]` scatter and all-reduce per step.
+            x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
+            return constrain(x, axes.ACT_EMBED)
+        # Elsewhere gather from a whole table (FSDP all-gathers weights before use anyway): on
+        # the CPU a lookup in a vocab/embed-sharded table yields embed-sharded rows that the
+        # partitioner can only turn into batch-sharded activations by "involuntary full
+        # rematerialization".
         table = constrain(table, (None, None))
         x = jnp.take(table, tokens, axis=0).astype(cfg.compute_dtype)
         return constrain(x, axes.ACT_EMBED)

@@ -19,7 +19,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from modeling import decoding
 
@@ -43,10 +42,18 @@ def token_cross_entropy(
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token cross-entropy (nats) and z-loss `z·logsumexp²`, both multiplied by `weights`.
 
-    Computed in float32 whatever the logits' dtype.
+    Computed in float32 whatever the logits' dtype. The target's logit is picked by comparing
+    each vocabulary index with the target and summing (one nonzero term, so exactly the value
+    `optax.softmax_cross_entropy_with_integer_labels` gathers): the comparison fuses into the
+    same pass over the logits as the normaliser, where a gather reads them again and its
+    gradient is a scatter (which XLA offloads to a v5p's SparseCore, whose cost it cannot
+    estimate).
     """
     logits = logits.astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    vocab = jax.lax.broadcasted_iota(targets.dtype, shifted.shape, shifted.ndim - 1)
+    target_logit = jnp.sum(jnp.where(vocab == targets[..., None], shifted, 0.0), axis=-1)
+    ce = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1)) - target_logit
     zl = z_loss * jnp.square(jax.nn.logsumexp(logits, axis=-1)) if z_loss else jnp.zeros_like(ce)
     return ce * weights, zl * weights
 
@@ -71,6 +78,13 @@ class TransformerModel(abc.ABC):
         self.name = name
         self.family = family.name
         self._family = family
+
+    @property
+    def model_family(self) -> Any:
+        """The family (`modeling.family.ModelFamily`) that built this wrapper: what a job's plan
+        and its memory check ask (nominal sizes, memory estimates) without looking the family up
+        by name again (`family` is its name)."""
+        return self._family
 
     @property
     def vocab_size(self) -> int:
