@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # and a test suite or a sweep starts hundreds. The recipes here run with it unset.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup comet-env gpu-test-wheels test lint format docs docs-check demo demo-smoke demo-mt demo-mt-smoke paper-check clean
+.PHONY: setup comet-env gpu-test-wheels test test-fast lint format docs docs-check demo demo-smoke demo-mt demo-mt-smoke paper-check clean
 
 setup: $(STAMP)
 
@@ -103,6 +103,14 @@ $(XM_STAMP): $(STAMP) tests/xmanager_local_requirements.txt
 test: lint docs-check $(LIBTPU_STAMP) $(XM_STAMP)
 	XLSCALE_LIBTPU=$(abspath $(LIBTPU_DIR))/libtpu/libtpu.so \
 	XLSCALE_XMANAGER_PATH=$(abspath $(XM_DIR)) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
+
+# The fast tests alone (`-m "not slow"`: no lint, no docs build, no end-to-end training, no
+# trainer subprocess, no SLURM cluster; libtpu for the TPU compile-only tests, xmanager's tests
+# are all slow): under 3 minutes on a 2-core machine, for the edit-test loop. A test of more than
+# about 2 s is marked `slow` (docs/testing.md). `make test` stays the whole suite.
+test-fast: $(LIBTPU_STAMP)
+	XLSCALE_LIBTPU=$(abspath $(LIBTPU_DIR))/libtpu/libtpu.so \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not slow"
 
 # The documentation site (mkdocs.yml; pages in docs/) into DOCS_SITE (git-ignored). `make docs`
 # rewrites the results pages and README's results summary from their measurement records

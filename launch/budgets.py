@@ -11,12 +11,11 @@ a later layer's amount or batch key replace the earlier one's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from launch.manifest_checks import check_keys, require
-from modeling.family import PARAM_BASES
+from modeling.family import PARAM_BASES, budget_steps
 
 AMOUNT_KEYS = ("tokens_per_param", "tokens", "steps")
 BATCH_KEYS = ("batch_tokens", "batch_size", "batch_tokens_bands")
@@ -33,7 +32,16 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def resolve(budget: Mapping[str, Any], *, where: str) -> tuple[str, str, str]:
+class Rule(NamedTuple):
+    """A validated budget's rule (`resolve`): which amount and batch keys it sets, and the basis
+    of N; `steps_and_batch` takes it, so a budget is validated once."""
+
+    amount_key: str
+    batch_key: str
+    basis: str
+
+
+def resolve(budget: Mapping[str, Any], *, where: str) -> Rule:
     """Validates a budget; returns its amount key, batch key and parameter basis."""
     check_keys(budget, (*AMOUNT_KEYS, *BATCH_KEYS, "param_basis"), where)
     amounts = [k for k in AMOUNT_KEYS if k in budget]
@@ -48,15 +56,17 @@ def resolve(budget: Mapping[str, Any], *, where: str) -> tuple[str, str, str]:
         require(bool(ok), where, "batch_tokens_bands is a list of [max_params, batch_tokens]")
         bounds = [float(b[0]) for b in bands]
         require(bounds == sorted(bounds), where, "batch_tokens_bands must be in increasing order")
-    return amounts[0], batches[0], basis
+    return Rule(amounts[0], batches[0], basis)
 
 
 def steps_and_batch(
-    budget: Mapping[str, Any], *, params: float | None, seq_len: int, where: str
+    budget: Mapping[str, Any], rule: Rule, *, params: float | None, seq_len: int, where: str
 ) -> tuple[int, int]:
-    """(train steps, batch size in sequences) for a budget; `params` is N on the budget's basis
-    (None when unknown, which only rules that need N reject)."""
-    amount_key, batch_key, basis = resolve(budget, where=where)
+    """(train steps, batch size in sequences) for a budget and its rule (`resolve`, called once
+    per budget by the caller); `params` is N on the budget's basis (None when unknown, which only
+    rules that need N reject). The steps follow the trainer's rule (`modeling.family.budget_steps`).
+    """
+    amount_key, batch_key, basis = rule
     needs_params = amount_key == "tokens_per_param" or batch_key == "batch_tokens_bands"
     require(
         params is not None or not needs_params,
@@ -75,6 +85,9 @@ def steps_and_batch(
     amount = float(budget[amount_key])
     if amount_key == "steps":
         return int(amount), batch_size
+    per_step = batch_size * seq_len
     if amount_key == "tokens_per_param":
-        amount *= params
-    return max(1, math.ceil(amount / (batch_size * seq_len))), batch_size
+        steps = budget_steps(tokens_per_step=per_step, tokens_per_param=amount, params=params)
+    else:
+        steps = budget_steps(tokens_per_step=per_step, tokens=amount)
+    return steps, batch_size

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from launch import strategies
 from launch.runs import Run, gin_literal
 from modeling import family as family_lib
-from modeling import memory
+from modeling import memory, step_memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,23 +279,18 @@ def memory_plan(run: Run, hardware: Hardware) -> memory.Plan | None:
         return None
     lengths = _binding(run, "TASK_FEATURE_LENGTHS") or {}
     chip = chip_of(hardware)
-    shape = memory.StepShape(
+    shape = step_memory.step_shape(
+        family,
+        config,
         batch_size=run.batch_size,
         seq_len=int(lengths.get("targets", run.seq_len)),
-        inputs_len=int(lengths.get("inputs", run.seq_len))
-        if len(family.feature_keys) > 1
-        else None,
+        inputs_len=int(lengths.get("inputs", run.seq_len)),
         data_parallel=hardware.chips,
         param_shards=hardware.chips,
         optimizer=RECIPE_OPTIMIZER.get(run.family, "adamw"),
-        attention_kernel=getattr(config, "attention_kernel", "auto"),
         platform=memory.CHIP_PLATFORM[chip.name],
     )
-
-    def estimator(policy: str, step: memory.StepShape) -> memory.MemoryEstimate:
-        return family.memory_estimate(dataclasses.replace(config, remat_policy=policy), shape=step)
-
-    return memory.plan(estimator, shape=shape, limit=chip.usable)
+    return step_memory.plan(family, config, shape=shape, limit=chip.usable)
 
 
 def with_memory_plan(run: Run, plan: memory.Plan) -> Run:

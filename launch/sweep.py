@@ -185,15 +185,15 @@ class _Expander:
         require(isinstance(overrides, Mapping), where, "MODEL_OVERRIDES must be a table")
         overrides = {**overrides, **shape}
         counts = self.counts(base, overrides, where)
-        amount_key, _, basis = budgets.resolve(budget, where=where)
+        rule = budgets.resolve(budget, where=where)  # once per budget
         params = family_lib.basis_params(
-            basis,
+            rule.basis,
             total=None if counts is None else counts.params_total,
             non_embedding=None if counts is None else counts.params_non_embedding,
             nominal=self.family.nominal_params(base),
         )
         steps, batch_size = budgets.steps_and_batch(
-            budget, params=params, seq_len=m.seq_len, where=where
+            budget, rule, params=params, seq_len=m.seq_len, where=where
         )
         if "FINETUNE_RECIPE" in coords:  # a finetune-length axis: the recipe gives the steps
             try:
@@ -224,8 +224,8 @@ class _Expander:
         # The budget's N basis and tokens per parameter are the run's own settings (PARAM_BASIS,
         # TOKENS_PER_PARAM): the trainer computes from them the steps bound above
         # (tests/test_token_budget.py) and records them in run.json.
-        bindings["PARAM_BASIS"] = gin_literal(basis)
-        if amount_key == "tokens_per_param":
+        bindings["PARAM_BASIS"] = gin_literal(rule.basis)
+        if rule.amount_key == "tokens_per_param":
             bindings["TOKENS_PER_PARAM"] = gin_literal(budget["tokens_per_param"])
         if "TASK_FEATURE_LENGTHS" not in gin:  # a manifest may set its own (e.g. T5 targets 114)
             lengths = {k: m.seq_len for k in self.family.feature_keys}

@@ -11,6 +11,7 @@ imports no family (t5x's `BaseTransformerModel` plays the same role for its mode
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -143,3 +144,29 @@ def basis_params(
     if basis not in PARAM_BASES:
         raise ValueError(f"param_basis {basis!r}; allowed: {', '.join(PARAM_BASES)}")
     return {"non_embedding": non_embedding, "total": total, "nominal": nominal}[basis]
+
+
+def budget_steps(
+    *,
+    tokens_per_step: int,
+    tokens: float | None = None,
+    tokens_per_param: float | None = None,
+    params: float | None = None,
+) -> int:
+    """The steps rule of a token budget: optimizer steps that train `tokens` tokens, or
+    `tokens_per_param × params` (N on the run's basis, `basis_params`), in whole batches of
+    `tokens_per_step` tokens (rounded up, at least one). The one rule behind the trainer's
+    `TOKENS_PER_PARAM` (`trainer.jobs.resolve_train_steps`) and the sweep's `[budget]`
+    (`launch.budgets.steps_and_batch`), so that both give a recipe the same steps.
+
+    Raises:
+      ValueError: not exactly one of `tokens` and `tokens_per_param`, or `tokens_per_param`
+        without `params`.
+    """
+    if (tokens is None) == (tokens_per_param is None):
+        raise ValueError("give exactly one of tokens and tokens_per_param")
+    if tokens is None:
+        if params is None:
+            raise ValueError("tokens_per_param needs the parameter count")
+        tokens = float(tokens_per_param) * params
+    return max(1, math.ceil(float(tokens) / tokens_per_step))

@@ -4,6 +4,9 @@ sizes in `SIZES`; `manifest_text` is its sweep manifest."""
 from __future__ import annotations
 
 import json
+import threading
+
+from launch_fakes import size_section, tiny_sweep
 
 SIZES = {  # name -> (d_model, num_layers): 4k to 100k non-embedding parameters
     "a_d16": (16, 1),
@@ -12,25 +15,13 @@ SIZES = {  # name -> (d_model, num_layers): 4k to 100k non-embedding parameters
     "d_d48x2": (48, 2),
     "e_d64x2": (64, 2),
 }
-MANIFEST = """
-[sweep]
-name = "adaptive_tiny"
-description = "five tiny scratch runs (fr) for the adaptive sweep"
-family = "llama2"
-runs_dir = "RUNS_DIR"
-seq_len = 64
-gin_files = ["experiments/tiny.gin"]
-
-[vars]
-DATA_DIR = ""
-VOCAB_PATH = ""
-
-[gin]
-DATA_DIR = "${DATA_DIR}"
-VOCAB_PATH = "${VOCAB_PATH}"
-MODEL_OVERRIDES = { vocab_size = 512, max_len = 128 }
-SEQUENCE_LENGTH = 64
-PEAK_LR = 3e-3
+MANIFEST = (
+    tiny_sweep(
+        "adaptive_tiny",
+        description="five tiny scratch runs (fr) for the adaptive sweep",
+        runs_dir="RUNS_DIR",
+    )
+    + """PEAK_LR = 3e-3
 EVAL_PERIOD = 6
 EVAL_MAX_TOKENS = 1024
 LOG_EVERY = 3
@@ -48,6 +39,7 @@ strategies = ["scratch"]
 steps = 24
 batch_size = 8
 """
+)
 
 
 def manifest_text(runs_dir) -> str:
@@ -55,8 +47,36 @@ def manifest_text(runs_dir) -> str:
     text = MANIFEST.replace("RUNS_DIR", str(runs_dir))
     text = text.replace("SIZE_NAMES", json.dumps(list(SIZES)))
     for name, (width, layers) in SIZES.items():
-        text += (
-            f'\n[sizes.{name}]\nbase = "llama2_cpu_d64"\nd_model = {width}\n'
-            f"d_ff = {4 * width}\nnum_heads = 2\nnum_layers = {layers}\n"
-        )
+        text += "\n" + size_section(name, d_model=width, d_ff=4 * width, num_layers=layers)
     return text
+
+
+def caught_up(sweep, launcher, monkeypatch, timeout: float = 300.0) -> None:
+    """Makes `launcher` (a `SequentialLauncher`) start each run only once the adaptive `sweep`
+    has polled the runs as they are then (a poll that began after the launcher came to the run
+    has ended), so its decisions about that run are in before the run starts, however fast or
+    slow the trainer: a run the law already knows is skipped, never started, instead of racing
+    the refit. A run may still be stopped mid-training where the watcher is quick enough."""
+    cond = threading.Condition()
+    began, ended = [0], [0]
+    poll, attempt = sweep.poll, launcher.attempt
+
+    def counted_poll():
+        with cond:
+            began[0] += 1
+            mine = began[0]
+        try:
+            return poll()
+        finally:
+            with cond:
+                ended[0] = mine
+                cond.notify_all()
+
+    def gated_attempt(run, progress):
+        with cond:
+            after = began[0]
+            assert cond.wait_for(lambda: ended[0] > after, timeout), "the sweep stopped polling"
+        return attempt(run, progress)
+
+    monkeypatch.setattr(sweep, "poll", counted_poll)
+    monkeypatch.setattr(launcher, "attempt", gated_attempt)

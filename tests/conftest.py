@@ -11,6 +11,7 @@ installed): it collects only the test modules that hold GPU tests, and the `gcs_
 plugin needs nothing but the standard library.
 """
 
+import contextlib
 import glob
 import importlib.util
 import os
@@ -51,6 +52,40 @@ def fast_compile_flags() -> str:
     if os.environ.get(FAST_COMPILE_OFF_ENV, "") not in ("", "0"):
         return ""
     return " ".join(FAST_COMPILE_FLAGS)
+
+
+# Plain helpers that test modules import (`from conftest import ...`) as well as the fixtures
+# below: `fast_compile_flags` above, `imported_with`, `random_params`.
+
+
+def imported_with(module: str, candidates) -> list[str]:
+    """Which of `candidates` (module names) a fresh Python process holds after importing
+    `module`, sorted: for the checks that a light module does not pull in a heavy one
+    (TensorFlow, seqio, JAX), which this process, having imported them already, cannot make."""
+    import subprocess
+
+    code = (
+        "import importlib, sys\n"
+        f"importlib.import_module({module!r})\n"
+        f"print(','.join(sorted(m for m in {tuple(candidates)!r} if m in sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    return [name for name in out.stdout.strip().split(",") if name]
+
+
+def random_params(abstract, rng, *, scale: float = 1.0, dtype=None):
+    """`abstract` (a tree of shapes and dtypes: a model's abstract parameters) filled with
+    normal draws of standard deviation `scale` from the numpy generator `rng` (a
+    `np.random.default_rng(seed)` or a legacy `np.random.RandomState(seed)`), as numpy arrays of
+    `dtype` (by default each leaf's own). Parameters for the tests whose identities hold for any
+    values, without compiling the model's initialiser (seconds on a CPU)."""
+    import jax
+
+    return jax.tree.map(
+        lambda s: (scale * rng.standard_normal(s.shape)).astype(dtype or s.dtype), abstract
+    )
 
 
 HOW_TO_RUN = (
@@ -269,17 +304,8 @@ def run_quietly():
 def seqio_registry():
     """Empties seqio's task and mixture registries around a test, so tests never see each other's
     registrations (and never depend on import-time side effects)."""
-    import seqio
-
-    saved_tasks = dict(seqio.TaskRegistry._REGISTRY)
-    saved_mixtures = dict(seqio.MixtureRegistry._REGISTRY)
-    seqio.TaskRegistry.reset()
-    seqio.MixtureRegistry.reset()
-    yield
-    seqio.TaskRegistry.reset()
-    seqio.MixtureRegistry.reset()
-    seqio.TaskRegistry._REGISTRY.update(saved_tasks)
-    seqio.MixtureRegistry._REGISTRY.update(saved_mixtures)
+    with SeqioState.emptied():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -308,6 +334,17 @@ def fixture_data(tmp_path_factory):
     return build
 
 
+# The languages of the corpora of the seqio task, mixture and stream tests (`six_langs`).
+SIX_LANGS = ["en", "zh", "fr", "ru", "de", "ro"]
+
+
+@pytest.fixture(scope="session")
+def six_langs(fixture_data):
+    """`(corpora_dir, vocabulary)`: the fixture corpora of `SIX_LANGS` and an 800-piece
+    vocabulary of them, built once for the seqio task and mixture test modules."""
+    return fixture_data(langs=SIX_LANGS, vocab_size=800)
+
+
 class SeqioState:
     """Snapshot and restore of seqio's task and mixture registries, for fixtures that register
     tasks for a whole module (the function-scoped `seqio_registry` cannot serve them)."""
@@ -329,10 +366,31 @@ class SeqioState:
         seqio.TaskRegistry._REGISTRY.update(saved[0])
         seqio.MixtureRegistry._REGISTRY.update(saved[1])
 
+    @classmethod
+    @contextlib.contextmanager
+    def kept(cls):
+        """`with seqio_state.kept(): ...`: whatever the block registers is dropped after it (the
+        `snapshot` ... `restore` pair, for a block)."""
+        saved = cls.snapshot()
+        try:
+            yield
+        finally:
+            cls.restore(saved)
+
+    @classmethod
+    @contextlib.contextmanager
+    def emptied(cls):
+        """`with seqio_state.emptied(): ...`: empty registries inside the block (no registration
+        made before it, at import or by another test, shows), what they held put back after it."""
+        with cls.kept():
+            cls.restore(({}, {}))
+            yield
+
 
 @pytest.fixture(scope="session")
 def seqio_state():
-    """`SeqioState`: `saved = seqio_state.snapshot()` ... `seqio_state.restore(saved)`."""
+    """`SeqioState`: `saved = seqio_state.snapshot()` ... `seqio_state.restore(saved)`, or the
+    blocks `with seqio_state.kept():` and `with seqio_state.emptied():`."""
     return SeqioState
 
 
@@ -410,6 +468,36 @@ def compilation_cache(tmp_path_factory):
 
 
 @pytest.fixture
+def tmpfs(tmp_path):
+    """`mount(size_mib) -> Path`: a tmpfs of `size_mib` MiB mounted under `tmp_path` (the first at
+    `tmp_path / "disk"`), each unmounted after the test; skips the test where it cannot mount one
+    (it needs root, which CI has). For the tests of a disk that really fills up: each module
+    picks the size its runs need."""
+    import subprocess
+
+    mounts = []
+
+    def mount(size_mib: int) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+        path = tmp_path / ("disk" if not mounts else f"disk{len(mounts) + 1}")
+        path.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", os.fspath(path)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounts):
+        subprocess.run(["umount", "-l", os.fspath(path)], check=False)
+
+
+@pytest.fixture
 def no_compile(monkeypatch):
     """Makes any attempt to plan (and so compile) a run fail: the checks under test come first."""
     from trainer import train as train_lib
@@ -427,12 +515,9 @@ def finished(tiny_data, tmp_path_factory, seqio_state):
 
     from trainer import train as train_lib
 
-    saved = seqio_state.snapshot()
     model_dir = tmp_path_factory.mktemp("resume") / "finished"
-    try:
+    with seqio_state.kept():
         result = train_lib.train(model_dir=model_dir, **base_kwargs(tiny_data))
-    finally:
-        seqio_state.restore(saved)
     assert result.completed and result.step == STEPS
     return model_dir
 

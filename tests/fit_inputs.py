@@ -1,4 +1,5 @@
-"""What the fitting tests share: a small start grid, and fit results made from given parameters."""
+"""What the fitting tests share: a small start grid, fit results made from given parameters, and
+the run.json of a small scratch run (`RUN_META`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ SMALL_GRID = {
     "e": [0.0, 0.5],
     "alpha": [0.5],
     "beta": [0.5],
+}
+
+# The run.json of a scratch run into French of 1e8 non-embedding parameters, 4 rows of 8 tokens a
+# step, 6e8 FLOPs a token: what the fit readers need of a run directory written by hand.
+RUN_META = {
+    "strategy": "scratch",
+    "target_lang": "fr",
+    "params_non_embedding": 1e8,
+    "batch_size": 4,
+    "seq_len": 8,
+    "flops_per_token": 6e8,
 }
 
 

@@ -1,13 +1,51 @@
 """The launcher tests' sweep and trainer: `MANIFEST` (a small sweep of two sizes), `FakeTrainer`
-(stands in for trainer.train) and `launch` (a LocalLauncher run with its progress text)."""
+(stands in for trainer.train) and `launch` (a LocalLauncher run with its progress text); and the
+pieces the test sweep manifests share (`DATA_SECTIONS`, `tiny_sweep`, `size_section`)."""
 
 import io
 import json
 from pathlib import Path
 
-from launch import launchers, status
+from launch import launchers, status, sweep
 
-MANIFEST = """
+# A manifest's `[vars]` and `[gin]` sections passing DATA_DIR and VOCAB_PATH (given by `--var`)
+# to gin; a manifest adds its own gin settings after them.
+DATA_SECTIONS = """[vars]
+DATA_DIR = ""
+VOCAB_PATH = ""
+
+[gin]
+DATA_DIR = "${DATA_DIR}"
+VOCAB_PATH = "${VOCAB_PATH}"
+"""
+
+
+def tiny_sweep(name: str, *, description: str = "", runs_dir: str = "") -> str:
+    """The head of a manifest of tiny llama2 runs on the fixture corpora (`experiments/tiny.gin`,
+    64-token sequences): its `[sweep]` section, then `DATA_SECTIONS` and tiny.gin's model
+    overrides; the caller appends its other gin settings and sections. One text for the tiny
+    sweeps of several helper modules, so that they stay alike."""
+    return (
+        f'\n[sweep]\nname = "{name}"\n'
+        + (f'description = "{description}"\n' if description else "")
+        + 'family = "llama2"\n'
+        + (f'runs_dir = "{runs_dir}"\n' if runs_dir else "")
+        + 'seq_len = 64\ngin_files = ["experiments/tiny.gin"]\n\n'
+        + DATA_SECTIONS
+        + "MODEL_OVERRIDES = { vocab_size = 512, max_len = 128 }\nSEQUENCE_LENGTH = 64\n"
+    )
+
+
+def size_section(name: str, *, d_model: int, d_ff: int, num_layers: int) -> str:
+    """A manifest's `[sizes.<name>]` section: a llama2 shape of 2 heads based on
+    `llama2_cpu_d64`, as the tiny test sweeps use."""
+    return (
+        f'[sizes.{name}]\nbase = "llama2_cpu_d64"\nd_model = {d_model}\nd_ff = {d_ff}\n'
+        f"num_heads = 2\nnum_layers = {num_layers}\n"
+    )
+
+
+MANIFEST = f"""
 [sweep]
 name = "unit"
 seq_len = 16
@@ -16,25 +54,13 @@ seq_len = 16
 DATA_DIR = "/data"
 
 [env]
-XLSCALE_TEST_ENV = "${DATA_DIR}/x"
+XLSCALE_TEST_ENV = "${{DATA_DIR}}/x"
 
 [gin]
-DATA_DIR = "${DATA_DIR}"
+DATA_DIR = "${{DATA_DIR}}"
 
-[sizes.a]
-base = "llama2_cpu_d64"
-d_model = 16
-d_ff = 32
-num_heads = 2
-num_layers = 1
-
-[sizes.b]
-base = "llama2_cpu_d64"
-d_model = 32
-d_ff = 64
-num_heads = 2
-num_layers = 2
-
+{size_section("a", d_model=16, d_ff=32, num_layers=1)}
+{size_section("b", d_model=32, d_ff=64, num_layers=2)}
 [axes]
 sizes = ["a", "b"]
 target_langs = ["zh"]
@@ -51,6 +77,17 @@ replay_ratios = [0.1]
 steps = 6
 batch_size = 2
 """
+
+
+def smoke_runs(runs_dir: Path, *, data_dir: str, vocab_path: str) -> list:
+    """The runs of the shipped `smoke` manifest with its DATA_DIR and VOCAB_PATH set and its run
+    directories under `runs_dir`: a real sweep for the tests of the launchers' command lines."""
+    manifest = sweep.load_manifest(
+        "smoke",
+        variables={"DATA_DIR": data_dir, "VOCAB_PATH": vocab_path},
+        runs_dir=str(runs_dir),
+    )
+    return sweep.expand(manifest)
 
 
 def write_metrics(model_dir: Path, step: int, loss: float) -> None:

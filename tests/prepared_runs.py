@@ -17,19 +17,31 @@ from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
 
 
-def prepare_train_splits(out: Path, tasks: Sequence[str]) -> Path:
-    """Prepares the train split of each of `tasks` (registered by the caller) into `out`, two
-    shards each, in this process; returns `out`."""
+def tiny_registration(tiny_data) -> prepare_lib.Registration:
+    """The registration of the seqio tasks on the tiny corpora and vocabulary (`tiny_data`),
+    for the tests that prepare them; the caller registers it (and drops it afterwards)."""
+    return prepare_lib.Registration(vocab_path=tiny_data["vocab"], corpora_dir=tiny_data["corpora"])
+
+
+def prepare_splits(out: Path, tasks: Sequence[str], *, split: str, num_shards: int) -> Path:
+    """Prepares `split` of each of `tasks` (registered by the caller) into `out`, `num_shards`
+    shards each, in this process and quietly; returns `out`."""
     for task in tasks:
         prepare_lib.prepare(
             task_name=task,
-            split="train",
+            split=split,
             out_dir=out,
-            num_shards=2,
+            num_shards=num_shards,
             workers=1,
             log=lambda line: None,
         )
     return out
+
+
+def prepare_train_splits(out: Path, tasks: Sequence[str]) -> Path:
+    """Prepares the train split of each of `tasks` (registered by the caller) into `out`, two
+    shards each, in this process; returns `out`."""
+    return prepare_splits(out, tasks, split="train", num_shards=2)
 
 
 def prepared_kwargs(

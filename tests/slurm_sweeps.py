@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import fast_compile_flags
+from launch_fakes import size_section, tiny_sweep
 from slurm_cluster import SlurmCluster
 
 from launch import status, sweep
@@ -23,23 +24,7 @@ REPO = Path(sweep.__file__).resolve().parent.parent
 # One tiny shape; a source run (en) and CPT runs (fr, without and with 10% English replay). Each
 # job has one CPU device ([env]): 8 simulated ones (this session's XLA_FLAGS, which sbatch passes
 # on) all-reduce through a rendezvous that times out when two jobs share two CPUs.
-MANIFEST = """
-[sweep]
-name = "slurm_cluster"
-family = "llama2"
-seq_len = 64
-gin_files = ["experiments/tiny.gin"]
-
-[vars]
-DATA_DIR = ""
-VOCAB_PATH = ""
-
-[gin]
-DATA_DIR = "${DATA_DIR}"
-VOCAB_PATH = "${VOCAB_PATH}"
-MODEL_OVERRIDES = { vocab_size = 512, max_len = 128 }
-SEQUENCE_LENGTH = 64
-EVAL_PERIOD = 4
+MANIFEST = f"""{tiny_sweep("slurm_cluster")}EVAL_PERIOD = 4
 EVAL_MAX_TOKENS = 512
 LOG_EVERY = 2
 CHECKPOINT_PERIOD = 4
@@ -47,13 +32,7 @@ CHECKPOINT_PERIOD = 4
 [env]
 XLA_FLAGS = "--xla_force_host_platform_device_count=1 FAST_COMPILE"
 
-[sizes.t16]
-base = "llama2_cpu_d64"
-d_model = 16
-d_ff = 32
-num_heads = 2
-num_layers = 1
-
+{size_section("t16", d_model=16, d_ff=32, num_layers=1)}
 [axes]
 sizes = ["t16"]
 target_langs = ["fr"]
@@ -76,36 +55,14 @@ LONG_STEPS = 3000
 # The time-limited copy's limit (minutes) until the test brings it near, and its SIGTERM's lead.
 LONG_LIMIT_MIN = 30
 SIGNAL_BEFORE_S = 120
-LONG_MANIFEST = f"""
-[sweep]
-name = "slurm_cluster_long"
-family = "llama2"
-seq_len = 64
-gin_files = ["experiments/tiny.gin"]
-
-[vars]
-DATA_DIR = ""
-VOCAB_PATH = ""
-
-[gin]
-DATA_DIR = "${{DATA_DIR}}"
-VOCAB_PATH = "${{VOCAB_PATH}}"
-MODEL_OVERRIDES = {{ vocab_size = 512, max_len = 128 }}
-SEQUENCE_LENGTH = 64
-EVAL_PERIOD = {LONG_STEPS // 2}
+LONG_MANIFEST = f"""{tiny_sweep("slurm_cluster_long")}EVAL_PERIOD = {LONG_STEPS // 2}
 EVAL_MAX_TOKENS = 512
 LOG_EVERY = 50
 
 [env]
 XLA_FLAGS = "--xla_force_host_platform_device_count=1"
 
-[sizes.t32]
-base = "llama2_cpu_d64"
-d_model = 32
-d_ff = 64
-num_heads = 2
-num_layers = 2
-
+{size_section("t32", d_model=32, d_ff=64, num_layers=2)}
 [axes]
 sizes = ["t32"]
 target_langs = ["fr"]

@@ -147,6 +147,7 @@ def test_remat_candidates_drop_what_the_memory_model_says_cannot_fit(bench):
     assert bench.halvings(64) == [64, 32, 16, 8] and bench.halvings(2) == [2, 1]
 
 
+@pytest.mark.slow
 def test_failed_rows_are_rows_and_the_next_row_runs(bench, tmp_path, monkeypatch, capsys):
     # The first policy dies in XLA's out-of-memory error (raised in the child), the second in
     # torch's (printed, exit 1, no result line); the third compiles and runs for real.
@@ -181,6 +182,7 @@ def test_failed_rows_are_rows_and_the_next_row_runs(bench, tmp_path, monkeypatch
     assert "out of memory asking 33.74 GiB" in printed
 
 
+@pytest.mark.slow
 def test_a_failed_probe_ends_the_run_in_one_line(bench, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(bench.harness.INJECT_ENV, "oom=probe")
     out = tmp_path / "rows.jsonl"
@@ -191,6 +193,7 @@ def test_a_failed_probe_ends_the_run_in_one_line(bench, tmp_path, monkeypatch, c
     assert [r["record"] for r in records(out)] == ["header", "summary"]
 
 
+@pytest.mark.slow
 def test_a_small_budget_skips_rows_and_says_which(tmp_path):
     # The parent runs in its own process here, so it can also show that it never imported JAX
     # (on a GPU a backend in the parent would hold memory the rows need).
@@ -243,6 +246,7 @@ def children_of(pid):
     return found
 
 
+@pytest.mark.slow
 def test_rows_are_streamed_before_the_run_ends(tmp_path):
     # The first row fails fast; the second hangs; the parent is killed (SIGKILL, as a lease
     # ends) once the first row is on disk. The finished row is there, the run never wrote its
@@ -275,6 +279,7 @@ def test_rows_are_streamed_before_the_run_ends(tmp_path):
     assert "out of memory asking 33.74 GiB" in stdout  # the table row was printed as it came
 
 
+@pytest.mark.slow
 def test_a_hung_row_times_out_and_the_run_goes_on(tmp_path):
     logs = tmp_path / "logs"
     proc = _parent(
@@ -307,6 +312,7 @@ sys.meta_path.insert(0, _Blocked())
 '''
 
 
+@pytest.mark.slow
 def test_runs_without_tensorflow_seqio_or_gin(tmp_path):
     # A sitecustomize on PYTHONPATH blocks the three in the parent and (the parent keeps our
     # PYTHONPATH for its children) in every child; one real T5 row runs through the child path,

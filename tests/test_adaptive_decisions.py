@@ -160,6 +160,7 @@ def _refit(model, obs, *, bootstrap, chip_hours=1.0, run_blocks=None):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_refit_identifies_the_laws_only_with_enough_sizes(synthetic_runs):
     model = paper_models.cpt_model()
     scratch = sorted(k for k in synthetic_runs if k.startswith("scratch_"))
@@ -185,6 +186,7 @@ def test_refit_identifies_the_laws_only_with_enough_sizes(synthetic_runs):
         assert block["sigma"] == pytest.approx(0.005, rel=0.5) and block["run_sigma"] < 0.01
 
 
+@pytest.mark.slow
 def test_assess_prices_remaining_points_and_predicts_the_final_loss(synthetic_runs):
     model = paper_models.cpt_model()
     known = [k for k in synthetic_runs if not k.startswith(("replay_", "cpt_"))]
@@ -236,6 +238,7 @@ def _flat_early_curves(root) -> dict:
     return {r.run_id: r for r in run_dirs.read_runs(root) if not r.run_id.startswith("replay_")}
 
 
+@pytest.mark.slow
 def test_a_degenerate_fit_keeps_the_prior_and_names_why(tmp_path):
     # The fit of curves that ignore N converges with A·N^-α gone (A underflows to 0): a scale
     # the design's log-parameters cannot hold. The xmanager adaptive test met it in CI (stop
@@ -295,6 +298,7 @@ def test_steering_that_fails_leaves_the_launch_alone_and_its_traceback_on_disk(t
     ]
 
 
+@pytest.mark.slow
 def test_refit_fits_the_mt_laws_of_a_series_of_finetunes(tmp_path):
     synthetic.write_study(tmp_path, sizes=(3e7, 1e8, 3e8), evals=3, mt=True, seed=1)
     data = {r.run_id: r for r in run_dirs.read_runs(tmp_path)}

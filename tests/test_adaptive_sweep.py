@@ -4,7 +4,8 @@ runs (French, the fixture corpora), trained one after another in this process wh
 the law already knows; then `xlscale sweep status` and `xlscale sweep adaptive replay` on the log,
 and `xlscale sweep run --adaptive` again, which finds nothing left to run. Then the same study
 under the schedule-aware law (`--adaptive-law lr_area`), from a pilot fit of it, reusing the two
-finished runs."""
+finished runs. Each run starts only once the sweep has polled the runs before it
+(`adaptive_study.caught_up`), so what is skipped does not hang on how fast the trainer is."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import re
 import shutil
 
 import pytest
-from adaptive_study import manifest_text
+from adaptive_study import caught_up, manifest_text
 
 from launch import adaptive, adaptive_loop, launchers
 from launch.sweep import expand, load_manifest
@@ -51,7 +52,7 @@ def train_here(run, log_path) -> int:
 
 @pytest.mark.slow
 def test_adaptive_sweep_end_to_end_with_the_local_launcher(
-    tiny_data, tmp_path, seqio_state, capsys
+    tiny_data, tmp_path, seqio_state, capsys, monkeypatch
 ):
     path = tmp_path / "adaptive_tiny.toml"
     path.write_text(manifest_text(tmp_path / "runs"))
@@ -64,6 +65,7 @@ def test_adaptive_sweep_end_to_end_with_the_local_launcher(
     policy = adaptive.Policy(min_gain=1e12, tolerance=0.02)
     sweep = adaptive_loop.AdaptiveSweep.for_runs(runs, manifest.runs_dir, policy, bootstrap=20)
     launcher = launchers.LocalLauncher(runner=train_here, poll_s=0.5)
+    caught_up(sweep, launcher, monkeypatch)
     saved = seqio_state.snapshot()
     try:
         (report,) = adaptive_loop.run(sweep, lambda: [launcher.launch(runs)], poll_s=0.3)
@@ -135,9 +137,13 @@ def test_adaptive_sweep_end_to_end_with_the_local_launcher(
     lr_sweep = adaptive_loop.AdaptiveSweep.for_runs(
         lr_runs, lr_manifest.runs_dir, policy, bootstrap=20, law="lr_area", prior_path=str(pilot)
     )
+    lr_launcher = launchers.LocalLauncher(runner=train_here, poll_s=0.5)
+    caught_up(lr_sweep, lr_launcher, monkeypatch)
     saved = seqio_state.snapshot()
     try:
-        (lr_report,) = adaptive_loop.run(lr_sweep, lambda: [launcher.launch(lr_runs)], poll_s=0.3)
+        (lr_report,) = adaptive_loop.run(
+            lr_sweep, lambda: [lr_launcher.launch(lr_runs)], poll_s=0.3
+        )
     finally:
         seqio_state.restore(saved)
     assert set(lr_report.skipped) >= set(ids[:2]) and not lr_report.failed

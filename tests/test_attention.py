@@ -100,6 +100,7 @@ def _forward_and_grads(kernel, q, k, v, cotangent, weight, **kw):
 # ---------------------------------------------------------------- xla against the frozen one
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [True, False])
 def test_xla_matches_frozen_reference_packed_gqa_bias(causal):
     q, k, v, _ = _inputs(0, q_len=10, kv_len=10, heads=4, kv_heads=2, head_dim=8)
@@ -120,6 +121,7 @@ def test_xla_matches_frozen_reference_packed_gqa_bias(causal):
     np.testing.assert_allclose(np.asarray(got) * valid, want * valid, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_xla_cross_segments_and_decoding_offset_match_frozen_reference():
     q, k, v, _ = _inputs(2, q_len=6, kv_len=9, heads=2, kv_heads=1, head_dim=4)
     q_seg, kv_seg = _packed_ids(6, [(2, 5), (3, 6)]), _packed_ids(9, [(4, 7), (5, 9)])
@@ -180,6 +182,7 @@ SPLASH_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(SPLASH_CASES))
 def test_splash_equals_xla_forward_and_gradients(case):
     spec = SPLASH_CASES[case]
@@ -204,6 +207,7 @@ def test_splash_equals_xla_forward_and_gradients(case):
         np.testing.assert_allclose(g_s, g_x, atol=5e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_splash_under_a_mesh_runs_per_shard_and_equals_xla():
     """Under the trainer's mesh context (batch over data x fsdp, heads over model) splash runs in a
     shard_map, one kernel per device's rows and heads, and still computes the xla function."""
@@ -228,6 +232,7 @@ def test_splash_under_a_mesh_runs_per_shard_and_equals_xla():
         np.testing.assert_allclose(g_s, g_x, atol=5e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_llama_with_splash_kernel_computes_the_xla_function():
     cfg = LlamaConfig(
         vocab_size=37,
@@ -249,6 +254,7 @@ def test_llama_with_splash_kernel_computes_the_xla_function():
     np.testing.assert_allclose(got * valid, want * valid, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_t5_with_splash_kernel_computes_the_xla_function(caplog):
     """Cross-attention (no bias) runs splash with packed encoder/decoder ids; self-attention
     carries the relative-position bias, so it falls back to xla and says so."""
@@ -389,6 +395,7 @@ def _recording(monkeypatch):
     return ran
 
 
+@pytest.mark.slow
 def test_auto_dispatch_follows_the_monkeypatched_backend(monkeypatch):
     ran = _recording(monkeypatch)
     q, k, v, _ = _inputs(
@@ -400,6 +407,7 @@ def test_auto_dispatch_follows_the_monkeypatched_backend(monkeypatch):
     assert ran == ["cudnn", "splash", "xla"]
 
 
+@pytest.mark.slow
 def test_packed_batch_never_reaches_a_kernel_that_ignores_segments(monkeypatch, caplog):
     ran = _recording(monkeypatch)
 

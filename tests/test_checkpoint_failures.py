@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import pytest
 from conftest import fast_compile_flags
+from tiny_runs import tiny_source_argv
 
 from pipelines import native_logs
 from rundir import checksums, exits, local_files, names, records, storage
@@ -171,6 +172,7 @@ def test_orbax_error_records_go_to_the_third_party_log_only(tmp_path, monkeypatc
     assert keeps.filter(record(logging.ERROR, __file__))  # not orbax's: as before
 
 
+@pytest.mark.slow
 def test_object_storage_deletions_are_marked_and_finished(gcs_bucket):
     directory = storage.as_path(f"{gcs_bucket}/run/{names.CHECKPOINTS_SUBDIR}")
     store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=1))
@@ -195,17 +197,8 @@ def xla_cache(tmp_path_factory):
 
 def _argv(model_dir, tiny_data, **macros) -> list[str]:
     """A tiny source run of 30 steps, saved every 10, a record every 5, no evaluation."""
-    argv = [
-        "--gin_file=experiments/cpt_source_en.gin",
-        "--gin_file=experiments/tiny.gin",
-        f"--gin.MODEL_DIR='{model_dir}'",
-        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
-        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
-        f"--gin.TRAIN_STEPS={STEPS}",
-        "--gin.CHECKPOINT_PERIOD=10",
-        "--gin.LOG_EVERY=5",
-        "--gin.EVAL_TASKS=[]",
-    ]
+    settings = dict(TRAIN_STEPS=STEPS, CHECKPOINT_PERIOD=10, LOG_EVERY=5, EVAL_TASKS="[]")
+    argv = tiny_source_argv(model_dir, tiny_data, **settings)
     return argv + [f"--gin.{k}={v}" for k, v in macros.items()]
 
 
@@ -305,23 +298,9 @@ def test_a_disk_filling_during_a_commit_ends_in_a_few_lines(
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """A 16 MiB tmpfs mounted for the test (it runs as root in CI), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", os.fspath(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", os.fspath(mount)], check=False)
+    return tmpfs(16)
 
 
 def _leave_free(directory: Path, free: int) -> None:

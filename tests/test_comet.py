@@ -87,6 +87,7 @@ def comet_model(comet_python, tmp_path_factory):
     return os.fspath(ckpt)
 
 
+@pytest.mark.slow
 def test_the_worker_scores_with_the_random_model_and_the_trainer_reports_it_times_100(
     comet_python, comet_model, monkeypatch
 ):
@@ -134,6 +135,7 @@ def test_a_missing_model_is_one_line_naming_comet_model(tmp_path):
     assert "\n" not in message and "COMET_MODEL" in message and os.fspath(missing) in message
 
 
+@pytest.mark.slow
 def test_a_missing_interpreter_is_one_line_naming_comet_python(comet_model, tmp_path, monkeypatch):
     nowhere = os.fspath(tmp_path / "no-venv" / "bin" / "python")
     with pytest.raises(comet_scoring.CometError) as e:
@@ -241,6 +243,7 @@ def _fake_t5x(root: Path, task: str, step: int) -> Path:
     return package.parent
 
 
+@pytest.mark.slow
 def test_the_wmt22_offline_layout_scores_a_t5x_runs_inference_outputs(
     comet_python, comet_model, tmp_path, monkeypatch
 ):

@@ -163,6 +163,7 @@ def small_study(tmp_path_factory):
     return out, fit_all.fit_runs(root, out, bootstrap=0, grid=SMALL_GRID)
 
 
+@pytest.mark.slow
 def test_rows_of_a_small_study_say_why_they_are_not_comparable(small_study):
     out, res = small_study
     rows = {r["quantity"]: r for r in cpt_comparison.rows(res)}
@@ -183,6 +184,7 @@ def test_rows_of_a_small_study_say_why_they_are_not_comparable(small_study):
     assert "| zh | Table 2 scratch beta | 0.3 |" in text
 
 
+@pytest.mark.slow
 def test_rows_of_the_papers_own_sizes_on_its_basis_are_comparable(tmp_path):
     root = tmp_path / "runs"
     models = [f"llama2_{m}m" for m in CPT_SETUP["sizes_m"][:5]]

@@ -121,6 +121,7 @@ def test_brevity_penalty():
     assert float(decoding.brevity_penalty(0.0, 30)) == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offset", [0, 1], ids=["cache", "scanned_cache"])
 def test_wide_beam_search_is_exhaustive_search(offset):
     """With 2k at least every candidate, beam search keeps all hypotheses: its finished set must
@@ -187,6 +188,7 @@ def test_length_penalty_changes_the_winner():
     assert winners[0] == (EOS,) and len(winners[1]) > 1
 
 
+@pytest.mark.slow
 def test_beam_of_one_without_length_penalty_is_greedy():
     """Beam search of width 1 keeps a hypothesis that a second-ranked EOS ends (T5X semantics),
     so it equals greedy search when EOS always ranks first or below second: so here."""
@@ -204,6 +206,7 @@ def test_beam_of_one_without_length_penalty_is_greedy():
     assert np.any(np.asarray(greedy) == EOS)  # the EOS path is exercised
 
 
+@pytest.mark.slow
 def test_eos_ends_rows_and_pads_with_zeros():
     tables = jnp.asarray(np.random.RandomState(2).normal(size=(4, 5, 5, 5)) * 2)
     prompts = jnp.zeros((4, 7), jnp.int32)
@@ -226,6 +229,7 @@ def test_no_finished_beam_returns_live_beams():
     np.testing.assert_allclose(scores[0], 3 * np.log(1 / 3), rtol=1e-5)  # raw log-probs
 
 
+@pytest.mark.slow
 def test_prompts_are_forced_then_continued():
     tables = _designed_table()
     prompts = jnp.asarray([[3, 4, 0, 0, 0], [2, 0, 0, 0, 0]], jnp.int32)

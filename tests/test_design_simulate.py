@@ -140,6 +140,7 @@ def _full_widths(study):
     return information.half_widths(study.model, sum(info.values()), targets)
 
 
+@pytest.mark.slow
 def test_design_beats_random_subsets_in_simulated_mt_fits():
     study = _mt()
     budget = 0.3 * study.full_cost

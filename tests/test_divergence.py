@@ -80,6 +80,7 @@ def all_finite(tree):
     return all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tree))
 
 
+@pytest.mark.slow
 def test_divergence_is_never_checkpointed_and_a_sane_restart_resumes_from_a_finite_step(
     tiny_data, tmp_path, seqio_registry
 ):
@@ -123,6 +124,7 @@ def test_divergence_is_never_checkpointed_and_a_sane_restart_resumes_from_a_fini
     assert all(np.isfinite(r["train/loss"]) for r in records)
 
 
+@pytest.mark.slow
 def test_skip_mode_fails_when_most_updates_diverge(tiny_data, tmp_path, seqio_registry):
     model_dir = tmp_path / "skip_huge"
     with pytest.raises(train_lib.NonFiniteError, match="MAX_SKIPPED_FRACTION") as e:
@@ -136,6 +138,7 @@ def test_skip_mode_fails_when_most_updates_diverge(tiny_data, tmp_path, seqio_re
     assert [(r["step"], r["train/skipped_updates"]) for r in records] == [(1, 0), (2, 1)]
 
 
+@pytest.mark.slow
 def test_skip_mode_counts_only_applied_updates(tiny_data, tmp_path, monkeypatch, seqio_registry):
     real = data.train_batches
     tokens = {}

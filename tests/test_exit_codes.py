@@ -110,6 +110,7 @@ def test_every_class_has_its_own_documented_code():
         assert f"| {c.name} | {c.code} |" in doc
 
 
+@pytest.mark.slow
 def test_the_trainer_process_exits_with_the_class_code(tiny_data, tmp_path, sleeper):
     run = tmp_path / "run"
     # A holder whose heartbeat stays fresh however long the new process takes to start (over

@@ -22,6 +22,7 @@ def clean_fit():
     return N, D, robust_fit.fit_chinchilla(N, D, L)  # the full default (Hoffmann) grid
 
 
+@pytest.mark.slow
 def test_noise_free_recovery_with_the_full_default_grid(clean_fit):
     _, _, res = clean_fit
     assert res.n_starts == 4500 and res.n_finite == 4500
@@ -32,6 +33,7 @@ def test_noise_free_recovery_with_the_full_default_grid(clean_fit):
     assert res.law == "chinchilla" and res.n_points == 200
 
 
+@pytest.mark.slow
 def test_result_is_frozen_exports_unrounded_json_and_predicts(clean_fit):
     N, D, res = clean_fit
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -85,6 +87,7 @@ def test_cpt_stage_two_takes_a_stage_one_that_fitted_the_size_term_away():
     assert math.isfinite(res.params["beta"]) and res.n_bootstrap == 8
 
 
+@pytest.mark.slow
 def test_bootstrap_resamples_runs_and_covers_the_truth():
     # 20 runs (model sizes) × 10 evaluations along training, as the CPT paper fits curves
     # (200 points: the compiled screen is shared with the full-grid test).

@@ -7,18 +7,10 @@ import struct
 
 import numpy as np
 import pytest
+from fit_inputs import RUN_META
 
 from fitting.readers import points, run_dirs
 from rundir import records
-
-META = {
-    "strategy": "scratch",
-    "target_lang": "fr",
-    "params_non_embedding": 1e8,
-    "batch_size": 4,
-    "seq_len": 8,
-    "flops_per_token": 6e8,
-}
 
 
 def _rec(step: int, loss: float) -> dict:
@@ -28,7 +20,7 @@ def _rec(step: int, loss: float) -> dict:
 
 def _run(root, run_id: str, recs: list[dict], *, completed: bool = True):
     """A run directory in the trainer's format (run.json, metrics.jsonl, COMPLETED)."""
-    return records.write_run(root / run_id, info=META, records=recs, completed=completed)
+    return records.write_run(root / run_id, info=RUN_META, records=recs, completed=completed)
 
 
 def _write_events(path, points_: list[tuple[int, str, float]]) -> None:
@@ -76,7 +68,7 @@ def test_a_run_read_from_tensorboard_events_is_fitted_with_a_warning(tmp_path):
         run_dir / "tb" / "events.out.tfevents.1.host",
         [(100, "eval/lm_fr/loss", 3.5), (200, "eval/lm_fr/loss", 3.25)],
     )
-    (run_dir / "run.json").write_text(json.dumps(META))
+    (run_dir / "run.json").write_text(json.dumps(RUN_META))
     records.write_completed(run_dir, step=200, tokens=200 * 32)
     scan = run_dirs.scan_runs(tmp_path)
     (run,) = scan.runs

@@ -51,6 +51,7 @@ def test_ce_power_law_recovery_and_held_out_error():
     assert res.n_fit == 5 and res.fitted.sum() == 5 and np.isfinite(res.prediction_error)
 
 
+@pytest.mark.slow
 def test_residual_bootstrap_gives_intervals_that_hold_the_truth():
     # Six fitted checkpoints with 1% noise: the residual bootstrap's 95% intervals hold the true
     # parameters, and its prediction at the largest (held-out) checkpoint is a few % wide.

@@ -39,6 +39,7 @@ def paper_runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_nominal_basis_recovers_table_2_and_eqs_8_9_and_exact_does_not(paper_runs, tmp_path):
     meta = json.loads((paper_runs / "scratch_llama2_49m" / "run.json").read_text())
     assert meta["params_non_embedding"] != 49e6  # the runs record exact counts, as trained

@@ -5,6 +5,7 @@ import struct
 
 import numpy as np
 import pytest
+from fit_inputs import RUN_META
 
 from fitting.checks import FitInputError
 from fitting.laws import formulas, synthetic
@@ -116,15 +117,7 @@ def test_tensorboard_reader_t5x_layout_and_run_fallback(tmp_path):
     scalars = event_files.read_tensorboard(run)
     assert scalars["loss"] == [(100, 3.0), (200, 2.5)]
     assert scalars["eval/lm_fr/loss"] == [(100, 3.5), (200, 3.25)]
-    meta = {
-        "strategy": "scratch",
-        "target_lang": "fr",
-        "params_non_embedding": 1e8,
-        "batch_size": 4,
-        "seq_len": 8,
-        "flops_per_token": 6e8,
-    }
-    (run / "run.json").write_text(json.dumps(meta))
+    (run / "run.json").write_text(json.dumps(RUN_META))
     r = run_dirs.read_run(run)  # no metrics.jsonl: falls back to the events
     c = points.curve(r)
     np.testing.assert_allclose(c.loss, [3.5, 3.25])

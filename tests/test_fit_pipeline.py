@@ -28,6 +28,7 @@ def result(study, tmp_path_factory):
     return out, fit_all.fit_runs(study, out, bootstrap=5, grid=SMALL_GRID)
 
 
+@pytest.mark.slow
 def test_fit_runs_writes_every_output(result):
     out, res = result
     # The synthetic study has no zero-shot results (tests/test_fit_zeroshot.py has).
@@ -65,6 +66,7 @@ def _significant_digits(text: str) -> list[int]:
     return [len(m.replace(".", "").lstrip("0")) for m in re.findall(r"\d*\.\d+", text)]
 
 
+@pytest.mark.slow
 def test_report_rounds_numbers_for_people(result):
     out, _ = result
     text = (out / "report.md").read_text()
@@ -192,6 +194,7 @@ def test_cli_bad_input_names_the_run(study, tmp_path, capsys):
     assert np.isfinite(json.loads(json.dumps(1.0)))
 
 
+@pytest.mark.slow
 def test_a_zero_score_skips_only_its_series(tmp_path):
     """A BLEU of 0 cannot be fitted by the log-law: that series is skipped, with the reason,
     and the other scores and the cross-entropy are still fitted."""

@@ -13,6 +13,7 @@ from fitting.readers import run_dirs
 from fitting.reports import fit_all
 
 
+@pytest.mark.slow
 def test_fig3_per_language_and_fig6_relative_to_the_best(tmp_path):
     root = zeroshot_runs_dir(tmp_path)
     res = fit_all.fit_runs(root, tmp_path / "out", law="zeroshot", bootstrap=0)["zeroshot"]
@@ -95,6 +96,7 @@ def test_zeroshot_size_picks_the_closest_complete_size(tmp_path):
     assert fig6["zh"]["size"] == LARGE
 
 
+@pytest.mark.slow
 def test_runs_without_zeroshot_results_skip_the_step(tmp_path):
     root = zeroshot_runs_dir(tmp_path, scored=False)
     with pytest.raises(FitInputError, match="zeroshot: no run has zero-shot results"):
@@ -106,6 +108,7 @@ def test_runs_without_zeroshot_results_skip_the_step(tmp_path):
     assert skipped["zeroshot"].startswith("no run has zero-shot results")
 
 
+@pytest.mark.slow
 def test_cli_passes_the_zeroshot_size(tmp_path):
     import argparse
 

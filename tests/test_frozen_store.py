@@ -30,6 +30,7 @@ from pathlib import Path
 import jax
 import pytest
 from conftest import fast_compile_flags
+from tiny_runs import tiny_source_argv
 
 from pipelines import native_logs
 from rundir import exits, lease, storage
@@ -75,6 +76,7 @@ def fast_bounds(monkeypatch):
     gcs_client.REACHABILITY.mark(answered=True)
 
 
+@pytest.mark.slow
 def test_a_request_without_an_answer_gives_up_within_its_budget(
     gcs_bucket, thawed, fast_bounds, monkeypatch
 ):
@@ -109,6 +111,7 @@ def test_a_request_without_an_answer_gives_up_within_its_budget(
     assert not storage.store_unreachable()
 
 
+@pytest.mark.slow
 def test_an_upload_whose_body_never_leaves_is_cut_off(gcs_bucket, thawed, fast_bounds, monkeypatch):
     # 20 MB fill the socket buffers of a frozen server: aiohttp's read timeout, which starts once
     # the body is sent, never starts, and without a bound on the attempt the upload waits forever.
@@ -134,17 +137,9 @@ def test_an_upload_whose_body_never_leaves_is_cut_off(gcs_bucket, thawed, fast_b
 
 def _argv(model_dir: str, tiny_data) -> list[str]:
     """A tiny source run of 30 steps, saved every 10, a record every 5, no evaluation."""
-    return [
-        "--gin_file=experiments/cpt_source_en.gin",
-        "--gin_file=experiments/tiny.gin",
-        f"--gin.MODEL_DIR='{model_dir}'",
-        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
-        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
-        "--gin.TRAIN_STEPS=30",
-        "--gin.CHECKPOINT_PERIOD=10",
-        "--gin.LOG_EVERY=5",
-        "--gin.EVAL_TASKS=[]",
-    ]
+    return tiny_source_argv(
+        model_dir, tiny_data, TRAIN_STEPS=30, CHECKPOINT_PERIOD=10, LOG_EVERY=5, EVAL_TASKS="[]"
+    )
 
 
 def _env() -> dict[str, str]:

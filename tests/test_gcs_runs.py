@@ -166,6 +166,7 @@ def test_a_second_writer_of_a_bucket_run_is_refused_by_name(gcs_bucket):
     assert not (storage.as_path(model_dir) / names.LEASE_FILE).exists()
 
 
+@pytest.mark.slow
 def test_an_unsupported_scheme_is_refused_before_anything_is_written(tmp_path, tiny_data):
     from trainer import validation  # noqa: F401 - the trainer's import, as a user would have it
 
@@ -226,6 +227,7 @@ def test_a_sweep_launched_locally_keeps_its_runs_in_the_bucket(gcs_bucket, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["unit.toml", "xlscale_logs"]
 
 
+@pytest.mark.slow
 def test_an_adaptive_sweep_steers_tpu_vm_jobs_whose_runs_live_in_the_bucket(
     gcs_bucket, tiny_data, tmp_path, monkeypatch
 ):
@@ -233,7 +235,7 @@ def test_an_adaptive_sweep_steers_tpu_vm_jobs_whose_runs_live_in_the_bucket(
     # the adaptive sweep on the launching machine reading them and writing its log and stop
     # requests there. Each job's `gcloud ... ssh --command` runs its worker command here, in a
     # shell (cd to the checkout, the exports, `python -m trainer.train`), as the one worker.
-    from adaptive_study import manifest_text
+    from adaptive_study import caught_up, manifest_text
 
     from launch import adaptive, adaptive_loop, status, sweep, tpu_vm
     from rundir import stop_request
@@ -261,6 +263,9 @@ def test_an_adaptive_sweep_steers_tpu_vm_jobs_whose_runs_live_in_the_bucket(
     )  # fmt: skip
     policy = adaptive.Policy(min_gain=1e12, tolerance=0.02)
     steering = adaptive_loop.AdaptiveSweep.for_runs(runs, loaded.runs_dir, policy, bootstrap=10)
+    # Each job starts once the sweep has seen the ones before it: the law's decisions, not the
+    # trainer's speed, say which runs are dropped.
+    caught_up(steering, launcher, monkeypatch)
     (report,) = adaptive_loop.run(steering, lambda: [launcher.launch(runs)], poll_s=0.5)
 
     assert report.completed[:2] == ids[:2] and not report.failed, report

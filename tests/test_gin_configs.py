@@ -237,6 +237,7 @@ def test_t5_tiny_overlay_makes_mt_runs_small(experiment):
     assert resolve("TRAIN_STEPS") == (40 if experiment == "mt_pretrain.gin" else 20)
 
 
+@pytest.mark.slow
 def test_mt_paper_manifest_runs_parse_with_the_mt_gin_files():
     from launch import sweep
 

@@ -72,6 +72,7 @@ def test_a_gin_file_line_gin_cannot_parse_names_the_file_and_the_line(
     ]
 
 
+@pytest.mark.slow
 def test_the_trainer_process_refuses_an_unparsable_flag_with_exit_2(tiny_data, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.run(

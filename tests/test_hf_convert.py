@@ -19,13 +19,14 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import random_params
 from flax.core import meta as nn_meta
 
 from convert import hf_cache, hf_checkpoints, init_checkpoints, safetensors_files
 from llama_jax import hf_config, hf_convert, sizes
 from llama_jax.config import LlamaConfig
 from llama_jax.counting import param_counts
-from llama_jax.model import Llama
+from llama_jax.model import Llama, abstract_variables
 from rundir import checksums
 from trainer import checkpoints as ckpt_lib
 from trainer import validation
@@ -70,19 +71,9 @@ def _random_config() -> LlamaConfig:
     )
 
 
-def _random_params(config: LlamaConfig, seed: int = 0) -> dict:
-    variables = jax.eval_shape(
-        lambda: Llama(config).init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))
-    )
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(
-        lambda s: rng.standard_normal(s.shape).astype(np.float32), dict(variables["params"])
-    )
-
-
 def test_hf_mapping_round_trips_every_tensor_bit_exactly():
     config = _random_config()
-    params = _random_params(config)
+    params = random_params(abstract_variables(config)["params"], np.random.default_rng(0))
     hf = dict(hf_convert.hf_tensors(params, config=config))
     assert hf["model.layers.1.self_attn.k_proj.weight"].shape == (2 * 8, 48)
     assert hf["model.layers.0.self_attn.o_proj.weight"].shape == (48, 6 * 8)
@@ -97,7 +88,7 @@ def test_layer_stacking_matches_the_models_scanned_layout():
     from llama_jax.model import stack_layer_params
 
     config = _random_config()
-    params = _random_params(config)
+    params = random_params(abstract_variables(config)["params"], np.random.default_rng(0))
     stacked = hf_convert.stack_layers(params, config.num_layers)
     reference = stack_layer_params(params, config.num_layers)
     assert jax.tree.structure(stacked) == jax.tree.structure(reference)
@@ -201,6 +192,7 @@ def hf_dirs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 def test_hf_checkpoint_imports_to_the_same_logits(hf_dirs, tmp_path, tied):
     path, _, reference = hf_dirs[tied]
@@ -219,6 +211,7 @@ def test_hf_checkpoint_imports_to_the_same_logits(hf_dirs, tmp_path, tied):
     assert info["kind"] == hf_checkpoints.IMPORT_KIND and info["init_import"]["source"] == str(path)
 
 
+@pytest.mark.slow
 def test_init_checkpoint_hf_is_cached_and_shape_checked(hf_dirs, tmp_path, monkeypatch):
     from llama_jax.model import abstract_variables
 
@@ -248,6 +241,7 @@ def test_init_checkpoint_hf_is_cached_and_shape_checked(hf_dirs, tmp_path, monke
         )
 
 
+@pytest.mark.slow
 def test_scanned_import_runs_a_scan_layers_model_to_the_same_logits(hf_dirs, tmp_path):
     path, _, reference = hf_dirs[False]
     record = hf_checkpoints.hf_to_orbax(src=path, dst=tmp_path / "scanned", scan_layers=True)
@@ -318,6 +312,7 @@ def test_orbax_to_hf_to_orbax_is_bit_exact_and_loads_in_transformers(hf_dirs, tm
     np.testing.assert_array_equal(_hf_logits(loaded.eval()), reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_shards", [1, 2])
 def test_meta_layout_imports_to_the_same_logits(hf_dirs, tmp_path, tiny_data, num_shards):
     import torch

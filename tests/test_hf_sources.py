@@ -151,6 +151,7 @@ def v(tiny_data):
     return vocab.load_vocab(tiny_data["vocab"], extra_ids=100)
 
 
+@pytest.mark.slow
 def test_documents_come_out_in_file_order_with_the_papers_splits(root):
     mc4 = "allenai/c4/multilingual/c4-fr"
     fr = hf_sources.mono_source(root, "fr", source="hf")
@@ -183,6 +184,7 @@ def test_documents_come_out_in_file_order_with_the_papers_splits(root):
     assert set(wmt.splits) == {"train", "validation", "test"}
 
 
+@pytest.mark.slow
 def test_lm_task_tokens_equal_direct_tokenisation(seqio_registry, root, v):
     names = tasks.register_tasks(
         vocabulary=v, corpora_dir=root, langs=["fr", "en"], pairs=[], source="hf_cpt"
@@ -199,6 +201,7 @@ def test_lm_task_tokens_equal_direct_tokenisation(seqio_registry, root, v):
         assert got == [v.encode(t) + [1] for t in docs]
 
 
+@pytest.mark.slow
 def test_mt_tasks_over_wmt_parquet_have_the_right_direction(seqio_registry, root, v):
     tasks.register_tasks(vocabulary=v, corpora_dir=root, langs=[], pairs=["en-de"], source="hf")
     pairs = LAYOUT["wmt/wmt17/de-en/test-00000-of-00001.parquet"][1]
@@ -219,6 +222,7 @@ def test_mt_tasks_over_wmt_parquet_have_the_right_direction(seqio_registry, root
         ]
 
 
+@pytest.mark.slow
 def test_sharding_by_file_splits_the_documents_disjointly(root):
     fr = hf_sources.mono_source(root, "fr", source="hf")
     everything = _texts(fr)

@@ -1,10 +1,8 @@
 """Importing the model and fitting packages must not pull in TensorFlow (it is heavy, and these
 packages run in processes that never touch data pipelines, e.g. inside real T5X or a notebook)."""
 
-import subprocess
-import sys
-
 import pytest
+from conftest import imported_with
 
 LIGHT_MODULES = [
     "modeling.axes",
@@ -43,15 +41,8 @@ LIGHT_MODULES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", LIGHT_MODULES)
 def test_module_does_not_import_tensorflow(module):
-    code = (
-        "import importlib, sys\n"
-        f"importlib.import_module({module!r})\n"
-        "heavy = sorted(m for m in ('tensorflow', 'seqio', 'tensorflow_datasets') if m in sys.modules)\n"
-        "print(','.join(heavy))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+    heavy = imported_with(module, ("tensorflow", "seqio", "tensorflow_datasets"))
+    assert heavy == [], f"{module} imports {','.join(heavy)}"

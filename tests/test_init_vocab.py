@@ -26,6 +26,7 @@ from trainer.checkpoints import CheckpointConfig
 from trainer.data import EvalConfig
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
+from trainer.run_request import RunRequest
 from trainer.schedules import ScheduleConfig
 from trainer.steps import StepConfig
 
@@ -61,16 +62,15 @@ def cpt_kwargs(tiny_data, vocab_path):
 
 @pytest.fixture(scope="module")
 def source(tiny_data, tmp_path_factory, seqio_state):
-    saved = seqio_state.snapshot()
+    """The finished `kwargs_of` source run (English), once for the module."""
     model_dir = tmp_path_factory.mktemp("init_vocab") / "source"
-    try:
+    with seqio_state.kept():
         result = train_lib.train(model_dir=model_dir, **kwargs_of(tiny_data))
-    finally:
-        seqio_state.restore(saved)
     assert result.completed
     return model_dir
 
 
+@pytest.mark.slow
 def test_run_json_records_the_vocabulary_and_the_param_basis(source, tiny_data):
     info = records.read_run_json(source)
     assert info["vocab_sha256"] == _sha(tiny_data["vocab"]) == info["fingerprint"]["vocab_sha256"]
@@ -78,6 +78,7 @@ def test_run_json_records_the_vocabulary_and_the_param_basis(source, tiny_data):
     assert records.read_run_record(source).vocab_sha256 == _sha(tiny_data["vocab"])
 
 
+@pytest.mark.slow
 def test_an_init_checkpoint_of_another_vocabulary_is_refused(
     source, tiny_data, other_vocab, seqio_registry, tmp_path
 ):
@@ -101,17 +102,19 @@ def test_an_init_checkpoint_of_another_vocabulary_is_refused(
 def _plan(tiny_data, *, init_checkpoint, vocab_path, model_dir):
     """The plan `train` would build (nothing compiled or written)."""
     return plan_lib.build_run_plan(
-        **{
-            "optimizer": OptimizerConfig(),
-            "step": StepConfig(),
-            **cpt_kwargs(tiny_data, vocab_path),
-            "model_dir": model_dir,
-            "init_checkpoint": init_checkpoint,
-            "gin_config": "",
-            "resume_policy": None,
-            "param_basis": "non_embedding",
-            "tokens_per_param": None,
-        }
+        request=RunRequest(
+            **{
+                "optimizer": OptimizerConfig(),
+                "step": StepConfig(),
+                **cpt_kwargs(tiny_data, vocab_path),
+                "model_dir": model_dir,
+                "init_checkpoint": init_checkpoint,
+                "gin_config": "",
+                "resume_policy": None,
+                "param_basis": "non_embedding",
+                "tokens_per_param": None,
+            }
+        )
     )
 
 

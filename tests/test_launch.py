@@ -237,6 +237,7 @@ def timed_runner(run, log_path):
     return 0
 
 
+@pytest.mark.slow
 def test_parallel_jobs_overlap_in_worker_processes_and_keep_dependency_order(runs):
     stream = io.StringIO()
     launcher = launchers.LocalLauncher(runner=timed_runner, jobs=2, poll_s=0.2)
@@ -264,6 +265,7 @@ def test_parallel_jobs_overlap_in_worker_processes_and_keep_dependency_order(run
     assert again.skipped == [r.run_id for r in sweep.topological_order(runs)]
 
 
+@pytest.mark.slow
 def test_parallel_failure_blocks_only_its_dependents(runs, monkeypatch):
     source_a = next(r for r in runs if r.strategy == "source" and r.size == "a")
     monkeypatch.setenv("FAIL_PREFIX", source_a.run_id)
@@ -305,6 +307,7 @@ def test_default_jobs(monkeypatch):
     assert launchers.default_jobs() == 2
 
 
+@pytest.mark.slow
 def test_parallel_failure_blocks_a_whole_chain(runs, monkeypatch):
     import dataclasses
 
@@ -320,6 +323,7 @@ def test_parallel_failure_blocks_a_whole_chain(runs, monkeypatch):
     assert report.failed == [a.run_id] and report.blocked == [b.run_id, c.run_id]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_parallel_launch_and_its_workers(runs, monkeypatch):
     import signal
     import threading

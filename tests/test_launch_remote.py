@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from launch_fakes import smoke_runs
 
 from launch import slurm, status, sweep, tpu_vm, xm_launch
 
@@ -18,12 +19,7 @@ REPO = Path(sweep.__file__).resolve().parent.parent
 
 @pytest.fixture
 def runs(tmp_path):
-    manifest = sweep.load_manifest(
-        "smoke",
-        variables={"DATA_DIR": "gs://b/data dir", "VOCAB_PATH": "gs://b/v.model"},
-        runs_dir=str(tmp_path / "runs"),
-    )
-    return sweep.expand(manifest)
+    return smoke_runs(tmp_path / "runs", data_dir="gs://b/data dir", vocab_path="gs://b/v.model")
 
 
 def progress(runs):
@@ -460,6 +456,7 @@ def test_slurm_script_requeues_itself_only_after_a_checkpointed_stop(
     assert "no time limit known (squeue %e): no SIGTERM before it" in out
 
 
+@pytest.mark.slow
 def test_slurm_script_sends_sigterm_before_the_time_limit_of_each_start(runs, tmp_path):
     # The script's own timer, from the end time squeue gives this start (sbatch --signal would
     # reach a requeued job as soon as it restarts): SIGTERM to the job's steps 2 s before it.
@@ -491,6 +488,7 @@ def test_slurm_script_sends_sigterm_before_the_time_limit_of_each_start(runs, tm
     assert "the time limit is less than 2 s away: no SIGTERM before it" in out
 
 
+@pytest.mark.slow
 def test_slurm_script_asks_a_busy_controller_again(runs, tmp_path):
     # squeue (the end time) and scancel (the SIGTERM) each time out once, as a busy slurmctld's
     # do: each asks again, and the trainer still gets its SIGTERM 2 s before the limit.
@@ -519,6 +517,7 @@ def test_slurm_script_asks_a_busy_controller_again(runs, tmp_path):
     assert "xlscale: SIGTERM to the trainer, 2 s before the time limit" in out
 
 
+@pytest.mark.slow
 def test_slurm_script_follows_a_time_limit_changed_while_the_job_runs(runs, tmp_path, monkeypatch):
     # The job starts with a far time limit; an administrator (or a test) then brings it near
     # (scontrol update TimeLimit=...): the script asks SLURM again every LIMIT_POLL_S and sends

@@ -115,6 +115,7 @@ def violations(root: pathlib.Path) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_no_module_imports_a_higher_layer():
     assert violations(ROOT) == []
 

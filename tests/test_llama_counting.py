@@ -42,6 +42,7 @@ def test_counts_equal_initialised_tree(scan):
     _check_counts(config, _abstract_variables(config)["params"])
 
 
+@pytest.mark.slow
 def test_real_init_has_counted_tree_and_fan_in_scales():
     config = TINY.replace(vocab_size=257, d_model=64, d_ff=96, num_heads=4, num_kv_heads=2)
     # Optimisation level 0 only shortens XLA:CPU's slow compile of jax.random; values are equal.

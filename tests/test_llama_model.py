@@ -189,6 +189,7 @@ def test_packed_documents_do_not_attend_across_boundaries(params):
     assert not np.allclose(unpacked[0, 5:], unpacked[1, 5:], atol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_prefill_and_one_token_steps_reproduce_full_forward(params, scan):
     config = CONFIG.replace(scan_layers=scan)
@@ -229,6 +230,7 @@ def test_prefill_and_one_token_steps_reproduce_full_forward(params, scan):
         assert int(cache["layers_0"]["attention"]["cache_index"]) == prompt_len + steps
 
 
+@pytest.mark.slow
 def test_scan_layout_computes_the_same_function(params):
     stacked = stack_layer_params(params, CONFIG.num_layers)
     assert stacked["layers"]["mlp"]["w1"].shape == (2, 32, 72)
@@ -241,6 +243,7 @@ def test_scan_layout_computes_the_same_function(params):
     np.testing.assert_allclose(scanned, unrolled, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_gives_float32_logits_close_to_float32(params):
     tokens = _tokens(6)
     logits32 = _forward(CONFIG)(params, tokens, _one_doc(tokens))
@@ -249,6 +252,7 @@ def test_bfloat16_compute_gives_float32_logits_close_to_float32(params):
     assert float(jnp.max(jnp.abs(logits16 - logits32))) < 0.15
 
 
+@pytest.mark.slow
 def test_gradients_match_finite_differences_in_float64():
     """Central differences on a few entries of every kind of parameter, in double precision.
 

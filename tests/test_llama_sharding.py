@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import fast_compile_flags
+from conftest import fast_compile_flags, random_params
 from flax import linen as nn
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -22,21 +22,13 @@ CONFIG = LlamaConfig(vocab_size=54, d_model=32, d_ff=72, num_heads=4, num_kv_hea
 BATCH, LENGTH = 4, 12
 
 
-def _random_params(config, seed=0):
-    """The module's parameter tree filled by numpy (jit-compiling jax.random is slow on CPU)."""
-    rng = np.random.default_rng(seed)
-    return jax.tree_util.tree_map(
-        lambda s: jnp.asarray(0.3 * rng.standard_normal(s.shape), s.dtype),
-        abstract_variables(config)["params"],
-    )
-
-
 def _loss(config, params, tokens, segment_ids):
     logits = Llama(config).apply({"params": params}, tokens[:, :-1], segment_ids=segment_ids)
     logp = jax.nn.log_softmax(logits)
     return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1)), logits
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices")
 def test_sharded_forward_backward_equals_unsharded():
     assert jax.device_count() >= 8
@@ -53,7 +45,9 @@ def test_sharded_forward_backward_equals_unsharded():
     rng = np.random.default_rng(1)
     tokens = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (BATCH, LENGTH + 1)), jnp.int32)
     segments = jnp.asarray(np.repeat([[1] * 7 + [2] * 5], BATCH, axis=0), jnp.int32)
-    params = _random_params(CONFIG)
+    # The parameters drawn by numpy (jit-compiling jax.random is slow on CPU).
+    drawn = random_params(abstract_variables(CONFIG)["params"], np.random.default_rng(0), scale=0.3)
+    params = jax.tree.map(jnp.asarray, drawn)
 
     # Unsharded reference: unrolled layers, no mesh, no rules.
     grad_fn = jax.value_and_grad(_loss, argnums=1, has_aux=True)
@@ -131,6 +125,7 @@ print("compiled")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "family, size, overrides, lengths",
     [

@@ -155,6 +155,7 @@ def test_choosing_the_decay_says_what_is_wrong():
         lr_area.fit_curves([late, *curves[1:]], decay=0.9)
 
 
+@pytest.mark.slow
 def test_xlscale_fit_fits_the_schedule_aware_law_by_name_only(tmp_path):
     from fitting.laws import synthetic
     from fitting.reports import fit_all
@@ -175,6 +176,7 @@ def test_xlscale_fit_fits_the_schedule_aware_law_by_name_only(tmp_path):
     assert "lr_area" in fit_all.LAWS and not fit_all.STEPS["lr_area"].in_all
 
 
+@pytest.mark.slow
 def test_xlscale_fit_lr_area_takes_a_given_decay_and_the_point_rule(tmp_path, capsys):
     from fitting.laws import synthetic
     from fitting.readers.points import PointRule
@@ -212,6 +214,7 @@ def test_xlscale_fit_lr_area_takes_a_given_decay_and_the_point_rule(tmp_path, ca
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_a_parametric_bootstrap_gives_intervals_that_hold_the_true_law():
     # Four noisy realisations of one study; each fit's 95% intervals (20 simulated refits) hold
     # each true exponent in at least three of them.

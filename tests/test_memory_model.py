@@ -104,6 +104,7 @@ def _t5_block_residual_bytes(cfg, *, decoder: bool, sq: int, sk: int) -> int:
     return _saved_bytes(lambda p, x: layer.apply(p, x, *args), params, x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_t5_block_terms_are_what_jax_saves(policy, dtype):
@@ -165,6 +166,7 @@ CPU_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: f"{c.label()}-mb{c.microbatches}")
 def test_estimate_within_15_percent_of_xla_cpu(case):
     row = bench.compare(case, platform="cpu")
@@ -177,6 +179,7 @@ LIBTPU_ENV = "XLSCALE_LIBTPU"
 LIBTPU = os.environ.get(LIBTPU_ENV, "")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None and not os.path.isfile(LIBTPU),
     reason=f"needs libtpu for a TPU ahead-of-time compile: `make test` sets {LIBTPU_ENV}, or "
@@ -307,7 +310,7 @@ def test_refusal_comes_from_build_job_before_compiling(monkeypatch):
         raise ConfigError("refused")
 
     monkeypatch.setattr(memory_check, "check_memory", refuse)
-    monkeypatch.setattr(jobs, "_check_tasks", lambda **kw: None)  # no task registered
+    monkeypatch.setattr(jobs.job_checks, "check_tasks", lambda **kw: None)  # no task registered
     monkeypatch.setattr(jobs.data_lib, "components", lambda name, data=None: ["lm"])
     from trainer import model_spec
     from trainer.data import DataConfig, EvalConfig

@@ -9,17 +9,10 @@ import tensorflow as tf
 
 from pipelines import component_examples, mixtures, streams, tasks
 
-LANGS = ["en", "zh", "fr", "ru", "de", "ro"]
-
-
-@pytest.fixture(scope="module")
-def data(fixture_data):
-    return fixture_data(langs=LANGS, vocab_size=800)
-
 
 @pytest.fixture
-def registered(seqio_registry, data):
-    corpora, v = data
+def registered(seqio_registry, six_langs):
+    corpora, v = six_langs
     tasks.register_tasks(vocabulary=v, corpora_dir=corpora, pairs=[])
     return mixtures.register_mixtures()
 
@@ -63,8 +56,8 @@ def test_register_and_components(registered):
     assert mixtures.component_names("cpt_ru_replay_en_0") == ["lm_en", "lm_ru"]
 
 
-def test_missing_tasks_skip_defaults_but_fail_explicit(seqio_registry, data):
-    corpora, v = data
+def test_missing_tasks_skip_defaults_but_fail_explicit(seqio_registry, six_langs):
+    corpora, v = six_langs
     tasks.register_tasks(vocabulary=v, corpora_dir=corpora, langs=["en", "zh"], pairs=[])
     names = mixtures.register_mixtures()
     assert "cpt_zh_replay_en_10" in names and "cpt_fr_replay_en_10" not in names
@@ -87,6 +80,7 @@ def _example_token_shares(name, lengths, n=10_240):
     return counts / counts.sum(), np.bincount(comp) / len(comp)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cpt_ru_replay_en_50", "cpt_zh_replay_en_5"])
 def test_realised_token_ratio_within_two_percent(registered, name):
     names = mixtures.component_names(name)
@@ -108,11 +102,13 @@ def test_realised_token_ratio_within_two_percent(registered, name):
     assert example_shares[0] != pytest.approx(fractions[names[0]], abs=0.005)
 
 
+@pytest.mark.slow
 def test_span_mixture_token_ratio(registered):
     shares, _ = _example_token_shares("mix_en_30_fr_70", {"inputs": 64, "targets": 16}, n=4096)
     assert shares == pytest.approx([0.3, 0.7], abs=0.02)
 
 
+@pytest.mark.slow
 def test_replay_zero_has_no_source_tokens(registered):
     batches = streams.batches(
         mixture_or_task="cpt_fr_replay_en_0",

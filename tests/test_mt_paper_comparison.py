@@ -142,6 +142,7 @@ def fitted_synthetic(tmp_path_factory):
     return fit_all.fit_runs(root, tmp_path_factory.mktemp("fits"), law="bleu", bootstrap=0)
 
 
+@pytest.mark.slow
 def test_fit_covers_scores_only_and_an_unconverged_series_marks_itself(fitted_synthetic):
     res = fitted_synthetic
     assert [e["metric"] for e in res["bleu"]] == ["bleu", "rouge_l"]
@@ -157,6 +158,7 @@ def test_fit_covers_scores_only_and_an_unconverged_series_marks_itself(fitted_sy
     assert "All fits converged." not in report
 
 
+@pytest.mark.slow
 def test_rows_say_why_a_series_is_not_comparable(fitted_synthetic):
     rows = {r["metric"]: r for r in cmp.rows(fitted_synthetic)}
     assert not rows["bleu"]["comparable"]
@@ -176,6 +178,7 @@ def paper_scale(tmp_path_factory):
     return fit_all.fit_runs(root, tmp_path_factory.mktemp("fits"), law="all", bootstrap=0)
 
 
+@pytest.mark.slow
 def test_paper_scale_rows_compare_t5_3b_bleu_and_refuse_ce(paper_scale):
     rows = {(r["model"], r["metric"]): r for r in cmp.rows(paper_scale)}
     bleu = rows[("t5_3b", "bleu")]
@@ -195,6 +198,7 @@ def test_paper_scale_rows_compare_t5_3b_bleu_and_refuse_ce(paper_scale):
     assert "### Paper consistency" in report
 
 
+@pytest.mark.slow
 def test_paper_check_reports_no_ce_agreement(paper_scale):
     rows = paper_check.mt_consistency_rows()
     assert all(r.group == paper_check.CONSISTENCY for r in rows)

@@ -26,6 +26,7 @@ def _first(stream, n):
     return list(itertools.islice(stream, n))
 
 
+@pytest.mark.slow
 def test_global_host_sharding_concatenates_to_the_one_host_batch(tiny_data, seqio_registry):
     config = tiny_kwargs(tiny_data)["data"]
     data.register(config)

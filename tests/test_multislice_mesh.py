@@ -78,6 +78,7 @@ def test_tpu_slice_count_must_match_num_slices(tpu_devices):
         assert "allowed 2" in message
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_tiny_llama_step_compiles_for_two_tpu_slices(tpu_devices):
     job = _compile_tiny_llama(MeshConfig(data=1, fsdp=4, model=1, num_slices=2), tpu_devices)
@@ -127,6 +128,7 @@ def _compile_tiny_llama(mesh_config: MeshConfig, devices) -> jobs.Job:
     )
 
 
+@pytest.mark.slow
 @needs_8_devices
 def test_tiny_llama_step_compiles_for_two_cpu_slices():
     job = _compile_tiny_llama(MeshConfig(data=1, fsdp=2, model=2, num_slices=2), jax.devices()[:8])

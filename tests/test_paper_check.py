@@ -24,6 +24,7 @@ def en_de_study(tmp_path_factory):
     return root, keep
 
 
+@pytest.mark.slow
 def test_mt_runs_are_trainer_run_dirs_with_the_family_counts(en_de_study):
     root, runs = en_de_study
     finetune = next(

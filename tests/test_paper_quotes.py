@@ -22,6 +22,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The project's texts: everything but the tests (which build bad citations on purpose), the
 # virtual environment and other tools' directories.
 SKIP = {"tests", ".venv", ".git", "node_modules", "xlscale.egg-info", "__pycache__"}
+# Side installs and caches made inside the checkout (e.g. COMET's venv) are not the project's.
+SKIP |= {".comet-venv", "site", ".pytest_cache", ".ruff_cache"}
 SUFFIXES = {".py", ".gin", ".toml", ".md", ".sh", ".txt", ".cfg", ".yaml", ".yml"}
 # A sentence that says what a paper says must carry its quote within `WINDOW` lines.
 SAYS = re.compile(
@@ -36,7 +38,12 @@ def _texts() -> dict[str, str]:
     out = {}
     for path in sorted(ROOT.rglob("*")):
         rel = path.relative_to(ROOT)
-        if set(rel.parts) & SKIP or path.suffix not in SUFFIXES or not path.is_file():
+        if (
+            set(rel.parts) & SKIP
+            or any(p.endswith("-venv") for p in rel.parts)
+            or path.suffix not in SUFFIXES
+            or not path.is_file()
+        ):
             continue
         out[str(rel)] = path.read_text(errors="replace")
     return out
@@ -66,6 +73,7 @@ def test_an_entry_without_a_place_or_words_is_found():
     ]
 
 
+@pytest.mark.slow
 def test_every_citation_names_an_entry(texts):
     unknown = [
         f"{name}: [q:{key}]"
@@ -83,6 +91,7 @@ def test_a_citation_of_no_entry_is_found():
         paper_quotes.cite("mt.s4_2_18_steps")
 
 
+@pytest.mark.slow
 def test_every_entry_is_cited(texts):
     # By a citation, or by its key as a string in code (a report that prints the quote).
     cited = {key for text in texts.values() for key in paper_quotes.cited(text)}
@@ -91,6 +100,7 @@ def test_every_entry_is_cited(texts):
     assert sorted(set(QUOTES) - cited) == []
 
 
+@pytest.mark.slow
 def test_what_a_paper_says_is_quoted_where_it_is_said(texts):
     bare = []
     for name, text in texts.items():

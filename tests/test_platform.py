@@ -22,8 +22,9 @@ import textwrap
 import gin
 import pytest
 from conftest import gpu_present, selects_gpu_tests
+from launch_fakes import smoke_runs
 
-from launch import slurm, sweep, tpu_vm
+from launch import slurm, tpu_vm
 from rundir import exits
 from trainer import eval as eval_lib
 from trainer import infer as infer_lib
@@ -106,6 +107,7 @@ def test_an_unknown_platform_names_the_setting_and_the_allowed_values(setting, e
 # ---------------------------------------------------------------- the entry points
 
 
+@pytest.mark.slow
 def test_the_trainer_refuses_a_gpu_job_in_one_line_before_writing(tiny_data, tmp_path):
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != platform.ENV}
@@ -200,12 +202,7 @@ def test_eval_and_infer_refuse_too(main, gin_file, macros, tmp_path, no_expectat
 
 @pytest.fixture
 def runs(tmp_path):
-    manifest = sweep.load_manifest(
-        "smoke",
-        variables={"DATA_DIR": "/data", "VOCAB_PATH": "/data/v.model"},
-        runs_dir=str(tmp_path / "runs"),
-    )
-    return sweep.expand(manifest)
+    return smoke_runs(tmp_path / "runs", data_dir="/data", vocab_path="/data/v.model")
 
 
 def test_slurm_exports_the_gpu_expectation_only_when_it_asks_for_gpus(runs, tmp_path):
@@ -287,6 +284,7 @@ def _skips(output: str) -> tuple[int, list[str]]:
     return (int(counts.group(1)) if counts else 0), sorted(set(reasons))
 
 
+@pytest.mark.slow
 @cpu_only
 def test_without_a_gpu_every_gpu_test_is_skipped_saying_why(tmp_path):
     proc = _pytest_gpu(
@@ -301,6 +299,7 @@ def test_without_a_gpu_every_gpu_test_is_skipped_saying_why(tmp_path):
     assert not re.search(r"\d+ (passed|failed|errors?)\b", out), out
 
 
+@pytest.mark.slow
 @cpu_only
 def test_a_gpu_run_collects_cleanly_without_tensorflow_seqio_or_gin(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCKER)

@@ -17,6 +17,7 @@ import collections
 
 import numpy as np
 import pytest
+from conftest import imported_with
 
 from pipelines.prepared import batches as pb
 from pipelines.prepared import packing, spans
@@ -466,6 +467,7 @@ def test_zero_fraction_component_with_no_documents_is_fine():
     assert set(np.unique(b["decoder_task_ids"])) == {0}
 
 
+@pytest.mark.slow
 def test_over_real_prepared_tasks(tiny_data, seqio_registry, tmp_path):
     """Tasks prepared by `pipelines.prepared.prepare` from the UDHR fixture and read by
     `pipelines.prepared.shards.PreparedDataset`: LM rows are the corpus lines, tokenized, with EOS; one
@@ -537,15 +539,7 @@ def test_over_real_prepared_tasks(tiny_data, seqio_registry, tmp_path):
 
 
 def test_importing_the_input_imports_no_tensorflow():
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, pipelines.prepared.batches; "
-        "print([m for m in ('tensorflow', 'seqio') if m in sys.modules])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert imported_with("pipelines.prepared.batches", ("tensorflow", "seqio")) == []
 
 
 def test_reading_ahead_changes_the_reads_not_the_batches():

@@ -71,6 +71,7 @@ def _all_docs(directory: str) -> list[dict]:
         return ds.read(np.arange(ds.num_docs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["lm_en", "mt_en_fr"])
 def test_prepared_tokens_are_seqios_precache_output(prepared, task):
     directory, manifest = prepared[task]
@@ -95,6 +96,7 @@ def test_prepared_tokens_are_seqios_precache_output(prepared, task):
         assert not any(int(d["targets"][-1]) == eos for d in everything)  # the reader adds EOS
 
 
+@pytest.mark.slow
 def test_manifest_records_what_was_prepared(prepared, tiny_data):
     directory, manifest = prepared["lm_en"]
     docs = _seqio_docs("lm_en")
@@ -223,6 +225,7 @@ def test_reads_come_back_in_the_order_asked_and_are_counted(prepared):
         copy.close()
 
 
+@pytest.mark.slow
 def test_a_killed_preparation_reruns_to_the_same_documents(registration, prepared, tmp_path):
     # First run: shards 0 and 1 finished; then killed while writing shard 2 (a temporary file
     # left) and after renaming shard 3 but before its sidecar (the file without a sidecar).
@@ -267,6 +270,7 @@ def test_a_killed_preparation_reruns_to_the_same_documents(registration, prepare
     assert manifest.without_time() == prepared["lm_en"][1].without_time()
 
 
+@pytest.mark.slow
 def test_two_machines_prepare_the_same_as_one(registration, prepared, tmp_path):
     common = dict(task_name="lm_en", split="train", out_dir=tmp_path, num_shards=LM_SHARDS)
     assert prepare_lib.prepare(**common, workers=1, shard_indices=[3, 1], log=_quiet) is None
@@ -350,6 +354,7 @@ def test_spawned_workers_prepare_the_same_documents(registration, prepared, tmp_
     assert [_key(d) for d in got] == [_key(d) for d in _all_docs(prepared["lm_en"][0])]
 
 
+@pytest.mark.slow
 def test_cli_prepares_and_finalizes(tiny_data, tmp_path, capsys, seqio_registry):
     from xlscale_cli import main
 
@@ -402,6 +407,7 @@ def test_a_rerun_on_other_source_data_is_refused(tiny_data, tmp_path, capsys, se
     assert code == 2 and err.startswith(f"xlscale data prepare: {sidecar}: prepared with source")
 
 
+@pytest.mark.slow
 def test_another_shard_count_is_refused_and_finalize_takes_shards(registration, prepared, tmp_path):
     directory = _damaged_copy(prepared, tmp_path)  # lm_en in 4 shards
     manifest = prepared["lm_en"][1]
@@ -472,6 +478,7 @@ def _mc4_fr(root, files: list[bytes]) -> tuple[str, list[str]]:
     return os.fspath(root), paths
 
 
+@pytest.mark.slow
 def test_an_input_that_cannot_be_read_is_one_line_naming_shard_and_file(
     tiny_data, tmp_path, capsys, seqio_registry
 ):

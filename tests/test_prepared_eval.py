@@ -11,13 +11,13 @@ import os
 
 import numpy as np
 import pytest
+from prepared_runs import prepare_splits, tiny_registration
 
 from pipelines import mixture_tables, mixtures, streams
 from pipelines import vocab as vocab_lib
 from pipelines.prepared import eval_batches as prepared_eval
 from pipelines.prepared import manifest as manifest_lib
 from pipelines.prepared import packing, shards
-from pipelines.prepared import prepare as prepare_lib
 from trainer import data as data_lib
 from trainer import validation
 from trainer.data import DataConfig, EvalConfig
@@ -31,21 +31,11 @@ def prepared(tiny_data, seqio_state, tmp_path_factory):
     the tasks left registered for the seqio path (restored after the module)."""
     saved = seqio_state.snapshot()
     out = tmp_path_factory.mktemp("prepared_eval")
-    registration = prepare_lib.Registration(
-        vocab_path=tiny_data["vocab"], corpora_dir=tiny_data["corpora"]
-    )
-    registration.register()
+    tiny_registration(tiny_data).register()
     mixtures.register_mixtures()
     for task in TASKS:
         for split in ("validation", "train"):  # train: longer, so packing spans many windows
-            prepare_lib.prepare(
-                task_name=task,
-                split=split,
-                out_dir=out,
-                num_shards=1,
-                workers=1,
-                log=lambda line: None,
-            )
+            prepare_splits(out, [task], split=split, num_shards=1)
     yield out
     streams.clear_caches()
     seqio_state.restore(saved)
@@ -69,6 +59,7 @@ def _prepared_batches(root, tiny_data, task, split="validation", **kwargs):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_tokens", [None, 100])
 @pytest.mark.parametrize("length,batch", [(32, 2), (32, 5), (64, 8)])
 def test_lm_eval_batches_equal_the_seqio_path(prepared, tiny_data, length, batch, max_tokens):
@@ -92,6 +83,7 @@ def test_lm_eval_batches_over_many_packing_windows_equal_the_seqio_path(
     _assert_same(ours, theirs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["validation", "train"])
 @pytest.mark.parametrize("max_tokens", [None, 60])
 def test_translation_eval_batches_equal_the_seqio_path(prepared, tiny_data, split, max_tokens):
@@ -142,14 +134,7 @@ def test_an_eval_task_without_a_prepared_validation_split_is_refused(prepared, t
 
 
 def test_an_eval_split_in_several_shards_is_refused(prepared, tiny_data, tmp_path):
-    prepare_lib.prepare(
-        task_name="lm_en",
-        split="validation",
-        out_dir=tmp_path,
-        num_shards=2,
-        workers=1,
-        log=lambda line: None,
-    )
+    prepare_splits(tmp_path, ["lm_en"], split="validation", num_shards=2)
     config = dataclasses.replace(_config(tiny_data, tmp_path))
     with pytest.raises(validation.ConfigError, match="2 shards.*--shards 1"):
         data_lib.check_prepared_eval(config, EvalConfig(tasks=("lm_en",)))

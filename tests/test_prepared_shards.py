@@ -76,6 +76,7 @@ print("opened", len(opened), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 """
 
 
+@pytest.mark.slow
 def test_the_open_files_limit_is_raised_for_the_shards_or_refused_in_one_line(lm_en):
     """Every shard stays open for the run: a low soft limit is raised towards the hard one (no
     "Too many open files" mid-open), and a hard limit too low is one line saying so."""

@@ -13,6 +13,7 @@ import shutil
 import numpy as np
 import pytest
 from prepared_runs import prepare_train_splits, prepared_kwargs
+from tiny_runs import t5_pretrain_data
 
 from pipelines.prepared import prepare as prepare_lib
 from rundir import records as rundir_records
@@ -61,6 +62,7 @@ def _kwargs(tiny_data, prepared_dir, **overrides):
     )
 
 
+@pytest.mark.slow
 def test_a_run_on_prepared_data_resumes_to_the_uninterrupted_records(
     tiny_data, prepared, tmp_path, seqio_state
 ):
@@ -89,6 +91,7 @@ def test_a_run_on_prepared_data_resumes_to_the_uninterrupted_records(
     assert set(fingerprint["data"]["prepared_manifests"]) == {"lm_fr", "lm_en"}
 
 
+@pytest.mark.slow
 def test_a_resume_on_other_prepared_data_is_refused(tiny_data, prepared, tmp_path, seqio_state):
     other = tmp_path / "other"
     shutil.copytree(prepared, other)
@@ -174,15 +177,7 @@ def test_t5_pretrains_on_prepared_span_corruption_and_finetunes_on_prepared_pair
     try:
         registration.register()
         prepare_train_splits(out, ("span_en", "span_fr", "mt_en_fr"))
-        data = DataConfig(
-            mixture_or_task="mix_en_50_fr_50",
-            task_feature_lengths=lengths,
-            batch_size=8,
-            vocab_path=tiny_data["vocab"],
-            corpora_dir=tiny_data["corpora"],
-            extra_ids=100,
-            prepared_dir=os.fspath(out),
-        )
+        data = t5_pretrain_data(tiny_data, lengths, prepared_dir=os.fspath(out))
         pretrained = train_lib.train(
             model_dir=tmp_path / "pretrain",
             data=data,

@@ -14,10 +14,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from prepared_runs import prepare_train_splits
+from prepared_runs import prepare_splits, prepare_train_splits, tiny_registration
 
 from fitting.readers import event_files
-from pipelines.prepared import prepare as prepare_lib
 from rundir import names
 from rundir import records as rundir_records
 from trainer import model_spec
@@ -96,24 +95,11 @@ def _data(tiny_data, prepared_dir):
 def prepared(tiny_data, seqio_state, tmp_path_factory):
     """`lm_en` prepared from the tiny corpora: its train split (2 shards) and its validation
     split (one shard)."""
-    saved = seqio_state.snapshot()
     out = tmp_path_factory.mktemp("prepared_no_tf")
-    prepare_lib.Registration(
-        vocab_path=tiny_data["vocab"], corpora_dir=tiny_data["corpora"]
-    ).register()
-    try:
+    with seqio_state.kept():
+        tiny_registration(tiny_data).register()
         prepare_train_splits(out, ("lm_en",))
-        prepare_lib.prepare(
-            task_name="lm_en",
-            split="validation",
-            out_dir=out,
-            num_shards=1,
-            workers=1,
-            log=lambda line: None,
-        )
-        return out
-    finally:
-        seqio_state.restore(saved)
+        return prepare_splits(out, ("lm_en",), split="validation", num_shards=1)
 
 
 def _eval_losses(model_dir: Path) -> dict[int, tuple[float, int]]:
@@ -125,6 +111,7 @@ def _eval_losses(model_dir: Path) -> dict[int, tuple[float, int]]:
     }
 
 
+@pytest.mark.slow
 def test_a_prepared_run_trains_and_evaluates_without_tensorflow_or_seqio(
     tiny_data, prepared, tmp_path, seqio_state
 ):

@@ -131,6 +131,7 @@ def test_eval_checkpoint_without_checkpoints_and_its_traceback_with_verbose(tiny
     )
 
 
+@pytest.mark.slow
 def test_fit_refusals_are_one_line_and_leave_no_out(tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
@@ -155,6 +156,7 @@ def test_fit_refusals_are_one_line_and_leave_no_out(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "empty_runs"]
 
 
+@pytest.mark.slow
 def test_fit_law_without_runs_removes_the_out_it_created(tmp_path):
     runs = synthetic.write_study(
         tmp_path / "runs", sizes=(3e7, 1e8), evals=3, replay_ratios=(), mt=False

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 from launch_fakes import MANIFEST
-from prepared_runs import prepare_train_splits, prepared_kwargs
+from prepared_runs import prepare_train_splits, prepared_kwargs, tiny_registration
 
 from launch import status, sweep
-from pipelines.prepared import prepare as prepare_lib
 from pipelines.prepared import shards
 from rundir import names
 from trainer import divergence, validation
@@ -39,15 +38,10 @@ CONSTANT = ScheduleConfig(name="constant", peak=3e-3)
 @pytest.fixture(scope="module")
 def prepared(tiny_data, seqio_state, tmp_path_factory):
     """`lm_en` prepared from the tiny corpora (2 shards)."""
-    saved = seqio_state.snapshot()
     out = tmp_path_factory.mktemp("prepared")
-    prepare_lib.Registration(
-        vocab_path=tiny_data["vocab"], corpora_dir=tiny_data["corpora"]
-    ).register()
-    try:
+    with seqio_state.kept():
+        tiny_registration(tiny_data).register()
         return prepare_train_splits(out, ["lm_en"])
-    finally:
-        seqio_state.restore(saved)
 
 
 def _kwargs(tiny_data, prepared_dir, **overrides):
@@ -99,6 +93,7 @@ def _shard(prepared: Path) -> Path:
     return sorted((prepared / "lm_en").glob("*.array_record*"))[0]
 
 
+@pytest.mark.slow
 def test_an_amended_resume_refused_on_damaged_data_records_nothing(
     tiny_data, prepared, run_copy, seqio_state
 ):
@@ -130,6 +125,7 @@ def test_an_amended_resume_refused_on_damaged_data_records_nothing(
     assert "amendments" not in info
 
 
+@pytest.mark.slow
 def test_an_amended_resume_that_diverges_at_once_records_nothing(
     tiny_data, prepared, run_copy, seqio_state
 ):
@@ -155,6 +151,7 @@ def test_an_amended_resume_that_diverges_at_once_records_nothing(
     assert result.completed and result.step == STEPS
 
 
+@pytest.mark.slow
 def test_an_amendment_is_recorded_at_the_first_checkpoint(
     tiny_data, prepared, run_copy, seqio_state
 ):
@@ -201,6 +198,7 @@ def test_a_bit_flipped_shard_is_refused_before_anything_is_written(
     assert tree(run_copy) == before
 
 
+@pytest.mark.slow
 def test_a_fresh_start_refused_after_its_plan_leaves_no_model_dir(
     tiny_data, prepared, tmp_path, seqio_state
 ):

@@ -81,6 +81,7 @@ def _drop_records(model_dir: Path, steps) -> None:
         (_ckpt(model_dir) / str(step) / checksums.MANIFEST_FILE).unlink()
 
 
+@pytest.mark.slow
 def test_every_step_of_a_run_is_committed_with_its_record(finished):  # noqa: F811
     for step in (2, STEPS):
         step_dir = _ckpt(finished) / str(step)
@@ -97,6 +98,7 @@ def test_every_step_of_a_run_is_committed_with_its_record(finished):  # noqa: F8
     assert checkpoints.committed_step(finished) == STEPS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "dropped, resumed",
     [
@@ -176,6 +178,7 @@ def _abstract():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where, resumed", [("record", 1), ("rename", 2)])
 def test_a_kill_during_the_commit_leaves_only_recorded_steps(tmp_path, caplog, where, resumed):
     model_dir = tmp_path / "run"
@@ -324,6 +327,7 @@ def test_an_empty_record_verifies_nothing_and_is_refused(tmp_path):
         checksums.verify_manifest(step_dir, step=3, source="test")
 
 
+@pytest.mark.slow
 def test_on_gcs_each_step_commits_with_its_record_and_one_without_is_set_aside(gcs_bucket, caplog):
     # On gs:// orbax commits by a marker file, not a rename: the record is written before it.
     model_dir = f"{gcs_bucket}/run"

@@ -30,6 +30,7 @@ def snapshot(model_dir):
     return files
 
 
+@pytest.mark.slow
 def test_fingerprint_is_stored_with_what_defines_the_run(finished):
     fp = rundir_records.read_run_json(finished)["fingerprint"]
     assert fp["model"]["size"] == "llama2_tiny" and fp["total_steps"] == STEPS
@@ -39,6 +40,7 @@ def test_fingerprint_is_stored_with_what_defines_the_run(finished):
     assert "mesh" not in fp and "log_every" not in fp and "checkpoint" not in fp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change, expected",
     [
@@ -94,6 +96,7 @@ def test_different_model_size_is_refused_before_restoring(finished, tiny_data, s
     assert snapshot(finished) == before
 
 
+@pytest.mark.slow
 def test_more_steps_of_a_cosine_run_are_refused_even_with_the_policy(
     finished, tiny_data, seqio_registry, tmp_path
 ):
@@ -148,6 +151,7 @@ def test_run_without_fingerprint_resumes_with_a_warning(
     assert "fingerprint" not in rundir_records.read_run_json(model_dir)
 
 
+@pytest.mark.slow
 def test_extending_a_constant_lr_run_is_recorded_as_an_amendment(
     finished, tiny_data, seqio_registry, tmp_path
 ):
@@ -361,6 +365,7 @@ def test_each_checkpoint_holds_the_rows_logged_since_the_previous_one(finished):
         assert saved["records"] == [r for r in logged if step - 2 < r["step"] <= step]
 
 
+@pytest.mark.slow
 def test_relative_model_dir_and_init_checkpoint_are_made_absolute_before_anything_runs(
     finished, tiny_data, seqio_registry, tmp_path, monkeypatch
 ):

@@ -25,7 +25,14 @@ import numpy as np
 import pytest
 from conftest import fast_compile_flags
 from lease_files import lease_holder, write_lease
-from tiny_runs import REPO, tiny_kwargs
+from tiny_runs import (
+    REPO,
+    abstract_of,
+    restore_latest_tiny,
+    save_tiny_steps,
+    tiny_kwargs,
+    tiny_source_argv,
+)
 
 from rundir import checksums, names
 from rundir import lease as lease_lib
@@ -147,20 +154,8 @@ def test_read_only_model_dir_fails_before_compiling(tiny_data, tmp_path, no_comp
 def _tiny_store(directory: Path, steps=(1, 2)) -> dict:
     """Saves a small params/opt_state tree at `steps` (each committed with its record)."""
     params = {"w": jnp.arange(24.0).reshape(4, 6), "b": jnp.ones(6)}
-    store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=10))
-    for step in steps:
-        store.save(
-            step,
-            params=jax.tree.map(lambda x, s=step: x * s, params),
-            opt_state={"m": jnp.full(3, float(step))},
-            train_state={"step": step},
-        )
-    store.close()
+    save_tiny_steps(directory, params, steps)
     return params
-
-
-def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
 def _largest_data_file(step_dir: Path, item: str = "params") -> Path:
@@ -177,7 +172,7 @@ def test_bit_flipped_init_checkpoint_is_refused_naming_the_file(
     step_dir = checkpoints.checkpoints_dir(source) / "2"
     assert checksums.has_manifest(step_dir)
     checkpoints.check_init_checkpoint(
-        os.fspath(source), abstract_params=_abstract({"b": jnp.ones(6), "w": jnp.ones((4, 6))})
+        os.fspath(source), abstract_params=abstract_of({"b": jnp.ones(6), "w": jnp.ones((4, 6))})
     )  # intact: verifies
     victim = _largest_data_file(step_dir)
     data = bytearray(victim.read_bytes())
@@ -207,10 +202,7 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
     store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=10))
     try:
         with caplog.at_level(logging.WARNING, logger="trainer.checkpoints"):
-            step, restored, opt_state, train_state = store.restore_latest_intact(
-                abstract_params=_abstract(params),
-                abstract_opt_state={"m": jax.ShapeDtypeStruct((3,), jnp.float32)},
-            )
+            step, restored, opt_state, train_state = restore_latest_tiny(store, params)
         assert step == 1 and train_state == {"step": 1}
         np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(params["w"]))
         assert "checkpoint step 2" in caplog.text and "falling back" in caplog.text
@@ -227,15 +219,13 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
     store = CheckpointStore(directory, CheckpointConfig(), read_only=True)
     try:
         with pytest.raises(checksums.CheckpointCorruptError, match="step 1"):
-            store.restore_latest_intact(
-                abstract_params=_abstract(params),
-                abstract_opt_state={"m": jax.ShapeDtypeStruct((3,), jnp.float32)},
-            )
+            restore_latest_tiny(store, params)
         assert store.all_steps() == [1]
     finally:
         store.close()
 
 
+@pytest.mark.slow
 def test_resume_skips_a_truncated_latest_step_and_a_torn_metrics_line(
     tiny_data, tmp_path, caplog, seqio_registry
 ):
@@ -296,17 +286,9 @@ def test_torn_metrics_tail_is_truncated_with_a_warning(tmp_path, caplog):
 
 
 def _argv(model_dir, tiny_data, *, steps):
-    return [
-        "--gin_file=experiments/cpt_source_en.gin",
-        "--gin_file=experiments/tiny.gin",
-        f"--gin.MODEL_DIR='{model_dir}'",
-        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
-        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
-        f"--gin.TRAIN_STEPS={steps}",
-        "--gin.CHECKPOINT_PERIOD=1",
-        "--gin.EVAL_TASKS=[]",
-        "--gin.LOG_EVERY=1",
-    ]
+    return tiny_source_argv(
+        model_dir, tiny_data, TRAIN_STEPS=steps, CHECKPOINT_PERIOD=1, EVAL_TASKS="[]", LOG_EVERY=1
+    )
 
 
 # A fork server: imports the trainer once (8 of a launch's 15 s are imports), then for each JSON

@@ -121,6 +121,7 @@ sys.exit(exits.run_main(t.main, prog="python -m trainer.train", argv=sys.argv[1:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("during", "stops_before"),
     [

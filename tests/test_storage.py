@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import imported_with
 from gcs_server import GcsServer
 from no_egress import no_egress_guard
 
@@ -256,12 +257,7 @@ def test_gs_paths_use_fsspec_not_tensorflow():
 
 
 def test_importing_rundir_imports_neither_tensorflow_nor_jax():
-    code = (
-        "import sys, rundir.storage\n"
-        "print(','.join(m for m in ('tensorflow', 'jax', 'gcsfs') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert imported_with("rundir.storage", ("tensorflow", "jax", "gcsfs")) == []
 
 
 def test_an_orbax_checkpoint_lives_in_the_bucket(gcs_bucket, gcs_server, tmp_path, monkeypatch):

@@ -84,6 +84,7 @@ def _same_as_reference(model_dir: str, reference: str) -> None:
     assert _params_hash(model_dir) == _params_hash(reference)
 
 
+@pytest.mark.slow
 def test_a_failed_command_ends_without_waiting_for_stuck_threads():
     # A thread that never ends (orbax's signalling threads wait forever on a store that went
     # away) and one that fails after the report: the process ends with the code, within the
@@ -110,6 +111,7 @@ def test_a_failed_command_ends_without_waiting_for_stuck_threads():
     assert done.stderr == "the report\n"
 
 
+@pytest.mark.slow
 def test_the_xlscale_command_does_not_wait_for_stuck_threads(tmp_path):
     # The console script's `main()` (no argv: the process's own command line) ends a failed
     # command through `exits.leave` too: a refused `xlscale train` with a thread stuck for good
@@ -248,23 +250,9 @@ def test_a_store_unreachable_at_start_is_storage_not_permissions(
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """A 32 MiB tmpfs mounted for the test (CI runs as root), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", os.fspath(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", os.fspath(mount)], check=False)
+    return tmpfs(32)
 
 
 def _fill(directory: Path) -> Path:

@@ -4,7 +4,6 @@ determinism, exact continuation after a restart, host sharding, and eval batches
 Building a tf.data pipeline costs about a second here, so the decoder stream every test looks
 at is built once per module (inside its own emptied registry, like `seqio_registry`)."""
 
-import contextlib
 import itertools
 
 import numpy as np
@@ -45,20 +44,6 @@ def _register(data):
     mixtures.register_mixtures()
 
 
-@contextlib.contextmanager
-def _own_registry():
-    saved = dict(seqio.TaskRegistry._REGISTRY), dict(seqio.MixtureRegistry._REGISTRY)
-    seqio.TaskRegistry.reset()
-    seqio.MixtureRegistry.reset()
-    try:
-        yield
-    finally:
-        seqio.TaskRegistry.reset()
-        seqio.MixtureRegistry.reset()
-        seqio.TaskRegistry._REGISTRY.update(saved[0])
-        seqio.MixtureRegistry._REGISTRY.update(saved[1])
-
-
 @pytest.fixture
 def registered(seqio_registry, data):
     _register(data)
@@ -75,9 +60,9 @@ def _decoder(**kw):
 
 
 @pytest.fixture(scope="module")
-def full(data):
+def full(data, seqio_state):
     """The first 12 batches of the reference decoder stream."""
-    with _own_registry():
+    with seqio_state.emptied():
         _register(data)
         return _take(_decoder(), 12)
 
@@ -88,6 +73,7 @@ def _same(a, b):
     )
 
 
+@pytest.mark.slow
 def test_decoder_batches_contract(full):
     for b in full:
         assert set(b) == DECODER_KEYS
@@ -115,6 +101,7 @@ def test_decoder_batches_contract(full):
     assert (both == 0).any() and (both == 1).any()  # lm_en (replay) and lm_zh
 
 
+@pytest.mark.slow
 def test_packing_removes_padding(registered, full):
     unpacked = _take(_decoder(pack=False), 12)
     assert set(unpacked[0]) == DECODER_KEYS  # same keys with or without packing
@@ -129,6 +116,7 @@ def test_packing_removes_padding(registered, full):
     assert all(b["decoder_segment_ids"].max() <= 1 for b in unpacked)
 
 
+@pytest.mark.slow
 def test_same_seed_same_stream_and_exact_continuation(registered, full):
     streams.clear_caches()  # as in a new process
     assert _same(full, _take(_decoder(), 12))
@@ -137,6 +125,7 @@ def test_same_seed_same_stream_and_exact_continuation(registered, full):
     assert _same(full[5:], resumed)
 
 
+@pytest.mark.slow
 def test_host_shards_differ(registered, full):
     shard = _take(_decoder(num_shards=2, shard_index=1), 3)
     assert shard[0]["decoder_target_tokens"].shape == (4, 64)  # batch_size rows per host
@@ -145,6 +134,7 @@ def test_host_shards_differ(registered, full):
         _decoder(num_shards=2, shard_index=2)
 
 
+@pytest.mark.slow
 def test_encdec_batches_contract(registered):
     args = dict(
         mixture_or_task="mix_en_50_de_50",
@@ -169,6 +159,7 @@ def test_encdec_batches_contract(registered):
     assert np.mean([(b["encoder_segment_ids"] > 0).mean() for b in batches]) > 0.9
 
 
+@pytest.mark.slow
 def test_token_subset_is_a_fixed_repeated_sample(registered):
     # The MT paper's finetuning sets of size Df: a fixed sample of the task, repeated.
     args = dict(MT_UNPACKED)
@@ -199,6 +190,7 @@ def test_token_subset_is_a_fixed_repeated_sample(registered):
         )
 
 
+@pytest.mark.slow
 def test_pair_subset_holds_exactly_that_many_examples(registered):
     # The MT paper's Df = pairs × 512: a set of exactly Df / 512 pairs, whatever their lengths;
     # over hosts, the shares add up to it.
@@ -234,6 +226,7 @@ def test_wrong_stream_kind_is_refused(registered):
         )
 
 
+@pytest.mark.slow
 def test_eval_batches_finite_deterministic_padded(registered):
     kw = dict(task="lm_zh", split="validation", sequence_length=32, batch_size=4)
     every = streams.eval_batches(max_tokens=None, **kw)

@@ -183,6 +183,7 @@ def test_verdicts_of_two_models_do_not_collide(cells):
     assert {k[0] for k in found} == {"t5/mt_tiny", "t5/other"}
 
 
+@pytest.mark.slow
 def test_write_produces_the_report_figures_and_fits(runs_dir, tmp_path):
     fits_path = rep.write(runs_dir=runs_dir, out_dir=tmp_path, log=lambda line: None)
     fits = json.loads(fits_path.read_text())
@@ -236,6 +237,7 @@ def test_cli_dispatches_to_the_study_registry(monkeypatch):
     assert calls[-1]["jobs"] == 1
 
 
+@pytest.mark.slow
 def test_report_tables_print_rounded_numbers(runs_dir, tmp_path):
     """The study's own sections, the valuation verdicts included, round every number (4
     significant digits at most); the appendix is the fitting report's (tested there)."""
@@ -332,6 +334,7 @@ def comet_runs_dir(runs_dir, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_comet_runs_get_the_fig7_analogue_fits_and_the_model_named(comet_runs_dir, tmp_path):
     fits_path = rep.write(runs_dir=comet_runs_dir, out_dir=tmp_path, log=lambda line: None)
     fits = json.loads(fits_path.read_text())
@@ -353,6 +356,7 @@ def test_comet_runs_get_the_fig7_analogue_fits_and_the_model_named(comet_runs_di
     assert "predicts the held-out checkpoints within 5% for" in section
 
 
+@pytest.mark.slow
 def test_without_comet_the_report_says_so_in_one_line(runs_dir, tmp_path):
     rep.write(runs_dir=runs_dir, out_dir=tmp_path, log=lambda line: None)
     text = (tmp_path / "report.md").read_text()
@@ -407,6 +411,7 @@ def test_bleu_noise_reads_the_last_step_predictions_the_trainer_writes(tmp_path)
     assert bleu == pytest.approx(100.0)
 
 
+@pytest.mark.slow
 def test_report_checks_remark2_and_sets_the_paper_beside_the_fits(runs_dir, tmp_path):
     """Remark 2 (BP = 1) is checked on the runs' logged brevity penalty; the fitting report's MT
     section sets every fitted series beside Tables 3-6 and says why it is not comparable; the

@@ -115,6 +115,7 @@ def test_too_few_or_zero_scores_are_drawn_without_a_law():
     assert three.fit is not None and three.fit.n_fit == 3
 
 
+@pytest.mark.slow
 def test_write_gives_figure_fits_and_section(runs, tmp_path):
     lines = sg.write(runs, tmp_path)
     png = tmp_path / sg.FIGURE

@@ -55,6 +55,7 @@ def test_tfds_layout_registers_every_task_and_the_mixture(from_tfds):
     assert rates == {t: float(superglue_sources.TRAIN_EXAMPLES[t]) for t in TASKS}
 
 
+@pytest.mark.slow
 def test_tfds_text_pairs_of_three_tasks(from_tfds):
     assert sorted(_texts("super_glue_cb")) == [
         ("cb hypothesis: It did not rain. premise: It rained.", "contradiction"),
@@ -83,6 +84,7 @@ def test_tfds_text_pairs_of_three_tasks(from_tfds):
     assert {t for _, t in _texts("super_glue_record", split="test")} == {"<unk>"}
 
 
+@pytest.mark.slow
 def test_tokenized_task_rows_end_in_eos(from_tfds):
     ds = seqio.get_mixture_or_task("super_glue_rte").get_dataset(
         sequence_length={"inputs": 32, "targets": 32}, split="train", shuffle=False, num_epochs=1
@@ -95,6 +97,7 @@ def test_tokenized_task_rows_end_in_eos(from_tfds):
     assert targets[-1] == 1 and vocabulary.decode(targets[:-1]) == "entailment"
 
 
+@pytest.mark.slow
 def test_hf_files_give_the_same_pairs_as_tfds(seqio_registry, data, from_tfds):
     want = {t: _texts(t) for t in HF_COMPARED}
     names = superglue_sources.register(

@@ -118,6 +118,7 @@ def test_status_summarises_the_run_directories(capsys, tmp_path):
     assert states[runs[0].run_id] == "done" and states[runs[1].run_id] == "interrupted"
 
 
+@pytest.mark.slow
 def test_plan_measures_the_step_of_either_family(capsys):
     # The estimate times one real step of the smallest run through the trainer's wrapper: a
     # decoder-only LLaMA2 for the CPT smoke study, an encoder-decoder T5 for the MT one.

@@ -90,6 +90,7 @@ def test_design_respects_the_budget_and_writes_a_manifest_of_exactly_its_runs(tm
     assert sorted(tomllib.loads(text)["design"]["runs"]) == sorted(d.result.keys)
 
 
+@pytest.mark.slow
 def test_cli_design_prints_widths_and_plan_lists_the_chosen_runs(tmp_path, capsys):
     out = tmp_path / "cpt.toml"
     args = ["sweep", "design", "cpt_paper", "--budget", "50", "--hardware", "8xH100"]
@@ -114,6 +115,7 @@ def test_cli_design_prints_widths_and_plan_lists_the_chosen_runs(tmp_path, capsy
     assert "--run-sigma 0.004" in out.read_text() and "run offset tau 0.004" in out.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -205,6 +207,7 @@ def test_a_prior_the_design_cannot_use_is_refused_naming_the_file_and_value(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_designed_manifest_designs_again_from_its_full_grid(tmp_path, capsys):
     out = tmp_path / "again.toml"
     args = ["sweep", "design", "cpt_midscale", "--budget", "20", "--hardware", "8xH100"]

@@ -181,6 +181,7 @@ def test_a_paper_design_given_a_schedule_aware_fit_says_which_law_it_holds(tmp_p
     assert "--law 'nd': allowed: paper, lr_area" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_adaptive_refit_fits_the_schedule_aware_law_on_the_pilots_scales(tmp_path):
     from fitting.laws import synthetic
     from fitting.readers import run_dirs

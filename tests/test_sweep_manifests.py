@@ -39,6 +39,7 @@ def test_all_manifests_are_shipped():
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_manifest_runs_are_consistent(name):
     runs = runs_of(name)
@@ -116,6 +117,7 @@ def _translation(runs):
     return [r for r in runs if not str(r.coord("task") or "").startswith("super_glue_")]
 
 
+@pytest.mark.slow
 def test_mt_paper_grid():
     """The paper's design, learning-rate grids and vocabulary. Each pretraining run is repeated
     over the base-LR grid and each finetune over the finetuning grid; the finetunes start from the
@@ -205,6 +207,7 @@ PAPER_PAIRS = {
 }
 
 
+@pytest.mark.slow
 def test_mt_paper_df_conditions_are_pairs_under_raffels_2_18_steps():
     """Every finetune and baseline of mt_paper sizes its set in the paper's unit (a fixed set of
     Df / 512 pairs) and trains the 'raffel_2^18' recipe (2^18 steps of 128, which the paper's Df

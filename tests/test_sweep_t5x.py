@@ -7,13 +7,15 @@ import shlex
 import tomllib
 
 import pytest
+from launch_fakes import DATA_SECTIONS
 
 from launch import status, sweep, t5x_runner, tpu_vm, xm_launch
 from launch.manifest import parse_manifest
 from rundir.run_record import FINETUNES
 from xlscale_cli.main import main
 
-MANIFEST = """
+MANIFEST = (
+    """
 [sweep]
 name = "t5x_small"
 family = "t5"
@@ -21,14 +23,9 @@ runs_dir = "RUNS"
 seq_len = 512
 runner = "t5x"
 
-[vars]
-DATA_DIR = ""
-VOCAB_PATH = ""
-
-[gin]
-DATA_DIR = "${DATA_DIR}"
-VOCAB_PATH = "${VOCAB_PATH}"
-
+"""
+    + DATA_SECTIONS
+    + """
 [axes]
 seeds = [0]
 init_steps = [200]
@@ -57,6 +54,7 @@ tasks = ["mt_en_de"]
 finetune_tokens = [6_000_000]
 gin_axes = { PEAK_LR = [0.001] }
 """
+)
 PATHS = t5x_runner.T5xPaths(t5x_dir="/opt/t5x", repo_dir="/src/xlscale")
 VARS = {"DATA_DIR": "/data/corpora", "VOCAB_PATH": "/data/spm.model"}
 
@@ -187,6 +185,7 @@ def test_tpu_vm_and_xmanager_dry_runs_start_t5x_train():
         assert unit["args"] == run.gin_args() and unit["env_vars"] == run.environment()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["tpu_vm", "xmanager"])
 def test_cli_dry_run_of_the_mt_paper_under_t5x(launcher, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("T5X_DIR", "/opt/t5x")
@@ -254,6 +253,7 @@ def test_a_token_budget_df_has_no_t5x_form():
     assert "XLSCALE_FINETUNE_PAIRS" not in runs["pretrain"].environment()
 
 
+@pytest.mark.slow
 def test_the_mt_papers_vocabulary_reaches_t5x_and_unpassable_overrides_are_refused():
     # mt_paper.toml's MODEL_OVERRIDES vocab_size = 250112 must reach T5X's embedding (t5.gin's
     # VOCAB_SIZE, bound to sizes.get_config's vocab_size), not T5's default 32,128 rows.
@@ -278,6 +278,7 @@ def test_the_mt_papers_vocabulary_reaches_t5x_and_unpassable_overrides_are_refus
         expand(text)
 
 
+@pytest.mark.slow
 def test_the_step_0_evaluation_reaches_t5x_and_a_log_schedule_is_refused():
     # mt_paper.toml evaluates every finetune before its first update (EVAL_AT_START); under T5X
     # that is run_eval_before_training, bound to the same macro in both run files.
@@ -318,6 +319,7 @@ def _with_comet(runner=None, *, model="/m/wmt22-comet-da/checkpoints/model.ckpt"
     return {r.strategy: r for r in sweep.expand(manifest)}
 
 
+@pytest.mark.slow
 def test_comet_settings_reach_both_runners_and_keep_the_run_ids():
     model = "/m/wmt22-comet-da/checkpoints/model.ckpt"
     # xlscale's trainer: gin macros of the finetunes (the runs that decode), not of the pretraining.
@@ -391,6 +393,7 @@ def test_a_finetune_recipe_axis_sets_each_runs_steps_and_reaches_t5x_once():
         )
 
 
+@pytest.mark.slow
 def test_mt_papers_finetunes_evaluate_at_several_steps_under_t5x():
     # T5X evaluates (validation loss and decoding, hence COMET) every EVAL_PERIOD steps: 16
     # points of 'raffel_2^18', 6 of 'paper_300', among which the best step is chosen.

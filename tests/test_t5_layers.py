@@ -56,6 +56,7 @@ def test_relative_position_bucket_matches_reference(bidirectional, num_buckets, 
     assert got.min() >= 0 and got.max() == num_buckets - 1
 
 
+@pytest.mark.slow
 def test_relative_position_bucket_known_values():
     rel = np.array([0, -1, -7, 1, 7, -16, -1000, 1000, 5, -3, -15])
     got = {}

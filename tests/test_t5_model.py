@@ -116,6 +116,7 @@ def test_attention_initialiser_folds_in_head_scaling():
     assert std_q == pytest.approx(std_k / np.sqrt(16), rel=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SIZES))
 def test_param_counts_equal_initialised_tree(name):
     cfg = SIZES[name]
@@ -276,6 +277,7 @@ def test_remat_policy_rematerialises_layers():
     assert full.count("policy=<function") >= 3  # one per layer
 
 
+@pytest.mark.slow
 def test_sharded_forward_on_a_mesh_matches_unsharded():
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), MESH_AXES)
     enc, dec_in, tgt = _batch(TINY, batch=4)

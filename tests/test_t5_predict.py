@@ -54,6 +54,7 @@ def _length(row):
     return row.index(EOS) + 1 if EOS in row else len(row)
 
 
+@pytest.mark.slow
 def test_greedy_is_argmax_of_its_own_teacher_forced_logits(model_and_params):
     model, params, enc = model_and_params
     seqs, log_prob = predict.predict_batch(
@@ -70,6 +71,7 @@ def test_greedy_is_argmax_of_its_own_teacher_forced_logits(model_and_params):
         assert float(log_prob[b]) == pytest.approx(float(token_lp[b, :n].sum()), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_beam_scores_are_length_normalised_log_probs(model_and_params):
     model, params, enc = model_and_params
     seqs, scores = predict.predict_batch(

@@ -21,11 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sacrebleu
+from conftest import random_params
+from tiny_runs import started_from, t5_pretrain_data
 
 from convert import init_checkpoints
 from pipelines import features
 from rundir import records as rundir_records
-from trainer import checkpoints, downstream, model_spec, recipes, start_state, steps
+from trainer import checkpoints, downstream, model_spec, recipes, steps
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import DataConfig, EvalConfig
@@ -81,20 +83,16 @@ def _packed_and_single_batches():
     return packed, singles
 
 
-def _random_params(model, seed=1):
-    """Parameters of the model's shapes drawn with numpy (compiling the real initialiser costs
-    seconds on a CPU; the identities tested here hold for any values)."""
-    from trainer import partitioning
-
-    rng = np.random.RandomState(seed)
-    abstract = partitioning.unbox(model.abstract_variables()["params"])
-    return jax.tree.map(lambda a: rng.normal(0, 0.3, a.shape).astype(np.float32), abstract)
-
-
+@pytest.mark.slow
 def test_encdec_loss_on_a_packed_row_equals_the_sum_over_its_examples():
     model = model_spec.build_model(T5_TINY)
     assert (model.family, model.feature_keys) == ("t5", ("inputs", "targets"))
-    params = _random_params(model)
+    from trainer import partitioning
+
+    # Parameters drawn by numpy (compiling the real initialiser costs seconds on a CPU; the
+    # identities tested here hold for any values).
+    abstract = partitioning.unbox(model.abstract_variables()["params"])
+    params = random_params(abstract, np.random.RandomState(1), scale=0.3, dtype=np.float32)
     packed, singles = _packed_and_single_batches()
     unpacked = {k: np.concatenate([b[k] for b in singles]) for k in singles[0]}
 
@@ -142,6 +140,7 @@ def test_finetune_steps_follow_the_token_budget():
         recipes.finetune_steps(finetune_tokens=0, batch_size=8, task_feature_lengths=LENGTHS)
 
 
+@pytest.mark.slow
 def test_constant_lr_finetunes_of_any_length_lower_to_the_same_program():
     """Nothing run-specific but the shapes is baked into a constant-LR train step, so runs of
     one shape share one compiled program (and the persistent compilation cache)."""
@@ -172,14 +171,7 @@ def test_constant_lr_finetunes_of_any_length_lower_to_the_same_program():
 def _pretrain_kwargs(paths):
     return dict(
         model=dataclasses.replace(T5_TINY, dropout_rate=0.0),
-        data=DataConfig(
-            mixture_or_task="mix_en_50_fr_50",
-            task_feature_lengths=LENGTHS,
-            batch_size=8,
-            vocab_path=paths["vocab"],
-            corpora_dir=paths["corpora"],
-            extra_ids=100,
-        ),
+        data=t5_pretrain_data(paths, LENGTHS),
         train_steps=PRETRAIN_STEPS,
         optimizer=adafactor_defaults(),
         schedule=ScheduleConfig(name="rsqrt", base=1.0, rsqrt_offset=100),
@@ -271,7 +263,6 @@ def test_pretraining_keeps_the_checkpoint_grid_with_token_counts(mt_runs):
 def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_data, seqio_state):
     from trainer import jobs
 
-    source = f"{mt_runs['root'] / 'pre'}@10"
     saved = seqio_state.snapshot()
     try:
         job = jobs.build_job(
@@ -288,18 +279,9 @@ def test_finetuning_starts_from_exactly_the_checkpoint_parameters(mt_runs, tiny_
         )
     finally:
         seqio_state.restore(saved)
-    store = checkpoints.CheckpointStore(mt_runs["root"] / "empty", CheckpointConfig())
-    state, _, init = start_state.initial_state(
-        job, store, resume=False, init_checkpoint=source, seed=3
+    state, _, init, reference = started_from(
+        job, mt_runs["root"] / "pre", 10, store_dir=mt_runs["root"] / "empty", seed=3
     )
-    store.close()
-    source_store = checkpoints.CheckpointStore(
-        checkpoints.checkpoints_dir(mt_runs["root"] / "pre"), CheckpointConfig(), read_only=True
-    )
-    reference = source_store.restore_params(
-        10, abstract_params=job.abstract_state_with_shardings().params
-    )
-    source_store.close()
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(reference), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert int(state.step) == 0

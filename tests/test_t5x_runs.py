@@ -196,6 +196,7 @@ def test_fit_pipeline_on_t5x_runs(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_xlscale_fit_cli_on_t5x_and_xlscale_runs(tmp_path, capsys):
     from fitting.laws import synthetic
     from xlscale_cli import main as cli

@@ -7,23 +7,18 @@ import numpy as np
 import pytest
 import seqio
 import tensorflow as tf
+from conftest import SIX_LANGS
 
 from pipelines import preprocessors as prep
 from pipelines import tasks, vocab
 from pipelines.prepared import spans as span_arithmetic
 
-LANGS = ["en", "zh", "fr", "ru", "de", "ro"]
 SPAN_LENGTHS = {"inputs": 64, "targets": 16}
 
 
-@pytest.fixture(scope="module")
-def data(fixture_data):
-    return fixture_data(langs=LANGS, vocab_size=800)
-
-
 @pytest.fixture
-def registered(seqio_registry, data):
-    corpora, v = data
+def registered(seqio_registry, six_langs):
+    corpora, v = six_langs
     return tasks.register_tasks(vocabulary=v, corpora_dir=corpora)
 
 
@@ -58,7 +53,7 @@ def test_importing_registers_nothing(seqio_registry):
 
 
 def test_registers_every_task_and_split(registered):
-    expected = {f"{kind}_{lang}" for kind in ("lm", "span") for lang in LANGS}
+    expected = {f"{kind}_{lang}" for kind in ("lm", "span") for lang in SIX_LANGS}
     for pair in ("de", "fr", "ro", "zh", "ru"):
         expected |= {f"mt_en_{pair}", f"mt_{pair}_en"}
     assert set(registered) == expected
@@ -67,8 +62,8 @@ def test_registers_every_task_and_split(registered):
     assert set(seqio.get_mixture_or_task("mt_en_de").splits) == {"train", "validation", "test"}
 
 
-def test_registration_is_idempotent_and_selectable(seqio_registry, data):
-    corpora, v = data
+def test_registration_is_idempotent_and_selectable(seqio_registry, six_langs):
+    corpora, v = six_langs
     first = tasks.register_tasks(vocabulary=v, corpora_dir=corpora, langs=["en"], pairs=["en-de"])
     again = tasks.register_tasks(vocabulary=v, corpora_dir=corpora, langs=["en"], pairs=["en-de"])
     assert first == again == ["lm_en", "span_en", "mt_en_de", "mt_de_en"]
@@ -79,8 +74,9 @@ def test_registration_is_idempotent_and_selectable(seqio_registry, data):
         tasks.register_tasks(vocabulary=v, corpora_dir=corpora.parent / "nowhere", langs=["en"])
 
 
-def test_lm_task_chunks_documents_without_losing_tokens(registered, data):
-    _, v = data
+@pytest.mark.slow
+def test_lm_task_chunks_documents_without_losing_tokens(registered, six_langs):
+    _, v = six_langs
     whole = _examples("lm_de", split="validation")  # no sequence length: whole documents + EOS
     chunks = _examples("lm_de", split="validation", lengths={"targets": 32})
     assert all(ex["targets"][-1] == 1 for ex in whole)
@@ -92,12 +88,13 @@ def test_lm_task_chunks_documents_without_losing_tokens(registered, data):
     assert chunks[0]["targets"].dtype == np.int32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name,prompt",
     [("mt_en_de", "translate English to German: "), ("mt_zh_en", "translate Chinese to English: ")],
 )
-def test_translation_task_prompt_and_shapes(registered, data, name, prompt):
-    _, v = data
+def test_translation_task_prompt_and_shapes(registered, six_langs, name, prompt):
+    _, v = six_langs
     exs = _examples(name, split="validation", lengths={"inputs": 512, "targets": 512})
     assert exs
     for ex in exs:
@@ -115,8 +112,9 @@ def test_translation_metrics_attached(registered):
     assert out["bleu"] == pytest.approx(100.0) and out["rougeL"] == pytest.approx(100.0)
 
 
-def test_span_corruption_invariants(registered, data):
-    _, v = data
+@pytest.mark.slow
+def test_span_corruption_invariants(registered, six_langs):
+    _, v = six_langs
     raw_length = span_arithmetic.span_raw_length(SPAN_LENGTHS["inputs"], SPAN_LENGTHS["targets"])
     li, lt, spans = span_arithmetic.span_corruption_lengths(raw_length)
     assert li <= SPAN_LENGTHS["inputs"] and lt <= SPAN_LENGTHS["targets"]
@@ -149,6 +147,7 @@ def test_span_corruption_invariants(registered, data):
     assert rebuilt == original
 
 
+@pytest.mark.slow
 def test_span_corruption_is_seeded(registered):
     a = _examples("span_en", lengths=SPAN_LENGTHS, seed=1, n=5)
     b = _examples("span_en", lengths=SPAN_LENGTHS, seed=1, n=5)
@@ -169,16 +168,16 @@ def test_noise_mask_matches_t5_statistics():
     assert not mask[:, 0].any()
 
 
-def test_span_needs_sentinels(seqio_registry, data):
-    corpora, _ = data
-    plain = vocab.load_vocab(data[1].sentencepiece_model_file)  # no extra ids
+def test_span_needs_sentinels(seqio_registry, six_langs):
+    corpora, _ = six_langs
+    plain = vocab.load_vocab(six_langs[1].sentencepiece_model_file)  # no extra ids
     tasks.register_tasks(vocabulary=plain, corpora_dir=corpora, langs=["en"], pairs=[])
     with pytest.raises(ValueError, match="sentinel"):
         _examples("span_en", lengths=SPAN_LENGTHS, n=1)
 
 
-def test_tfds_variant_is_constructed_without_network(seqio_registry, data):
-    _, v = data
+def test_tfds_variant_is_constructed_without_network(seqio_registry, six_langs):
+    _, v = six_langs
     names = tasks.register_tasks(
         vocabulary=v, corpora_dir=None, langs=["en", "de"], pairs=["en-de", "en-ro"], source="tfds"
     )

@@ -61,6 +61,7 @@ def test_the_size_table_has_the_papers_42_sizes():
     assert len(PAPER_SIZES) == 42
 
 
+@pytest.mark.slow
 def test_every_paper_size_gets_the_same_steps_from_the_sweep_and_from_gin():
     runs = sweep.expand(sweep.load_manifest("cpt_paper"))
     sources = {r.size: r for r in runs if r.strategy == "source"}
@@ -167,4 +168,35 @@ def test_run_ids_do_not_change_with_the_recorded_basis():
         "cpt_replay_smoke_d32_zh_replay0_s0-9a089f5b41",
         "cpt_replay_smoke_d32_zh_replay10_s0-bb4004c787",
         "cpt_replay_smoke_d32_zh_replay30_s0-8f6dc5e8a4",
+    ]
+
+
+def test_one_steps_rule_serves_the_sweep_and_the_trainer(monkeypatch):
+    """`modeling.family.budget_steps` is the rule: tokens (or tokens per parameter × N) in whole
+    batches, rounded up, at least one step; both the trainer and the sweep's budgets call it."""
+    from launch import budgets
+
+    assert family_lib.budget_steps(tokens_per_step=100, tokens_per_param=20, params=800) == 160
+    assert family_lib.budget_steps(tokens_per_step=100, tokens=16_001) == 161
+    assert family_lib.budget_steps(tokens_per_step=100, tokens=1) == 1
+    with pytest.raises(ValueError, match="exactly one"):
+        family_lib.budget_steps(tokens_per_step=100, tokens=1, tokens_per_param=1, params=1)
+    with pytest.raises(ValueError, match="parameter count"):
+        family_lib.budget_steps(tokens_per_step=100, tokens_per_param=20)
+    calls = []
+
+    def rule(**kwargs):
+        calls.append(kwargs)
+        return 7
+
+    monkeypatch.setattr(family_lib, "budget_steps", rule)
+    monkeypatch.setattr(budgets, "budget_steps", rule)
+    budget = {"tokens_per_param": 20, "batch_tokens": 1000}
+    assert budgets.steps_and_batch(
+        budget, budgets.resolve(budget, where="t"), params=800, seq_len=100, where="t"
+    ) == (7, 10)
+    kwargs = dict(tokens_per_step=100, params_total=1000, params_non_embedding=800)
+    assert jobs.resolve_train_steps(train_steps=None, tokens_per_param=20, **kwargs) == 7
+    assert calls == [dict(tokens_per_step=1000, tokens_per_param=20.0, params=800)] + [
+        dict(tokens_per_step=100, tokens_per_param=20, params=800)
     ]

@@ -60,6 +60,7 @@ def test_softmax_as_equals_softmax_forward_and_backward(dtype):
     )
 
 
+@pytest.mark.slow
 def test_xla_attention_gradients_match_the_reference_kernel_in_bf16():
     """The whole `xla` kernel, masked and packed, against a reference built from
     `jax.nn.softmax` (which keeps the float32 weights), forward and gradients."""
@@ -107,6 +108,7 @@ def test_a_bf16_llama_block_keeps_no_float32_attention_array():
 # --- projections: stacked on CPU only, same numbers either way ---------------------------------
 
 
+@pytest.mark.slow
 def test_unstacked_projections_give_the_stacked_outputs(monkeypatch):
     from llama_jax import layers
 
@@ -160,6 +162,7 @@ def _reference_finite(state, grads, optimizer, loss):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, x, lr",
     [
@@ -218,6 +221,7 @@ def test_token_counts_equal_segment_sum_and_compile_without_a_scatter():
 # --- the ahead-of-time benchmark ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_estimate_xla_cannot_make_is_unusable_and_names_the_ops(tpu_topology, monkeypatch):
     """A scatter-add (what `segment_sum` lowers to) compiled for a v5p runs on the SparseCore,
     whose cost XLA does not know: `optimal_seconds` comes out negative."""
@@ -246,6 +250,7 @@ def test_an_estimate_xla_cannot_make_is_unusable_and_names_the_ops(tpu_topology,
     assert bench.usability({"optimal_seconds": 0.25}, "") == (True, None, [])
 
 
+@pytest.mark.slow
 def test_the_benchmark_json_of_a_tiny_tpu_step(tpu_topology, tmp_path, monkeypatch):
     tpu_topology("v5p:2x2x1")  # skips without libtpu
     monkeypatch.syspath_prepend(str(BENCH.parent))  # its sibling `compiled_step`

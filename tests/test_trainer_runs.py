@@ -22,12 +22,12 @@ import jax
 import numpy as np
 import pytest
 from conftest import fast_compile_flags
-from tiny_runs import REPO, TRAIN_STEPS, tiny_kwargs
+from tiny_runs import REPO, TRAIN_STEPS, started_from, tiny_kwargs
 
 from convert import init_checkpoints
 from rundir import names
 from rundir import records as rundir_records
-from trainer import checkpoints, data, model_spec, start_state
+from trainer import checkpoints, data, model_spec
 from trainer import train as train_lib
 from trainer.checkpoints import CheckpointConfig
 from trainer.data import EvalConfig
@@ -59,6 +59,7 @@ def runs(tiny_data, tmp_path_factory, seqio_state):
     return out
 
 
+@pytest.mark.slow
 def test_loss_decreases_in_a_tiny_real_run(runs):
     records = rundir_records.read_metrics(runs["root"] / "full")
     assert runs["full"].completed and runs["full"].step == TRAIN_STEPS
@@ -69,6 +70,7 @@ def test_loss_decreases_in_a_tiny_real_run(runs):
     assert len(evals) == 2 and evals[1] < evals[0]
 
 
+@pytest.mark.slow
 def test_outputs_follow_the_training_outputs_contract(runs):
     model_dir = runs["root"] / "full"
     run = json.loads((model_dir / "run.json").read_text())
@@ -103,6 +105,7 @@ def test_outputs_follow_the_training_outputs_contract(runs):
     assert steps_on_disk == [4, 8, 12]
 
 
+@pytest.mark.slow
 def test_stop_and_resume_gives_identical_metrics(runs):
     assert not runs["stopped"].completed and runs["stopped"].step == 6
     assert [r["step"] for r in runs["stopped_metrics"]] == [2, 4, 6]
@@ -116,6 +119,7 @@ def test_stop_and_resume_gives_identical_metrics(runs):
     assert resumed == full  # bit-exact: losses, token counts, data order, eval losses
 
 
+@pytest.mark.slow
 def test_eight_device_mesh_matches_one_device(runs):
     sharded = rundir_records.read_metrics(runs["root"] / "full")
     single = rundir_records.read_metrics(runs["root"] / "single")
@@ -127,6 +131,7 @@ def test_eight_device_mesh_matches_one_device(runs):
     )
 
 
+@pytest.mark.slow
 def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
     runs, tiny_data, tmp_path, seqio_registry
 ):
@@ -164,16 +169,8 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
         train_steps=4,
         compile_train=False,
     )
-    store = checkpoints.CheckpointStore(tmp_path / "empty", CheckpointConfig())
-    state, saved, init = start_state.initial_state(
-        job, store, resume=False, init_checkpoint=source, seed=1
-    )
-    store.close()
-    source_store = checkpoints.CheckpointStore(
-        checkpoints.checkpoints_dir(runs["root"] / "full"), CheckpointConfig(), read_only=True
-    )
-    source_params = source_store.restore_params(
-        8, abstract_params=job.abstract_state_with_shardings().params
+    state, saved, init, source_params = started_from(
+        job, runs["root"] / "full", 8, store_dir=tmp_path / "empty", seed=1
     )
     assert int(state.step) == 0 and saved == {}
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(source_params), strict=True):
@@ -204,6 +201,7 @@ def test_cpt_initialisation_takes_source_params_with_fresh_optimizer(
     assert "eval/lm_fr/loss" in last and "eval/lm_en/loss" in last  # forgetting is measured
 
 
+@pytest.mark.slow
 def test_mismatched_init_checkpoint_names_each_parameter(runs, tiny_data, tmp_path, seqio_registry):
     kwargs = tiny_kwargs(tiny_data)
     kwargs["model"] = model_spec.ModelSpec(
@@ -216,6 +214,7 @@ def test_mismatched_init_checkpoint_names_each_parameter(runs, tiny_data, tmp_pa
     assert "layers_0/mlp/w1: checkpoint has shape (32, 88), model wants (32, 96)" in str(e.value)
 
 
+@pytest.mark.slow
 def test_nan_injection_stops_without_writing_a_bad_checkpoint(
     tiny_data, tmp_path, monkeypatch, seqio_registry
 ):
@@ -247,6 +246,7 @@ def test_nan_injection_stops_without_writing_a_bad_checkpoint(
     assert not (model_dir / "COMPLETED").exists()
 
 
+@pytest.mark.slow
 def test_eval_and_infer_jobs_read_a_checkpoint(runs, tiny_data, tmp_path, seqio_registry):
     from trainer import eval as eval_lib
     from trainer import infer as infer_lib
@@ -331,6 +331,7 @@ def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
     assert max(r["step"] for r in rundir_records.read_metrics(model_dir)) == step
 
 
+@pytest.mark.slow
 def test_what_the_trainer_writes_is_what_fitting_and_status_read(runs):
     # One contract (`rundir`): every entry of a finished run directory is a name `rundir.names`
     # defines, and the readers of fitting, status and the run records see the same run.

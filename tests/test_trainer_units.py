@@ -54,6 +54,7 @@ def test_constant_schedule_and_unknown_name():
 # --- optimizers --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_adamw_defaults_match_the_cpt_paper_recipe():
     config = optimizers.OptimizerConfig()
     assert (config.b1, config.b2, config.eps, config.weight_decay, config.grad_clip_norm) == (
@@ -293,6 +294,7 @@ def momentum_step():
     return _tiny_step_setup(1, optax.sgd(1.0, momentum=0.9))
 
 
+@pytest.mark.slow
 def test_microbatched_gradients_match_the_full_batch(momentum_step):
     state1, step1, batch = momentum_step
     state2, step2, _ = _tiny_step_setup(2, optax.sgd(1.0, momentum=0.9))
@@ -351,6 +353,7 @@ def test_cli_forwards_remaining_arguments(monkeypatch):
     assert seen["argv"] == ["--gin_file=runs/eval.gin", "--gin.MODEL_DIR='/x'"]
 
 
+@pytest.mark.slow
 def test_compiled_steps_are_shared_by_identical_jobs_of_one_process():
     # The demos run many jobs of one shape in one process; tracing and lowering their steps again
     # costs seconds each. Steps are shared only when nothing they depend on differs.

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny_runs import abstract_of, restore_latest_tiny, save_tiny_steps
 
 from rundir import checksums
 from trainer import checkpoints
@@ -36,22 +37,8 @@ def _saved(model_dir: Path, steps=(1, 2)) -> Path:
     """`model_dir/checkpoints` with `steps` saved by the trainer's store, each committed with its
     integrity record."""
     directory = Path(os.fspath(checkpoints.checkpoints_dir(model_dir)))
-    store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=10))
-    try:
-        for step in steps:
-            store.save(
-                step,
-                params=_params_at(step),
-                opt_state={"m": jnp.full(3, float(step))},
-                train_state={"step": step},
-            )
-    finally:
-        store.close()
+    save_tiny_steps(directory, PARAMS, steps)
     return directory
-
-
-def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
 # Files of a step to drop from its record and damage: the params' array data that a restore
@@ -84,14 +71,11 @@ def test_a_file_missing_from_the_record_fails_verification_and_resume_takes_the_
 
     unlisted = f"step 2: file {victim} is not listed in its integrity record"
     with pytest.raises(checksums.CheckpointCorruptError, match=unlisted):
-        checkpoints.check_init_checkpoint(f"{directory}@2", abstract_params=_abstract(PARAMS))
+        checkpoints.check_init_checkpoint(f"{directory}@2", abstract_params=abstract_of(PARAMS))
     store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=10))
     try:
         with caplog.at_level(logging.INFO, logger="trainer.checkpoints"):
-            step, params, opt_state, train_state = store.restore_latest_intact(
-                abstract_params=_abstract(PARAMS),
-                abstract_opt_state={"m": jax.ShapeDtypeStruct((3,), jnp.float32)},
-            )
+            step, params, opt_state, train_state = restore_latest_tiny(store, PARAMS)
         assert store.all_steps() == [1]
     finally:
         store.close()
@@ -118,7 +102,7 @@ def test_a_checkpoint_named_without_its_step_says_which_step_it_uses_past_an_unr
     directory = _saved(model_dir, steps=(1, 2, 3))
     for step in (2, 3):  # committed without their records (older code, another tool)
         (directory / str(step) / checksums.MANIFEST_FILE).unlink()
-    abstract = _abstract(PARAMS)
+    abstract = abstract_of(PARAMS)
     # What names the checkpoint -> (the step it resolves to, as the job does, and what the
     # message calls it).
     uses = {

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sentencepiece as spm
+from conftest import random_params
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from tiny_runs import tiny_kwargs
 
@@ -105,15 +106,6 @@ def test_merged_tokenizer_keeps_old_ids_and_shortens_the_new_language(extended):
     )
 
 
-def _random_params(config, seed):
-    """Random params of `config`'s shapes, drawn in numpy (Flax's init compiles for seconds)."""
-    shapes = jax.eval_shape(
-        llama_model.Llama(config).init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32)
-    )["params"]
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(s.dtype), shapes)
-
-
 def _logits(params, config, tokens):
     return jax.jit(llama_model.Llama(config).apply)({"params": params}, tokens)
 
@@ -134,7 +126,8 @@ def test_growth_keeps_old_logits_and_averages_subword_rows(extended):
         assert spelled.decode() == new_sp.id_to_piece(new_id), new_id
     old_cfg = sizes.get_config("llama2_tiny", vocab_size=base, max_len=64)
     tokens = jnp.asarray(np.random.default_rng(0).integers(3, base, (2, 16)), jnp.int32)
-    params = _random_params(old_cfg, 0)
+    shapes = llama_model.abstract_variables(old_cfg)["params"]
+    params = random_params(shapes, np.random.default_rng(0), scale=0.5)  # Flax's init: seconds
     new_size = base + len(sources) + 3  # 3 rows of padding beyond the new pieces
     grown = embedding_growth.grow_params(
         params, new_vocab_size=new_size, base_size=base, new_pieces=sources
@@ -184,7 +177,8 @@ def source_run(extended, tmp_path_factory):
     base = len(_proto(extended["vocab"]).pieces)
     run_dir = tmp_path_factory.mktemp("source")
     config = sizes.get_config("llama2_tiny", vocab_size=base, max_len=128)
-    params = _random_params(config, 1)
+    shapes = llama_model.abstract_variables(config)["params"]
+    params = random_params(shapes, np.random.default_rng(1), scale=0.5)
     store = checkpoints.CheckpointStore(
         checkpoints.checkpoints_dir(run_dir), CheckpointConfig(async_save=False)
     )
@@ -202,6 +196,7 @@ def source_run(extended, tmp_path_factory):
     return {"dir": run_dir, "params": params, "base": base}
 
 
+@pytest.mark.slow
 def test_cpt_run_trains_from_the_grown_checkpoint(extended, source_run, tmp_path, seqio_state):
     from xlscale_cli.main import main
 

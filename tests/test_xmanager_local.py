@@ -144,6 +144,7 @@ def test_a_completed_run_is_scored_by_a_zero_shot_work_unit(tiny_data, tmp_path)
     assert "zero-shot: scored" not in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_failed_work_units_block_their_dependents_and_the_sweep_exits_1(tmp_path):
     # launch_fakes' unit manifest, which binds no vocabulary: wave 0's four source and scratch
     # units are refused at start (before anything is compiled), so wave 1's CPT units

@@ -67,6 +67,7 @@ class Req:
         self.args = args
 
 
+@pytest.mark.slow
 def test_scores_equal_the_trainers_eval_loss(run_dir, lm, tiny_data, seqio_state):
     # The trainer's own packed eval rows of lm_en: each segment is one document (or a piece of
     # one) starting at position 0; scoring each alone must give the trainer's eval loss.
@@ -118,6 +119,7 @@ def test_scores_equal_the_trainers_eval_loss(run_dir, lm, tiny_data, seqio_state
     np.testing.assert_allclose(ours, trainer_loss["eval/lm_en/loss"], rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_rolling_loglikelihood_is_the_document_score(lm):
     text = "All human beings are born free and equal in dignity and rights."
     ids = lm.scorer.encode(text)
@@ -133,6 +135,7 @@ def test_rolling_loglikelihood_is_the_document_score(lm):
     assert math.isfinite(total) and total < whole[0] * 2
 
 
+@pytest.mark.slow
 def test_context_continuation_boundary(lm):
     # lm-eval's causal split: trailing context spaces move to the continuation, the pair is
     # encoded whole and cut at the context's length; the context starts with the start token.
@@ -152,6 +155,7 @@ def test_context_continuation_boundary(lm):
     np.testing.assert_allclose(empty, direct[0], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_is_greedy_matches_argmax(lm):
     # The greedy continuation (decoded by the model's cached decoder) is greedy when scored.
     context = "Everyone has the right"
@@ -173,6 +177,7 @@ def test_is_greedy_matches_argmax(lm):
     assert not not_greedy
 
 
+@pytest.mark.slow
 def test_bucketing_changes_cost_not_scores(run_dir):
     spec = scorer.read_run_spec(run_dir)
     # 8 rows per batch (the 8 data-parallel devices): the 8 long requests fill one batch, the
@@ -219,6 +224,7 @@ def _hand_task(tmp_path):
     return docs
 
 
+@pytest.mark.slow
 def test_acc_and_acc_norm_by_hand(run_dir, lm, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -259,6 +265,7 @@ def test_acc_and_acc_norm_by_hand(run_dir, lm, tmp_path, monkeypatch, capfd):
     assert found[STEPS]["xl_hand_en"]["acc_norm"] == pytest.approx(np.mean(acc_norm))
 
 
+@pytest.mark.slow
 def test_lm_eval_command_line_runs_the_model(run_dir, tmp_path, monkeypatch, capsys):
     # lm-eval's own CLI (`python -m evals.lm_eval_cli`), every flag its own.
     from evals import lm_eval_cli
@@ -288,6 +295,7 @@ def test_registered_with_lm_eval():
     assert jax.device_count() == 8
 
 
+@pytest.mark.slow
 def test_paper_tasks_get_acc_norm_on_their_own_config():
     # lm-eval 0.4.13's XNLI lists only acc; the paper reports acc_norm. The spec keeps the
     # task's dataset and prompt (its YAML with includes resolved) and adds acc_norm.
@@ -304,6 +312,7 @@ def test_paper_tasks_get_acc_norm_on_their_own_config():
     assert harness.with_acc_norm(TaskManager(include_defaults=False), "nope") == "nope"
 
 
+@pytest.mark.slow
 def test_xlscale_zeroshot_command(run_dir, tiny_data, tmp_path, capsys):
     from pathlib import Path
 
@@ -348,6 +357,7 @@ def tasks_n(directory, task):
     return local_tasks.task_info(directory, task)["n"]
 
 
+@pytest.mark.slow
 def test_sweep_stage_scores_a_completed_run_once(run_dir, tiny_data, tmp_path):
     """The sweep's zero-shot stage on a completed run: the local launcher finds it
     COMPLETED, scores its final step through `evals.score_run`, scores nothing when run again,

@@ -190,6 +190,7 @@ def offline_lm_eval(tmp_path, monkeypatch):
     return lm_eval.tasks
 
 
+@pytest.mark.slow
 def test_lm_eval_loads_the_local_tasks_offline(corpora, tmp_path, offline_lm_eval):
     tasks = local_tasks.write_local_tasks(corpora, tmp_path / "t", langs=["en", "zh"], items=6)
     manager = offline_lm_eval.TaskManager(include_path=str(tasks.dir), include_defaults=False)
@@ -212,6 +213,7 @@ def test_lm_eval_loads_the_local_tasks_offline(corpora, tmp_path, offline_lm_eva
         assert [i.args for i in task.instances] == [(doc["context"], joiner + c) for c in choices]
 
 
+@pytest.mark.slow
 def test_paper_tasks_are_lm_eval_tasks(offline_lm_eval):
     known = set(offline_lm_eval.TaskManager().all_tasks)
     mapped = {t for tasks in paper_tasks.PAPER_TASKS.values() for t in tasks}

@@ -1,13 +1,19 @@
 """The tiny trainer runs the trainer tests share: `tiny_kwargs`, the arguments of a 12-step run
-of `llama2_tiny` on the UDHR fixture corpora, and `tiny_train`, the same run's command line."""
+of `llama2_tiny` on the UDHR fixture corpora, and `tiny_train`, the same run's command line;
+`tiny_source_argv`, the flags of `experiments/tiny.gin`'s source run; `started_from`, a job
+started from another run's checkpoint; and checkpoint stores of hand-saved tiny steps
+(`save_tiny_steps`, `restore_latest_tiny`) for the checkpoint integrity tests."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
 from trainer import model_spec
 from trainer import train as train_lib
-from trainer.checkpoints import CheckpointConfig
+from trainer.checkpoints import CheckpointConfig, CheckpointStore
 from trainer.data import DataConfig, EvalConfig
 from trainer.loop import LoopConfig
 from trainer.partitioning import MeshConfig
@@ -43,6 +49,90 @@ def tiny_kwargs(tiny_data, **overrides):
     )
     kwargs.update(overrides)
     return kwargs
+
+
+def abstract_of(tree):
+    """`tree`'s arrays as `jax.ShapeDtypeStruct`s (shape and dtype): what a checkpoint store
+    restores into."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def save_tiny_steps(directory: Path, params, steps=(1, 2)) -> None:
+    """Saves each of `steps` in a trainer's checkpoint store at `directory` (every step, 10 kept),
+    each committed with its integrity record: `params` times the step, the optimizer state
+    `{"m": 3 floats of the step}` and the train state `{"step": step}`. A store without a
+    training run, for the tests that damage its files."""
+    store = CheckpointStore(directory, CheckpointConfig(period=1, keep_last=10))
+    try:
+        for step in steps:
+            store.save(
+                step,
+                params=jax.tree.map(lambda x, s=step: x * s, params),
+                opt_state={"m": jnp.full(3, float(step))},
+                train_state={"step": step},
+            )
+    finally:
+        store.close()
+
+
+def restore_latest_tiny(store, params):
+    """`store.restore_latest_intact` of a store of `save_tiny_steps` steps of `params`' shapes:
+    `(step, params, opt_state, train_state)` of the latest step that loads."""
+    return store.restore_latest_intact(
+        abstract_params=abstract_of(params),
+        abstract_opt_state={"m": jax.ShapeDtypeStruct((3,), jnp.float32)},
+    )
+
+
+def started_from(job, source_dir: Path, step: int, *, store_dir: Path, seed: int):
+    """`(state, saved, init, reference)`: what `start_state.initial_state` gives `job` started
+    (not resumed) from step `step` of the run in `source_dir`, with a new store in `store_dir`,
+    and the parameters that checkpoint holds (restored in `job`'s shapes), to compare them with:
+    the check of an initialisation from another run's checkpoint, in both families' tests."""
+    from trainer import checkpoints, start_state
+
+    store = checkpoints.CheckpointStore(store_dir, CheckpointConfig())
+    state, saved, init = start_state.initial_state(
+        job, store, resume=False, init_checkpoint=f"{source_dir}@{step}", seed=seed
+    )
+    store.close()
+    source_store = checkpoints.CheckpointStore(
+        checkpoints.checkpoints_dir(source_dir), CheckpointConfig(), read_only=True
+    )
+    reference = source_store.restore_params(
+        step, abstract_params=job.abstract_state_with_shardings().params
+    )
+    source_store.close()
+    return state, saved, init, reference
+
+
+def tiny_source_argv(model_dir, tiny_data, **macros) -> list[str]:
+    """The flags of the tiny source run of `experiments/tiny.gin` in `model_dir`, on the fixture
+    corpora (for `xlscale train` or `python -m trainer.train`), then `--gin.K=V` for each of
+    `macros` in order: the command line the subprocess tests vary by their own settings."""
+    return [
+        "--gin_file=experiments/cpt_source_en.gin",
+        "--gin_file=experiments/tiny.gin",
+        f"--gin.MODEL_DIR='{model_dir}'",
+        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
+        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
+        *(f"--gin.{name}={value}" for name, value in macros.items()),
+    ]
+
+
+def t5_pretrain_data(tiny_data, lengths, **overrides) -> DataConfig:
+    """The data of a tiny T5 pretraining on the fixture corpora: span corruption of English 50 /
+    French 50 (`mix_en_50_fr_50`) at `lengths`, 8 rows a batch, T5's 100 sentinel ids, and
+    `overrides` (a `prepared_dir`, say), for the encoder-decoder trainer tests."""
+    return DataConfig(
+        mixture_or_task="mix_en_50_fr_50",
+        task_feature_lengths=lengths,
+        batch_size=8,
+        vocab_path=tiny_data["vocab"],
+        corpora_dir=tiny_data["corpora"],
+        extra_ids=100,
+        **overrides,
+    )
 
 
 def tiny_train(tiny_data, model_dir, *extra):

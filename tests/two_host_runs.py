@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from conftest import fast_compile_flags
-from tiny_runs import REPO
+from tiny_runs import REPO, tiny_source_argv
 
 STEPS = 6
 
@@ -24,18 +24,15 @@ def free_port() -> int:
 def host_argv(model_dir, tiny_data):
     """The tiny source run of `experiments/tiny.gin`: 6 steps of 8 rows, evaluated at steps 3
     and 6, saved every 2 steps."""
-    return [
-        "--gin_file=experiments/cpt_source_en.gin",
-        "--gin_file=experiments/tiny.gin",
-        f"--gin.MODEL_DIR='{model_dir}'",
-        f"--gin.DATA_DIR='{tiny_data['corpora']}'",
-        f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
-        f"--gin.TRAIN_STEPS={STEPS}",
-        "--gin.CHECKPOINT_PERIOD=2",
-        "--gin.EVAL_PERIOD=3",
-        "--gin.EVAL_MAX_TOKENS=512",
-        "--gin.LOG_EVERY=1",
-    ]
+    return tiny_source_argv(
+        model_dir,
+        tiny_data,
+        TRAIN_STEPS=STEPS,
+        CHECKPOINT_PERIOD=2,
+        EVAL_PERIOD=3,
+        EVAL_MAX_TOKENS=512,
+        LOG_EVERY=1,
+    )
 
 
 def start_host(model_dir, tiny_data, *, cache, process, port, log):

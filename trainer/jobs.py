@@ -1,20 +1,21 @@
 """Assembling a job: plan it (model, mesh, checks, counts, steps), then compile its steps.
 
-`plan_job` runs every check of `trainer.validation` before anything is compiled (including the
+`plan_job` takes a `trainer.run_request.JobRequest` (a run's `RunRequest.job`) and runs every
+check of `trainer.validation` before anything is compiled (including the
 memory check: a step whose estimated bytes exceed the device's memory is refused with the
 planner's suggestion, `trainer.memory_check`) and returns a frozen `JobPlan`; `compile_plan` compiles
 the train and eval steps ahead of time (`jit(...).lower(...).compile()`) inside the mesh and
 logical-rules context, so that sharding constraints inside the model resolve and compile errors
 surface before the first batch is read. A training run wraps the `JobPlan` in its
-`trainer.plan.RunPlan`; evaluation calls `build_job` (both at once); the benchmarks call
-`compile_job` directly.
+`trainer.plan.RunPlan` and `compile_plan` hands the plan whole to compilation (`_compile`);
+evaluation calls `build_job` (both at once); the benchmarks call `compile_job` directly, with the
+same compilation behind it.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -27,10 +28,11 @@ from modeling import family as family_lib
 from modeling import memory as memory_lib
 from pipelines import features
 from trainer import data as data_lib
-from trainer import memory_check, model_spec, partitioning, steps, validation
+from trainer import job_checks, memory_check, model_spec, partitioning, steps, validation
 from trainer.data import DataConfig, EvalConfig
 from trainer.optimizers import OptimizerConfig, build_optimizer
 from trainer.partitioning import MeshConfig, Partitioner
+from trainer.run_request import JobRequest, RunLength
 from trainer.schedules import LENGTH_FREE, ScheduleConfig, build_schedule
 
 
@@ -137,76 +139,6 @@ def _init_compiler_options() -> dict[str, int] | None:
     return None
 
 
-def _check_shapes(
-    *, spec: model_spec.ModelSpec, model, data: DataConfig, partitioner, microbatches: int
-) -> None:
-    """The checks of batch and feature shapes against the model and the mesh (see
-    `trainer.validation`); they need no registered task."""
-    validation.check_batch_size(
-        batch_size=data.batch_size,
-        data_parallel_size=partitioner.data_parallel_size,
-        num_microbatches=microbatches,
-        process_count=jax.process_count(),
-    )
-    validation.check_feature_lengths(
-        feature_lengths=data.task_feature_lengths,
-        max_len=model.max_len,
-        required=model.feature_keys,
-        model=spec.size,
-    )
-    validation.check_model_features(
-        feature_lengths=data.task_feature_lengths,
-        feature_keys=model.feature_keys,
-        family=spec.family,
-    )
-
-
-def _check_tasks(*, model, data: DataConfig, evaluation) -> None:
-    """The checks of the training, evaluation and decoding tasks against the registered ones
-    and of their vocabulary against the model's (see `trainer.validation`). A run on prepared
-    data (`data.seqio_free`) registers no seqio task: its training tasks are checked when their
-    prepared splits are opened (`data.prepared_datasets`), its eval tasks' prepared validation
-    splits here, and only decoding tasks are registered through seqio."""
-    if data_lib.seqio_free(data):
-        _check_prepared_tasks(model=model, data=data, evaluation=evaluation)
-        return
-    names = data_lib.registered_names()
-    validation.check_task(name=data.mixture_or_task, allowed=names)
-    for task in evaluation.tasks:
-        validation.check_task(name=task, allowed=names, binding="eval_tasks")
-    decoding = getattr(evaluation, "decoding", None)
-    validation.check_decoding(
-        tasks=decoding.tasks if decoding is not None else (),
-        allowed=names,
-        feature_keys=model.feature_keys,
-    )
-    validation.check_vocab(
-        vocab_size=data_lib.vocab_size(data.mixture_or_task),
-        model_vocab_size=model.vocab_size,
-        vocab_path=data.vocab_path,
-    )
-
-
-def _check_prepared_tasks(*, model, data: DataConfig, evaluation) -> None:
-    """`_check_tasks` of a run on prepared data: the eval tasks' prepared splits exist and
-    verify, decoding tasks (read through seqio) are registered, and the vocabulary of
-    `VOCAB_PATH` fits the model."""
-    data_lib.check_prepared_eval(data, evaluation)
-    decoding = getattr(evaluation, "decoding", None)
-    if decoding is not None and decoding.tasks:
-        data_lib.register_seqio(data)  # decoding reads its held-out split through seqio
-        validation.check_decoding(
-            tasks=decoding.tasks,
-            allowed=data_lib.registered_names(),
-            feature_keys=model.feature_keys,
-        )
-    validation.check_vocab(
-        vocab_size=data_lib.vocab_size(data.mixture_or_task, data),
-        model_vocab_size=model.vocab_size,
-        vocab_path=data.vocab_path,
-    )
-
-
 def batch_abstract(
     partitioner: Partitioner,
     *,
@@ -265,8 +197,8 @@ def resolve_train_steps(
 ) -> int:
     """`train_steps`, or enough steps for `tokens_per_param × N` tokens (rounded up), N on
     `param_basis` (`modeling.family.PARAM_BASES`: the exact non-embedding or total count, or the
-    paper's nominal size `params_nominal` of model `size`). The sweep's `[budget]` computes the
-    same (`launch.budgets.steps_and_batch`, tests/test_token_budget.py).
+    paper's nominal size `params_nominal` of model `size`), by the one steps rule the sweep's
+    `[budget]` uses too (`modeling.family.budget_steps`).
 
     Raises:
       trainer.validation.ConfigError: no positive length, an unknown basis, or 'nominal' for a
@@ -285,18 +217,9 @@ def resolve_train_steps(
             "no nominal size in its paper's table; allowed: 'non_embedding' or 'total' (the "
             f"model's exact counts), or set {validation.BINDINGS['train_steps']}"
         )
-    return max(1, math.ceil(tokens_per_param * params / tokens_per_step))
-
-
-@dataclasses.dataclass(frozen=True)
-class RunLength:
-    """How long a run trains, as asked (`resolve_train_steps` turns it into steps): `train_steps`,
-    or `tokens_per_param` tokens per parameter, N counted on `param_basis`. One bundle, since the
-    plan, the fingerprint and the resume policy always take the three together."""
-
-    train_steps: int | None = None
-    tokens_per_param: float | None = None
-    param_basis: str = "non_embedding"
+    return family_lib.budget_steps(
+        tokens_per_step=tokens_per_step, tokens_per_param=tokens_per_param, params=params
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,46 +257,50 @@ class JobPlan:
     memory: memory_lib.MemoryEstimate | None = None
     length: RunLength = RunLength()
 
+    @property
+    def batch_size(self) -> int:
+        """The global train batch, in sequences."""
+        return self.data.batch_size
 
-def plan_job(
-    *,
-    model: model_spec.ModelSpec,
-    data: DataConfig,
-    evaluation: EvalConfig,
-    optimizer: OptimizerConfig,
-    schedule: ScheduleConfig,
-    mesh: MeshConfig,
-    step: steps.StepConfig = steps.StepConfig(),
-    train_steps: int | None = None,
-    tokens_per_param: float | None = None,
-    param_basis: str = "non_embedding",
-    register: bool = True,
-    train: bool = True,
-) -> JobPlan:
+    @property
+    def seq_len(self) -> int:
+        """The decoder row length."""
+        return self.data.seq_len
+
+    @property
+    def feature_lengths(self) -> Mapping[str, int]:
+        """The task feature lengths."""
+        return self.data.task_feature_lengths
+
+
+def plan_job(request: JobRequest, *, register: bool = True, train: bool = True) -> JobPlan:
     """Builds the model and partitioner, registers the data and runs every check that needs no
     compilation (`trainer.validation`), counts parameters and resolves the steps.
 
     Args:
-      step: microbatches and z-loss (`num_components` is taken from the mixture).
-      train_steps, tokens_per_param, param_basis: the run's length (`resolve_train_steps`).
+      request: model, data, evaluation, optimizer, schedule, mesh, the train step's settings
+        (`num_components` is taken from the mixture) and the run's length
+        (`resolve_train_steps`).
       register: register the tasks of `data.vocab_path` (False when the caller has).
       train: the job trains: its step's memory is checked against the device's
         (evaluation-only jobs compile no train step).
     Raises:
       trainer.validation.ConfigError: for any invalid setting, before anything is compiled.
     """
-    wrapper, partitioner, abstract_params = build_partitioned_model(model, mesh)
+    spec, data, evaluation, step = request.model, request.data, request.evaluation, request.step
+    wrapper, partitioner, abstract_params = build_partitioned_model(spec, request.mesh)
+    family = wrapper.model_family  # looked up once, by `build_partitioned_model`
     if register:
         data_lib.register(data)
     # Every check that needs no compilation, before anything is compiled.
-    _check_shapes(
-        spec=model,
+    job_checks.check_shapes(
+        spec=spec,
         model=wrapper,
         data=data,
         partitioner=partitioner,
         microbatches=step.num_microbatches,
     )
-    _check_tasks(model=wrapper, data=data, evaluation=evaluation)
+    job_checks.check_tasks(model=wrapper, data=data, evaluation=evaluation)
     eval_batch = evaluation.batch_size or data.batch_size
     if evaluation.tasks:
         validation.check_batch_size(
@@ -383,14 +310,13 @@ def plan_job(
         )
     components = data_lib.components(data.mixture_or_task, data)
     total, non_embedding = wrapper.param_counts()
-    length = RunLength(train_steps, tokens_per_param, param_basis)
     total_steps = resolve_train_steps(
-        **dataclasses.asdict(length),
+        **dataclasses.asdict(request.length),
         tokens_per_step=data.batch_size * data.seq_len,
         params_total=total,
         params_non_embedding=non_embedding,
-        params_nominal=family_lib.get(model.family).nominal_params(model.size),
-        size=model.size,
+        params_nominal=family.nominal_params(spec.size),
+        size=spec.size,
     )
     estimate = None
     if train:
@@ -400,18 +326,20 @@ def plan_job(
             batch_size=data.batch_size,
             seq_len=data.seq_len,
             feature_lengths=data.task_feature_lengths,
-            optimizer=optimizer,
+            optimizer=request.optimizer,
             num_microbatches=step.num_microbatches,
         )
         estimate = memory_check.check_memory(
-            model=wrapper, shape=shape, limit=memory_check.device_memory_limit(mesh, partitioner)
+            model=wrapper,
+            shape=shape,
+            limit=memory_check.device_memory_limit(request.mesh, partitioner),
         )
     return JobPlan(
-        spec=model,
+        spec=spec,
         data=data,
         evaluation=evaluation,
-        optimizer=optimizer,
-        schedule=schedule,
+        optimizer=request.optimizer,
+        schedule=request.schedule,
         step=dataclasses.replace(step, num_components=len(components)),
         model=wrapper,
         partitioner=partitioner,
@@ -422,36 +350,36 @@ def plan_job(
         total_steps=total_steps,
         eval_batch_size=eval_batch if evaluation.tasks else None,
         memory=estimate,
-        length=length,
+        length=request.length,
     )
 
 
 def compile_plan(plan: JobPlan, *, compile_train: bool = True) -> Job:
-    """Compiles the planned job's steps (`compile_job`); the job keeps the plan's data
-    settings (where evaluation reads from)."""
-    job = compile_job(
-        model=plan.model,
-        partitioner=plan.partitioner,
-        abstract_params=plan.abstract_params,
-        components=plan.components,
-        total_steps=plan.total_steps,
-        batch_size=plan.data.batch_size,
-        seq_len=plan.data.seq_len,
-        feature_lengths=plan.data.task_feature_lengths,
-        eval_batch_size=plan.eval_batch_size,
-        optimizer=plan.optimizer,
-        schedule=plan.schedule,
-        step_config=plan.step,
-        compile_train=compile_train,
-    )
+    """Compiles the planned job's steps, the plan handed whole to compilation (`_compile`); the
+    job keeps the plan's data settings (where evaluation reads from)."""
+    job = _compile(plan, compile_train=compile_train)
     job.data = plan.data
     return job
 
 
-def build_job(*, compile_train: bool = True, **kwargs) -> Job:
-    """`plan_job(**kwargs)` compiled (`compile_plan`): evaluation and tests, which need no run
-    directory around the job."""
-    return compile_plan(plan_job(train=compile_train, **kwargs), compile_train=compile_train)
+def build_job(
+    *,
+    compile_train: bool = True,
+    register: bool = True,
+    step: steps.StepConfig = steps.StepConfig(),
+    train_steps: int | None = None,
+    tokens_per_param: float | None = None,
+    param_basis: str = "non_embedding",
+    **configs,
+) -> Job:
+    """A job planned (`plan_job`) and compiled (`compile_plan`) at once: evaluation and tests,
+    which need no run directory around the job. `configs`: the other `JobRequest` fields
+    (model, data, evaluation, optimizer, schedule, mesh)."""
+    request = JobRequest(
+        **configs, step=step, length=RunLength(train_steps, tokens_per_param, param_basis)
+    )
+    plan = plan_job(request, register=register, train=compile_train)
+    return compile_plan(plan, compile_train=compile_train)
 
 
 # Compiled (train step, eval step) pairs of this process, most recently used last. A sweep run in
@@ -479,6 +407,25 @@ def _compiled_key(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _CompileSettings:
+    """`compile_job`'s arguments under the names a `JobPlan` gives them, so that `_compile`
+    reads either the same way."""
+
+    model: Any
+    partitioner: Partitioner
+    abstract_params: Any
+    components: list[str]
+    total_steps: int
+    batch_size: int
+    seq_len: int
+    feature_lengths: Mapping[str, int] | None
+    eval_batch_size: int | None
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    step: steps.StepConfig
+
+
 def compile_job(
     *,
     model: Any,
@@ -495,15 +442,41 @@ def compile_job(
     compile_train: bool = True,
     feature_lengths: Mapping[str, int] | None = None,
 ) -> Job:
-    """Builds optimizer and schedule, derives the state shardings and compiles the steps (the
-    part of `build_job` that needs no data; the benchmark calls it directly).
+    """Builds optimizer and schedule, derives the state shardings and compiles the steps of a job
+    given piece by piece (the benchmarks, which plan no data; a run compiles its plan whole,
+    `compile_plan`).
 
     Args:
       abstract_params: parameter shapes with shardings (from `build_partitioned_model`).
       eval_batch_size: compile the eval step for this global batch (None: no eval step).
       feature_lengths: the task feature lengths; None: `{"targets": seq_len}` (decoder-only).
     """
-    wrapper = model
+    settings = _CompileSettings(
+        model=model,
+        partitioner=partitioner,
+        abstract_params=abstract_params,
+        components=components,
+        total_steps=total_steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        feature_lengths=feature_lengths,
+        eval_batch_size=eval_batch_size,
+        optimizer=optimizer,
+        schedule=schedule,
+        step=step_config,
+    )
+    return _compile(settings, compile_train=compile_train)
+
+
+def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
+    """The compilation of `compile_plan` and `compile_job`: optimizer and schedule, the state's
+    shapes and shardings, and the train and eval steps (from this process's cache when the same
+    programs were compiled before)."""
+    wrapper, partitioner, abstract_params = plan.model, plan.partitioner, plan.abstract_params
+    optimizer, schedule, step_config = plan.optimizer, plan.schedule, plan.step
+    total_steps, components = plan.total_steps, plan.components
+    batch_size, seq_len, eval_batch_size = plan.batch_size, plan.seq_len, plan.eval_batch_size
+    feature_lengths = plan.feature_lengths
     lr = build_schedule(schedule, total_steps=total_steps)
     tx = build_optimizer(optimizer, learning_rate=lr)
     lengths = {"targets": seq_len, **(feature_lengths or {})}

@@ -1,7 +1,9 @@
 """The step loop: run steps, and at the steps that need it, let hooks log, evaluate, save and stop.
 
 A hook is a `(when, what)` pair, as in Levanter's trainer (`add_hook(..., every=N)`): `when`
-looks at a `StepInfo` and says whether the hook acts at that step, `what` acts. The loop keeps
+looks at a `StepInfo` and says whether the hook acts at that step, `what` acts. A hook object
+(`StepHook`: a name, `when` and `__call__`) is registered whole with `StepLoop.add`; the trainer's
+metrics and checkpoint hooks are such objects (`trainer.run_hooks`). The loop keeps
 one contract, which the trainer relies on and `tests/test_step_loop.py` checks:
 
 1. After each step the loop asks every hook's `when`, and, when one says yes, brings the metrics
@@ -89,6 +91,24 @@ def periodic(n: int | None) -> Callable[[StepInfo], bool]:
     return lambda info: bool(n) and info.step % n == 0
 
 
+class StepHook:
+    """A hook as an object (as Levanter's trainer hooks are): its `name`, `when(info)` (default:
+    every `every` steps) and `__call__(info)`, the work. A new kind of periodic work is a new
+    subclass registered with `StepLoop.add`, not an edit of the loop's owner; state the hook
+    shares with others is given to its constructor."""
+
+    name: str = "hook"
+    every: int | None = None
+
+    def when(self, info: StepInfo) -> bool:
+        """Whether the hook acts at this step (default: every `every` steps)."""
+        return periodic(self.every)(info)
+
+    def __call__(self, info: StepInfo) -> None:
+        """The hook's work at a step where `when` said yes."""
+        raise NotImplementedError
+
+
 class StepLoop:
     """Runs steps `start+1 .. total` with hooks (see the module docstring for the contract).
 
@@ -133,6 +153,10 @@ class StepLoop:
         if (every is None) == (when is None):
             raise ValueError(f"hook {name!r}: give exactly one of every= and when=")
         self.hooks.append(Hook(name, when or periodic(every), what))
+
+    def add(self, hook: StepHook) -> None:
+        """Registers a hook object (`StepHook`) under its name, after earlier hooks."""
+        self.hooks.append(Hook(hook.name, hook.when, hook))
 
     def run(self) -> int:
         """Runs until the last step or a stop; returns the step reached."""

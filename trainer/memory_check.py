@@ -4,12 +4,11 @@ fit, with the planner's remat policy and microbatches that would (`jobs.plan_job
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from modeling import family as family_lib
 from modeling import memory as memory_lib
+from modeling import step_memory
 from trainer import validation
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig, Partitioner
@@ -38,19 +37,20 @@ def step_shape(
     optimizer: OptimizerConfig,
     num_microbatches: int,
 ) -> memory_lib.StepShape:
-    """The memory model's view of a train step on this partitioner's mesh."""
+    """The memory model's view of a train step on this partitioner's mesh (the shared entry
+    point, `modeling.step_memory.step_shape`)."""
     mesh = partitioner.mesh
-    return memory_lib.StepShape(
+    return step_memory.step_shape(
+        model.model_family,
+        model.config,
         batch_size=batch_size,
         seq_len=seq_len,
-        inputs_len=(feature_lengths or {}).get("inputs") if len(model.feature_keys) > 1 else None,
+        inputs_len=(feature_lengths or {}).get("inputs"),
         num_microbatches=num_microbatches,
         data_parallel=partitioner.data_parallel_size,
         param_shards=mesh.shape.get("fsdp", 1) * mesh.shape.get("model", 1),
         optimizer=optimizer.name,
-        attention_kernel=model.config.attention_kernel,
         platform=mesh.devices.flat[0].platform,
-        packed=True,
     )
 
 
@@ -69,25 +69,21 @@ def check_memory(
     """
     if limit is None:
         return None
-    family = family_lib.get(model.family)
-    config = model.config
-    est = family.memory_estimate(config, shape=shape)
+    family, config = model.model_family, model.config  # the wrapper's own family
+    est = step_memory.estimate(family, config, shape)
     if est.total <= limit:
         return est
-
-    def estimator(policy: str, step: memory_lib.StepShape) -> memory_lib.MemoryEstimate:
-        return family.memory_estimate(dataclasses.replace(config, remat_policy=policy), shape=step)
 
     validation.check_step_memory(
         size=model.name,
         estimate=est,
         limit=limit,
         advice=memory_lib.advice(
-            memory_lib.plan(estimator, shape=shape, limit=limit),
+            step_memory.plan(family, config, shape=shape, limit=limit),
             current_policy=config.remat_policy,
             current_microbatches=shape.num_microbatches,
-            same_policy=memory_lib.plan(
-                estimator, shape=shape, limit=limit, policies=(config.remat_policy,)
+            same_policy=step_memory.plan(
+                family, config, shape=shape, limit=limit, policies=(config.remat_policy,)
             ),
         ),
     )

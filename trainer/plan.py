@@ -1,9 +1,10 @@
 """A training run's plan: everything decided and checked before anything is compiled or written.
 
-`build_run_plan` is straight-line code, each step using only what the steps above produced:
+`build_run_plan` takes the run's `trainer.run_request.RunRequest` whole and is straight-line
+code, each step using only what the steps above produced:
 
 1. the model and its partitioner, the data registered and every configuration checked
-   (`jobs.plan_job`);
+   (`jobs.plan_job`, given the request's `JobRequest` part);
 2. parameter counts and the run's steps (same call), and the train step's memory;
 3. one resume decision, from the checkpoint store: the newest committed step (`resume_step`);
 4. the initial checkpoint checked against the model from metadata, and against the run's
@@ -29,13 +30,11 @@ from rundir import names, records, storage
 from trainer import checkpoints as ckpt_lib
 from trainer import data as data_lib
 from trainer import fingerprint as fingerprint_lib
-from trainer import jobs, model_spec, steps, stop_requests, validation
+from trainer import jobs, stop_requests, validation
 from trainer.checkpoints import CheckpointConfig
-from trainer.data import DataConfig, EvalConfig
 from trainer.loop import LoopConfig
-from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
-from trainer.schedules import ScheduleConfig
+from trainer.run_request import RunInfo, RunRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +45,7 @@ class RunPlan:
       model_dir: the run directory.
       job: model, partitioner, counts and steps (`jobs.JobPlan`).
       checkpoint, loop, mesh: how the run saves, loops and is laid out.
-      run: strategy and languages (`trainer.train.RunInfo`).
+      run: strategy and languages (`trainer.run_request.RunInfo`).
       init_checkpoint: `'<dir>[@step]'` or `'hf:<dir>'` to start from (None: random init);
         unused when resuming.
       init_source: `init_checkpoint` as the checkpoints directory and step that were checked
@@ -66,7 +65,7 @@ class RunPlan:
     checkpoint: CheckpointConfig
     loop: LoopConfig
     mesh: MeshConfig
-    run: Any
+    run: RunInfo
     init_checkpoint: str | None
     init_source: str | None
     seed: int
@@ -83,47 +82,19 @@ class RunPlan:
         return self.resume_step is not None
 
 
-def build_run_plan(
-    *,
-    model_dir: epath.Path,
-    model: model_spec.ModelSpec,
-    data: DataConfig,
-    train_steps: int | None,
-    tokens_per_param: float | None,
-    param_basis: str,
-    optimizer: OptimizerConfig,
-    schedule: ScheduleConfig,
-    checkpoint: CheckpointConfig,
-    mesh: MeshConfig,
-    evaluation: EvalConfig,
-    step: steps.StepConfig,
-    loop: LoopConfig,
-    run: Any,
-    init_checkpoint: str | None,
-    seed: int,
-    gin_config: str,
-    resume_policy: Any,
-) -> RunPlan:
-    """Plans a run (see the module docstring for the order); `train`'s arguments.
+def build_run_plan(*, request: RunRequest) -> RunPlan:
+    """Plans the run `request` asks for (see the module docstring for the order); its
+    `model_dir` is the run directory as `storage.as_path` gives it.
 
     Raises:
       trainer.validation.ConfigError, FileNotFoundError, ValueError,
       rundir.checksums.CheckpointCorruptError, fingerprint refusals: before anything is
       compiled or written; `trainer.stop_requests.StopRequested` for a run told to stop.
     """
+    model_dir = storage.as_path(request.model_dir, name="MODEL_DIR")
+    data, run, init_checkpoint = request.data, request.run, request.init_checkpoint
     stop_requests.refuse_if_requested(model_dir)  # skipped by `sweep run --adaptive`: no work
-    job = jobs.plan_job(
-        model=model,
-        data=data,
-        evaluation=evaluation,
-        optimizer=optimizer,
-        schedule=schedule,
-        mesh=mesh,
-        step=step,
-        train_steps=train_steps,
-        tokens_per_param=tokens_per_param,
-        param_basis=param_basis,
-    )
+    job = jobs.plan_job(request.job)
     resume_step = ckpt_lib.committed_step(model_dir)
     vocab_hash = fingerprint_lib.vocab_sha256(data.vocab_path)
     init_source = None
@@ -146,7 +117,7 @@ def build_run_plan(
     fingerprint = fingerprint_lib.run_fingerprint(
         job,
         run=run,
-        seed=seed,
+        seed=request.seed,
         init_checkpoint=init_checkpoint,
         vocab_hash=vocab_hash,
         prepared=data_lib.prepared_input(data, prepared) if prepared is not None else None,
@@ -154,21 +125,21 @@ def build_run_plan(
     amendment = fingerprint_lib.check_model_dir(
         model_dir,
         new=fingerprint,
-        policy=resume_policy,
+        policy=request.resume_policy,
         step=resume_step,
         defaults=fingerprint_lib.fingerprint_defaults(job, run=run),
     )
     return RunPlan(
         model_dir=model_dir,
         job=job,
-        checkpoint=checkpoint,
-        loop=loop,
-        mesh=mesh,
+        checkpoint=request.checkpoint,
+        loop=request.loop,
+        mesh=request.mesh,
         run=run,
         init_checkpoint=init_checkpoint,
         init_source=init_source,
-        seed=seed,
-        gin_config=gin_config,
+        seed=request.seed,
+        gin_config=request.gin_config,
         resume_step=resume_step,
         vocab_hash=vocab_hash,
         prepared=prepared,

@@ -9,7 +9,8 @@ files in `t5x_configs/` (see `trainer.gin_entry`). It reads top to bottom: check
 nothing built; the lease on `model_dir`; the run's plan (`trainer.plan`: model, counts and steps,
 the resume decision, init checks, fingerprint, inputs; nothing written); the compiled steps
 (`trainer.jobs`); the restored or fresh state, the input stream and the run files; then the step
-loop (`trainer.loop`) with two hooks, a metrics record (with evaluation) and a checkpoint. A
+loop (`trainer.loop`) with two hook objects (`trainer.run_hooks`), a metrics record (with
+evaluation) and a checkpoint. A
 resume writes its run files (an amendment, `config.<step>.gin`) at its first checkpoint, not
 before (`trainer.run_files.RunFiles`); a fresh start that fails before it trained leaves
 `model_dir` as it found it.
@@ -35,10 +36,9 @@ import os
 from collections.abc import Sequence
 
 import jax
-import numpy as np
 
 from pipelines import native_logs
-from rundir import exits, finetune_recipes, paper_units, records, storage
+from rundir import exits, paper_units, records, storage
 from rundir import lease as lease_lib
 from rundir.lease import LeaseConfig
 from rundir.run_record import Strategy
@@ -52,6 +52,7 @@ from trainer import (
     model_spec,
     preemption,
     run_files,
+    run_hooks,
     shutdown,
     start_state,
     validation,
@@ -67,6 +68,7 @@ from trainer.jobs import Job
 from trainer.loop import LoopConfig
 from trainer.optimizers import OptimizerConfig
 from trainer.partitioning import MeshConfig
+from trainer.run_request import RunInfo, RunRequest, TrainResult
 from trainer.schedules import ScheduleConfig
 from trainer.steps import StepConfig
 
@@ -78,47 +80,6 @@ PREEMPTED_EXIT_CODE = exits.PREEMPTED
 # At most this many of the records logged since the previous checkpoint are kept in the next one
 # (only a file's tail can be lost: a torn last line).
 _RECORDS_PER_CHECKPOINT = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class RunInfo:
-    """What the run is, for `run.json` (read by `fitting`).
-
-    Attributes:
-      strategy: one of `STRATEGIES`.
-      languages: languages trained on (default: derived from the mixture's components).
-      target_lang, source_lang: CPT's target and source languages.
-      replay_ratio: fraction of source-language tokens replayed during CPT (0-1).
-      finetune_tokens: the finetuning set size Df as given (`FINETUNE_TOKENS`), if one was.
-      finetune_unit: what `finetune_tokens` counts (`FINETUNE_UNIT`, a key of
-        `rundir.paper_units.DF_UNITS`): `"target"` real target tokens, `"paper"` the MT
-        paper's pairs × 512.
-      finetune_recipe: the finetuning length by name (`FINETUNE_RECIPE`, a key of
-        `rundir.finetune_recipes.RECIPES`), None for runs that are not finetunes.
-    """
-
-    strategy: str = "pretrain"
-    languages: Sequence[str] = ()
-    target_lang: str | None = None
-    source_lang: str | None = None
-    replay_ratio: float = 0.0
-    finetune_tokens: int | None = None
-    finetune_unit: str = "target"
-    finetune_recipe: str | None = None
-
-    def __post_init__(self):
-        if self.finetune_recipe is not None:
-            finetune_recipes.recipe(self.finetune_recipe)  # refuses an unknown name, naming it
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainResult:
-    """How a call to `train` ended: `completed` False means preempted or stopped early."""
-
-    model_dir: str
-    step: int
-    tokens: int
-    completed: bool
 
 
 # Raised when training diverges (no non-finite state is ever checkpointed); see `divergence`.
@@ -159,6 +120,8 @@ def train(
       param_basis: ... this basis (`PARAM_BASIS`, `modeling.family.PARAM_BASES`): the exact
         'non_embedding' or 'total' count, or the paper's 'nominal' size
         (`jobs.resolve_train_steps`).
+
+    All of them travel on as one `trainer.run_request.RunRequest`, which the plan takes whole.
       optimizer, schedule: see `trainer.optimizers` and `trainer.schedules`.
       checkpoint: save period and keep policy.
       mesh: mesh axis sizes.
@@ -182,40 +145,47 @@ def train(
     Returns:
       Where the run ended. A SIGTERM or `loop.stop_after` ends it early with a checkpoint.
     """
-    platform_lib.check(expect_platform)  # a GPU job never trains on the CPU backend
-    validation.check_choice(name="strategy", value=run.strategy, allowed=STRATEGIES)
-    validation.check_init_for_strategy(strategy=run.strategy, init_checkpoint=init_checkpoint)
-    _check_replay(run=run, data=data)
-    if not os.fspath(model_dir):
+    request = RunRequest(
+        model_dir=model_dir,
+        model=model,
+        data=data,
+        train_steps=train_steps,
+        tokens_per_param=tokens_per_param,
+        param_basis=param_basis,
+        optimizer=optimizer,
+        schedule=schedule,
+        checkpoint=checkpoint,
+        mesh=mesh,
+        evaluation=evaluation,
+        step=step,
+        loop=loop,
+        run=run,
+        init_checkpoint=init_checkpoint,
+        seed=seed,
+        gin_config=gin_config,
+        resume_policy=resume_policy,
+        lease=lease,
+        expect_platform=expect_platform,
+    )
+    platform_lib.check(request.expect_platform)  # a GPU job never trains on the CPU backend
+    validation.check_choice(name="strategy", value=request.run.strategy, allowed=STRATEGIES)
+    validation.check_init_for_strategy(
+        strategy=request.run.strategy, init_checkpoint=request.init_checkpoint
+    )
+    _check_replay(run=request.run, data=request.data)
+    if not os.fspath(request.model_dir):
         raise validation.ConfigError(f"{validation.BINDINGS['model_dir']} must be set")
     # Local or object storage; an unsupported scheme is refused here, before anything is written.
-    model_dir = storage.as_path(model_dir, name="MODEL_DIR")
+    model_dir = storage.as_path(request.model_dir, name="MODEL_DIR")
+    request = dataclasses.replace(request, model_dir=model_dir)
     created = not storage.is_remote(model_dir) and not model_dir.exists()
     existed = run_files.entries(model_dir)  # what a fresh start that trains nothing leaves behind
     sigterm = preemption.SigtermFlag()  # from before the lease is taken until it is released
     held, plan = None, None
     try:
-        held = lease_lib.acquire(model_dir, config=lease)  # one writer; fails if not writable
-        plan = plan_lib.build_run_plan(
-            model_dir=model_dir,
-            model=model,
-            data=data,
-            train_steps=train_steps,
-            tokens_per_param=tokens_per_param,
-            param_basis=param_basis,
-            optimizer=optimizer,
-            schedule=schedule,
-            checkpoint=checkpoint,
-            mesh=mesh,
-            evaluation=evaluation,
-            step=step,
-            loop=loop,
-            run=run,
-            init_checkpoint=init_checkpoint,
-            seed=seed,
-            gin_config=gin_config,
-            resume_policy=resume_policy,
-        )
+        # One writer; fails if `model_dir` is not writable.
+        held = lease_lib.acquire(model_dir, config=request.lease)
+        plan = plan_lib.build_run_plan(request=request)
         return _run(plan, sigterm=sigterm)
     except BaseException as e:
         # A remote store that failed is left alone: each further request would wait too (its
@@ -309,15 +279,18 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: preemption.SigtermFlag | None = Non
             start=start,
             store=store,
             writer=writer,
+        )
+        hooks = [
+            run_hooks.MetricsHook(training),  # first: a checkpoint carries the records up to it
             # A resume's run files (an amendment above all) wait for its first checkpoint: only
             # a run that trained under them records them (`run_files.RunFiles`).
-            pending_files=files if is_chief and saved else None,
-        )
+            run_hooks.CheckpointHook(training, pending_files=files if is_chief and saved else None),
+        ]
         if is_chief and not saved:
             files.write(model_dir)
         writer.truncate_after(start)
         writer.restore_lost(saved.get("records", []), step=start)
-        return training.run(watcher)
+        return training.run(watcher, hooks)
     except Exception as e:
         # A full disk is a storage failure whatever wrote (TensorBoard's events through
         # TensorFlow, orbax's threads): told as one, with where a rerun resumes.
@@ -353,8 +326,11 @@ def _stopped_at_start_up(
 
 
 class _Training:
-    """A run's side of the step loop (`trainer.loop.StepLoop`): the state, the counters and the
-    work of its hooks -- a metrics record (with evaluation) and a checkpoint."""
+    """A run's shared state around the step loop (`trainer.loop.StepLoop`): the train state, the
+    counters and throughput, the input stream, the store and metrics writer, the eval schedule
+    and the records not yet in a checkpoint. The work done at chosen steps lives in hook objects
+    (`trainer.run_hooks`: a metrics record with evaluation, a checkpoint) that `_run` registers;
+    they read and update this state."""
 
     def __init__(
         self,
@@ -366,12 +342,9 @@ class _Training:
         start,
         store,
         writer,
-        pending_files: run_files.RunFiles | None = None,
     ):
         self.plan, self.job, self.state = plan, job, state
         self.start, self.store, self.writer = start, store, writer
-        # A resume's run files, written by the first checkpoint (`save`).
-        self.pending_files = pending_files
         data = plan.job.data
         self.counters = metrics_lib.Counters(
             job.components,
@@ -455,68 +428,6 @@ class _Training:
         self.unsaved.append(dict(record))
         del self.unsaved[:-_RECORDS_PER_CHECKPOINT]
 
-    def logs_at(self, info: loop_lib.StepInfo) -> bool:
-        """A record at the end, at eval steps, at kept checkpoints (fitting dates a kept
-        checkpoint by its record's `tokens`) and every `log_every` steps."""
-        checkpoint, step = self.plan.checkpoint, info.step
-        kept = bool(checkpoint.keep_every) and step % checkpoint.period == 0
-        kept = kept and step % checkpoint.keep_every == 0
-        return info.last or step in self.eval_at or kept or step % self.plan.loop.log_every == 0
-
-    def log(self, info: loop_lib.StepInfo) -> None:
-        """The log hook: a record of the steps since the last one, with evaluation if due."""
-        step = info.step
-        timing = self.progress.timing(step)
-        record = self.counters.record(step, **self.job.flops_kwargs())
-        self.progress.log_line(
-            step,
-            loss=record.get("train/loss", float("nan")),
-            learning_rate=record["learning_rate"],
-            timing=timing,
-        )
-        if step in self.eval_at:
-            record.update(self.evaluate(step))
-            self.evaluated = (step, record.get(self.best_key))
-            self.progress.start(step)
-        self.log_record({**record, **timing})
-
-    def saves_at(self, info: loop_lib.StepInfo) -> bool:
-        """A checkpoint at the end, before a stop, every `checkpoint.period` steps and, with
-        `keep_best`, at every evaluation (each a candidate for the best)."""
-        best = self.best_key is not None and info.step in self.eval_at
-        return info.last or info.stopping or best or info.step % self.plan.checkpoint.period == 0
-
-    def save(self, info: loop_lib.StepInfo) -> None:
-        """The checkpoint hook: state, counters, and the records logged since the last one.
-
-        The first checkpoint of a resume first writes the resume's run files: the loop synced
-        (and found every update since the resume finite, or skipped it) before this hook acts,
-        so an amendment is recorded once the run has trained under it, and before any checkpoint
-        trained under it exists (a resume with the old settings must then be refused).
-        """
-        if self.pending_files is not None:
-            self.pending_files.write(self.plan.model_dir)
-            self.pending_files = None
-        state = self.state
-        train_state = {
-            "step": info.step,
-            "data_position": info.step,
-            "rng": [int(x) for x in np.asarray(jax.device_get(state.rng)).ravel()],
-            "skipped": int(jax.device_get(state.skipped)),
-            **self.counters.to_json(),
-            "records": list(self.unsaved),
-        }
-        best = self.evaluated[1] if self.evaluated[0] == info.step else None
-        self.store.save(
-            info.step,
-            params=state.params,
-            opt_state=state.opt_state,
-            train_state=train_state,
-            best=best,
-        )
-        self.unsaved.clear()
-        self.progress.start(info.step)
-
     def result(self, step: int, *, completed: bool) -> TrainResult:
         """How the run ended."""
         return TrainResult(
@@ -526,8 +437,10 @@ class _Training:
             completed=completed,
         )
 
-    def run(self, watcher: preemption.PreemptionWatcher) -> TrainResult:
-        """Steps `start+1 .. total` with the log and checkpoint hooks, then `COMPLETED`."""
+    def run(
+        self, watcher: preemption.PreemptionWatcher, hooks: Sequence[loop_lib.StepHook]
+    ) -> TrainResult:
+        """Steps `start+1 .. total` with `hooks` registered in their order, then `COMPLETED`."""
         start, total = self.start, self.job.total_steps
         if watcher.signalled():  # SIGTERM or a stop request at start-up: nothing to save
             return _stopped_at_start_up(
@@ -546,8 +459,8 @@ class _Training:
             should_stop=lambda step: step == stop_after or watcher.should_stop(step),
             on_first_step=self.first_step,
         )
-        steps.add_hook("log", self.log, when=self.logs_at)
-        steps.add_hook("checkpoint", self.save, when=self.saves_at)
+        for hook in hooks:
+            steps.add(hook)
         self.progress.start(start)
         step = steps.run()
         self.store.wait()  # the last save written, before saying it is

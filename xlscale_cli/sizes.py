@@ -72,27 +72,25 @@ def memory_rows(names: list[str], *, chip: Any, chips: int, seq_len: int, dtype:
     """Per size: the plan (`modeling.memory.plan`) at the paper's recipe on `chips` chips."""
     from llama_jax import sizes
     from modeling import family as family_lib
-    from modeling import memory
+    from modeling import memory, step_memory
 
     family = family_lib.get("llama2")
     rows = []
     for name in names:
         recipe = sizes.paper_recipe(name, seq_len=seq_len)
         config = family.get_config(name, dtype=dtype, scan_layers=True)
-        shape = memory.StepShape(
+        shape = step_memory.step_shape(
+            family,
+            config,
             batch_size=max(recipe.batch_size, chips),
             seq_len=seq_len,
+            inputs_len=None,
             data_parallel=chips,
             param_shards=chips,
             optimizer="adamw",
-            attention_kernel="auto",
             platform=memory.CHIP_PLATFORM[chip.name],
         )
-
-        def estimator(policy, step, config=config):
-            return family.memory_estimate(config.replace(remat_policy=policy), shape=step)
-
-        plan = memory.plan(estimator, shape=shape, limit=chip.usable)
+        plan = step_memory.plan(family, config, shape=shape, limit=chip.usable)
         rows.append(
             {
                 "name": name,
