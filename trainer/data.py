@@ -1,12 +1,18 @@
-"""The trainer's view of the data: registering seqio tasks, and per-host train and eval batches.
+"""The trainer's view of the data: the gin-bound data and eval settings, and a run's batches.
 
 Everything about corpora, vocabularies and mixtures lives in `pipelines`; this module only wires
-it to a run: it registers the tasks and mixtures a run names (from `VOCAB_PATH` and `DATA_DIR`),
-opens the training stream at the checkpointed position and keeps this host's rows of it (by
-default every host builds the global stream, so the batches do not depend on the host count;
-`DataConfig.host_sharding`), or reads them by index from prepared data after checking it, and
-produces fixed-shape eval batches. The batches hold the model features `pipelines.features`
-declares; the name helpers gin files compute with are `trainer.recipes`.
+it to a run. It holds the settings gin files bind (`DataConfig`, `EvalConfig`: `@data.DataConfig`
+in `t5x_configs/`) and the three entry points the jobs call, which pick a path per run:
+`register` (the run's vocabulary), `train_batches` (this host's rows of the training stream from
+the checkpointed position; by default every host builds the global stream, so the batches do not
+depend on the host count, `DataConfig.host_sharding`) and `eval_batches` (fixed-shape eval
+batches). The paths have their own modules: the seqio path, registering tasks and reading
+their streams (`trainer.seqio_data`); the prepared-data path, reading batches by index after
+checking the data (`trainer.prepared_data`); the lookups both ask (vocabulary, its size,
+mixture components: `trainer.task_lookup`); and a host's rows of a global batch
+(`trainer.host_rows`). Their public names are re-exported here, where the jobs and tests read
+them. The batches hold the model features `pipelines.features` declares; the name helpers gin
+files compute with are `trainer.recipes`.
 
 seqio, TensorFlow and the `pipelines` modules that import them are imported inside the functions
 that need them: the trainer's jobs import this module in processes that never read seqio data
@@ -20,19 +26,51 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from pipelines import features, mixture_tables
-from pipelines import vocab as vocab_lib
-from pipelines.corpora import paths
-from pipelines.prepared import batches, shards
-from pipelines.prepared import manifest as manifest_lib
-from rundir import storage
+from pipelines import features
 from trainer import eval_schedule, validation
+from trainer.host_rows import even_rows, take_rows
+from trainer.prepared_data import (
+    check_prepared_eval,
+    prepared_datasets,
+    prepared_eval_batches,
+    prepared_eval_dataset,
+    prepared_input,
+    prepared_stream,
+)
+from trainer.seqio_data import HOST_SHARDINGS, register_seqio, seqio_eval_batches
+from trainer.task_lookup import (
+    components,
+    prepared_vocabulary,
+    registered_names,
+    seqio_free,
+    vocab_size,
+)
+
+__all__ = [
+    "HOST_SHARDINGS",
+    "DataConfig",
+    "EvalConfig",
+    "check_prepared_eval",
+    "components",
+    "eval_batches",
+    "even_rows",
+    "prepared_datasets",
+    "prepared_eval_dataset",
+    "prepared_input",
+    "prepared_vocabulary",
+    "register",
+    "register_seqio",
+    "registered_names",
+    "seqio_free",
+    "take_rows",
+    "train_batches",
+    "vocab_size",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,13 +216,6 @@ class EvalConfig:
         return bool(self.tasks) or bool(self.decoding is not None and self.decoding.tasks)
 
 
-def seqio_free(config: DataConfig) -> bool:
-    """Whether the run reads its data without seqio: prepared data (`PREPARED_DATA`) and a
-    vocabulary file (`VOCAB_PATH`) to read ids from (without one, the caller registered seqio
-    tasks and the run reads their vocabulary)."""
-    return config.prepared_dir is not None and config.vocab_path is not None
-
-
 def register(config: DataConfig) -> Any:
     """Registers the tasks and mixtures of `config.vocab_path`; returns the vocabulary (or None
     when `vocab_path` is None and the caller registered the tasks). A run on prepared data
@@ -201,298 +232,6 @@ def register(config: DataConfig) -> Any:
     if seqio_free(config):
         return prepared_vocabulary(config)
     return register_seqio(config)
-
-
-def _check_vocab_file(config: DataConfig) -> None:
-    """ConfigError naming `VOCAB_PATH` when the file does not exist."""
-    # Through the project's storage layer (local paths and gs:// alike): TensorFlow's own GCS
-    # client would bypass it (and, pointed at an emulator, reach for www.googleapis.com).
-    if not storage.as_path(config.vocab_path, name="VOCAB_PATH").exists():
-        raise validation.ConfigError(
-            f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: no such file; "
-            "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
-        )
-
-
-def prepared_vocabulary(config: DataConfig) -> vocab_lib.VocabInfo:
-    """The run's vocabulary as a run on prepared data needs it (ids, size with `extra_ids`,
-    sha256), read from `VOCAB_PATH` with SentencePiece alone (no seqio, no TensorFlow).
-
-    Raises:
-      trainer.validation.ConfigError: as `register` (naming `VOCAB_PATH` and the file).
-    """
-    _check_vocab_file(config)
-    try:
-        return vocab_lib.vocab_info(config.vocab_path, extra_ids=config.extra_ids)
-    except vocab_lib.VocabularyFileError as e:
-        raise validation.ConfigError(
-            f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: {e}; "
-            "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
-        ) from e
-
-
-def register_seqio(config: DataConfig) -> Any:
-    """`register` through seqio: registers the tasks and mixtures of `config.vocab_path` (the
-    seqio path, and decoding tasks of any run); returns the seqio vocabulary."""
-    from pipelines import mixtures, tasks
-
-    _check_vocab_file(config)
-    try:
-        vocabulary = vocab_lib.load_vocab(config.vocab_path, extra_ids=config.extra_ids)
-    except vocab_lib.VocabularyFileError as e:
-        raise validation.ConfigError(
-            f"{validation.BINDINGS['vocab_path']} = {config.vocab_path!r}: {e}; "
-            "allowed: a SentencePiece .model file (pipelines.vocab builds one)"
-        ) from e
-    try:
-        registered = tasks.register_tasks(
-            vocabulary=vocabulary,
-            corpora_dir=config.corpora_dir,
-            langs=config.langs,
-            pairs=config.pairs,
-            source=config.source,
-        )
-    except FileNotFoundError as e:
-        raise validation.ConfigError(
-            f"{validation.BINDINGS['corpora_dir']} = {config.corpora_dir!r}: {e}; allowed: a "
-            "corpora/ directory with that language's text (xlscale data build | fixture)"
-        ) from e
-    mixtures.register_mixtures()
-    if config.source == "local":
-        _check_corpora(config, registered=registered)
-    return vocabulary
-
-
-def _check_corpora(config: DataConfig, *, registered: Sequence[str]) -> None:
-    """The training mixture's tasks must have found their text under the corpora directory; a
-    missing or empty `DATA_DIR` otherwise surfaces as an unregistered task with nothing allowed."""
-    name = config.mixture_or_task
-    wanted = list(mixture_tables.RATIOS.get(name, {name: 1.0}))
-    missing = [t for t in wanted if t.split("_", 1)[0] in _CORPUS_TASKS and t not in registered]
-    if not missing:
-        return
-    root = paths.corpora_dir() if config.corpora_dir is None else config.corpora_dir
-    where = "" if os.path.isdir(root) else " (no such directory)"
-    default = " (DATA_DIR unset: $XLSCALE_DATA/corpora)" if config.corpora_dir is None else ""
-    raise validation.ConfigError(
-        f"{validation.BINDINGS['mixture_or_task']} = {name!r} needs {', '.join(missing)}, which "
-        f"found no training text under {validation.BINDINGS['corpora_dir']} = "
-        f"{os.fspath(root)!r}{where}{default}; allowed: a corpora/ directory holding them "
-        f"(xlscale data build | fixture); found there: {', '.join(sorted(registered)) or 'nothing'}"
-    )
-
-
-# Task kinds whose text comes from the corpora directory (`pipelines.tasks`).
-_CORPUS_TASKS = ("lm", "span", "mt")
-
-
-def registered_names() -> list[str]:
-    """All registered seqio task and mixture names."""
-    import seqio
-
-    return sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
-
-
-def vocab_size(name: str, config: DataConfig | None = None) -> int:
-    """Vocabulary size (extra ids included) of a task's or mixture's `targets` feature: of the
-    registered seqio task, or of `VOCAB_PATH` for a run on prepared data (`seqio_free`)."""
-    if config is not None and seqio_free(config):
-        return prepared_vocabulary(config).vocab_size
-    import seqio
-
-    provider = seqio.get_mixture_or_task(name)
-    return int(provider.output_features["targets"].vocabulary.vocab_size)
-
-
-def components(name: str, config: DataConfig | None = None) -> list[str]:
-    """Mixture components (a task gives `[task]`), in the order of `decoder_task_ids`: from the
-    seqio registry, or from `pipelines.mixture_tables` for a run on prepared data."""
-    if config is not None and seqio_free(config):
-        return mixture_tables.components(name)
-    from pipelines import mixtures
-
-    return list(mixtures.component_names(name))
-
-
-def even_rows(*, batch_size: int, shard_index: int, num_shards: int) -> tuple[tuple[int, int], ...]:
-    """Rows `[i*B/n, (i+1)*B/n)` of a global batch of `B` for host `i` of `n`: a host's rows when
-    its devices hold one contiguous block of the batch, in process order."""
-    per_host = batch_size // num_shards
-    return ((shard_index * per_host, (shard_index + 1) * per_host),)
-
-
-def take_rows(
-    batch: Mapping[str, np.ndarray], rows: Sequence[tuple[int, int]]
-) -> dict[str, np.ndarray]:
-    """The rows `[start, stop)` of each range in `rows` of every array, concatenated in order
-    (how `jax.make_array_from_process_local_data` reads a host's share)."""
-    if len(rows) == 1:
-        (start, stop), *_ = rows
-        return {key: value[start:stop] for key, value in batch.items()}
-    return {
-        key: np.concatenate([value[start:stop] for start, stop in rows])
-        for key, value in batch.items()
-    }
-
-
-def _global_stream(config, *, seed, start_step, shard_index, num_shards, host_rows):
-    """Every host builds the one-host stream and keeps its rows of each global batch."""
-    rows = host_rows or even_rows(
-        batch_size=config.batch_size, shard_index=shard_index, num_shards=num_shards
-    )
-    for batch in _packed_stream(config, seed=seed, start_step=start_step, shard=(0, 1)):
-        yield take_rows(batch, rows)
-
-
-def _per_host_stream(config, *, seed, start_step, shard_index, num_shards, host_rows):
-    """Each host packs its own seqio shard into batches of `batch_size / num_shards` rows."""
-    del host_rows
-    yield from _packed_stream(
-        config, seed=seed, start_step=start_step, shard=(shard_index, num_shards)
-    )
-
-
-# How hosts split the training input (`DataConfig.host_sharding`).
-HOST_SHARDINGS = {"global": _global_stream, "per_host": _per_host_stream}
-
-
-def _packed_stream(config, *, seed, start_step, shard):
-    from pipelines import streams
-
-    shard_index, num_shards = shard
-    make = streams.encdec_batches if config.has_inputs else streams.decoder_batches
-    stream = make(
-        mixture_or_task=config.mixture_or_task,
-        split="train",
-        sequence_length=dict(config.task_feature_lengths) if config.has_inputs else config.seq_len,
-        batch_size=config.batch_size // num_shards,
-        seed=seed,
-        shard_index=shard_index,
-        num_shards=num_shards,
-        start_step=start_step,
-        shuffle=config.shuffle,
-        repeat=True,
-        pack=config.pack,
-        subset_tokens=config.subset_tokens,
-        subset_examples=config.subset_examples,
-    )
-    for batch in stream:
-        yield features.model_arrays(batch)
-
-
-def _prepare_command(config: DataConfig, task: str, split: str = "train") -> str:
-    """The `xlscale data prepare` command line that prepares `task`'s `split` for this run
-    (a validation split in one shard: its documents keep the split's order)."""
-    vocab = config.vocab_path or "<VOCAB_PATH>"
-    split_flags = "" if split == "train" else f" --split {split} --shards 1"
-    return (
-        f"xlscale data prepare --task {task}{split_flags} --vocab {vocab} --data-dir <DATA_DIR> "
-        f"--source {config.source} --out {config.prepared_dir}"
-    )
-
-
-def prepared_datasets(config: DataConfig, *, vocab_hash: str | None) -> dict[str, Any]:
-    """The prepared dataset of every component of the training mixture (`prepared_dir/<task>`),
-    opened and verified against the run's vocabulary before training starts: each must be that
-    task's `train` split (a prepared validation split is not training data). A sample
-    (`--max-documents`) is accepted and recorded in the fingerprint (`prepared_input`). Every
-    sidecar and every shard's sha256 is checked here (`PreparedDataset.verify`: all bytes are
-    read once, on threads), so that damaged data is refused while the run plans, before anything
-    is written, not at the batch that reads it.
-
-    Raises:
-      trainer.validation.ConfigError: a component has no prepared task, another task or split,
-        or a shard is missing, truncated, changed (sha256) or from another vocabulary, or a
-        sidecar is missing, unreadable or another shard's (naming `PREPARED_DATA`, the file and
-        what differs, and the command that prepares it).
-    """
-    out = {}
-    root = storage.as_path(config.prepared_dir, name="PREPARED_DATA")
-    where = f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}"
-    for name in components(config.mixture_or_task, config):
-        directory = os.fspath(root / name)
-        try:
-            dataset = shards.PreparedDataset.open(directory, vocab_hash=vocab_hash)
-        except shards.PreparedDataError as e:
-            raise validation.ConfigError(
-                f"{where}: {e}; prepare it with: {_prepare_command(config, name)}"
-            ) from e
-        found = (dataset.manifest.task, dataset.manifest.split)
-        if found != (name, "train"):
-            dataset.close()
-            raise validation.ConfigError(
-                f"{where}: {directory} holds task {found[0]!r} split {found[1]!r}; training "
-                f"reads task {name!r} split 'train'; prepare it with: "
-                f"{_prepare_command(config, name)}"
-            )
-        try:  # sidecars and shard checksums: what a reader would find only mid-training
-            dataset.verify()
-        except shards.PreparedDataError as e:
-            dataset.close()
-            raise validation.ConfigError(
-                f"{where}: {e}; prepare it again with: {_prepare_command(config, name)}"
-            ) from e
-        out[name] = dataset
-    return out
-
-
-def prepared_input(config: DataConfig, datasets: Mapping[str, Any]) -> dict[str, Any]:
-    """What the run's fingerprint records of a prepared input: the directory and each
-    component's content digest (`Manifest.content_digest`: every shard's sha256, the sample size), so
-    that a resume reading other prepared data is refused like any other change of the data."""
-    return {
-        "dir": config.prepared_dir,
-        "manifests": {name: ds.manifest.content_digest() for name, ds in datasets.items()},
-    }
-
-
-def _prepared_stream(config, *, seed, start_step, host_rows, datasets, vocabulary):
-    """This host's rows of each global batch, read by index from the prepared datasets; the
-    settings are checked here, when the stream is made, not at its first batch.
-
-    Raises:
-      trainer.validation.ConfigError: the prepared data cannot make this run's batches (names
-        PREPARED_DATA and why: lengths, Df subset, fractions, sentinels, ...).
-    """
-    if vocabulary is None and seqio_free(config):  # VOCAB_PATH, read without seqio
-        vocabulary = prepared_vocabulary(config)
-    if vocabulary is None:  # the caller registered the tasks: their targets vocabulary
-        import seqio
-
-        provider = seqio.get_mixture_or_task(config.mixture_or_task)
-        vocabulary = provider.output_features["targets"].vocabulary
-    if seqio_free(config):
-        fractions = mixture_tables.fractions(config.mixture_or_task)
-    else:
-        from pipelines import mixtures
-
-        fractions = mixtures.token_fractions(config.mixture_or_task)
-    components = [
-        batches.Component(name=name, dataset=ds, fraction=fractions.get(name, 1.0))
-        for name, ds in datasets.items()
-    ]
-    try:
-        stream = batches.batches(
-            components=components,
-            sequence_length=dict(config.task_feature_lengths)
-            if config.has_inputs
-            else config.seq_len,
-            global_batch_size=config.batch_size,
-            seed=seed,
-            start_step=start_step,
-            host_rows=tuple(host_rows),
-            start_id=vocab_lib.start_id(vocabulary),
-            eos_id=vocabulary.eos_id,
-            vocab_size=vocabulary.vocab_size,
-            extra_ids=int(getattr(vocabulary, "extra_ids", 0) or 0),
-            subset_examples=config.subset_examples,
-            subset_tokens=config.subset_tokens,
-        )
-    except ValueError as e:
-        raise validation.ConfigError(
-            f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}: {e}"
-        ) from e
-    return map(features.model_arrays, stream)
 
 
 def train_batches(
@@ -523,7 +262,7 @@ def train_batches(
         rows = host_rows or even_rows(
             batch_size=config.batch_size, shard_index=shard_index, num_shards=num_shards
         )
-        return _prepared_stream(
+        return prepared_stream(
             config,
             seed=seed,
             start_step=start_step,
@@ -540,104 +279,6 @@ def train_batches(
         shard_index=shard_index,
         num_shards=num_shards,
         host_rows=host_rows,
-    )
-
-
-def prepared_eval_dataset(config: DataConfig, task: str, split: str, *, vocab_hash: str | None):
-    """The prepared `split` of eval task `task` (`PREPARED_DATA/<task>@<split>`), opened and
-    verified (sidecars, every shard's sha256, the vocabulary) as training splits are: one shard
-    (its documents in the split's order, as the seqio path reads them) of a kind the numpy eval
-    reader makes (`pipelines.prepared.eval_batches.EVAL_KINDS`).
-
-    Raises:
-      trainer.validation.ConfigError: the split is not prepared, damaged, of another task,
-        split or vocabulary, in several shards, or of a kind with no prepared eval (naming
-        `PREPARED_DATA`, the directory and the command that prepares it).
-    """
-    from pipelines.prepared import eval_batches as eval_lib
-
-    root = storage.as_path(config.prepared_dir, name="PREPARED_DATA")
-    directory = os.fspath(root / manifest_lib.task_dir_name(task, split))
-    where = f"PREPARED_DATA (data.DataConfig.prepared_dir) = {config.prepared_dir!r}"
-    command = _prepare_command(config, task, split)
-    if not os.path.isdir(directory):
-        raise validation.ConfigError(
-            f"{where}: eval task {task!r} has no prepared {split} split: no directory "
-            f"{directory}; a run on prepared data evaluates on prepared splits; prepare it "
-            f"with: {command}"
-        )
-    try:
-        dataset = shards.PreparedDataset.open(directory, vocab_hash=vocab_hash)
-    except shards.PreparedDataError as e:
-        raise validation.ConfigError(f"{where}: {e}; prepare it with: {command}") from e
-    manifest = dataset.manifest
-    problem = None
-    if (manifest.task, manifest.split) != (task, split):
-        problem = (
-            f"{directory} holds task {manifest.task!r} split {manifest.split!r}; evaluation "
-            f"reads task {task!r} split {split!r}"
-        )
-    elif len(manifest.shards) != 1:
-        problem = (
-            f"{directory} holds {len(manifest.shards)} shards; an eval split is read in the "
-            "split's order, which one shard keeps"
-        )
-    elif manifest.postprocess not in eval_lib.EVAL_KINDS:
-        problem = (
-            f"{directory} is of kind {manifest.postprocess!r}, which has no prepared eval (its "
-            f"masks are drawn by TensorFlow); allowed: tasks of kind "
-            f"{', '.join(map(repr, eval_lib.EVAL_KINDS))}, or PREPARED_DATA = None"
-        )
-    if problem is not None:
-        dataset.close()
-        raise validation.ConfigError(f"{where}: {problem}; prepare it with: {command}")
-    try:
-        dataset.verify()
-    except shards.PreparedDataError as e:
-        dataset.close()
-        raise validation.ConfigError(f"{where}: {e}; prepare it again with: {command}") from e
-    return dataset
-
-
-def check_prepared_eval(config: DataConfig, evaluation: EvalConfig) -> None:
-    """Every eval task of a run on prepared data has its split prepared and intact
-    (`prepared_eval_dataset`), checked while the run plans, not at its first evaluation.
-
-    Raises:
-      trainer.validation.ConfigError: as `prepared_eval_dataset`.
-    """
-    if not evaluation.tasks:
-        return
-    vocab_hash = prepared_vocabulary(config).sha256
-    for task in evaluation.tasks:
-        prepared_eval_dataset(config, task, evaluation.split, vocab_hash=vocab_hash).close()
-
-
-def _prepared_eval_batches(config, *, task, split, seq_len, batch_size, max_tokens):
-    """`pipelines.prepared.eval_batches` of `task`'s prepared `split`, with the run's ids."""
-    from pipelines.prepared import eval_batches as eval_lib
-
-    vocabulary = prepared_vocabulary(config)
-    with prepared_eval_dataset(config, task, split, vocab_hash=vocabulary.sha256) as dataset:
-        return eval_lib.eval_batches(
-            dataset,
-            sequence_length=seq_len,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            eos_id=vocabulary.eos_id,
-            start_id=vocabulary.start_id,
-        )
-
-
-def _seqio_eval_batches(*, task, split, seq_len, batch_size, max_tokens):
-    from pipelines import streams
-
-    return streams.eval_batches(
-        task=task,
-        split=split,
-        sequence_length=seq_len,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
     )
 
 
@@ -663,9 +304,9 @@ def eval_batches(
     the prepared split (`prepared_eval_dataset`), whose batches are those of the seqio path."""
     lengths = dict(seq_len) if isinstance(seq_len, Mapping) else seq_len
     read = (
-        functools.partial(_prepared_eval_batches, config)
+        functools.partial(prepared_eval_batches, config)
         if config is not None and seqio_free(config)
-        else _seqio_eval_batches
+        else seqio_eval_batches
     )
     for batch in read(
         task=task, split=split, seq_len=lengths, batch_size=batch_size, max_tokens=max_tokens

@@ -8,6 +8,8 @@ f(Dp) = (log(A·Dp^α))^β (Tables 3 and 5) and the cross-entropy power law L(Dp
 (`CRITERIA`: the model, the score, the language pair, the pretraining data, the finetuning size
 Df, the Dp unit and range, a usable printed row) and, when not, every reason. `fig5_rows` sets
 each series' BLEU-vs-CE relation beside Fig. 5's (qualitative: the figure prints no numbers).
+One series beside its law is `fitting.reports.mt_paper_series`; the printed laws, their
+conditions and the Dp grid are `fitting.reports.mt_paper_laws` (both re-exported here).
 
 `consistency()` is the paper's consistency check: its CE coefficients and its BLEU coefficients
 evaluated over the same checkpoints, in every candidate Dp unit (`candidate_units`), at the
@@ -18,7 +20,8 @@ BLEU everywhere (with `log` read as natural: the paper does not state the base),
 2e-5 to 2e-4 nats, while a finetuned model's downstream CE is 1-3 nats; `ce_unit()` is the unit
 in which both are plausible, or None, and then no CE row is comparable (`ce_reason()`);
 `unit_verdict()` is the verdict. Everything is computed from the printed coefficients
-(`fitting.reports.paper_values`). `section(result)` renders both for report.md.
+(`fitting.reports.paper_values`; the check reads `MT_T5_3B_PRINTED` from this module, so that a
+test may put other tables in its place). `section(result)` renders both for report.md.
 """
 
 from __future__ import annotations
@@ -31,28 +34,63 @@ from typing import Any
 import numpy as np
 
 from fitting import printed_box
-from fitting.analyses.correlations import spearman
 from fitting.formats import fmt, markdown_table
 from fitting.laws import formulas
 from fitting.printed_box import Printed
-from fitting.reports.paper_values import (
-    MT_DP,
-    MT_T5_3B_LAWS,
-    MT_T5_3B_PRINTED,
-    MT_T5_3B_UNUSABLE,
+from fitting.reports.mt_paper_laws import (
+    FIG5_TASKS,
+    METRIC_LABELS,
+    PAPER_METRICS,
+    PAPER_MODEL,
+    PAPER_TASKS,
+    candidate_units,
+    evaluate,
+    grid_dp,
+    paper_laws,
 )
+from fitting.reports.mt_paper_series import (
+    CRITERIA,
+    DF_MATCH,
+    compare_series,
+    entry_df,
+    fig5_rows,
+)
+from fitting.reports.paper_values import MT_T5_3B_PRINTED
 
-PAPER_MODEL = "t5_3b"  # Tables 3-6 are T5-3B's; the paper prints no T5-770M coefficients
-PAPER_TASKS = {"mt_en_de": "WMT-17 en-de", "mt_en_fr": "WMT-15 en-fr", "mt_en_ro": "WMT-16 en-ro"}
-FIG5_TASKS = ("mt_en_de", "mt_en_fr")  # Fig. 5: en-de (left) and en-fr (right) only
-# metric -> (table key in MT_T5_3B_LAWS, fitting law, its parameters in the paper's order)
-PAPER_METRICS = {
-    "bleu": ("bleu", "log_law", ("log_A", "alpha", "beta")),
-    "loss": ("ce", "power_law", ("E", "A", "alpha")),
-}
-METRIC_LABELS = {"bleu": "BLEU", "loss": "CE", "rouge_l": "ROUGE-L", "comet": "COMET"}
-CRITERIA = ("model", "score", "language pair", "pretraining data", "Df", "Dp unit", "Dp range")
-DF_MATCH = 0.05  # a Df matches a printed size within 5% (the manifest gives pairs × 512 exactly)
+__all__ = [
+    "BOX_SAMPLES",
+    "CRITERIA",
+    "DF_MATCH",
+    "FIG5_COLUMNS",
+    "FIG5_TASKS",
+    "GAP_COLUMNS",
+    "METRIC_LABELS",
+    "PAPER_METRICS",
+    "PAPER_MODEL",
+    "PAPER_TASKS",
+    "PLAUSIBLE",
+    "REAL_CE_NATS",
+    "SERIES_COLUMNS",
+    "candidate_units",
+    "ce_reason",
+    "ce_short_reason",
+    "ce_unit",
+    "compare",
+    "comparison_lines",
+    "consistency",
+    "consistency_section",
+    "entry_df",
+    "evaluate",
+    "fig5_rows",
+    "grid_dp",
+    "paper_check_rows",
+    "paper_laws",
+    "paper_laws_printed",
+    "rows",
+    "section",
+    "unit_verdict",
+]
+
 # What "plausible" means in the consistency check: BLEU inside (0.1, 100]; a finetuned model's
 # per-token downstream CE, nats (real runs: 1-3; allowed wider, 0.3-10, so that a verdict of
 # "implausible" is not an artefact of a tight band).
@@ -61,35 +99,9 @@ REAL_CE_NATS = (1.0, 3.0)
 # Seeded points inside each law's box of printed digits, beside its centre and 8 corners (the
 # laws are monotone in each coefficient wherever they are defined, so the corners give the range).
 BOX_SAMPLES = 64
-_DF = re.compile(r"Df (\d+)")
 
 
 # --- the paper's own consistency ------------------------------------------------------------------
-
-
-def grid_dp() -> np.ndarray:
-    """The mt_paper manifest's checkpoints in paper tokens (steps × 256 × 512)."""
-    return np.asarray(MT_DP["grid_steps"], float) * MT_DP["batch"] * MT_DP["length"]
-
-
-def candidate_units() -> dict[str, float]:
-    """Dp units to try: name -> paper tokens per unit (every power of ten from 1 to 1e12 tokens,
-    one 512-token example, one 256 × 512-token step)."""
-    names = {0: "tokens", 3: "thousand tokens", 6: "million tokens", 9: "billion tokens"}
-    units = {names.get(k, f"1e{k} tokens"): 10.0**k for k in range(13)}
-    units["examples (512-token sequences)"] = float(MT_DP["length"])
-    units["steps (256 × 512 tokens)"] = float(MT_DP["batch"] * MT_DP["length"])
-    return units
-
-
-def paper_laws(metric: str) -> list[tuple[tuple[str, str, int], dict[str, float]]]:
-    """The usable printed laws of `metric` ("bleu" or "loss"): (mixture, task, Df) -> params."""
-    key, _, names = PAPER_METRICS[metric]
-    return [
-        (cond, dict(zip(names, row[key], strict=True)))
-        for cond, row in MT_T5_3B_LAWS.items()
-        if row[key] is not None
-    ]
 
 
 def paper_laws_printed(metric: str) -> list[tuple[tuple[str, str, int], dict[str, str]]]:
@@ -100,13 +112,6 @@ def paper_laws_printed(metric: str) -> list[tuple[tuple[str, str, int], dict[str
         for cond, row in MT_T5_3B_PRINTED.items()
         if row[key] is not None
     ]
-
-
-def evaluate(metric: str, dp_tokens: Sequence[float], tokens_per_unit: float = 1.0) -> np.ndarray:
-    """Every printed law of `metric` at `dp_tokens` given in that unit: [laws, points]."""
-    _, law, _ = PAPER_METRICS[metric]
-    dp = np.asarray(dp_tokens, float) / tokens_per_unit
-    return np.stack([formulas.predict(law, p, dp) for _, p in paper_laws(metric)])
 
 
 def _over_box(metric: str, printed: Mapping[str, str], dp: np.ndarray) -> np.ndarray:
@@ -219,126 +224,17 @@ def ce_short_reason() -> str:
 # --- rows beside a fit result ----------------------------------------------------------------------
 
 
-def _printed(mixture: str, task: str, df: int | None) -> tuple[int, Mapping[str, Any]] | None:
-    for (m, t, printed), row in MT_T5_3B_LAWS.items():
-        if (m, t) == (mixture, task) and df and abs(df / printed - 1) < DF_MATCH:
-            return printed, row
-    return None
-
-
-def entry_df(entry: Mapping[str, Any]) -> int | None:
-    """A fits.json downstream entry's Df (its `finetune_steps` group names it), or None."""
-    m = _DF.search(str(entry.get("finetune_steps", "")))
-    return int(m.group(1)) if m else None
-
-
-def _table(metric: str, mixture: str) -> str:
-    balanced = mixture != "mix_en_100"
-    return {
-        ("bleu", True): "Table 3",
-        ("bleu", False): "Table 5",
-        ("loss", True): "Table 4",
-        ("loss", False): "Table 6",
-    }.get((metric, balanced), "Tables 3-6")
-
-
-def _checks(entry: Mapping[str, Any], df: int | None, printed) -> list[tuple[str, bool, str]]:
-    """(criterion, met, why not) for each of `CRITERIA`."""
-    metric, task, mixture = entry["metric"], entry["task"], entry["pretraining"]
-    model = str(entry.get("model", "?"))
-    dp = np.asarray(entry["fit"]["Dp"], float)
-    lo, hi = float(grid_dp()[0]), float(MT_DP["max_steps"] * MT_DP["batch"] * MT_DP["length"])
-    label = METRIC_LABELS.get(metric, metric)
-    unit = entry.get("dp_unit", "paper")
-    known = any((mixture, task) == k[:2] for k in MT_T5_3B_LAWS)
-    return [
-        ("model", model.endswith(PAPER_MODEL), f"{model}, the tables are T5-3B's"),
-        (
-            "score",
-            metric in PAPER_METRICS,
-            f"the paper prints no {label} coefficients (Figs. 1 and 7 only)",
-        ),
-        ("language pair", task in PAPER_TASKS, f"{task} is none of the paper's WMT pairs"),
-        (
-            "pretraining data",
-            known,
-            f"the tables print no {mixture} row for {task}",
-        ),
-        (
-            "Df",
-            printed is not None or not known,  # (no row for the data: said once, above)
-            f"Df {fmt(df)} is none of the printed sizes for {task} (within {DF_MATCH:.0%})",
-        ),
-        ("Dp unit", unit == "paper", f"Dp in {unit} tokens, not the paper's steps × 256 × 512"),
-        (
-            "Dp range",
-            bool(dp.size) and dp.min() >= lo * (1 - 1e-9) and dp.max() <= hi * (1 + 1e-9),
-            f"Dp {fmt(float(dp.min()), 3)}–{fmt(float(dp.max()), 3)} lies outside "
-            f"{fmt(lo, 3)}–{fmt(hi, 3)} (the manifest's 25k-step first checkpoint to the "
-            "paper's 1M steps; the paper lists no checkpoints)",
-        ),
-    ]
-
-
 def compare(
     entry: Mapping[str, Any], *, unit: str | None = "", reason: str | None = None
 ) -> dict[str, Any]:
-    """One fits.json downstream entry beside the paper's printed law for its condition.
+    """One fits.json downstream entry beside the paper's printed law for its condition
+    (`mt_paper_series.compare_series`).
 
     `unit` and `reason` are `ce_unit()` and `ce_short_reason()` (computed when not given; `rows`
     computes them once)."""
     unit = ce_unit() if unit == "" else unit
     reason = (ce_short_reason() if unit is None else "") if reason is None else reason
-    metric, task, mixture = entry["metric"], entry["task"], entry["pretraining"]
-    fit = entry["fit"]
-    df = entry_df(entry)
-    found = _printed(mixture, task, df)
-    why = [w for _, ok, w in _checks(entry, df, found) if not ok]
-    row: dict[str, Any] = {
-        "model": entry.get("model", "?"),
-        "pretraining": mixture,
-        "task": task,
-        "df": df,
-        "metric": metric,
-        "source": _table(metric, mixture) if metric in PAPER_METRICS else "—",
-        "fitted_params": dict(fit["params"]),
-        "paper_params": None,
-    }
-    dp = np.asarray(fit["Dp"], float)
-    obs = np.asarray(fit["observed"], float)
-    paper_law = None
-    if metric in PAPER_METRICS and found is not None:
-        key, law, names = PAPER_METRICS[metric]
-        printed = found[1][key]
-        if printed is None:
-            why.append(MT_T5_3B_UNUSABLE.get((mixture, task, found[0], key), "no usable row"))
-        else:
-            row["paper_params"] = dict(zip(names, printed, strict=True))
-            paper_law = law
-    if metric == "loss" and unit is None:
-        why.append(reason)
-    # BLEU: Dp in tokens, the paper's stated unit; CE: in the unit where its laws are plausible.
-    per = candidate_units()[unit] if metric == "loss" and unit else 1.0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        paper_at = (
-            formulas.predict(paper_law, row["paper_params"], dp / per)
-            if paper_law
-            else np.full(dp.shape, np.nan)
-        )
-        gap = np.log(paper_at / obs)
-    row.update(
-        dp_min=float(dp.min()) if dp.size else math.nan,
-        dp_max=float(dp.max()) if dp.size else math.nan,
-        observed_at_max=float(obs[-1]) if obs.size else math.nan,
-        fitted_at_max=float(np.asarray(fit["predicted"], float)[-1]) if obs.size else math.nan,
-        paper_at_max=float(paper_at[-1]) if dp.size else math.nan,
-        max_abs_log_gap=float(np.max(np.abs(gap)))
-        if np.all(np.isfinite(gap)) and dp.size
-        else math.nan,
-        comparable=not why,
-        why="; ".join(why),
-    )
-    return row
+    return compare_series(entry, unit=unit, reason=reason)
 
 
 def rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -349,55 +245,6 @@ def rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     unit = ce_unit()
     reason = ce_short_reason() if unit is None else ""
     return [compare(e, unit=unit, reason=reason) for e in entries]
-
-
-def fig5_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Fig. 5 per series with both BLEU and CE: Spearman ρ(BLEU, −CE) over the checkpoints and
-    Gordon et al.'s exponential relation BLEU = C·e^(−k·CE) fitted in log BLEU (k, R²), beside
-    the figure's finding (en-de: consistently correlated; en-fr: in some cases arbitrary)."""
-    by_key: dict[tuple, dict[str, Mapping[str, Any]]] = {}
-    for e in [*(result.get("bleu") or ()), *(result.get("ce") or ())]:
-        if e["metric"] in PAPER_METRICS:
-            key = (e.get("model"), e["pretraining"], e["task"], e.get("finetune_steps"))
-            by_key.setdefault(key, {})[e["metric"]] = e
-    out = []
-    for (model, mixture, task, _steps), pair in by_key.items():
-        if set(pair) != set(PAPER_METRICS):
-            continue
-        values = {
-            m: dict(zip(e["runs"], e["fit"]["observed"], strict=True)) for m, e in pair.items()
-        }
-        common = [r for r in pair["bleu"]["runs"] if r in values["loss"]]
-        bleu = np.asarray([values["bleu"][r] for r in common], float)
-        ce = np.asarray([values["loss"][r] for r in common], float)
-        k = r2 = math.nan
-        if len(common) >= 3 and np.ptp(ce) > 0:
-            slope, icpt = np.polyfit(ce, np.log(bleu), 1)
-            resid = np.log(bleu) - (slope * ce + icpt)
-            total = np.sum((np.log(bleu) - np.log(bleu).mean()) ** 2)
-            k, r2 = float(-slope), float(1 - np.sum(resid**2) / total) if total > 0 else math.nan
-        paper = {
-            "mt_en_de": "consistently correlated (Fig. 5 left)",  # [q:mt.fig5_caption]
-            "mt_en_fr": "in some cases arbitrary: BLEU and CE rise together (Fig. 5 right)",
-        }.get(task, "—")
-        out.append(
-            {
-                "model": model,
-                "pretraining": mixture,
-                "task": task,
-                "df": entry_df(pair["bleu"]),
-                "n": len(common),
-                "rho": spearman(bleu, -ce),
-                "k": k,
-                "r2": r2,
-                "paper": paper,
-                "comparable": task in FIG5_TASKS,
-                "why": ""
-                if task in FIG5_TASKS
-                else f"Fig. 5 shows en-de and en-fr only, not {task}",
-            }
-        )
-    return out
 
 
 # --- report.md ---------------------------------------------------------------------------------
