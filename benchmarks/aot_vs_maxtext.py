@@ -266,11 +266,13 @@ def table(rows: dict[str, tuple[Row, dict, dict | None]]) -> str:
         "| temp GB | peak GB | est. MFU |",
         "|" + "---|" * 8,
     ]
-    for name, (_, xl, mt) in rows.items():
+    for name, (row, xl, mt) in rows.items():
         mt_ = mt or {}
         seconds = f"{_num(xl['seconds'], '.4f')} / {_num(mt_.get('seconds'), '.4f') if mt else '–'}"
+        # A scanned program's seconds count one layer: no MFU against the whole model's FLOPs.
         mfu = {
-            k: (100 * f["mfu"] if f and f.get("mfu") else None) for k, f in (("x", xl), ("m", mt))
+            k: (100 * f["mfu"] if f and f.get("mfu") and not row.scan else None)
+            for k, f in (("x", xl), ("m", mt))
         }
         lines.append(
             f"| {name} | {seconds} | {_ratio(xl['seconds'], mt_.get('seconds'))} "
