@@ -16,6 +16,11 @@ Faults (`FAULTS`):
   kill_deleting      the first deletion of a checkpoint directory (orbax's `PathDeleter`, the
                      keep policy) removes the step's integrity record and half its other files,
                      then the process is killed with SIGKILL.
+  kill_after_commit@STEP
+                     when the metrics record of step STEP is appended, the process waits until a
+                     checkpoint of a step between 2 and STEP has committed (its integrity record is
+                     in storage, local or gs://), then kills itself with SIGKILL: a run killed
+                     mid-way, after a checkpoint, whatever this machine's speed.
 """
 
 from __future__ import annotations
@@ -93,7 +98,37 @@ def kill_deleting(_: str = "") -> None:
     deleter.PathDeleter.delete = delete
 
 
-FAULTS = {"record_full": record_full, "metrics_full": metrics_full, "kill_deleting": kill_deleting}
+def kill_after_commit(step: str) -> None:
+    """Killed with SIGKILL at step `step`'s metrics record, once a later-than-2 step committed."""
+    from rundir import names, records, storage
+
+    real = records.append_metrics
+
+    def committed(model_dir) -> bool:
+        checkpoints = storage.as_path(model_dir) / names.CHECKPOINTS_SUBDIR
+        steps = [p for p in checkpoints.iterdir()] if checkpoints.exists() else []
+        return any(
+            p.name.isdigit() and 2 < int(p.name) < int(step) and (p / CHECKSUMS_FILE).exists()
+            for p in steps
+        )
+
+    def append_metrics(model_dir, record):
+        if int(record["step"]) == int(step):
+            deadline = time.monotonic() + _COMMIT_WAIT_S
+            while time.monotonic() < deadline and not committed(model_dir):
+                time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(model_dir, record)
+
+    records.append_metrics = append_metrics
+
+
+FAULTS = {
+    "record_full": record_full,
+    "metrics_full": metrics_full,
+    "kill_deleting": kill_deleting,
+    "kill_after_commit": kill_after_commit,
+}
 
 
 def _trainer() -> None:

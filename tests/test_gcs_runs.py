@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,10 +29,13 @@ from bucket_runs import (
 
 from rundir import names, records, storage
 
+INJECT = Path(__file__).resolve().parent / "inject_faults.py"
 
-def _train(argv, cwd: Path, log: Path, *, wait: bool = True):
+
+def _train(argv, cwd: Path, log: Path, *, wait: bool = True, fault: str | None = None):
     # -X faulthandler: a process that overstays its wait dumps every thread's stack (`wait_or_dump_stacks`).
-    command = [sys.executable, "-X", "faulthandler", "-m", "trainer.train", *argv]
+    entry = ["-m", "trainer.train"] if fault is None else [str(INJECT), fault, "trainer.train"]
+    command = [sys.executable, "-X", "faulthandler", *entry, *argv]
     with open(log, "w") as out:
         process = subprocess.Popen(
             command, cwd=cwd, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT
@@ -80,23 +82,19 @@ def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tmp_path):
         run_argv(reference, tiny_data, experiment="cpt", **cpt_macros), cwd, ref_log, wait=False
     )
 
-    # The CPT run, killed with SIGKILL once a checkpoint past step 2 is in the bucket.
+    # The CPT run kills itself with SIGKILL at step 5, once a checkpoint past step 2 is in the
+    # bucket (`tests/inject_faults.py`: at a chosen point, not raced against the trainer).
+    killed_log = tmp_path / "killed.log"
     process = _train(
         run_argv(cpt, tiny_data, experiment="cpt", **cpt_macros),
         cwd,
-        tmp_path / "killed.log",
+        killed_log,
         wait=False,
+        fault="kill_after_commit@5",
     )
-    checkpoints = storage.as_path(cpt) / names.CHECKPOINTS_SUBDIR
-    deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        kept = [p.name for p in checkpoints.iterdir()] if checkpoints.exists() else []
-        if any(n.isdigit() and 2 < int(n) < STEPS for n in kept):
-            break
-        time.sleep(0.2)
-    assert process.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-    os.kill(process.pid, signal.SIGKILL)
-    assert process.wait(timeout=60) == -signal.SIGKILL
+    assert wait_or_dump_stacks(process, killed_log, timeout=300) == -signal.SIGKILL, (
+        killed_log.read_text()[-3000:]
+    )
     assert not records.read_completed(cpt)
     resumed = _train(
         run_argv(cpt, tiny_data, experiment="cpt", **cpt_macros), cwd, tmp_path / "resumed.log"
