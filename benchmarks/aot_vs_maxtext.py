@@ -72,6 +72,30 @@ MAXTEXT_ATTENTION = {"xla": "dot_product", "splash": "flash"}
 
 _1085M = dict(size="llama2_1085m", d_model=1792, heads=14, d_ff=9728, layers=20)
 _V5P8 = dict(topology="v5p:2x2x1", maxtext_topology="v5p-8", chips=4, batch=16)
+# The larger paper sizes, at 4 sequences per chip (the paper's 2,048-sequence batches would need
+# gradient accumulation on these slices).
+_2791M = dict(
+    size="llama2_2791m",
+    d_model=2304,
+    heads=18,
+    d_ff=12800,
+    layers=32,
+    topology="v5p:2x2x2",
+    maxtext_topology="v5p-16",
+    chips=8,
+    batch=32,
+)
+_5534M = dict(
+    size="llama2_5534m",
+    d_model=3072,
+    heads=24,
+    d_ff=16896,
+    layers=36,
+    topology="v5p:2x2x4",
+    maxtext_topology="v5p-32",
+    chips=16,
+    batch=64,
+)
 ROWS: dict[str, Row] = {
     "1085m_none": Row(**_1085M, **_V5P8, remat="none"),
     "1085m_full": Row(**_1085M, **_V5P8, remat="full"),
@@ -81,32 +105,11 @@ ROWS: dict[str, Row] = {
     # the scanned layer once on both sides, so the seconds and FLOPs compare one layer and
     # everything outside the scan, alike.
     "1085m_full_scan": Row(**_1085M, **_V5P8, remat="full", scan=True),
-    # Larger paper sizes at 4 sequences per chip (the paper's 2,048-sequence batches would need
-    # gradient accumulation on these slices) and full remat, the policy they would run.
-    "2791m_full": Row(
-        size="llama2_2791m",
-        d_model=2304,
-        heads=18,
-        d_ff=12800,
-        layers=32,
-        topology="v5p:2x2x2",
-        maxtext_topology="v5p-16",
-        chips=8,
-        batch=32,
-        remat="full",
-    ),
-    "5534m_full": Row(
-        size="llama2_5534m",
-        d_model=3072,
-        heads=24,
-        d_ff=16896,
-        layers=36,
-        topology="v5p:2x2x4",
-        maxtext_topology="v5p-32",
-        chips=16,
-        batch=64,
-        remat="full",
-    ),
+    # The larger sizes with full remat, the policy they would run; unscanned and scanned.
+    "2791m_full": Row(**_2791M, remat="full"),
+    "5534m_full": Row(**_5534M, remat="full"),
+    "2791m_full_scan": Row(**_2791M, remat="full", scan=True),
+    "5534m_full_scan": Row(**_5534M, remat="full", scan=True),
     "1085m_none_2slices": Row(**_1085M, **{**_V5P8, "batch": 32}, remat="none", num_slices=2),
     # T5 at the MT paper's batch (128 examples of 512 input and 114 target tokens), Adafactor,
     # the remat policy xlscale's memory model picks; no MaxText peer.

@@ -10,8 +10,8 @@ sequence of `S` tokens, with `c` the compute dtype's bytes:
   (`S·(2H + 2K)·h·c`) and the RoPE sine/cosine tables (`2·S·h·c`); SwiGLU's gate and up
   projections and their product (`3·S·F·c`: the SiLU is rematerialised,
   `llama_jax.layers.swiglu`); and the attention kernel's own residuals: the `xla` kernel keeps
-  only the weights in the compute dtype, `[H, S, S]` (`H·S²·c`: its softmax's backward pass
-  runs from them, `modeling.attention.softmax_as`), while `cudnn` and `splash` keep only float32 softmax
+  only the unnormalised weights in the compute dtype, `[H, S, S]` (`H·S²·c`: its softmax's
+  backward pass runs from them, `modeling.attention.shifted_exp_as`), while `cudnn` and `splash` keep only float32 softmax
   statistics `[H, S]` (cuDNN on a packed batch also a `[1, S, S]` boolean mask and the bias it
   becomes). It also keeps the compute-dtype copies of the block's weights (on CPU, where the
   projections run stacked, the stacked q/k/v and w1/w3 matrices; with bf16 compute every cast
@@ -48,8 +48,9 @@ def _attention_kernel_bytes(cfg: LlamaConfig, *, seq_len: int, kernel: str, pack
     c = DTYPE_BYTES[cfg.dtype]
     heads, s = cfg.num_heads, seq_len
     by_kernel = {
-        # the weights in the compute dtype (`modeling.attention.softmax_as`)
-        "xla": heads * s * s * c,
+        # the exponentials in the compute dtype (`modeling.attention.shifted_exp_as`) and their
+        # float32 row sums
+        "xla": heads * s * s * c + 4 * heads * s,
         # float32 softmax statistics; a packed batch's [1, S, S] mask and its bias
         "cudnn": 4 * heads * s + (s * s * (1 + c) if packed else 0),
         # float32 logsumexp and max per query row

@@ -5,8 +5,8 @@ such as T5's relative positions, the query offset of a cached decoding step) and
 `[B, 1, Q, K]` mask themselves, so a fused kernel can keep the mask implicit:
 
 - `xla`: einsum logits in the compute dtype, masked softmax in float32 (or wider; its backward
-  pass keeps only the compute-dtype probabilities, `softmax_as`), einsum. The reference, and the only
-  kernel for cached decoding, attention-weight dropout and anything else a fused kernel refuses.
+  pass keeps only the compute-dtype exponentials, `shifted_exp_as`), einsum, normalised after
+  the einsum. The reference, and the only kernel for cached decoding, attention-weight dropout and anything else a fused kernel refuses.
 - `cudnn`: cuDNN fused (flash) attention on GPU, bf16/fp16 (`jax._src.cudnn.
   fused_attention_stablehlo`, what `jax.nn.dot_product_attention(implementation="cudnn")` calls);
   segment ids become a boolean `[B, 1, Q, K]` mask folded into its bias. (jax 0.10's packed
@@ -122,31 +122,58 @@ def reference_mask(
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def softmax_as(logits: Array, dtype) -> Array:
-    """`softmax(logits)` over the last axis, computed in the logits' (float32) dtype and returned
-    in `dtype` (the compute dtype), keeping only that output for the backward pass.
+def shifted_exp_as(logits: Array, dtype) -> tuple[Array, Array]:
+    """`exp(logits - max(logits))` over the last axis in `dtype`, and its row sums in the
+    logits' (float32) dtype: softmax's numerator and denominator, left apart so that the
+    division runs on the attention's output `[B, Q, H, D]` instead of on `[B, H, Q, K]`.
 
-    Plain autodiff keeps the float32 probabilities for softmax's backward beside the `dtype`
-    copy the value einsum keeps: with bf16 compute, 6 bytes per `[B, H, Q, K]` element per layer
-    instead of 2 (MaxText's attention keeps the bf16 probabilities only). The backward pass
-    here, `p * (g - sum(g * p))`, runs in float32 from the kept `dtype` probabilities; with a
-    float32 (or wider) compute dtype it is exactly softmax's own."""
-    return jax.nn.softmax(logits, axis=-1).astype(dtype)
-
-
-def _softmax_as_fwd(logits: Array, dtype) -> tuple[Array, Array]:
-    probs = softmax_as(logits, dtype)
-    return probs, probs
+    The maximum is a constant for differentiation (the quotient does not depend on it), and the
+    backward pass, `e * (g_e + g_s)`, runs in float32 from the kept `dtype` exponentials, the only
+    `[B, H, Q, K]` array kept."""
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    exps = jnp.exp(shifted)
+    return exps.astype(dtype), jnp.sum(exps, axis=-1, keepdims=True)
 
 
-def _softmax_as_bwd(dtype, probs: Array, grad: Array) -> tuple[Array]:
+def _shifted_exp_as_fwd(logits: Array, dtype):
+    exps, sums = shifted_exp_as(logits, dtype)
+    return (exps, sums), exps
+
+
+def _shifted_exp_as_bwd(dtype, exps: Array, grads) -> tuple[Array]:
     del dtype
-    wide = _logits_dtype(probs.dtype)
-    p, g = probs.astype(wide), grad.astype(wide)
-    return (p * (g - jnp.sum(g * p, axis=-1, keepdims=True)),)
+    grad_exps, grad_sums = grads
+    wide = _logits_dtype(exps.dtype)
+    return (exps.astype(wide) * (grad_exps.astype(wide) + grad_sums.astype(wide)),)
 
 
-softmax_as.defvjp(_softmax_as_fwd, _softmax_as_bwd)
+shifted_exp_as.defvjp(_shifted_exp_as_fwd, _shifted_exp_as_bwd)
+
+
+@jax.custom_vjp
+def divide_rows(unnormalised: Array, sums: Array) -> Array:
+    """`unnormalised / sums` computed in the sums' (float32) dtype and returned in the
+    unnormalised dtype: the attention output's normalisation.
+
+    Its backward pass keeps only the output (which the attention's out projection keeps anyway)
+    and the row sums: `d sums = -sum(g * out) / sums`. Plain autodiff would keep a float32 copy
+    of the unnormalised output and the squared sums as well."""
+    return (unnormalised.astype(sums.dtype) / sums).astype(unnormalised.dtype)
+
+
+def _divide_rows_fwd(unnormalised: Array, sums: Array):
+    out = divide_rows(unnormalised, sums)
+    return out, (out, sums)
+
+
+def _divide_rows_bwd(kept, grad: Array) -> tuple[Array, Array]:
+    out, sums = kept
+    g = grad.astype(sums.dtype)
+    grad_sums = -jnp.sum(g * out.astype(sums.dtype), axis=-1, keepdims=True) / sums
+    return (g / sums).astype(out.dtype), grad_sums
+
+
+divide_rows.defvjp(_divide_rows_fwd, _divide_rows_bwd)
 
 
 def _xla(
@@ -192,10 +219,15 @@ def _xla(
         # MASK_VALUE the logits are far below one unit in the last place, so the sum is
         # MASK_VALUE itself, as the select gave.
         logits = logits + jnp.where(mask[:, :, None], 0.0, MASK_VALUE).astype(wide)
-    weights = softmax_as(logits, value.dtype)
+    # Softmax's numerator and denominator apart: the value einsum takes the exponentials and
+    # the division runs on its output `[B, Q, H, D]`, as MaxText's attention does. Normalising
+    # `[B, H, Q, K]` first costs one more pass over it each way, and the backward pass's row
+    # sums then come from `[B, Q, H, D]` arrays too (the division's own backward).
+    weights, sums = shifted_exp_as(logits, value.dtype)
     if dropout is not None:
         weights = dropout(weights)
     out = jnp.einsum("bkgqs,bskd->bqkgd", weights, value)
+    out = divide_rows(out, jnp.moveaxis(sums, 3, 1))
     return out.reshape(batch, q_length, heads, head_dim)
 
 

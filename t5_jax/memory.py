@@ -76,7 +76,10 @@ def _attention(
         logits = 4 if cfg.float32_attention_logits else c
         return projections + (logits * h * sq * sk + sq * a * c if kernel == "xla" else 0)
     by_kernel = {
-        "xla": h * sq * sk * c,  # the weights only (`modeling.attention.softmax_as`)
+        # the exponentials (`modeling.attention.shifted_exp_as`), their float32 row sums, and
+        # the normalised output `[sq, heads, head_dim]` (`modeling.attention.divide_rows`),
+        # beside the joined `[sq, heads * head_dim]` copy the out projection keeps
+        "xla": h * sq * sk * c + 4 * h * sq + sq * a * c,
         "cudnn": 4 * h * sq + (sq * sk * (1 + c) if packed else 0),
         "splash": 8 * h * sq,
     }

@@ -541,3 +541,27 @@ def other_vocab(tiny_data, tmp_path_factory):
     return vocab.train_vocab(
         corpora_dir=tiny_data["corpora"], langs=["en", "fr"], out_prefix=root / "v", vocab_size=300
     )
+
+
+# XLSCALE_TEST_CPU_LOG=FILE: each test's CPU seconds (its worker's user + system time, plus the
+# user + system time of the subprocesses it waited for: trainers, CLIs) appended to FILE as
+# tab-separated `seconds  nodeid` lines, to find where the suite's CPU goes (docs/testing.md).
+CPU_LOG_ENV = "XLSCALE_TEST_CPU_LOG"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Measures a test's CPU (setup, call and teardown) when XLSCALE_TEST_CPU_LOG names a file."""
+    path = os.environ.get(CPU_LOG_ENV)
+    if not path:
+        yield
+        return
+    before = os.times()
+    yield
+    after = os.times()
+    seconds = sum(
+        getattr(after, f) - getattr(before, f)
+        for f in ("user", "system", "children_user", "children_system")
+    )
+    with open(path, "a") as log:
+        log.write(f"{seconds:.2f}\t{item.nodeid}\n")

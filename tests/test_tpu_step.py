@@ -43,12 +43,13 @@ def _bench():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_softmax_as_equals_softmax_forward_and_backward(dtype):
+def test_shifted_exponentials_over_their_sums_equal_softmax_forward_and_backward(dtype):
     logits = jax.random.normal(jax.random.key(3), (2, 3, 5, 7), jnp.float32) * 4
     cot = jax.random.normal(jax.random.key(4), (2, 3, 5, 7), jnp.float32)
 
     def ours(x):
-        return (attention.softmax_as(x, dtype).astype(jnp.float32) * cot).sum()
+        exps, sums = attention.shifted_exp_as(x, dtype)
+        return (exps.astype(jnp.float32) / sums * cot).sum()
 
     def reference(x):  # softmax as JAX differentiates it, then the cast
         return (jax.nn.softmax(x, axis=-1).astype(dtype).astype(jnp.float32) * cot).sum()
@@ -58,6 +59,10 @@ def test_softmax_as_equals_softmax_forward_and_backward(dtype):
     np.testing.assert_allclose(
         jax.grad(ours)(logits), jax.grad(reference)(logits), rtol=tol, atol=tol
     )
+    # only the compute-dtype exponentials are kept for the backward pass
+    _, vjp = jax.vjp(lambda x: attention.shifted_exp_as(x, dtype), logits)
+    kept = [leaf for leaf in jax.tree.leaves(vjp) if getattr(leaf, "shape", ()) == logits.shape]
+    assert [leaf.dtype for leaf in kept] == [jnp.dtype(dtype)]
 
 
 @pytest.mark.slow
