@@ -409,6 +409,26 @@ def tiny_data(tmp_path_factory):
     return {"corpora": os.fspath(corpora), "vocab": os.fspath(model)}
 
 
+# The tasks `tiny_prepared` prepares: the tiny corpora's language-modelling tasks.
+TINY_PREPARED_TASKS = ("lm_en", "lm_fr")
+
+
+@pytest.fixture(scope="session")
+def tiny_prepared(tiny_data, tmp_path_factory):
+    """`TINY_PREPARED_TASKS` prepared once from `tiny_data` (train splits in two shards,
+    validation splits in one): the `PREPARED_DATA` of the trainer subprocesses whose subject is
+    not seqio, which then import no TensorFlow and build no tf.data pipeline (seconds of CPU per
+    process). The seqio registry is left as it was."""
+    from prepared_runs import prepare_splits, prepare_train_splits, tiny_registration
+
+    out = tmp_path_factory.mktemp("tiny_prepared")
+    with SeqioState.kept():
+        tiny_registration(tiny_data).register()
+        prepare_train_splits(out, TINY_PREPARED_TASKS)
+        prepare_splits(out, TINY_PREPARED_TASKS, split="validation", num_shards=1)
+    return os.fspath(out)
+
+
 # `make test` installs libtpu off the import path (`$(VENV)/libtpu-aot`, so no other process
 # loads it or prints its TPU start-up warnings) and names it in XLSCALE_LIBTPU; an installed
 # `jax[tpu]` works too.
