@@ -244,3 +244,28 @@ def test_read_runs_warns_of_what_it_drops_and_names_a_file_as_not_a_directory(tm
     (tmp_path / "a_file").write_text("")
     with pytest.raises(FitInputError, match="a_file is not a directory"):
         run_dirs.read_runs(tmp_path / "a_file")
+
+
+def test_the_trainers_event_files_need_no_tensorflow_even_where_it_is_installed(tmp_path):
+    # A fresh process (TensorFlow installed, not imported) writes a run's scalars as the trainer
+    # does on prepared data; TensorBoard's writer must not import TensorFlow on the way.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from trainer.event_files import scalar_writer\n"
+        "w = scalar_writer(sys.argv[1])\n"
+        "w.write_scalars(100, {'eval/lm_fr/loss': 3.5})\n"
+        "w.write_scalars(200, {'eval/lm_fr/loss': 3.25})\n"
+        "w.close()\n"
+        "print('tensorflow' in sys.modules)\n"
+    )
+    logdir = tmp_path / "run" / "tb"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(logdir)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+    scalars = event_files.read_tensorboard(tmp_path / "run")
+    assert scalars["eval/lm_fr/loss"] == [(100, 3.5), (200, 3.25)]

@@ -22,6 +22,7 @@ class ScalarWriter:
     """
 
     def __init__(self, logdir: str | os.PathLike):
+        _use_tensorboard_stub()
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -58,6 +59,28 @@ class ScalarWriter:
     def close(self) -> None:
         """Flushes and closes the events file."""
         self._writer.close()
+
+
+# TensorBoard's marker module for its no-TensorFlow build (`//tensorboard/compat:no_tensorflow`).
+NO_TENSORFLOW_MARKER = "tensorboard.compat.notf"
+
+
+def _use_tensorboard_stub() -> None:
+    """Makes TensorBoard's writer take its pure-Python TF stub, unless TensorFlow is loaded.
+
+    `EventFileWriter` resolves its file API through `tensorboard.compat.tf` on first use, and
+    that imports TensorFlow whenever TensorFlow is installed (~6 s of CPU and ~0.8 GB in a tiny
+    trainer process, which on prepared data imports nothing else of it). Where the marker module
+    of TensorBoard's no-TensorFlow build exists, it takes its stub instead, whose local file
+    system is all this writer needs (a run on object storage writes its event files locally and
+    copies them, `trainer.metrics_log`). Where TensorFlow is already loaded (the seqio path),
+    TensorBoard uses it, as before.
+    """
+    import sys
+    import types
+
+    if "tensorflow" not in sys.modules:
+        sys.modules.setdefault(NO_TENSORFLOW_MARKER, types.ModuleType(NO_TENSORFLOW_MARKER))
 
 
 def scalar_writer(logdir: str | os.PathLike):
