@@ -46,3 +46,24 @@ LIGHT_MODULES = [
 def test_module_does_not_import_tensorflow(module):
     heavy = imported_with(module, ("tensorflow", "seqio", "tensorflow_datasets"))
     assert heavy == [], f"{module} imports {','.join(heavy)}"
+
+
+@pytest.mark.slow
+def test_the_gin_recipes_name_tasks_and_mixtures_without_seqio():
+    # What a run's gin files call to name its tasks: called on prepared data too.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from trainer import recipes\n"
+        "names = [recipes.lm_task(lang='fr'), *recipes.lm_tasks(langs=['en', 'fr', 'en']),\n"
+        "         recipes.replay_mixture(target_lang='fr', source_lang='en', replay_ratio=0.1)]\n"
+        "print(','.join(names))\n"
+        "print(','.join(m for m in ('tensorflow', 'seqio') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    names, heavy = out.stdout.splitlines()
+    assert names == "lm_fr,lm_en,lm_fr,cpt_fr_replay_en_10"
+    assert heavy == ""

@@ -19,9 +19,11 @@ from trainer import validation
 
 def lm_task(*, lang: str) -> str:
     """The language-modelling task of `lang` (`lm_<lang>`)."""
-    from pipelines import tasks  # seqio and TensorFlow: imported when a gin file asks
+    # Its name only: `pipelines.names` imports neither seqio nor TensorFlow, which a run on
+    # prepared data never needs.
+    from pipelines import names
 
-    return tasks.lm_task_name(lang)
+    return names.lm_task_name(lang)
 
 
 def lm_tasks(*, langs: Sequence[str]) -> list[str]:
@@ -38,7 +40,7 @@ def replay_mixture(*, target_lang: str, source_lang: str, replay_ratio: float) -
         `REPLAY_RATIO` and its allowed values (or `TARGET_LANG`/`SOURCE_LANG` and theirs), rather
         than an unregistered mixture name later on.
     """
-    from pipelines import mixtures  # seqio and TensorFlow: imported when a gin file asks
+    from pipelines import mixture_tables as mixtures  # the tables: no seqio, no TensorFlow
 
     allowed = [
         p for p in range(101) if mixtures.cpt_name(target_lang, source_lang, p) in mixtures.RATIOS
