@@ -18,7 +18,13 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS = 8
 
 
-def run_argv(model_dir: str, tiny_data, *, experiment: str, vocab=None, **macros) -> list[str]:
+def run_argv(
+    model_dir: str, tiny_data, *, experiment: str, vocab=None, prepared=None, **macros
+) -> list[str]:
+    """The trainer's command line for a tiny run of `experiment` in `model_dir` on the fixture
+    corpora (`vocab`: another VOCAB_PATH; `prepared`: a PREPARED_DATA directory, such as the
+    `tiny_prepared` fixture's, for a run that builds no seqio task or tf.data pipeline);
+    `macros` are more `--gin.K=V`."""
     argv = [
         f"--gin_file=experiments/{experiment}.gin",
         "--gin_file=experiments/tiny.gin",
@@ -31,6 +37,8 @@ def run_argv(model_dir: str, tiny_data, *, experiment: str, vocab=None, **macros
         "--gin.EVAL_MAX_TOKENS=512",
         "--gin.LOG_EVERY=1",
     ]
+    if prepared is not None:
+        argv.append(f"--gin.PREPARED_DATA='{prepared}'")
     return argv + [f"--gin.{k}={v}" for k, v in macros.items()]
 
 

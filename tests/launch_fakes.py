@@ -20,12 +20,30 @@ VOCAB_PATH = "${VOCAB_PATH}"
 """
 
 
-def tiny_sweep(name: str, *, description: str = "", runs_dir: str = "") -> str:
+def with_prepared_data(manifest: str) -> str:
+    """`manifest` (one with `DATA_SECTIONS`) whose runs read prepared data: a `PREPARED_DATA`
+    variable, to be given by `--var` (the `tiny_prepared` fixture's directory), bound to the gin
+    macro beside DATA_DIR and VOCAB_PATH. Its trainers then build no seqio task or tf.data
+    pipeline (seconds of CPU each): for the sweeps whose subject is not seqio."""
+    text = manifest.replace('VOCAB_PATH = ""\n', 'VOCAB_PATH = ""\nPREPARED_DATA = ""\n', 1)
+    text = text.replace(
+        'VOCAB_PATH = "${VOCAB_PATH}"\n',
+        'VOCAB_PATH = "${VOCAB_PATH}"\nPREPARED_DATA = "${PREPARED_DATA}"\n',
+        1,
+    )
+    assert text.count("PREPARED_DATA") == 3, "a manifest without DATA_SECTIONS"
+    return text
+
+
+def tiny_sweep(
+    name: str, *, description: str = "", runs_dir: str = "", prepared: bool = False
+) -> str:
     """The head of a manifest of tiny llama2 runs on the fixture corpora (`experiments/tiny.gin`,
     64-token sequences): its `[sweep]` section, then `DATA_SECTIONS` and tiny.gin's model
     overrides; the caller appends its other gin settings and sections. One text for the tiny
-    sweeps of several helper modules, so that they stay alike."""
-    return (
+    sweeps of several helper modules, so that they stay alike. `prepared`: the runs read
+    prepared data (`with_prepared_data`)."""
+    text = (
         f'\n[sweep]\nname = "{name}"\n'
         + (f'description = "{description}"\n' if description else "")
         + 'family = "llama2"\n'
@@ -34,6 +52,7 @@ def tiny_sweep(name: str, *, description: str = "", runs_dir: str = "") -> str:
         + DATA_SECTIONS
         + "MODEL_OVERRIDES = { vocab_size = 512, max_len = 128 }\nSEQUENCE_LENGTH = 64\n"
     )
+    return with_prepared_data(text) if prepared else text
 
 
 def size_section(name: str, *, d_model: int, d_ff: int, num_layers: int) -> str:

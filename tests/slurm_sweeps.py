@@ -21,10 +21,12 @@ from rundir import records
 
 REPO = Path(sweep.__file__).resolve().parent.parent
 
-# One tiny shape; a source run (en) and CPT runs (fr, without and with 10% English replay). Each
+# One tiny shape; a source run (en) and CPT runs (fr, without and with 10% English replay),
+# reading prepared data (`PREPARED_DATA`, given by `--var` as `sweep_data` says): the subject is
+# the launcher, not seqio, so its trainers build no seqio task or tf.data pipeline. Each
 # job has one CPU device ([env]): 8 simulated ones (this session's XLA_FLAGS, which sbatch passes
 # on) all-reduce through a rendezvous that times out when two jobs share two CPUs.
-MANIFEST = f"""{tiny_sweep("slurm_cluster")}EVAL_PERIOD = 4
+MANIFEST = f"""{tiny_sweep("slurm_cluster", prepared=True)}EVAL_PERIOD = 4
 EVAL_MAX_TOKENS = 512
 LOG_EVERY = 2
 CHECKPOINT_PERIOD = 4
@@ -55,7 +57,7 @@ LONG_STEPS = 3000
 # The time-limited copy's limit (minutes) until the test brings it near, and its SIGTERM's lead.
 LONG_LIMIT_MIN = 30
 SIGNAL_BEFORE_S = 120
-LONG_MANIFEST = f"""{tiny_sweep("slurm_cluster_long")}EVAL_PERIOD = {LONG_STEPS // 2}
+LONG_MANIFEST = f"""{tiny_sweep("slurm_cluster_long", prepared=True)}EVAL_PERIOD = {LONG_STEPS // 2}
 EVAL_MAX_TOKENS = 512
 LOG_EVERY = 50
 
@@ -91,7 +93,23 @@ TWO_TASKS_MANIFEST = (
 )
 
 
-def sweep_run(manifest: Path, runs_dir: Path, script_dir: Path, tiny_data, *extra: str) -> int:
+def sweep_data(tiny_data, tiny_prepared) -> dict[str, str]:
+    """The data of this module's manifests (all of them read prepared data): `tiny_data`'s
+    corpora and vocabulary, and `tiny_prepared` (the `PREPARED_DATA` variable)."""
+    return {**tiny_data, "prepared": tiny_prepared}
+
+
+def variables(data) -> dict[str, str]:
+    """The manifest variables of `data` (`sweep_data`)."""
+    return {
+        "DATA_DIR": data["corpora"],
+        "VOCAB_PATH": data["vocab"],
+        "PREPARED_DATA": data["prepared"],
+    }
+
+
+def sweep_run(manifest: Path, runs_dir: Path, script_dir: Path, data, *extra: str) -> int:
+    """`xlscale sweep run MANIFEST --launcher slurm` with `data`'s variables (`sweep_data`)."""
     from xlscale_cli import main as cli
 
     return cli.main(
@@ -99,10 +117,7 @@ def sweep_run(manifest: Path, runs_dir: Path, script_dir: Path, tiny_data, *extr
             "sweep",
             "run",
             str(manifest),
-            "--var",
-            f"DATA_DIR={tiny_data['corpora']}",
-            "--var",
-            f"VOCAB_PATH={tiny_data['vocab']}",
+            *(f"--var={key}={value}" for key, value in variables(data).items()),
             "--runs-dir",
             str(runs_dir),
             "--launcher",
@@ -124,9 +139,8 @@ def sweep_run(manifest: Path, runs_dir: Path, script_dir: Path, tiny_data, *extr
     )
 
 
-def sweep_runs(manifest: Path, runs_dir: Path, tiny_data) -> list[Run]:
-    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
-    loaded = sweep.load_manifest(manifest, variables=variables, runs_dir=str(runs_dir))
+def sweep_runs(manifest: Path, runs_dir: Path, data) -> list[Run]:
+    loaded = sweep.load_manifest(manifest, variables=variables(data), runs_dir=str(runs_dir))
     return sweep.expand(loaded)
 
 
@@ -160,16 +174,16 @@ def loss_rows(run: Run) -> list[dict]:
     return [{k: r[k] for k in keys if k in r} for r in records.read_metrics(run.model_dir)]
 
 
-def run_beside_one_process(cluster: SlurmCluster, tiny_data, tmp_path: Path, *flags: str):
+def run_beside_one_process(cluster: SlurmCluster, data, tmp_path: Path, *flags: str):
     """Runs `TWO_TASKS_MANIFEST`'s run as a SLURM job of two JAX processes (`flags` say how they
     are placed) and, beside it, as one process with two devices; checks that both complete, that
     the job's log names both processes and that the two log the same losses. Returns the run,
-    the job (`scontrol show job`) and its log."""
+    the job (`scontrol show job`) and its log. `data`: `sweep_data`."""
     manifest = tmp_path / "two_processes.toml"
     manifest.write_text(TWO_TASKS_MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    (run,) = sweep_runs(manifest, runs_dir, tiny_data)
-    (reference,) = sweep_runs(manifest, tmp_path / "one", tiny_data)
+    (run,) = sweep_runs(manifest, runs_dir, data)
+    (reference,) = sweep_runs(manifest, tmp_path / "one", data)
     env = {**os.environ, **reference.environment()}
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {fast_compile_flags()}"
     with open(tmp_path / "one.log", "w") as out:
@@ -177,7 +191,7 @@ def run_beside_one_process(cluster: SlurmCluster, tiny_data, tmp_path: Path, *fl
             reference.argv(sys.executable), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
         )
         try:
-            assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *flags) == 0
+            assert sweep_run(manifest, runs_dir, script_dir, data, *flags) == 0
             wait_for_empty_queue(cluster, script_dir, WAIT_S)
             assert one.wait(timeout=WAIT_S) == 0, (tmp_path / "one.log").read_text()[-3000:]
         finally:

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from tiny_runs import tiny_kwargs
+from tiny_runs import prepared_data, tiny_kwargs
 
 from rundir import exits, names, stop_request
 from rundir import records as rundir_records
@@ -25,11 +25,13 @@ pytestmark = pytest.mark.usefixtures("compilation_cache")
 STEPS = 120
 
 
-def _kwargs(tiny_data):
+def _kwargs(tiny_data, prepared):
     # Long enough that a request written at step 3 lands well before the end; one device, no
-    # periodic checkpoint or evaluation: the checkpoint of the stopped run is the stop's own.
+    # periodic checkpoint or evaluation: the checkpoint of the stopped run is the stop's own. On
+    # prepared data: no tf.data pipeline built for each of the four runs.
     return tiny_kwargs(
         tiny_data,
+        data=prepared_data(tiny_data, prepared),
         train_steps=STEPS,
         mesh=MeshConfig(num_devices=1),
         checkpoint=CheckpointConfig(period=1000, keep_last=3),
@@ -58,15 +60,15 @@ def _request_at(model_dir, step: int) -> threading.Thread:
 
 @pytest.mark.slow
 def test_stop_request_checkpoints_exits_and_resumes_bitwise(
-    tiny_data, tmp_path, seqio_state, monkeypatch
+    tiny_data, tiny_prepared, tmp_path, seqio_state, monkeypatch
 ):
     monkeypatch.setattr(stop_requests, "POLL_S", 0.0)  # look at every step: the test is short
     saved = seqio_state.snapshot()
     try:
-        full = train_lib.train(model_dir=tmp_path / "full", **_kwargs(tiny_data))
+        full = train_lib.train(model_dir=tmp_path / "full", **_kwargs(tiny_data, tiny_prepared))
         model_dir = tmp_path / "stopped"
         watcher = _request_at(model_dir, 3)
-        stopped = train_lib.train(model_dir=model_dir, **_kwargs(tiny_data))
+        stopped = train_lib.train(model_dir=model_dir, **_kwargs(tiny_data, tiny_prepared))
         watcher.join()
         logged = rundir_records.read_metrics(model_dir)
         store = checkpoints.CheckpointStore(
@@ -79,12 +81,12 @@ def test_stop_request_checkpoints_exits_and_resumes_bitwise(
         # Started again while the request exists: it builds, compiles and writes nothing.
         before = sorted(p.name for p in model_dir.iterdir())
         with pytest.raises(stop_requests.StopRequested, match="STOP_REQUESTED: stop requested"):
-            train_lib.train(model_dir=model_dir, **_kwargs(tiny_data))
+            train_lib.train(model_dir=model_dir, **_kwargs(tiny_data, tiny_prepared))
         assert sorted(p.name for p in model_dir.iterdir()) == before
         assert store.latest_step() == stopped.step
         # The decision reversed: withdraw the request, start again, and it resumes.
         assert stop_request.withdraw(model_dir)
-        resumed = train_lib.train(model_dir=model_dir, **_kwargs(tiny_data))
+        resumed = train_lib.train(model_dir=model_dir, **_kwargs(tiny_data, tiny_prepared))
     finally:
         seqio_state.restore(saved)
     assert full.completed and resumed.completed and resumed.step == STEPS
@@ -139,15 +141,18 @@ def test_the_poller_looks_at_most_every_poll_s(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_stop_request_stops_every_host_at_one_step(tiny_data, tmp_path):
-    """A 2-process job (1 CPU device each): process 0 sees the request and raises the preemption
-    notice, and JAX's preemption service stops both hosts at the same step, exit 79 on each."""
+def test_a_stop_request_stops_every_host_at_one_step(tiny_data, tiny_prepared, tmp_path):
+    """A 2-process job (1 CPU device each, on prepared data): process 0 sees the request and
+    raises the preemption notice, and JAX's preemption service stops both hosts at the same step,
+    exit 79 on each."""
     from two_host_runs import STEPS as HOST_STEPS
     from two_host_runs import two_hosts
 
     model_dir = tmp_path / "two"
     stop_request.request(model_dir, reason="test")
-    codes, logs = two_hosts(model_dir, tiny_data, tmp_path, name="stop", cache=tmp_path / "xla")
+    codes, logs = two_hosts(
+        model_dir, tiny_data, tmp_path, name="stop", cache=tmp_path / "xla", prepared=tiny_prepared
+    )
     assert codes == [exits.STOPPED] * 2, [log[-3000:] for log in logs]
     store = checkpoints.CheckpointStore(
         checkpoints.checkpoints_dir(model_dir), CheckpointConfig(), read_only=True

@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 from adaptive_study import caught_up, manifest_text
+from launch_fakes import with_prepared_data
 
 from launch import adaptive, adaptive_loop, launchers
 from launch.sweep import expand, load_manifest
@@ -52,11 +53,16 @@ def train_here(run, log_path) -> int:
 
 @pytest.mark.slow
 def test_adaptive_sweep_end_to_end_with_the_local_launcher(
-    tiny_data, tmp_path, seqio_state, capsys, monkeypatch
+    tiny_data, tiny_prepared, tmp_path, seqio_state, capsys, monkeypatch
 ):
+    # The runs read prepared data (`tiny_prepared`): the subject is the adaptive loop, not seqio.
     path = tmp_path / "adaptive_tiny.toml"
-    path.write_text(manifest_text(tmp_path / "runs"))
-    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
+    path.write_text(with_prepared_data(manifest_text(tmp_path / "runs")))
+    variables = {
+        "DATA_DIR": tiny_data["corpora"],
+        "VOCAB_PATH": tiny_data["vocab"],
+        "PREPARED_DATA": tiny_prepared,
+    }
     manifest = load_manifest(str(path), variables=variables)
     runs = expand(manifest)
     ids = [r.run_id for r in runs]
@@ -126,7 +132,7 @@ def test_adaptive_sweep_end_to_end_with_the_local_launcher(
     # runs reused in another runs directory (a run keeps its id there), the third size trained
     # until the law, refitted on every evaluation at the pilot's λ and scales, knows the rest.
     lr_path = tmp_path / "adaptive_tiny_lr_area.toml"
-    lr_path.write_text(manifest_text(tmp_path / "runs_lr_area"))
+    lr_path.write_text(with_prepared_data(manifest_text(tmp_path / "runs_lr_area")))
     lr_manifest = load_manifest(str(lr_path), variables=variables)
     lr_runs = expand(lr_manifest)
     assert [r.run_id for r in lr_runs] == ids

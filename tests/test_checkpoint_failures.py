@@ -12,7 +12,9 @@ true and short report, and leave nothing behind that the next start misreads.
   start removes with one line, never setting it aside as a step "written by older code".
   The steps set aside so far are listed each time a writer opens the checkpoints.
 
-The trainer runs as a subprocess with its fault installed by `tests/inject_faults.py`.
+The trainer runs as a subprocess with its fault installed by `tests/inject_faults.py`, on prepared
+data (`tiny_prepared`: no TensorFlow imported), except one disk-filling case on the seqio path,
+whose TensorFlow start-up lines must stay off the terminal too.
 """
 
 from __future__ import annotations
@@ -195,10 +197,11 @@ def xla_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("xla")
 
 
-def _argv(model_dir, tiny_data, **macros) -> list[str]:
-    """A tiny source run of 30 steps, saved every 10, a record every 5, no evaluation."""
+def _argv(model_dir, tiny_data, prepared=None, **macros) -> list[str]:
+    """A tiny source run of 30 steps, saved every 10, a record every 5, no evaluation; read from
+    `prepared` when given, else through seqio."""
     settings = dict(TRAIN_STEPS=STEPS, CHECKPOINT_PERIOD=10, LOG_EVERY=5, EVAL_TASKS="[]")
-    argv = tiny_source_argv(model_dir, tiny_data, **settings)
+    argv = tiny_source_argv(model_dir, tiny_data, prepared=prepared, **settings)
     return argv + [f"--gin.{k}={v}" for k, v in macros.items()]
 
 
@@ -249,13 +252,15 @@ def _report(text: str, prog: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_failure_after_a_committed_save_names_that_step(tiny_data, tmp_path, xla_cache):
+def test_a_failure_after_a_committed_save_names_that_step(
+    tiny_data, tiny_prepared, tmp_path, xla_cache
+):
     # The metrics record of step 15 cannot be written, once step 10 committed.
     model_dir = tmp_path / "run"
     code, text = _inject(
         "metrics_full@15",
         "trainer.train",
-        _argv(model_dir, tiny_data),
+        _argv(model_dir, tiny_data, tiny_prepared),
         tmp_path,
         _env(xla_cache),
     )
@@ -267,22 +272,24 @@ def test_a_failure_after_a_committed_save_names_that_step(tiny_data, tmp_path, x
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "failed, last",
+    "failed, last, seqio",
     [
-        (10, None),  # the first save: nothing complete, noticed by the save of step 20
-        (20, 10),  # noticed by the save of step 30
-        (30, 20),  # the last save: noticed when the run waits for it
+        # the first save: nothing complete, noticed by the save of step 20; on the seqio path,
+        # whose TensorFlow start-up lines go to the third-party log, not the terminal
+        (10, None, True),
+        (20, 10, False),  # noticed by the save of step 30
+        (30, 20, False),  # the last save: noticed when the run waits for it
     ],
 )
 def test_a_disk_filling_during_a_commit_ends_in_a_few_lines(
-    tiny_data, tmp_path, xla_cache, failed, last
+    tiny_data, tiny_prepared, tmp_path, xla_cache, failed, last, seqio
 ):
     model_dir = tmp_path / "run"
     third_party = tmp_path / "third_party.log"
     code, text = _inject(
         f"record_full@{failed}",
         "xlscale",
-        ["train", *_argv(model_dir, tiny_data)],
+        ["train", *_argv(model_dir, tiny_data, None if seqio else tiny_prepared)],
         tmp_path,
         _env(xla_cache, **{native_logs.THIRD_PARTY_LOG_ENV: os.fspath(third_party)}),
     )
@@ -313,14 +320,20 @@ def _leave_free(directory: Path, free: int) -> None:
 
 @pytest.mark.slow
 def test_a_real_disk_filling_during_a_commit_ends_in_a_few_lines(
-    small_disk, tiny_data, tmp_path, xla_cache
+    small_disk, tiny_data, tiny_prepared, tmp_path, xla_cache
 ):
     # 1 MB free at the start: step 10 (about 0.7 MB) commits, step 20 fills the disk in its
     # commit, wherever TensorStore, orbax or TensorBoard happen to be writing then.
     _leave_free(small_disk, 1 << 20)
     model_dir = small_disk / "run"
     code, text = _run(
-        [sys.executable, "-m", "xlscale_cli.main", "train", *_argv(model_dir, tiny_data)],
+        [
+            sys.executable,
+            "-m",
+            "xlscale_cli.main",
+            "train",
+            *_argv(model_dir, tiny_data, tiny_prepared),
+        ],
         tmp_path,
         _env(xla_cache),
     )
@@ -333,10 +346,12 @@ def test_a_real_disk_filling_during_a_commit_ends_in_a_few_lines(
 
 
 @pytest.mark.slow
-def test_a_kill_during_a_deletion_is_finished_at_the_next_start(tiny_data, tmp_path, xla_cache):
+def test_a_kill_during_a_deletion_is_finished_at_the_next_start(
+    tiny_data, tiny_prepared, tmp_path, xla_cache
+):
     # KEEP_LAST=1: once step 20 committed, step 10 is deleted, and the kill comes half-way.
     model_dir = tmp_path / "run"
-    argv = _argv(model_dir, tiny_data, KEEP_LAST=1)
+    argv = _argv(model_dir, tiny_data, tiny_prepared, KEEP_LAST=1)
     checkpoints = model_dir / names.CHECKPOINTS_SUBDIR
     code, text = _inject("kill_deleting", "trainer.train", argv, tmp_path, _env(xla_cache))
     assert code == -9, text[-4000:]

@@ -135,10 +135,17 @@ def test_an_upload_whose_body_never_leaves_is_cut_off(gcs_bucket, thawed, fast_b
 # --------------------------------------------------------------------------- a training run
 
 
-def _argv(model_dir: str, tiny_data) -> list[str]:
-    """A tiny source run of 30 steps, saved every 10, a record every 5, no evaluation."""
+def _argv(model_dir: str, tiny_data, prepared) -> list[str]:
+    """A tiny source run of 30 steps, saved every 10, a record every 5, no evaluation, on prepared
+    data (no TensorFlow imported)."""
     return tiny_source_argv(
-        model_dir, tiny_data, TRAIN_STEPS=30, CHECKPOINT_PERIOD=10, LOG_EVERY=5, EVAL_TASKS="[]"
+        model_dir,
+        tiny_data,
+        prepared=prepared,
+        TRAIN_STEPS=30,
+        CHECKPOINT_PERIOD=10,
+        LOG_EVERY=5,
+        EVAL_TASKS="[]",
     )
 
 
@@ -218,12 +225,12 @@ def _next_start_takes_over(model_dir: str, pid: int, caplog, *, left: bool | Non
 
 @pytest.mark.slow
 def test_a_run_started_against_a_frozen_store_ends_as_a_storage_failure(
-    gcs_bucket, thawed, tiny_data, tmp_path, caplog
+    gcs_bucket, thawed, tiny_data, tiny_prepared, tmp_path, caplog
 ):
     model_dir = f"{gcs_bucket}/runs/frozen_at_start"
     thawed.freeze()
     started = time.monotonic()
-    process = _start(_argv(model_dir, tiny_data), tmp_path)
+    process = _start(_argv(model_dir, tiny_data, tiny_prepared), tmp_path)
     code, took, text = _wait(process, tmp_path, since=started)
     thawed.thaw()
     print(f"exit {code} {took:.1f} s after the start; stderr:\n{text}")
@@ -239,10 +246,10 @@ def test_a_run_started_against_a_frozen_store_ends_as_a_storage_failure(
 
 @pytest.mark.slow
 def test_a_store_frozen_mid_save_ends_the_run_as_a_storage_failure(
-    gcs_server, gcs_bucket, thawed, tiny_data, tmp_path, caplog
+    gcs_server, gcs_bucket, thawed, tiny_data, tiny_prepared, tmp_path, caplog
 ):
     model_dir = f"{gcs_bucket}/runs/frozen_mid_save"
-    process = _start(_argv(model_dir, tiny_data), tmp_path)
+    process = _start(_argv(model_dir, tiny_data, tiny_prepared), tmp_path)
     deadline = time.monotonic() + 300
     while len(_step_dirs(gcs_server, model_dir)) < 2:  # the second save has started
         if process.poll() is not None or time.monotonic() > deadline:

@@ -61,20 +61,23 @@ def _last(model_dir: str):
 
 
 @pytest.mark.slow
-def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tmp_path):
+def test_a_cpt_run_lives_in_the_bucket(gcs_bucket, tiny_data, tiny_prepared, tmp_path):
     runs = f"{gcs_bucket}/runs"
     source, cpt, reference = f"{runs}/source_en", f"{runs}/cpt_fr", f"{gcs_bucket}/ref/cpt_fr"
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    # The vocabulary lives in the bucket too (VOCAB_PATH=gs://...).
+    # The vocabulary lives in the bucket too (VOCAB_PATH=gs://...). The runs read prepared data
+    # (local, `tiny_prepared`): the subject is the run directory, not seqio.
     vocab = f"{gcs_bucket}/vocab/tiny.model"
     storage.write_bytes(vocab, Path(tiny_data["vocab"]).read_bytes())
+    prepared = tiny_prepared
     _train(
-        run_argv(source, tiny_data, experiment="cpt_source_en", vocab=vocab),
+        run_argv(source, tiny_data, experiment="cpt_source_en", vocab=vocab, prepared=prepared),
         cwd,
         tmp_path / "source.log",
     )
     cpt_macros = {"INIT_CHECKPOINT": f"'{source}'", "TARGET_LANG": "'fr'", "vocab": vocab}
+    cpt_macros["prepared"] = prepared
     # The uninterrupted CPT run trains beside the killed one and its resumption (it only has to
     # be done before the comparison).
     ref_log = tmp_path / "ref.log"
@@ -227,21 +230,27 @@ def test_a_sweep_launched_locally_keeps_its_runs_in_the_bucket(gcs_bucket, tmp_p
 
 @pytest.mark.slow
 def test_an_adaptive_sweep_steers_tpu_vm_jobs_whose_runs_live_in_the_bucket(
-    gcs_bucket, tiny_data, tmp_path, monkeypatch
+    gcs_bucket, tiny_data, tiny_prepared, tmp_path, monkeypatch
 ):
     # `sweep run --adaptive --launcher tpu_vm` as on a pod: the run directories in the bucket,
     # the adaptive sweep on the launching machine reading them and writing its log and stop
     # requests there. Each job's `gcloud ... ssh --command` runs its worker command here, in a
     # shell (cd to the checkout, the exports, `python -m trainer.train`), as the one worker.
     from adaptive_study import caught_up, manifest_text
+    from launch_fakes import with_prepared_data
 
     from launch import adaptive, adaptive_loop, status, sweep, tpu_vm
     from rundir import stop_request
 
     monkeypatch.chdir(tmp_path)
     manifest = tmp_path / "adaptive_tiny.toml"
-    manifest.write_text(manifest_text(f"{gcs_bucket}/runs"))
-    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
+    # The runs read prepared data (local, `tiny_prepared`): the subject is not seqio.
+    manifest.write_text(with_prepared_data(manifest_text(f"{gcs_bucket}/runs")))
+    variables = {
+        "DATA_DIR": tiny_data["corpora"],
+        "VOCAB_PATH": tiny_data["vocab"],
+        "PREPARED_DATA": tiny_prepared,
+    }
     loaded = sweep.load_manifest(manifest, variables=variables)
     runs = sweep.expand(loaded)
     ids = [r.run_id for r in runs]

@@ -55,11 +55,13 @@ def test_an_unknown_mode_is_refused_naming_the_macro():
 
 
 @pytest.mark.slow
-def test_a_run_keeps_the_checkpoint_of_its_best_evaluation(tiny_data, tmp_path, seqio_state):
-    # Through the trainer: evaluations every 2 steps of 8 and no periodic checkpoint before the
-    # end; KEEP_BEST saves one at each evaluation and keeps the newest and the best ('max' of the
-    # loss here, so that the best is not simply the newest: the loss falls).
-    from tiny_runs import tiny_kwargs
+def test_a_run_keeps_the_checkpoint_of_its_best_evaluation(
+    tiny_data, tiny_prepared, tmp_path, seqio_state
+):
+    # Through the trainer (on prepared data): evaluations every 2 steps of 8 and no periodic
+    # checkpoint before the end; KEEP_BEST saves one at each evaluation and keeps the newest and
+    # the best ('max' of the loss here, so that the best is not simply the newest: the loss falls).
+    from tiny_runs import prepared_data, tiny_kwargs
 
     from rundir import records
     from trainer import checkpoints
@@ -71,6 +73,7 @@ def test_a_run_keeps_the_checkpoint_of_its_best_evaluation(tiny_data, tmp_path, 
         config = CheckpointConfig(period=100, keep_last=1, keep_best="loss", keep_best_mode="max")
         kwargs = tiny_kwargs(
             tiny_data,
+            data=prepared_data(tiny_data, tiny_prepared),
             train_steps=8,
             checkpoint=config,
             evaluation=EvalConfig(tasks=("lm_en",), period=2, max_tokens=1024),

@@ -102,8 +102,9 @@ def test_explicit_distributed_variables_are_passed_and_checked(monkeypatch):
 LOSS_KEYS = ("step", "tokens", "tokens_by_task", "train/loss", "learning_rate", "eval/lm_en/loss")
 
 
-def _one_host(model_dir, tiny_data, *, cache, seqio_state):
-    """The run in this process, on 2 of its CPU devices (what one host with 2 devices runs)."""
+def _one_host(model_dir, tiny_data, *, cache, seqio_state, prepared):
+    """The run in this process, on 2 of its CPU devices (what one host with 2 devices runs), on
+    the prepared data the 2-process runs read."""
     from jax.experimental.compilation_cache import compilation_cache as cc
 
     from trainer import gin_entry
@@ -113,7 +114,10 @@ def _one_host(model_dir, tiny_data, *, cache, seqio_state):
     cc.reset_cache()
     gin.clear_config()
     try:
-        argv = [*host_argv(model_dir, tiny_data), "--gin.partitioning.MeshConfig.num_devices=2"]
+        argv = [
+            *host_argv(model_dir, tiny_data, prepared),
+            "--gin.partitioning.MeshConfig.num_devices=2",
+        ]
         return gin_entry.call(train_lib.train, gin_entry.parse(argv, job="train"))
     finally:
         gin.clear_config()
@@ -154,24 +158,33 @@ def _sigterm_host_1_once_started(procs, logs):
 
 
 @pytest.fixture(scope="module")
-def multihost(tiny_data, tmp_path_factory, seqio_state):
+def multihost(tiny_data, tiny_prepared, tmp_path_factory, seqio_state):
     """The run on one host with 2 CPU devices (in this process), and as a 2-process job (1 device
     each) whose host 1 gets a SIGTERM once both joined, then resumed by 2 processes; both with the
-    global batch of 8. The processes share one compilation cache, so the resumed run compiles
-    nothing."""
+    global batch of 8, on prepared data (`tiny_prepared`: the processes import no TensorFlow; the
+    seqio path's global sharding is the first test's). The processes share one compilation
+    cache, so the resumed run compiles nothing."""
     tmp = tmp_path_factory.mktemp("multihost")
     cache = tmp_path_factory.mktemp("multihost_xla")
     out = {
         "tmp": tmp,
-        "one": _one_host(tmp / "one", tiny_data, cache=cache, seqio_state=seqio_state),
+        "one": _one_host(
+            tmp / "one", tiny_data, cache=cache, seqio_state=seqio_state, prepared=tiny_prepared
+        ),
     }
     out["term_codes"], out["term_logs"] = two_hosts(
-        tmp / "two", tiny_data, tmp, name="term", cache=cache, on_start=_sigterm_host_1_once_started
+        tmp / "two",
+        tiny_data,
+        tmp,
+        name="term",
+        cache=cache,
+        on_start=_sigterm_host_1_once_started,
+        prepared=tiny_prepared,
     )
     out["term_step"] = _final_params(tmp / "two")[0]
     out["term_completed"] = (tmp / "two" / "COMPLETED").exists()
     out["resume_codes"], out["resume_logs"] = two_hosts(
-        tmp / "two", tiny_data, tmp, name="resume", cache=cache
+        tmp / "two", tiny_data, tmp, name="resume", cache=cache, prepared=tiny_prepared
     )
     return out
 

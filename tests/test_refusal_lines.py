@@ -52,10 +52,12 @@ def refusal_lines(proc: subprocess.CompletedProcess, command: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def source_run(tiny_data, tmp_path_factory):
-    """A 10-step tiny run with one checkpoint (step 10) and a 512-piece embedding."""
+def source_run(tiny_data, tiny_prepared, tmp_path_factory):
+    """A 10-step tiny run with one checkpoint (step 10) and a 512-piece embedding, on prepared
+    data (no TensorFlow imported)."""
     run = tmp_path_factory.mktemp("refusals") / "source"
-    proc = xlscale(*tiny_train(tiny_data, run, "--gin.TRAIN_STEPS=10"), timeout=600)
+    argv = tiny_train(tiny_data, run, "--gin.TRAIN_STEPS=10", prepared=tiny_prepared)
+    proc = xlscale(*argv, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["10"]
     return run
@@ -83,12 +85,15 @@ INIT_CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(INIT_CASES))
-def test_init_checkpoint_refusals_are_at_most_three_lines(case, source_run, tiny_data, tmp_path):
+def test_init_checkpoint_refusals_are_at_most_three_lines(
+    case, source_run, tiny_data, tiny_prepared, tmp_path
+):
     spec, extra, first = INIT_CASES[case]
     _attempt_only(tmp_path / "attempt")
     spec = spec.format(source=source_run, tmp=tmp_path)
     run = tmp_path / "run"
-    proc = xlscale(*tiny_train(tiny_data, run, f"--gin.INIT_CHECKPOINT='{spec}'", *extra))
+    flags = (f"--gin.INIT_CHECKPOINT='{spec}'", *extra)  # on prepared data: no TensorFlow imported
+    proc = xlscale(*tiny_train(tiny_data, run, *flags, prepared=tiny_prepared))
     assert proc.returncode == CONFIGURATION, proc.stderr[-3000:]
     lines = refusal_lines(proc, "train")
     assert len(lines) <= exits.MAX_LINES, lines

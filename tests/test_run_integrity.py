@@ -28,6 +28,7 @@ from lease_files import lease_holder, write_lease
 from tiny_runs import (
     REPO,
     abstract_of,
+    prepared_data,
     restore_latest_tiny,
     save_tiny_steps,
     tiny_kwargs,
@@ -227,12 +228,14 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
 
 @pytest.mark.slow
 def test_resume_skips_a_truncated_latest_step_and_a_torn_metrics_line(
-    tiny_data, tmp_path, caplog, seqio_registry
+    tiny_data, tiny_prepared, tmp_path, caplog
 ):
-    """Through `train`: a run whose latest step (4) was truncated and whose metrics end in a torn
-    line resumes from step 2, re-saves step 4 and ends with the same metrics as before."""
+    """Through `train` (on prepared data): a run whose latest step (4) was truncated and whose
+    metrics end in a torn line resumes from step 2, re-saves step 4 and ends with the same metrics
+    as before."""
     kwargs = tiny_kwargs(
         tiny_data,
+        data=prepared_data(tiny_data, tiny_prepared),
         train_steps=4,
         checkpoint=CheckpointConfig(period=2, keep_last=10),
         mesh=MeshConfig(num_devices=1),
@@ -285,21 +288,32 @@ def test_torn_metrics_tail_is_truncated_with_a_warning(tmp_path, caplog):
         rundir_records.read_metrics(tmp_path)
 
 
-def _argv(model_dir, tiny_data, *, steps):
+def _argv(model_dir, tiny_data, *, steps, prepared):
     return tiny_source_argv(
-        model_dir, tiny_data, TRAIN_STEPS=steps, CHECKPOINT_PERIOD=1, EVAL_TASKS="[]", LOG_EVERY=1
+        model_dir,
+        tiny_data,
+        prepared=prepared,
+        TRAIN_STEPS=steps,
+        CHECKPOINT_PERIOD=1,
+        EVAL_TASKS="[]",
+        LOG_EVERY=1,
     )
 
 
-# A fork server: imports the trainer once (8 of a launch's 15 s are imports), then for each JSON
+# A fork server: imports the trainer, its prepared-data reader and what its TensorBoard writer
+# imports once (most of a launch's CPU is imports; the runs read prepared data), then for each JSON
 # line `[log path, argv]` on stdin forks a child that runs `python -m trainer.train argv` with
 # stderr in the log, prints the child's pid, waits for it and prints its exit status. A child is
 # the same command line as a fresh process from the first line of `trainer.train.main` on, and
 # SIGKILL ends it just as abruptly.
 FORK_SERVER = """
-import json, os, sys
+import json, os, shutil, sys, tempfile
 import trainer.train
-import pipelines.streams
+import trainer.prepared_data
+from trainer import event_files
+tb = tempfile.mkdtemp()
+event_files.scalar_writer(tb).close()
+shutil.rmtree(tb)
 print("ready", flush=True)
 for line in sys.stdin:
     log_path, argv = json.loads(line)
@@ -325,7 +339,7 @@ def _in_flight(checkpoints_dir: Path) -> bool:
 
 
 @pytest.mark.slow
-def test_kill_9_loop_during_async_saves_keeps_the_run_intact(tiny_data, tmp_path):
+def test_kill_9_loop_during_async_saves_keeps_the_run_intact(tiny_data, tiny_prepared, tmp_path):
     model_dir = tmp_path / "killed"
     ckpt_dir = checkpoints.checkpoints_dir(model_dir)
     steps, kills, killed_pids = 60, 10, []
@@ -349,7 +363,7 @@ def test_kill_9_loop_during_async_saves_keeps_the_run_intact(tiny_data, tmp_path
         for attempt in range(kills + 1):
             log_path = tmp_path / f"attempt_{attempt}.log"
             logs.append(log_path)
-            argv = _argv(model_dir, tiny_data, steps=steps)
+            argv = _argv(model_dir, tiny_data, steps=steps, prepared=tiny_prepared)
             server.stdin.write(json.dumps([os.fspath(log_path), argv]) + "\n")
             server.stdin.flush()
             pid = int(server.stdout.readline())

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 from conftest import fast_compile_flags
-from tiny_runs import REPO, tiny_kwargs
+from tiny_runs import REPO, prepared_flag, tiny_kwargs
 
 from trainer import data, validation
 from trainer import train as train_lib
@@ -130,7 +130,7 @@ sys.exit(exits.run_main(t.main, prog="python -m trainer.train", argv=sys.argv[1:
     ],
 )
 def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(
-    tiny_data, tmp_path, during, stops_before
+    tiny_data, tiny_prepared, tmp_path, during, stops_before
 ):
     # A SIGTERM between taking the lease and the training loop used to kill the job
     # (exit -15) with MODEL_DIR/LEASE left behind. The trainer stops at the next point of its
@@ -152,6 +152,7 @@ def test_sigterm_during_start_up_is_a_preemption_and_releases_the_lease(
         f"--gin.MODEL_DIR='{model_dir}'",
         f"--gin.DATA_DIR='{tiny_data['corpora']}'",
         f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
+        prepared_flag(tiny_prepared),  # no TensorFlow imported: its subject is the start-up
         "--gin.EVAL_TASKS=[]",
     ]
     proc = subprocess.run(

@@ -36,8 +36,10 @@ from slurm_sweeps import (
     job_log,
     loss_rows,
     run_beside_one_process,
+    sweep_data,
     sweep_run,
     sweep_runs,
+    variables,
     wait_for_empty_queue,
 )
 
@@ -105,15 +107,18 @@ def _story(how: str, log: str, most: int = 150) -> str:
 
 
 @pytest.mark.slow
-def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_path, capsys):
+def test_a_cpt_sweep_runs_to_completion_under_slurm(
+    slurm_env, tiny_data, tiny_prepared, tmp_path, capsys
+):
+    data = sweep_data(tiny_data, tiny_prepared)
     cluster = slurm_env
     manifest = tmp_path / "slurm_cluster.toml"
     manifest.write_text(MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    runs = sweep_runs(manifest, runs_dir, tiny_data)
+    runs = sweep_runs(manifest, runs_dir, data)
     assert sorted(r.strategy for r in runs) == ["cpt", "cpt_replay", "source"]
 
-    assert sweep_run(manifest, runs_dir, script_dir, tiny_data) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, data) == 0
     queued = {job["name"]: job for job in cluster.jobs()}
     assert set(queued) <= {r.run_id for r in runs}
     wait_for_empty_queue(cluster, script_dir, WAIT_S)
@@ -133,10 +138,10 @@ def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_pa
             # Started only after the source job had completed (afterok).
             assert job["StartTime"] >= cluster.job(jobs[source.run_id])["EndTime"]
     # A second `sweep run` finds every run done and submits nothing.
-    assert sweep_run(manifest, runs_dir, script_dir, tiny_data) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, data) == 0
     assert cluster.jobs() == [] and len(job_ids(script_dir)) == len(runs)
     # `sweep status` joins the finished jobs (slurmctld keeps them for MinJobAge).
-    text = _sweep_status(manifest, runs_dir, capsys, data=tiny_data)
+    text = _sweep_status(manifest, runs_dir, capsys, data=data)
     for run in runs:
         row = next(line for line in text.splitlines() if line.startswith(run.run_id))
         assert row.split()[1] == "done" and f"{jobs[run.run_id]} COMPLETED" in row, text
@@ -145,7 +150,7 @@ def test_a_cpt_sweep_runs_to_completion_under_slurm(slurm_env, tiny_data, tmp_pa
 
 @pytest.mark.slow
 def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_complete(
-    slurm_env, tiny_data, tmp_path, capsys
+    slurm_env, tiny_data, tiny_prepared, tmp_path, capsys
 ):
     # Two copies of one training side by side (a CPU each), told apart only by their checkpoint
     # period: one gets a preemption notice once it trains, one has its time limit brought near
@@ -155,13 +160,14 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     # Nothing here depends on how fast the machine trains: the moments are the test's own, and
     # the time-limited trainer is held (SIGSTOP) from the moment its limit moves until the
     # script's SIGTERM has been sent, so it cannot finish first however fast it is.
+    data = sweep_data(tiny_data, tiny_prepared)
     cluster = slurm_env
     manifest = tmp_path / "slurm_cluster_long.toml"
     steps = TIME_LIMIT_STEPS
     assert steps > 1001, "the first checkpoints are at steps 1000 and 1001"
     manifest.write_text(_long_manifest(steps))
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    runs = sweep_runs(manifest, runs_dir, tiny_data)
+    runs = sweep_runs(manifest, runs_dir, data)
     source = {r.coord("CHECKPOINT_PERIOD"): r for r in runs if r.strategy == "source"}
     cpt = {r.coord("CHECKPOINT_PERIOD"): r for r in runs if r.strategy == "cpt"}
     (limited, preempted) = sorted(source)
@@ -169,9 +175,9 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     assert cpt[limited].depends_on == (source[limited].run_id,)
 
     only = {p: ["--only", cpt[p].run_id] for p in source}
-    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, data, *only[preempted]) == 0
     time_limit = ["--time-limit", str(LONG_LIMIT_MIN), "--signal-before", str(SIGNAL_BEFORE_S)]
-    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[limited], *time_limit) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, data, *only[limited], *time_limit) == 0
     jobs = {p: _job_ids_when_started(script_dir, source[p].run_id) for p in source}
     # Once training has logged a step, a preemption notice (SIGTERM to the job's steps, not its
     # batch shell) makes the trainer save a checkpoint, exit 75, and the job requeue itself.
@@ -186,10 +192,10 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     # While it waits to start again (or has started again), `sweep run` submits nothing new and
     # `sweep status` shows the requeue.
     capsys.readouterr()
-    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *only[preempted]) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, data, *only[preempted]) == 0
     out = capsys.readouterr().out
     assert "submitted 0," in out and f"already in the queue as job {jobs[preempted]}" in out
-    text = _sweep_status(manifest, runs_dir, capsys, data=tiny_data)
+    text = _sweep_status(manifest, runs_dir, capsys, data=data)
     row = next(line for line in text.splitlines() if line.startswith(source[preempted].run_id))
     assert f"{jobs[preempted]} " in row and row.endswith("requeued 1"), text
 
@@ -308,13 +314,14 @@ def _wait_until(ready, what: str, timeout: float, script_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_a_run_that_fails_is_not_requeued_and_its_dependents_are_cancelled(
-    slurm_env, tiny_data, tmp_path, capsys
+    slurm_env, tiny_data, tiny_prepared, tmp_path, capsys
 ):
+    data = sweep_data(tiny_data, tiny_prepared)
     cluster = slurm_env
     manifest = tmp_path / "slurm_cluster.toml"
     manifest.write_text(MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    broken = {**tiny_data, "vocab": str(tmp_path / "missing.model")}  # a configuration error
+    broken = {**data, "vocab": str(tmp_path / "missing.model")}  # a configuration error
     runs = sweep_runs(manifest, runs_dir, broken)
 
     assert sweep_run(manifest, runs_dir, script_dir, broken) == 0
@@ -339,10 +346,10 @@ def test_a_run_that_fails_is_not_requeued_and_its_dependents_are_cancelled(
 def _sweep_status(manifest: Path, runs_dir: Path, capsys, *extra: str, data=None) -> str:
     from xlscale_cli import main as cli
 
-    data = data or {"corpora": "/d", "vocab": "/v"}
+    data = data or {"corpora": "/d", "vocab": "/v", "prepared": "/p"}
     capsys.readouterr()
     argv = ["sweep", "status", str(manifest), "--runs-dir", str(runs_dir), *extra]
-    argv += ["--var", f"DATA_DIR={data['corpora']}", "--var", f"VOCAB_PATH={data['vocab']}"]
+    argv += [f"--var={key}={value}" for key, value in variables(data).items()]
     assert cli.main(argv) == 0
     return capsys.readouterr().out
 
@@ -354,7 +361,7 @@ def test_status_names_jobs_that_can_never_start(slurm_env, tmp_path, capsys):
     manifest = tmp_path / "slurm_cluster.toml"
     manifest.write_text(MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    data = {"corpora": "/d", "vocab": "/v"}
+    data = {"corpora": "/d", "vocab": "/v", "prepared": "/p"}
     runs = sweep_runs(manifest, runs_dir, data)
     too_many = str(cluster.cpus * 16)
     assert sweep_run(manifest, runs_dir, script_dir, data, "--cpus-per-task", too_many) == 0
@@ -392,29 +399,35 @@ def test_status_names_jobs_that_can_never_start(slurm_env, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_run_of_two_tasks_has_the_losses_of_one_process(slurm_env, tiny_data, tmp_path):
+def test_a_run_of_two_tasks_has_the_losses_of_one_process(
+    slurm_env, tiny_data, tiny_prepared, tmp_path
+):
     # `--tasks-per-node 2`: one job, two JAX processes (one CPU device each) that find each
     # other through jax.distributed from SLURM's variables and split the global batch of 8; the
     # same run as one process with two devices, beside the job, logs the same losses.
+    data = sweep_data(tiny_data, tiny_prepared)
     two_tasks = ["--tasks-per-node", "2", "--cpus-per-task", "1"]
-    run, job, log = run_beside_one_process(slurm_env, tiny_data, tmp_path, *two_tasks)
+    run, job, log = run_beside_one_process(slurm_env, data, tmp_path, *two_tasks)
     assert (job["JobState"], job["NumTasks"], job["ExitCode"]) == ("COMPLETED", "2", "0:0"), log
 
 
 @pytest.mark.slow
-def test_a_run_stopped_on_request_is_not_requeued(slurm_env, tiny_data, tmp_path, capsys):
+def test_a_run_stopped_on_request_is_not_requeued(
+    slurm_env, tiny_data, tiny_prepared, tmp_path, capsys
+):
     # `sweep run --adaptive`'s STOP (`rundir.stop_request`): the trainer saves a checkpoint and
     # exits 79, which the job script does not requeue (75 and 143 it does); the run reads as
     # stopped, resumable once the request is withdrawn.
     from rundir import exits, names, stop_request
 
+    data = sweep_data(tiny_data, tiny_prepared)
     cluster = slurm_env
     manifest = tmp_path / "slurm_cluster_long.toml"
     manifest.write_text(LONG_MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    runs = sweep_runs(manifest, runs_dir, tiny_data)
+    runs = sweep_runs(manifest, runs_dir, data)
     (source,) = [r for r in runs if r.strategy == "source" and r.coord("CHECKPOINT_PERIOD") == 1000]
-    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, "--only", source.run_id) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, data, "--only", source.run_id) == 0
     job = _job_ids_when_started(script_dir, source.run_id)
     _wait_until(lambda: status.last_step(source) > 0, "a logged step", 180, script_dir)
     stop_request.request(source.model_dir, reason="STOP: test")
@@ -436,7 +449,7 @@ def test_a_run_stopped_on_request_is_not_requeued(slurm_env, tiny_data, tmp_path
 
 @pytest.mark.slow
 def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
-    slurm_env, tiny_data, tmp_path, capsys
+    slurm_env, tiny_data, tiny_prepared, tmp_path, capsys
 ):
     # `sweep run --adaptive --launcher slurm` (beside every launcher): the five tiny
     # scratch runs of `test_adaptive_sweep`, submitted at once and run one at a time (each job
@@ -446,23 +459,26 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
     # never takes an allocation; one that started meanwhile finds its stop request and ends
     # before compiling), a running one saves a checkpoint and exits 79; none is requeued.
     from adaptive_study import manifest_text
+    from launch_fakes import with_prepared_data
 
     from launch import adaptive, slurm
     from rundir import exits, names, stop_request
 
+    data = sweep_data(tiny_data, tiny_prepared)
     cluster = slurm_env
     manifest = tmp_path / "adaptive_tiny.toml"
     # 48 steps, so a run is still training when the third size's first evaluations identify the
     # law; refits without a bootstrap (the information decides here).
-    manifest.write_text(manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 48"))
+    text = manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 48")
+    manifest.write_text(with_prepared_data(text))
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
-    runs = sweep_runs(manifest, runs_dir, tiny_data)
+    runs = sweep_runs(manifest, runs_dir, data)
     ids = [r.run_id for r in runs]
     steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
     steer += ["--adaptive-bootstrap=0", "--cpus-per-task", str(cluster.cpus)]
     # Returns once every job has ended: the sweep polls on after the launcher submitted them.
     capsys.readouterr()
-    assert sweep_run(manifest, runs_dir, script_dir, tiny_data, *steer) == 0
+    assert sweep_run(manifest, runs_dir, script_dir, data, *steer) == 0
     out = capsys.readouterr().out
     wait_for_empty_queue(cluster, script_dir, 60)
 
@@ -496,6 +512,6 @@ def test_an_adaptive_sweep_steers_the_slurm_jobs_it_submitted(
     assert {d["run_id"] for d in drops} >= dropped
     assert all(d["identifiable"] and d["fit"]["n_points"] > 0 for d in drops)
     assert adaptive.replay(str(runs_dir)).ok
-    text = _sweep_status(manifest, runs_dir, capsys, data=tiny_data)
+    text = _sweep_status(manifest, runs_dir, capsys, data=data)
     assert "# adaptive (--min-gain 1e+12, --tolerance 0.02): spent" in text
     assert "scratch.alpha = " in text, text

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from slurm_cluster import ClusterUnavailable, SlurmCluster, ensure_installed
-from slurm_sweeps import run_beside_one_process
+from slurm_sweeps import run_beside_one_process, sweep_data
 
 NODES = ("n1", "n2")
 
@@ -44,11 +44,14 @@ def two_nodes(tmp_path_factory, monkeypatch_module):
 
 
 @pytest.mark.slow
-def test_a_run_on_two_nodes_has_the_losses_of_one_process(two_nodes, tiny_data, tmp_path):
+def test_a_run_on_two_nodes_has_the_losses_of_one_process(
+    two_nodes, tiny_data, tiny_prepared, tmp_path
+):
     # `--nodes 2 --tasks-per-node 1`: one job, one JAX process (one CPU device) on each node,
     # splitting the global batch of 8; the same run as one process with two devices, beside the
     # job, logs the same losses.
     flags = ["--nodes", "2", "--tasks-per-node", "1"]
-    run, job, log = run_beside_one_process(two_nodes, tiny_data, tmp_path, *flags)
+    data = sweep_data(tiny_data, tiny_prepared)
+    run, job, log = run_beside_one_process(two_nodes, data, tmp_path, *flags)
     placed = (job["JobState"], job["NumNodes"], job["NumTasks"], job["NodeList"], job["ExitCode"])
     assert placed == ("COMPLETED", "2", "2", "n[1-2]", "0:0"), log

@@ -35,8 +35,11 @@ DEADLINE_S = 60
 STORAGE = exits.CLASSES["storage"].code
 
 
-def _argv(model_dir: str, tiny_data) -> list[str]:
-    """A tiny source run of 30 steps, saved every 10, a record every 5, no evaluation."""
+def _argv(model_dir: str, tiny_data, prepared=None) -> list[str]:
+    """A tiny source run of 30 steps, saved every 10, a record every 5, no evaluation; read from
+    `prepared` when given (the trainer subprocesses: no TensorFlow imported), else through
+    seqio."""
+    data = {} if prepared is None else {"PREPARED_DATA": f"'{prepared}'"}
     return bucket_runs.run_argv(
         model_dir,
         tiny_data,
@@ -45,6 +48,7 @@ def _argv(model_dir: str, tiny_data) -> list[str]:
         CHECKPOINT_PERIOD=10,
         LOG_EVERY=5,
         EVAL_TASKS="[]",
+        **data,
     )
 
 
@@ -138,14 +142,14 @@ def test_the_xlscale_command_does_not_wait_for_stuck_threads(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_data, tmp_path_factory):
+def reference(tiny_data, tiny_prepared, tmp_path_factory):
     """`reference() -> MODEL_DIR`: an uninterrupted run of the same settings on local disk,
     trained in the background from the fixture's start; `reference()` waits for it. It trains
     while a test's own run starts and while the test waits for that run's storage failure to end
     it (the store's retries: ~40 s of idle waiting), instead of before them."""
     root = tmp_path_factory.mktemp("reference")
     model_dir, log = os.fspath(root / "run"), root / "train.log"
-    process = _start(_argv(model_dir, tiny_data), log, root)
+    process = _start(_argv(model_dir, tiny_data, tiny_prepared), log, root)
 
     def finished() -> str:
         code = wait_or_dump_stacks(process, log, timeout=300)
@@ -190,10 +194,10 @@ def _resumes_with(own: list[str], argv: list[str]) -> None:
 
 @pytest.mark.slow
 def test_the_store_going_away_mid_save_ends_the_run_in_a_minute(
-    gcs_server, gcs_bucket, tiny_data, reference, tmp_path
+    gcs_server, gcs_bucket, tiny_data, tiny_prepared, reference, tmp_path
 ):
     model_dir = f"{gcs_bucket}/runs/outage"
-    argv = _argv(model_dir, tiny_data)
+    argv = _argv(model_dir, tiny_data, tiny_prepared)
     log = tmp_path / "outage.log"
     process = _start(argv, log, tmp_path)
     # The server stops the moment the second save starts (the first one has committed by then).
@@ -273,11 +277,11 @@ def _fill(directory: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_full_disk_during_an_async_save_ends_the_run_in_a_few_lines(
-    small_disk, tiny_data, reference, tmp_path
+    small_disk, tiny_data, tiny_prepared, reference, tmp_path
 ):
     model_dir = small_disk / "run"
     checkpoints = model_dir / names.CHECKPOINTS_SUBDIR
-    argv = _argv(os.fspath(model_dir), tiny_data)
+    argv = _argv(os.fspath(model_dir), tiny_data, tiny_prepared)
     log = tmp_path / "full.log"
     process = _start(argv, log, tmp_path)
 

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import fast_compile_flags
-from tiny_runs import REPO, TRAIN_STEPS, started_from, tiny_kwargs
+from tiny_runs import REPO, TRAIN_STEPS, prepared_flag, started_from, tiny_kwargs
 
 from convert import init_checkpoints
 from rundir import names
@@ -283,7 +283,7 @@ def test_eval_and_infer_jobs_read_a_checkpoint(runs, tiny_data, tmp_path, seqio_
 
 
 @pytest.mark.slow
-def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
+def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tiny_prepared, tmp_path):
     model_dir = tmp_path / "preempted"
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     env["XLA_FLAGS"] = fast_compile_flags()
@@ -299,6 +299,7 @@ def test_sigterm_mid_run_leaves_a_loadable_checkpoint(tiny_data, tmp_path):
         f"--gin.MODEL_DIR='{model_dir}'",
         f"--gin.DATA_DIR='{tiny_data['corpora']}'",
         f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
+        prepared_flag(tiny_prepared),  # no TensorFlow imported: its subject is the SIGTERM
         "--gin.TRAIN_STEPS=100000",
         "--gin.CHECKPOINT_PERIOD=100000",
         "--gin.EVAL_TASKS=[]",

@@ -22,6 +22,7 @@ import jax
 import pytest
 from adaptive_study import manifest_text
 from conftest import fast_compile_flags
+from launch_fakes import with_prepared_data
 
 from evals import local_tasks
 from launch import adaptive, status, sweep
@@ -50,8 +51,18 @@ def _sweep(manifest, variables, cwd, home, *extra: str) -> subprocess.CompletedP
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
+def _variables(tiny_data, tiny_prepared) -> dict[str, str]:
+    """The `--var`s of a manifest `with_prepared_data`: its runs read `tiny_prepared` (the
+    subject here is the launcher, not seqio: no tf.data pipeline in its work units)."""
+    return {
+        "DATA_DIR": tiny_data["corpora"],
+        "VOCAB_PATH": tiny_data["vocab"],
+        "PREPARED_DATA": tiny_prepared,
+    }
+
+
 @pytest.mark.slow
-def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tmp_path):
+def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tiny_prepared, tmp_path):
     # The five scratch runs have no dependencies: one wave, five work units started at once. The
     # sweep polls their run directories and refits on every evaluation; once three sizes identify
     # the law it drops every run left, and each running unit finds its stop request, saves a
@@ -60,11 +71,12 @@ def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tmp_path)
     manifest = tmp_path / "adaptive_tiny.toml"
     # 600 steps: the runs are still training when the law is identified (a refit, not a step
     # count, sets when; a stopped run has spent only its first evaluations).
-    manifest.write_text(manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 600"))
+    text = manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 600")
+    manifest.write_text(with_prepared_data(text))
     home = tmp_path / "home"
     home.mkdir()
     steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
-    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
+    variables = _variables(tiny_data, tiny_prepared)
     proc = _sweep(manifest, variables, tmp_path, home, *steer, "--adaptive-bootstrap=0")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -107,7 +119,7 @@ def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_completed_run_is_scored_by_a_zero_shot_work_unit(tiny_data, tmp_path):
+def test_a_completed_run_is_scored_by_a_zero_shot_work_unit(tiny_data, tiny_prepared, tmp_path):
     # The smallest run of the tiny study, with a zero-shot stage on local tasks: a training unit,
     # then a scoring unit (`evals.score_run`) on its final checkpoint, whose output goes to the
     # run's log as the training's does. A second `sweep run` finds it trained and scored.
@@ -118,9 +130,10 @@ def test_a_completed_run_is_scored_by_a_zero_shot_work_unit(tiny_data, tmp_path)
     manifest = tmp_path / "adaptive_tiny.toml"
     text = manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 6")
     manifest.write_text(
-        f'{text}\n[zeroshot]\ntasks = "local"\nlocal_dir = "{tasks_dir}"\nlimit = 8\n'
+        with_prepared_data(text)
+        + f'\n[zeroshot]\ntasks = "local"\nlocal_dir = "{tasks_dir}"\nlimit = 8\n'
     )
-    variables = {"DATA_DIR": tiny_data["corpora"], "VOCAB_PATH": tiny_data["vocab"]}
+    variables = _variables(tiny_data, tiny_prepared)
     run = sweep.expand(sweep.load_manifest(manifest, variables=variables))[0]
     home = tmp_path / "home"
     home.mkdir()

@@ -2,10 +2,17 @@
 of `llama2_tiny` on the UDHR fixture corpora, and `tiny_train`, the same run's command line;
 `tiny_source_argv`, the flags of `experiments/tiny.gin`'s source run; `started_from`, a job
 started from another run's checkpoint; and checkpoint stores of hand-saved tiny steps
-(`save_tiny_steps`, `restore_latest_tiny`) for the checkpoint integrity tests."""
+(`save_tiny_steps`, `restore_latest_tiny`) for the checkpoint integrity tests.
+
+A test whose subject is not seqio's data path passes `prepared=` (the `tiny_prepared` fixture's
+directory) to `tiny_train` or `tiny_source_argv`, or reads `prepared_data(...)` in process: the
+run then reads the same tasks as prepared data (`PREPARED_DATA`), and a trainer subprocess
+imports no TensorFlow and builds no tf.data pipeline (seconds of CPU each)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 
 import jax
@@ -49,6 +56,20 @@ def tiny_kwargs(tiny_data, **overrides):
     )
     kwargs.update(overrides)
     return kwargs
+
+
+def prepared_flag(prepared) -> str:
+    """The flag that makes a tiny command line read `prepared` (a directory of prepared tasks,
+    the `tiny_prepared` fixture's) instead of building seqio's pipelines."""
+    return f"--gin.PREPARED_DATA='{os.fspath(prepared)}'"
+
+
+def prepared_data(tiny_data, prepared, **overrides) -> DataConfig:
+    """`tiny_kwargs`' data (with `overrides`) read from `prepared` (`DataConfig.prepared_dir`):
+    the in-process form of `prepared_flag`."""
+    return dataclasses.replace(
+        tiny_kwargs(tiny_data)["data"], prepared_dir=os.fspath(prepared), **overrides
+    )
 
 
 def abstract_of(tree):
@@ -106,16 +127,18 @@ def started_from(job, source_dir: Path, step: int, *, store_dir: Path, seed: int
     return state, saved, init, reference
 
 
-def tiny_source_argv(model_dir, tiny_data, **macros) -> list[str]:
+def tiny_source_argv(model_dir, tiny_data, *, prepared=None, **macros) -> list[str]:
     """The flags of the tiny source run of `experiments/tiny.gin` in `model_dir`, on the fixture
-    corpora (for `xlscale train` or `python -m trainer.train`), then `--gin.K=V` for each of
-    `macros` in order: the command line the subprocess tests vary by their own settings."""
+    corpora (for `xlscale train` or `python -m trainer.train`), read from `prepared` when given
+    (`prepared_flag`), then `--gin.K=V` for each of `macros` in order: the command line the
+    subprocess tests vary by their own settings."""
     return [
         "--gin_file=experiments/cpt_source_en.gin",
         "--gin_file=experiments/tiny.gin",
         f"--gin.MODEL_DIR='{model_dir}'",
         f"--gin.DATA_DIR='{tiny_data['corpora']}'",
         f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
+        *([prepared_flag(prepared)] if prepared is not None else []),
         *(f"--gin.{name}={value}" for name, value in macros.items()),
     ]
 
@@ -135,7 +158,9 @@ def t5_pretrain_data(tiny_data, lengths, **overrides) -> DataConfig:
     )
 
 
-def tiny_train(tiny_data, model_dir, *extra):
+def tiny_train(tiny_data, model_dir, *extra, prepared=None):
+    """`xlscale train`'s arguments for the tiny source run in `model_dir`, read from `prepared`
+    when given (`prepared_flag`), then `extra`."""
     return [
         "train",
         "--gin_file=experiments/cpt_source_en.gin",
@@ -143,5 +168,6 @@ def tiny_train(tiny_data, model_dir, *extra):
         f"--gin.MODEL_DIR='{model_dir}'",
         f"--gin.VOCAB_PATH='{tiny_data['vocab']}'",
         f"--gin.DATA_DIR='{tiny_data['corpora']}'",
+        *([prepared_flag(prepared)] if prepared is not None else []),
         *extra,
     ]

@@ -1,6 +1,6 @@
 """Real 2-process runs on 127.0.0.1 (1 CPU device each, collectives through gloo) of the tiny
-source run of `experiments/tiny.gin` (`host_argv`): `two_hosts` runs processes 0 and 1 of such
-a job."""
+source run of `experiments/tiny.gin` (`host_argv`; on prepared data with `prepared=`):
+`two_hosts` runs processes 0 and 1 of such a job."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def host_argv(model_dir, tiny_data):
+def host_argv(model_dir, tiny_data, prepared=None):
     """The tiny source run of `experiments/tiny.gin`: 6 steps of 8 rows, evaluated at steps 3
-    and 6, saved every 2 steps."""
+    and 6, saved every 2 steps; read from `prepared` when given (`tiny_runs.prepared_flag`)."""
     return tiny_source_argv(
         model_dir,
         tiny_data,
+        prepared=prepared,
         TRAIN_STEPS=STEPS,
         CHECKPOINT_PERIOD=2,
         EVAL_PERIOD=3,
@@ -35,7 +36,7 @@ def host_argv(model_dir, tiny_data):
     )
 
 
-def start_host(model_dir, tiny_data, *, cache, process, port, log):
+def start_host(model_dir, tiny_data, *, cache, process, port, log, prepared=None):
     """Process `process` of a 2-host `python -m trainer.train` job (1 CPU device each),
     coordinated on 127.0.0.1:`port`."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
@@ -46,17 +47,19 @@ def start_host(model_dir, tiny_data, *, cache, process, port, log):
     env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
     env["JAX_NUM_PROCESSES"] = "2"
     env["JAX_PROCESS_ID"] = str(process)
-    command = [sys.executable, "-m", "trainer.train", *host_argv(model_dir, tiny_data)]
+    command = [sys.executable, "-m", "trainer.train", *host_argv(model_dir, tiny_data, prepared)]
     return subprocess.Popen(command, cwd=REPO, env=env, stderr=log, stdout=log)
 
 
-def two_hosts(model_dir, tiny_data, tmp, *, name, cache, on_start=None):
-    """Runs processes 0 and 1 of a 2-host job (1 CPU device each); returns their exit codes and
-    stderr texts."""
+def two_hosts(model_dir, tiny_data, tmp, *, name, cache, on_start=None, prepared=None):
+    """Runs processes 0 and 1 of a 2-host job (1 CPU device each), read from `prepared` when
+    given; returns their exit codes and stderr texts."""
     port = free_port()
     logs = [open(tmp / f"{name}_{i}.log", "w") for i in range(2)]  # noqa: SIM115
     procs = [
-        start_host(model_dir, tiny_data, cache=cache, process=i, port=port, log=logs[i])
+        start_host(
+            model_dir, tiny_data, cache=cache, process=i, port=port, log=logs[i], prepared=prepared
+        )
         for i in range(2)
     ]
     try:
