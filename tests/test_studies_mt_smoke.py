@@ -11,10 +11,7 @@ def test_mt_smoke_study_end_to_end(tmp_path, monkeypatch, optimized_xla):
 
     monkeypatch.setenv("XLSCALE_DATA", str(tmp_path / "data"))
     out = tmp_path / "out"
-    # One run at a time in this process (`jobs=1`), which has TensorFlow, seqio and JAX loaded
-    # already: ~25 s less CPU than two worker processes importing them again. The worker
-    # processes of `xlscale demo` as a user runs it are the CPT smoke test's.
-    summary = run_demo(study="mt", profile="smoke", out_dir=out, log=lambda line: None, jobs=1)
+    summary = run_demo(study="mt", profile="smoke", out_dir=out, log=lambda line: None)
     assert summary["study"] == "mt" and summary["runs"] == 28 and summary["runs_reused"] == 0
     report = (out / "report.md").read_text()
     for heading in (
@@ -47,6 +44,6 @@ def test_mt_smoke_study_end_to_end(tmp_path, monkeypatch, optimized_xla):
     # Re-running reuses every finished run (the launcher finds each completed and starts none,
     # so no run's metrics grow: counted, not timed) and refits.
     metrics = {r.name: (r / "metrics.jsonl").read_bytes() for r in runs}
-    again = run_demo(study="mt", profile="smoke", out_dir=out, log=lambda line: None, jobs=1)
+    again = run_demo(study="mt", profile="smoke", out_dir=out, log=lambda line: None)
     assert again["runs_reused"] == 28
     assert {r.name: (r / "metrics.jsonl").read_bytes() for r in runs} == metrics
