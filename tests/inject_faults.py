@@ -21,6 +21,20 @@ Faults (`FAULTS`):
                      checkpoint of a step between 2 and STEP has committed (its integrity record is
                      in storage, local or gs://), then kills itself with SIGKILL: a run killed
                      mid-way, after a checkpoint, whatever this machine's speed.
+  held_for_the_sweep@STEP:FREE
+                     a trainer of an adaptive sweep (`xlscale sweep run --adaptive`) whose runs
+                     lie side by side in one runs_dir. The runs named in FREE (run ids, comma
+                     separated) train as they are; any other run waits, before its first metrics
+                     record, until the FREE runs have completed, and after its record of step
+                     STEP until the sweep has logged a decision about it from an identified law
+                     (and, where it drops the run, until the stop request is in place); neither
+                     wait outlasts the sweep. The trainer looks for stop requests at every step.
+                     So the FREE runs complete before the law can be identified, and a dropped
+                     run is still training when it is told to stop and stops at its next step,
+                     whatever this machine's speed.
+  xm_units@FAULT     `xlscale sweep run --launcher xmanager --xm-packaging checkout` (the `xlscale`
+                     entry) runs each training work unit as `python tests/inject_faults.py FAULT
+                     trainer.train ARGS` instead of `python -m trainer.train ARGS`.
 """
 
 from __future__ import annotations
@@ -33,10 +47,13 @@ import signal
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+INJECT = pathlib.Path(__file__).resolve()
+REPO = INJECT.parent.parent
 CHECKSUMS_FILE = "xlscale_checksums.json"  # `rundir.names.CHECKSUMS_FILE`
 # How long `metrics_full` waits for a checkpoint to commit before failing anyway.
 _COMMIT_WAIT_S = 120
+# The sweep's process id, in the environment of the work units of `xm_units`.
+SWEEP_PID_ENV = "INJECT_FAULTS_SWEEP_PID"
 
 
 def _disk_full(path) -> OSError:
@@ -123,11 +140,91 @@ def kill_after_commit(step: str) -> None:
     records.append_metrics = append_metrics
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_for(what: str, ready, sweep: int) -> None:
+    """Waits until `ready()`, or until the sweep (process `sweep`) is gone: then it says so on
+    stderr and goes on, so a sweep killed mid-way leaves no trainer waiting for it."""
+    while not ready():
+        if not _alive(sweep):
+            print(f"inject_faults: the sweep is gone; not waiting for {what}", file=sys.stderr)
+            return
+        time.sleep(0.1)
+
+
+def held_for_the_sweep(arg: str) -> None:
+    """Holds a run of an adaptive sweep until the FREE runs completed, then at step STEP until
+    the sweep has decided about it (see the module docstring)."""
+    import json
+
+    from rundir import names, records, stop_request
+    from trainer import stop_requests
+
+    step, _, free = arg.partition(":")
+    free_ids = [run_id for run_id in free.split(",") if run_id]
+    stop_requests.POLL_S = 0.0  # a request is seen at the step after it is written
+    real = records.append_metrics
+    appended = []  # the steps of this trainer's records so far
+    sweep = int(os.environ.get(SWEEP_PID_ENV) or os.getppid())
+
+    def decided(model_dir: pathlib.Path) -> bool:
+        log = model_dir.parent / names.ADAPTIVE_SUBDIR / names.ADAPTIVE_DECISIONS_FILE
+        lines = log.read_text().splitlines() if log.exists() else []
+        for line in lines:
+            try:
+                decision = json.loads(line)
+            except json.JSONDecodeError:  # a line being written
+                continue
+            if decision["run_id"] == model_dir.name and decision["identifiable"]:
+                return decision["decision"] == "RUN" or stop_request.requested(model_dir)
+        return False
+
+    def append_metrics(model_dir, record):
+        here = pathlib.Path(os.fspath(model_dir))
+        held = here.name not in free_ids
+        if held and not appended:
+            others = [here.parent / run_id / names.COMPLETED_FILE for run_id in free_ids]
+            _wait_for("the free runs", lambda: all(p.exists() for p in others), sweep)
+        appended.append(record["step"])
+        real(model_dir, record)
+        if held and int(record["step"]) == int(step):
+            _wait_for("the sweep's decision", lambda: decided(here), sweep)
+
+    records.append_metrics = append_metrics
+
+
+def xm_units(fault: str) -> None:
+    """The xmanager launcher's checkout work units train under `fault` (this script)."""
+    from launch import xm_launch
+
+    real = xm_launch.XManagerLauncher._packageable
+    os.environ[SWEEP_PID_ENV] = str(os.getpid())  # the units' environment is the sweep's
+
+    def packageable(self, xm, executor_cls, module: str):
+        if self.packaging != "checkout" or module not in ENTRIES:
+            return real(self, xm, executor_cls, module)
+        return xm.binary(
+            path="/bin/sh",
+            args=["-c", xm_launch.LOGGED, self.python, os.fspath(INJECT), fault, module],
+            executor_spec=executor_cls.Spec(),
+        )
+
+    xm_launch.XManagerLauncher._packageable = packageable
+
+
 FAULTS = {
     "record_full": record_full,
     "metrics_full": metrics_full,
     "kill_deleting": kill_deleting,
     "kill_after_commit": kill_after_commit,
+    "held_for_the_sweep": held_for_the_sweep,
+    "xm_units": xm_units,
 }
 
 

@@ -31,6 +31,7 @@ from rundir import names, stop_request, zeroshot
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XM_ENV = "XLSCALE_XMANAGER_PATH"
 XM_PATH = os.environ.get(XM_ENV, "")
+INJECT = Path(__file__).resolve().parent / "inject_faults.py"
 
 pytestmark = pytest.mark.skipif(
     not os.path.isdir(os.path.join(XM_PATH, "xmanager")),
@@ -38,12 +39,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _sweep(manifest, variables, cwd, home, *extra: str) -> subprocess.CompletedProcess:
-    """`xlscale sweep run MANIFEST --var K=V ... --launcher xmanager ...` as a user runs it."""
+def _sweep(
+    manifest, variables, cwd, home, *extra: str, trainers_under: str | None = None
+) -> subprocess.CompletedProcess:
+    """`xlscale sweep run MANIFEST --var K=V ... --launcher xmanager ...` as a user runs it;
+    with `trainers_under`, each training work unit runs under that `tests/inject_faults.py`
+    fault."""
     env = dict(os.environ, HOME=str(home), JAX_PLATFORMS="cpu", XLA_FLAGS=fast_compile_flags())
     env["PYTHONPATH"] = os.pathsep.join([XM_PATH, REPO])
     env["XLSCALE_COMPILATION_CACHE"] = jax.config.jax_compilation_cache_dir or str(home / "xla")
     argv = [sys.executable, "-m", "xlscale_cli.main", "sweep", "run", str(manifest)]
+    if trainers_under is not None:
+        argv[1:3] = [str(INJECT), f"xm_units@{trainers_under}", "xlscale"]
     for key, value in variables.items():
         argv += ["--var", f"{key}={value}"]
     argv += ["--launcher", "xmanager", "--xm-executor", "local", "--xm-packaging", "checkout"]
@@ -68,25 +75,33 @@ def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tiny_prep
     # the law it drops every run left, and each running unit finds its stop request, saves a
     # checkpoint and exits 79: xmanager sees a failed unit (and raises it again as the experiment
     # ends), the sweep a stopped run, and `sweep run` exits 0 with no traceback.
+    # When is set by the sweep, not by how fast the trainers are: every training unit runs under
+    # `inject_faults.held_for_the_sweep`. The two smallest runs train their 24 steps while the
+    # three larger ones, started beside them, wait before their first metrics record: two sizes
+    # complete, kept (two sizes cannot identify the law). Each larger run then waits after its
+    # evaluation of step 12 until the sweep has decided about it: it is still training when the
+    # law that drops it is identified, and stops at its next step.
     manifest = tmp_path / "adaptive_tiny.toml"
-    # 600 steps: the runs are still training when the law is identified (a refit, not a step
-    # count, sets when; a stopped run has spent only its first evaluations).
-    text = manifest_text(tmp_path / "runs").replace("steps = 24", "steps = 600")
-    manifest.write_text(with_prepared_data(text))
+    manifest.write_text(with_prepared_data(manifest_text(tmp_path / "runs")))
     home = tmp_path / "home"
     home.mkdir()
     steer = ["--adaptive", "--min-gain=1e12", "--tolerance=0.02", "--adaptive-poll=1"]
     variables = _variables(tiny_data, tiny_prepared)
-    proc = _sweep(manifest, variables, tmp_path, home, *steer, "--adaptive-bootstrap=0")
+    runs = sweep.expand(sweep.load_manifest(manifest, variables=variables))
+    kept = [r.run_id for r in runs[:2]]
+    held = f"held_for_the_sweep@12:{','.join(kept)}"
+    proc = _sweep(
+        manifest, variables, tmp_path, home, *steer, "--adaptive-bootstrap=0", trainers_under=held
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "Traceback" not in out, out[-6000:]
 
-    runs = sweep.expand(sweep.load_manifest(manifest, variables=variables))
     states = {r.run_id: status.run_status(r).state for r in runs}
     assert set(states.values()) <= {"done", "stopped"}, (states, out[-4000:])
     dropped = {k for k, state in states.items() if state == "stopped"}
     assert dropped, (states, out[-4000:])
+    assert dropped == set(states) - set(kept), (states, out[-4000:])
     for run in runs:
         # Each unit's output is appended to its run's log, as the local launcher's.
         log = (tmp_path / "runs" / run.run_id / names.LOG_FILE).read_text()
@@ -96,7 +111,7 @@ def test_an_adaptive_sweep_steers_xmanager_local_work_units(tiny_data, tiny_prep
             assert f"adaptive: STOP {run.run_id}" in out or f"adaptive: SKIP {run.run_id}" in out
             assert "stop requested" in log and "saving a checkpoint" in log, log[-2000:]
         else:
-            assert status.is_completed(run) and "step 600/600" in log, log[-2000:]
+            assert status.is_completed(run) and f"step {run.steps}/{run.steps}" in log, log[-2000:]
     summary = out[out.index("xmanager experiment") :] if "xmanager experiment" in out else out
     assert f"completed {len(runs) - len(dropped)}," in out and "failed 0," in out, summary[-3000:]
     decisions = adaptive.read_lines(str(tmp_path / "runs"), names.ADAPTIVE_DECISIONS_FILE)
