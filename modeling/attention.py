@@ -88,6 +88,14 @@ def _logits_dtype(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _mask_dtype(dtype, wide) -> jnp.dtype:
+    """The dtype of the additive mask: `dtype` (the compute dtype) where it holds MASK_VALUE,
+    else `wide`. Added to the widened logits, it gives the same sums either way."""
+    if jnp.issubdtype(dtype, jnp.floating) and float(jnp.finfo(dtype).max) > -MASK_VALUE:
+        return jnp.dtype(dtype)
+    return jnp.dtype(wide)
+
+
 def _scale_query(query: Array, scale: float | None) -> Array:
     """Multiplies by `scale` in the query's own dtype (the LLaMA/T5X convention)."""
     if scale is None or scale == 1.0:
@@ -201,10 +209,7 @@ def _xla(
     # them: a float32 `[B, H, Q, K]` array written and read back per layer would be the
     # attention's largest memory traffic.
     out_type = wide if float32_logits else None
-    logits = jnp.einsum("bqkgd,bskd->bkgqs", q, key, preferred_element_type=out_type).astype(wide)
-    if bias is not None:
-        bias = bias.astype(wide)
-        logits = logits + bias.reshape(bias.shape[0], kv_heads, group, *bias.shape[2:])
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", q, key, preferred_element_type=out_type)
     if causal or q_segment_ids is not None:
         mask = reference_mask(
             q_length=q_length,
@@ -217,8 +222,19 @@ def _xla(
         # Added, not selected: a select's backward pass keeps the float32 logits it chose
         # from (JAX saves them to build its zero tangent), an addition keeps nothing. Beside
         # MASK_VALUE the logits are far below one unit in the last place, so the sum is
-        # MASK_VALUE itself, as the select gave.
-        logits = logits + jnp.where(mask[:, :, None], 0.0, MASK_VALUE).astype(wide)
+        # MASK_VALUE itself, as the select gave, and adding zero is exact. The sum is taken in
+        # the logits' own dtype where that holds MASK_VALUE (bf16 does, float16 does not): the
+        # same mask serves every layer, so XLA materialises it once, in the dtype it is added
+        # in, and a float32 `[B, Q, K]` copy is twice the bytes kept for the whole step (64 MB
+        # per device at 4 sequences of 2,048).
+        mask_dtype = _mask_dtype(logits.dtype, wide)
+        logits = logits.astype(mask_dtype) + jnp.where(mask[:, :, None], 0.0, MASK_VALUE).astype(
+            mask_dtype
+        )
+    logits = logits.astype(wide)
+    if bias is not None:
+        bias = bias.astype(wide)
+        logits = logits + bias.reshape(bias.shape[0], kv_heads, group, *bias.shape[2:])
     # Softmax's numerator and denominator apart: the value einsum takes the exponentials and
     # the division runs on its output `[B, Q, H, D]`, as MaxText's attention does. Normalising
     # `[B, H, Q, K]` first costs one more pass over it each way, and the backward pass's row

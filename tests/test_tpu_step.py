@@ -110,6 +110,42 @@ def test_a_bf16_llama_block_keeps_no_float32_attention_array():
     assert len(square) == 1  # the weights; no mask, logits or exponent
 
 
+# --- the embedding and the LM head: same values and gradients as plain autodiff ---------------
+
+
+def test_rows_from_a_bf16_table_have_the_float32_lookups_values_and_gradient():
+    table = jax.random.normal(jax.random.key(0), (37, 12), jnp.float32)
+    tokens = jnp.array([[3, 5, 5, 36, 5], [0, 3, 3, 3, 11]], jnp.int32)  # repeated tokens
+    cotangent = jax.random.normal(jax.random.key(1), (2, 5, 12)).astype(jnp.bfloat16)
+
+    def plain(t):
+        return jnp.take(t, tokens, axis=0).astype(jnp.bfloat16)
+
+    def via_copy(t):
+        return llama_model.lookup_rows(t, tokens, jnp.bfloat16)
+
+    np.testing.assert_array_equal(via_copy(table), plain(table))
+    grad = jax.jit(jax.grad(lambda t: jnp.sum(via_copy(t) * cotangent, dtype=jnp.float32)))(table)
+    reference = jax.grad(lambda t: jnp.sum(plain(t) * cotangent, dtype=jnp.float32))(table)
+    assert grad.dtype == jnp.float32
+    np.testing.assert_array_equal(grad, reference)  # repeated tokens summed in float32
+
+
+def test_the_lm_heads_gradients_are_the_einsums_on_every_backend(monkeypatch):
+    x = jax.random.normal(jax.random.key(2), (2, 7, 12), jnp.float32)
+    kernel = jax.random.normal(jax.random.key(3), (12, 19), jnp.float32)
+    g = jax.random.normal(jax.random.key(4), (2, 7, 19), jnp.float32)
+
+    def grads(fn):
+        return jax.jit(jax.grad(lambda x, k: jnp.sum(fn(x, k) * g), argnums=(0, 1)))(x, kernel)
+
+    reference = grads(lambda x, k: jnp.einsum("bld,dv->blv", x, k))
+    for backend in ("cpu", "tpu"):  # "tpu": both gradients leave through one barrier
+        monkeypatch.setattr(llama_model, "target_backend", lambda b=backend: b)
+        for got, want in zip(grads(llama_model.output_projection), reference, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 # --- projections: stacked on CPU only, same numbers either way ---------------------------------
 
 
@@ -177,7 +213,9 @@ def _reference_finite(state, grads, optimizer, loss):
         ("huge learning rate: finite gradients, infinite update", 1.0, 3.4e38),
     ],
 )
-def test_the_guard_skips_what_the_old_guard_skipped(case, x, lr):
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])  # "tpu": the update after a barrier
+def test_the_guard_skips_what_the_old_guard_skipped(case, x, lr, backend, monkeypatch):
+    monkeypatch.setattr(steps, "target_backend", lambda: backend)
     optimizer = optax.adamw(lr, weight_decay=0.1)
     model = _Linear()
     step = jax.jit(

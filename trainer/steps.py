@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from modeling.attention import target_backend
 from pipelines import features
 from trainer.partitioning import Partitioner
 
@@ -180,13 +181,21 @@ def make_train_step(
 
         learning_rate = jnp.asarray(schedule(state.step), jnp.float32)
         finite_update = update_bounded(learning_rate, optax.global_norm(state.params))
-        updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params, opt_state = state.params, state.opt_state
+        if target_backend() != "cpu":
+            # The update reads parameters and optimizer state only once the gradients exist, so
+            # whatever it needs of them in another layout (the embedding's, whose gradient is a
+            # row-major scatter, against the column-major layout XLA gives the table's shard) is
+            # copied then, not at the start of the step and held through the backward pass, where
+            # the step's memory peaks. Values are unchanged.
+            grads, params, opt_state = jax.lax.optimization_barrier((grads, params, opt_state))
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
         finite = finite_loss & finite_grads & finite_update
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         new_state = TrainState(
             step=state.step + 1,
-            params=keep(optax.apply_updates(state.params, updates), state.params),
-            opt_state=keep(new_opt_state, state.opt_state),
+            params=keep(optax.apply_updates(params, updates), params),
+            opt_state=keep(new_opt_state, opt_state),
             rng=state.rng,
             skipped=state.skipped + (~finite).astype(jnp.int32),
         )
