@@ -73,7 +73,11 @@ def _check_features(mixture_or_task: str, *, encdec: bool) -> None:
             raise ValueError(f"{name!r} has inputs; decoder-only streams take targets-only tasks")
 
 
-def _stream_key(mixture_or_task: str, split: str, *args) -> tuple:
+def stream_key(mixture_or_task: str, split: str, *args) -> tuple:
+    """What a stream of a mixture or task's `split` depends on, plus `args` (the caller's
+    settings): each component's identity (name, source, files with their size and mtime,
+    vocabulary) and the mixture's token fractions. Equal keys give equal streams, so callers
+    memoise on it (eval batches here, training batches in `trainer.seqio_data`)."""
     names = component_names(mixture_or_task)
     identities = tuple(
         component_examples.task_identity(seqio.TaskRegistry.get(n), split) for n in names
@@ -238,7 +242,7 @@ def eval_batches(
     encdec = "inputs" in seqio.TaskRegistry.get(task).output_features
     lengths = _task_lengths(sequence_length, encdec=encdec)
     _check_features(task, encdec=encdec)
-    key = _stream_key(task, split, tuple(sorted(lengths.items())), batch_size, max_tokens)
+    key = stream_key(task, split, tuple(sorted(lengths.items())), batch_size, max_tokens)
     if key in _EVAL:
         return list(_EVAL[key])
     source = seqio.TaskRegistry.get(task)
