@@ -243,6 +243,19 @@ def test_the_guard_skips_what_the_old_guard_skipped(case, x, lr, backend, monkey
         assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(after))
 
 
+def test_each_parameter_and_moment_waits_for_its_own_gradient():
+    params = {"w": jnp.ones((3, 2)), "inner": {"b": jnp.arange(5.0)}}
+    opt_state = optax.adamw(1e-3).init(params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    out = jax.jit(steps.after_their_gradients)(grads, params, opt_state)
+    want = (params, opt_state)
+    assert jax.tree.structure(out) == jax.tree.structure(want)
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, out, want)))
+    hlo = jax.jit(steps.after_their_gradients).lower(grads, params, opt_state).as_text()
+    # one barrier per array: the parameters and AdamW's two moments (not its step count)
+    assert hlo.count("optimization_barrier") == 3 * len(jax.tree.leaves(params))
+
+
 # --- per-component token counts: no scatter ----------------------------------------------------
 
 

@@ -118,6 +118,31 @@ def _split_microbatches(batch: Mapping[str, jax.Array], num: int) -> dict[str, j
     return {key: split(value) for key, value in batch.items()}
 
 
+def after_their_gradients(grads: Any, params: Any, opt_state: Any) -> tuple[Any, Any]:
+    """`params` and the parameter-shaped parts of `opt_state` (AdamW's moments, ...), each array
+    made available only once its own gradient exists (an optimisation barrier per array).
+
+    Values are unchanged. What the update needs of a parameter or its moments in another layout
+    (the embedding's: its gradient is a row-major scatter, against the column-major layout XLA
+    gives the table's shard) is then copied when its update runs, not at the start of the step
+    and held through the backward pass, where the step's memory peaks. One barrier per array,
+    not one over all the gradients: each array's update can still start as soon as its own
+    gradient is ready, overlapping the rest of the backward pass.
+    """
+    structure = jax.tree.structure(params)
+
+    def tied(tree):
+        return jax.tree.map(lambda x, g: jax.lax.optimization_barrier((x, g))[0], tree, grads)
+
+    def like_params(node) -> bool:
+        return jax.tree.structure(node) == structure
+
+    state = jax.tree.map(
+        lambda node: tied(node) if like_params(node) else node, opt_state, is_leaf=like_params
+    )
+    return tied(params), state
+
+
 def make_train_step(
     model: Any,
     optimizer: optax.GradientTransformation,
@@ -183,12 +208,7 @@ def make_train_step(
         finite_update = update_bounded(learning_rate, optax.global_norm(state.params))
         params, opt_state = state.params, state.opt_state
         if target_backend() != "cpu":
-            # The update reads parameters and optimizer state only once the gradients exist, so
-            # whatever it needs of them in another layout (the embedding's, whose gradient is a
-            # row-major scatter, against the column-major layout XLA gives the table's shard) is
-            # copied then, not at the start of the step and held through the backward pass, where
-            # the step's memory peaks. Values are unchanged.
-            grads, params, opt_state = jax.lax.optimization_barrier((grads, params, opt_state))
+            params, opt_state = after_their_gradients(grads, params, opt_state)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         finite = finite_loss & finite_grads & finite_update
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
