@@ -384,6 +384,12 @@ def test_compiled_steps_are_shared_by_identical_jobs_of_one_process():
 
     first = job(10)
     assert job(10).train_step is first.train_step and job(10).eval_step is first.eval_step
+    # ... and so is the initialisation program: a second job draws from it, same values
+    state = first.init_state(np.array([0, 7], np.uint32))
+    again = job(10)
+    assert again.init_programs is first.init_programs and len(first.init_programs) == 1
+    same = jax.tree.map(np.array_equal, state, again.init_state(np.array([0, 7], np.uint32)))
+    assert all(jax.tree.leaves(same))
     assert job(20).train_step is not first.train_step  # cosine depends on the run's length
     assert job(16, batch_size=16).train_step is not first.train_step
     constant = job(10, schedule="constant")

@@ -78,6 +78,10 @@ class Job:
     eval_data: dict = dataclasses.field(default_factory=dict)
     feature_lengths: dict = dataclasses.field(default_factory=dict)
     data: Any = None
+    # The compiled initialisation program (fresh params from an rng), shared with every job of
+    # this process that shares its train and eval steps (`_COMPILED`): it depends on nothing
+    # more than they do.
+    init_programs: dict = dataclasses.field(default_factory=dict)
 
     def flops_kwargs(self) -> dict[str, float]:
         """FLOPs-per-token arguments for metric records."""
@@ -98,14 +102,19 @@ class Job:
         """A sharded step-0 state: fresh params from `rng` or the given ones, zero moments."""
         with self.partitioner.context():
             if params is None:
-                fn = jax.jit(
-                    lambda r: steps.init_train_state(
-                        self.model, self.optimizer, r, seq_len=self.seq_len
-                    ),
-                    out_shardings=self.shardings,
-                )
                 rng = jnp.asarray(rng)
-                return fn.lower(rng).compile(_init_compiler_options())(rng)
+                which = ("fresh", rng.shape, str(rng.dtype))
+                init = self.init_programs.get(which)
+                if init is None:
+                    fn = jax.jit(
+                        lambda r: steps.init_train_state(
+                            self.model, self.optimizer, r, seq_len=self.seq_len
+                        ),
+                        out_shardings=self.shardings,
+                    )
+                    init = fn.lower(rng).compile(_init_compiler_options())
+                    self.init_programs[which] = init
+                return init(rng)
             fn = jax.jit(
                 lambda r, p: steps.init_train_state(self.model, self.optimizer, r, params=p),
                 out_shardings=self.shardings,
@@ -513,7 +522,7 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
         train_step = None
         if compiled is not None:
             _COMPILED.move_to_end(key)
-            train_step, eval_step = compiled
+            train_step, eval_step, init_programs = compiled
         elif compile_train:
             batch = batch_abstract(
                 partitioner, batch_size=batch_size, seq_len=seq_len, feature_lengths=lengths
@@ -537,7 +546,8 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
             )
             eval_step = eval_step.lower(abstract_with.params, batch).compile()
     if compiled is None:
-        _COMPILED[key] = (train_step, eval_step)
+        init_programs = {}
+        _COMPILED[key] = (train_step, eval_step, init_programs)
         while len(_COMPILED) > _MAX_COMPILED:
             _COMPILED.popitem(last=False)
     return Job(
@@ -556,4 +566,5 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
         eval_batch_size=eval_batch_size or batch_size,
         seq_len=seq_len,
         feature_lengths=lengths,
+        init_programs=init_programs,
     )
