@@ -235,6 +235,7 @@ def compile_program(args: argparse.Namespace) -> dict:
             "devices": len(devices),
         },
         "device_kind": devices[0].device_kind,
+        "commit": source_commit(),
         "compile_s": compile_s,
         "memory": memory,
         "cost": cost,
@@ -245,6 +246,26 @@ def compile_program(args: argparse.Namespace) -> dict:
         "why_unusable": why,
         "uncosted_ops": ops,
     }
+
+
+def source_commit() -> str:
+    """The repository's commit that compiled the step (short hash; `+changes` when tracked files
+    differ from it), so a grid built up over several calls says which code made each row."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        run = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return run.stdout.strip() if run.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "unknown"
+    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def estimated_mfu(model_flops: float, seconds: float, peak: float, microbatches: int) -> float:

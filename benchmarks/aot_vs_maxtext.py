@@ -58,6 +58,7 @@ class Row:
     scan: bool = False
     family: str = "llama2"
     inputs_len: int | None = None  # t5: the encoder length
+    microbatches: int = 1  # gradient accumulation (MaxText: gradient_accumulation_steps)
 
     @property
     def has_peer(self) -> bool:
@@ -110,6 +111,16 @@ ROWS: dict[str, Row] = {
     "5534m_full": Row(**_5534M, remat="full"),
     "2791m_full_scan": Row(**_2791M, remat="full", scan=True),
     "5534m_full_scan": Row(**_5534M, remat="full", scan=True),
+    # The paper's batch tokens (2M for 1-2.5B models, 4M above), by gradient accumulation on
+    # both sides; each side's loop body counts once, so the seconds compare one microbatch and
+    # the update.
+    "1085m_none_paper": Row(**_1085M, **{**_V5P8, "batch": 1024}, remat="none", microbatches=64),
+    "2791m_full_paper_scan": Row(
+        **{**_2791M, "batch": 2048}, remat="full", scan=True, microbatches=64
+    ),
+    "5534m_full_paper_scan": Row(
+        **{**_5534M, "batch": 2048}, remat="full", scan=True, microbatches=32
+    ),
     "1085m_none_2slices": Row(**_1085M, **{**_V5P8, "batch": 32}, remat="none", num_slices=2),
     # T5 at the MT paper's batch (128 examples of 512 input and 114 target tokens), Adafactor,
     # the remat policy xlscale's memory model picks; no MaxText peer.
@@ -148,6 +159,7 @@ def xlscale_args(row: Row, out: Path) -> list[str]:
         f"--remat={row.remat}",
         f"--attention={row.attention}",
         f"--vocab={row.vocab}",
+        f"--microbatches={row.microbatches}",
         "--scan" if row.scan else "--no-scan",
         f"--json={out}",
         f"--hlo={out.with_suffix('.hlo.txt')}",
@@ -158,7 +170,7 @@ def xlscale_args(row: Row, out: Path) -> list[str]:
 
 def maxtext_overrides(row: Row) -> list[str]:
     """MaxText config overrides (its `base.yml` keys) for the same program as `row`."""
-    per_device = row.batch // (row.chips * row.num_slices)
+    per_device = row.batch // (row.chips * row.num_slices * row.microbatches)
     overrides = {
         "compile_topology": row.maxtext_topology,
         "compile_topology_num_slices": row.num_slices,
@@ -179,6 +191,8 @@ def maxtext_overrides(row: Row) -> list[str]:
     }
     if row.num_slices > 1:
         overrides["dcn_data_parallelism"] = row.num_slices
+    if row.microbatches > 1:
+        overrides["gradient_accumulation_steps"] = row.microbatches
     return [f"{k}={v}" for k, v in overrides.items()]
 
 
@@ -286,9 +300,10 @@ def table(rows: dict[str, tuple[Row, dict, dict | None]]) -> str:
     return "\n".join(lines)
 
 
-def provenance(args: argparse.Namespace) -> dict[str, str]:
-    """What produced the figures: xlscale's commit, jax and libtpu versions, MaxText's revision
-    (its setup's `REVISION` file, where there is one), the machine that compiled."""
+def provenance(args: argparse.Namespace, commits: dict[str, list[str]]) -> dict[str, str]:
+    """What produced the figures: the xlscale commit of each row's program (`commits`: commit →
+    rows, from each JSON), jax and libtpu versions, MaxText's revision (its setup's `REVISION`
+    file, where there is one), the machine that compiled."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -298,12 +313,10 @@ def provenance(args: argparse.Namespace) -> dict[str, str]:
         except PackageNotFoundError:
             return "not installed"
 
-    commit = subprocess.run(
-        ["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    if len(commits) == 1:
+        commit = next(iter(commits))
+    else:
+        commit = "; ".join(f"{c} ({', '.join(rows)})" for c, rows in commits.items())
     revision = args.maxtext / "REVISION" if args.maxtext else None
     # libtpu installed off the import path (`make test`): its version from the dist-info beside it
     libtpu_dir = Path(os.environ.get("XLSCALE_LIBTPU", HERE.parent / ".venv/libtpu-aot/libtpu/x"))
@@ -379,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     done = {}
+    commits: dict[str, list[str]] = {}  # the commit each row's xlscale program was compiled at
     for name in args.rows:
         row = ROWS[name]
         found = compile_row(name, row, args)
@@ -388,14 +402,20 @@ def main(argv: list[str] | None = None) -> int:
             continue
         mt = figures(found["maxtext"], row)
         if mt and mt["mfu"] is None and mt["seconds"] and found["xlscale"].get("model_flops"):
-            # the same program: xlscale's model FLOPs are MaxText's too
-            mt["mfu"] = found["xlscale"]["model_flops"] / (
-                mt["seconds"]
-                * row.chips
-                * row.num_slices
-                * aot_step.PEAK_FLOPS[row.topology.split(":")[0]]
+            # the same program: xlscale's model FLOPs are MaxText's too (one microbatch's,
+            # as the loop body counts once)
+            mt["mfu"] = (
+                found["xlscale"]["model_flops"]
+                / row.microbatches
+                / (
+                    mt["seconds"]
+                    * row.chips
+                    * row.num_slices
+                    * aot_step.PEAK_FLOPS[row.topology.split(":")[0]]
+                )
             )
         done[name] = (row, xl, mt)
+        commits.setdefault(found["xlscale"].get("commit", "unknown"), []).append(name)
     text = table(done)
     print(text)
     (args.out / "table.md").write_text(text + "\n", encoding="utf-8")
@@ -405,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     (args.out / "grid.json").write_text(json.dumps(grid, indent=1) + "\n", encoding="utf-8")
     if args.doc:
-        write_doc(args.doc, text, provenance(args), done)
+        write_doc(args.doc, text, provenance(args, commits), done)
     return 0
 
 

@@ -8,6 +8,7 @@ and `segment_sum` counts.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import pathlib
@@ -351,6 +352,19 @@ def test_the_comparison_gives_maxtext_the_same_program_and_tabulates_ratios(monk
     args = grid.xlscale_args(row, tmp_path / "x.json")
     assert "--num-slices=2" in args and "--attention=xla" in args and "--no-scan" in args
     assert not grid.ROWS["t5_770m_auto"].has_peer
+    # The paper's batch tokens by gradient accumulation on both sides.
+    paper = grid.ROWS["1085m_none_paper"]
+    overrides = dict(o.split("=", 1) for o in grid.maxtext_overrides(paper))
+    assert overrides["gradient_accumulation_steps"] == "64"
+    assert overrides["per_device_batch_size"] == "4"  # 1024 sequences: 64 microbatches of 16
+    assert paper.batch * paper.seq_len == 2**21  # the CPT paper's 2M tokens at 1-2.5B
+    assert "--microbatches=64" in grid.xlscale_args(paper, tmp_path / "p.json")
+    # Rows compiled at different commits say so.
+    info = grid.provenance(argparse.Namespace(maxtext=None), {"abc": ["a"], "def": ["b", "c"]})
+    assert info["xlscale commit"] == "abc (a); def (b, c)"
+    assert (
+        grid.provenance(argparse.Namespace(maxtext=None), {"abc": ["a"]})["xlscale commit"] == "abc"
+    )
 
     def result(seconds, bytes_, temp):
         memory = {
