@@ -280,7 +280,7 @@ def _foreign_checkpoint(directory: Path) -> dict:
 
 
 def test_a_foreign_init_checkpoint_without_a_record_is_refused_until_recorded(
-    tmp_path, capsys, caplog
+    tmp_path, capsys, caplog, monkeypatch
 ):
     directory = tmp_path / "foreign"
     params = _foreign_checkpoint(directory)
@@ -309,10 +309,25 @@ def test_a_foreign_init_checkpoint_without_a_record_is_refused_until_recorded(
         )
     assert step == 7 and f"restored the parameters of {directory} step 7 (verified)" in caplog.text
     assert init_checkpoints.params_hash(restored) == init_checkpoints.params_hash(params)
+
+    # A step the run's plan already checked is restored without reading the shapes again, and
+    # still verified against its record.
+    def no_metadata(*args, **kwargs):
+        raise AssertionError("the parameters' metadata read again")
+
+    monkeypatch.setattr(CheckpointStore, "params_metadata", no_metadata)
+    again, _, _ = checkpoints.restore_init_params(
+        f"{directory}@7", abstract_params=abstract, checked=True
+    )
+    assert init_checkpoints.params_hash(again) == init_checkpoints.params_hash(params)
+    with pytest.raises(AssertionError, match="metadata read again"):
+        checkpoints.restore_init_params(f"{directory}@7", abstract_params=abstract)
     # A recorded step whose file changed afterwards is refused as corrupt.
     files = [p for p in (directory / "7" / "params").rglob("*") if p.is_file()]
     victim = max(files, key=lambda p: p.stat().st_size)
     victim.write_bytes(victim.read_bytes()[:-1])
+    with pytest.raises(checksums.CheckpointCorruptError, match=f"file {victim} has"):
+        checkpoints.restore_init_params(f"{directory}@7", abstract_params=abstract, checked=True)
     with pytest.raises(checksums.CheckpointCorruptError, match=f"file {victim} has"):
         checkpoints.check_init_checkpoint(os.fspath(directory), abstract_params=abstract)
 

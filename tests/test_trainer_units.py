@@ -388,6 +388,8 @@ def test_compiled_steps_are_shared_by_identical_jobs_of_one_process():
     state = first.init_state(np.array([0, 7], np.uint32))
     again = job(10)
     assert again.init_programs is first.init_programs and len(first.init_programs) == 1
+    # ... and the state's shapes and shardings (traced once)
+    assert again.abstract_state is first.abstract_state and again.shardings is first.shardings
     same = jax.tree.map(np.array_equal, state, again.init_state(np.array([0, 7], np.uint32)))
     assert all(jax.tree.leaves(same))
     assert job(20).train_step is not first.train_step  # cosine depends on the run's length

@@ -391,7 +391,8 @@ def build_job(
     return compile_plan(plan, compile_train=compile_train)
 
 
-# Compiled (train step, eval step) pairs of this process, most recently used last. A sweep run in
+# Compiled train and eval steps of this process (with the initialisation programs, the state's
+# abstract shapes and its shardings), most recently used last. A sweep run in
 # one process (the demos) builds the same programs again and again -- the source, scratch and CPT
 # runs of one size; every finetuning run of one shape -- and tracing and lowering them costs
 # seconds per run even when XLA's persistent cache spares the compilation.
@@ -506,23 +507,26 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
         ),
     )
     six_n, with_attn = wrapper.flops_per_token(seq_len=seq_len, inputs_len=lengths.get("inputs"))
-    rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    abstract_state = jax.eval_shape(
-        lambda r: steps.init_train_state(wrapper, tx, r, seq_len=seq_len), rng
-    )
     params_shardings = jax.tree.map(lambda a: a.sharding, abstract_params)
-    shardings = steps.state_shardings(partitioner, abstract_state, params_shardings)
+    compiled = _COMPILED.get(key)
+    if compiled is not None:  # the state's shapes too: tracing the initialisation takes a while
+        abstract_state, shardings = compiled[3], compiled[4]
+    else:
+        rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        abstract_state = jax.eval_shape(
+            lambda r: steps.init_train_state(wrapper, tx, r, seq_len=seq_len), rng
+        )
+        shardings = steps.state_shardings(partitioner, abstract_state, params_shardings)
     abstract_with = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
         abstract_state,
         shardings,
     )
-    compiled = _COMPILED.get(key)
     with partitioner.context():
         train_step = None
         if compiled is not None:
             _COMPILED.move_to_end(key)
-            train_step, eval_step, init_programs = compiled
+            train_step, eval_step, init_programs = compiled[:3]
         elif compile_train:
             batch = batch_abstract(
                 partitioner, batch_size=batch_size, seq_len=seq_len, feature_lengths=lengths
@@ -547,7 +551,7 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
             eval_step = eval_step.lower(abstract_with.params, batch).compile()
     if compiled is None:
         init_programs = {}
-        _COMPILED[key] = (train_step, eval_step, init_programs)
+        _COMPILED[key] = (train_step, eval_step, init_programs, abstract_state, shardings)
         while len(_COMPILED) > _MAX_COMPILED:
             _COMPILED.popitem(last=False)
     return Job(

@@ -18,10 +18,21 @@ from trainer.jobs import Job
 log = logging.getLogger(__name__)
 
 
-def initial_state(job: Job, store, *, resume: bool, init_checkpoint: str | None, seed: int):
+def initial_state(
+    job: Job,
+    store,
+    *,
+    resume: bool,
+    init_checkpoint: str | None,
+    seed: int,
+    init_checked: bool = False,
+):
     """Resumed state (with its saved JSON) when `resume`, else a fresh one (from
     `init_checkpoint` if given) and the `init_*` fields of `run.json`: the train state a run's
-    loop starts from, set up once its steps are compiled (`trainer.train`)."""
+    loop starts from, set up once its steps are compiled (`trainer.train`).
+
+    `init_checked`: `init_checkpoint` is the step the run's plan checked against the model
+    (`trainer.checkpoints.restore_init_params(checked=True)`)."""
     if resume:
         abstract = job.abstract_state_with_shardings()
         # The newest step that verifies, loads and is finite (newer ones are logged and set aside:
@@ -42,7 +53,9 @@ def initial_state(job: Job, store, *, resume: bool, init_checkpoint: str | None,
     if init_checkpoint is None:
         return job.init_state(rng), {}, {}
     params, directory, step = ckpt_lib.restore_init_params(
-        init_checkpoint, abstract_params=job.abstract_state_with_shardings().params
+        init_checkpoint,
+        abstract_params=job.abstract_state_with_shardings().params,
+        checked=init_checked,
     )
     init = {
         # The source run's MODEL_DIR (where its run.json is), not its checkpoints/ folder.

@@ -247,7 +247,8 @@ def _run(plan: plan_lib.RunPlan, *, sigterm: preemption.SigtermFlag | None = Non
             job,
             store,
             resume=plan.resuming,
-            init_checkpoint=plan.init_source,  # the step the plan checked
+            init_checkpoint=plan.init_source,
+            init_checked=True,  # the step the plan checked against the model
             seed=plan.seed,
         )
         start = int(saved.get("step", 0))
