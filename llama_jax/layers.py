@@ -180,10 +180,17 @@ def residual_layout(x: jax.Array, *, scanned: bool = False) -> jax.Array:
     """
     if scanned or target_backend() not in LENGTH_MINOR_RESIDUAL_BACKENDS or x.ndim != 3:
         return x
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and dict(mesh.shape).get(axes.DATA, 1) > 1:
+    if data_parallel():
         return x
     return with_layout_constraint(x, Layout(major_to_minor=(0, 2, 1)))
+
+
+def data_parallel() -> bool:
+    """Whether the mesh being traced under has a `data` axis over more than one device (data
+    parallelism, e.g. across slices), not pure FSDP: XLA's TPU scheduling choices that pay
+    under pure FSDP can cost memory or bytes there."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and dict(mesh.shape).get(axes.DATA, 1) > 1
 
 
 class Attention(nn.Module):

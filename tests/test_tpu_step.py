@@ -146,6 +146,17 @@ def test_the_lm_heads_gradients_are_the_einsums_on_every_backend(monkeypatch):
         for got, want in zip(grads(llama_model.output_projection), reference, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
+    def barriers(data: int) -> int:
+        """The barriers in the TPU-branch backward pass under a mesh of `data` x `fsdp`."""
+        mesh = jax.make_mesh((data, 8 // data), ("data", "fsdp"))
+        fn = jax.grad(lambda x, k: jnp.sum(llama_model.output_projection(x, k) * g), (0, 1))
+        with jax.set_mesh(mesh):
+            return jax.jit(fn).lower(x, kernel).as_text().count("optimization_barrier")
+
+    # The barrier only under pure FSDP: data parallel (across slices) it made XLA keep every
+    # layer's gathered weights for the backward pass.
+    assert barriers(1) == 1 and barriers(2) == 0
+
 
 # --- projections: stacked on CPU only, same numbers either way ---------------------------------
 
