@@ -249,13 +249,14 @@ def compile_program(args: argparse.Namespace) -> dict:
 
 
 def source_commit() -> str:
-    """The repository's commit that compiled the step (short hash; `+changes` when tracked files
-    differ from it), so a grid built up over several calls says which code made each row."""
+    """The repository's commit that compiled the step (short hash; `+changes` when tracked code
+    differs from it: the docs and the grid's own JSONs aside), so a grid built up over several
+    calls says which code made each row."""
     import subprocess
 
     def git(*args: str) -> str:
         run = subprocess.run(
-            ["git", "-C", str(Path(__file__).resolve().parent), *args],
+            ["git", "-C", str(Path(__file__).resolve().parent.parent), *args],
             capture_output=True,
             text=True,
             check=False,
@@ -265,7 +266,16 @@ def source_commit() -> str:
     commit = git("rev-parse", "--short", "HEAD")
     if not commit:
         return "unknown"
-    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git(
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":!docs",
+        ":!benchmarks/aot_grid",
+    )
+    return commit + ("+changes" if changed else "")
 
 
 def estimated_mfu(model_flops: float, seconds: float, peak: float, microbatches: int) -> float:
