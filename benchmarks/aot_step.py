@@ -221,9 +221,10 @@ def compile_program(args: argparse.Namespace) -> dict:
     usable, why, ops = usability(cost, hlo, num_slices=args.num_slices)
     model_flops = _model_flops(wrapper, args)
     peak = PEAK_FLOPS.get(_chip_generation(args.topology))
+    coverage = flops_coverage(cost.get("flops"), len(devices), model_flops, microbatches)
     mfu = (
         estimated_mfu(model_flops, cost["optimal_seconds"], len(devices) * peak, microbatches)
-        if usable and peak
+        if usable and peak and coverage is not None and coverage >= 1.0
         else None
     )
     return {
@@ -241,6 +242,7 @@ def compile_program(args: argparse.Namespace) -> dict:
         "cost": cost,
         "model_flops": model_flops,
         "estimated_mfu": mfu,
+        "flops_coverage": coverage,
         "counts": "one microbatch (a loop body counts once)" if microbatches > 1 else "the step",
         "usable": usable,
         "why_unusable": why,
@@ -276,6 +278,21 @@ def source_commit() -> str:
         ":!benchmarks/aot_grid",
     )
     return commit + ("+changes" if changed else "")
+
+
+def flops_coverage(
+    flops: float | None, devices: int, model_flops: float, microbatches: int = 1
+) -> float | None:
+    """XLA's FLOPs over all devices ÷ the model FLOPs of what they count (one microbatch's).
+
+    Below 1 XLA counted less than the model needs, which recomputation can only add to: its
+    cost analysis counts a loop's body once, and a scanned model's layers, or (on 8 or more
+    chips) FSDP's weight-gathering matmuls run as collective loops, are loops. The estimate
+    then covers part of the step: its ratio to another program's that XLA counts alike
+    compares, but MFU from it does not (`estimated_mfu` is left out)."""
+    if not flops or not model_flops:
+        return None
+    return flops * devices / (model_flops / microbatches)
 
 
 def estimated_mfu(model_flops: float, seconds: float, peak: float, microbatches: int) -> float:

@@ -231,7 +231,8 @@ def compile_row(name: str, row: Row, args: argparse.Namespace) -> dict[str, dict
 
 def figures(result: dict | None, row: Row) -> dict | None:
     """The table's figures of one program: optimal_seconds (None when unusable), FLOPs, bytes
-    accessed, temporary and peak memory (GB per device), estimated MFU."""
+    accessed, temporary and peak memory (GB per device), estimated MFU (None where XLA counted
+    fewer FLOPs than the model's: a partial count, `aot_step.flops_coverage`)."""
     if result is None:
         return None
     mem, cost = result["memory"], result.get("cost", {})
@@ -246,6 +247,14 @@ def figures(result: dict | None, row: Row) -> dict | None:
     seconds = cost.get("optimal_seconds")
     seconds = seconds if seconds is not None and seconds > 0 else None
     mfu = result.get("estimated_mfu")
+    coverage = aot_step.flops_coverage(
+        cost.get("flops"),
+        row.chips * row.num_slices,
+        result.get("model_flops") or 0.0,
+        row.microbatches,
+    )
+    if coverage is not None and coverage < 1.0:  # XLA counted part of the step: no MFU
+        mfu = None
     return {
         "remat": result.get("settings", {}).get("remat"),
         "microbatches": result.get("settings", {}).get("microbatches", 1),
@@ -401,11 +410,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: xlscale did not compile (see {args.out / (name + '.xlscale.log')})")
             continue
         mt = figures(found["maxtext"], row)
-        if mt and mt["mfu"] is None and mt["seconds"] and found["xlscale"].get("model_flops"):
+        model_flops = found["xlscale"].get("model_flops") or 0.0
+        coverage = mt and aot_step.flops_coverage(
+            mt["flops"], row.chips * row.num_slices, model_flops, row.microbatches
+        )
+        if mt and mt["mfu"] is None and mt["seconds"] and coverage and coverage >= 1.0:
             # the same program: xlscale's model FLOPs are MaxText's too (one microbatch's,
-            # as the loop body counts once)
+            # as the loop body counts once); not where MaxText's count is partial either
             mt["mfu"] = (
-                found["xlscale"]["model_flops"]
+                model_flops
                 / row.microbatches
                 / (
                     mt["seconds"]

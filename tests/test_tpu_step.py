@@ -387,6 +387,12 @@ def test_the_comparison_gives_maxtext_the_same_program_and_tabulates_ratios(monk
         cost = {"optimal_seconds": seconds, "flops": 1e12, "bytes accessed": bytes_}
         return {"memory": memory, "cost": cost, "model_flops": 2.8e14}
 
+    # An MFU only where XLA's FLOPs cover the model's (8 devices x 1e12 of 2.8e14: a loop's
+    # body counted once), whatever the JSON says.
+    assert grid.figures({**result(0.25, 3e11, 2e9), "estimated_mfu": 0.5}, row)["mfu"] is None
+    whole = {**result(0.25, 3e11, 2e9), "estimated_mfu": 0.5}
+    whole["cost"]["flops"] = 4e13
+    assert grid.figures(whole, row)["mfu"] == 0.5
     xl = grid.figures(result(0.25, 3e11, 2e9), row)
     mt = grid.figures(result(0.20, 2e11, 1e9), row)
     bad = grid.figures(result(-1.69, 3e11, 2e9), row)
