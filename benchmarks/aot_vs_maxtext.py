@@ -251,7 +251,7 @@ def figures(result: dict | None, row: Row) -> dict | None:
         cost.get("flops"),
         row.chips * row.num_slices,
         result.get("model_flops") or 0.0,
-        row.microbatches,
+        result.get("settings", {}).get("microbatches") or row.microbatches,  # `auto` picks some
     )
     if coverage is not None and coverage < 1.0:  # XLA counted part of the step: no MFU
         mfu = None
