@@ -580,7 +580,7 @@ def restore_init_params(
       checked: the caller has just run `check_init_checkpoint` on this same spec (the run's
         plan does, before compiling): the step's integrity record is verified again, so the
         files read are the ones checked, but the parameters' shapes are not compared again
-        (reading orbax's metadata opens every array: a second of CPU for a small run).
+        (reading orbax's metadata opens every array: about half a second for a small run).
 
     Returns:
       (params sharded as `abstract_params` says, checkpoints directory, step).
