@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -400,6 +400,16 @@ _COMPILED: collections.OrderedDict = collections.OrderedDict()
 _MAX_COMPILED = 8
 
 
+class _Compiled(NamedTuple):
+    """What jobs with the same `_compiled_key` share (`_COMPILED`'s values)."""
+
+    train_step: Any
+    eval_step: Any
+    init_programs: dict
+    abstract_state: Any
+    shardings: Any
+
+
 def _compiled_key(
     wrapper: Any, partitioner: Partitioner, abstract_params: Any, *, total_steps, settings
 ) -> tuple:
@@ -510,7 +520,7 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
     params_shardings = jax.tree.map(lambda a: a.sharding, abstract_params)
     compiled = _COMPILED.get(key)
     if compiled is not None:  # the state's shapes too: tracing the initialisation takes a while
-        abstract_state, shardings = compiled[3], compiled[4]
+        abstract_state, shardings = compiled.abstract_state, compiled.shardings
     else:
         rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
         abstract_state = jax.eval_shape(
@@ -526,7 +536,8 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
         train_step = None
         if compiled is not None:
             _COMPILED.move_to_end(key)
-            train_step, eval_step, init_programs = compiled[:3]
+            train_step, eval_step = compiled.train_step, compiled.eval_step
+            init_programs = compiled.init_programs
         elif compile_train:
             batch = batch_abstract(
                 partitioner, batch_size=batch_size, seq_len=seq_len, feature_lengths=lengths
@@ -551,7 +562,7 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
             eval_step = eval_step.lower(abstract_with.params, batch).compile()
     if compiled is None:
         init_programs = {}
-        _COMPILED[key] = (train_step, eval_step, init_programs, abstract_state, shardings)
+        _COMPILED[key] = _Compiled(train_step, eval_step, init_programs, abstract_state, shardings)
         while len(_COMPILED) > _MAX_COMPILED:
             _COMPILED.popitem(last=False)
     return Job(
