@@ -62,7 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "and microbatches xlscale's memory model picks for the chip")  # fmt: skip
     p.add_argument("--attention", default="xla", help="xla, splash, auto")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the size's)")
-    p.add_argument("--layers", type=int, default=None, help="layers (default: the size's)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="layers (default: the size's; t5: of each stack)")  # fmt: skip
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="t5: dropout rate (0: span pretraining's, as the MT paper's runs; "
+                   "finetuning's is 0.1)")  # fmt: skip
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                   help="a model config field, e.g. float32_attention_logits=false")  # fmt: skip
     p.add_argument("--scan", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--dtype", default="bfloat16", help="compute dtype (parameters stay float32)")
     p.add_argument("--microbatches", type=int, default=1)
@@ -168,10 +174,15 @@ def compile_program(args: argparse.Namespace) -> dict:
         overrides["scan_layers"] = args.scan
     if args.vocab:
         overrides["vocab_size"] = args.vocab
-    if args.layers and args.family != "llama2":
-        raise SystemExit(f"--layers {args.layers}: only for --family llama2, not {args.family}")
-    if args.layers:
+    if args.family == "t5":
+        overrides["dropout_rate"] = args.dropout
+    if args.layers and args.family == "t5":  # each stack: the encoder's and the decoder's
+        overrides.update(num_encoder_layers=args.layers, num_decoder_layers=args.layers)
+    elif args.layers:
         overrides["num_layers"] = args.layers
+    for item in args.set:  # a model config field, e.g. float32_attention_logits=false
+        key, _, value = item.partition("=")
+        overrides[key] = json.loads(value)
     optimizer = OptimizerConfig(name=args.optimizer or DEFAULT_OPTIMIZER[args.family])
 
     def build(remat: str):

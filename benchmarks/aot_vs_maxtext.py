@@ -19,6 +19,10 @@ parameters), AdamW, pure FSDP over the topology's chips, the same remat policy, 
 (XLA's cost analysis counts a scanned body once), and `xla` attention against MaxText's
 `dot_product` (a Pallas kernel is opaque to the cost model; splash vs flash rows compare only
 with each other).
+
+The T5 rows' peer is T5X (`--t5x PATHS`: its checkout and its git-only dependencies, as
+PYTHONPATH entries): `t5x_step.py` compiles T5X's own step and T5.1.1 network at the same shape,
+batch, microbatches and Adafactor, parameters sharded over the data axis.
 """
 
 from __future__ import annotations
@@ -65,11 +69,21 @@ class Row:
         """Whether MaxText compiles the same program (LLaMA rows)."""
         return self.family == "llama2" and self.d_model > 0
 
+    @property
+    def peer(self) -> str | None:
+        """The trainer whose step this row sets beside xlscale's: MaxText for LLaMA, T5X (its
+        own T5 network and step, `t5x_step.py`) for T5."""
+        if self.has_peer:
+            return "maxtext"
+        return "t5x" if self.family == "t5" else None
+
 
 # MaxText's policy of the same effect as xlscale's (`none` and `full` are named alike); for
 # `auto` (the policy xlscale's memory model picks) MaxText's stock least-remat policy.
 MAXTEXT_REMAT = {"none": "none", "full": "full", "auto": "minimal_with_context"}
 MAXTEXT_ATTENTION = {"xla": "dot_product", "splash": "flash"}
+# The peers' names in the tables.
+PEER_NAMES = {"maxtext": "MaxText", "t5x": "T5X (its T5.1.1 network)"}
 
 _1085M = dict(size="llama2_1085m", d_model=1792, heads=14, d_ff=9728, layers=20)
 _V5P8 = dict(topology="v5p:2x2x1", maxtext_topology="v5p-8", chips=4, batch=16)
@@ -123,7 +137,7 @@ ROWS: dict[str, Row] = {
     ),
     "1085m_none_2slices": Row(**_1085M, **{**_V5P8, "batch": 32}, remat="none", num_slices=2),
     # T5 at the MT paper's batch (128 examples of 512 input and 114 target tokens), Adafactor,
-    # the remat policy xlscale's memory model picks; no MaxText peer.
+    # the remat policy xlscale's memory model picks; T5X's step is the peer (`--t5x`).
     "t5_770m_auto": Row(
         family="t5",
         size="t5_770m",
@@ -196,36 +210,69 @@ def maxtext_overrides(row: Row) -> list[str]:
     return [f"{k}={v}" for k, v in overrides.items()]
 
 
-def _run(cmd: list[str], log: Path, timeout_s: int) -> int:
+def t5x_args(row: Row, out: Path, microbatches: int) -> list[str]:
+    """`t5x_step.py`'s command line for a T5 row: T5X's step at the same shape, batch and
+    microbatches as xlscale's program (`microbatches`: what xlscale's `auto` picked)."""
+    return [
+        sys.executable,
+        str(HERE / "t5x_step.py"),
+        f"--size={row.size}",
+        f"--topology={row.topology}",
+        f"--batch={row.batch}",
+        f"--inputs-len={row.inputs_len}",
+        f"--seq-len={row.seq_len}",
+        f"--vocab={row.vocab}",
+        f"--microbatches={microbatches}",
+        f"--json={out}",
+        f"--hlo={out.with_suffix('.hlo.txt')}",
+    ]
+
+
+def t5x_env(paths: str) -> dict[str, str]:
+    """The environment of a T5X compile: T5X's checkout and its git-only dependencies
+    (`paths`, separated as PYTHONPATH is) before this repository and its benchmarks."""
+    parts = [paths, str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in parts if p)}
+
+
+def _run(cmd: list[str], log: Path, timeout_s: int, env: dict[str, str] | None = None) -> int:
     """Runs one compile in its own process, its output to `log`; returns the exit status."""
     with open(log, "w", encoding="utf-8") as f:
         try:
             return subprocess.run(
-                cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s
+                cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s, env=env
             ).returncode
         except subprocess.TimeoutExpired:
             return 124
 
 
 def compile_row(name: str, row: Row, args: argparse.Namespace) -> dict[str, dict | None]:
-    """Both programs of a row (from their JSON where it exists), by program name."""
+    """Both programs of a row (from their JSON where it exists): `xlscale` and `peer` (MaxText's
+    or T5X's, None where there is none or it was not given)."""
     found = {}
-    for program in ("xlscale", "maxtext"):
+    for key, program in (("xlscale", "xlscale"), ("peer", row.peer)):
         out = args.out / f"{name}.{program}.json"
+        if program is None:
+            found[key] = None
+            continue
         if not out.exists():
+            env = None
             if program == "xlscale":
                 cmd = xlscale_args(row, out)
-            elif args.maxtext_runner and args.maxtext and row.has_peer:
+            elif program == "maxtext" and args.maxtext_runner and args.maxtext:
                 cmd = ["bash", str(args.maxtext_runner), str(args.maxtext), str(out)]
                 cmd += maxtext_overrides(row)
+            elif program == "t5x" and args.t5x and found["xlscale"]:
+                micro = found["xlscale"].get("settings", {}).get("microbatches") or 1
+                cmd, env = t5x_args(row, out, micro), t5x_env(args.t5x)
             else:
-                found[program] = None
+                found[key] = None
                 continue
             start = time.perf_counter()
-            rc = _run(cmd, args.out / f"{name}.{program}.log", args.timeout)
+            rc = _run(cmd, args.out / f"{name}.{program}.log", args.timeout, env)
             took = time.perf_counter() - start
             print(f"  {name} {program}: exit {rc} in {took:.0f} s", flush=True)
-        found[program] = json.loads(out.read_text()) if out.exists() else None
+        found[key] = json.loads(out.read_text()) if out.exists() else None
     return found
 
 
@@ -286,9 +333,9 @@ def _pair(xl: dict, mt: dict | None, key: str, fmt: str) -> str:
 
 
 def table(rows: dict[str, tuple[Row, dict, dict | None]]) -> str:
-    """The markdown table of compiled rows (xlscale's figures, MaxText's, their ratios)."""
+    """The markdown table of compiled rows (xlscale's figures, its peer's, their ratios)."""
     lines = [
-        "| row | optimal s (xlscale / MaxText) | ratio | FLOPs ratio | bytes ratio "
+        "| row | optimal s (xlscale / peer) | ratio | FLOPs ratio | bytes ratio "
         "| temp GB | peak GB | est. MFU |",
         "|" + "---|" * 8,
     ]
@@ -309,10 +356,12 @@ def table(rows: dict[str, tuple[Row, dict, dict | None]]) -> str:
     return "\n".join(lines)
 
 
-def provenance(args: argparse.Namespace, commits: dict[str, list[str]]) -> dict[str, str]:
+def provenance(
+    args: argparse.Namespace, commits: dict[str, list[str]], t5x_revision: str = "–"
+) -> dict[str, str]:
     """What produced the figures: the xlscale commit of each row's program (`commits`: commit →
     rows, from each JSON), jax and libtpu versions, MaxText's revision (its setup's `REVISION`
-    file, where there is one), the machine that compiled."""
+    file, where there is one), T5X's (from its JSONs), the machine that compiled."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -339,6 +388,7 @@ def provenance(args: argparse.Namespace, commits: dict[str, list[str]]) -> dict[
         "MaxText revision": revision.read_text().strip()[:12]
         if revision and revision.exists()
         else "–",
+        "T5X revision": t5x_revision,
         "compiled on": f"{platform.machine()} CPU, {os.cpu_count()} cores, Python "
         f"{platform.python_version()} (ahead of time; no TPU)",
     }
@@ -353,8 +403,9 @@ def write_doc(path: Path, text: str, info: dict[str, str], rows: dict) -> None:
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in info.items()),
         "",
-        "| row | size | topology | chips × slices | global batch × length | remat | attention |",
-        "|---|---|---|---|---|---|---|",
+        "| row | size | topology | chips × slices | global batch × length | remat | attention "
+        "| peer |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, (row, xl, _) in rows.items():
         remat, attention = xl.get("remat") or row.remat, row.attention
@@ -363,11 +414,14 @@ def write_doc(path: Path, text: str, info: dict[str, str], rows: dict) -> None:
         if row.has_peer:
             remat += f" / {MAXTEXT_REMAT.get(row.remat, row.remat)}"
             attention += f" / {MAXTEXT_ATTENTION[row.attention]}"
+        elif row.peer == "t5x":  # T5X's network has no remat; its attention is plain XLA
+            remat += " / none"
+            attention += " / xla"
         shape = f"vocab {row.vocab}" + (f", {row.layers} layers" if row.layers else "")
         length = f"{row.inputs_len} + {row.seq_len}" if row.inputs_len else f"{row.seq_len}"
         lines.append(
             f"| {name} | {row.size} ({shape}) | {row.topology} | {row.chips} × {row.num_slices} "
-            f"| {row.batch} × {length} | {remat} | {attention} |"
+            f"| {row.batch} × {length} | {remat} | {attention} | {PEER_NAMES.get(row.peer, '–')} |"
         )
     lines += ["", text]
     block = "\n".join([BEGIN, *lines, END])
@@ -392,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", nargs="+", default=list(ROWS), help=f"of {', '.join(ROWS)}")
     p.add_argument("--maxtext-runner", type=Path, help="RUNNER DEST OUT.json key=value...")
     p.add_argument("--maxtext", type=Path, help="DEST given to the runner (MaxText's setup)")
+    p.add_argument("--t5x", help="T5X's checkout and its git-only dependencies (airio, "
+                   "jestimator), as PYTHONPATH entries: the T5 rows' peer")  # fmt: skip
     p.add_argument("--timeout", type=int, default=1800, help="seconds per compile")
     p.add_argument("--doc", type=Path, help="also write the table with its provenance here")
     args = p.parse_args(argv)
@@ -402,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     done = {}
     commits: dict[str, list[str]] = {}  # the commit each row's xlscale program was compiled at
+    t5x_revision = "–"
     for name in args.rows:
         row = ROWS[name]
         found = compile_row(name, row, args)
@@ -409,12 +466,19 @@ def main(argv: list[str] | None = None) -> int:
         if xl is None:
             print(f"  {name}: xlscale did not compile (see {args.out / (name + '.xlscale.log')})")
             continue
-        mt = figures(found["maxtext"], row)
+        mt = figures(found["peer"], row)
         model_flops = found["xlscale"].get("model_flops") or 0.0
         coverage = mt and aot_step.flops_coverage(
             mt["flops"], row.chips * row.num_slices, model_flops, row.microbatches
         )
-        if mt and mt["mfu"] is None and mt["seconds"] and coverage and coverage >= 1.0:
+        if (
+            row.has_peer
+            and mt
+            and mt["mfu"] is None
+            and mt["seconds"]
+            and coverage
+            and coverage >= 1.0
+        ):
             # the same program: xlscale's model FLOPs are MaxText's too (one microbatch's,
             # as the loop body counts once); not where MaxText's count is partial either
             mt["mfu"] = (
@@ -429,16 +493,23 @@ def main(argv: list[str] | None = None) -> int:
             )
         done[name] = (row, xl, mt)
         commits.setdefault(found["xlscale"].get("commit", "unknown"), []).append(name)
+        if found["peer"] and found["peer"].get("t5x_revision"):
+            t5x_revision = found["peer"]["t5x_revision"]
     text = table(done)
     print(text)
     (args.out / "table.md").write_text(text + "\n", encoding="utf-8")
     grid = {
-        n: {"row": dataclasses.asdict(r), "xlscale": x, "maxtext": m}
+        n: {
+            "row": dataclasses.asdict(r),
+            "xlscale": x,
+            "peer": r.peer if m else None,
+            "peer_figures": m,
+        }
         for n, (r, x, m) in done.items()
     }
     (args.out / "grid.json").write_text(json.dumps(grid, indent=1) + "\n", encoding="utf-8")
     if args.doc:
-        write_doc(args.doc, text, provenance(args, commits), done)
+        write_doc(args.doc, text, provenance(args, commits, t5x_revision), done)
     return 0
 
 

@@ -225,7 +225,7 @@ class MultiHeadDotProductAttention(nn.Module):
     cross: bool = False
     dropout_rate: float = 0.0
     kernel: str = "auto"
-    float32_logits: bool = True
+    float32_logits: bool = False
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 

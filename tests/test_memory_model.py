@@ -130,7 +130,7 @@ def test_t5_cross_attention_runs_the_kernel_asked_for():
     ahead-of-time compile of T5-770M keeps float32 logits and weights for its 48
     self-attentions only: 9.0 GiB of 16.8 GiB live across the loss; estimate/XLA 1.16 -> 0.92)."""
     family = family_lib.get("t5")
-    cfg = family.get_config("t5_770m", dtype="bfloat16")
+    cfg = family.get_config("t5_770m", dtype="bfloat16", float32_attention_logits=True)
     shape = memory.StepShape(
         batch_size=32,
         seq_len=512,
@@ -144,7 +144,7 @@ def test_t5_cross_attention_runs_the_kernel_asked_for():
     xla = family.memory_estimate(cfg, shape=shape.replace(attention_kernel="xla"))
     assert auto.kernel == xla.kernel == "xla"  # the self-attention kernel
     h, s, a = cfg.num_heads, 512, cfg.num_heads * cfg.head_dim
-    # per decoder layer and example: float32 logits (T5X's float32_attention_logits), the
+    # per decoder layer and example: float32 logits (float32_attention_logits), the
     # attention output, the weights (bf16)
     cross = 4 * h * s * s + 2 * s * a + 2 * h * s * s
     assert xla.activations - auto.activations == 8 * cfg.num_decoder_layers * cross

@@ -342,14 +342,18 @@ def test_the_benchmark_json_of_a_tiny_tpu_step(tpu_topology, tmp_path, monkeypat
     assert result["model_flops"] > 0 and result["settings"]["devices"] == 4
 
 
-def _grid_module(monkeypatch):
+def _load_benchmark(monkeypatch, name: str):
+    """A benchmark script of `benchmarks/` as a module (its siblings importable)."""
     monkeypatch.syspath_prepend(str(BENCH.parent))
-    path = BENCH.parent / "aot_vs_maxtext.py"
-    spec = importlib.util.spec_from_file_location("aot_vs_maxtext_benchmark", path)
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", BENCH.parent / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _grid_module(monkeypatch):
+    return _load_benchmark(monkeypatch, "aot_vs_maxtext")
 
 
 def test_the_comparison_gives_maxtext_the_same_program_and_tabulates_ratios(monkeypatch, tmp_path):
@@ -362,7 +366,14 @@ def test_the_comparison_gives_maxtext_the_same_program_and_tabulates_ratios(monk
     assert overrides["attention"] == "dot_product" and overrides["remat_policy"] == "none"
     args = grid.xlscale_args(row, tmp_path / "x.json")
     assert "--num-slices=2" in args and "--attention=xla" in args and "--no-scan" in args
-    assert not grid.ROWS["t5_770m_auto"].has_peer
+    t5 = grid.ROWS["t5_770m_auto"]
+    assert not t5.has_peer and t5.peer == "t5x" and row.peer == "maxtext"
+    # T5X's step at the same shape, batch and microbatches as xlscale's program.
+    t5x = grid.t5x_args(t5, tmp_path / "t.json", microbatches=2)
+    assert {"--size=t5_770m", "--batch=128", "--inputs-len=512", "--seq-len=114"} <= set(t5x)
+    assert "--microbatches=2" in t5x and t5x[1].endswith("t5x_step.py")
+    path = grid.t5x_env("/a/t5x:/a/airio")["PYTHONPATH"].split(":")
+    assert path[:2] == ["/a/t5x", "/a/airio"] and str(BENCH.parent) in path
     # The paper's batch tokens by gradient accumulation on both sides.
     paper = grid.ROWS["1085m_none_paper"]
     overrides = dict(o.split("=", 1) for o in grid.maxtext_overrides(paper))
@@ -407,3 +418,16 @@ def test_the_comparison_gives_maxtext_the_same_program_and_tabulates_ratios(monk
     written = page.read_text()
     assert written.startswith("# Title\n\nOur words.\n") and written.count(grid.BEGIN) == 1
     assert "| 1085m_none_2slices |" not in written and "| a | llama2_1085m" in written
+
+
+def test_t5xs_step_gets_xlscales_batch_and_says_when_t5x_is_missing(monkeypatch, capsys):
+    t5x_step = _load_benchmark(monkeypatch, "t5x_step")
+    args = t5x_step.parse_args(["--batch=8", "--inputs-len=16", "--seq-len=12"])
+    shapes = t5x_step.batch_shapes(args)
+    # The features of xlscale's encoder-decoder batch, but the mixture's task ids.
+    lengths = features.batch_lengths({"inputs": 16, "targets": 12})
+    lengths.pop(features.DECODER_TASK_IDS, None)
+    assert {k: s for k, (s, _) in shapes.items()} == {k: (8, n) for k, n in lengths.items()}
+    monkeypatch.setitem(sys.modules, "t5x", None)  # T5X not importable
+    assert t5x_step.main([f"--libtpu={BENCH}"]) == 2  # any existing file stands for libtpu
+    assert "PYTHONPATH" in capsys.readouterr().err
