@@ -213,23 +213,10 @@ def compile_program(args: argparse.Namespace) -> dict:
         components=[f"c{k}" for k in range(args.components)],
         total_steps=1000,
     )
-    compiled = job.train_step
     compile_s = time.perf_counter() - start
-    mem = compiled.memory_analysis()
-    memory = {f: int(getattr(mem, f)) for f in MEMORY_FIELDS}
-    memory["peak"] = (
-        memory["argument_size_in_bytes"]
-        + memory["output_size_in_bytes"]
-        - memory["alias_size_in_bytes"]
-        + memory["temp_size_in_bytes"]
+    memory, cost, (usable, why, ops) = compiled_figures(
+        job.train_step, hlo_path=args.hlo, num_slices=args.num_slices
     )
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else (cost or {})
-    cost = {k: float(v) for k, v in cost.items() if k in COST_FIELDS}
-    hlo = compiled.as_text()
-    if args.hlo:
-        Path(args.hlo).write_text(hlo, encoding="utf-8")
-    usable, why, ops = usability(cost, hlo, num_slices=args.num_slices)
     model_flops = _model_flops(wrapper, args)
     peak = PEAK_FLOPS.get(_chip_generation(args.topology))
     coverage = flops_coverage(cost.get("flops"), len(devices), model_flops, microbatches)
@@ -259,6 +246,51 @@ def compile_program(args: argparse.Namespace) -> dict:
         "why_unusable": why,
         "uncosted_ops": ops,
     }
+
+
+def compiled_figures(
+    compiled, *, hlo_path: str | None = None, num_slices: int = 1
+) -> tuple[dict, dict, tuple[bool, str | None, list[str]]]:
+    """XLA's figures of a compiled program: per-device memory (with the peak: arguments +
+    outputs − aliased + temporaries), the cost analysis's fields, and `usability`; the
+    optimised HLO text is written to `hlo_path` when given."""
+    mem = compiled.memory_analysis()
+    memory = {f: int(getattr(mem, f)) for f in MEMORY_FIELDS}
+    memory["peak"] = (
+        memory["argument_size_in_bytes"]
+        + memory["output_size_in_bytes"]
+        - memory["alias_size_in_bytes"]
+        + memory["temp_size_in_bytes"]
+    )
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else (cost or {})
+    cost = {k: float(v) for k, v in cost.items() if k in COST_FIELDS}
+    hlo = compiled.as_text()
+    if hlo_path:
+        Path(hlo_path).write_text(hlo, encoding="utf-8")
+    return memory, cost, usability(cost, hlo, num_slices=num_slices)
+
+
+def use_libtpu(path: str) -> bool:
+    """Points JAX's TPU plugin at libtpu `path` for compile-only devices; False (and a line on
+    stderr naming where it looked) when there is no such file."""
+    if not Path(path).is_file():
+        print(
+            f"--libtpu {path}: no such file; `make test` installs libtpu in "
+            ".venv/libtpu-aot/ (or pip install libtpu==0.0.42.1 --target DIR)",
+            file=sys.stderr,
+        )
+        return False
+    os.environ["TPU_LIBRARY_PATH"] = path
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    return True
+
+
+def report(result: dict, json_path: str | None) -> None:
+    """Prints a result's summary and writes its JSON to `json_path` when given."""
+    print(summary(result), flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
 
 def source_commit() -> str:
@@ -360,19 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     """Compiles one program and prints (and with `--json` writes) its figures; exits 2 without
     libtpu, naming where it looked."""
     args = parse_args(argv)
-    if not Path(args.libtpu).is_file():
-        print(
-            f"--libtpu {args.libtpu}: no such file; `make test` installs libtpu in "
-            ".venv/libtpu-aot/ (or pip install libtpu==0.0.42.1 --target DIR)",
-            file=sys.stderr,
-        )
+    if not use_libtpu(args.libtpu):
         return 2
-    os.environ["TPU_LIBRARY_PATH"] = args.libtpu
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    result = compile_program(args)
-    print(summary(result), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    report(compile_program(args), args.json)
     return 0
 
 

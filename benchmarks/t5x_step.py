@@ -22,7 +22,6 @@ inside the same T5X step, as the gin files of `t5x_configs/t5x/` do for real T5X
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -181,21 +180,7 @@ def compile_program(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     compiled = step.lower(state_shape, batch).compile()
     compile_s = time.perf_counter() - start
-    mem = compiled.memory_analysis()
-    memory = {f: int(getattr(mem, f)) for f in aot_step.MEMORY_FIELDS}
-    memory["peak"] = (
-        memory["argument_size_in_bytes"]
-        + memory["output_size_in_bytes"]
-        - memory["alias_size_in_bytes"]
-        + memory["temp_size_in_bytes"]
-    )
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else (cost or {})
-    cost = {k: float(v) for k, v in cost.items() if k in aot_step.COST_FIELDS}
-    hlo = compiled.as_text()
-    if args.hlo:
-        Path(args.hlo).write_text(hlo, encoding="utf-8")
-    usable, why, ops = aot_step.usability(cost, hlo)
+    memory, cost, (usable, why, ops) = aot_step.compiled_figures(compiled, hlo_path=args.hlo)
     per_token = family_lib.get("t5").cost_per_token(
         xl_config, seq_len=args.seq_len, inputs_len=args.inputs_len
     )
@@ -259,9 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     """Compiles T5X's step and prints (and with `--json` writes) its figures; exits 2 without
     libtpu or without T5X on the import path, naming what is missing."""
     args = parse_args(argv)
-    if not Path(args.libtpu).is_file():
-        print(f"--libtpu {args.libtpu}: no such file (`make test` installs it)", file=sys.stderr)
-        return 2
     try:
         import t5x  # noqa: F401
     except ImportError as err:
@@ -271,12 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    os.environ["TPU_LIBRARY_PATH"] = args.libtpu
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    result = compile_program(args)
-    print(aot_step.summary(result), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if not aot_step.use_libtpu(args.libtpu):
+        return 2
+    aot_step.report(compile_program(args), args.json)
     return 0
 
 
