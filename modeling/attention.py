@@ -176,9 +176,13 @@ def _divide_rows_fwd(unnormalised: Array, sums: Array):
 
 def _divide_rows_bwd(kept, grad: Array) -> tuple[Array, Array]:
     out, sums = kept
-    g = grad.astype(sums.dtype)
-    grad_sums = -jnp.sum(g * out.astype(sums.dtype), axis=-1, keepdims=True) / sums
-    return (g / sums).astype(out.dtype), grad_sums
+    # The products in the cotangent's dtype, summed in float32: a float32 copy of the cotangent
+    # shared by this sum and the division below is what XLA would otherwise write (the out
+    # projection's backward matmul widened to a float32 output, then relaid out for its two
+    # consumers). A bf16 product of two bf16 values is off by at most half a unit in the last
+    # place, far below what the sum's own rounding to the logits' cotangent keeps.
+    grad_sums = -jnp.sum(grad * out, axis=-1, keepdims=True, dtype=sums.dtype) / sums
+    return (grad.astype(sums.dtype) / sums).astype(out.dtype), grad_sums
 
 
 divide_rows.defvjp(_divide_rows_fwd, _divide_rows_bwd)
@@ -231,10 +235,14 @@ def _xla(
         logits = logits.astype(mask_dtype) + jnp.where(mask[:, :, None], 0.0, MASK_VALUE).astype(
             mask_dtype
         )
-    logits = logits.astype(wide)
     if bias is not None:
-        bias = bias.astype(wide)
+        # Added in the logits' dtype, as T5X's and Hugging Face's T5 add their relative
+        # position biases: in float32 the logits' cotangent stays float32 up to the bias's
+        # gradient (a sum over the batch), and XLA recomputes it inside each of the two
+        # backward matmuls that consume it instead of writing it once in the compute dtype.
+        bias = bias.astype(logits.dtype)
         logits = logits + bias.reshape(bias.shape[0], kv_heads, group, *bias.shape[2:])
+    logits = logits.astype(wide)
     # Softmax's numerator and denominator apart: the value einsum takes the exponentials and
     # the division runs on its output `[B, Q, H, D]`, as MaxText's attention does. Normalising
     # `[B, H, Q, K]` first costs one more pass over it each way, and the backward pass's row

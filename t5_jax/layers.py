@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax.linen import partitioning as nn_partitioning
 from jax import lax
 
-from modeling.attention import attend
+from modeling.attention import attend, target_backend
 from modeling.axes import ACT_EMBED, ACT_HEADS, ACT_MLP, EMBED, HEADS, JOINED_KV, MLP, VOCAB
 
 # T5-only logical axis (the relative-position bucket table); T5X's name, never sharded.
@@ -387,21 +387,36 @@ class MlpBlock(nn.Module):
         return constrain(out, ACT_EMBED)
 
 
-@functools.partial(jax.checkpoint, static_argnums=(0,))
 def gated_product(activations: tuple[str, ...], *branches: Array) -> Array:
     """`prod_i act_i(branch_i)` (`ACTIVATIONS` names), recomputed in the backward pass from the
-    branches.
+    branches except on the backends of `GATE_FUSED_BACKENDS`.
 
     Without the checkpoint JAX keeps each activation's intermediates beside the projections
     (tanh-GELU: five `[b, S, d_ff]` arrays, and the product), the largest activations of a T5
     block; with it, the projections (and the product, as `wo`'s input), as
-    `llama_jax.layers.swiglu` does for SwiGLU.
+    `llama_jax.layers.swiglu` does for SwiGLU. XLA's TPU compiler fuses the activations into the
+    matmuls around them and keeps the same arrays without the checkpoint, which there only adds
+    a separate recomputing pass over `[b, S, d_ff]`.
     """
+    if target_backend() in GATE_FUSED_BACKENDS:
+        return _gated(activations, *branches)
+    return _gated_recomputed(activations, *branches)
+
+
+# Target backends whose compiler fuses the gated activations' backward into the matmuls by
+# itself (see `gated_product`); elsewhere (CPU, GPU) the explicit recomputation saves memory.
+GATE_FUSED_BACKENDS = frozenset({"tpu"})
+
+
+def _gated(activations: tuple[str, ...], *branches: Array) -> Array:
     x = None
     for act, branch in zip(activations, branches, strict=True):
         h = ACTIVATIONS[act](branch)
         x = h if x is None else x * h
     return x
+
+
+_gated_recomputed = jax.checkpoint(_gated, static_argnums=(0,))
 
 
 def attention_segments(valid: Array, segment_ids: Array | None) -> Array:

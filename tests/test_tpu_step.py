@@ -95,6 +95,45 @@ def test_xla_attention_gradients_match_the_reference_kernel_in_bf16():
         np.testing.assert_allclose(np.float32(g), np.float32(r), atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_division_after_the_value_matmul_has_the_gradients_of_autodiff(dtype):
+    # Its backward pass sums the cotangent's products with the output in float32 from the
+    # compute-dtype values (no float32 copy of the cotangent); float32 is exact autodiff.
+    out = jax.random.normal(jax.random.key(5), (2, 6, 3, 8), jnp.float32).astype(dtype)
+    sums = jax.random.uniform(jax.random.key(6), (2, 6, 3, 1), jnp.float32, 0.5, 9.0)
+    cot = jax.random.normal(jax.random.key(7), (2, 6, 3, 8), jnp.float32).astype(dtype)
+
+    def reference(u, s):
+        return (u.astype(jnp.float32) / s).astype(dtype)
+
+    _, ours = jax.vjp(attention.divide_rows, out, sums)
+    _, theirs = jax.vjp(reference, out, sums)
+    tol = 1e-6 if dtype == jnp.float32 else 1e-2
+    for got, want in zip(ours(cot), theirs(cot), strict=True):
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=tol, atol=tol)
+
+
+def test_a_bias_is_added_in_the_logits_dtype_with_float32_logits_gradients_close():
+    # T5's relative-position bias, in bf16 as T5X adds it; against float32 attention.
+    b, s, h, d = 2, 12, 4, 8
+    keys = jax.random.split(jax.random.key(8), 4)
+    q, k, v = (jax.random.normal(key, (b, s, h, d), jnp.float32) for key in keys[:3])
+    bias = jax.random.normal(keys[3], (1, h, s, s), jnp.float32)
+
+    def loss(q, k, v, bias, dtype):
+        cast = [x.astype(dtype) for x in (q, k, v)]
+        out = attention.attend(*cast, causal=False, bias=bias, scale=1.0, kernel="xla")
+        return jnp.sum(out.astype(jnp.float32) * jnp.cos(jnp.arange(d, dtype=jnp.float32)))
+
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3))
+    for got, want in zip(
+        grad(q, k, v, bias, jnp.bfloat16), grad(q, k, v, bias, jnp.float32), strict=True
+    ):
+        assert got.dtype == jnp.float32
+        np.testing.assert_allclose(got, want, rtol=0.05, atol=0.08)
+
+
 def test_a_bf16_llama_block_keeps_no_float32_attention_array():
     cfg = llama_sizes.get_config(
         "llama2_tiny", dtype="bfloat16", remat_policy="none", attention_kernel="xla"
@@ -175,6 +214,28 @@ def test_unstacked_projections_give_the_stacked_outputs(monkeypatch):
     assert not layers.stack_projections()
     separate = model.apply({"params": params}, tokens)
     np.testing.assert_allclose(stacked, separate, rtol=1e-5, atol=1e-5)
+
+
+def test_t5s_gated_activations_are_recomputed_except_on_tpu(monkeypatch):
+    from t5_jax import layers as t5_layers
+
+    a, b = (
+        jax.random.normal(key, (2, 5, 24), jnp.float32)
+        for key in jax.random.split(jax.random.key(9), 2)
+    )
+    acts = ("gelu", "linear")
+
+    def grads():
+        fn = lambda a, b: jnp.sum(jnp.sin(t5_layers.gated_product(acts, a, b)))  # noqa: E731
+        return jax.jit(jax.grad(fn, argnums=(0, 1)))(a, b), str(jax.make_jaxpr(fn)(a, b))
+
+    reference, jaxpr = grads()
+    assert "remat" in jaxpr or "checkpoint" in jaxpr  # CPU: recomputed in the backward pass
+    monkeypatch.setattr(t5_layers, "target_backend", lambda: "tpu")
+    fused, jaxpr = grads()
+    assert "remat" not in jaxpr and "checkpoint" not in jaxpr  # TPU: XLA fuses it by itself
+    for got, want in zip(fused, reference, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 # --- the non-finite guard: three scalars, the same decisions ------------------------------------

@@ -3,6 +3,7 @@ checkpoint helpers, the train step's microbatching and non-finite guard, and the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -101,6 +102,45 @@ def test_adafactor_factors_second_moments_of_large_matrices():
         optimizers.build_optimizer(
             optimizers.OptimizerConfig(name="sgd"), learning_rate=optax.constant_schedule(1.0)
         )
+
+
+def test_adafactor_equals_optax_adafactor_with_one_pass_for_the_parameter_scale():
+    # The same chain as optax.adafactor (so checkpoints of its state restore) and the same
+    # updates, including a parameter whose RMS is below the minimum scale and weight decay.
+    keys = jax.random.split(jax.random.key(3), 3)
+    params = {
+        "big": jax.random.normal(keys[0], (256, 130)),
+        "vector": jax.random.normal(keys[1], (7,)),
+        "tiny": jnp.full((3, 5), 1e-5),
+    }
+    grads = jax.tree.map(lambda p: jnp.sin(3.0 * p) + 0.1, params)
+    schedule = optax.constant_schedule(0.01)
+    for decay in (0.0, 0.1):
+        config = dataclasses.replace(optimizers.adafactor_defaults(), weight_decay=decay)
+        ours = optimizers.build_optimizer(config, learning_rate=schedule)
+        theirs = optax.chain(
+            optax.adafactor(
+                learning_rate=schedule,
+                decay_rate=0.8,
+                clipping_threshold=1.0,
+                multiply_by_parameter_scale=True,
+                weight_decay_rate=decay or None,
+                weight_decay_mask=(lambda t: jax.tree.map(lambda p: p.ndim >= 2, t))
+                if decay
+                else None,
+            )
+        )
+        ours_state, theirs_state = ours.init(params), theirs.init(params)
+        assert jax.tree.structure(ours_state) == jax.tree.structure(theirs_state)
+        for _ in range(3):
+            ours_updates, ours_state = ours.update(grads, ours_state, params)
+            theirs_updates, theirs_state = theirs.update(grads, theirs_state, params)
+            for name in params:
+                np.testing.assert_allclose(
+                    ours_updates[name], theirs_updates[name], rtol=1e-6, atol=1e-12
+                )
+    with pytest.raises(ValueError, match="needs the parameters"):
+        optimizers.scale_by_param_rms().update(grads, optax.EmptyState())
 
 
 # --- mesh and partitioning ---------------------------------------------------------------------

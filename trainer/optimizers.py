@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from trainer import validation
@@ -70,17 +71,52 @@ def adamw(config: OptimizerConfig, learning_rate: optax.Schedule) -> optax.Gradi
 def adafactor(
     config: OptimizerConfig, learning_rate: optax.Schedule
 ) -> optax.GradientTransformation:
-    """Adafactor with T5's defaults (`optax.adafactor`); `build_optimizer` adds the clipping."""
-    return optax.adafactor(
-        learning_rate=learning_rate,
-        min_dim_size_to_factor=config.min_dim_size_to_factor,
-        decay_rate=config.decay_rate,
-        multiply_by_parameter_scale=config.multiply_by_parameter_scale,
-        clipping_threshold=config.clipping_threshold,
-        weight_decay_rate=config.weight_decay or None,
-        weight_decay_mask=_decay_mask(config) if config.weight_decay else None,
-        factored=True,
-    )
+    """Adafactor with T5's defaults: `optax.adafactor`'s chain, the same transformations in the
+    same order (so the same state), with the parameter scale taken in one pass
+    (`scale_by_param_rms`); `build_optimizer` adds the clipping."""
+    chain = [
+        optax.scale_by_factored_rms(
+            factored=True,
+            decay_rate=config.decay_rate,
+            step_offset=0,
+            min_dim_size_to_factor=config.min_dim_size_to_factor,
+            epsilon=1e-30,
+        )
+    ]
+    if config.clipping_threshold is not None:
+        chain.append(optax.clip_by_block_rms(config.clipping_threshold))
+    chain.append(optax.scale_by_learning_rate(learning_rate, flip_sign=False))
+    if config.multiply_by_parameter_scale:
+        chain.append(scale_by_param_rms())
+    if config.weight_decay:
+        chain.append(optax.add_decayed_weights(config.weight_decay, mask=_decay_mask(config)))
+    chain.append(optax.scale(-1.0))
+    return optax.chain(*chain)
+
+
+def scale_by_param_rms(min_scale: float = 1e-3) -> optax.GradientTransformation:
+    """Each update times its parameter's root mean square, at least `min_scale`: Adafactor's
+    `multiply_by_parameter_scale`, the values of `optax.scale_by_param_block_rms`.
+
+    optax's takes the RMS twice (the second time of the parameter with ones where the RMS is
+    below `min_scale`, which only matters for a gradient through the optimizer), and XLA
+    cannot merge the two: a second pass over every parameter in every step. An optimizer
+    update is never differentiated here, so one pass gives the same values.
+    """
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError(
+                "scale_by_param_rms needs the parameters (optimizer.update(..., params))"
+            )
+        scaled = jax.tree.map(
+            lambda u, p: u * jnp.maximum(jnp.sqrt(jnp.mean(jnp.square(p))), min_scale),
+            updates,
+            params,
+        )
+        return scaled, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 OPTIMIZERS: dict[str, Callable[[OptimizerConfig, optax.Schedule], optax.GradientTransformation]] = {

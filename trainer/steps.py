@@ -170,37 +170,45 @@ def make_train_step(
     never the key that initialised the parameters), folded with the microbatch index.
     """
 
-    def loss_and_grads(params, batch, dropout_rng):
+    def loss_and_grads(params, batch, dropout_rng, scale):
+        # Differentiates the loss already divided by the global batch's target tokens (`scale`
+        # is its inverse), as T5X and MaxText normalise theirs: the gradients leave the
+        # backward pass normalised, where dividing them afterwards is a pass of its own over
+        # every gradient (which XLA may write out again for the optimizer's reductions).
         def objective(p):
             out = model.loss_fn(p, batch, z_loss=config.z_loss, dropout_rng=dropout_rng)
-            return out.loss_sum + out.z_loss_sum, out
+            return (out.loss_sum + out.z_loss_sum) * scale, out
 
         (_, out), grads = jax.value_and_grad(objective, has_aux=True)(params)
         return out, grads
 
     def train_step(state: TrainState, batch: Mapping[str, jax.Array]):
         step_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step + 1)
+        # The loss's denominator, known from the batch before any forward pass: the target
+        # tokens' weights, as `loss_fn` sums them into `weight_sum`.
+        weights = batch[features.DECODER_LOSS_WEIGHTS].astype(jnp.float32)
+        scale = 1.0 / jnp.maximum(weights.sum(), 1.0)
         if config.num_microbatches > 1:
             micro = _split_microbatches(batch, config.num_microbatches)
 
             def body(acc, xs):
                 index, mb = xs
-                out, grads = loss_and_grads(state.params, mb, jax.random.fold_in(step_rng, index))
+                out, grads = loss_and_grads(
+                    state.params, mb, jax.random.fold_in(step_rng, index), scale
+                )
                 return jax.tree.map(jnp.add, acc, (out, grads)), None
 
             zero_out, zero_grads = jax.eval_shape(
-                loss_and_grads, state.params, jax.tree.map(lambda x: x[0], micro), step_rng
+                loss_and_grads, state.params, jax.tree.map(lambda x: x[0], micro), step_rng, scale
             )
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (zero_out, zero_grads))
             indices = jnp.arange(config.num_microbatches, dtype=jnp.int32)
             (out, grads), _ = jax.lax.scan(body, zeros, (indices, micro))
         else:
-            out, grads = loss_and_grads(state.params, batch, step_rng)
+            out, grads = loss_and_grads(state.params, batch, step_rng, scale)
 
-        denom = jnp.maximum(out.weight_sum, 1.0)
-        grads = jax.tree.map(lambda g: g / denom, grads)
         grad_norm = optax.global_norm(grads)
-        loss = out.loss_sum / denom
+        loss = out.loss_sum * scale
         finite_loss = jnp.isfinite(loss)
         finite_grads = jnp.isfinite(grad_norm)
 
