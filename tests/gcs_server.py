@@ -148,6 +148,22 @@ class GcsServer:
             raise RuntimeError("freeze: the server is not running")
         self._process.send_signal(signal.SIGSTOP)
         self._frozen = True
+        self._wait_for_state("T")
+
+    def _wait_for_state(self, wanted: str) -> None:
+        """Returns once the kernel reports the server process in `wanted` state (`T`: stopped).
+        A signal is delivered asynchronously: on a loaded machine the process can still answer
+        a request sent right after `send_signal` returns, so `freeze` waits until it is stopped
+        (by the process's state, not by a duration)."""
+        stat = Path(f"/proc/{self._process.pid}/stat")
+        if not stat.exists():  # no procfs (macOS): nothing to wait on
+            return
+        for _ in range(10_000):
+            # The state is the field after the parenthesised command name.
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == wanted:
+                return
+            time.sleep(0.001)
+        raise RuntimeError(f"freeze: the server process never reached state {wanted!r}")
 
     def thaw(self) -> None:
         """Lets a frozen server run again (SIGCONT); it answers the requests it had accepted."""
