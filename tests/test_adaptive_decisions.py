@@ -241,8 +241,8 @@ def _flat_early_curves(root) -> dict:
 @pytest.mark.slow
 def test_a_degenerate_fit_keeps_the_prior_and_names_why(tmp_path):
     # The fit of curves that ignore N converges with A·N^-α gone (A underflows to 0): a scale
-    # the design's log-parameters cannot hold. The xmanager adaptive test met it in CI (stop
-    # 52) and steering stopped on "math domain error"; the block now waits for more points.
+    # the design's log-parameters cannot hold. Steering an xmanager adaptive sweep met it and
+    # stopped on "math domain error"; the block now waits for more points.
     # The CPT block's second stage holds the scratch fit's E, A and α, so it waits too.
     data = _flat_early_curves(tmp_path)
     model = paper_models.cpt_model()
