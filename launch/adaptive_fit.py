@@ -308,6 +308,7 @@ def refit(
         langs = block_languages(model, data)
         src = Sources(study, langs, series, bootstrap, seed, scales or {})
         params, ci, fits, why_not, observed = dict(model.prior), {}, {}, {}, []
+        held: dict[str, tuple[float, str]] = {}  # a degenerate fit's values -> why
         noise: dict[str, RunNoise] = {}
         residuals: dict[tuple[str, str], list[float]] = {}
         for block in model.blocks:
@@ -328,9 +329,14 @@ def refit(
                 why_not[block.name] = "no points yet" if fit is None else fit.status
                 continue
             fitted = {name: float(fit.params[p]) for p, name in block.params.items()}
-            degenerate = model.unusable(fitted)
+            degenerate = (
+                model.unusable(fitted)
+                or _held_degenerate(fitted, held)
+                or _flat(model, block.name, {**params, **fitted}, result.points)
+            )
             if degenerate:  # e.g. early curves where a larger model's loss is still higher
                 why_not[block.name] = f"the fit is degenerate ({degenerate}): needs more points"
+                held.update({name: (value, degenerate) for name, value in fitted.items()})
                 continue
             fits[block.name] = fit
             params.update(fitted)
@@ -366,6 +372,23 @@ def refit(
         tuple(observed),
         {k: np.asarray(v) for k, v in residuals.items()},
     )
+
+
+def _held_degenerate(fitted: Mapping[str, float], held: Mapping[str, tuple[float, str]]) -> str:
+    """Why `fitted` is degenerate when it holds a degenerate block's values (the CPT law's
+    second stage holds the from-scratch fit's E, A and α), or ""."""
+    for name, value in fitted.items():
+        if name in held and held[name][0] == value:
+            return held[name][1]
+    return ""
+
+
+def _flat(model: StudyModel, block: str, params: Mapping[str, float], points) -> str:
+    """Why the fitted law is degenerate when it does not depend on one of its inputs over its
+    own points (`StudyModel.ignored_inputs`: a term gone with neither scale at 0), or ""."""
+    inputs = np.array([p.inputs for p in points if p.block == block], np.float64)
+    ignored = model.ignored_inputs(block, params, inputs) if len(inputs) else ()
+    return f"{block}'s law ignores {' and '.join(ignored)}" if ignored else ""
 
 
 def _interval(

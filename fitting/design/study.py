@@ -29,11 +29,12 @@ from fitting.laws import formulas, lr_area
 
 @dataclasses.dataclass(frozen=True)
 class LawForm:
-    """What the design needs of a law: its parameters and its vectorised formula (inputs
-    positional, parameters by keyword)."""
+    """What the design needs of a law: its parameters, its vectorised formula (inputs
+    positional, parameters by keyword) and the names of its inputs."""
 
     params: tuple[str, ...]
     predict: Callable[..., np.ndarray]
+    inputs: tuple[str, ...]
 
 
 def _lr_area(n, s1, s2, **params) -> np.ndarray:
@@ -42,10 +43,18 @@ def _lr_area(n, s1, s2, **params) -> np.ndarray:
     return lr_area.formula(n, s1, s2, **params)
 
 
+# A law whose prediction moves by no more than this share when one input doubles does not depend
+# on that input (a term at 0 moves it by exactly 0; the smallest real effect in the papers' fits,
+# an exponent of ~0.03, by ~2%).
+FLAT_REL = 1e-9
+
 # law name -> its form: the papers' laws and the schedule-aware law.
 LAWS: Mapping[str, LawForm] = {
-    **{name: LawForm(tuple(law.params), law.predict) for name, law in formulas.LAWS.items()},
-    lr_area.LAW: LawForm(lr_area.PARAMS, _lr_area),
+    **{
+        name: LawForm(tuple(law.params), law.predict, tuple(law.inputs))
+        for name, law in formulas.LAWS.items()
+    },
+    lr_area.LAW: LawForm(lr_area.PARAMS, _lr_area, ("N", "S1", "S2")),
 }
 
 
@@ -178,6 +187,31 @@ class StudyModel:
             for p, v in params.items()
             if p in scaled and (not math.isfinite(float(v)) or (scaled[p] and float(v) <= 0))
         )
+
+    def ignored_inputs(
+        self, block: str, params: Mapping[str, float], inputs: np.ndarray
+    ) -> tuple[str, ...]:
+        """The inputs of the block's law that its prediction does not depend on at `inputs`
+        ([P, k]) with study parameters `params`: doubling that input moves no prediction by
+        more than `FLAT_REL` of its size. Such a fit is degenerate: a term the law needs is
+        gone (A·N^-α with A or α at 0, e.g. early curves where the larger model is not ahead
+        yet), so its scale and its exponent cannot be told apart from E."""
+        inputs = np.asarray(inputs, np.float64)
+        if inputs.size == 0:
+            return ()
+        base = self.predict(block, params, inputs)
+        scale = np.maximum(np.abs(base), np.finfo(np.float64).tiny)
+        names = LAWS[self.block(block).law].inputs
+        flat = []
+        for i, name in enumerate(names):
+            if not np.any(inputs[:, i]):  # doubling zeros moves nothing: no evidence either way
+                continue
+            moved = inputs.copy()
+            moved[:, i] *= 2.0
+            change = np.abs(self.predict(block, params, moved) - base) / scale
+            if np.all(np.isfinite(change)) and float(np.max(change)) <= FLAT_REL:
+                flat.append(name)
+        return tuple(flat)
 
     def to_internal(self, params: Mapping[str, float]) -> np.ndarray:
         """The vector the design differentiates: logs of scales, other parameters as they are."""
