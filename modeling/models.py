@@ -22,6 +22,10 @@ import jax.numpy as jnp
 
 from modeling import decoding
 
+# (wrapper type, config, batch, length) -> `abstract_variables`' shapes: pure functions of the
+# key, a few per process.
+_ABSTRACT_VARIABLES: dict[tuple, Any] = {}
+
 
 @dataclasses.dataclass(frozen=True)
 class LossOutput:
@@ -115,11 +119,17 @@ class TransformerModel(abc.ABC):
         """Initial variables (`params`, and `params_axes` naming each parameter's axes)."""
 
     def abstract_variables(self, *, batch_size: int = 1, seq_len: int = 8) -> Any:
-        """Shapes and dtypes of `init_variables` without allocating anything."""
-        return jax.eval_shape(
-            lambda rng: self.init_variables(rng, batch_size=batch_size, seq_len=seq_len),
-            jax.random.key(0),
-        )
+        """Shapes and dtypes of `init_variables` without allocating anything (traced once per
+        model config in a process: a sweep's runs of one shape ask again and again)."""
+        key = (type(self).__name__, repr(self.config), batch_size, seq_len)
+        shapes = _ABSTRACT_VARIABLES.get(key)
+        if shapes is None:
+            shapes = jax.eval_shape(
+                lambda rng: self.init_variables(rng, batch_size=batch_size, seq_len=seq_len),
+                jax.random.key(0),
+            )
+            _ABSTRACT_VARIABLES[key] = shapes
+        return shapes
 
     @abc.abstractmethod
     def _logits(

@@ -51,18 +51,23 @@ replay_ratios = [0.1]
 steps = 6
 batch_size = 8
 """
-# Two copies of one training, told apart only by when they save (which changes no number): long
-# enough that the test can stop each in the middle (its first checkpoint is at step 1000).
-LONG_STEPS = 3000
+# Two copies of one training, told apart only by when they save (which changes no number), at a
+# real job's pace (MIN_STEP_SECONDS: every step takes at least 0.2 s, the trainer sleeping the
+# rest) so that the test can stop each in the middle, its first checkpoint at step 100, however
+# fast the machine trains, and without spending the CPU of thousands of steps.
+LONG_STEPS = 300
+LONG_PERIODS = (100, 101)
+LONG_STEP_S = 0.2
 # The time-limited copy's limit (minutes) until the test brings it near, and its SIGTERM's lead.
 LONG_LIMIT_MIN = 30
 SIGNAL_BEFORE_S = 120
 LONG_MANIFEST = f"""{tiny_sweep("slurm_cluster_long", prepared=True)}EVAL_PERIOD = {LONG_STEPS // 2}
 EVAL_MAX_TOKENS = 512
 LOG_EVERY = 50
+MIN_STEP_SECONDS = {LONG_STEP_S}
 
 [env]
-XLA_FLAGS = "--xla_force_host_platform_device_count=1"
+XLA_FLAGS = "--xla_force_host_platform_device_count=1 {fast_compile_flags()}"
 
 {size_section("t32", d_model=32, d_ff=64, num_layers=2)}
 [axes]
@@ -72,7 +77,7 @@ seeds = [0]
 
 [[grid]]
 strategies = ["source", "cpt"]
-gin_axes = {{ CHECKPOINT_PERIOD = [1000, 1001] }}
+gin_axes = {{ CHECKPOINT_PERIOD = [{LONG_PERIODS[0]}, {LONG_PERIODS[1]}] }}
 
 [budget]
 steps = {LONG_STEPS}
@@ -81,9 +86,7 @@ batch_size = 32
 [strategies.cpt]
 budget = {{ steps = 6 }}
 """
-# The short jobs compile as the suite's processes do (FAST_COMPILE_FLAGS in tests/conftest.py);
-# the long runs keep XLA's optimisations: unoptimised, their 3,000 steps outran 8 time-limited
-# starts in CI.
+# The jobs compile as the suite's processes do (FAST_COMPILE_FLAGS in tests/conftest.py).
 MANIFEST = MANIFEST.replace("FAST_COMPILE", fast_compile_flags())
 WAIT_S = 900  # the whole sweep, queue to COMPLETED, on two shared CPUs (a bound: slow machines)
 # The tiny source run alone (seed 1: its own job name); each process has one CPU device.

@@ -28,6 +28,7 @@ from slurm_cluster import ClusterUnavailable, SlurmCluster, ensure_installed
 from slurm_sweeps import (
     LONG_LIMIT_MIN,
     LONG_MANIFEST,
+    LONG_PERIODS,
     LONG_STEPS,
     MANIFEST,
     SIGNAL_BEFORE_S,
@@ -76,10 +77,9 @@ def slurm_env(cluster, monkeypatch):
 
 # The time-limit test's long copies train LONG_STEPS unless XLSCALE_TEST_SLURM_STEPS says
 # otherwise: the test's moments are its own (a logged step, a committed checkpoint, the trainer
-# held until the script's SIGTERM), so fewer steps (1500: the first checkpoint, step 1000, a third
-# of the way from the end instead of two thirds) stand for a trainer faster than this machine's,
-# more (6000: twice the wall-clock time) for a slower one, and it passes with either
-# (docs/testing.md).
+# held until the script's SIGTERM), so fewer steps (150: the first checkpoint, step 100, a third
+# of the way from the end instead of two thirds) stand for a faster trainer, more (600: twice the
+# wall-clock time) for a slower one, and it passes with either (docs/testing.md).
 TIME_LIMIT_STEPS = int(os.environ.get("XLSCALE_TEST_SLURM_STEPS", LONG_STEPS))
 
 
@@ -164,7 +164,7 @@ def test_runs_stopped_by_a_time_limit_or_a_preemption_requeue_themselves_and_com
     cluster = slurm_env
     manifest = tmp_path / "slurm_cluster_long.toml"
     steps = TIME_LIMIT_STEPS
-    assert steps > 1001, "the first checkpoints are at steps 1000 and 1001"
+    assert steps > max(LONG_PERIODS), f"the first checkpoints are at steps {LONG_PERIODS}"
     manifest.write_text(_long_manifest(steps))
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
     runs = sweep_runs(manifest, runs_dir, data)
@@ -426,7 +426,10 @@ def test_a_run_stopped_on_request_is_not_requeued(
     manifest.write_text(LONG_MANIFEST)
     runs_dir, script_dir = tmp_path / "runs", tmp_path / "slurm"
     runs = sweep_runs(manifest, runs_dir, data)
-    (source,) = [r for r in runs if r.strategy == "source" and r.coord("CHECKPOINT_PERIOD") == 1000]
+    period = LONG_PERIODS[0]
+    (source,) = [
+        r for r in runs if r.strategy == "source" and r.coord("CHECKPOINT_PERIOD") == period
+    ]
     assert sweep_run(manifest, runs_dir, script_dir, data, "--only", source.run_id) == 0
     job = _job_ids_when_started(script_dir, source.run_id)
     _wait_until(lambda: status.last_step(source) > 0, "a logged step", 180, script_dir)
@@ -442,7 +445,7 @@ def test_a_run_stopped_on_request_is_not_requeued(
     assert f"xlscale: trainer exited {exits.STOPPED}" in log and "requeue 1" not in log
     saved = [int(p.name) for p in (runs_dir / source.run_id / "checkpoints").iterdir()]
     # The checkpoint of the step it stopped at (after the last logged one; no periodic save yet).
-    assert saved and status.last_step(source) <= max(saved) < min(LONG_STEPS, 1000), saved
+    assert saved and status.last_step(source) <= max(saved) < period, saved
     assert not (runs_dir / source.run_id / names.COMPLETED_FILE).exists()
     assert status.run_status(source).state == "stopped"
 

@@ -105,6 +105,29 @@ def test_a_resumed_loop_counts_from_its_start():
     assert r.events[0] == ("first", 7) and r.saved == {8: [8]}
 
 
+def test_a_step_time_floor_sleeps_what_each_step_left_of_it(monkeypatch):
+    # A fake clock: each step takes 0.03 s; the floor of 0.1 s sleeps the other 0.07 after it,
+    # none after the last step. Counted, not timed.
+    clock, slept = [0.0], []
+    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(loop.time, "sleep", lambda s: slept.append(round(s, 6)))
+
+    def step():
+        clock[0] += 0.03
+        return 0
+
+    steps = loop.StepLoop(
+        start=0,
+        total=4,
+        run_step=step,
+        sync=lambda pending: None,
+        should_stop=lambda s: False,
+        min_step_seconds=0.1,
+    )
+    assert steps.run() == 4
+    assert slept == [0.07, 0.07, 0.07]
+
+
 def test_a_hook_takes_every_or_when_not_both():
     r = Recorder()
     with pytest.raises(ValueError, match="exactly one of every= and when="):
@@ -120,6 +143,7 @@ def test_a_hook_takes_every_or_when_not_both():
         ({"on_nonfinite": "ignore"}, "on_nonfinite"),
         ({"max_skipped_fraction": 1.5}, "max_skipped_fraction"),
         ({"log_every": 0}, r"LOG_EVERY \(loop.LoopConfig.log_every\) = 0"),
+        ({"min_step_seconds": -1.0}, r"MIN_STEP_SECONDS \(loop.LoopConfig.min_step_seconds\) = -1"),
     ],
 )
 def test_loop_config_refuses_bad_values_naming_them(kwargs, message):

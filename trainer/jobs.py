@@ -78,9 +78,9 @@ class Job:
     eval_data: dict = dataclasses.field(default_factory=dict)
     feature_lengths: dict = dataclasses.field(default_factory=dict)
     data: Any = None
-    # The compiled initialisation program (fresh params from an rng), shared with every job of
-    # this process that shares its train and eval steps (`_COMPILED`): it depends on nothing
-    # more than they do.
+    # The initialisation programs (fresh params from an rng; the state around given params),
+    # shared with every job of this process that shares its train and eval steps (`_COMPILED`):
+    # they depend on nothing more than they do.
     init_programs: dict = dataclasses.field(default_factory=dict)
 
     def flops_kwargs(self) -> dict[str, float]:
@@ -115,10 +115,15 @@ class Job:
                     init = fn.lower(rng).compile(_init_compiler_options())
                     self.init_programs[which] = init
                 return init(rng)
-            fn = jax.jit(
-                lambda r, p: steps.init_train_state(self.model, self.optimizer, r, params=p),
-                out_shardings=self.shardings,
-            )
+            # Given params (CPT, finetuning): one jitted function per shared program set, so
+            # a sweep's later runs find it traced and compiled in jit's own cache.
+            fn = self.init_programs.get("given")
+            if fn is None:
+                fn = jax.jit(
+                    lambda r, p: steps.init_train_state(self.model, self.optimizer, r, params=p),
+                    out_shardings=self.shardings,
+                )
+                self.init_programs["given"] = fn
             return fn(jnp.asarray(rng), params)
 
     def assemble_state(self, *, params, opt_state, step: int, rng, skipped: int):

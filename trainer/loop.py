@@ -21,6 +21,7 @@ Metrics stay on the device between syncs, so the host never waits for a step it 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,12 +44,17 @@ class LoopConfig:
       max_skipped_fraction: in "skip" mode, fail once more than this fraction of the steps so
         far were skipped (one skip is always tolerated).
       stop_after: stop (saving a checkpoint) after this step, as a preemption would.
+      min_step_seconds: each step takes at least this long, the loop sleeping the rest: a tiny
+        model then trains at a real job's pace, so a cluster's preemption, time limits and stop
+        requests can be rehearsed at toy size (and a test can act mid-run however fast the
+        machine trains) without spending the CPU of thousands of steps; 0: never sleeps.
     """
 
     log_every: int = 100
     on_nonfinite: str = "stop"
     max_skipped_fraction: float = 0.05
     stop_after: int | None = None
+    min_step_seconds: float = 0.0
 
     def __post_init__(self):
         validation.check_choice(
@@ -58,6 +64,11 @@ class LoopConfig:
         if self.log_every < 1:
             raise validation.ConfigError(
                 f"LOG_EVERY (loop.LoopConfig.log_every) = {self.log_every}: must be at least 1"
+            )
+        if not self.min_step_seconds >= 0:
+            raise validation.ConfigError(
+                f"MIN_STEP_SECONDS (loop.LoopConfig.min_step_seconds) = {self.min_step_seconds}: "
+                "must be 0 (no floor) or a positive number of seconds"
             )
 
 
@@ -121,6 +132,7 @@ class StepLoop:
       should_stop: asked once per step but the last; true ends the run after that step.
       on_first_step: called after the first step of this start (to leave compilation out of the
         throughput).
+      min_step_seconds: the least time from one step's start to the next's (`LoopConfig`).
     """
 
     def __init__(
@@ -132,8 +144,10 @@ class StepLoop:
         sync: Callable[[list[tuple[int, Any]]], None],
         should_stop: Callable[[int], bool],
         on_first_step: Callable[[int, Any], None] | None = None,
+        min_step_seconds: float = 0.0,
     ):
         self.start = start
+        self._min_step_s = min_step_seconds
         self.total = total
         self._run_step = run_step
         self._sync = sync
@@ -162,6 +176,7 @@ class StepLoop:
         """Runs until the last step or a stop; returns the step reached."""
         step, pending = self.start, []
         while step < self.total:
+            began = time.monotonic()
             metrics = self._run_step()
             step += 1
             pending.append((step, metrics))
@@ -177,4 +192,6 @@ class StepLoop:
                 hook.what(info)
             if info.stopping:
                 break
+            if self._min_step_s and not last:  # the step runs on the device meanwhile
+                time.sleep(max(0.0, self._min_step_s - (time.monotonic() - began)))
         return step

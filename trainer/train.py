@@ -459,6 +459,7 @@ class _Training:
             sync=self.sync,
             should_stop=lambda step: step == stop_after or watcher.should_stop(step),
             on_first_step=self.first_step,
+            min_step_seconds=self.plan.loop.min_step_seconds,
         )
         for hook in hooks:
             steps.add(hook)
