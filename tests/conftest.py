@@ -47,6 +47,7 @@ FAST_COMPILE_FLAGS = (
     "--xla_cpu_use_fusion_emitters=false",
 )
 FAST_COMPILE_OFF_ENV = "XLSCALE_TEST_XLA_OPTIMIZED"
+COMPILE_CACHE_ENV = "XLSCALE_COMPILATION_CACHE"  # trainer.compile_cache.ENV_VAR
 
 
 def fast_compile_flags() -> str:
@@ -270,6 +271,22 @@ def temporary_files_in_basetemp(tmp_path_factory):
     else:
         os.environ["TMPDIR"] = saved
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_compilation_cache(tmp_path_factory):
+    """The compilation cache of the jobs the tests run in and out of this process (trainer
+    subprocesses, sweeps, demos: `trainer.compile_cache` reads `XLSCALE_COMPILATION_CACHE`) is
+    the session's shared directory (`shared_cache_dir`), not the user's `~/.cache/xlscale/xla`:
+    the suite neither fills the user's cache nor depends on what earlier runs left there, so its
+    cost is the same on a fresh machine as on a developer's. An `XLSCALE_COMPILATION_CACHE` set
+    by the caller wins (e.g. a directory kept between runs of the edit loop)."""
+    saved = os.environ.get(COMPILE_CACHE_ENV)
+    if saved is None:
+        os.environ[COMPILE_CACHE_ENV] = os.fspath(shared_cache_dir(tmp_path_factory))
+    yield os.environ[COMPILE_CACHE_ENV]
+    if saved is None:
+        os.environ.pop(COMPILE_CACHE_ENV, None)
 
 
 @pytest.fixture

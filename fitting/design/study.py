@@ -44,8 +44,8 @@ def _lr_area(n, s1, s2, **params) -> np.ndarray:
 
 
 # A law whose prediction moves by no more than this share when one input doubles does not depend
-# on that input (a term at 0 moves it by exactly 0; the smallest real effect in the papers' fits,
-# an exponent of ~0.03, by ~2%).
+# on that input: a term at 0 moves it by exactly 0, where a term with the smallest exponent in the
+# papers' fits (~0.03) moves by ~2% of itself.
 FLAT_REL = 1e-9
 
 # law name -> its form: the papers' laws and the schedule-aware law.
