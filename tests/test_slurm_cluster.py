@@ -77,9 +77,10 @@ def slurm_env(cluster, monkeypatch):
 
 # The time-limit test's long copies train LONG_STEPS unless XLSCALE_TEST_SLURM_STEPS says
 # otherwise: the test's moments are its own (a logged step, a committed checkpoint, the trainer
-# held until the script's SIGTERM), so fewer steps (150: the first checkpoint, step 100, a third
-# of the way from the end instead of two thirds) stand for a faster trainer, more (600: twice the
-# wall-clock time) for a slower one, and it passes with either (docs/testing.md).
+# held until the script's SIGTERM), so fewer steps (200: the first checkpoint, step 100, half-way
+# instead of a third of the way) stand for a faster trainer, more (600: twice the wall-clock time)
+# for a slower one, and it passes with either (docs/testing.md). A count must be a multiple of 100:
+# the copies log every 50 steps and evaluate half-way.
 TIME_LIMIT_STEPS = int(os.environ.get("XLSCALE_TEST_SLURM_STEPS", LONG_STEPS))
 
 
