@@ -141,9 +141,10 @@ def test_finetune_steps_follow_the_token_budget():
 
 
 @pytest.mark.slow
-def test_constant_lr_finetunes_of_any_length_lower_to_the_same_program():
-    """Nothing run-specific but the shapes is baked into a constant-LR train step, so runs of
-    one shape share one compiled program (and the persistent compilation cache)."""
+def test_runs_of_any_length_or_learning_rate_lower_to_the_same_program():
+    """Nothing run-specific but the shapes and the schedule's formula is baked into a train step
+    (its numbers are arguments), so runs of one shape share one compiled program (and the
+    persistent compilation cache), whatever their length, peak or warm-up."""
     from trainer import partitioning
     from trainer.jobs import batch_abstract
 
@@ -151,18 +152,20 @@ def test_constant_lr_finetunes_of_any_length_lower_to_the_same_program():
     partitioner = partitioning.Partitioner(
         mesh=partitioning.build_mesh(MeshConfig(num_devices=1)), rules=()
     )
-    texts = []
-    for total in (6, 300):
-        lr = build_schedule(ScheduleConfig(name="constant", peak=0.03), total_steps=total)
+    texts = {}
+    for name, peak, total in (("constant", 0.03, 6), ("constant", 0.01, 300), ("cosine", 0.03, 6),
+                              ("cosine", 2e-4, 300)):  # fmt: skip
+        lr = build_schedule(ScheduleConfig(name=name, peak=peak), total_steps=total)
         tx = build_optimizer(adafactor_defaults(), learning_rate=lr)
         state = jax.eval_shape(
             lambda r, tx=tx: steps.init_train_state(model, tx, r),
             jax.ShapeDtypeStruct((2,), jnp.uint32),
         )
         batch = batch_abstract(partitioner, batch_size=8, seq_len=32, feature_lengths=LENGTHS)
+        numbers = steps.schedule_numbers_abstract(lr.numbers, partitioner.replicated())
         step = steps.make_train_step(model, tx, lr, steps.StepConfig())
-        texts.append(jax.jit(step).lower(state, batch).as_text())
-    assert texts[0] == texts[1]
+        texts.setdefault(name, set()).add(jax.jit(step).lower(state, batch, numbers).as_text())
+    assert {name: len(t) for name, t in texts.items()} == {"constant": 1, "cosine": 1}
 
 
 # ----------------------------------------------------------------------------- runs

@@ -52,6 +52,42 @@ def test_constant_schedule_and_unknown_name():
         schedules.build_schedule(schedules.ScheduleConfig(name="linear"), total_steps=10)
 
 
+@pytest.mark.parametrize(
+    "config, total",
+    [
+        (schedules.ScheduleConfig(), 1000),
+        (schedules.ScheduleConfig(peak=3e-3, final_fraction=0.0), 160),
+        (schedules.ScheduleConfig(peak=1e-3, warmup_fraction=0.0), 7),
+        (schedules.ScheduleConfig(name="rsqrt", base=0.5, rsqrt_offset=30), 10),
+        (schedules.ScheduleConfig(name="constant", peak=0.03), 5),
+    ],
+    ids=lambda v: getattr(v, "name", v),
+)
+def test_schedules_are_optaxs_and_their_numbers_are_arguments(config, total):
+    ours = schedules.build_schedule(config, total_steps=total)
+    reference = schedules.optax_schedule(config, total_steps=total)
+    count = np.arange(total + 40, dtype=np.int32)
+    np.testing.assert_allclose(ours(count), reference(count), rtol=1e-6, atol=1e-12)
+
+    # Traced, the numbers are the program's arguments: another run's numbers give that run's
+    # rates from the same compiled function (float32 rounding differs from constants by ulps).
+    def rates(numbers):
+        with ours.given(numbers):
+            return ours(jnp.asarray(count))
+
+    compiled = jax.jit(rates)
+    other = dataclasses.replace(config, peak=config.peak * 3, rsqrt_offset=50)
+    for cfg, steps_ in ((config, total), (other, 2 * total + 3)):
+        numbers = schedules.build_schedule(cfg, total_steps=steps_).numbers
+        np.testing.assert_allclose(
+            compiled({k: np.float32(v) for k, v in numbers.items()}),
+            schedules.optax_schedule(cfg, total_steps=steps_)(count),
+            rtol=2e-6,
+            atol=1e-12,
+        )
+    assert compiled._cache_size() == 1
+
+
 # --- optimizers --------------------------------------------------------------------------------
 
 
@@ -423,7 +459,8 @@ def test_compiled_steps_are_shared_by_identical_jobs_of_one_process():
         )
 
     first = job(10)
-    assert job(10).train_step is first.train_step and job(10).eval_step is first.eval_step
+    assert job(10).train_step.compiled is first.train_step.compiled
+    assert job(10).eval_step is first.eval_step
     # ... and so is the initialisation program: a second job draws from it, same values
     state = first.init_state(np.array([0, 7], np.uint32))
     again = job(10)
@@ -432,7 +469,12 @@ def test_compiled_steps_are_shared_by_identical_jobs_of_one_process():
     assert again.abstract_state is first.abstract_state and again.shardings is first.shardings
     same = jax.tree.map(np.array_equal, state, again.init_state(np.array([0, 7], np.uint32)))
     assert all(jax.tree.leaves(same))
-    assert job(20).train_step is not first.train_step  # cosine depends on the run's length
-    assert job(16, batch_size=16).train_step is not first.train_step
+    # The schedule's numbers are the step's arguments: a longer run shares the program and
+    # binds its own numbers; another batch shape or schedule formula does not share it.
+    longer = job(20)
+    assert longer.train_step.compiled is first.train_step.compiled
+    assert longer.schedule.numbers["decay"] == 19 and first.schedule.numbers["decay"] == 9
+    assert job(16, batch_size=16).train_step.compiled is not first.train_step.compiled
     constant = job(10, schedule="constant")
-    assert job(30, schedule="constant").train_step is constant.train_step
+    assert constant.train_step.compiled is not first.train_step.compiled
+    assert job(30, schedule="constant").train_step.compiled is constant.train_step.compiled

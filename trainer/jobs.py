@@ -33,7 +33,7 @@ from trainer.data import DataConfig, EvalConfig
 from trainer.optimizers import OptimizerConfig, build_optimizer
 from trainer.partitioning import MeshConfig, Partitioner
 from trainer.run_request import JobRequest, RunLength
-from trainer.schedules import LENGTH_FREE, ScheduleConfig, build_schedule
+from trainer.schedules import ScheduleConfig, build_schedule
 
 
 @dataclasses.dataclass
@@ -49,8 +49,8 @@ class Job:
       flops_per_token, flops_per_token_attn: 6·N and the attention-inclusive count.
       abstract_state: shapes/dtypes of the `TrainState`.
       shardings: shardings of the `TrainState`.
-      train_step: compiled `(state, batch) -> (state, metrics)`, donating the state (None when
-        not compiled).
+      train_step: compiled `(state, batch) -> (state, metrics)`, donating the state, with this
+        run's schedule numbers bound (`steps.BoundStep`; None when not compiled).
       eval_step: compiled `(params, batch) -> (ce_sum, tokens)`, or None without eval tasks.
       eval_batch_size: global eval batch.
       seq_len: decoder row length.
@@ -417,18 +417,17 @@ class _Compiled(NamedTuple):
 
 
 def _compiled_key(
-    wrapper: Any, partitioner: Partitioner, abstract_params: Any, *, total_steps, settings
+    wrapper: Any, partitioner: Partitioner, abstract_params: Any, *, settings
 ) -> tuple:
     """Everything a compiled step depends on: the model (family, config), the mesh and rules,
-    the parameters' shapes and shardings, and the training settings (steps only where the
-    learning-rate schedule depends on them)."""
+    the parameters' shapes and shardings, and the training settings (not the run's length or
+    learning rate: the schedule's numbers are the step's arguments)."""
     return (
         type(wrapper).__name__,
         repr(wrapper.config),
         partitioner.mesh,
         partitioner.rules,
         repr(jax.tree.map(lambda a: (a.shape, a.dtype, a.sharding), abstract_params)),
-        total_steps,
         repr(settings),
     )
 
@@ -506,14 +505,14 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
     lr = build_schedule(schedule, total_steps=total_steps)
     tx = build_optimizer(optimizer, learning_rate=lr)
     lengths = {"targets": seq_len, **(feature_lengths or {})}
+    # The schedule's numbers are the train step's arguments: only its formula is compiled in.
     key = _compiled_key(
         wrapper,
         partitioner,
         abstract_params,
-        total_steps=None if schedule.name in LENGTH_FREE else total_steps,
         settings=(
             optimizer,
-            schedule,
+            schedule.name,
             step_config,
             batch_size,
             seq_len,
@@ -553,7 +552,8 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
                 partitioner=partitioner,
                 shardings=shardings,
             )
-            train_step = train_step.lower(abstract_with, batch).compile()
+            numbers = steps.schedule_numbers_abstract(lr.numbers, partitioner.replicated())
+            train_step = train_step.lower(abstract_with, batch, numbers).compile()
         if compiled is None:
             eval_step = None
         if compiled is None and eval_batch_size:
@@ -582,7 +582,9 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
         flops_per_token_attn=with_attn,
         abstract_state=abstract_state,
         shardings=shardings,
-        train_step=train_step,
+        train_step=None
+        if train_step is None
+        else steps.BoundStep(train_step, lr.numbers, partitioner.replicated()),
         eval_step=eval_step,
         eval_batch_size=eval_batch_size or batch_size,
         seq_len=seq_len,

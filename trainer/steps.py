@@ -6,12 +6,14 @@ explicit in/out shardings (the modern pjit) and donates the old state's buffers 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from modeling.attention import target_backend
@@ -149,7 +151,12 @@ def make_train_step(
     schedule: optax.Schedule,
     config: StepConfig,
 ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
-    """Builds `train_step(state, batch) -> (state, metrics)`.
+    """Builds `train_step(state, batch, numbers) -> (state, metrics)`.
+
+    `numbers` are the learning-rate schedule's (`schedule.numbers` of a
+    `trainer.schedules.Schedule`): taken as arguments, not constants, so runs that differ only in
+    length or learning rate share one compiled program (None: the schedule's own, as constants).
+    `optimizer` must be built with `schedule`, which then reads them too.
 
     The loss is normalised per target token of the whole global batch (microbatches included).
     A step whose loss or gradient norm is not finite, or whose update could overflow
@@ -186,7 +193,12 @@ def make_train_step(
         (_, out), grads = jax.value_and_grad(objective, has_aux=True)(params)
         return out, grads
 
-    def train_step(state: TrainState, batch: Mapping[str, jax.Array]):
+    def train_step(state: TrainState, batch: Mapping[str, jax.Array], numbers=None):
+        given = schedule.given(numbers) if numbers else contextlib.nullcontext()
+        with given:
+            return _train_step(state, batch)
+
+    def _train_step(state: TrainState, batch: Mapping[str, jax.Array]):
         step_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step + 1)
         if config.num_microbatches > 1:
             # The loss's denominator, known from the batch before any forward pass: the target
@@ -312,14 +324,44 @@ def state_shardings(
 def compile_train_step(
     train_step: Callable, *, partitioner: Partitioner, shardings: TrainState
 ) -> Callable:
-    """`jax.jit` of the train step: state sharded as given, batch split over data axes, metrics
-    replicated, and the input state donated (updated in place)."""
+    """`jax.jit` of the train step: state sharded as given, batch split over data axes, the
+    schedule's numbers and the metrics replicated, and the input state donated (updated in
+    place)."""
     return jax.jit(
         train_step,
-        in_shardings=(shardings, partitioner.batch_sharding()),
+        in_shardings=(shardings, partitioner.batch_sharding(), partitioner.replicated()),
         out_shardings=(shardings, partitioner.replicated()),
         donate_argnums=(0,),
     )
+
+
+def schedule_numbers_abstract(numbers: Mapping[str, Any], sharding: Any) -> dict:
+    """The shapes a compiled train step takes the schedule's numbers as (float32 scalars)."""
+    return {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding) for k in numbers}
+
+
+class BoundStep:
+    """A compiled train step with one run's schedule numbers bound: `step(state, batch)`.
+
+    The numbers are put on the devices at the first call (replicated, on every host alike; a
+    compile-only program, e.g. for a TPU topology, never holds them). Every other attribute
+    (`memory_analysis`, `cost_analysis`, `as_text`) is the compiled program's.
+    """
+
+    def __init__(self, compiled: Any, numbers: Mapping[str, Any], sharding: Any):
+        self.compiled, self.numbers, self._sharding = compiled, dict(numbers), sharding
+        self._on_devices: dict[str, jax.Array] | None = None
+
+    def __call__(self, state: TrainState, batch: Mapping[str, jax.Array]):
+        if self._on_devices is None:
+            self._on_devices = {
+                k: jax.make_array_from_callback((), self._sharding, lambda _, v=v: np.float32(v))
+                for k, v in self.numbers.items()
+            }
+        return self.compiled(state, batch, self._on_devices)
+
+    def __getattr__(self, name: str):
+        return getattr(self.compiled, name)
 
 
 def compile_eval_step(eval_step: Callable, *, partitioner: Partitioner, params_shardings: Any):
