@@ -123,6 +123,7 @@ def tag_component(ds: tf.data.Dataset, task: seqio.Task, index: int) -> tf.data.
     """A task's examples (`inputs`/`targets`) plus the scalar `component` feature `index`."""
     keys = task_features(task)
 
+    @tf.autograph.experimental.do_not_convert  # plain graph code (pipelines.preprocessors)
     def _tag(ex):
         out = {k: ex[k] for k in keys}
         out["component"] = tf.constant(index, tf.int32)
@@ -179,7 +180,10 @@ def mean_target_tokens(
     )
     if not n_docs:  # a source that cannot count its documents (JSON lines): the first ones
         ds = ds.take(MEASURE_DOCS)
-    sizes = ds.map(lambda ex: tf.size(ex["targets"]), num_parallel_calls=tf.data.AUTOTUNE)
+    sizes = ds.map(
+        tf.autograph.experimental.do_not_convert(lambda ex: tf.size(ex["targets"])),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
     total = count = 0
     for batch in sizes.batch(4096).as_numpy_iterator():
         total += int(batch.sum())
@@ -212,6 +216,7 @@ def weighted_choices(weights: list[float], *, block: int = CHOICE_BLOCK) -> tf.d
     bounds_t = tf.constant(bounds, tf.float64)
     inv_phi = (np.sqrt(5.0) - 1.0) / 2.0
 
+    @tf.autograph.experimental.do_not_convert
     def _block(start):
         n = start + tf.range(block, dtype=tf.int64)
         u = tf.math.floormod(tf.cast(tf.math.floormod(n, 2**32), tf.float64) * inv_phi, 1.0)

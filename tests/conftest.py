@@ -33,6 +33,11 @@ GPU_MARK = "gpu"
 # Set to JAX_PLATFORMS's syntax to choose the platforms of a test run yourself.
 PLATFORMS_ENV = "XLSCALE_TEST_PLATFORMS"
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
+# The test processes' own CPU devices (`jax_num_cpu_devices`, set in-process, so it is not passed
+# on): the processes a test starts (trainers, sweeps, demos, CLIs) see one device, as a user's do,
+# unless the test gives them HOST_DEVICES_FLAG. A toy run partitioned eight ways on two cores
+# costs about a quarter more CPU (the CPT smoke demo: 95 s of user CPU with eight, 72 s with one).
+TEST_CPU_DEVICES = 8
 # The suite's programs are tiny and run a few steps, so compiling them is most of its CPU time.
 # Without LLVM's optimisation passes XLA:CPU compiles them faster and runs them slower: seven
 # trainer test modules took 134 s instead of 206 s (2 workers, cold compilation cache), with the
@@ -128,14 +133,13 @@ def _marker_names(config) -> list[str]:
 
 
 def pytest_configure(config):
-    """Chooses the JAX platforms (before any test module imports JAX)."""
+    """Chooses the JAX platforms and the test processes' CPU devices (before any test module
+    imports JAX)."""
     gpu_run = selects_gpu_tests(config.option.markexpr or "", _marker_names(config))
     config.stash[_GPU_RUN] = gpu_run
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     flags = os.environ.get("XLA_FLAGS", "").split()
-    wanted = [HOST_DEVICES_FLAG]
-    if not gpu_run:
-        wanted += fast_compile_flags().split()
+    wanted = [] if gpu_run else fast_compile_flags().split()
     os.environ["XLA_FLAGS"] = " ".join([*flags, *(f for f in wanted if f not in flags)])
     if os.environ.get(PLATFORMS_ENV):
         os.environ["JAX_PLATFORMS"] = os.environ[PLATFORMS_ENV]
@@ -150,6 +154,12 @@ def pytest_configure(config):
         )
     if "jax" in sys.modules:  # imported by a plugin: too late to choose its platforms
         config.stash[_NO_GPU] = "JAX was imported before tests/conftest.py chose its platforms"
+    given = any(f.startswith(HOST_DEVICES_FLAG.split("=")[0]) for f in flags)
+    xdist_controller = config.getoption("numprocesses", None) and not hasattr(config, "workerinput")
+    if not given and not xdist_controller:  # where tests run (no JAX in xdist's controller)
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", TEST_CPU_DEVICES)
 
 
 _GPU_RUN = pytest.StashKey[bool]()
