@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import HOST_DEVICES_FLAG
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PATH = REPO / "benchmarks" / "accelerator_step.py"
@@ -155,6 +156,8 @@ def test_failed_rows_are_rows_and_the_next_row_runs(bench, tmp_path, monkeypatch
         bench.harness.INJECT_ENV,
         "oom=xlscale/llama2_tiny/full/*;die-oom=xlscale/llama2_tiny/dots_saveable/*",
     )
+    # The rows' processes on eight CPU devices, as the memory model's figure below was taken.
+    monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} {HOST_DEVICES_FLAG}")
     out = tmp_path / "rows.jsonl"
     argv = ["--models", "llama", "--packed", "no", "--steps", "1", "--no-hf", "--out", str(out)]
     rows = bench.main([*argv, "--remat", "full", "dots_saveable", "none"])
