@@ -193,7 +193,8 @@ class Scorer:
         checkpoint = spec.model_dir if step is None else f"{spec.model_dir}@{int(step)}"
         restored = restore.restore_params(checkpoint, abstract_params=abstract, flag="model_dir")
         self.params, self.step = restored.params, restored.step
-        self.vocabulary = vocab_lib.load_vocab(spec.vocab_path)
+        # Encoded and decoded in Python: SentencePiece alone, no seqio or TensorFlow import.
+        self.vocabulary = vocab_lib.load_plain_vocab(spec.vocab_path)
         self.eos_id = int(self.vocabulary.eos_id)
         self.start_id = vocab_lib.start_id(self.vocabulary)
         dp = self.partitioner.data_parallel_size

@@ -366,6 +366,52 @@ def vocab_info(model_path: str | os.PathLike, *, extra_ids: int = 0) -> VocabInf
     )
 
 
+class PlainVocabulary:
+    """A SentencePiece model read with SentencePiece alone, with the Python side of the seqio
+    vocabulary `load_vocab` returns without sentinels (`encode`, `decode`, `eos_id`, `unk_id`,
+    `vocab_size`, `tokenizer`): for work that encodes and decodes text in Python and builds no
+    tf.data pipeline (zero-shot scoring of decoder-only models), which then imports neither
+    seqio nor TensorFlow (~4 s of a process's start). Its ids and texts are seqio's: `decode`
+    reads an id at or past the pieces as UNK and stops after the first EOS, as
+    `seqio.Vocabulary.decode` does."""
+
+    extra_ids = 0
+
+    def __init__(self, tokenizer: spm.SentencePieceProcessor):
+        self.tokenizer = tokenizer
+        self.eos_id = int(tokenizer.eos_id())
+        self.unk_id = int(tokenizer.unk_id())
+        self.vocab_size = int(tokenizer.get_piece_size())
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text` (no EOS), as seqio's `encode`."""
+        return list(self.tokenizer.EncodeAsIds(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids` up to and with the first EOS, as seqio's `decode`."""
+        pieces = self.tokenizer.get_piece_size()
+        clean = [self.unk_id if int(i) >= pieces else int(i) for i in ids]
+        if self.eos_id in clean:
+            clean = clean[: clean.index(self.eos_id) + 1]
+        return self.tokenizer.DecodeIds(clean)
+
+
+def load_plain_vocab(model_path: str | os.PathLike) -> PlainVocabulary:
+    """`load_vocab` (no sentinels) without seqio or TensorFlow (`PlainVocabulary`), with the
+    same checks.
+
+    Raises:
+      VocabularyFileError: as `load_vocab` (not a SentencePiece model, or no known id layout).
+    """
+    data = Path(local_model_file(model_path)).read_bytes()
+    try:
+        tok = spm.SentencePieceProcessor(model_proto=data)
+    except Exception as e:  # protobuf's DecodeError, SentencePiece's RuntimeError/OSError
+        raise _unusable(model_path, e) from e
+    _check_layout(model_path, tok)
+    return PlainVocabulary(tok)
+
+
 def local_model_file(model_path: str | os.PathLike) -> str:
     """A local file holding the SentencePiece model at `model_path` (`VOCAB_PATH`): a local path
     as it is; a URL (`gs://...`) copied once, through the project's storage layer, into

@@ -38,6 +38,8 @@ LIGHT_MODULES = [
     "trainer.recipes",
     "trainer.train",
     "trainer.eval",
+    # zero-shot scoring encodes with SentencePiece alone (`pipelines.vocab.PlainVocabulary`)
+    "evals.scorer",
 ]
 
 

@@ -139,6 +139,27 @@ def test_sentinels_at_the_vocabulary_end(model):
     assert v.tokenizer.id_to_piece(1000) == "▁<extra_id_99>"
 
 
+def test_the_plain_vocabulary_encodes_and_decodes_as_seqios(model, corpora, tmp_path):
+    seqio_vocab = vocab.load_vocab(model)
+    plain = vocab.load_plain_vocab(model)
+    for name in ("eos_id", "unk_id", "vocab_size", "extra_ids"):
+        assert getattr(plain, name) == getattr(seqio_vocab, name), name
+    assert vocab.start_id(plain) == vocab.start_id(seqio_vocab)
+    texts = [line for lang in LANGS for line in _validation_lines(corpora, lang)[:3]]
+    for text in [*texts, "", "unseen ✓ 字"]:
+        ids = plain.encode(text)
+        assert ids == list(seqio_vocab.encode(text))
+        assert plain.decode(ids) == seqio_vocab.decode(ids)
+    # An id past the pieces reads as UNK, and the text stops after the first EOS.
+    ids = [*plain.encode(texts[0]), 1000, 1099, 1, *plain.encode(texts[1])]
+    assert plain.decode(ids) == seqio_vocab.decode(ids)
+    assert plain.decode(ids) == plain.decode([*ids, *plain.encode(texts[2])])
+    broken = tmp_path / "broken.model"
+    broken.write_bytes(b"not a model")
+    with pytest.raises(vocab.VocabularyFileError, match="broken.model: not a SentencePiece"):
+        vocab.load_plain_vocab(broken)
+
+
 def test_cli_trains_and_prints(corpora, tmp_path, capsys):
     from xlscale_cli.main import main
 
