@@ -302,8 +302,8 @@ def session_compilation_cache(tmp_path_factory):
 @pytest.fixture
 def optimized_xla(monkeypatch):
     """XLA's default optimisation for this test and the processes it starts: for a test whose
-    time goes to running its steps, not compiling them (the MT smoke study's 28 runs in worker
-    processes: 144 s instead of 186 s unoptimised, cold cache)."""
+    time goes to running its steps, not compiling them (the MT smoke study's 28 runs, two at a
+    time in worker processes: 144 s instead of 186 s unoptimised, cold cache)."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE_FLAGS]
     monkeypatch.setenv("XLA_FLAGS", " ".join(flags))
 
