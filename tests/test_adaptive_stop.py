@@ -144,14 +144,22 @@ def test_the_poller_looks_at_most_every_poll_s(tmp_path):
 def test_a_stop_request_stops_every_host_at_one_step(tiny_data, tiny_prepared, tmp_path):
     """A 2-process job (1 CPU device each, on prepared data): process 0 sees the request and
     raises the preemption notice, and JAX's preemption service stops both hosts at the same step,
-    exit 79 on each."""
+    exit 79 on each. Each step takes at least a second (`MIN_STEP_SECONDS`): the notice crosses
+    to the other host while the job is still training, however fast the machine trains (at
+    full speed the 6 steps can end before the hosts agree on a step, and the run completes)."""
     from two_host_runs import STEPS as HOST_STEPS
     from two_host_runs import two_hosts
 
     model_dir = tmp_path / "two"
     stop_request.request(model_dir, reason="test")
     codes, logs = two_hosts(
-        model_dir, tiny_data, tmp_path, name="stop", cache=tmp_path / "xla", prepared=tiny_prepared
+        model_dir,
+        tiny_data,
+        tmp_path,
+        name="stop",
+        cache=tmp_path / "xla",
+        prepared=tiny_prepared,
+        pace_s=1.0,
     )
     assert codes == [exits.STOPPED] * 2, [log[-3000:] for log in logs]
     store = checkpoints.CheckpointStore(

@@ -21,9 +21,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def host_argv(model_dir, tiny_data, prepared=None):
+def host_argv(model_dir, tiny_data, prepared=None, pace_s: float = 0.0):
     """The tiny source run of `experiments/tiny.gin`: 6 steps of 8 rows, evaluated at steps 3
-    and 6, saved every 2 steps; read from `prepared` when given (`tiny_runs.prepared_flag`)."""
+    and 6, saved every 2 steps; read from `prepared` when given (`tiny_runs.prepared_flag`);
+    each step taking at least `pace_s` seconds (`MIN_STEP_SECONDS`) when given."""
+    pace = {"MIN_STEP_SECONDS": pace_s} if pace_s else {}
     return tiny_source_argv(
         model_dir,
         tiny_data,
@@ -33,10 +35,11 @@ def host_argv(model_dir, tiny_data, prepared=None):
         EVAL_PERIOD=3,
         EVAL_MAX_TOKENS=512,
         LOG_EVERY=1,
+        **pace,
     )
 
 
-def start_host(model_dir, tiny_data, *, cache, process, port, log, prepared=None):
+def start_host(model_dir, tiny_data, *, cache, process, port, log, prepared=None, pace_s=0.0):
     """Process `process` of a 2-host `python -m trainer.train` job (1 CPU device each),
     coordinated on 127.0.0.1:`port`."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
@@ -47,18 +50,27 @@ def start_host(model_dir, tiny_data, *, cache, process, port, log, prepared=None
     env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
     env["JAX_NUM_PROCESSES"] = "2"
     env["JAX_PROCESS_ID"] = str(process)
-    command = [sys.executable, "-m", "trainer.train", *host_argv(model_dir, tiny_data, prepared)]
+    argv = host_argv(model_dir, tiny_data, prepared, pace_s)
+    command = [sys.executable, "-m", "trainer.train", *argv]
     return subprocess.Popen(command, cwd=REPO, env=env, stderr=log, stdout=log)
 
 
-def two_hosts(model_dir, tiny_data, tmp, *, name, cache, on_start=None, prepared=None):
+def two_hosts(model_dir, tiny_data, tmp, *, name, cache, on_start=None, prepared=None, pace_s=0.0):
     """Runs processes 0 and 1 of a 2-host job (1 CPU device each), read from `prepared` when
-    given; returns their exit codes and stderr texts."""
+    given, each step taking at least `pace_s` seconds; returns their exit codes and stderr
+    texts."""
     port = free_port()
     logs = [open(tmp / f"{name}_{i}.log", "w") for i in range(2)]  # noqa: SIM115
     procs = [
         start_host(
-            model_dir, tiny_data, cache=cache, process=i, port=port, log=logs[i], prepared=prepared
+            model_dir,
+            tiny_data,
+            cache=cache,
+            process=i,
+            port=port,
+            log=logs[i],
+            prepared=prepared,
+            pace_s=pace_s,
         )
         for i in range(2)
     ]
