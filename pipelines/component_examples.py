@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from pipelines import tasks
 from pipelines.mixtures import component_names, token_fractions
+from pipelines.preprocessors import graph_code
 
 MEASURE_DOCS = 20_000
 CHOICE_BLOCK = 4096  # mixture choices computed per op
@@ -123,7 +124,7 @@ def tag_component(ds: tf.data.Dataset, task: seqio.Task, index: int) -> tf.data.
     """A task's examples (`inputs`/`targets`) plus the scalar `component` feature `index`."""
     keys = task_features(task)
 
-    @tf.autograph.experimental.do_not_convert  # plain graph code (pipelines.preprocessors)
+    @graph_code
     def _tag(ex):
         out = {k: ex[k] for k in keys}
         out["component"] = tf.constant(index, tf.int32)
@@ -181,7 +182,7 @@ def mean_target_tokens(
     if not n_docs:  # a source that cannot count its documents (JSON lines): the first ones
         ds = ds.take(MEASURE_DOCS)
     sizes = ds.map(
-        tf.autograph.experimental.do_not_convert(lambda ex: tf.size(ex["targets"])),
+        graph_code(lambda ex: tf.size(ex["targets"])),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
     total = count = 0
@@ -216,7 +217,7 @@ def weighted_choices(weights: list[float], *, block: int = CHOICE_BLOCK) -> tf.d
     bounds_t = tf.constant(bounds, tf.float64)
     inv_phi = (np.sqrt(5.0) - 1.0) / 2.0
 
-    @tf.autograph.experimental.do_not_convert
+    @graph_code
     def _block(start):
         n = start + tf.range(block, dtype=tf.int64)
         u = tf.math.floormod(tf.cast(tf.math.floormod(n, 2**32), tf.float64) * inv_phi, 1.0)

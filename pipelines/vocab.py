@@ -339,6 +339,18 @@ def _unusable(model_path, e: Exception) -> VocabularyFileError:
     )
 
 
+def _read_model(model_path) -> tuple[bytes, spm.SentencePieceProcessor]:
+    """The model's bytes and its SentencePiece processor, read with SentencePiece alone;
+    VocabularyFileError when it is no SentencePiece model or has no known id layout."""
+    data = Path(local_model_file(model_path)).read_bytes()
+    try:
+        tok = spm.SentencePieceProcessor(model_proto=data)
+    except Exception as e:  # protobuf's DecodeError, SentencePiece's RuntimeError/OSError
+        raise _unusable(model_path, e) from e
+    _check_layout(model_path, tok)
+    return data, tok
+
+
 def vocab_info(model_path: str | os.PathLike, *, extra_ids: int = 0) -> VocabInfo:
     """The ids, size and sha256 of a SentencePiece model, read with SentencePiece alone: what a
     run on prepared data needs (start, EOS, size, sentinels), without the seqio vocabulary and
@@ -347,13 +359,7 @@ def vocab_info(model_path: str | os.PathLike, *, extra_ids: int = 0) -> VocabInf
     Raises:
       VocabularyFileError: as `load_vocab` (not a SentencePiece model, or no known id layout).
     """
-    local = local_model_file(model_path)
-    data = Path(local).read_bytes()
-    try:
-        tok = spm.SentencePieceProcessor(model_proto=data)
-    except Exception as e:  # protobuf's DecodeError, SentencePiece's RuntimeError/OSError
-        raise _unusable(model_path, e) from e
-    _check_layout(model_path, tok)
+    data, tok = _read_model(model_path)
     return VocabInfo(
         path=os.fspath(model_path),
         sha256=hashlib.sha256(data).hexdigest(),
@@ -403,13 +409,7 @@ def load_plain_vocab(model_path: str | os.PathLike) -> PlainVocabulary:
     Raises:
       VocabularyFileError: as `load_vocab` (not a SentencePiece model, or no known id layout).
     """
-    data = Path(local_model_file(model_path)).read_bytes()
-    try:
-        tok = spm.SentencePieceProcessor(model_proto=data)
-    except Exception as e:  # protobuf's DecodeError, SentencePiece's RuntimeError/OSError
-        raise _unusable(model_path, e) from e
-    _check_layout(model_path, tok)
-    return PlainVocabulary(tok)
+    return PlainVocabulary(_read_model(model_path)[1])
 
 
 def local_model_file(model_path: str | os.PathLike) -> str:
