@@ -307,6 +307,8 @@ def test_the_guard_skips_what_the_old_guard_skipped(case, x, lr, backend, monkey
     new, metrics = step(state, batch)
     assert bool(metrics["finite"]) == expected, case
     assert int(new.skipped) == int(not expected)
+    # The next step's guard reads the norm of the parameters this one kept.
+    np.testing.assert_allclose(new.param_norm, optax.global_norm(new.params), rtol=1e-6)
     after = jax.tree.map(np.asarray, (new.params, new.opt_state))
     same = jax.tree.leaves(jax.tree.map(np.array_equal, before, after))
     if expected:

@@ -386,12 +386,14 @@ def test_microbatched_gradients_match_the_full_batch(momentum_step):
 
 def test_nonfinite_step_leaves_params_and_optimizer_state_unchanged(momentum_step):
     state, step, batch = momentum_step
+    params = jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan), state.params)
     poisoned = steps.TrainState(
         step=state.step,
-        params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan), state.params),
+        params=params,
         opt_state=state.opt_state,
         rng=state.rng,
         skipped=state.skipped,
+        param_norm=steps.global_norm_of(params),
     )
     before = jax.tree.map(np.asarray, poisoned)
     new, metrics = step(poisoned, batch)

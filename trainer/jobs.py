@@ -132,12 +132,17 @@ class Job:
         def put(value, sharding):
             return jax.device_put(np.asarray(value), sharding)
 
+        norm = self.init_programs.get("param_norm")
+        if norm is None:
+            norm = jax.jit(steps.global_norm_of, out_shardings=self.shardings.param_norm)
+            self.init_programs["param_norm"] = norm
         return steps.TrainState(
             step=put(np.int32(step), self.shardings.step),
             params=params,
             opt_state=opt_state,
             rng=put(np.asarray(rng, np.uint32), self.shardings.rng),
             skipped=put(np.int32(skipped), self.shardings.skipped),
+            param_norm=norm(params),
         )
 
 

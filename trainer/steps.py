@@ -32,6 +32,10 @@ class TrainState:
       rng: base RNG key data (uint32[2]); step `s` uses `fold_in(rng, s)`.
       skipped: number of updates skipped because the loss, the gradients or the update were
         not finite.
+      param_norm: the global norm of `params` (float32 scalar), which the next step's guard
+        needs before its update (`update_bounded`). Each step takes it from the values it
+        keeps, inside the update's own pass; a state built from parts (a restore) computes it
+        once (`global_norm_of`). Not checkpointed: it follows from the parameters.
     """
 
     step: jax.Array
@@ -39,10 +43,13 @@ class TrainState:
     opt_state: Any
     rng: jax.Array
     skipped: jax.Array
+    param_norm: jax.Array
 
 
 jax.tree_util.register_dataclass(
-    TrainState, data_fields=["step", "params", "opt_state", "rng", "skipped"], meta_fields=[]
+    TrainState,
+    data_fields=["step", "params", "opt_state", "rng", "skipped", "param_norm"],
+    meta_fields=[],
 )
 
 
@@ -95,6 +102,11 @@ def tree_finite(tree: Any) -> jax.Array:
 # n < 10^12 parameters per array. Generous on purpose: it only decides when a learning rate is
 # absurd.
 DIRECTION_BOUND = 1e6
+
+
+def global_norm_of(params: Any) -> jax.Array:
+    """The global L2 norm of a parameter tree as a float32 scalar (`TrainState.param_norm`)."""
+    return optax.global_norm(params).astype(jnp.float32)
 
 
 def update_bounded(learning_rate: jax.Array, param_norm: jax.Array) -> jax.Array:
@@ -232,19 +244,23 @@ def make_train_step(
         finite_grads = jnp.isfinite(grad_norm)
 
         learning_rate = jnp.asarray(schedule(state.step), jnp.float32)
-        finite_update = update_bounded(learning_rate, optax.global_norm(state.params))
+        finite_update = update_bounded(learning_rate, state.param_norm)
         params, opt_state = state.params, state.opt_state
         if target_backend() != "cpu":
             params, opt_state = after_their_gradients(grads, params, opt_state)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         finite = finite_loss & finite_grads & finite_update
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        new_params = keep(optax.apply_updates(params, updates), params)
         new_state = TrainState(
             step=state.step + 1,
-            params=keep(optax.apply_updates(params, updates), params),
+            params=new_params,
             opt_state=keep(new_opt_state, opt_state),
             rng=state.rng,
             skipped=state.skipped + (~finite).astype(jnp.int32),
+            # The next step's guard needs it before its update; taken here, XLA reduces the
+            # new values in the pass that writes them.
+            param_norm=global_norm_of(new_params),
         )
         metrics = {
             "loss_sum": out.loss_sum,
@@ -300,6 +316,7 @@ def init_train_state(
         opt_state=optimizer.init(params),
         rng=rng,
         skipped=jnp.zeros((), jnp.int32),
+        param_norm=global_norm_of(params),
     )
 
 
@@ -318,6 +335,7 @@ def state_shardings(
         ),
         rng=replicated,
         skipped=replicated,
+        param_norm=replicated,
     )
 
 
