@@ -179,7 +179,11 @@ def _output_projection_bwd(residuals, g):
         x_t = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)
         d_kernel = jnp.dot(x_t, g.reshape(-1, g.shape[-1]), preferred_element_type=wide)
     else:
-        d_kernel = jnp.einsum("bld,blv->dv", x, g, preferred_element_type=wide)
+        # In the compute dtype, as plain autodiff of the compute-dtype matmul gives it (and as
+        # every other weight's gradient is): on 8 or more chips XLA reduce-scatters it inside a
+        # windowed matmul loop whose partial sums travel between chips in the dot's output
+        # dtype, and float32 partials doubled those bytes.
+        d_kernel = jnp.einsum("bld,blv->dv", x, g)
     d_x = jnp.einsum("blv,dv->bld", g, kernel, preferred_element_type=wide)
     d_x, d_kernel = d_x.astype(x.dtype), d_kernel.astype(kernel.dtype)
     if target_backend() != "cpu" and not data_parallel():

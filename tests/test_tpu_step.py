@@ -197,6 +197,33 @@ def test_the_lm_heads_gradients_are_the_einsums_on_every_backend(monkeypatch):
     assert barriers(1) == 1 and barriers(2) == 0
 
 
+def test_the_lm_heads_kernel_gradient_leaves_its_matmul_in_the_compute_dtype_off_the_cpu(
+    monkeypatch,
+):
+    # As autodiff of the compute-dtype matmul gives it: XLA reduce-scatters it across chips in
+    # the dot's output dtype.
+    x = jax.random.normal(jax.random.key(2), (2, 7, 12), jnp.bfloat16)
+    kernel = jax.random.normal(jax.random.key(3), (12, 19), jnp.bfloat16)
+    g = jax.random.normal(jax.random.key(4), (2, 7, 19), jnp.float32)
+
+    def loss(fn):
+        return lambda x, k: jnp.sum(fn(x, k) * g)
+
+    def plain(x, k):
+        return jnp.einsum("bld,dv->blv", x, k, preferred_element_type=jnp.float32)
+
+    reference = jax.grad(loss(plain), argnums=(0, 1))(x, kernel)
+    monkeypatch.setattr(llama_model, "target_backend", lambda: "tpu")
+    fn = jax.grad(loss(llama_model.output_projection), argnums=(0, 1))
+    for got, want in zip(jax.jit(fn)(x, kernel), reference, strict=True):
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2
+        )
+    text = jax.jit(fn).lower(x, kernel).as_text()
+    assert "-> tensor<12x19xbf16>" in text and "-> tensor<12x19xf32>" not in text
+
+
 # --- projections: stacked on CPU only, same numbers either way ---------------------------------
 
 
