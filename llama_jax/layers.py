@@ -119,17 +119,27 @@ class RMSNorm(nn.Module):
         return rms_norm(x, scale.astype(cfg.compute_dtype), cfg.norm_eps)
 
 
-@functools.partial(jax.checkpoint, static_argnums=(2,))
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    """`x` normalised over its last axis in float32 (or wider), times `scale`, in `scale`'s dtype.
-
-    Rematerialised (`jax.checkpoint`): its residuals -- a float32 copy of the input and the
-    float32 normalised value, 6 bytes per element beside the output -- cost more memory than
-    recomputing a few elementwise operations costs time, and its input is kept anyway.
-    """
+def _rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     wide = x.astype(accum_dtype(x.dtype))
     normed = wide * jax.lax.rsqrt(jnp.mean(wide * wide, axis=-1, keepdims=True) + eps)
     return normed.astype(scale.dtype) * scale
+
+
+_rms_norm_recomputed = functools.partial(jax.checkpoint, static_argnums=(2,))(_rms_norm)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """`x` normalised over its last axis in float32 (or wider), times `scale`, in `scale`'s dtype.
+
+    Rematerialised (`jax.checkpoint`) except on TPU: its residuals -- a float32 copy of the
+    input and the float32 normalised value, 6 bytes per element beside the output -- cost more
+    memory than recomputing a few elementwise operations costs time, and its input is kept
+    anyway. XLA's TPU compiler keeps neither by itself (it fuses the norm into its neighbours),
+    and there the checkpoint only adds a recomputing pass: `RMS_NORM_FUSED_BACKENDS`.
+    """
+    if target_backend() in RMS_NORM_FUSED_BACKENDS:
+        return _rms_norm(x, scale, eps)
+    return _rms_norm_recomputed(x, scale, eps)
 
 
 @jax.checkpoint
@@ -155,6 +165,9 @@ def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
 # Target backends whose compiler fuses SwiGLU's backward into the matmuls by itself (see
 # `swiglu`); elsewhere (CPU, GPU) the explicit recomputation keeps the memory down.
 SWIGLU_FUSED_BACKENDS = frozenset({"tpu"})
+# Target backends whose compiler keeps no float32 residuals of RMSNorm by itself (see
+# `rms_norm`); elsewhere the explicit recomputation keeps the memory down.
+RMS_NORM_FUSED_BACKENDS = frozenset({"tpu"})
 # Backends whose residual stream `[batch, length, embed]` is laid out length-minor: see
 # `residual_layout`.
 LENGTH_MINOR_RESIDUAL_BACKENDS = frozenset({"tpu"})

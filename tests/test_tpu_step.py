@@ -265,6 +265,25 @@ def test_t5s_gated_activations_are_recomputed_except_on_tpu(monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_llamas_norm_is_recomputed_except_on_tpu(monkeypatch):
+    from llama_jax import layers as llama_layers
+
+    x = jax.random.normal(jax.random.key(10), (2, 5, 24), jnp.bfloat16)
+    scale = jax.random.normal(jax.random.key(11), (24,), jnp.bfloat16)
+
+    def grads():
+        fn = lambda x, s: jnp.sum(jnp.sin(llama_layers.rms_norm(x, s, 1e-6)), dtype=jnp.float32)  # noqa: E731
+        return jax.jit(jax.grad(fn, argnums=(0, 1)))(x, scale), str(jax.make_jaxpr(fn)(x, scale))
+
+    reference, jaxpr = grads()
+    assert "remat" in jaxpr or "checkpoint" in jaxpr  # CPU: recomputed in the backward pass
+    monkeypatch.setattr(llama_layers, "target_backend", lambda: "tpu")
+    fused, jaxpr = grads()
+    assert "remat" not in jaxpr and "checkpoint" not in jaxpr  # TPU: XLA keeps no residuals
+    for got, want in zip(fused, reference, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 # --- the non-finite guard: three scalars, the same decisions ------------------------------------
 
 
