@@ -22,6 +22,7 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -59,6 +60,39 @@ def _opener() -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy, ever
 
 
+# Where fake-gcs-server's filesystem backend keeps an object's metadata: an extended attribute
+# where the filesystem has them, else a sidecar file beside the object.
+_METADATA_XATTR = "user.metadata"
+_METADATA_SUFFIX = ".metadata"
+
+
+def _has_metadata(path: Path) -> bool:
+    if path.with_name(path.name + _METADATA_SUFFIX).exists():
+        return True
+    try:
+        return _METADATA_XATTR in os.listxattr(path)
+    except (OSError, AttributeError):  # no xattrs here (or no os.listxattr): sidecars only
+        return False
+
+
+def _drop_unacknowledged_uploads(data: Path) -> list[Path]:
+    """Removes the object files whose upload the server never finished, before it starts again.
+
+    GCS makes an object visible only once its upload completes. The emulator writes an object's
+    bytes first and its metadata second, so a server stopped between the two (a test stopping it
+    in the middle of a save) leaves a file without metadata, and from then on every listing of
+    that bucket answers 404. Such a file was never acknowledged to the client, so dropping it is
+    what a store coming back after an outage shows. Returns the paths removed."""
+    dropped = []
+    for bucket in (d for d in data.iterdir() if d.is_dir()):
+        for path in sorted(bucket.rglob("*")):
+            if path.is_file() and not path.name.endswith(_METADATA_SUFFIX):
+                if not _has_metadata(path):
+                    path.unlink()
+                    dropped.append(path)
+    return dropped
+
+
 class GcsServer:
     """One fake-gcs-server process on 127.0.0.1: `start`, `stop`, `restart` (same port and
     data), `freeze`/`thaw` (it accepts connections but answers none), `create_bucket`,
@@ -82,6 +116,7 @@ class GcsServer:
             return
         data = self.root / "data"
         data.mkdir(parents=True, exist_ok=True)
+        _drop_unacknowledged_uploads(data)
         command = [
             os.fspath(binary()),
             "-scheme", "http",
@@ -193,6 +228,15 @@ class GcsServer:
         """Creates bucket `name`; returns `gs://name`."""
         self._request("POST", "/storage/v1/b", {"name": name})
         return f"gs://{name}"
+
+    def create_object(self, bucket: str, name: str, data: bytes) -> None:
+        """Uploads `data` as object `name` of `bucket` (one media upload)."""
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        request = urllib.request.Request(
+            f"{self.url}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST"
+        )
+        with _opener().open(request, timeout=10) as answer:
+            answer.read()
 
     def list_objects(self, bucket: str) -> list[str]:
         """Every object name in `bucket` (straight from the server, no client cache)."""

@@ -220,6 +220,22 @@ def test_the_store_going_away_mid_save_ends_the_run_in_a_minute(
     _same_as_reference(model_dir, reference())
 
 
+def test_a_store_stopped_between_an_objects_bytes_and_its_metadata_comes_back_listable(
+    gcs_server, gcs_bucket
+):
+    # The emulator writes an object's bytes, then its metadata: stopped between the two, it kept
+    # a file that made every later listing of the bucket a 404. The upload was never
+    # acknowledged, so the store that comes back has the objects before it and not that one.
+    bucket = gcs_bucket.removeprefix("gs://")
+    gcs_server.create_object(bucket, "run/kept.json", b"{}")
+    gcs_server.stop()
+    cut = gcs_server.root / "data" / bucket / "run" / "cut.json"
+    cut.write_bytes(b"{")  # bytes written, no metadata
+    gcs_server.start()
+    assert gcs_server.list_objects(bucket) == ["run/kept.json"]
+    assert not cut.exists()
+
+
 def test_a_store_unreachable_at_start_is_storage_not_permissions(
     gcs_server, gcs_bucket, tiny_data, tmp_path, monkeypatch, capsys, fast_retries
 ):
