@@ -17,7 +17,16 @@ unexport PYTHONDONTWRITEBYTECODE
 
 setup: $(STAMP)
 
+# A new environment takes ~5.5 GiB (JAX, TensorFlow, torch, libtpu) and pip unpacks wheels
+# beside it: refuse up front, naming the folder and the space, rather than fail mid-install.
+MIN_FREE_GIB ?= 7
+
 $(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -c 'import os, shutil, sys; \
+		d = os.path.dirname(os.path.abspath(sys.argv[1])); free = shutil.disk_usage(d).free / 2**30; \
+		need = float(sys.argv[2]); free >= need or sys.exit( \
+		f"make setup: {d} has {free:.1f} GiB free; a new {sys.argv[1]} needs about {need:g} GiB. " \
+		"Free some space, or set MIN_FREE_GIB=0 to try anyway.")' $(VENV) $(MIN_FREE_GIB)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
 	# --no-compile: Python compiles what is imported, on first import (the venv has ~24,000 files;
