@@ -28,6 +28,12 @@ from llama_jax import sizes as llama_sizes
 from modeling import attention
 from pipelines import features
 from trainer import steps
+from trainer.optimizers import (
+    OptimizerConfig,
+    adafactor_defaults,
+    build_optimizer,
+    reads_parameter_scale,
+)
 
 BENCH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "aot_step.py"
 
@@ -375,6 +381,45 @@ def test_each_parameter_and_moment_waits_for_its_own_gradient():
     hlo = jax.jit(steps.after_their_gradients).lower(grads, params, opt_state).as_text()
     # one barrier per array: the parameters and AdamW's two moments (not its step count)
     assert hlo.count("optimization_barrier") == 3 * len(jax.tree.leaves(params))
+    free = jax.jit(lambda *a: steps.after_their_gradients(*a, params_too=False))
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, free(grads, params, opt_state), want)))
+    hlo = free.lower(grads, params, opt_state).as_text()
+    assert hlo.count("optimization_barrier") == 2 * len(jax.tree.leaves(params))  # moments only
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_accumulating_the_parameters_wait_for_their_gradients_unless_the_optimizer_reads_them(
+    microbatches, monkeypatch
+):
+    # Adafactor's parameter scale reads every parameter; when microbatches are accumulated,
+    # free of the barriers, XLA takes it with the parameters' casts before the loop. The train
+    # step's lowered program says which arrays wait: one barrier fewer per parameter with
+    # `optimizer_reads_params` and microbatches, none fewer without them; the same values.
+    monkeypatch.setattr(steps, "target_backend", lambda: "tpu")
+    assert not reads_parameter_scale(OptimizerConfig())  # AdamW: the parameters wait too
+    assert reads_parameter_scale(adafactor_defaults())
+    tx = build_optimizer(adafactor_defaults(), learning_rate=optax.constant_schedule(1e-2))
+    model = _Linear()
+    params = {"w": jnp.full((3, 2), 0.5, jnp.float32)}
+    state = steps.init_train_state(model, tx, jnp.zeros(2, jnp.uint32), params=params)
+    batch = {
+        "x": jnp.ones((4, 3), jnp.float32),
+        features.DECODER_LOSS_WEIGHTS: jnp.ones((4, 1), jnp.float32),
+    }
+    config = steps.StepConfig(num_microbatches=microbatches)
+    barriers, outputs = {}, {}
+    for reads in (False, True):
+        step = jax.jit(
+            steps.make_train_step(
+                model, tx, optax.constant_schedule(1e-2), config, optimizer_reads_params=reads
+            )
+        )
+        barriers[reads] = step.lower(state, batch).as_text().count("optimization_barrier")
+        outputs[reads] = step(state, batch)
+    freed = len(jax.tree.leaves(params)) if microbatches > 1 else 0
+    assert barriers[False] - barriers[True] == freed and barriers[True]
+    same = jax.tree.map(np.array_equal, outputs[False], outputs[True])
+    assert all(jax.tree.leaves(same))
 
 
 # --- per-component token counts: no scatter ----------------------------------------------------

@@ -30,7 +30,7 @@ from pipelines import features
 from trainer import data as data_lib
 from trainer import job_checks, memory_check, model_spec, partitioning, steps, validation
 from trainer.data import DataConfig, EvalConfig
-from trainer.optimizers import OptimizerConfig, build_optimizer
+from trainer.optimizers import OptimizerConfig, build_optimizer, reads_parameter_scale
 from trainer.partitioning import MeshConfig, Partitioner
 from trainer.run_request import JobRequest, RunLength
 from trainer.schedules import ScheduleConfig, build_schedule
@@ -553,7 +553,13 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
                 partitioner, batch_size=batch_size, seq_len=seq_len, feature_lengths=lengths
             )
             train_step = steps.compile_train_step(
-                steps.make_train_step(wrapper, tx, lr, step_config),
+                steps.make_train_step(
+                    wrapper,
+                    tx,
+                    lr,
+                    step_config,
+                    optimizer_reads_params=reads_parameter_scale(optimizer),
+                ),
                 partitioner=partitioner,
                 shardings=shardings,
             )

@@ -125,6 +125,14 @@ OPTIMIZERS: dict[str, Callable[[OptimizerConfig, optax.Schedule], optax.Gradient
 }
 
 
+def reads_parameter_scale(config: OptimizerConfig) -> bool:
+    """Whether the optimizer scales each update by its parameter's root mean square (Adafactor's
+    `multiply_by_parameter_scale`): a reduction of every parameter that needs no gradient, which
+    the train step can let XLA take with the parameters' compute-dtype casts
+    (`trainer.steps.make_train_step`'s `optimizer_reads_params`)."""
+    return OPTIMIZERS.get(config.name) is adafactor and config.multiply_by_parameter_scale
+
+
 def build_optimizer(
     config: OptimizerConfig, *, learning_rate: optax.Schedule
 ) -> optax.GradientTransformation:

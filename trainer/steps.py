@@ -132,9 +132,12 @@ def _split_microbatches(batch: Mapping[str, jax.Array], num: int) -> dict[str, j
     return {key: split(value) for key, value in batch.items()}
 
 
-def after_their_gradients(grads: Any, params: Any, opt_state: Any) -> tuple[Any, Any]:
+def after_their_gradients(
+    grads: Any, params: Any, opt_state: Any, *, params_too: bool = True
+) -> tuple[Any, Any]:
     """`params` and the parameter-shaped parts of `opt_state` (AdamW's moments, ...), each array
-    made available only once its own gradient exists (an optimisation barrier per array).
+    made available only once its own gradient exists (an optimisation barrier per array);
+    `params_too=False` leaves the parameters free (the optimizer state is still tied).
 
     Values are unchanged. What the update needs of a parameter or its moments in another layout
     (the embedding's: its gradient is a row-major scatter, against the column-major layout XLA
@@ -142,6 +145,12 @@ def after_their_gradients(grads: Any, params: Any, opt_state: Any) -> tuple[Any,
     and held through the backward pass, where the step's memory peaks. One barrier per array,
     not one over all the gradients: each array's update can still start as soon as its own
     gradient is ready, overlapping the rest of the backward pass.
+
+    An optimizer that scales each update by its parameter's size (Adafactor's parameter scale)
+    reads every parameter once more; left free, that read runs at the start of the step in the
+    same pass that casts the parameters to the compute dtype. Tied, it is a pass of its own
+    after the backward (2.7% of a 2-layer T5-3B step on 4 chips, accumulating 2 microbatches):
+    `params_too=False`, which `make_train_step` chooses for such optimizers.
     """
     structure = jax.tree.structure(params)
 
@@ -154,7 +163,7 @@ def after_their_gradients(grads: Any, params: Any, opt_state: Any) -> tuple[Any,
     state = jax.tree.map(
         lambda node: tied(node) if like_params(node) else node, opt_state, is_leaf=like_params
     )
-    return tied(params), state
+    return (tied(params) if params_too else params), state
 
 
 def make_train_step(
@@ -162,6 +171,8 @@ def make_train_step(
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     config: StepConfig,
+    *,
+    optimizer_reads_params: bool = False,
 ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds `train_step(state, batch, numbers) -> (state, metrics)`.
 
@@ -187,7 +198,17 @@ def make_train_step(
 
     Dropout (models that have it) draws from `fold_in(rng, s)` at the s-th update (1-based, so
     never the key that initialised the parameters), folded with the microbatch index.
+
+    Off the CPU each parameter-shaped array of the update waits for its own gradient
+    (`after_their_gradients`), except, when microbatches are accumulated, the parameters
+    themselves for an optimizer whose update reads them beyond applying it
+    (`optimizer_reads_params`: `optimizers.reads_parameter_scale`). Accumulating, the step
+    casts every parameter before its loop, and that read then joins the same pass. Without
+    microbatches nothing reads them all at the start, and freeing them made XLA keep more
+    (T5-770M on 4 chips: 1.1 GB more temporaries for a 0.7% faster estimate). Values are the
+    same either way.
     """
+    tie_params = not (optimizer_reads_params and config.num_microbatches > 1)
 
     def loss_and_grads(params, batch, dropout_rng, scale):
         # Differentiates the loss times `scale`: with microbatches, the inverse of the global
@@ -247,7 +268,9 @@ def make_train_step(
         finite_update = update_bounded(learning_rate, state.param_norm)
         params, opt_state = state.params, state.opt_state
         if target_backend() != "cpu":
-            params, opt_state = after_their_gradients(grads, params, opt_state)
+            params, opt_state = after_their_gradients(
+                grads, params, opt_state, params_too=tie_params
+            )
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         finite = finite_loss & finite_grads & finite_update
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
