@@ -552,14 +552,9 @@ def _compile(plan: JobPlan | _CompileSettings, *, compile_train: bool) -> Job:
             batch = batch_abstract(
                 partitioner, batch_size=batch_size, seq_len=seq_len, feature_lengths=lengths
             )
+            reads = reads_parameter_scale(optimizer)  # Adafactor's parameter scale
             train_step = steps.compile_train_step(
-                steps.make_train_step(
-                    wrapper,
-                    tx,
-                    lr,
-                    step_config,
-                    optimizer_reads_params=reads_parameter_scale(optimizer),
-                ),
+                steps.make_train_step(wrapper, tx, lr, step_config, optimizer_reads_params=reads),
                 partitioner=partitioner,
                 shardings=shardings,
             )

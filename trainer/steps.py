@@ -150,7 +150,7 @@ def after_their_gradients(
     reads every parameter once more; left free, that read runs at the start of the step in the
     same pass that casts the parameters to the compute dtype. Tied, it is a pass of its own
     after the backward (2.7% of a 2-layer T5-3B step on 4 chips, accumulating 2 microbatches):
-    `params_too=False`, which `make_train_step` chooses for such optimizers.
+    `params_too=False`, which `make_train_step` chooses for such optimizers when it accumulates.
     """
     structure = jax.tree.structure(params)
 
