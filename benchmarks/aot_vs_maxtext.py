@@ -125,6 +125,12 @@ ROWS: dict[str, Row] = {
     "5534m_full": Row(**_5534M, remat="full"),
     "2791m_full_scan": Row(**_2791M, remat="full", scan=True),
     "5534m_full_scan": Row(**_5534M, remat="full", scan=True),
+    # The larger sizes at the policies each side would run (xlscale's memory model's pick,
+    # MaxText's least-remat stock policy) and with the Pallas kernels, scanned.
+    "2791m_auto_scan": Row(**_2791M, remat="auto", scan=True),
+    "5534m_auto_scan": Row(**_5534M, remat="auto", scan=True),
+    "2791m_full_splash_scan": Row(**_2791M, remat="full", attention="splash", scan=True),
+    "5534m_full_splash_scan": Row(**_5534M, remat="full", attention="splash", scan=True),
     # The paper's batch tokens (2M for 1-2.5B models, 4M above), by gradient accumulation on
     # both sides; each side's loop body counts once, so the seconds compare one microbatch and
     # the update.
