@@ -122,11 +122,9 @@ def _chip_generation(topology: str) -> str:
 def _auto_remat(args: argparse.Namespace, built, optimizer) -> tuple[str, int]:
     """The remat policy and microbatches xlscale's memory model picks for this step on the
     topology's chip: the cheapest policy, then the fewest microbatches, whose estimate fits
-    (`modeling.memory.plan`, as `trainer.memory_check` advises)."""
-    import dataclasses
-
+    (`modeling.step_memory.plan`, as `trainer.memory_check` advises)."""
     from modeling import family as family_lib
-    from modeling import memory
+    from modeling import memory, step_memory
     from trainer import memory_check
 
     wrapper, partitioner, _ = built
@@ -143,12 +141,7 @@ def _auto_remat(args: argparse.Namespace, built, optimizer) -> tuple[str, int]:
         num_microbatches=args.microbatches,
     )
     family = family_lib.get(args.family)
-
-    def estimator(policy, step_shape):
-        config = dataclasses.replace(wrapper.config, remat_policy=policy)
-        return family.memory_estimate(config, shape=step_shape)
-
-    plan = memory.plan(estimator, shape=shape, limit=chip.usable)
+    plan = step_memory.plan(family, wrapper.config, shape=shape, limit=chip.usable)
     return plan.remat_policy, plan.num_microbatches
 
 

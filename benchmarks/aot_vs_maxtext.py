@@ -188,9 +188,12 @@ def xlscale_args(row: Row, out: Path) -> list[str]:
     ]
 
 
-def maxtext_overrides(row: Row) -> list[str]:
-    """MaxText config overrides (its `base.yml` keys) for the same program as `row`."""
-    per_device = row.batch // (row.chips * row.num_slices * row.microbatches)
+def maxtext_overrides(row: Row, microbatches: int | None = None) -> list[str]:
+    """MaxText config overrides (its `base.yml` keys) for the same program as `row`, with
+    `microbatches` gradient accumulation steps (default: the row's; an `auto` row passes what
+    xlscale's memory model picked, so both sides count the same loop body)."""
+    microbatches = microbatches or row.microbatches
+    per_device = row.batch // (row.chips * row.num_slices * microbatches)
     overrides = {
         "compile_topology": row.maxtext_topology,
         "compile_topology_num_slices": row.num_slices,
@@ -211,8 +214,8 @@ def maxtext_overrides(row: Row) -> list[str]:
     }
     if row.num_slices > 1:
         overrides["dcn_data_parallelism"] = row.num_slices
-    if row.microbatches > 1:
-        overrides["gradient_accumulation_steps"] = row.microbatches
+    if microbatches > 1:
+        overrides["gradient_accumulation_steps"] = microbatches
     return [f"{k}={v}" for k, v in overrides.items()]
 
 
@@ -252,6 +255,12 @@ def _run(cmd: list[str], log: Path, timeout_s: int, env: dict[str, str] | None =
             return 124
 
 
+def _picked_microbatches(row: Row, xlscale: dict) -> int:
+    """The microbatches xlscale's program ran (what its memory model picked for an `auto`
+    row), for the peer to accumulate the same: each side's loop body counts once."""
+    return xlscale.get("settings", {}).get("microbatches") or row.microbatches
+
+
 def compile_row(name: str, row: Row, args: argparse.Namespace) -> dict[str, dict | None]:
     """Both programs of a row (from their JSON where it exists): `xlscale` and `peer` (MaxText's
     or T5X's, None where there is none or it was not given)."""
@@ -265,11 +274,11 @@ def compile_row(name: str, row: Row, args: argparse.Namespace) -> dict[str, dict
             env = None
             if program == "xlscale":
                 cmd = xlscale_args(row, out)
-            elif program == "maxtext" and args.maxtext_runner and args.maxtext:
+            elif program == "maxtext" and args.maxtext_runner and args.maxtext and found["xlscale"]:
                 cmd = ["bash", str(args.maxtext_runner), str(args.maxtext), str(out)]
-                cmd += maxtext_overrides(row)
+                cmd += maxtext_overrides(row, _picked_microbatches(row, found["xlscale"]))
             elif program == "t5x" and args.t5x and found["xlscale"]:
-                micro = found["xlscale"].get("settings", {}).get("microbatches") or 1
+                micro = _picked_microbatches(row, found["xlscale"])
                 cmd, env = t5x_args(row, out, micro), t5x_env(args.t5x)
             else:
                 found[key] = None

@@ -74,8 +74,11 @@ def plan(
     *,
     shape: memory.StepShape,
     limit: int,
-    policies: Iterable[str] = memory.POLICY_ORDER,
+    policies: Iterable[str] | None = None,
 ) -> memory.Plan:
-    """The cheapest remat policy (of `policies`) and fewest microbatches whose estimate fits
-    `limit` bytes (`memory.plan` over `estimator`)."""
+    """The first remat policy (of `policies`; default `memory.policy_order` for the config's
+    layers, scanned or not) and fewest microbatches whose estimate fits `limit` bytes
+    (`memory.plan` over `estimator`)."""
+    if policies is None:
+        policies = memory.policy_order(scanned=bool(getattr(config, "scan_layers", False)))
     return memory.plan(estimator(family, config), shape=shape, limit=limit, policies=policies)

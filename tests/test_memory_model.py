@@ -236,6 +236,34 @@ def test_planner_prefers_the_cheapest_policy_then_fewest_microbatches():
     assert "nothing fits" in memory.advice(nothing, current_policy="none", current_microbatches=1)
 
 
+def test_scanned_layers_are_planned_to_keep_only_the_weight_matmuls_outputs():
+    # A scan's backward pass reads every kept intermediate back from stacked buffers, so for
+    # scanned layers the planner tries the policy that keeps only the weight matmuls' outputs
+    # first; unrolled layers keep everything when it fits.
+    from modeling import step_memory
+
+    fam = family_lib.get("llama2")
+    scanned = fam.get_config("llama2_1085m", scan_layers=True)
+    unrolled = scanned.replace(scan_layers=False)
+    generous = {
+        name: step_memory.plan(fam, config, shape=SHAPE, limit=10**15)
+        for name, config in (("scanned", scanned), ("unrolled", unrolled))
+    }
+    assert generous["scanned"].remat_policy == "dots_with_no_batch_dims_saveable"
+    assert generous["unrolled"].remat_policy == "none"
+    assert generous["scanned"].num_microbatches == generous["unrolled"].num_microbatches == 1
+    # Too tight for it at one microbatch: the same policy with more microbatches, not `none`.
+    one = step_memory.estimate(
+        fam, scanned.replace(remat_policy="dots_with_no_batch_dims_saveable"), SHAPE
+    )
+    tight = step_memory.plan(fam, scanned, shape=SHAPE, limit=one.total - 1)
+    assert tight.fits and tight.remat_policy == "dots_with_no_batch_dims_saveable"
+    assert tight.num_microbatches > 1
+    # An explicit order still wins.
+    only_full = step_memory.plan(fam, scanned, shape=SHAPE, limit=10**15, policies=("full",))
+    assert only_full.remat_policy == "full"
+
+
 def test_microbatches_and_shards_shrink_the_estimate():
     estimate = _estimator("llama2", "llama2_1085m")
     one = estimate("none", SHAPE)
@@ -290,7 +318,12 @@ def test_a_step_that_cannot_fit_is_refused_in_one_line():
     assert "\n" not in message
     assert message.startswith("llama2_cpu_d128: the train step needs an estimated 0.8 GiB")
     assert "the device has 0.6 GiB (partitioning.MeshConfig.device_memory_gib)" in message
-    assert "set NUM_MICROBATCHES=2 (est. 0.4 GiB)" in message
+    # Its layers are scanned: the planner's fix keeps only the weight matmuls' outputs; the
+    # fix under the run's own policy follows it.
+    assert (
+        "set MODEL_OVERRIDES remat_policy='dots_with_no_batch_dims_saveable' and "
+        "NUM_MICROBATCHES=2 (est. 0.4 GiB) or NUM_MICROBATCHES=2 (est. 0.4 GiB)"
+    ) in message
     with pytest.raises(ConfigError, match="nothing fits"):
         _check(0.1)
 
@@ -345,7 +378,9 @@ def test_sizes_memory_shows_parts_and_the_plan_per_size(capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["name"] for r in rows] == ["llama2_49m", "llama2_5534m"]
     small, big = rows
-    assert small["remat_policy"] == "none" and big["remat_policy"] == "full"
+    # The recipe scans its layers: the first policy tried keeps the weight matmuls' outputs.
+    assert small["remat_policy"] == "dots_with_no_batch_dims_saveable"
+    assert big["remat_policy"] == "full"
     assert all(r["fits"] and r["total"] <= 16 * 0.95 for r in rows)
     assert small["batch"] == 512 and big["batch"] == 2048  # 1M and 4M tokens of 2048
     assert big["kernel"] == "splash"
