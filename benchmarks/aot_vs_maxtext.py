@@ -125,8 +125,9 @@ ROWS: dict[str, Row] = {
     "5534m_full": Row(**_5534M, remat="full"),
     "2791m_full_scan": Row(**_2791M, remat="full", scan=True),
     "5534m_full_scan": Row(**_5534M, remat="full", scan=True),
-    # The larger sizes at the policies each side would run (xlscale's memory model's pick,
-    # MaxText's least-remat stock policy) and with the Pallas kernels, scanned.
+    # Scanned, at the policies each side would run (xlscale's memory model's pick, MaxText's
+    # least-remat stock policy), and the larger sizes with the Pallas kernels.
+    "1085m_auto_scan": Row(**_1085M, **_V5P8, remat="auto", scan=True),
     "2791m_auto_scan": Row(**_2791M, remat="auto", scan=True),
     "5534m_auto_scan": Row(**_5534M, remat="auto", scan=True),
     "2791m_full_splash_scan": Row(**_2791M, remat="full", attention="splash", scan=True),
