@@ -14,10 +14,12 @@ programs of equal FLOPs (`aot_vs_maxtext.py` sets them beside MaxText's).
 
 Writes `{"program", "settings", "memory": {argument/output/alias/temp/generated code bytes,
 "peak"}, "cost": {"flops", "bytes accessed", "optimal_seconds", ...}, "model_flops",
-"estimated_mfu", "usable", "why_unusable", "uncosted_ops", "compile_s"}`. A negative or
-missing `optimal_seconds` makes the estimate unusable: the JSON says so (`usable: false`) and
-names the ops XLA could not cost (e.g. a scatter offloaded to the SparseCore), and so does the
-printout. With a scanned layer stack XLA's cost analysis counts the body once: `--no-scan`
+"estimated_mfu", "usable", "why_unusable", "uncosted_ops", "costed_seconds", "compile_s"}`.
+A negative or missing `optimal_seconds` makes the estimate unusable: the JSON says so (`usable:
+false`) and names the ops XLA could not cost (e.g. a scatter offloaded to the SparseCore, or
+the custom calls of a program over several slices), and so does the printout. Where those are
+only custom calls that XLA counts as -1 second each, `costed_seconds` is its estimate of the
+rest. With a scanned layer stack XLA's cost analysis counts the body once: `--no-scan`
 (every layer in the program) is what a comparison uses.
 """
 
@@ -81,11 +83,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def uncosted_ops(hlo: str) -> list[str]:
-    """The ops of `hlo` (optimised HLO text) that XLA's TPU cost model cannot price: those run
-    on the SparseCore (a scatter offloaded there reports an unknown cost), by the JAX op that
-    made them (`op_name` metadata, e.g. `jit(train_step)/.../scatter-add`) or else the
-    instruction's name."""
+# Custom calls XLA's TPU cost model has no figure for: each adds exactly -1 to `optimal_seconds`
+# (a sentinel, not a time). A program over several slices has them: `ZeroCrop` clears a buffer's
+# tile padding before it crosses the data-center network (DCN), `SliceId` reads which slice a
+# chip is in.
+SENTINEL_CUSTOM_CALLS = ("ZeroCrop", "SliceId")
+
+
+def _sparsecore_ops(hlo: str) -> list[str]:
+    """The ops of `hlo` run on the SparseCore (a scatter offloaded there reports an unknown
+    cost), by the JAX op that made them (`op_name` metadata) or else the instruction's name."""
     found = set()
     for line in hlo.splitlines():
         if 'execution_thread="sparsecore"' not in line:
@@ -99,20 +106,64 @@ def uncosted_ops(hlo: str) -> list[str]:
     return sorted(found)
 
 
+def sentinel_custom_calls(hlo: str) -> list[str]:
+    """The custom calls of `hlo` whose cost XLA reports as -1 each (`SENTINEL_CUSTOM_CALLS`),
+    as `target (instruction)`."""
+    found = []
+    for line in hlo.splitlines():
+        target = re.search(r'custom_call_target="([^"]+)"', line)
+        if target and target.group(1) in SENTINEL_CUSTOM_CALLS:
+            head = line.strip().removeprefix("ROOT ").split("=", 1)[0].strip()
+            found.append(f"{target.group(1)} ({head})")
+    return sorted(found)
+
+
+def uncosted_ops(hlo: str) -> list[str]:
+    """The ops of `hlo` (optimised HLO text) that XLA's TPU cost model cannot price: those run
+    on the SparseCore (by the JAX op that made them, e.g. `jit(train_step)/.../scatter-add`, or
+    the instruction's name), then the custom calls it prices at -1 each
+    (`SENTINEL_CUSTOM_CALLS`)."""
+    return _sparsecore_ops(hlo) + sentinel_custom_calls(hlo)
+
+
+def costed_seconds(cost: dict, hlo: str) -> float | None:
+    """XLA's estimate for the ops it could cost, where all it could not cost are custom calls
+    that add -1 each (`SENTINEL_CUSTOM_CALLS`): `optimal_seconds` with those taken back. None
+    where there are none, where a SparseCore op (of unknown cost) is among them, or where what
+    is left is not a time. Over several slices it is the step without the wait for the network
+    between slices: the transfers across it are host sends and receives, which add next to
+    nothing to the estimate (a 0.8 MB gradient's all-reduce across two v5p slices: 5
+    microseconds)."""
+    seconds = cost.get("optimal_seconds")
+    sentinels = sentinel_custom_calls(hlo)
+    if seconds is None or not sentinels or _sparsecore_ops(hlo):
+        return None
+    rest = seconds + len(sentinels)
+    return rest if rest > 0 else None
+
+
 def usability(cost: dict, hlo: str, *, num_slices: int = 1) -> tuple[bool, str | None, list[str]]:
     """`(usable, why not, uncosted ops)` of a cost analysis: `optimal_seconds` must be present
-    and positive. With several slices, the collectives between them (over the data-center
-    network) are what XLA's TPU cost model has no figures for."""
+    and positive; where it is not, the reason names the ops XLA could not cost."""
     seconds = cost.get("optimal_seconds")
     ops = uncosted_ops(hlo)
     if seconds is None:
         return False, "cost_analysis() has no optimal_seconds", ops
     if not seconds > 0:
-        named = f": ops XLA could not cost: {', '.join(ops[:5])}" if ops else ""
+        named = f": ops XLA could not cost: {_summary(ops)}" if ops else ""
         if not ops and num_slices > 1:
             named = f": collectives across the {num_slices} slices (DCN) have no cost estimate"
         return False, f"optimal_seconds = {seconds:.4g} (not a time){named}", ops
     return True, None, ops
+
+
+def _summary(ops: list[str], most: int = 5) -> str:
+    """`ops` for a message: each kind once with its count (`ZeroCrop x4`), the first `most`."""
+    counts: dict[str, int] = {}
+    for op in ops:
+        kind = op.split(" (", 1)[0]
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{k} x{n}" if n > 1 else k for k, n in list(counts.items())[:most])
 
 
 def _chip_generation(topology: str) -> str:
@@ -207,7 +258,7 @@ def compile_program(args: argparse.Namespace) -> dict:
         total_steps=1000,
     )
     compile_s = time.perf_counter() - start
-    memory, cost, (usable, why, ops) = compiled_figures(
+    memory, cost, (usable, why, ops), costed = compiled_figures(
         job.train_step, hlo_path=args.hlo, num_slices=args.num_slices
     )
     model_flops = _model_flops(wrapper, args)
@@ -238,15 +289,16 @@ def compile_program(args: argparse.Namespace) -> dict:
         "usable": usable,
         "why_unusable": why,
         "uncosted_ops": ops,
+        "costed_seconds": costed,
     }
 
 
 def compiled_figures(
     compiled, *, hlo_path: str | None = None, num_slices: int = 1
-) -> tuple[dict, dict, tuple[bool, str | None, list[str]]]:
+) -> tuple[dict, dict, tuple[bool, str | None, list[str]], float | None]:
     """XLA's figures of a compiled program: per-device memory (with the peak: arguments +
-    outputs − aliased + temporaries), the cost analysis's fields, and `usability`; the
-    optimised HLO text is written to `hlo_path` when given."""
+    outputs − aliased + temporaries), the cost analysis's fields, `usability` and
+    `costed_seconds`; the optimised HLO text is written to `hlo_path` when given."""
     mem = compiled.memory_analysis()
     memory = {f: int(getattr(mem, f)) for f in MEMORY_FIELDS}
     memory["peak"] = (
@@ -261,7 +313,7 @@ def compiled_figures(
     hlo = compiled.as_text()
     if hlo_path:
         Path(hlo_path).write_text(hlo, encoding="utf-8")
-    return memory, cost, usability(cost, hlo, num_slices=num_slices)
+    return memory, cost, usability(cost, hlo, num_slices=num_slices), costed_seconds(cost, hlo)
 
 
 def use_libtpu(path: str) -> bool:
@@ -378,6 +430,11 @@ def summary(result: dict) -> str:
         )
     else:
         lines.append(f"  estimate UNUSABLE: {result['why_unusable']}")
+        if result.get("costed_seconds"):
+            lines.append(
+                f"  without those ops (each counted -1): {result['costed_seconds']:.4f} s "
+                "(costed_seconds)"
+            )
     return "\n".join(lines)
 
 

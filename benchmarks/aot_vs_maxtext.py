@@ -289,7 +289,30 @@ def compile_row(name: str, row: Row, args: argparse.Namespace) -> dict[str, dict
             took = time.perf_counter() - start
             print(f"  {name} {program}: exit {rc} in {took:.0f} s", flush=True)
         found[key] = json.loads(out.read_text()) if out.exists() else None
+        if found[key] is not None and program == "maxtext" and "costed_seconds" not in found[key]:
+            found[key] = annotate_peer(out, found[key])
     return found
+
+
+def annotate_peer(out: Path, result: dict) -> dict:
+    """Adds to a peer's JSON (MaxText's tool writes its program beside it, `.hlo.txt`) what
+    `aot_step.py` reports of xlscale's: the ops XLA could not cost and `costed_seconds`; the
+    JSON is left as it is where the program is not there."""
+    hlo_path = out.with_suffix(".hlo.txt")
+    if not hlo_path.exists():
+        return result
+    hlo = hlo_path.read_text(encoding="utf-8")
+    cost = result.get("cost", {})
+    usable, why, ops = aot_step.usability(cost, hlo)
+    result = {
+        **result,
+        "usable": usable,
+        "why_unusable": why,
+        "uncosted_ops": ops,
+        "costed_seconds": aot_step.costed_seconds(cost, hlo),
+    }
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result
 
 
 def figures(result: dict | None, row: Row) -> dict | None:
@@ -323,6 +346,9 @@ def figures(result: dict | None, row: Row) -> dict | None:
         "microbatches": result.get("settings", {}).get("microbatches", 1),
         "seconds": seconds,
         "raw_seconds": cost.get("optimal_seconds"),
+        # Unusable over several slices: XLA's estimate without the custom calls it counts as
+        # -1 s each (`aot_step.costed_seconds`), shown in parentheses.
+        "costed": None if seconds else result.get("costed_seconds"),
         "flops": cost.get("flops"),
         "bytes": cost.get("bytes accessed"),
         "temp_gb": mem["temp_size_in_bytes"] / 1e9,
@@ -337,6 +363,14 @@ def _ratio(a, b) -> str:
 
 def _num(x, fmt: str) -> str:
     return format(x, fmt) if x is not None else "unusable"
+
+
+def _seconds(f: dict) -> str:
+    """One program's seconds: `optimal_seconds`, or where it is unusable, `unusable` with XLA's
+    estimate of what it could cost in parentheses where there is one."""
+    if f.get("seconds") is None and f.get("costed"):
+        return f"unusable ({f['costed']:.4f})"
+    return _num(f.get("seconds"), ".4f")
 
 
 def _pair(xl: dict, mt: dict | None, key: str, fmt: str) -> str:
@@ -357,14 +391,17 @@ def table(rows: dict[str, tuple[Row, dict, dict | None]]) -> str:
     ]
     for name, (row, xl, mt) in rows.items():
         mt_ = mt or {}
-        seconds = f"{_num(xl['seconds'], '.4f')} / {_num(mt_.get('seconds'), '.4f') if mt else '–'}"
+        seconds = f"{_seconds(xl)} / {_seconds(mt_) if mt else '–'}"
+        ratio = _ratio(xl["seconds"], mt_.get("seconds"))
+        if ratio == "–" and _ratio(xl.get("costed"), mt_.get("costed")) != "–":
+            ratio = f"({_ratio(xl['costed'], mt_['costed'])})"
         # A scanned program's seconds count one layer: no MFU against the whole model's FLOPs.
         mfu = {
             k: (100 * f["mfu"] if f and f.get("mfu") and not row.scan else None)
             for k, f in (("x", xl), ("m", mt))
         }
         lines.append(
-            f"| {name} | {seconds} | {_ratio(xl['seconds'], mt_.get('seconds'))} "
+            f"| {name} | {seconds} | {ratio} "
             f"| {_ratio(xl['flops'], mt_.get('flops'))} | {_ratio(xl['bytes'], mt_.get('bytes'))} "
             f"| {_pair(xl, mt, 'temp_gb', '.2f')} | {_pair(xl, mt, 'peak_gb', '.2f')} "
             f"| {_pair({'v': mfu['x']}, {'v': mfu['m']}, 'v', '.1f')} |"

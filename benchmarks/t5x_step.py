@@ -180,7 +180,7 @@ def compile_program(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     compiled = step.lower(state_shape, batch).compile()
     compile_s = time.perf_counter() - start
-    memory, cost, (usable, why, ops) = aot_step.compiled_figures(compiled, hlo_path=args.hlo)
+    memory, cost, (usable, why, ops), _ = aot_step.compiled_figures(compiled, hlo_path=args.hlo)
     per_token = family_lib.get("t5").cost_per_token(
         xl_config, seq_len=args.seq_len, inputs_len=args.inputs_len
     )

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 import pytest
 from jax._src.ad_checkpoint import saved_residuals
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from llama_jax import model as llama_model
@@ -470,6 +471,49 @@ def test_an_estimate_xla_cannot_make_is_unusable_and_names_the_ops(tpu_topology,
         "cost_analysis() has no optimal_seconds",
     )
     assert bench.usability({"optimal_seconds": 0.25}, "") == (True, None, [])
+
+
+@pytest.mark.slow
+def test_a_two_slice_estimate_names_its_custom_calls_and_takes_back_their_sentinels(
+    tpu_topology, monkeypatch
+):
+    """Data parallel across two v5p slices, each gradient crosses the data-center network
+    after a `ZeroCrop` custom call clears its tile padding (448 columns pad to 512); XLA
+    counts each such call as -1 second, so `optimal_seconds` is negative. The rest is a time."""
+    devices = tpu_topology("v5p:2x2x1", num_slices=2)  # skips without libtpu
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    bench = _bench()
+    mesh = jax.sharding.Mesh(np.array(devices).reshape(2, 4), ("data", "fsdp"))
+
+    def loss(weights, x):
+        for w in weights:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x)
+
+    def compiled(n):
+        w = jax.ShapeDtypeStruct((448, 448), jnp.float32, sharding=NamedSharding(mesh, P()))
+        x = jax.ShapeDtypeStruct(
+            (64, 448), jnp.float32, sharding=NamedSharding(mesh, P(("data", "fsdp")))
+        )
+        program = jax.jit(jax.grad(loss)).lower([w] * n, x).compile()
+        cost = program.cost_analysis()
+        return dict(cost[0] if isinstance(cost, list) else cost), program.as_text()
+
+    for n in (1, 2):
+        cost, hlo = compiled(n)
+        usable, why, ops = bench.usability(cost, hlo, num_slices=2)
+        assert not usable and "not a time" in why
+        assert ops == bench.sentinel_custom_calls(hlo) and len(ops) == n
+        assert all(op.startswith("ZeroCrop (") for op in ops)
+        assert why.endswith(
+            "ops XLA could not cost: " + ("ZeroCrop" if n == 1 else f"ZeroCrop x{n}")
+        )
+        costed = bench.costed_seconds(cost, hlo)
+        assert costed == pytest.approx(cost["optimal_seconds"] + n) and 0 < costed < 1e-3
+    # Nothing to take back, or a SparseCore op among them: no such figure.
+    assert bench.costed_seconds({"optimal_seconds": 0.25}, "") is None
+    sparse = '%s = f32[4] scatter(...), execution_thread="sparsecore"\n'
+    assert bench.costed_seconds(cost, hlo + sparse) is None
 
 
 @pytest.mark.slow
