@@ -10,6 +10,7 @@ Attention kernels are stored 2-D (`embed` x `joined_kv`) as T5X stores them.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -117,28 +118,44 @@ def rms_norm(x: Array, scale: Array, eps: float) -> Array:
 
 
 class Dense(nn.Module):
-    """A bias-free projection of the last axis with a 2-D, logically named `kernel`."""
+    """A bias-free projection with a 2-D, logically named `kernel` `[in, features]`.
+
+    Attention's projections split or join heads: `heads_out=(heads, head_dim)` returns
+    `[..., heads, head_dim]` (`features = heads * head_dim`), and `heads_in` contracts the input's
+    last two axes `[..., heads, head_dim]` (`in = heads * head_dim`). The kernel keeps the 2-D
+    shape that checkpoints store; it is the kernel that is viewed with the heads split (a free
+    reshape of a weight), as T5X's `DenseGeneral` contracts the same axes. Reshaping the
+    activations instead is a copy on TPU, whose tiled layouts of `[..., heads, head_dim]` and
+    `[..., heads * head_dim]` differ, and the step kept both copies for the backward pass.
+    """
 
     features: int
     kernel_axes: tuple[str, str]
     kernel_init: Callable = DENSE_INIT
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    heads_out: tuple[int, int] | None = None
+    heads_in: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        """Returns `x @ kernel`."""
+        """Returns `x @ kernel`, over the heads' axes where `heads_in`/`heads_out` say."""
+        contracted = 2 if self.heads_in else 1
         kernel = param_with_axes(
             "kernel",
             self.kernel_init,
-            (x.shape[-1], self.features),
+            (math.prod(x.shape[-contracted:]), self.features),
             self.param_dtype,
             axes=self.kernel_axes,
         )
         x = jnp.asarray(x, self.dtype)
-        return lax.dot_general(
-            x, jnp.asarray(kernel, self.dtype), (((x.ndim - 1,), (0,)), ((), ()))
-        )
+        kernel = jnp.asarray(kernel, self.dtype)
+        if self.heads_out:
+            kernel = kernel.reshape(kernel.shape[0], *self.heads_out)
+        if self.heads_in:
+            kernel = kernel.reshape(*x.shape[-2:], self.features)
+        axes_x = tuple(range(x.ndim - contracted, x.ndim))
+        return lax.dot_general(x, kernel, ((axes_x, tuple(range(contracted))), ((), ())))
 
 
 class Embed(nn.Module):
@@ -229,7 +246,7 @@ class MultiHeadDotProductAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
-    def _dense(self, name: str, features: int, axes: tuple[str, str], init) -> Dense:
+    def _dense(self, name: str, features: int, axes: tuple[str, str], init, **heads) -> Dense:
         return Dense(
             features,
             kernel_axes=axes,
@@ -237,18 +254,20 @@ class MultiHeadDotProductAttention(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             name=name,
+            **heads,
         )
 
-    def _heads(self, x: Array) -> Array:
-        x = x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
-        return constrain(x, ACT_HEADS)
+    def _heads(self, name: str, init, x: Array) -> Array:
+        """`x` projected to `[..., heads, head_dim]` by the kernel `name`."""
+        hd, heads = self.num_heads * self.head_dim, (self.num_heads, self.head_dim)
+        dense = self._dense(name, hd, (EMBED, JOINED_KV), init, heads_out=heads)
+        return constrain(dense(x), ACT_HEADS)
 
     def _project_kv(self, inputs_kv: Array) -> tuple[Array, Array]:
         # Called from `__call__` and from inside `nn.cond` branches (module = the lifted clone).
-        hd = self.num_heads * self.head_dim
-        key = self._dense("key", hd, (EMBED, JOINED_KV), ATTENTION_INIT)(inputs_kv)
-        value = self._dense("value", hd, (EMBED, JOINED_KV), ATTENTION_INIT)(inputs_kv)
-        return self._heads(key), self._heads(value)
+        key = self._heads("key", ATTENTION_INIT, inputs_kv)
+        value = self._heads("value", ATTENTION_INIT, inputs_kv)
+        return key, value
 
     @nn.compact
     def __call__(
@@ -276,9 +295,7 @@ class MultiHeadDotProductAttention(nn.Module):
           decode: use and update the `cache` collection.
           deterministic: disable attention dropout.
         """
-        hd = self.num_heads * self.head_dim
-        query_init = scaled_query_init(self.head_dim)
-        query = self._heads(self._dense("query", hd, (EMBED, JOINED_KV), query_init)(inputs_q))
+        query = self._heads("query", scaled_query_init(self.head_dim), inputs_q)
         cache_ready = decode and self.has_variable("cache", "cached_key")
         q_offset = 0
         if cache_ready and self.cross:
@@ -309,8 +326,9 @@ class MultiHeadDotProductAttention(nn.Module):
             kernel=self.kernel,
             float32_logits=self.float32_logits,
         )
-        x = x.reshape(x.shape[:2] + (hd,))
-        out = self._dense("out", self.out_features, (JOINED_KV, EMBED), ATTENTION_INIT)(x)
+        out = self._dense(
+            "out", self.out_features, (JOINED_KV, EMBED), ATTENTION_INIT, heads_in=True
+        )(x)
         return constrain(out, ACT_EMBED)
 
     def _cache_variables(self, shape, dtype):

@@ -99,13 +99,12 @@ def _mlp(cfg: T5Config, *, policy: str, s: int) -> int:
 
 
 def _layer_weights(cfg: T5Config, *, decoder: bool) -> int:
-    """Per layer, the cast weight copies policy `none` keeps (bf16 compute over float32
-    parameters; nothing when they share a dtype)."""
+    """Per layer, the weight copies policy `none` keeps: the attention kernels viewed with
+    their heads split (`layers.Dense`; a reshaped weight is a new array, kept for the backward
+    pass in any dtype) and, with bf16 compute over float32 parameters, the cast MLP kernels."""
     c, w = DTYPE_BYTES[cfg.dtype], DTYPE_BYTES[cfg.param_dtype]
-    if c == w:
-        return 0
     attention = 4 * cfg.d_model * cfg.num_heads * cfg.head_dim
-    mlp = (len(cfg.mlp_activations) + 1) * cfg.d_model * cfg.d_ff
+    mlp = (len(cfg.mlp_activations) + 1) * cfg.d_model * cfg.d_ff if c != w else 0
     return c * ((2 if decoder else 1) * attention + mlp)
 
 
