@@ -289,30 +289,39 @@ def compile_row(name: str, row: Row, args: argparse.Namespace) -> dict[str, dict
             took = time.perf_counter() - start
             print(f"  {name} {program}: exit {rc} in {took:.0f} s", flush=True)
         found[key] = json.loads(out.read_text()) if out.exists() else None
-        if found[key] is not None and program == "maxtext" and "costed_seconds" not in found[key]:
+        if found[key] is not None and program == "maxtext":
             found[key] = annotate_peer(out, found[key])
     return found
 
 
+# MaxText's tool compiles with a scratch output directory, recorded among its overrides.
+_SCRATCH_OVERRIDE = "base_output_directory="
+
+
 def annotate_peer(out: Path, result: dict) -> dict:
     """Adds to a peer's JSON (MaxText's tool writes its program beside it, `.hlo.txt`) what
-    `aot_step.py` reports of xlscale's: the ops XLA could not cost and `costed_seconds`; the
-    JSON is left as it is where the program is not there."""
+    `aot_step.py` reports of xlscale's: the ops XLA could not cost and `costed_seconds`; and
+    names its scratch output directory `TMPDIR`, so that no machine's path is recorded. The JSON
+    is rewritten only where that changes it."""
+    overrides = [
+        f"{_SCRATCH_OVERRIDE}TMPDIR" if o.startswith(_SCRATCH_OVERRIDE) else o
+        for o in result.get("overrides", [])
+    ]
+    annotated = {**result, **({"overrides": overrides} if "overrides" in result else {})}
     hlo_path = out.with_suffix(".hlo.txt")
-    if not hlo_path.exists():
-        return result
-    hlo = hlo_path.read_text(encoding="utf-8")
-    cost = result.get("cost", {})
-    usable, why, ops = aot_step.usability(cost, hlo)
-    result = {
-        **result,
-        "usable": usable,
-        "why_unusable": why,
-        "uncosted_ops": ops,
-        "costed_seconds": aot_step.costed_seconds(cost, hlo),
-    }
-    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    return result
+    if "costed_seconds" not in result and hlo_path.exists():
+        hlo = hlo_path.read_text(encoding="utf-8")
+        cost = result.get("cost", {})
+        usable, why, ops = aot_step.usability(cost, hlo)
+        annotated.update(
+            usable=usable,
+            why_unusable=why,
+            uncosted_ops=ops,
+            costed_seconds=aot_step.costed_seconds(cost, hlo),
+        )
+    if annotated != result:
+        out.write_text(json.dumps(annotated, indent=1) + "\n", encoding="utf-8")
+    return annotated
 
 
 def figures(result: dict | None, row: Row) -> dict | None:
