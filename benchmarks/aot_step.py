@@ -172,8 +172,9 @@ def _chip_generation(topology: str) -> str:
 
 def _auto_remat(args: argparse.Namespace, built, optimizer) -> tuple[str, int]:
     """The remat policy and microbatches xlscale's memory model picks for this step on the
-    topology's chip: the cheapest policy, then the fewest microbatches, whose estimate fits
-    (`modeling.step_memory.plan`, as `trainer.memory_check` advises)."""
+    topology's chip: the first policy in the planner's order (`modeling.memory.policy_order`),
+    then the fewest microbatches, whose estimate fits (`modeling.step_memory.plan`, as
+    `trainer.memory_check` advises)."""
     from modeling import family as family_lib
     from modeling import memory, step_memory
     from trainer import memory_check

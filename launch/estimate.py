@@ -1,10 +1,11 @@
 """Run-time estimates for sweep plans: from a throughput measured on this machine, a given step
 time, or the hardware users book (`hardware_throughput`: chips × dense bf16 peak × MFU).
 
-With `--hardware`, each run also gets a memory plan (`memory_plan`): the cheapest remat policy
-and the fewest microbatches whose estimate (`modeling.memory`) fits one chip of the slice, its
-parameters and optimizer state sharded over every chip (FSDP); `with_memory_plan` turns a plan
-into the run's `MODEL_OVERRIDES['remat_policy']` and `NUM_MICROBATCHES` bindings.
+With `--hardware`, each run also gets a memory plan (`memory_plan`): the first remat policy
+(`modeling.memory.policy_order`) and the fewest microbatches whose estimate (`modeling.memory`)
+fits one chip of the slice, its parameters and optimizer state sharded over every chip (FSDP);
+`with_memory_plan` turns a plan into the run's `MODEL_OVERRIDES['remat_policy']` and
+`NUM_MICROBATCHES` bindings.
 
 The throughput is FLOPs per second of what a training step computes (`Counts.cost_per_token`:
 the 6·N matmuls, attention and the output projection), measured with one jitted

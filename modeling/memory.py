@@ -26,8 +26,9 @@ gradients in a layer's backward (`ActivationMemory.gathered_*`). XLA's
 temporaries, and a test holds the estimate within ±15% of it on CPU compiles of tiny and small
 LLaMA and T5 models under each remat policy, and of a TPU ahead-of-time compile.
 
-Below: the chip table (usable bytes per chip) and the planner, which picks the cheapest remat
-policy and the fewest microbatches whose estimate fits a chip.
+Below: the chip table (usable bytes per chip) and the planner, which picks the first remat
+policy in its order (`policy_order`: by recompute cost, or for scanned layers by step time) and
+the fewest microbatches whose estimate fits a chip.
 """
 
 from __future__ import annotations
@@ -403,8 +404,8 @@ class Plan:
 
     Attributes:
       fits: whether some (policy, microbatches) fits.
-      remat_policy, num_microbatches: the first that fits (cheapest policy, then fewest
-        microbatches); the last tried when nothing fits.
+      remat_policy, num_microbatches: the first that fits (the policies in order, then the
+        fewest microbatches); the last tried when nothing fits.
       estimate: its estimate.
       limit: the bytes it had to fit.
     """
@@ -441,8 +442,8 @@ def plan(
 
     Policies are tried in the order given (`policy_order`); for each, microbatch counts among
     the divisors of the per-device batch, fewest first (each microbatch is a sequential pass,
-    so fewer are faster). A policy that fits with fewer microbatches is not preferred over a
-    cheaper policy that needs more: recomputing the forward costs about a third of the step,
+    so fewer are faster). A policy that fits with fewer microbatches is not preferred over an
+    earlier policy that needs more: recomputing the forward costs about a third of the step,
     while microbatches cost only their smaller matmuls' efficiency.
 
     Args:
