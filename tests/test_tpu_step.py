@@ -562,6 +562,9 @@ def test_the_comparison_gives_maxtext_the_same_program_and_tabulates_ratios(monk
     assert overrides["per_device_batch_size"] == "4"  # 32 sequences over 2 slices of 4 chips
     assert overrides["dcn_data_parallelism"] == "2" and overrides["scan_layers"] == "false"
     assert overrides["attention"] == "dot_product" and overrides["remat_policy"] == "none"
+    # Keeping the weight matmuls' outputs is MaxText's `minimal` (its named projections).
+    minimal = dict(o.split("=", 1) for o in grid.maxtext_overrides(grid.ROWS["1085m_minimal"]))
+    assert minimal["remat_policy"] == "minimal"
     args = grid.xlscale_args(row, tmp_path / "x.json")
     assert "--num-slices=2" in args and "--attention=xla" in args and "--no-scan" in args
     t5 = grid.ROWS["t5_770m_auto"]
