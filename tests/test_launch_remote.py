@@ -1,12 +1,15 @@
 """Dry runs of the TPU-VM, SLURM and xmanager launchers and the TPU setup script: each renders the
 same `trainer.train` command line as the local launcher, with its own wrapping."""
 
+import argparse
+import dataclasses
 import datetime
 import importlib.util
 import io
 import json
 import shlex
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,6 +85,71 @@ def test_tpu_vm_runs_each_job_once_in_order(runs):
     called.clear()
     assert launcher.launch(runs, progress=progress(runs)).skipped == [r.run_id for r in runs]
     assert called == []
+
+
+def test_tpu_vm_on_two_slices_runs_each_job_on_both_at_once_with_a_mesh_across_them(runs):
+    launcher = tpu_vm.TpuVmLauncher(
+        tpu="qr", zone="z", num_slices=2, log_dir=str(Path(runs[0].model_dir).parent / "logs")
+    )
+    # The dry run is shell that starts both slices in the background and waits for them.
+    lines = launcher.describe(runs[0]).splitlines()
+    assert len(lines) == 3 and lines[-1] == "wait" and all(x.endswith(" &") for x in lines[:2])
+    names = [shlex.split(line[: -len(" &")])[5] for line in lines[:2]]
+    assert names == ["qr-0", "qr-1"]  # a multislice queued resource's nodes
+    remote = shlex.split(shlex.split(lines[0][: -len(" &")])[-1].split(" && ")[-1])
+    assert remote == [*runs[0].argv(".venv/bin/python"), f"--gin.{tpu_vm.NUM_SLICES_BINDING}=2"]
+
+    # Both slices' ssh run at once: a job on several slices starts only when all have joined,
+    # so one waiting for the other would never return (the barrier would break instead).
+    barrier, seen = threading.Barrier(2, timeout=120), []
+
+    def fake_call(argv, stdout, stderr):
+        barrier.wait()
+        seen.append(argv[5])
+        stdout.write(f"worker output on {argv[5]}\n")
+        return 3 if argv[5] == "qr-1" else 0
+
+    launcher.call = fake_call
+    assert launcher.execute(runs[0], progress(runs)) == 3  # the failing slice's status
+    assert sorted(seen) == ["qr-0", "qr-1"]
+    logs = [p.read_text() for p in launcher.log_paths(runs[0])]
+    assert logs == ["worker output on qr-0\n", "worker output on qr-1\n"]
+    assert [p.name for p in launcher.log_paths(runs[0])] == [
+        f"{runs[0].run_id}.slice-0.log",
+        f"{runs[0].run_id}.slice-1.log",
+    ]
+
+
+def test_the_slice_binding_reaches_the_trainers_mesh(runs, clean_gin):
+    import gin
+
+    from trainer import gin_entry
+
+    launcher = tpu_vm.TpuVmLauncher(tpu="qr", zone="z", num_slices=4)
+    run = next(r for r in runs if not r.waits_for_selection)
+    gin_entry.parse(launcher.job_argv(run)[3:], job="train")
+    assert gin.query_parameter("partitioning.MeshConfig.num_slices") == 4
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, "2"])
+def test_tpu_vm_slice_counts_are_checked(value):
+    with pytest.raises(ValueError, match=rf"--num-slices {value!r}: allowed an integer >= 1"):
+        tpu_vm.TpuVmLauncher(tpu="qr", zone="z", num_slices=value)
+
+
+def test_tpu_vm_parses_num_slices_and_refuses_it_for_t5x_runs(runs):
+    from xlscale_cli import sweep as sweep_cli
+
+    parser = argparse.ArgumentParser()
+    sweep_cli.add_arguments(parser)
+    args = parser.parse_args(
+        ["run", "smoke", "--launcher", "tpu_vm", "--tpu", "qr", "--zone", "z", "--num-slices", "2"]
+    )
+    launcher = tpu_vm.TpuVmLauncher.from_args(args)
+    assert launcher.slices == ["qr-0", "qr-1"]
+    t5x_run = dataclasses.replace(runs[0], runner="t5x")
+    with pytest.raises(ValueError, match=r"--num-slices 2: run .* 't5x' runner.*allowed"):
+        launcher.job_argv(t5x_run)
 
 
 def test_slurm_scripts_chain_dependencies_and_set_up_jax_distributed(runs, tmp_path):
