@@ -75,6 +75,9 @@ class TransformerModel(abc.ABC):
     """
 
     feature_keys: tuple[str, ...] = ()
+    # The top-level parameter modules whose update waits for their own gradient on accelerators
+    # (`trainer.steps.after_their_gradients`); None: every parameter's.
+    tied_to_gradients: tuple[str, ...] | None = None
 
     def __init__(self, *, module: Any, config: Any, name: str, family: Any):
         self.module = module
@@ -195,6 +198,10 @@ class DecoderOnlyModel(TransformerModel):
     """
 
     feature_keys = ("targets",)
+    # The embedding's gradient is a scatter into a row-major table against the column-major
+    # layout XLA gives its shard, so its update copies the table and both moments; waiting for
+    # the gradient keeps those copies out of the backward pass. No other array needs that.
+    tied_to_gradients = ("token_embedder",)
 
     @property
     def max_len(self) -> int:

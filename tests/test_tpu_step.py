@@ -386,6 +386,23 @@ def test_each_parameter_and_moment_waits_for_its_own_gradient():
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, free(grads, params, opt_state), want)))
     hlo = free.lower(grads, params, opt_state).as_text()
     assert hlo.count("optimization_barrier") == 2 * len(jax.tree.leaves(params))  # moments only
+    # Only the named top-level modules' arrays wait: here `inner`'s one array and its moments.
+    some = jax.jit(lambda *a: steps.after_their_gradients(*a, only=("inner",)))
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, some(grads, params, opt_state), want)))
+    assert some.lower(grads, params, opt_state).as_text().count("optimization_barrier") == 3
+
+
+def test_llamas_step_ties_only_its_embedding_to_its_gradient():
+    # The embedding's update needs its table and moments in another layout (its gradient is a
+    # scatter); tying the other arrays only narrowed XLA's schedule. The name must be a module.
+    from trainer.model_spec import ModelSpec, build_model
+
+    wrapper = build_model(ModelSpec(family="llama2", size="llama2_tiny"))
+    params = wrapper.abstract_variables()["params"]
+    assert wrapper.tied_to_gradients == ("token_embedder",)
+    assert set(wrapper.tied_to_gradients) < set(params)
+    t5 = build_model(ModelSpec(family="t5", size="t5_tiny"))
+    assert t5.tied_to_gradients is None  # every array of T5's update waits
 
 
 @pytest.mark.parametrize("microbatches", [1, 2])
