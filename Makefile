@@ -49,7 +49,7 @@ $(COMET_STAMP): pipelines/comet/requirements.txt
 
 # Wheels for `pytest -m gpu` on a JAX GPU image (Python >= 3.11, as this project) that cannot reach the network (the lent GPU
 # machines): pytest and the pure-Python libraries the GPU tests import beyond JAX and numpy, at
-# this venv's versions (msgpack and PyYAML built for each Python of GPU_PYTHONS), into GPU_WHEELS
+# this venv's versions (msgpack, PyYAML and array-record, which the prepared-data reader needs, built for each Python of GPU_PYTHONS), into GPU_WHEELS
 # (git-ignored). Carry the folder to the GPU machine; there, offline, install what it lacks and
 # run the GPU tests from the repository root:
 #   for p in $$(cat .gpu-wheels/names.txt); do python -m pip install -q --no-index \
@@ -57,7 +57,7 @@ $(COMET_STAMP): pipelines/comet/requirements.txt
 GPU_WHEELS ?= .gpu-wheels
 GPU_PYTHONS ?= 3.11 3.12 3.13
 GPU_TEST_PACKAGES := pytest pluggy iniconfig packaging pygments flax optax etils absl-py msgpack \
-	pyyaml rich markdown-it-py mdurl typing-extensions treescope cloudpickle filelock
+	pyyaml array-record rich markdown-it-py mdurl typing-extensions treescope cloudpickle filelock
 
 gpu-test-wheels: setup
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
