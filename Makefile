@@ -47,9 +47,10 @@ $(COMET_STAMP): pipelines/comet/requirements.txt
 	$(COMET_VENV)/bin/python -m pip install -q --no-compile -r pipelines/comet/requirements.txt
 	@touch $(COMET_STAMP)
 
-# Wheels for `pytest -m gpu` on a JAX GPU image (Python >= 3.11, as this project) that cannot reach the network (the lent GPU
-# machines): pytest and the pure-Python libraries the GPU tests import beyond JAX and numpy, at
-# this venv's versions (msgpack, PyYAML and array-record, which the prepared-data reader needs, built for each Python of GPU_PYTHONS), into GPU_WHEELS
+# Wheels for `pytest -m gpu` on a JAX GPU image (Python >= 3.11, as this project) that cannot
+# reach the network (the lent GPU machines): pytest and the libraries the GPU tests import beyond
+# JAX and numpy, at this venv's versions (msgpack, PyYAML and array-record, which the
+# prepared-data reader needs, built for each Python of GPU_PYTHONS), into GPU_WHEELS
 # (git-ignored). Carry the folder to the GPU machine; there, offline, install what it lacks and
 # run the GPU tests from the repository root:
 #   for p in $$(cat .gpu-wheels/names.txt); do python -m pip install -q --no-index \
