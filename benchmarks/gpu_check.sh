@@ -5,13 +5,15 @@
 #   bash benchmarks/gpu_check.sh            # everything lands under $OUT (else gpu_check_out/)
 #
 # 1. the machine: GPU, driver, JAX and its devices (env.txt);
-# 2. `pytest -m gpu` (pytest_gpu.txt), capped at PYTEST_CAP_S: cuDNN = XLA attention, the
+# 2. the preflight (preflight.txt): every module the GPU tests and the benchmark's children load
+#    that this image lacks, named in one go (`benchmarks/gpu_preflight.py`);
+# 3. `pytest -m gpu` (pytest_gpu.txt), capped at PYTEST_CAP_S: cuDNN = XLA attention, the
 #    trainer's step on the GPU = the CPU step, packed batches reach cuDNN, the compiled step's
 #    memory against the memory model;
-# 3. the accelerator benchmark's `--quick` rows (quick.jsonl, a row per line as each finishes;
+# 4. the accelerator benchmark's `--quick` rows (quick.jsonl, a row per line as each finishes;
 #    quick.txt; each child's output under logs/) within what is left of GPU_CHECK_BUDGET_S.
 #
-# pytest and the GPU tests' pure-Python imports install offline from `.gpu-wheels`
+# pytest and the GPU tests' other imports install offline from `.gpu-wheels`
 # (`make gpu-test-wheels` here) where the image lacks them. Each stage's output is written as
 # it goes, so a call cut short keeps what it measured.
 set -u
@@ -34,6 +36,9 @@ if [ -f .gpu-wheels/names.txt ]; then
     $PY -m pip install -q --no-index --find-links .gpu-wheels --no-deps "$p" 2>&1 | tail -1
   done
 fi
+
+echo "== preflight"
+$PY benchmarks/gpu_preflight.py 2>&1 | tee "$OUT/preflight.txt"
 
 echo "== pytest -m gpu (at most ${PYTEST_CAP_S} s)"
 timeout "$PYTEST_CAP_S" $PY -m pytest -m gpu -q -rA -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt"

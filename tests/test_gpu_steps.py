@@ -10,8 +10,9 @@ tests/conftest.py).
 
 The steps are the trainer's own (`trainer.jobs.compile_job`: mesh, shardings, donation, the
 non-finite guard), built on an explicit device list so that both backends run in one process.
-This module imports only what a bare JAX GPU install has (jax, numpy, flax, optax and this
-project's model and trainer modules, which import no TensorFlow, seqio or gin).
+This module imports no TensorFlow, seqio or gin: jax, numpy, flax, optax and this project's
+model and trainer modules, which need orbax and array-record beside them
+(`benchmarks/gpu_preflight.py` names what an image lacks).
 """
 
 from __future__ import annotations
