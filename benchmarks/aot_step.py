@@ -273,7 +273,7 @@ def compile_program(args: argparse.Namespace) -> dict:
     return {
         "program": "xlscale",
         "settings": {
-            **vars(args),
+            **recorded_paths(vars(args)),
             "remat": remat,
             "microbatches": microbatches,
             "devices": len(devices),
@@ -337,6 +337,19 @@ def report(result: dict, json_path: str | None) -> None:
     print(summary(result), flush=True)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+def recorded_paths(settings: dict) -> dict:
+    """`settings` with its paths as no machine's: the output files by name (the JSON and its
+    HLO sit side by side wherever they were written) and libtpu relative to the checkout where it
+    lies inside it, so a committed JSON names no machine's folders."""
+    root = Path(__file__).resolve().parent.parent
+    out = dict(settings)
+    for key in ("json", "hlo", "libtpu"):
+        if out.get(key):
+            path = Path(out[key]).resolve()
+            out[key] = str(path.relative_to(root)) if path.is_relative_to(root) else path.name
+    return out
 
 
 def source_commit() -> str:

@@ -199,7 +199,7 @@ def compile_program(args: argparse.Namespace) -> dict:
     return {
         "program": f"t5x ({args.network} network)",
         "settings": {
-            **vars(args),
+            **aot_step.recorded_paths(vars(args)),
             "family": "t5",
             "remat": "none",
             "attention": "xla",

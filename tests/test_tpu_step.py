@@ -555,6 +555,31 @@ def test_the_benchmark_json_of_a_tiny_tpu_step(tpu_topology, tmp_path, monkeypat
     assert result["usable"] and result["uncosted_ops"] == [], result["why_unusable"]
     assert result["cost"]["optimal_seconds"] > 0 and 0 < result["estimated_mfu"] < 1
     assert result["model_flops"] > 0 and result["settings"]["devices"] == 4
+    assert result["settings"]["json"] == "tiny.json"  # by name: no machine's folder
+
+
+def test_a_benchmark_json_names_no_machines_folder(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    bench = _bench()
+    repo = BENCH.parent.parent
+    settings = {
+        "json": str(tmp_path / "row.json"),
+        "hlo": None,
+        "libtpu": str(repo / ".venv/libtpu-aot/libtpu/libtpu.so"),
+        "size": "llama2_tiny",
+    }
+    assert bench.recorded_paths(settings) == {
+        "json": "row.json",
+        "hlo": None,
+        "libtpu": ".venv/libtpu-aot/libtpu/libtpu.so",
+        "size": "llama2_tiny",
+    }
+    assert bench.recorded_paths({"libtpu": "/opt/elsewhere/libtpu.so"}) == {"libtpu": "libtpu.so"}
+    # The committed grid holds none either.
+    for path in sorted((repo / "benchmarks" / "aot_grid").glob("*.json")):
+        settings = json.loads(path.read_text()).get("settings", {})
+        absolute = {k: v for k, v in settings.items() if isinstance(v, str) and v.startswith("/")}
+        assert not absolute, (path.name, absolute)
 
 
 def _load_benchmark(monkeypatch, name: str):
